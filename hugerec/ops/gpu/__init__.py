@@ -1,0 +1,1 @@
+"""hugerec.ops.gpu."""

@@ -1,1 +1,26 @@
-"""hugerec.training."""
+"""Training: `fit`, `evaluate`, `predict`, metrics, checkpoints and the learning-rate schedule."""
+
+from hugerec.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from hugerec.training.metrics import BinaryMetrics, auc, calibration, logloss, ndcg_at_k, recall_at_k
+from hugerec.training.schedule import Schedule
+from hugerec.training.trainer import DenseOptimizer, History, Precision, TrainConfig, evaluate, fit, predict
+
+__all__ = [
+    "BinaryMetrics",
+    "DenseOptimizer",
+    "History",
+    "Precision",
+    "Schedule",
+    "TrainConfig",
+    "auc",
+    "calibration",
+    "evaluate",
+    "fit",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "logloss",
+    "ndcg_at_k",
+    "predict",
+    "recall_at_k",
+    "save_checkpoint",
+]

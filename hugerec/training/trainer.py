@@ -1,0 +1,488 @@
+"""`fit`: the training loop, plus `evaluate` and `predict`. A plain loop, no callback framework.
+
+    for each batch:                       (epochs, or until max_steps)
+        lr = base_lr * schedule(step)     dense optimizer param groups
+        logits = model(batch)             autocast: bf16 (CPU/GPU) or fp16 (GPU, with loss scaling)
+        loss = BCE(logits, labels)
+        loss.backward()                   embedding rows are updated here, by the fused sparse optimizer
+        clip + dense optimizer step       any torch.optim optimizer (default Adam)
+        log / evaluate / checkpoint       every log_every / eval_every / checkpoint_every steps
+
+Resuming continues exactly: a checkpoint holds the model (with the embedding rows and their
+optimizer state), the dense optimizer, the loss scaler, the loader position, the step and every
+RNG state, and the learning-rate schedule is a pure function of the step.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from hugerec.sparse.batch import Batch
+from hugerec.training.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from hugerec.training.metrics import BinaryMetrics
+from hugerec.training.run_log import RunLog, plot_curves
+from hugerec.training.schedule import Schedule
+
+
+class Precision(enum.Enum):
+    FP32 = "fp32"
+    BF16 = "bf16"  # autocast to bfloat16, CPU and GPU; no loss scaling needed
+    FP16 = "fp16"  # autocast to float16 with a GradScaler; GPU only
+
+
+class DenseOptimizer(enum.Enum):
+    ADAM = "adam"
+    ADAMW = "adamw"
+    ADAGRAD = "adagrad"
+    SGD = "sgd"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How `fit` trains. The sparse (embedding) optimizer is not here: it lives in the EmbeddingCollection.
+
+    epochs            passes over train_data
+    max_steps         stop after this many steps in total (None: run all epochs)
+    lr                base learning rate of the dense optimizer
+    optimizer         dense optimizer when `fit` is not given one
+    weight_decay      dense optimizer weight decay
+    schedule          warmup / decay multiplier on lr (Schedule.mlperf_dlrm() for the MLPerf policy)
+    precision         fp32, bf16 (autocast, CPU and GPU) or fp16 (autocast + loss scaling, GPU only)
+    compile           torch.compile the dense modules (children with nn.Parameters) in place
+    clip_grad_norm    clip the dense gradients' global norm to this (None: no clipping)
+    eval_every        evaluate every this many steps (None: at the end of each epoch); also at the end
+    log_every         average the loss and measure samples/s over this many steps
+    checkpoint_every  checkpoint every this many steps (None: only the final one); needs out_dir
+    keep_checkpoints  keep the newest K checkpoints (0: all)
+    out_dir           metrics.jsonl, tensorboard/, curves.png and checkpoints/ go here (None: nothing written)
+    resume            continue from the latest checkpoint in out_dir/checkpoints when there is one
+    device            "auto" (CUDA when available), "cpu", "cuda", "cuda:1", ...
+    seed              seeds torch, numpy and random at the start of a fresh run (None: leave them)
+    progress          show a progress bar
+    tensorboard       write TensorBoard scalars (needs out_dir)
+    plot              write curves.png at the end (needs out_dir)
+    """
+
+    epochs: int = 1
+    max_steps: int | None = None
+    lr: float = 1e-3
+    optimizer: DenseOptimizer = DenseOptimizer.ADAM
+    weight_decay: float = 0.0
+    schedule: Schedule = field(default_factory=Schedule)
+    precision: Precision = Precision.FP32
+    compile: bool = False
+    clip_grad_norm: float | None = None
+    eval_every: int | None = None
+    log_every: int = 50
+    checkpoint_every: int | None = None
+    keep_checkpoints: int = 3
+    out_dir: str | None = None
+    resume: bool = False
+    device: str = "auto"
+    seed: int | None = 0
+    progress: bool = True
+    tensorboard: bool = True
+    plot: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.optimizer, str):
+            object.__setattr__(self, "optimizer", DenseOptimizer(self.optimizer))
+        if isinstance(self.precision, str):
+            object.__setattr__(self, "precision", Precision(self.precision))
+        if self.epochs < 1:
+            raise ValueError(f"TrainConfig: epochs must be >= 1, got {self.epochs}")
+        for name in ("max_steps", "eval_every", "checkpoint_every"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"TrainConfig: {name} must be >= 1 or None, got {value}")
+        if self.log_every < 1:
+            raise ValueError(f"TrainConfig: log_every must be >= 1, got {self.log_every}")
+        if not self.lr > 0:
+            raise ValueError(f"TrainConfig: lr must be > 0, got {self.lr}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"TrainConfig: weight_decay must be >= 0, got {self.weight_decay}")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise ValueError(f"TrainConfig: clip_grad_norm must be > 0 or None, got {self.clip_grad_norm}")
+        if self.keep_checkpoints < 0:
+            raise ValueError(f"TrainConfig: keep_checkpoints must be >= 0, got {self.keep_checkpoints}")
+        if self.out_dir is None and (self.checkpoint_every is not None or self.resume):
+            raise ValueError("TrainConfig: checkpoint_every and resume need an out_dir to keep checkpoints in")
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except RuntimeError:
+                raise ValueError(
+                    f"TrainConfig: unknown device {self.device!r}; use auto, cpu, cuda or cuda:N"
+                ) from None
+
+
+@dataclass
+class History:
+    """What `fit` did: one record per log window and per evaluation, and where it left things."""
+
+    train: list[dict[str, float]] = field(default_factory=list)  # step, epoch, loss, lr, samples_per_s
+    evals: list[dict[str, float]] = field(default_factory=list)  # step, auc, logloss, calibration, ctr, count
+    steps: int = 0
+    checkpoint: Path | None = None
+    plot: Path | None = None
+
+    @property
+    def final_eval(self) -> dict[str, float] | None:
+        return self.evals[-1] if self.evals else None
+
+
+def fit(
+    model: nn.Module,
+    train_data: Iterable[Batch],
+    eval_data: Iterable[Batch] | None = None,
+    config: TrainConfig | None = None,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> History:
+    """Train `model` (Batch -> logits [B]) with binary cross-entropy on `train_data`.
+
+    train_data  any re-iterable of Batch (one pass per epoch). When it has state_dict() /
+                load_state_dict() (hugerec's loader does), checkpoints store its position; otherwise a
+                resumed run skips the batches the interrupted epoch had already used.
+    eval_data   re-iterable of Batch, scored with exact AUC, logloss and calibration
+    optimizer   dense optimizer over model.parameters() (default: config.optimizer with config.lr)
+    """
+    cfg = config or TrainConfig()
+    run = _Run(model, train_data, eval_data, cfg, optimizer)
+    resume_from = latest_checkpoint(run.ckpt_dir) if cfg.resume and run.ckpt_dir is not None else None
+    skip_batches = 0
+    if resume_from is not None:
+        skip_batches = run.load_state_dict(load_checkpoint(resume_from, map_location=run.device))
+    elif cfg.seed is not None:
+        seed_everything(cfg.seed)
+    if cfg.compile:
+        _compile_dense(model)
+    total = cfg.max_steps if cfg.max_steps is not None else _epoch_length(train_data, cfg.epochs)
+    run.bar = tqdm(total=total, initial=run.step, disable=not cfg.progress, unit="step", dynamic_ncols=True)
+    run.log = RunLog(run.out_dir, tensorboard=cfg.tensorboard)
+    if resume_from is not None:
+        run.log.write("resume", run.step, {"epoch": float(run.epoch)})
+    done = cfg.max_steps is not None and run.step >= cfg.max_steps
+    try:
+        while not done and run.epoch < cfg.epochs:
+            batches: Iterator[Batch] = iter(train_data)
+            if skip_batches:  # a resumed plain iterable skips what the interrupted epoch had used
+                batches, skip_batches = itertools.islice(batches, skip_batches, None), 0
+            for batch in batches:
+                run.train_step(batch)
+                done = cfg.max_steps is not None and run.step >= cfg.max_steps
+                if run.window_steps == cfg.log_every or done:
+                    run.log_window()
+                if cfg.eval_every is not None and run.step % cfg.eval_every == 0:
+                    run.evaluate()
+                if cfg.checkpoint_every is not None and run.step % cfg.checkpoint_every == 0:
+                    run.checkpoint()
+                if done:
+                    break
+            else:
+                if run.batches_in_epoch == 0:
+                    raise ValueError(f"fit: train_data yielded no batches in epoch {run.epoch}")
+                run.epoch, run.batches_in_epoch = run.epoch + 1, 0
+                if cfg.eval_every is None:
+                    run.evaluate()
+        if run.window_steps:
+            run.log_window()
+        run.evaluate()
+        run.checkpoint()
+    finally:
+        run.bar.close()
+        run.log.close()
+    history = run.history
+    history.steps = run.step
+    if run.out_dir is not None and cfg.plot:
+        history.plot = plot_curves(history.train, history.evals, run.out_dir / "curves.png")
+    return history
+
+
+class _Run:
+    """The mutable state of one `fit` call; `state_dict()` is exactly what a checkpoint holds."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        train_data: Iterable[Batch],
+        eval_data: Iterable[Batch] | None,
+        cfg: TrainConfig,
+        optimizer: torch.optim.Optimizer | None,
+    ) -> None:
+        self.model, self.train_data, self.eval_data, self.cfg = model, train_data, eval_data, cfg
+        self.device = resolve_device(cfg.device)
+        if cfg.precision is Precision.FP16 and self.device.type != "cuda":
+            raise ValueError(f"fit: precision fp16 needs a CUDA device (got {self.device}); use bf16 on CPU")
+        model.to(self.device)
+        model.train()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = optimizer or _make_optimizer(cfg, self.params)
+        self.base_lrs = [float(g["lr"]) for g in self.opt.param_groups]
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.precision is Precision.FP16 else None
+        self.autocast = _autocast(self.device, cfg.precision)
+        self.out_dir = None if cfg.out_dir is None else Path(cfg.out_dir)
+        self.ckpt_dir = None if self.out_dir is None else self.out_dir / "checkpoints"
+        self.history = History()
+        self.step = self.epoch = self.batches_in_epoch = 0
+        self.last_eval_step = self.last_checkpoint_step = -1
+        self.log = RunLog(None)
+        self.bar: tqdm[Any] = tqdm(disable=True)
+        # the current log window: losses summed on the device (no sync per step), samples and wall time
+        self.window_loss = torch.zeros((), device=self.device)
+        self.window_steps = self.window_samples = 0
+        self.window_start = time.perf_counter()
+
+    def train_step(self, batch: Batch) -> None:
+        for group, base in zip(self.opt.param_groups, self.base_lrs, strict=True):
+            group["lr"] = base * self.cfg.schedule.factor(self.step)
+        batch = batch.to(self.device, non_blocking=True)
+        with self.autocast:
+            logits = self.model(batch)
+        loss = _loss(logits, batch.labels)
+        self.opt.zero_grad(set_to_none=True)
+        clip = self.cfg.clip_grad_norm
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            if clip is not None:
+                self.scaler.unscale_(self.opt)
+                nn.utils.clip_grad_norm_(self.params, clip)
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            loss.backward()
+            if clip is not None:
+                nn.utils.clip_grad_norm_(self.params, clip)
+            self.opt.step()
+        self.step += 1
+        self.batches_in_epoch += 1
+        self.window_loss += loss.detach()
+        self.window_steps += 1
+        self.window_samples += batch.batch_size
+        self.bar.update(1)
+
+    def log_window(self) -> None:
+        mean_loss = float(self.window_loss) / self.window_steps
+        if not math.isfinite(mean_loss):
+            raise FloatingPointError(
+                f"fit: training diverged, loss is {mean_loss} at step {self.step}; try a lower learning rate"
+            )
+        elapsed = time.perf_counter() - self.window_start
+        record = {
+            "epoch": float(self.epoch),
+            "loss": mean_loss,
+            "lr": float(self.opt.param_groups[0]["lr"]),
+            "samples_per_s": self.window_samples / max(elapsed, 1e-9),
+        }
+        self.history.train.append({"step": float(self.step), **record})
+        self.log.write("train", self.step, record)
+        self.bar.set_postfix_str(_postfix(self.history), refresh=False)
+        self.window_loss.zero_()
+        self.window_steps = self.window_samples = 0
+        self.window_start = time.perf_counter()
+
+    def evaluate(self) -> None:
+        if self.eval_data is None or self.last_eval_step == self.step:
+            return
+        with _preserved_rng():  # evaluation must not shift the training run's random stream
+            result = evaluate(self.model, self.eval_data, device=self.device, precision=self.cfg.precision)
+        self.history.evals.append({"step": float(self.step), "epoch": float(self.epoch), **result})
+        self.log.write("eval", self.step, result)
+        self.bar.set_postfix_str(_postfix(self.history), refresh=False)
+        self.last_eval_step = self.step
+        self.window_start = time.perf_counter()  # keep evaluation time out of samples/s
+
+    def checkpoint(self) -> None:
+        if self.ckpt_dir is None or self.last_checkpoint_step == self.step:
+            return
+        self.history.checkpoint = save_checkpoint(
+            self.ckpt_dir, self.step, self.state_dict(), keep_last=self.cfg.keep_checkpoints
+        )
+        self.last_checkpoint_step = self.step
+
+    def state_dict(self) -> dict[str, Any]:
+        loader = _stateful(self.train_data, "state_dict")
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "batches_in_epoch": self.batches_in_epoch,
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "scaler": None if self.scaler is None else self.scaler.state_dict(),
+            "loader": None if loader is None else loader.state_dict(),
+            "rng": rng_state(),
+            "history": {"train": self.history.train, "evals": self.history.evals},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> int:
+        """Restore everything; returns how many batches of the current epoch a plain iterable must skip."""
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state["scaler"] is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        self.step, self.epoch = int(state["step"]), int(state["epoch"])
+        self.batches_in_epoch = int(state["batches_in_epoch"])
+        self.history.train = list(state["history"]["train"])
+        self.history.evals = list(state["history"]["evals"])
+        self.last_eval_step = int(self.history.evals[-1]["step"]) if self.history.evals else -1
+        self.last_checkpoint_step = self.step
+        set_rng_state(state["rng"])
+        if state["loader"] is not None:
+            _stateful(self.train_data, "load_state_dict").load_state_dict(state["loader"])
+            return 0
+        return self.batches_in_epoch
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    data: Iterable[Batch],
+    *,
+    device: torch.device | str | None = None,
+    precision: Precision = Precision.FP32,
+) -> dict[str, float]:
+    """Exact AUC, logloss, calibration (mean predicted / observed CTR), CTR and count over all of `data`."""
+    metrics = BinaryMetrics()
+    for batch, logits in _score(model, data, device, precision):
+        metrics.update(logits.float(), batch.labels)
+    if metrics.count == 0:
+        raise ValueError("evaluate: the evaluation data yielded no examples")
+    return metrics.compute()
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module,
+    data: Iterable[Batch],
+    *,
+    device: torch.device | str | None = None,
+    precision: Precision = Precision.FP32,
+) -> Iterator[torch.Tensor]:
+    """Click probabilities, one CPU float32 tensor [B] per batch of `data`, in order."""
+    for _, logits in _score(model, data, device, precision):
+        yield torch.sigmoid(logits.float()).cpu()
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _score(
+    model: nn.Module, data: Iterable[Batch], device: torch.device | str | None, precision: Precision
+) -> Iterator[tuple[Batch, torch.Tensor]]:
+    dev = _model_device(model) if device is None else resolve_device(device)
+    was_training = model.training
+    model.eval()
+    try:
+        with _autocast(dev, precision):
+            for batch in data:
+                b = batch.to(dev, non_blocking=True)
+                yield b, model(b)
+    finally:
+        model.train(was_training)
+
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    if logits.shape != labels.shape:
+        raise ValueError(
+            f"fit: the model returned logits of shape {tuple(logits.shape)} for labels of shape {tuple(labels.shape)}"
+        )
+    return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+
+def _make_optimizer(cfg: TrainConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    if not params:
+        raise ValueError("fit: the model has no dense parameters to optimize; pass optimizer=... explicitly")
+    match cfg.optimizer:
+        case DenseOptimizer.ADAM:
+            return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        case DenseOptimizer.ADAMW:
+            return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        case DenseOptimizer.ADAGRAD:
+            return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        case DenseOptimizer.SGD:
+            return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def _compile_dense(model: nn.Module) -> None:
+    """Compile, in place, each child module that owns dense parameters.
+
+    In place (nn.Module.compile) keeps state_dict keys unchanged, so checkpoints stay portable;
+    children without parameters (the embedding collection, whose rows are not nn.Parameters and are
+    updated by its own kernels) run eagerly.
+    """
+    for child in model.children():
+        if any(True for _ in child.parameters()):
+            child.compile()
+
+
+def _autocast(device: torch.device, precision: Precision) -> AbstractContextManager[Any]:
+    match precision:
+        case Precision.FP32:
+            return nullcontext()
+        case Precision.BF16:
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+        case Precision.FP16:
+            return torch.autocast(device.type, dtype=torch.float16)
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def _stateful(data: Iterable[Batch], method: str) -> Any:
+    """`data` if it has the method (a resumable loader), else None."""
+    return data if callable(getattr(data, method, None)) else None
+
+
+def _epoch_length(data: Iterable[Batch], epochs: int) -> int | None:
+    try:
+        return epochs * len(data)  # type: ignore[arg-type]  # a Sized iterable tells us its length
+    except TypeError:
+        return None
+
+
+@contextmanager
+def _preserved_rng() -> Iterator[None]:
+    state = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(state)
+
+
+def _postfix(history: History) -> str:
+    parts = []
+    if history.train:
+        last = history.train[-1]
+        parts += [f"loss={last['loss']:.4f}", f"{last['samples_per_s']:,.0f} samples/s"]
+    if history.evals:
+        parts.append(f"auc={history.evals[-1]['auc']:.4f}")
+    return " ".join(parts)

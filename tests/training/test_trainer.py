@@ -1,0 +1,206 @@
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from hugerec.sparse.batch import Batch
+from hugerec.sparse.features import SparseFeatures
+from hugerec.training.checkpoint import list_checkpoints
+from hugerec.training.schedule import Schedule
+from hugerec.training.trainer import DenseOptimizer, Precision, TrainConfig, evaluate, fit, predict
+
+NUM_IDS = 40
+
+
+class TinyModel(nn.Module):
+    """Dense + one pooled id feature -> MLP with dropout -> logits [B] (dropout makes the RNG matter)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = nn.EmbeddingBag(NUM_IDS, 8, mode="sum")
+        self.mlp = nn.Sequential(nn.Linear(8 + 3, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        f = batch.sparse["item"]
+        pooled = self.emb(f.values, f.offsets()[:-1])  # [B, 8]
+        return self.mlp(torch.cat([batch.dense, pooled], dim=1)).squeeze(1)  # [B, 11] -> [B]
+
+
+def make_batches(num_batches: int, batch_size: int = 64, seed: int = 0) -> list[Batch]:
+    """Labels from a hidden logistic model over the dense features and the item id."""
+    g = torch.Generator().manual_seed(seed)
+    item_effect = torch.randn(NUM_IDS, generator=g) * 2
+    out = []
+    for _ in range(num_batches):
+        dense = torch.randn(batch_size, 3, generator=g)
+        items = torch.randint(0, NUM_IDS, (batch_size,), generator=g)
+        logit = dense[:, 0] * 1.5 - dense[:, 1] + item_effect[items]
+        labels = (torch.rand(batch_size, generator=g) < torch.sigmoid(logit)).float()
+        sparse = SparseFeatures.from_dense({"item": items})
+        out.append(Batch(dense, sparse, labels))
+    return out
+
+
+class ShufflingLoader:
+    """A resumable loader like hugerec's: reshuffles every epoch from (seed, epoch), position in state_dict."""
+
+    def __init__(self, batches: list[Batch], seed: int = 7) -> None:
+        self.batches, self.seed, self.epoch, self.position = batches, seed, 0, 0
+
+    def __iter__(self) -> Iterator[Batch]:
+        order = torch.randperm(len(self.batches), generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        while self.position < len(order):
+            i = int(order[self.position])
+            self.position += 1
+            yield self.batches[i]
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]
+
+
+def quiet(**kw: Any) -> TrainConfig:
+    return TrainConfig(progress=False, tensorboard=False, plot=False, **kw)
+
+
+def test_fit_learns_and_writes_its_outputs(tmp_path: Path) -> None:
+    train, valid = make_batches(40), make_batches(10, seed=1)
+    model = TinyModel()
+    cfg = TrainConfig(epochs=2, lr=0.02, eval_every=25, log_every=10, out_dir=str(tmp_path), progress=False)
+    history = fit(model, train, valid, cfg)
+    assert history.steps == 80
+    assert [r["step"] for r in history.evals] == [25, 50, 75, 80]  # every 25 steps and at the end
+    assert history.final_eval is not None and history.final_eval["auc"] > 0.75
+    assert history.train[-1]["loss"] < history.train[0]["loss"]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {r["split"] for r in records} == {"train", "eval"}
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    assert any((tmp_path / "tensorboard").iterdir())
+    assert [s for s, _ in list_checkpoints(tmp_path / "checkpoints")] == [80]
+    assert evaluate(model, valid)["auc"] == pytest.approx(history.final_eval["auc"])
+    probs = torch.cat(list(predict(model, valid)))
+    assert probs.shape == (640,) and float(probs.min()) >= 0 and float(probs.max()) <= 1
+
+
+def weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("loader", ["list", "stateful"])
+def test_resume_is_exact(tmp_path: Path, loader: str) -> None:
+    """N steps + resume + M steps == N + M steps, bitwise, across an epoch boundary, with dropout and eval."""
+    batches = make_batches(5)
+
+    def data() -> Any:
+        return list(batches) if loader == "list" else ShufflingLoader(batches)
+
+    kw: dict[str, Any] = {"epochs": 4, "lr": 0.01, "schedule": Schedule(warmup_steps=3, decay_start=4, decay_steps=20)}
+    whole = TinyModel()
+    fit(whole, data(), batches[:2], quiet(max_steps=13, out_dir=str(tmp_path / "whole"), eval_every=4, **kw))
+
+    part = TinyModel()
+    run = str(tmp_path / "part")
+    first = fit(part, data(), batches[:2], quiet(max_steps=7, out_dir=run, checkpoint_every=3, **kw))
+    assert first.steps == 7 and [s for s, _ in list_checkpoints(Path(run) / "checkpoints")] == [3, 6, 7]
+    resumed = TinyModel(seed=123)  # different init: everything must come from the checkpoint
+    second = fit(resumed, data(), batches[:2], quiet(max_steps=13, out_dir=run, resume=True, eval_every=4, **kw))
+    assert second.steps == 13
+    a, b = weights(whole), weights(resumed)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_resume_after_the_last_step_does_nothing_more(tmp_path: Path) -> None:
+    model = TinyModel()
+    cfg = quiet(epochs=3, max_steps=4, out_dir=str(tmp_path), resume=True)
+    fit(model, make_batches(3), None, cfg)
+    before = weights(model)
+    again = fit(model, make_batches(3), None, cfg)
+    assert again.steps == 4
+    assert all(torch.equal(before[k], v) for k, v in weights(model).items())
+
+
+def test_schedule_drives_the_dense_lr() -> None:
+    cfg = quiet(lr=0.1, optimizer=DenseOptimizer.SGD, log_every=1, schedule=Schedule(warmup_steps=4))
+    history = fit(TinyModel(), make_batches(6), None, cfg)
+    assert [r["lr"] for r in history.train] == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1, 0.1])
+
+
+def test_gradient_clipping_bounds_the_update() -> None:
+    model = TinyModel()
+    before = weights(model)
+    fit(model, make_batches(3), None, quiet(lr=1.0, optimizer=DenseOptimizer.SGD, clip_grad_norm=1e-3))
+    after = weights(model)
+    dense = [k for k in before if k.startswith("mlp")]
+    moved = torch.sqrt(sum(((after[k] - before[k]) ** 2).sum() for k in dense))  # type: ignore[arg-type]
+    assert 0 < float(moved) <= 3 * 1e-3 * 1.0001  # 3 SGD steps of lr 1 with |g| <= 1e-3
+
+
+def test_bf16_autocast_on_cpu() -> None:
+    history = fit(TinyModel(), make_batches(8), make_batches(2, seed=1), quiet(precision=Precision.BF16, lr=0.02))
+    assert history.final_eval is not None and 0.0 <= history.final_eval["auc"] <= 1.0
+
+
+def test_user_supplied_optimizer() -> None:
+    model = TinyModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    fit(model, make_batches(3), None, quiet(), optimizer=opt)
+    assert opt.state  # momentum buffers exist: the given optimizer did the steps
+
+
+class NanModel(TinyModel):
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return super().forward(batch) * float("nan")
+
+
+class WrongShape(TinyModel):
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return super().forward(batch).unsqueeze(1)
+
+
+def test_errors() -> None:
+    with pytest.raises(ValueError, match="yielded no batches"):
+        fit(TinyModel(), [], None, quiet())
+    with pytest.raises(ValueError, match="evaluation data yielded no examples"):
+        evaluate(TinyModel(), [])
+    with pytest.raises(ValueError, match=r"logits of shape \(64, 1\) for labels of shape \(64,\)"):
+        fit(WrongShape(), make_batches(1), None, quiet())
+    with pytest.raises(FloatingPointError, match="diverged"):
+        fit(NanModel(), make_batches(2), None, quiet(log_every=1))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="fp16 needs a CUDA device"):
+            fit(TinyModel(), make_batches(1), None, quiet(precision=Precision.FP16))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"epochs": 0}, "epochs"),
+        ({"max_steps": 0}, "max_steps"),
+        ({"lr": 0.0}, "lr"),
+        ({"checkpoint_every": 10}, "out_dir"),
+        ({"resume": True}, "out_dir"),
+        ({"device": "tpu9"}, "unknown device 'tpu9'"),
+        ({"clip_grad_norm": -1.0}, "clip_grad_norm"),
+    ],
+)
+def test_config_validation(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**kwargs)
+
+
+def test_config_accepts_enum_values_as_strings() -> None:
+    cfg = TrainConfig(precision="bf16", optimizer="sgd")  # type: ignore[arg-type]
+    assert cfg.precision is Precision.BF16 and cfg.optimizer is DenseOptimizer.SGD

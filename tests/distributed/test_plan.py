@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 
 from hugerec.distributed.plan import (
@@ -146,6 +148,6 @@ def test_table_shards_cover_the_table() -> None:
     for k in (1, 2, 3, 4):
         rw = table_shards(t, TablePlacement.row_wise(list(range(k))))
         assert sum(s.num_rows for s in rw) == 11 and rw[0].row_start == 0
-        assert all(a.row_start + a.num_rows == b.row_start for a, b in zip(rw, rw[1:], strict=False))
+        assert all(a.row_start + a.num_rows == b.row_start for a, b in itertools.pairwise(rw))
         cw = table_shards(t, TablePlacement.column_wise(list(range(k))))
         assert [s.col_start for s in cw] == [i * 12 // k for i in range(k)] and sum(s.dim for s in cw) == 12

@@ -26,9 +26,9 @@ def test_expected_distinct() -> None:
 def test_estimate_table_wise_by_hand() -> None:
     t = TableConfig("t", num_rows=100, dim=8)
     p = ShardingPlan((t,), {"t": TablePlacement.table_wise(1)}, world_size=3)
-    b, l = 16, 2.0
-    sent = estimate_bytes_sent(p, Workload(b, l))
-    ids = (b + b * l) * 8  # lengths + ids as int64
+    b, per = 16, 2.0
+    sent = estimate_bytes_sent(p, Workload(b, per))
+    ids = (b + b * per) * 8  # lengths + ids as int64
     vec = b * 8 * 4
     assert sent[0] == sent[2] == pytest.approx(ids + vec + 2 * COUNTS_BYTES)
     assert sent[1] == pytest.approx(2 * vec + 2 * COUNTS_BYTES)

@@ -336,7 +336,9 @@ def _sample_ids(cfg: SyntheticConfig, rng: np.random.Generator, cardinality: int
 
 
 def _sample_chunk(cfg: SyntheticConfig, model: _Model, rng: np.random.Generator, n: int) -> _Chunk:
-    ids, lengths, present = [], [], []
+    ids: list[np.ndarray] = []
+    lengths: list[np.ndarray | None] = []
+    present: list[np.ndarray] = []
     for col in cfg.schema.sparse:
         assert col.cardinality is not None
         keep = rng.random(n) >= cfg.missing.get(col.name, 0.0)

@@ -1,0 +1,351 @@
+"""ParameterServer: one lookup API over three tiers, with atomic live updates.
+
+    lookup(table, keys [N] int64) -> rows [N, D]
+
+    keys -> overlays (updates not yet folded, newest first)
+         -> tier 1 RowCache (hot rows, bounded, on the GPU when present)        misses fall through,
+         -> tier 2 MemoryStore | RedisStore (every row)                         rows found below are
+         -> tier 3 PersistentStore (RocksDB, every row, survives restarts)      promoted upward
+         -> the table's default row (zeros, or the trained "unknown" row)
+
+Updates are atomic per table version (a request never sees half of one), without blocking readers:
+
+    1. the update's rows become an overlay: sorted keys [K] + rows [K, D], built off the read path
+    2. a new view (tables -> overlays) replaces the old one: one attribute assignment; from here on
+       new snapshots see every row of the update, old snapshots still see none of it
+    3. grace period: wait until no snapshot of an older view is still reading
+    4. fold: write the rows into RocksDB (one WriteBatch), tier 2 and the cache; readers of the new
+       view read these keys from the overlay, so they never see a row half-written below
+    5. a view without the overlay replaces the new one
+
+A snapshot (`with ps.snapshot() as snap:`) pins one view for a whole request: every table it
+reads is at one version.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hugerec.serving.cache import CacheConfig, RowCache
+from hugerec.serving.persistent import PersistentStore
+from hugerec.serving.tiers import Store
+
+TIERS = ("overlay", "cache", "memory", "persistent", "default")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table as the parameter server sees it: rows of width `dim`; `default` for keys without a row."""
+
+    name: str
+    dim: int
+    default: tuple[float, ...] | None = None  # None: zeros
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("TableSpec: name must be non-empty")
+        if self.dim <= 0:
+            raise ValueError(f"TableSpec {self.name!r}: dim must be > 0, got {self.dim}")
+        if self.default is not None and len(self.default) != self.dim:
+            raise ValueError(f"TableSpec {self.name!r}: default has {len(self.default)} values, dim is {self.dim}")
+
+    def default_row(self) -> np.ndarray:
+        if self.default is None:
+            return np.zeros(self.dim, np.float32)
+        return np.asarray(self.default, dtype=np.float32)
+
+
+@dataclass(frozen=True, eq=False)
+class TableUpdate:
+    """New rows of one table: keys [K] int64 (unique) with rows [K, D] float32; `deleted` [E] keys lose their row."""
+
+    table: str
+    keys: np.ndarray
+    rows: np.ndarray
+    deleted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def __post_init__(self) -> None:
+        keys = np.ascontiguousarray(self.keys, dtype=np.int64)
+        rows = np.ascontiguousarray(self.rows, dtype=np.float32)
+        deleted = np.ascontiguousarray(self.deleted, dtype=np.int64)
+        if keys.ndim != 1 or rows.ndim != 2 or rows.shape[0] != keys.shape[0] or deleted.ndim != 1:
+            raise ValueError(
+                f"TableUpdate {self.table!r}: need keys [K], rows [K, D], deleted [E]; got keys {keys.shape}, "
+                f"rows {rows.shape}, deleted {deleted.shape}"
+            )
+        both = np.concatenate([keys, deleted])
+        uniq, counts = np.unique(both, return_counts=True)
+        if uniq.shape[0] != both.shape[0]:
+            raise ValueError(
+                f"TableUpdate {self.table!r}: keys repeat (or are both put and deleted): {uniq[counts > 1][:5].tolist()}"
+            )
+        if not np.isfinite(rows).all():
+            raise ValueError(f"TableUpdate {self.table!r}: rows contain NaN or inf")
+        object.__setattr__(self, "keys", keys)
+        object.__setattr__(self, "rows", rows)
+        object.__setattr__(self, "deleted", deleted)
+
+
+@dataclass(frozen=True, eq=False)
+class _Overlay:
+    keys: np.ndarray  # [K] int64, sorted
+    rows: np.ndarray  # [K, D] float32; deleted keys carry the default row
+
+
+class _View:
+    """Immutable table -> overlays map, plus the count of snapshots reading it (guarded by the server's lock)."""
+
+    def __init__(self, versions: dict[str, int], overlays: dict[str, tuple[_Overlay, ...]]) -> None:
+        self.versions = versions
+        self.overlays = overlays
+        self.readers = 0
+
+
+@dataclass
+class TierCounters:
+    """Per (table, tier): keys asked, keys found, seconds spent."""
+
+    keys: int = 0
+    hits: int = 0
+    seconds: float = 0.0
+
+
+class Snapshot:
+    """A consistent read of every table: the view pinned when the snapshot was taken."""
+
+    def __init__(self, server: ParameterServer, view: _View) -> None:
+        self._server = server
+        self._view = view
+
+    @property
+    def versions(self) -> dict[str, int]:
+        return dict(self._view.versions)
+
+    def lookup(self, table: str, keys: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """keys [N] int64 -> rows [N, D] float32 on the server's device."""
+        return self._server._lookup(self._view, table, keys)
+
+
+class ParameterServer:
+    """Hierarchical parameter server over `tables`.
+
+    memory      tier 2 store (MemoryStore or RedisStore)
+    persistent  tier 3 store (PersistentStore), or None for a purely volatile server (tests, benchmarks)
+    cache       tier 1 config (per table); rows=0 disables it
+    device      where the cache lives and rows are returned; default CUDA when available
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableSpec],
+        memory: Store,
+        persistent: PersistentStore | None = None,
+        cache: CacheConfig | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        names = [t.name for t in tables]
+        if len(set(names)) != len(names):
+            raise ValueError(f"ParameterServer: duplicate table names {names}")
+        self.tables = {t.name: t for t in tables}
+        self.memory = memory
+        self.persistent = persistent
+        self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        cache = CacheConfig() if cache is None else cache
+        self.caches = {t.name: RowCache(t.dim, cache, self.device) for t in tables} if cache.rows > 0 else {}
+        self._defaults = {t.name: t.default_row() for t in tables}
+        self._view = _View({t: 0 for t in self.tables}, {t: () for t in self.tables})
+        self._retired: list[_View] = []
+        self._lock = threading.Lock()
+        self._readers_done = threading.Condition(self._lock)
+        self._apply_lock = threading.Lock()
+        self._stats = {(t, tier): TierCounters() for t in self.tables for tier in TIERS}
+        self._stats_lock = threading.Lock()
+
+    # -- reading -----------------------------------------------------------------------------
+    @contextmanager
+    def snapshot(self) -> Iterator[Snapshot]:
+        with self._lock:
+            view = self._view
+            view.readers += 1
+        try:
+            yield Snapshot(self, view)
+        finally:
+            with self._lock:
+                view.readers -= 1
+                if view.readers == 0 and view is not self._view:
+                    self._readers_done.notify_all()
+
+    def lookup(self, table: str, keys: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """keys [N] int64 -> rows [N, D] float32 (one snapshot for this call)."""
+        with self.snapshot() as snap:
+            return snap.lookup(table, keys)
+
+    def versions(self) -> dict[str, int]:
+        return dict(self._view.versions)
+
+    def _lookup(self, view: _View, table: str, keys_in: torch.Tensor | np.ndarray) -> torch.Tensor:
+        if table not in self.tables:
+            raise KeyError(f"ParameterServer: unknown table {table!r}; have {sorted(self.tables)}")
+        keys = keys_in.detach().cpu().numpy() if isinstance(keys_in, torch.Tensor) else np.asarray(keys_in)
+        if keys.ndim != 1 or keys.dtype != np.int64:
+            raise ValueError(
+                f"ParameterServer.lookup({table!r}): keys must be [N] int64, got {keys.shape} {keys.dtype}"
+            )
+        out = torch.empty(keys.shape[0], self.tables[table].dim, dtype=torch.float32, device=self.device)
+
+        def fill(positions: np.ndarray, rows: np.ndarray | torch.Tensor) -> None:
+            src = torch.from_numpy(rows) if isinstance(rows, np.ndarray) else rows
+            out[torch.from_numpy(positions).to(self.device)] = src.to(self.device)
+
+        todo = np.arange(keys.shape[0])  # positions of `out` still to fill
+        for overlay in reversed(view.overlays[table]):
+            t0 = time.perf_counter()
+            pos = np.searchsorted(overlay.keys, keys[todo])
+            pos[pos == overlay.keys.shape[0]] = 0
+            hit = overlay.keys[pos] == keys[todo]
+            fill(todo[hit], overlay.rows[pos[hit]])
+            self._count(table, "overlay", todo.shape[0], int(hit.sum()), t0)
+            todo = todo[~hit]
+        cache = self.caches.get(table)
+        if cache is not None and todo.shape[0]:
+            t0 = time.perf_counter()
+            rows_t, found_t = cache.get(torch.from_numpy(keys[todo]))
+            found = found_t.cpu().numpy()
+            fill(todo[found], rows_t[found_t])
+            self._count(table, "cache", todo.shape[0], int(found.sum()), t0)
+            todo = todo[~found]
+        promoted: list[np.ndarray] = []  # positions found below the cache
+        for store in (self.memory, self.persistent):
+            if store is None or not todo.shape[0]:
+                continue
+            t0 = time.perf_counter()
+            rows_np, found = store.get(table, keys[todo])
+            fill(todo[found], rows_np[found])
+            self._count(
+                table, "persistent" if store is self.persistent else "memory", todo.shape[0], int(found.sum()), t0
+            )
+            if store is self.persistent and found.any():
+                uniq, first = np.unique(keys[todo[found]], return_index=True)
+                self.memory.put(table, uniq, rows_np[found][first])
+            promoted.append(todo[found])
+            todo = todo[~found]
+        if todo.shape[0]:
+            t0 = time.perf_counter()
+            fill(todo, np.broadcast_to(self._defaults[table], (todo.shape[0], self.tables[table].dim)).copy())
+            self._count(table, "default", todo.shape[0], todo.shape[0], t0)
+        if cache is not None and promoted:
+            at = torch.from_numpy(np.concatenate(promoted))
+            if at.shape[0]:
+                cache.insert(torch.from_numpy(keys)[at], out[at.to(self.device)])
+        return out
+
+    def _count(self, table: str, tier: str, asked: int, hits: int, t0: float) -> None:
+        dt = time.perf_counter() - t0
+        c = self._stats[(table, tier)]
+        with self._stats_lock:
+            c.keys += asked
+            c.hits += hits
+            c.seconds += dt
+
+    def stats(self) -> dict[tuple[str, str], TierCounters]:
+        """(table, tier) -> counters; tiers are overlay, cache, memory (tier 2, also Redis), persistent, default."""
+        with self._stats_lock:
+            return {k: TierCounters(v.keys, v.hits, v.seconds) for k, v in self._stats.items()}
+
+    # -- writing -----------------------------------------------------------------------------
+    def load(self, updates: Sequence[TableUpdate]) -> None:
+        """Bulk-load rows into every tier below the cache (export, restore): not atomic, no readers expected."""
+        for u in updates:
+            self._check(u)
+            if self.persistent is not None:
+                self.persistent.write({u.table: (u.keys, u.rows)}, {u.table: u.deleted} if u.deleted.shape[0] else {})
+            self.memory.put(u.table, u.keys, u.rows)
+
+    def preload(self, chunk_rows: int = 65536) -> int:
+        """Copy every row of the persistent tier into tier 2 (startup); returns the rows copied."""
+        if self.persistent is None:
+            return 0
+        total = 0
+        for table in self.tables:
+            for keys, rows in self.persistent.scan(table, chunk_rows):
+                self.memory.put(table, keys, rows)
+                total += keys.shape[0]
+        return total
+
+    def apply(self, updates: Sequence[TableUpdate], meta: Mapping[str, str] | None = None) -> dict[str, int]:
+        """Apply `updates` atomically (all tables switch together); returns the new table versions.
+
+        Returns once the update is visible to every new snapshot and written to every tier (with
+        `meta` entries in the same RocksDB batch). Concurrent calls are applied one after another.
+        """
+        for u in updates:
+            self._check(u)
+        tables = [u.table for u in updates]
+        if len(set(tables)) != len(tables):
+            raise ValueError(f"ParameterServer.apply: one update per table per call, got tables {tables}")
+        with self._apply_lock:
+            overlays: dict[str, _Overlay] = {}
+            for u in updates:
+                keys = np.concatenate([u.keys, u.deleted])
+                defaults = np.broadcast_to(self._defaults[u.table], (u.deleted.shape[0], u.rows.shape[1]))
+                rows = np.concatenate([u.rows, defaults])
+                order = np.argsort(keys, kind="stable")
+                overlays[u.table] = _Overlay(keys[order], rows[order])
+            old = self._view
+            versions = {t: v + (t in overlays) for t, v in old.versions.items()}
+            with_overlay = _View(
+                versions, {t: old.overlays[t] + ((overlays[t],) if t in overlays else ()) for t in old.overlays}
+            )
+            self._swap(with_overlay)
+            self._wait_for_old_readers(with_overlay)
+            self._fold(updates, meta)
+            self._swap(_View(versions, {t: () for t in old.overlays}))
+            return dict(versions)
+
+    def _check(self, u: TableUpdate) -> None:
+        if u.table not in self.tables:
+            raise ValueError(f"ParameterServer: update for unknown table {u.table!r}; have {sorted(self.tables)}")
+        if u.rows.shape[1] != self.tables[u.table].dim:
+            raise ValueError(
+                f"ParameterServer: update of table {u.table!r} has rows of width {u.rows.shape[1]}, dim is "
+                f"{self.tables[u.table].dim}"
+            )
+
+    def _swap(self, view: _View) -> None:
+        with self._lock:
+            old = self._view
+            self._view = view
+            if old.readers:
+                self._retired.append(old)
+
+    def _wait_for_old_readers(self, current: _View) -> None:
+        with self._readers_done:
+            self._readers_done.wait_for(lambda: all(v.readers == 0 for v in self._retired if v is not current))
+            self._retired = [v for v in self._retired if v.readers]
+
+    def _fold(self, updates: Sequence[TableUpdate], meta: Mapping[str, str] | None) -> None:
+        if self.persistent is not None:
+            puts = {u.table: (u.keys, u.rows) for u in updates if u.keys.shape[0]}
+            deletes = {u.table: u.deleted for u in updates if u.deleted.shape[0]}
+            self.persistent.write(puts, deletes, meta)
+        for u in updates:
+            if u.keys.shape[0]:
+                self.memory.put(u.table, u.keys, u.rows)
+            if u.deleted.shape[0]:
+                self.memory.delete(u.table, u.deleted)
+            cache = self.caches.get(u.table)
+            if cache is not None:
+                cache.refresh(torch.from_numpy(u.keys), torch.from_numpy(u.rows))
+                cache.invalidate(torch.from_numpy(u.deleted))
+
+    def close(self) -> None:
+        self.memory.close()
+        if self.persistent is not None:
+            self.persistent.close()

@@ -1,0 +1,307 @@
+"""HashTable: the vocabulary of a dynamic embedding table, raw int64 keys -> rows 0..capacity-1.
+
+Collisionless (two distinct keys never share a row), fixed capacity, policies given as data
+(`DynamicConfig`): eviction LRU / LFU / TTL / NONE, admission after `min_count` sightings (count-min
+sketch, bounded memory), and what a key without a row maps to (`Missing`).
+
+    table = HashTable(1000, DynamicConfig(eviction=Eviction.LRU, min_count=2))
+    ins = table.find_or_insert(torch.tensor([7, -3, 7]), step=0)   # training
+    ins.rows        # [N] rows, -1 (or the unknown row) for keys not (yet) admitted
+    ins.reset_rows  # rows that held another key before: re-initialise weights and optimizer state
+    table.find(torch.tensor([7, 8]))                                # eval / serving: no insertion
+
+Rows: with Missing.UNKNOWN_ROW the last row (capacity - 1) is the table's shared unknown row and
+keys get rows 0..capacity-2; with Missing.ZEROS keys get every row and a missing key maps to -1.
+Row ids are handed out 0, 1, 2, ... until the table is full, then recycled by the eviction policy.
+
+Every row remembers the last step it was touched (`find_or_insert`) and how often; `changed_since`
+lists the keys touched after a step (delta export, `hugerec.embedding.delta`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hugerec.embedding.config import DynamicConfig, Eviction, Missing
+from hugerec.ops import hash_table as ops
+from hugerec.ops.cpu import hash_table as layout
+
+
+def _eviction_code(eviction: Eviction) -> int:
+    match eviction:
+        case Eviction.NONE:
+            return ops.EVICT_NONE
+        case Eviction.LRU:
+            return ops.EVICT_LRU
+        case Eviction.LFU:
+            return ops.EVICT_LFU
+        case Eviction.TTL:
+            return ops.EVICT_TTL
+
+
+def as_keys(keys: torch.Tensor | np.ndarray, where: str) -> np.ndarray:
+    """Validate raw keys: a 1-D integer tensor or array -> contiguous int64 numpy array [N] (CPU).
+
+    uint64 keys (e.g. string hashes) are reinterpreted bit for bit as int64, a bijection.
+    """
+    arr = keys.detach().cpu().numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+    if arr.ndim != 1:
+        raise ValueError(f"{where}: keys must be 1-D [N], got shape {arr.shape}")
+    if arr.dtype == np.uint64:
+        return np.ascontiguousarray(arr).view(np.int64)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        if arr.size == 0:
+            return np.empty(0, dtype=np.int64)
+        raise ValueError(f"{where}: keys must be integers, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _check_step(step: int, where: str) -> int:
+    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+        raise ValueError(f"{where}: step must be an int >= 0, got {step!r}")
+    return int(step)
+
+
+@dataclass(frozen=True)
+class Insertion:
+    """Result of `HashTable.find_or_insert`."""
+
+    rows: torch.Tensor  # [N] int64: row per key; -1 (ZEROS) or the unknown row for keys not admitted
+    reset_rows: torch.Tensor  # [E] int64: rows given a new key that held another key before
+
+
+@dataclass(frozen=True)
+class HashTableStats:
+    size: int  # keys held
+    capacity: int  # rows available to keys
+    load_factor: float  # size / capacity
+    inserts: int  # keys that got a row
+    evictions: int  # keys that lost their row to a new key (LRU / LFU / TTL when full)
+    expired: int  # keys dropped by TTL
+    refused: int  # admissions refused (distinct keys per call that stayed below min_count)
+    removed: int  # keys dropped by `remove`
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class HashTableContents:
+    """The held keys, ordered by row: keys [K], rows [K], last_step [K], count [K] (int64 tensors)."""
+
+    keys: torch.Tensor
+    rows: torch.Tensor
+    last_step: torch.Tensor
+    count: torch.Tensor
+
+
+class HashTable:
+    """Raw int64 keys -> rows of one dynamic table (see module docstring)."""
+
+    def __init__(self, capacity: int, policy: DynamicConfig | None = None, name: str = "hash table") -> None:
+        self.policy = DynamicConfig() if policy is None else policy
+        self.name = name
+        reserved = 1 if self.policy.missing is Missing.UNKNOWN_ROW else 0
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1 + reserved:
+            need = "an int >= 2 (one row is the shared unknown row)" if reserved else "an int >= 1"
+            raise ValueError(f"HashTable {name!r}: capacity must be {need}, got {capacity!r}")
+        if self.policy.min_count > ops.SKETCH_MAX:
+            raise ValueError(
+                f"HashTable {name!r}: min_count {self.policy.min_count} exceeds the sketch's counter limit "
+                f"{ops.SKETCH_MAX}"
+            )
+        self.capacity = capacity
+        self.unknown_row: int | None = capacity - 1 if reserved else None
+        self._eviction = _eviction_code(self.policy.eviction)
+        self._arrays = self._allocate()
+
+    def _allocate(self) -> ops.HashTableArrays:
+        admission = self.policy.min_count > 1
+        return ops.HashTableArrays.allocate(
+            self.key_capacity,
+            self._eviction,
+            self.policy.sketch_depth if admission else 0,
+            self.policy.sketch_width if admission else 0,
+        )
+
+    @property
+    def key_capacity(self) -> int:
+        """Rows available to keys (capacity, less the unknown row if there is one)."""
+        return self.capacity - (self.unknown_row is not None)
+
+    @property
+    def step(self) -> int:
+        """Last step given to find_or_insert (-1 before the first)."""
+        return self._arrays.counter(layout.STEP)
+
+    def __len__(self) -> int:
+        return self._arrays.counter(layout.SIZE)
+
+    def __repr__(self) -> str:
+        return f"HashTable({self.name!r}, {len(self)}/{self.key_capacity} keys, {self.policy})"
+
+    def _where(self, method: str) -> str:
+        return f"HashTable {self.name!r}.{method}"
+
+    def _default(self, rows: np.ndarray) -> torch.Tensor:
+        if self.unknown_row is not None:
+            rows[rows < 0] = self.unknown_row
+        return torch.from_numpy(rows)
+
+    # -- lookups -------------------------------------------------------------------------------------
+    def find_or_insert(self, keys: torch.Tensor | np.ndarray, step: int, admit_all: bool = False) -> Insertion:
+        """Training lookup at `step` (steps never decrease): keys [N] -> rows [N], inserting admitted keys.
+
+        admit_all skips admission (used when importing rows that were admitted elsewhere).
+        Raises ValueError, leaving the table unchanged, when the keys do not fit (see hugerec.ops.hash_table).
+        """
+        where = self._where("find_or_insert")
+        k = as_keys(keys, where)
+        step = _check_step(step, where)
+        if self.policy.eviction is Eviction.TTL and step >= self.step:
+            ops.expire(self._arrays, step, self.policy.ttl_steps)
+        rows, reset = ops.find_or_insert(
+            self._arrays, k, step, self._eviction, self.policy.min_count, admit_all, where=where
+        )
+        return Insertion(self._default(rows), torch.from_numpy(reset))
+
+    def find(self, keys: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """Eval / serving lookup: keys [N] -> rows [N]; missing keys get -1 or the unknown row. Changes nothing."""
+        return self._default(ops.lookup(self._arrays, as_keys(keys, self._where("find"))))
+
+    def remove(self, keys: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """Drop keys; returns the row each one held (-1 where absent). Freed rows are re-initialised on reuse."""
+        return torch.from_numpy(ops.remove(self._arrays, as_keys(keys, self._where("remove"))))
+
+    # -- contents --------------------------------------------------------------------------------------
+    def export(self) -> HashTableContents:
+        """Every held key with its row and scores, ordered by row."""
+        a = self._arrays
+        rows = np.flatnonzero(a.row_state == layout.USED).astype(np.int64)
+        return HashTableContents(
+            torch.from_numpy(a.row_key[rows].copy()),
+            torch.from_numpy(rows),
+            torch.from_numpy(a.last_step[rows].copy()),
+            torch.from_numpy(a.count[rows].copy()),
+        )
+
+    def changed_since(self, step: int) -> HashTableContents:
+        """The held keys touched at a step > `step` (pass -1 for all), ordered by row."""
+        a = self._arrays
+        rows = np.flatnonzero((a.row_state == layout.USED) & (a.last_step > step)).astype(np.int64)
+        return HashTableContents(
+            torch.from_numpy(a.row_key[rows].copy()),
+            torch.from_numpy(rows),
+            torch.from_numpy(a.last_step[rows].copy()),
+            torch.from_numpy(a.count[rows].copy()),
+        )
+
+    def stats(self) -> HashTableStats:
+        a = self._arrays
+        size = len(self)
+        return HashTableStats(
+            size=size,
+            capacity=self.key_capacity,
+            load_factor=size / self.key_capacity,
+            inserts=a.counter(layout.INSERTS),
+            evictions=a.counter(layout.EVICTIONS),
+            expired=a.counter(layout.EXPIRED),
+            refused=a.counter(layout.REFUSED),
+            removed=a.counter(layout.REMOVED),
+        )
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything needed to continue exactly: mapping, scores, row history, free-row order, sketch, counters."""
+        a = self._arrays
+        contents = self.export()
+        return {
+            "keys": contents.keys,
+            "rows": contents.rows,
+            "last_step": contents.last_step,
+            "count": contents.count,
+            "row_state": torch.from_numpy(a.row_state.copy()),
+            "free": torch.from_numpy(a.free[: a.counter(layout.N_FREE)].copy()),
+            # uint16 counters travel as int16 bit patterns (torch's uint16 support is thin)
+            "sketch": torch.from_numpy(a.sketch.view(np.int16).copy()),
+            "meta": torch.from_numpy(a.meta.copy()),
+        }
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore a `state_dict` taken from a table with the same capacity and policy."""
+        where = self._where("load_state_dict")
+        missing = {"keys", "rows", "last_step", "count", "row_state", "free", "sketch", "meta"} - set(state)
+        if missing:
+            raise ValueError(f"{where}: state lacks {sorted(missing)}")
+        self._install(
+            HashTableContents(state["keys"], state["rows"], state["last_step"], state["count"]),
+            state["row_state"].numpy().astype(np.int8),
+            as_keys(state["free"], where),
+            state["sketch"].numpy().view(np.uint16),
+            state["meta"].numpy(),
+            where,
+        )
+
+    def load(self, contents: HashTableContents) -> None:
+        """Replace the mapping by `contents` (e.g. another table's `export()`), keeping sketch and counters.
+
+        Rows not in `contents` become free and are handed out lowest first; those that held a key
+        before are re-initialised when reused.
+        """
+        a = self._arrays
+        rows = as_keys(contents.rows, self._where("load"))
+        row_state = np.where(a.row_state == layout.FRESH, layout.FRESH, layout.FREED).astype(np.int8)
+        row_state[rows[(rows >= 0) & (rows < self.key_capacity)]] = layout.USED
+        free = np.flatnonzero(row_state != layout.USED)[::-1].astype(np.int64)
+        meta = a.meta.copy()
+        last = as_keys(contents.last_step, self._where("load"))
+        meta[layout.STEP] = max(self.step, int(last.max()) if last.size else -1)
+        self._install(contents, row_state, free, a.sketch.copy(), meta, self._where("load"))
+
+    def _install(
+        self,
+        contents: HashTableContents,
+        row_state: np.ndarray,
+        free: np.ndarray,
+        sketch: np.ndarray,
+        meta: np.ndarray,
+        where: str,
+    ) -> None:
+        keys, rows = as_keys(contents.keys, where), as_keys(contents.rows, where)
+        last_step, count = as_keys(contents.last_step, where), as_keys(contents.count, where)
+        if not keys.shape == rows.shape == last_step.shape == count.shape:
+            raise ValueError(
+                f"{where}: keys, rows, last_step, count differ in length: {keys.shape[0]}, {rows.shape[0]}, "
+                f"{last_step.shape[0]}, {count.shape[0]}"
+            )
+        if rows.size and (rows.min() < 0 or rows.max() >= self.key_capacity):
+            raise ValueError(f"{where}: rows must lie in [0, {self.key_capacity}), got {rows.min()}..{rows.max()}")
+        if np.unique(keys).size != keys.size:
+            raise ValueError(f"{where}: duplicate keys")
+        if np.unique(rows).size != rows.size:
+            raise ValueError(f"{where}: duplicate rows")
+        if row_state.shape != (self.key_capacity,):
+            raise ValueError(f"{where}: state is for {row_state.shape[0]} key rows, this table has {self.key_capacity}")
+        held = np.flatnonzero(row_state == layout.USED)
+        if not np.array_equal(held, np.sort(rows)):
+            raise ValueError(f"{where}: row_state does not mark exactly the rows that hold keys")
+        if not np.array_equal(np.flatnonzero(row_state != layout.USED), np.sort(free)):
+            raise ValueError(f"{where}: the free rows are not exactly the rows that hold no key")
+        fresh = self._allocate()
+        if sketch.shape != fresh.sketch.shape:
+            raise ValueError(f"{where}: sketch shape {sketch.shape} != {fresh.sketch.shape} of this table's policy")
+        fresh.row_state[:] = row_state
+        fresh.row_key[rows] = keys
+        fresh.last_step[rows] = last_step
+        fresh.count[rows] = count
+        fresh.free[: free.shape[0]] = free
+        fresh.sketch[:] = sketch
+        fresh.meta[:] = meta
+        fresh.meta[layout.N_FREE] = free.shape[0]
+        fresh.meta[layout.SIZE] = keys.shape[0]
+        ops.insert_mapping(fresh, keys, rows)
+        ops.rebuild_heap(fresh, self._eviction)
+        self._arrays = fresh

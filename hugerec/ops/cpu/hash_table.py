@@ -1,0 +1,502 @@
+"""Numba kernels of the collisionless hash table (keys -> rows), see `hugerec.ops.hash_table`.
+
+Layout (S slots, a power of two >= 2 C, so the load factor stays <= 0.5 and probes stay short):
+
+    slots      [S, 2] int64   (key, row); row == -1 marks an empty slot. Occupancy lives in the row
+                              column, so every int64 is a valid key (no sentinel key is reserved).
+    row_key    [C] int64      key held by each row
+    row_state  [C] int8       FRESH (never held a key) / USED / FREED (held one, must be re-initialised)
+    last_step  [C] int64      step the row was last touched by find_or_insert
+    count      [C] int64      occurrences of the row's key since it got the row
+    gen        [C] int64      bumped whenever the row gets a new key; invalidates old heap entries
+    free       [C] int64      stack of free rows; the top is free[meta[N_FREE] - 1]
+    heap       [2C, 4] int64  min-heap of (score1, score2, row, gen) for eviction (unused for NONE)
+    sketch     [d, w] uint16  count-min sketch for admission ([0, 0] when min_count == 1)
+    meta       [9] int64      the scalar counters below
+
+Probing is linear on a splitmix64 hash; deletion shifts the cluster back (no tombstones).
+
+The eviction heap is lazy: every held row has at least one entry whose score is a lower bound of its
+current score (scores only grow while a row keeps its key). Popping an entry whose score is stale
+re-pushes the row with its current score; an exact entry is the true minimum. Touching a row
+therefore costs nothing; the heap is only worked on when rows are evicted or expire.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+# meta indices
+N_FREE = 0
+HEAP_SIZE = 1
+SIZE = 2
+STEP = 3
+INSERTS = 4
+EVICTIONS = 5
+EXPIRED = 6
+REFUSED = 7
+REMOVED = 8
+META_LEN = 9
+
+# row_state values
+FRESH = 0
+USED = 1
+FREED = 2
+
+# eviction codes (mirrors hugerec.embedding.config.Eviction, which ops may not import)
+EVICT_NONE = 0
+EVICT_LRU = 1
+EVICT_LFU = 2
+EVICT_TTL = 3
+
+# find_or_insert status codes
+OK = 0
+FULL = 1  # eviction NONE and not enough free rows
+BATCH_TOO_LARGE = 2  # the batch alone needs more rows than the table has
+
+# scalars are Python ints at the call sites and np.int64 inside the kernels
+Int = int | np.int64
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(inline="always", cache=True)
+def _mix(x: np.uint64) -> np.uint64:
+    # splitmix64 finalizer: a bijection of uint64 with good avalanche
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(inline="always", cache=True)
+def _home(key: Int, mask: Int) -> Int:
+    return np.int64(_mix(np.uint64(key)) & np.uint64(mask))
+
+
+@njit(inline="always", cache=True)
+def _probe(slots: np.ndarray, mask: Int, key: Int) -> Int:
+    """Slot holding `key`, or -1 - (first empty slot on its probe path)."""
+    i = _home(key, mask)
+    while True:
+        if slots[i, 1] == -1:
+            return -1 - i
+        if slots[i, 0] == key:
+            return i
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def _delete_slot(slots: np.ndarray, i: Int) -> None:
+    """Empty slot i and shift later members of its cluster back so every probe path stays unbroken."""
+    mask = slots.shape[0] - 1
+    j = i
+    while True:
+        j = (j + 1) & mask
+        if slots[j, 1] == -1:
+            break
+        h = _home(slots[j, 0], mask)
+        # the entry at j may move to i only if its home is not cyclically inside (i, j]
+        if i <= j:
+            stays = i < h <= j
+        else:
+            stays = h > i or h <= j
+        if not stays:
+            slots[i, 0] = slots[j, 0]
+            slots[i, 1] = slots[j, 1]
+            i = j
+    slots[i, 1] = -1
+
+
+@njit(parallel=True, cache=True)
+def lookup(slots: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
+    """out[i] = row of keys[i], or -1."""
+    mask = slots.shape[0] - 1
+    for i in prange(keys.shape[0]):
+        s = _probe(slots, mask, keys[i])
+        out[i] = slots[s, 1] if s >= 0 else -1
+
+
+# -- eviction heap ---------------------------------------------------------------------------------
+
+
+@njit(inline="always", cache=True)
+def _less(heap: np.ndarray, a: Int, b: Int) -> bool:
+    if heap[a, 0] != heap[b, 0]:
+        return heap[a, 0] < heap[b, 0]
+    if heap[a, 1] != heap[b, 1]:
+        return heap[a, 1] < heap[b, 1]
+    return heap[a, 2] < heap[b, 2]
+
+
+@njit(inline="always", cache=True)
+def _swap(heap: np.ndarray, a: Int, b: Int) -> None:
+    for c in range(4):
+        t = heap[a, c]
+        heap[a, c] = heap[b, c]
+        heap[b, c] = t
+
+
+@njit(cache=True)
+def _sift_down(heap: np.ndarray, n: Int, i: Int) -> None:
+    while True:
+        left = 2 * i + 1
+        if left >= n:
+            return
+        m = left
+        if left + 1 < n and _less(heap, left + 1, left):
+            m = left + 1
+        if not _less(heap, m, i):
+            return
+        _swap(heap, i, m)
+        i = m
+
+
+@njit(cache=True)
+def _push(heap: np.ndarray, meta: np.ndarray, s1: Int, s2: Int, row: Int, g: Int) -> None:
+    i = meta[HEAP_SIZE]
+    meta[HEAP_SIZE] = i + 1
+    heap[i, 0] = s1
+    heap[i, 1] = s2
+    heap[i, 2] = row
+    heap[i, 3] = g
+    while i > 0:
+        parent = (i - 1) // 2
+        if not _less(heap, i, parent):
+            return
+        _swap(heap, i, parent)
+        i = parent
+
+
+@njit(cache=True)
+def _pop(heap: np.ndarray, meta: np.ndarray) -> None:
+    n = meta[HEAP_SIZE] - 1
+    meta[HEAP_SIZE] = n
+    for c in range(4):
+        heap[0, c] = heap[n, c]
+    _sift_down(heap, n, 0)
+
+
+@njit(inline="always", cache=True)
+def _score(eviction: Int, last_step: np.ndarray, count: np.ndarray, r: Int) -> tuple[Int, Int]:
+    # LRU / TTL: (last step seen, row); LFU: (count, last step seen, row); the row breaks ties
+    if eviction == EVICT_LFU:
+        return count[r], last_step[r]
+    return last_step[r], np.int64(0)
+
+
+@njit(cache=True)
+def rebuild_heap(
+    row_state: np.ndarray,
+    last_step: np.ndarray,
+    count: np.ndarray,
+    gen: np.ndarray,
+    heap: np.ndarray,
+    meta: np.ndarray,
+    eviction: Int,
+) -> None:
+    """One exact entry per held row; drops every stale entry."""
+    n = 0
+    for r in range(row_state.shape[0]):
+        if row_state[r] == USED:
+            s1, s2 = _score(eviction, last_step, count, r)
+            heap[n, 0] = s1
+            heap[n, 1] = s2
+            heap[n, 2] = r
+            heap[n, 3] = gen[r]
+            n += 1
+    meta[HEAP_SIZE] = n
+    for i in range(n // 2 - 1, -1, -1):
+        _sift_down(heap, n, i)
+
+
+@njit(cache=True)
+def _pop_exact(
+    row_state: np.ndarray,
+    last_step: np.ndarray,
+    count: np.ndarray,
+    gen: np.ndarray,
+    heap: np.ndarray,
+    meta: np.ndarray,
+    eviction: Int,
+) -> Int:
+    """Pop until the top entry is exact for a held row and return that row (-1: heap empty)."""
+    while meta[HEAP_SIZE] > 0:
+        r = heap[0, 2]
+        e1 = heap[0, 0]
+        e2 = heap[0, 1]
+        g = heap[0, 3]
+        _pop(heap, meta)
+        if row_state[r] != USED or gen[r] != g:
+            continue  # the row lost this key since the entry was pushed
+        s1, s2 = _score(eviction, last_step, count, r)
+        if s1 != e1 or s2 != e2:
+            _push(heap, meta, s1, s2, r, g)
+            continue
+        return r
+    return -1
+
+
+@njit(cache=True)
+def _release(slots: np.ndarray, row_key: np.ndarray, row_state: np.ndarray, r: Int) -> None:
+    mask = slots.shape[0] - 1
+    _delete_slot(slots, _probe(slots, mask, row_key[r]))
+    row_state[r] = FREED
+
+
+@njit(cache=True)
+def expire(
+    slots: np.ndarray,
+    row_key: np.ndarray,
+    row_state: np.ndarray,
+    last_step: np.ndarray,
+    count: np.ndarray,
+    gen: np.ndarray,
+    free: np.ndarray,
+    heap: np.ndarray,
+    meta: np.ndarray,
+    step: Int,
+    ttl: Int,
+) -> Int:
+    """TTL: free every row not seen for more than `ttl` steps (step - last_step > ttl), oldest first."""
+    n = 0
+    while meta[HEAP_SIZE] > 0 and heap[0, 0] < step - ttl:
+        r = _pop_exact(row_state, last_step, count, gen, heap, meta, EVICT_TTL)
+        if r < 0:
+            break
+        if last_step[r] >= step - ttl:
+            _push(heap, meta, last_step[r], 0, r, gen[r])  # the exact top is still alive: done
+            break
+        _release(slots, row_key, row_state, r)
+        free[meta[N_FREE]] = r
+        meta[N_FREE] += 1
+        meta[SIZE] -= 1
+        n += 1
+    meta[EXPIRED] += n
+    return n
+
+
+# -- count-min sketch --------------------------------------------------------------------------------
+
+
+@njit(inline="always", cache=True)
+def _sketch_col(key: Int, depth_row: Int, width: Int) -> Int:
+    return np.int64(_mix(np.uint64(key) + np.uint64(depth_row + 1) * _GOLDEN) % np.uint64(width))
+
+
+@njit(cache=True)
+def sketch_estimate(sketch: np.ndarray, key: Int) -> Int:
+    est = np.int64(65535)
+    for j in range(sketch.shape[0]):
+        est = min(est, np.int64(sketch[j, _sketch_col(key, j, sketch.shape[1])]))
+    return est
+
+
+@njit(cache=True)
+def _sketch_add(sketch: np.ndarray, key: Int, occ: Int) -> None:
+    for j in range(sketch.shape[0]):
+        c = _sketch_col(key, j, sketch.shape[1])
+        sketch[j, c] = min(np.int64(sketch[j, c]) + occ, 65535)  # saturates instead of wrapping
+
+
+# -- find_or_insert ----------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _distinct_rows(rows: np.ndarray) -> Int:
+    """Number of distinct rows >= 0 in `rows` (a small temporary set; only used near capacity)."""
+    size = 2
+    while size < 2 * rows.shape[0]:
+        size *= 2
+    seen = np.full(size, -1, dtype=np.int64)
+    mask = size - 1
+    n = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if r < 0:
+            continue
+        s = _home(r, mask)
+        while seen[s] != -1 and seen[s] != r:
+            s = (s + 1) & mask
+        if seen[s] == -1:
+            seen[s] = r
+            n += 1
+    return n
+
+
+@njit(cache=True)
+def find_or_insert(
+    slots: np.ndarray,
+    row_key: np.ndarray,
+    row_state: np.ndarray,
+    last_step: np.ndarray,
+    count: np.ndarray,
+    gen: np.ndarray,
+    free: np.ndarray,
+    heap: np.ndarray,
+    sketch: np.ndarray,
+    meta: np.ndarray,
+    keys: np.ndarray,
+    rows: np.ndarray,
+    step: Int,
+    eviction: Int,
+    min_count: Int,
+    admit_all: bool,
+) -> tuple[Int, np.ndarray, Int, Int]:
+    """Complete `rows` (filled by `lookup`) by touching found rows and giving rows to admitted new keys.
+
+    Returns (status, reset rows [E], rows needed, rows the batch protects). On a non-OK status
+    nothing was changed. Reset rows held another key before and must be re-initialised.
+    """
+    n = keys.shape[0]
+    cap = row_key.shape[0]
+    mask = slots.shape[0] - 1
+    # 1. distinct missing keys in order of first occurrence; rows[i] = -2 - u marks "distinct key u"
+    n_miss = 0
+    for i in range(n):
+        if rows[i] < 0:
+            n_miss += 1
+    tsize = 2
+    while tsize < 2 * n_miss:
+        tsize *= 2
+    tmask = tsize - 1
+    tkey = np.empty(tsize, dtype=np.int64)
+    tidx = np.full(tsize, -1, dtype=np.int64)
+    ukeys = np.empty(n_miss, dtype=np.int64)
+    uocc = np.zeros(n_miss, dtype=np.int64)
+    n_u = 0
+    for i in range(n):
+        if rows[i] >= 0:
+            continue
+        key = keys[i]
+        s = _home(key, tmask)
+        while tidx[s] != -1 and tkey[s] != key:
+            s = (s + 1) & tmask
+        if tidx[s] == -1:
+            tidx[s] = n_u
+            tkey[s] = key
+            ukeys[n_u] = key
+            n_u += 1
+        u = tidx[s]
+        uocc[u] += 1
+        rows[i] = -2 - u
+    # 2. admission, decided before any state changes (count-min estimate after this batch's adds)
+    admitted = np.ones(n_u, dtype=np.bool_)
+    use_sketch = min_count > 1 and not admit_all
+    needed = n_u
+    if use_sketch:
+        needed = 0
+        for u in range(n_u):
+            admitted[u] = sketch_estimate(sketch, ukeys[u]) + uocc[u] >= min_count
+            needed += admitted[u]
+    # 3. capacity: keys of this batch are never evicted to make room for keys of this batch
+    protected: Int = 0
+    if needed > 0:
+        if eviction == EVICT_NONE:
+            if meta[SIZE] + needed > cap:
+                return FULL, np.empty(0, dtype=np.int64), needed, protected
+        elif needed > meta[N_FREE] and (n - n_miss) + needed > cap:
+            protected = _distinct_rows(rows)
+            if protected + needed > cap:
+                return BATCH_TOO_LARGE, np.empty(0, dtype=np.int64), needed, protected
+        if eviction != EVICT_NONE and meta[HEAP_SIZE] + needed > heap.shape[0]:
+            rebuild_heap(row_state, last_step, count, gen, heap, meta, eviction)
+    # 4. mutate: sketch, touches, new rows
+    if use_sketch:
+        for u in range(n_u):
+            _sketch_add(sketch, ukeys[u], uocc[u])
+    for i in range(n):
+        r = rows[i]
+        if r >= 0:
+            count[r] += 1
+            last_step[r] = step
+    meta[STEP] = step
+    reset = np.empty(needed, dtype=np.int64)
+    n_reset = 0
+    new_row = np.empty(n_u, dtype=np.int64)
+    deferred = np.empty(0, dtype=np.int64)
+    n_def = 0
+    for u in range(n_u):
+        if not admitted[u]:
+            new_row[u] = -1
+            meta[REFUSED] += 1
+            continue
+        if meta[N_FREE] > 0:
+            meta[N_FREE] -= 1
+            r = free[meta[N_FREE]]
+        else:
+            if deferred.shape[0] == 0:
+                deferred = np.empty(cap, dtype=np.int64)
+            while True:
+                r = _pop_exact(row_state, last_step, count, gen, heap, meta, eviction)
+                if r < 0:
+                    raise RuntimeError("hash table: eviction heap ran empty (internal invariant broken)")
+                if last_step[r] != step:
+                    break
+                deferred[n_def] = r  # protected by this batch: back into the heap afterwards
+                n_def += 1
+            _release(slots, row_key, row_state, r)
+            meta[SIZE] -= 1
+            meta[EVICTIONS] += 1
+        if row_state[r] != FRESH:
+            reset[n_reset] = r
+            n_reset += 1
+        key = ukeys[u]
+        s = _probe(slots, mask, key)
+        slots[-1 - s, 0] = key
+        slots[-1 - s, 1] = r
+        row_key[r] = key
+        row_state[r] = USED
+        gen[r] += 1
+        last_step[r] = step
+        count[r] = uocc[u]
+        meta[SIZE] += 1
+        meta[INSERTS] += 1
+        new_row[u] = r
+        if eviction != EVICT_NONE:
+            s1, s2 = _score(eviction, last_step, count, r)
+            _push(heap, meta, s1, s2, r, gen[r])
+    for k in range(n_def):
+        r = deferred[k]
+        s1, s2 = _score(eviction, last_step, count, r)
+        _push(heap, meta, s1, s2, r, gen[r])
+    for i in range(n):
+        if rows[i] <= -2:
+            rows[i] = new_row[-2 - rows[i]]
+    return OK, reset[:n_reset], needed, protected
+
+
+# -- remove / load -----------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def remove(
+    slots: np.ndarray, row_state: np.ndarray, free: np.ndarray, meta: np.ndarray, keys: np.ndarray, out: np.ndarray
+) -> None:
+    """Drop keys (absent ones are skipped); out[i] = freed row or -1. Freed rows go on the free stack."""
+    mask = slots.shape[0] - 1
+    for i in range(keys.shape[0]):
+        s = _probe(slots, mask, keys[i])
+        if s < 0:
+            out[i] = -1
+            continue
+        r = slots[s, 1]
+        _delete_slot(slots, s)
+        row_state[r] = FREED
+        free[meta[N_FREE]] = r
+        meta[N_FREE] += 1
+        meta[SIZE] -= 1
+        meta[REMOVED] += 1
+        out[i] = r
+
+
+@njit(cache=True)
+def insert_mapping(slots: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> None:
+    """Put distinct, absent keys into the slots (loading a saved table)."""
+    mask = slots.shape[0] - 1
+    for i in range(keys.shape[0]):
+        s = -1 - _probe(slots, mask, keys[i])
+        slots[s, 0] = keys[i]
+        slots[s, 1] = rows[i]

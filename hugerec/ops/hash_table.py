@@ -1,0 +1,265 @@
+"""Collisionless hash table ops: raw int64 keys -> rows 0..C-1 of an embedding table.
+
+The state is a bundle of numpy arrays (`HashTableArrays`, layout in `hugerec.ops.cpu.hash_table`);
+the ops below mutate it in place. `DictHashTable` is the same contract written with Python dicts
+and lists: the specification, and the oracle the tests compare the kernels against.
+
+Semantics of `find_or_insert(keys [N], step)` (both bodies):
+  0. steps never decrease (ValueError otherwise).
+  1. keys already held map to their rows; each occurrence adds 1 to the row's count and the row's
+     last step becomes `step` (which protects it from eviction during this call).
+  2. the distinct missing keys, in order of first occurrence, are admitted if min_count == 1, or if
+     their count-min estimate plus their occurrences in this batch reaches min_count (admit_all
+     skips admission, for imports); refused keys map to -1.
+  3. an admitted key takes the top of the free-row stack (initially rows 0, 1, 2, ... in order);
+     when the stack is empty the eviction policy frees the held row with the smallest score among
+     rows not protected by this call:  LRU / TTL: (last_step, row);  LFU: (count, last_step, row).
+     The new row starts with count = occurrences in the batch and last_step = step. A row that held
+     a key before is reported for re-initialisation ("reset rows").
+  4. capacity is checked before anything changes: eviction NONE and more new keys than free rows,
+     or (with eviction) protected rows + new keys > C, raise ValueError and leave the table as it was.
+`expire(step, ttl)` (TTL tables, called before find_or_insert) frees, oldest first, every held row
+with step - last_step > ttl. `remove(keys)` frees the rows of the given keys, in order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from hugerec.ops.cpu import hash_table as _cpu
+
+EVICT_NONE = _cpu.EVICT_NONE
+EVICT_LRU = _cpu.EVICT_LRU
+EVICT_LFU = _cpu.EVICT_LFU
+EVICT_TTL = _cpu.EVICT_TTL
+SKETCH_MAX = 65535  # count-min counters are uint16 and saturate here
+
+
+@dataclass
+class HashTableArrays:
+    """Mutable state of one hash table of capacity C (see hugerec.ops.cpu.hash_table for the layout)."""
+
+    slots: np.ndarray  # [S, 2] int64
+    row_key: np.ndarray  # [C] int64
+    row_state: np.ndarray  # [C] int8
+    last_step: np.ndarray  # [C] int64
+    count: np.ndarray  # [C] int64
+    gen: np.ndarray  # [C] int64
+    free: np.ndarray  # [C] int64
+    heap: np.ndarray  # [2C, 4] int64, or [0, 4] without eviction
+    sketch: np.ndarray  # [depth, width] uint16, or [0, 0] without admission
+    meta: np.ndarray  # [META_LEN] int64
+
+    @staticmethod
+    def allocate(capacity: int, eviction: int, sketch_depth: int = 0, sketch_width: int = 0) -> HashTableArrays:
+        num_slots = 2
+        while num_slots < 2 * capacity:
+            num_slots *= 2
+        slots = np.zeros((num_slots, 2), dtype=np.int64)
+        slots[:, 1] = -1
+        meta = np.zeros(_cpu.META_LEN, dtype=np.int64)
+        meta[_cpu.N_FREE] = capacity
+        meta[_cpu.STEP] = -1
+        return HashTableArrays(
+            slots=slots,
+            row_key=np.zeros(capacity, dtype=np.int64),
+            row_state=np.zeros(capacity, dtype=np.int8),
+            last_step=np.zeros(capacity, dtype=np.int64),
+            count=np.zeros(capacity, dtype=np.int64),
+            gen=np.zeros(capacity, dtype=np.int64),
+            # stack top is the end: rows come out as 0, 1, 2, ...
+            free=np.arange(capacity - 1, -1, -1, dtype=np.int64),
+            heap=np.zeros((2 * capacity if eviction != EVICT_NONE else 0, 4), dtype=np.int64),
+            sketch=np.zeros((sketch_depth, sketch_width), dtype=np.uint16),
+            meta=meta,
+        )
+
+    @property
+    def capacity(self) -> int:
+        return int(self.row_key.shape[0])
+
+    def counter(self, index: int) -> int:
+        return int(self.meta[index])
+
+
+def lookup(t: HashTableArrays, keys: np.ndarray) -> np.ndarray:
+    """keys [N] int64 -> rows [N] int64, -1 where absent. Read-only (safe for concurrent readers)."""
+    out = np.empty(keys.shape[0], dtype=np.int64)
+    _cpu.lookup(t.slots, keys, out)
+    return out
+
+
+def expire(t: HashTableArrays, step: int, ttl: int) -> int:
+    """Free every row with step - last_step > ttl; returns how many."""
+    return int(
+        _cpu.expire(t.slots, t.row_key, t.row_state, t.last_step, t.count, t.gen, t.free, t.heap, t.meta, step, ttl)
+    )
+
+
+def find_or_insert(
+    t: HashTableArrays,
+    keys: np.ndarray,
+    step: int,
+    eviction: int,
+    min_count: int = 1,
+    admit_all: bool = False,
+    where: str = "hash table",
+) -> tuple[np.ndarray, np.ndarray]:
+    """keys [N] int64 -> (rows [N] int64 (-1: not admitted), reset rows [E] int64). See module docstring."""
+    last = t.counter(_cpu.STEP)
+    if step < last:
+        raise ValueError(f"{where}: step {step} is before the last step seen ({last}); steps must not decrease")
+    rows = lookup(t, keys)
+    status, reset, needed, protected = _cpu.find_or_insert(
+        t.slots,
+        t.row_key,
+        t.row_state,
+        t.last_step,
+        t.count,
+        t.gen,
+        t.free,
+        t.heap,
+        t.sketch,
+        t.meta,
+        keys,
+        rows,
+        step,
+        eviction,
+        min_count,
+        admit_all,
+    )
+    if status == _cpu.FULL:
+        raise ValueError(
+            f"{where}: full ({t.counter(_cpu.SIZE)} of {t.capacity} rows held) and {needed} new keys arrived with "
+            "eviction NONE; raise the capacity (TableConfig.num_rows) or choose an eviction policy"
+        )
+    if status == _cpu.BATCH_TOO_LARGE:
+        raise ValueError(
+            f"{where}: one batch needs {protected} existing + {needed} new rows but the capacity is {t.capacity}; "
+            "keys of a batch are never evicted for keys of the same batch, so raise the capacity"
+        )
+    return rows, reset
+
+
+def remove(t: HashTableArrays, keys: np.ndarray) -> np.ndarray:
+    """Drop keys; returns the freed row per key (-1 where absent)."""
+    out = np.empty(keys.shape[0], dtype=np.int64)
+    _cpu.remove(t.slots, t.row_state, t.free, t.meta, keys, out)
+    return out
+
+
+def rebuild_heap(t: HashTableArrays, eviction: int) -> None:
+    """Recompute the eviction heap from the rows (after loading a saved table)."""
+    if eviction != EVICT_NONE:
+        _cpu.rebuild_heap(t.row_state, t.last_step, t.count, t.gen, t.heap, t.meta, eviction)
+
+
+def insert_mapping(t: HashTableArrays, keys: np.ndarray, rows: np.ndarray) -> None:
+    """Put distinct keys that are not in the table into the slots, pointing at `rows` (no row bookkeeping)."""
+    _cpu.insert_mapping(t.slots, keys, rows)
+
+
+def sketch_estimate(t: HashTableArrays, key: int) -> int:
+    return int(_cpu.sketch_estimate(t.sketch, key))
+
+
+class DictHashTable:
+    """The specification of the ops above on Python dicts and lists (slow, obviously right).
+
+    Admission counts keys exactly (a Counter) where the kernels use a count-min sketch; with a wide
+    sketch and few keys the two agree.
+    """
+
+    def __init__(self, capacity: int, eviction: int, min_count: int = 1) -> None:
+        self.capacity = capacity
+        self.eviction = eviction
+        self.min_count = min_count
+        self.row_of: dict[int, int] = {}
+        self.key_of: list[int | None] = [None] * capacity
+        self.used_before = [False] * capacity
+        self.last_step = [0] * capacity
+        self.count = [0] * capacity
+        self.free = list(range(capacity - 1, -1, -1))
+        self.seen: Counter[int] = Counter()
+        self.step = -1
+        self.stats = {"inserts": 0, "evictions": 0, "expired": 0, "refused": 0, "removed": 0}
+
+    def lookup(self, keys: list[int]) -> list[int]:
+        return [self.row_of.get(k, -1) for k in keys]
+
+    def _score(self, r: int) -> tuple[int, ...]:
+        if self.eviction == EVICT_LFU:
+            return (self.count[r], self.last_step[r], r)
+        return (self.last_step[r], r)
+
+    def _free_row(self, r: int) -> None:
+        key = self.key_of[r]
+        assert key is not None
+        del self.row_of[key]
+        self.key_of[r] = None
+
+    def expire(self, step: int, ttl: int) -> int:
+        old = sorted((r for r in self.row_of.values() if step - self.last_step[r] > ttl), key=self._score)
+        for r in old:
+            self._free_row(r)
+            self.free.append(r)
+        self.stats["expired"] += len(old)
+        return len(old)
+
+    def find_or_insert(self, keys: list[int], step: int, admit_all: bool = False) -> tuple[list[int], list[int]]:
+        if step < self.step:
+            raise ValueError(f"step {step} is before the last step seen ({self.step})")
+        occ: dict[int, int] = {}  # distinct missing keys, insertion-ordered
+        for k in keys:
+            if k not in self.row_of:
+                occ[k] = occ.get(k, 0) + 1
+        use_counts = self.min_count > 1 and not admit_all
+        admitted = {k for k in occ if not use_counts or self.seen[k] + occ[k] >= self.min_count}
+        protected = {self.row_of[k] for k in keys if k in self.row_of}
+        if admitted:
+            if self.eviction == EVICT_NONE and len(self.row_of) + len(admitted) > self.capacity:
+                raise ValueError("full")
+            if self.eviction != EVICT_NONE and len(protected) + len(admitted) > self.capacity:
+                raise ValueError("batch too large")
+        if use_counts:
+            self.seen.update(occ)
+        for k in keys:
+            if k in self.row_of:
+                r = self.row_of[k]
+                self.count[r] += 1
+                self.last_step[r] = step
+        self.step = step
+        reset = []
+        for k in occ:
+            if k not in admitted:
+                self.stats["refused"] += 1
+                continue
+            if self.free:
+                r = self.free.pop()
+            else:
+                r = min((r for r in self.row_of.values() if self.last_step[r] != step), key=self._score)
+                self._free_row(r)
+                self.stats["evictions"] += 1
+            if self.used_before[r]:
+                reset.append(r)
+            self.used_before[r] = True
+            self.row_of[k] = r
+            self.key_of[r] = k
+            self.last_step[r] = step
+            self.count[r] = occ[k]
+            self.stats["inserts"] += 1
+        return [self.row_of.get(k, -1) for k in keys], reset
+
+    def remove(self, keys: list[int]) -> list[int]:
+        out = []
+        for k in keys:
+            r = self.row_of.get(k, -1)
+            if r >= 0:
+                self._free_row(r)
+                self.free.append(r)
+                self.stats["removed"] += 1
+            out.append(r)
+        return out

@@ -1,0 +1,39 @@
+"""NVTabular-style preprocessing: a Workflow of fit/transform ops over partitioned datasets."""
+
+from hugerec.data.preprocess.categorical import Categorify, HashBucket, HashedCross
+from hugerec.data.preprocess.dataset import CsvOptions, Dataset, Format
+from hugerec.data.preprocess.encoding import CountEncoding, TargetEncoding
+from hugerec.data.preprocess.errors import BadInputError, OnError, RowError, SkipReport
+from hugerec.data.preprocess.grouping import Agg, Groupby
+from hugerec.data.preprocess.numeric import Bucketize, Clip, FillMissing, FillStrategy, LogOp, Normalize
+from hugerec.data.preprocess.temporal import CyclicTime, DifferenceLag, TimeFeature, TimeUnit
+from hugerec.data.preprocess.workflow import TransformResult, Workflow
+
+__all__ = [
+    "Agg",
+    "BadInputError",
+    "Bucketize",
+    "Categorify",
+    "Clip",
+    "CountEncoding",
+    "CsvOptions",
+    "CyclicTime",
+    "Dataset",
+    "DifferenceLag",
+    "FillMissing",
+    "FillStrategy",
+    "Format",
+    "Groupby",
+    "HashBucket",
+    "HashedCross",
+    "LogOp",
+    "Normalize",
+    "OnError",
+    "RowError",
+    "SkipReport",
+    "TargetEncoding",
+    "TimeFeature",
+    "TimeUnit",
+    "TransformResult",
+    "Workflow",
+]

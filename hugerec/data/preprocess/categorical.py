@@ -1,0 +1,210 @@
+"""Categorical ops: values -> contiguous integer ids (Categorify), hashed ids (HashBucket, HashedCross).
+
+Every output id column is Int64 in [0, cardinality); id 0 is always "missing" (null). List columns
+(multi-hot) are encoded element by element, keeping the lists' shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+import pyarrow as pa
+
+from hugerec.data.preprocess.hashing import combine_hashes, hash_series
+from hugerec.data.preprocess.lookup import index_of
+from hugerec.data.preprocess.op import as_columns, require_scalar
+from hugerec.data.preprocess.stats import Stats, count_values, merge_counts
+
+NULL_ID = 0
+OOV_ID = 1
+FIRST_VOCAB_ID = 2
+
+
+def map_elements(series: pl.Series, fn: Callable[[pl.Series], npt.NDArray[np.int64]]) -> pl.Series:
+    """Apply an id mapping ([R] values -> [R] int64 ids) to a scalar column, or to each element of a
+    list column (null lists stay null, empty lists stay empty)."""
+    if not isinstance(series.dtype, pl.List):
+        return pl.Series(series.name, fn(series), dtype=pl.Int64)
+    lists = series.rechunk().to_arrow()
+    if isinstance(lists, pa.ChunkedArray):
+        lists = lists.combine_chunks()
+    lists = lists.cast(pa.large_list(lists.type.value_type))
+    offsets = lists.offsets.to_numpy()  # [R + 1], relative to the unsliced child
+    flat = lists.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    ids = fn(pl.Series(series.name, flat))  # [N]
+    rebuilt = pa.LargeListArray.from_arrays(
+        pa.array(offsets - offsets[0], type=pa.int64()), pa.array(ids, type=pa.int64()), mask=lists.is_null()
+    )
+    return pl.Series(series.name, rebuilt)
+
+
+def flat_values(series: pl.Series) -> pl.Series:
+    """The elements of a list column (the column itself when scalar)."""
+    if isinstance(series.dtype, pl.List):
+        return series.explode(empty_as_null=False, keep_nulls=False)
+    return series
+
+
+@dataclass(frozen=True)
+class Categorify:
+    """Values -> ids by frequency, fitted on the whole dataset. Id layout per column (V kept values,
+    K = num_tail_buckets):
+
+        0                 null
+        1                 out of vocabulary: seen fewer than `freq_threshold` times, beyond `max_size`,
+                          or never seen (only when K = 0)
+        2 .. V+1          the vocabulary, most frequent first (ties by value)
+        V+2 .. V+K+1      with K > 0, every out-of-vocabulary value hashes (stable hash, `seed`) into
+                          one of K tail buckets instead of id 1, which then stays unused
+
+    cardinality = 2 + V + K.
+    """
+
+    columns: tuple[str, ...]
+    freq_threshold: int = 1
+    max_size: int | None = None
+    num_tail_buckets: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", as_columns(self.columns, "Categorify"))
+        if self.freq_threshold < 1:
+            raise ValueError(f"Categorify: freq_threshold must be >= 1, got {self.freq_threshold}")
+        if self.max_size is not None and self.max_size < 0:
+            raise ValueError(f"Categorify: max_size must be >= 0 or None, got {self.max_size}")
+        if self.num_tail_buckets < 0:
+            raise ValueError(f"Categorify: num_tail_buckets must be >= 0, got {self.num_tail_buckets}")
+
+    @property
+    def stateful(self) -> bool:
+        return True
+
+    def reads(self) -> tuple[str, ...]:
+        return self.columns
+
+    def writes(self) -> tuple[str, ...]:
+        return self.columns
+
+    def fit(self, frame: pl.DataFrame) -> Stats:
+        """Per column: (value, count) over list elements or scalar values, nulls dropped."""
+        out: Stats = {}
+        for c in self.columns:
+            values = flat_values(frame[c]).drop_nulls().alias("value")
+            out[c] = count_values(values.to_frame(), ["value"])
+        return out
+
+    def merge(self, parts: Sequence[Stats]) -> Stats:
+        return {c: merge_counts([p[c] for p in parts], ["value"]) for c in self.columns}
+
+    def finalize(self, stats: Stats) -> Stats:
+        """Per column: the vocabulary (value, count), in id order (id = FIRST_VOCAB_ID + row)."""
+        out: Stats = {}
+        for c in self.columns:
+            vocab = (
+                stats[c]
+                .filter(pl.col("count") >= self.freq_threshold)
+                .sort(["count", "value"], descending=[True, False])
+            )
+            out[c] = vocab.head(self.max_size) if self.max_size is not None else vocab
+        return out
+
+    def cardinality(self, stats: Stats, column: str) -> int:
+        return FIRST_VOCAB_ID + stats[column].height + self.num_tail_buckets
+
+    def transform(self, frame: pl.DataFrame, stats: Stats) -> pl.DataFrame:
+        return frame.with_columns([map_elements(frame[c], self._encoder(stats[c])) for c in self.columns])
+
+    def _encoder(self, vocab: pl.DataFrame) -> Callable[[pl.Series], npt.NDArray[np.int64]]:
+        index = index_of(vocab)
+        size = vocab.height
+
+        def encode(values: pl.Series) -> npt.NDArray[np.int64]:
+            rows = index.lookup(values)  # [R] vocabulary row, -1 = out of vocabulary
+            ids = rows + FIRST_VOCAB_ID
+            oov = rows < 0
+            if self.num_tail_buckets and oov.any():
+                tail = hash_series(values.filter(pl.Series(oov)), self.seed) % np.uint64(self.num_tail_buckets)
+                ids[oov] = FIRST_VOCAB_ID + size + tail.astype(np.int64)
+            else:
+                ids[oov] = OOV_ID
+            ids[values.is_null().to_numpy()] = NULL_ID
+            return ids
+
+        return encode
+
+
+@dataclass(frozen=True)
+class HashBucket:
+    """Values -> 1 + stable_hash(value, seed) % num_buckets; null -> 0. cardinality = num_buckets + 1."""
+
+    columns: tuple[str, ...]
+    num_buckets: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", as_columns(self.columns, "HashBucket"))
+        if self.num_buckets < 1:
+            raise ValueError(f"HashBucket: num_buckets must be >= 1, got {self.num_buckets}")
+
+    @property
+    def stateful(self) -> bool:
+        return False
+
+    def reads(self) -> tuple[str, ...]:
+        return self.columns
+
+    def writes(self) -> tuple[str, ...]:
+        return self.columns
+
+    def transform(self, frame: pl.DataFrame, stats: Stats) -> pl.DataFrame:
+        def encode(values: pl.Series) -> npt.NDArray[np.int64]:
+            ids = (hash_series(values, self.seed) % np.uint64(self.num_buckets)).astype(np.int64) + 1
+            ids[values.is_null().to_numpy()] = NULL_ID
+            return ids
+
+        return frame.with_columns([map_elements(frame[c], encode) for c in self.columns])
+
+
+@dataclass(frozen=True)
+class HashedCross:
+    """A feature cross: the combined stable hash of several columns' values -> [0, num_buckets).
+
+    Nulls take part as their own value (a cross of (a, null) is a category of its own), so every id is
+    a real combination. Output column `name` (default: the columns joined by "_x_").
+    """
+
+    columns: tuple[str, ...]
+    num_buckets: int
+    name: str = ""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        columns = as_columns(self.columns, "HashedCross")
+        if len(columns) < 2:
+            raise ValueError(f"HashedCross: needs at least two columns to cross, got {columns!r}")
+        object.__setattr__(self, "columns", columns)
+        if self.num_buckets < 1:
+            raise ValueError(f"HashedCross: num_buckets must be >= 1, got {self.num_buckets}")
+        if not self.name:
+            object.__setattr__(self, "name", "_x_".join(columns))
+
+    @property
+    def stateful(self) -> bool:
+        return False
+
+    def reads(self) -> tuple[str, ...]:
+        return self.columns
+
+    def writes(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def transform(self, frame: pl.DataFrame, stats: Stats) -> pl.DataFrame:
+        require_scalar(frame, self.columns, "HashedCross")
+        hashes = [hash_series(frame[c], self.seed) for c in self.columns]
+        combined = combine_hashes(hashes, self.seed) if frame.height else np.zeros(0, dtype=np.uint64)
+        ids = (combined % np.uint64(self.num_buckets)).astype(np.int64)
+        return frame.with_columns(pl.Series(self.name, ids, dtype=pl.Int64))

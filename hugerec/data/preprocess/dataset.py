@@ -1,0 +1,458 @@
+"""Dataset: raw input files (CSV/TSV, plain or gzip; Parquet) or in-memory frames, cut into partitions.
+
+A partition is the unit of parallel work; reading it yields chunks of bounded size, so memory is
+bounded by the chunk size whatever the dataset size:
+
+    plain text   partition = byte range of about `partition_bytes`, aligned to lines; one chunk
+    gzip text    partition = the whole file (not seekable); chunks = blocks of about `partition_bytes`
+    Parquet      partition = consecutive row groups of about `partition_bytes`; chunks = row groups
+    frames       partition = one frame; one chunk
+
+Every chunk is parsed with the dataset schema; a bad row raises `BadInputError` with its file, line
+(or row group and row) and column, or is dropped and counted with `on_error=OnError.SKIP`.
+"""
+
+from __future__ import annotations
+
+import enum
+import glob
+import gzip
+import io
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+
+from hugerec.data.preprocess.errors import MAX_EXAMPLES, BadInputError, OnError, RowError, SkipReport
+from hugerec.data.preprocess.textscan import keep_lines, scan_lines
+
+DEFAULT_PARTITION_BYTES = 32 << 20
+CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
+CRITEO_SPARSE = tuple(f"C{i}" for i in range(1, 27))
+
+
+class Format(enum.Enum):
+    CSV = "csv"
+    PARQUET = "parquet"
+    FRAME = "frame"
+
+
+@dataclass(frozen=True)
+class CsvOptions:
+    """How a delimited text file is laid out. Empty fields (and `null_values`) read as null."""
+
+    separator: str = ","
+    has_header: bool = True
+    quote_char: str | None = '"'
+    null_values: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.separator.encode()) != 1:
+            raise ValueError(f"CsvOptions: separator must be one byte, got {self.separator!r}")
+        if self.quote_char is not None and len(self.quote_char.encode()) != 1:
+            raise ValueError(f"CsvOptions: quote_char must be one byte or None, got {self.quote_char!r}")
+        object.__setattr__(self, "null_values", tuple(self.null_values))
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a worker needs to parse any partition of a dataset (small, picklable)."""
+
+    format: Format
+    schema: dict[str, pl.DataType]
+    csv: CsvOptions
+
+
+@dataclass(frozen=True)
+class Partition:
+    """`start`/`end`: byte range (text; end = -1 for a whole gzip file) or row-group range (Parquet)."""
+
+    index: int
+    source: Source
+    path: str = ""
+    start: int = 0
+    end: int = -1
+    frame: pl.DataFrame | None = field(default=None, compare=False)
+    first_line: int | None = None  # 1-based line number of the first line, when known without a scan
+
+    def describe(self) -> str:
+        return f"{self.path or '<frame>'}[{self.start}:{self.end}]"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    frame: pl.DataFrame
+    partition: int
+    row_offset: int  # rows of this partition before this chunk (after skipping bad rows)
+    report: SkipReport
+
+
+def _expand_paths(paths: str | Path | Sequence[str | Path]) -> tuple[str, ...]:
+    items = [paths] if isinstance(paths, str | Path) else list(paths)
+    out: list[str] = []
+    for item in items:
+        text = str(item)
+        if os.path.isdir(text):
+            found = sorted(os.path.join(text, f) for f in os.listdir(text) if not f.startswith((".", "_")) and "." in f)
+        elif any(ch in text for ch in "*?["):
+            found = sorted(glob.glob(text))
+        else:
+            found = [text] if os.path.exists(text) else []
+        if not found:
+            raise FileNotFoundError(f"Dataset: no input files match {text!r}")
+        out.extend(found)
+    return tuple(out)
+
+
+def _infer_format(path: str) -> Format:
+    name = path[:-3] if path.endswith(".gz") else path
+    if name.endswith((".parquet", ".parq", ".pq")):
+        return Format.PARQUET
+    if name.endswith((".csv", ".tsv", ".txt")):
+        return Format.CSV
+    raise ValueError(f"Dataset: cannot tell the format of {path!r} from its suffix; pass format=")
+
+
+class Dataset:
+    """Raw input for a Workflow: files or in-memory frames, a schema, and how to cut partitions.
+
+    schema: column -> Polars dtype; inferred when omitted (Parquet: from the first file; CSV with a
+    header: from its first 10,000 rows). `partitioned_by` asserts that all rows sharing those
+    columns' values lie in one partition (needed by DifferenceLag and Groupby across partitions;
+    `repartition` makes it true).
+    """
+
+    def __init__(
+        self,
+        paths: str | Path | Sequence[str | Path] = (),
+        *,
+        format: Format | str | None = None,
+        schema: Mapping[str, pl.DataType | type[pl.DataType]] | None = None,
+        csv: CsvOptions | None = None,
+        partition_bytes: int = DEFAULT_PARTITION_BYTES,
+        partitioned_by: Sequence[str] = (),
+        frames: Sequence[pl.DataFrame] = (),
+    ) -> None:
+        if partition_bytes <= 0:
+            raise ValueError(f"Dataset: partition_bytes must be > 0, got {partition_bytes}")
+        if bool(frames) == bool(paths):
+            raise ValueError("Dataset: give either paths or frames")
+        self.paths = _expand_paths(paths) if paths else ()
+        self.frames = tuple(frames)
+        self.partition_bytes = partition_bytes
+        self.partitioned_by = tuple(partitioned_by)
+        self.csv = csv or CsvOptions()
+        if self.frames:
+            self.format = Format.FRAME
+        elif format is not None:
+            self.format = Format(format)
+        else:
+            formats = {_infer_format(p) for p in self.paths}
+            if len(formats) != 1:
+                raise ValueError(f"Dataset: files of mixed formats {sorted(f.value for f in formats)}")
+            self.format = formats.pop()
+        self.schema: dict[str, pl.DataType] = (
+            {name: dtype() if isinstance(dtype, type) else dtype for name, dtype in schema.items()}
+            if schema is not None
+            else self._infer_schema()
+        )
+        if not self.schema:
+            raise ValueError("Dataset: empty schema")
+
+    @classmethod
+    def from_frames(cls, *frames: pl.DataFrame, partitioned_by: Sequence[str] = ()) -> Dataset:
+        return cls(frames=frames, partitioned_by=partitioned_by)
+
+    @classmethod
+    def criteo(cls, paths: str | Path | Sequence[str | Path], **kwargs: int) -> Dataset:
+        """Criteo Display Advertising TSV: label, I1..I13 integers, C1..C26 hex strings; empty = null."""
+        schema: dict[str, pl.DataType] = {"label": pl.Int64()}
+        schema |= {c: pl.Int64() for c in CRITEO_DENSE}
+        schema |= {c: pl.String() for c in CRITEO_SPARSE}
+        options = CsvOptions(separator="\t", has_header=False, quote_char=None)
+        return cls(paths, format=Format.CSV, schema=schema, csv=options, **kwargs)  # type: ignore[arg-type]  # kwargs are partition_bytes only
+
+    @property
+    def source(self) -> Source:
+        return Source(self.format, self.schema, self.csv)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(self.schema)
+
+    def _infer_schema(self) -> dict[str, pl.DataType]:
+        match self.format:
+            case Format.FRAME:
+                return dict(self.frames[0].schema)
+            case Format.PARQUET:
+                return dict(pl.read_parquet_schema(self.paths[0]))
+            case Format.CSV:
+                if not self.csv.has_header:
+                    raise ValueError("Dataset: CSV without a header needs schema=")
+                with _open_text(self.paths[0]) as f:
+                    head = f.read(4 << 20)
+                cut = head.rfind(b"\n") + 1 or len(head)
+                sample = pl.read_csv(
+                    io.BytesIO(head[:cut]),
+                    separator=self.csv.separator,
+                    quote_char=self.csv.quote_char,
+                    null_values=list(self.csv.null_values) or None,
+                    infer_schema_length=10_000,
+                )
+                return dict(sample.schema)
+
+    def partitions(self) -> list[Partition]:
+        source = self.source
+        out: list[Partition] = []
+        match self.format:
+            case Format.FRAME:
+                for frame in self.frames:
+                    out.append(Partition(len(out), source, frame=frame))
+            case Format.PARQUET:
+                for path in self.paths:
+                    meta = pq.ParquetFile(path).metadata
+                    start, size = 0, 0
+                    for rg in range(meta.num_row_groups):
+                        size += meta.row_group(rg).total_byte_size
+                        if size >= self.partition_bytes or rg == meta.num_row_groups - 1:
+                            out.append(Partition(len(out), source, path, start, rg + 1))
+                            start, size = rg + 1, 0
+            case Format.CSV:
+                for path in self.paths:
+                    header_end = _header_end(path) if self.csv.has_header else 0
+                    first_line = 2 if self.csv.has_header else 1
+                    if path.endswith(".gz"):
+                        out.append(Partition(len(out), source, path, header_end, -1, first_line=first_line))
+                        continue
+                    size = os.path.getsize(path)
+                    for start in range(header_end, size, self.partition_bytes):
+                        end = min(start + self.partition_bytes, size)
+                        out.append(
+                            Partition(len(out), source, path, start, end, first_line=first_line if start == 0 else None)
+                        )
+                    if size <= header_end:
+                        out.append(Partition(len(out), source, path, header_end, header_end, first_line=first_line))
+        return out
+
+    def fingerprint(self) -> list[str]:
+        """Identifies the exact input (paths, sizes, mtimes, partitions) for out-of-fold checks."""
+        if self.format is Format.FRAME:
+            return [f"frame:{f.height}x{f.width}:{f.hash_rows(seed=0).sum()}" for f in self.frames]
+        return [f"{p}:{os.path.getsize(p)}:{os.path.getmtime(p)}:{self.partition_bytes}" for p in self.paths]
+
+
+# -- reading ------------------------------------------------------------------------------------------
+def _open_text(path: str) -> gzip.GzipFile | io.BufferedReader:
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _header_end(path: str) -> int:
+    with _open_text(path) as f:
+        return len(f.readline())
+
+
+def _count_lines_before(path: str, offset: int) -> int:
+    """Newlines in path[:offset] (only called to put a line number on an error)."""
+    count = 0
+    with open(path, "rb") as f:
+        while offset > 0:
+            block = f.read(min(offset, 16 << 20))
+            if not block:
+                break
+            count += block.count(b"\n")
+            offset -= len(block)
+    return count
+
+
+def _read_range(path: str, start: int, end: int) -> bytes:
+    """Lines starting in [start, end): skip the tail of a line begun before `start`, finish the last."""
+    with open(path, "rb") as f:
+        if start > 0:
+            f.seek(start - 1)
+            f.readline()  # ends exactly at `start` when byte start - 1 is a newline
+            start = f.tell()
+        if start >= end:
+            return b""
+        data = f.read(end - start)
+        if data and not data.endswith(b"\n"):
+            data += f.readline()
+        return data
+
+
+def _gzip_blocks(path: str, start: int, block_bytes: int) -> Iterator[bytes]:
+    with gzip.open(path, "rb") as f:
+        f.seek(start)
+        rest = b""
+        while True:
+            data = f.read(block_bytes)
+            if not data:
+                if rest:
+                    yield rest
+                return
+            data = rest + data
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                rest = data
+                continue
+            rest = data[cut:]
+            yield data[:cut]
+
+
+class _LineNumbers:
+    """1-based line number of a block's first line, computed (by a scan) only when an error needs it."""
+
+    def __init__(self, partition: Partition) -> None:
+        self.partition = partition
+        self.known = partition.first_line
+
+    def first(self) -> int:
+        if self.known is None:
+            self.known = _count_lines_before(self.partition.path, self.partition.start) + 1
+        return self.known
+
+
+def _cast_errors(
+    raw: pl.DataFrame, schema: dict[str, pl.DataType]
+) -> tuple[pl.DataFrame, np.ndarray, tuple[str, int, str, str] | None]:
+    """Cast columns to the schema without failing: (cast frame, [R] bool bad-row mask, first error as
+    (column, row, value, reason) or None)."""
+    bad = np.zeros(raw.height, dtype=bool)
+    first: tuple[str, int, str, str] | None = None
+    columns = []
+    for name, dtype in schema.items():
+        col = raw[name]
+        cast = col.cast(dtype, strict=False)
+        failed = (cast.is_null() & col.is_not_null()).to_numpy()
+        if failed.any():
+            row = int(np.argmax(failed))
+            if first is None or row < first[1]:
+                first = (name, row, str(col[row]), f"cannot convert {col.dtype} value to {dtype}")
+            bad |= failed
+        columns.append(cast)
+    return pl.DataFrame(columns), bad, first
+
+
+def _parse_text(
+    block: bytes, partition: Partition, lines: _LineNumbers, on_error: OnError
+) -> tuple[pl.DataFrame, SkipReport]:
+    source = partition.source
+    names = list(source.schema)
+    buf = np.frombuffer(block, dtype=np.uint8)
+    quote = ord(source.csv.quote_char) if source.csv.quote_char else 0
+    starts, counts = scan_lines(buf, ord(source.csv.separator), quote)
+    line_index = np.arange(counts.shape[0])  # [R] line of each parsed row, relative to the block
+    examples: list[RowError] = []
+    wrong = counts != len(names)
+    if wrong.any():
+        first = int(np.argmax(wrong))
+        error = RowError(
+            partition.path,
+            f"{counts[first]} fields, expected {len(names)} ({', '.join(names[:3])}, ...)",
+            line=lines.first() + first,
+        )
+        if on_error is OnError.RAISE:
+            raise BadInputError(error)
+        for i in np.flatnonzero(wrong)[:MAX_EXAMPLES]:
+            examples.append(
+                RowError(partition.path, f"{counts[i]} fields, expected {len(names)}", line=lines.first() + int(i))
+            )
+        buf = keep_lines(buf, starts, ~wrong)
+        line_index = line_index[~wrong]
+    skipped = int(wrong.sum())
+    data = buf.tobytes() if skipped else block
+    options = {
+        "has_header": False,
+        "separator": source.csv.separator,
+        "quote_char": source.csv.quote_char,
+        "null_values": list(source.csv.null_values) or None,
+        "raise_if_empty": False,
+    }
+    if buf.shape[0] == 0:
+        return pl.DataFrame(schema=source.schema), SkipReport(counts.shape[0], skipped, tuple(examples))
+    try:
+        frame = pl.read_csv(data, schema=source.schema, **options)  # type: ignore[arg-type]  # options typed above
+    except pl.exceptions.ComputeError:
+        # slow path, only for blocks with bad values: read text, cast, and find the bad cells
+        raw = pl.read_csv(data, schema=dict.fromkeys(names, pl.String()), **options)  # type: ignore[arg-type]  # options typed above
+        frame, bad, first_error = _cast_errors(raw, source.schema)
+        if first_error is None:
+            raise
+        column, row, value, reason = first_error
+        if on_error is OnError.RAISE:
+            line = lines.first() + int(line_index[row])
+            raise BadInputError(RowError(partition.path, reason, line=line, column=column, value=value)) from None
+        for r in np.flatnonzero(bad)[: MAX_EXAMPLES - len(examples)]:
+            col = next(n for n in names if raw[n][int(r)] is not None and frame[n][int(r)] is None)
+            line = lines.first() + int(line_index[r])
+            examples.append(
+                RowError(partition.path, "cannot convert", line=line, column=col, value=str(raw[col][int(r)]))
+            )
+        frame = frame.filter(pl.Series(~bad))
+        skipped += int(bad.sum())
+    return frame, SkipReport(counts.shape[0], skipped, tuple(examples))
+
+
+def _conform(
+    frame: pl.DataFrame, partition: Partition, on_error: OnError, row_group: int | None
+) -> tuple[pl.DataFrame, SkipReport]:
+    """Select and cast a Parquet row group or an in-memory frame to the schema, locating bad cells."""
+    schema = partition.source.schema
+    missing = [c for c in schema if c not in frame.columns]
+    if missing:
+        raise ValueError(
+            f"{partition.path or '<frame>'}: columns {missing} of the schema are missing (has {frame.columns})"
+        )
+    frame = frame.select(list(schema))
+    if all(frame.schema[c] == d for c, d in schema.items()):
+        return frame, SkipReport(frame.height)
+    cast, bad, first_error = _cast_errors(frame, schema)
+    if first_error is None:
+        return cast, SkipReport(frame.height)
+    column, row, value, reason = first_error
+    error = RowError(partition.path, reason, row_group=row_group, row=row, column=column, value=value)
+    if on_error is OnError.RAISE:
+        raise BadInputError(error)
+    return cast.filter(pl.Series(~bad)), SkipReport(frame.height, int(bad.sum()), (error,))
+
+
+def read_chunks(partition: Partition, on_error: OnError, block_bytes: int = DEFAULT_PARTITION_BYTES) -> Iterator[Chunk]:
+    """The partition's rows as schema-typed chunks of bounded size."""
+    source = partition.source
+    offset = 0
+    match source.format:
+        case Format.FRAME:
+            assert partition.frame is not None
+            frame, report = _conform(partition.frame, partition, on_error, None)
+            yield Chunk(frame, partition.index, 0, report)
+        case Format.PARQUET:
+            file = pq.ParquetFile(partition.path)
+            for rg in range(partition.start, partition.end):
+                table = file.read_row_group(rg, columns=[c for c in source.schema if c in file.schema_arrow.names])
+                frame, report = _conform(pl.DataFrame(pl.from_arrow(table)), partition, on_error, rg)
+                yield Chunk(frame, partition.index, offset, report)
+                offset += frame.height
+        case Format.CSV:
+            lines = _LineNumbers(partition)
+            if partition.end >= 0:
+                blocks: Iterator[bytes] = iter([_read_range(partition.path, partition.start, partition.end)])
+            else:
+                blocks = _gzip_blocks(partition.path, partition.start, block_bytes)
+            for block in blocks:
+                frame, report = _parse_text(block, partition, lines, on_error)
+                yield Chunk(frame, partition.index, offset, report)
+                offset += frame.height
+                if lines.known is not None:
+                    lines.known += block.count(b"\n")
+
+
+def read_partition(partition: Partition, on_error: OnError) -> tuple[pl.DataFrame, SkipReport]:
+    """The whole partition as one frame (for ops that need every row of a group together)."""
+    frames, report = [], SkipReport()
+    for chunk in read_chunks(partition, on_error):
+        frames.append(chunk.frame)
+        report = report.merge(chunk.report)
+    return pl.concat(frames) if frames else pl.DataFrame(schema=partition.source.schema), report

@@ -1,0 +1,510 @@
+"""Workflow: a list of ops fitted over a whole dataset (map-reduce), then applied per partition,
+to single serving requests, and saved to disk as JSON + Parquet.
+
+    wf = Workflow([FillMissing(dense), LogOp(dense), Normalize(dense), Categorify(sparse, freq_threshold=3)])
+    wf.fit(Dataset.criteo("day_0.tsv.gz"))             # statistics over every row, never all in memory
+    wf.transform(Dataset.criteo("day_1.tsv.gz"), "out/") # -> out/part-00000.parquet, ...
+    wf.save("wf/");  Workflow.load("wf/").transform_request({"I1": 3, "C1": "68fd1e64", ...})
+
+Ops run in list order, each on the previous one's output. Fitting needs as many passes over the data
+as the longest chain of stateful ops that read each other's outputs (FillMissing(MEAN) -> Normalize
+is two passes; ops on independent columns share one). Each pass maps partitions to partial
+statistics on the engine and merges them as they arrive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from hugerec.data.preprocess.categorical import Categorify, HashBucket, HashedCross
+from hugerec.data.preprocess.dataset import Dataset, Format, Partition, read_chunks, read_partition
+from hugerec.data.preprocess.encoding import CountEncoding, TargetEncoding
+from hugerec.data.preprocess.engine import Engine, run_tasks
+from hugerec.data.preprocess.errors import OnError, RowError, SkipReport
+from hugerec.data.preprocess.grouping import Agg, Groupby
+from hugerec.data.preprocess.numeric import Bucketize, Clip, FillMissing, LogOp, Normalize
+from hugerec.data.preprocess.op import ROW_ID, FittableOp, Op
+from hugerec.data.preprocess.stats import Stats
+from hugerec.data.preprocess.temporal import CyclicTime, DifferenceLag
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+OPS: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        Categorify,
+        HashBucket,
+        HashedCross,
+        FillMissing,
+        Clip,
+        LogOp,
+        Normalize,
+        Bucketize,
+        TargetEncoding,
+        CountEncoding,
+        CyclicTime,
+        DifferenceLag,
+        Groupby,
+    )
+}
+MERGE_BATCH = 16  # partial statistics merged together at once while a pass streams in
+
+
+def _fit_reads(op: Op) -> tuple[str, ...]:
+    return op.fit_reads() if isinstance(op, TargetEncoding) else op.reads()
+
+
+def _group_keys(op: Op) -> tuple[str, ...] | None:
+    match op:
+        case DifferenceLag() | Groupby():
+            return op.group_by
+        case _:
+            return None
+
+
+def _with_row_ids(frame: pl.DataFrame, partition: int, offset: int) -> pl.DataFrame:
+    start = (partition << 40) + offset
+    return frame.with_columns(pl.int_range(start, start + frame.height, dtype=pl.UInt64).alias(ROW_ID))
+
+
+@dataclass(frozen=True)
+class TransformResult:
+    paths: tuple[str, ...]  # one Parquet shard per input partition, in partition order
+    rows: int  # rows written
+    report: SkipReport  # rows read and rows skipped as bad input
+
+
+@dataclass(frozen=True)
+class _FitJob:
+    workflow: Workflow
+    to_fit: tuple[int, ...]  # ops whose partial statistics this pass gathers
+    on_error: OnError
+    whole_partitions: bool
+
+
+@dataclass(frozen=True)
+class _TransformJob:
+    workflow: Workflow
+    output_dir: str
+    on_error: OnError
+    out_of_fold: bool
+    whole_partitions: bool
+    row_group_size: int
+
+
+def _frames(partition: Partition, on_error: OnError, whole: bool) -> list[tuple[pl.DataFrame, int, SkipReport]]:
+    if whole:
+        frame, report = read_partition(partition, on_error)
+        return [(frame, 0, report)]
+    return [(c.frame, c.row_offset, c.report) for c in read_chunks(partition, on_error)]
+
+
+def _fit_task(job: _FitJob, partition: Partition) -> tuple[dict[int, Stats], SkipReport]:
+    wf = job.workflow
+    partial: dict[int, Stats] = {}
+    report = SkipReport()
+    last = max(job.to_fit)
+    for frame, offset, chunk_report in _frames(partition, job.on_error, job.whole_partitions):
+        report = report.merge(chunk_report)
+        frame = _with_row_ids(frame, partition.index, offset)
+        dirty: set[str] = set()  # columns that do not hold their final value in `frame` this pass
+        for i, op in enumerate(wf.ops[: last + 1]):
+            reads = set(_fit_reads(op))
+            if reads & dirty or (op.stateful and i not in job.to_fit and wf.stats[i] is None):
+                dirty |= set(op.writes())
+            elif i in job.to_fit:
+                stats = cast(FittableOp, op).fit(frame)
+                partial[i] = cast(FittableOp, op).merge([partial[i], stats]) if i in partial else stats
+                dirty |= set(op.writes())
+            else:
+                frame = wf._apply_op(i, frame)
+    return partial, report
+
+
+def _transform_task(job: _TransformJob, partition: Partition) -> tuple[str, int, SkipReport]:
+    wf = job.workflow
+    schema = wf.output_schema()
+    path = os.path.join(job.output_dir, f"part-{partition.index:05d}.parquet")
+    rows, report = 0, SkipReport()
+    with pq.ParquetWriter(path, pl.DataFrame(schema=schema).to_arrow().schema) as writer:
+        for frame, offset, chunk_report in _frames(partition, job.on_error, job.whole_partitions):
+            report = report.merge(chunk_report)
+            if job.out_of_fold:
+                frame = _with_row_ids(frame, partition.index, offset)
+            out = wf._apply(frame).cast(dict(schema.items()))
+            writer.write_table(out.to_arrow(), row_group_size=job.row_group_size)
+            rows += out.height
+    return path, rows, report
+
+
+class Workflow:
+    """Ops applied in order; `fit` gathers their statistics, then every transform uses them unchanged.
+
+    output_columns: the columns to keep at the end (default: every column, inputs included).
+    """
+
+    def __init__(self, ops: Sequence[Op], *, output_columns: Sequence[str] | None = None) -> None:
+        self.ops: tuple[Op, ...] = tuple(ops)
+        if not self.ops:
+            raise ValueError("Workflow: needs at least one op")
+        for i, op in enumerate(self.ops):
+            if type(op).__name__ not in OPS:
+                raise ValueError(f"Workflow: op {i} is {op!r}, not one of {sorted(OPS)}")
+            if isinstance(op, Groupby) and i != len(self.ops) - 1:
+                raise ValueError(f"Workflow: Groupby replaces all columns, so it must be the last op (it is op {i})")
+        self.output_columns = tuple(output_columns) if output_columns is not None else None
+        self.stats: list[Stats | None] = [None] * len(self.ops)
+        self.input_schema: dict[str, pl.DataType] | None = None
+        self.text_nulls: tuple[str, ...] | None = None  # fitted on text: these strings (and "") read as null
+        self.fit_report: SkipReport | None = None
+        self.fit_fingerprint: list[str] = []
+
+    def __repr__(self) -> str:
+        ops = ",\n  ".join(repr(op) for op in self.ops)
+        return f"Workflow([\n  {ops}\n], fitted={self.is_fitted})"
+
+    @property
+    def is_fitted(self) -> bool:
+        return self.input_schema is not None and all(
+            s is not None or not op.stateful for op, s in zip(self.ops, self.stats, strict=True)
+        )
+
+    # -- checks ----------------------------------------------------------------------------------
+    def _check_columns(self, schema: Mapping[str, pl.DataType], *, fitting: bool) -> None:
+        available = set(schema)
+        for i, op in enumerate(self.ops):
+            reads = _fit_reads(op) if fitting else op.reads()
+            missing = [c for c in reads if c not in available]
+            if missing:
+                raise ValueError(
+                    f"Workflow: op {i} {type(op).__name__} reads unknown column(s) {missing}; "
+                    f"available at that point: {sorted(c for c in available if c != ROW_ID)}"
+                )
+            available = set(op.writes()) if isinstance(op, Groupby) else available | set(op.writes())
+        if self.output_columns is not None:
+            missing = [c for c in self.output_columns if c not in available]
+            if missing:
+                raise ValueError(f"Workflow: output_columns {missing} are not produced; have {sorted(available)}")
+
+    def _whole_partitions(self, dataset: Dataset) -> bool:
+        """Group ops need each group in one partition, read as one frame."""
+        keys = [k for op in self.ops if (k := _group_keys(op)) is not None]
+        if not keys:
+            return False
+        if len(dataset.partitions()) > 1:
+            for op_keys in keys:
+                if not dataset.partitioned_by or not set(dataset.partitioned_by) <= set(op_keys):
+                    raise ValueError(
+                        f"Workflow: an op groups by {list(op_keys)}, which needs every group in one partition, but "
+                        f"the dataset has several partitions and partitioned_by={list(dataset.partitioned_by)}; "
+                        f"use repartition(dataset, by={list(op_keys)}, ...) or a single partition"
+                    )
+        return True
+
+    def _require_fitted(self) -> dict[str, pl.DataType]:
+        if self.input_schema is None or not self.is_fitted:
+            raise ValueError("Workflow: not fitted; call fit(dataset) or Workflow.load(path) first")
+        return self.input_schema
+
+    # -- fit ---------------------------------------------------------------------------------------
+    def _next_pass(self, fitted: Sequence[bool]) -> tuple[int, ...]:
+        """Stateful ops whose inputs are final once the fitted ops before them have run."""
+        dirty: set[str] = set()
+        to_fit = []
+        for i, op in enumerate(self.ops):
+            if set(_fit_reads(op)) & dirty:
+                dirty |= set(op.writes())
+            elif not fitted[i]:
+                to_fit.append(i)
+                dirty |= set(op.writes())
+        return tuple(to_fit)
+
+    def fit(
+        self, data: Dataset | pl.DataFrame, *, engine: Engine = None, on_error: OnError | str = OnError.RAISE
+    ) -> Workflow:
+        """Gather every stateful op's statistics over the whole dataset; returns self."""
+        dataset = data if isinstance(data, Dataset) else Dataset.from_frames(data)
+        on_error = OnError(on_error)
+        self._check_columns(dataset.schema, fitting=True)
+        whole = self._whole_partitions(dataset)
+        partitions = dataset.partitions()
+        self.stats = [None] * len(self.ops)
+        self.input_schema = dict(dataset.schema)
+        self.text_nulls = ("", *dataset.csv.null_values) if dataset.format is Format.CSV else None
+        fitted = [not op.stateful for op in self.ops]
+        report: SkipReport | None = None
+        while not all(fitted):
+            to_fit = self._next_pass(fitted)
+            job = _FitJob(self, to_fit, on_error, whole)
+            merged: dict[int, Stats] = {}
+            pending: list[dict[int, Stats]] = []
+            pass_report = SkipReport()
+            for partial, part_report in run_tasks(_fit_task, job, partitions, engine):
+                pass_report = pass_report.merge(part_report)
+                pending.append(partial)
+                if len(pending) >= MERGE_BATCH:
+                    merged = self._merge(to_fit, [merged, *pending])
+                    pending = []
+            merged = self._merge(to_fit, [merged, *pending])
+            for i in to_fit:
+                self.stats[i] = cast(FittableOp, self.ops[i]).finalize(merged[i])
+                fitted[i] = True
+            report = report or pass_report
+        self.fit_report = report or SkipReport()
+        self.fit_fingerprint = dataset.fingerprint()
+        if self.fit_report.rows_skipped:
+            log.warning("Workflow.fit: %s", self.fit_report)
+        return self
+
+    def _merge(self, to_fit: Sequence[int], parts: Sequence[dict[int, Stats]]) -> dict[int, Stats]:
+        out: dict[int, Stats] = {}
+        for i in to_fit:
+            present = [p[i] for p in parts if i in p]
+            if present:
+                out[i] = cast(FittableOp, self.ops[i]).merge(present)
+        return out
+
+    # -- transform ---------------------------------------------------------------------------------
+    def _apply_op(self, i: int, frame: pl.DataFrame) -> pl.DataFrame:
+        op = self.ops[i]
+        try:
+            return op.transform(frame, self.stats[i] or {})
+        except pl.exceptions.PolarsError as e:
+            raise ValueError(f"Workflow: op {i} {op!r} failed: {e}") from e
+
+    def _apply(self, frame: pl.DataFrame) -> pl.DataFrame:
+        for i in range(len(self.ops)):
+            frame = self._apply_op(i, frame)
+        frame = frame.drop(ROW_ID, strict=False)
+        return frame.select(self.output_columns) if self.output_columns is not None else frame
+
+    def output_schema(self) -> pl.Schema:
+        """Column -> dtype of the transformed data."""
+        return self._apply(pl.DataFrame(schema=self._require_fitted())).schema
+
+    def cardinalities(self) -> dict[str, int]:
+        """Id-valued output column -> number of ids (ids lie in [0, cardinality)), for embedding tables."""
+        self._require_fitted()
+        cards: dict[str, int] = {}
+        for op, stats in zip(self.ops, self.stats, strict=True):
+            upstream = cards
+            cards = {c: n for c, n in cards.items() if c not in op.writes()}
+            match op:
+                case Categorify():
+                    assert stats is not None
+                    cards |= {c: op.cardinality(stats, c) for c in op.columns}
+                case HashBucket():
+                    cards |= dict.fromkeys(op.columns, op.num_buckets + 1)
+                case HashedCross():
+                    cards[op.name] = op.num_buckets
+                case Bucketize():
+                    cards |= dict.fromkeys(op.columns, op.cardinality)
+                case Groupby():
+                    cards = {c: upstream[c] for c in op.group_by if c in upstream}
+                    id_aggs = (Agg.LIST, Agg.FIRST, Agg.LAST)
+                    for (c, agg), name in zip(op.aggregations, op.outputs(), strict=True):
+                        if agg in id_aggs and c in upstream:
+                            cards[name] = upstream[c]
+        outputs = self.output_schema()
+        return {c: n for c, n in cards.items() if c in outputs}
+
+    def transform_frame(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """Transform an in-memory frame (with full statistics; columns cast to the fitted dtypes)."""
+        schema = self._require_fitted()
+        self._check_columns({c: frame.schema[c] for c in frame.columns}, fitting=False)
+        casts = {c: schema[c] for c in frame.columns if c in schema and frame.schema[c] != schema[c]}
+        try:
+            frame = frame.cast(casts) if casts else frame  # type: ignore[arg-type]  # a dict of dtypes
+        except pl.exceptions.PolarsError as e:
+            raise ValueError(
+                f"Workflow.transform_frame: columns {sorted(casts)} do not convert to the fitted dtypes: {e}"
+            ) from e
+        return self._apply(frame)
+
+    def transform(
+        self,
+        data: Dataset,
+        output_dir: str | Path,
+        *,
+        engine: Engine = None,
+        on_error: OnError | str = OnError.RAISE,
+        out_of_fold: bool = False,
+        row_group_size: int = 128 * 1024,
+        overwrite: bool = False,
+    ) -> TransformResult:
+        """Transform every partition into `output_dir/part-NNNNN.parquet`.
+
+        out_of_fold: the data is the dataset the workflow was fitted on (checked), and TargetEncoding
+        must use out-of-fold statistics (no target leakage into training features).
+        """
+        self._require_fitted()
+        if row_group_size < 1:
+            raise ValueError(f"Workflow.transform: row_group_size must be >= 1, got {row_group_size}")
+        self._check_columns(data.schema, fitting=False)
+        if out_of_fold and data.fingerprint() != self.fit_fingerprint:
+            raise ValueError("Workflow.transform: out_of_fold=True needs the exact dataset the workflow was fitted on")
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        stale = sorted(out.glob("part-*.parquet"))
+        if stale and not overwrite:
+            raise ValueError(f"Workflow.transform: {out} already holds {len(stale)} part files; pass overwrite=True")
+        for stale_path in stale:
+            stale_path.unlink()
+        job = _TransformJob(
+            self, str(out), OnError(on_error), out_of_fold, self._whole_partitions(data), row_group_size
+        )
+        paths: list[str] = []
+        rows, report = 0, SkipReport()
+        for path, n, part_report in run_tasks(_transform_task, job, data.partitions(), engine):
+            paths.append(path)
+            rows += n
+            report = report.merge(part_report)
+        if report.rows_skipped:
+            log.warning("Workflow.transform: %s", report)
+        return TransformResult(tuple(paths), rows, report)
+
+    def fit_transform(
+        self,
+        data: Dataset,
+        output_dir: str | Path,
+        *,
+        engine: Engine = None,
+        on_error: OnError | str = OnError.RAISE,
+        row_group_size: int = 128 * 1024,
+        overwrite: bool = False,
+    ) -> TransformResult:
+        """Fit on the training data, then transform it out of fold (see TargetEncoding)."""
+        self.fit(data, engine=engine, on_error=on_error)
+        return self.transform(
+            data,
+            output_dir,
+            engine=engine,
+            on_error=on_error,
+            out_of_fold=True,
+            row_group_size=row_group_size,
+            overwrite=overwrite,
+        )
+
+    def transform_request(self, request: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> pl.DataFrame:
+        """Transform raw serving rows (a dict of column -> value, or a list of them) exactly as the
+        training data: values convert to the fitted dtypes as the training files' text did ("" and the
+        file's null markers are null when it was fitted on CSV); a missing key means a missing value;
+        columns no op reads and the request lacks (the label) are left out."""
+        schema = self._require_fitted()
+        rows = [request] if isinstance(request, Mapping) else list(request)
+        unknown = sorted({k for row in rows for k in row if k not in schema})
+        if unknown:
+            raise ValueError(f"Workflow.transform_request: unknown column(s) {unknown}; expected {list(schema)}")
+        needed = {c for op in self.ops for c in op.reads()}
+        present = {k for row in rows for k in row}
+        columns = [
+            _request_column(c, dtype, [row.get(c) for row in rows], self.text_nulls)
+            for c, dtype in schema.items()
+            if c in present or c in needed
+        ]
+        return self._apply(pl.DataFrame(columns))
+
+    # -- save / load -------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Write `path/workflow.json` (ops, settings) and Parquet statistics; no pickled code."""
+        schema = self._require_fitted()
+        root = Path(path)
+        (root / "stats").mkdir(parents=True, exist_ok=True)
+        pl.DataFrame(schema=schema).write_parquet(root / "input_schema.parquet")
+        stats_files: list[dict[str, str] | None] = []
+        for i, stats in enumerate(self.stats):
+            if stats is None:
+                stats_files.append(None)
+                continue
+            files = {}
+            for j, (name, frame) in enumerate(stats.items()):
+                rel = f"stats/op{i:03d}_{j:03d}.parquet"
+                frame.write_parquet(root / rel)
+                files[name] = rel
+            stats_files.append(files)
+        report = self.fit_report or SkipReport()
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "ops": [{"op": type(op).__name__, "config": _config_json(op)} for op in self.ops],
+            "output_columns": list(self.output_columns) if self.output_columns is not None else None,
+            "stats": stats_files,
+            "text_nulls": list(self.text_nulls) if self.text_nulls is not None else None,
+            "fit_fingerprint": self.fit_fingerprint,
+            "fit_report": {
+                "rows_read": report.rows_read,
+                "rows_skipped": report.rows_skipped,
+                "examples": [dataclasses.asdict(e) for e in report.examples],
+            },
+        }
+        (root / "workflow.json").write_text(json.dumps(meta, indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Workflow:
+        root = Path(path)
+        meta = json.loads((root / "workflow.json").read_text())
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise ValueError(
+                f"Workflow.load: {root} has format version {meta.get('format_version')}, expected {FORMAT_VERSION}"
+            )
+        ops = []
+        for entry in meta["ops"]:
+            if entry["op"] not in OPS:
+                raise ValueError(f"Workflow.load: unknown op {entry['op']!r} in {root / 'workflow.json'}")
+            ops.append(OPS[entry["op"]](**entry["config"]))
+        wf = cls(ops, output_columns=meta["output_columns"])
+        wf.input_schema = dict(pl.read_parquet_schema(root / "input_schema.parquet"))
+        wf.stats = [
+            {name: pl.read_parquet(root / rel) for name, rel in files.items()} if files is not None else None
+            for files in meta["stats"]
+        ]
+        wf.text_nulls = tuple(meta["text_nulls"]) if meta["text_nulls"] is not None else None
+        wf.fit_fingerprint = list(meta["fit_fingerprint"])
+        report = meta["fit_report"]
+        examples = tuple(RowError(**e) for e in report["examples"])
+        wf.fit_report = SkipReport(report["rows_read"], report["rows_skipped"], examples)
+        return wf
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _config_json(op: Op) -> dict[str, object]:
+    assert dataclasses.is_dataclass(op)
+    return {f.name: _jsonable(getattr(op, f.name)) for f in dataclasses.fields(op)}
+
+
+def _request_column(name: str, dtype: pl.DataType, values: list[Any], text_nulls: tuple[str, ...] | None) -> pl.Series:
+    if text_nulls is not None:
+        values = [None if isinstance(v, str) and v in text_nulls else v for v in values]
+    try:
+        return pl.Series(name, values, dtype=dtype, strict=True)
+    except (TypeError, ValueError, pl.exceptions.PolarsError):
+        pass
+    # values of another Python type (e.g. the strings of a parsed text line): convert as the reader did
+    if isinstance(dtype, pl.List | pl.Array | pl.Struct):
+        raise ValueError(f"Workflow.transform_request: column {name!r} expects {dtype}, got {values!r}")
+    text = pl.Series(name, [None if v is None else str(v) for v in values], dtype=pl.String)
+    cast = text.cast(dtype, strict=False)
+    bad = (cast.is_null() & text.is_not_null()).to_list()
+    if any(bad):
+        raise ValueError(
+            f"Workflow.transform_request: column {name!r} value {values[bad.index(True)]!r} does not convert to {dtype}"
+        )
+    return cast

@@ -1,1 +1,51 @@
-"""hugerec.models."""
+"""Layers (MLP, interactions, cross network, wide part) and models (DLRM, DCNv2, DeepFM, WideAndDeep).
+
+Every model takes a Batch and returns logits [B]; `build_model(config, tables, num_dense, optimizer)`
+builds one from plain data (`model_config_from_dict({"type": "dlrm", ...})`).
+"""
+
+from hugerec.models.config import (
+    DCNv2Config,
+    DeepFMConfig,
+    DLRMConfig,
+    ModelConfig,
+    WideAndDeepConfig,
+    build_model,
+    model_config_from_dict,
+    model_config_to_dict,
+    model_name,
+)
+from hugerec.models.crossnet import CrossNet
+from hugerec.models.dcn import CrossStructure, DCNv2
+from hugerec.models.deepfm import DeepFM
+from hugerec.models.dlrm import DLRM
+from hugerec.models.interactions import DotInteraction, FMInteraction
+from hugerec.models.mlp import MLP, Activation
+from hugerec.models.model import RecModel
+from hugerec.models.wide import WideArch, wide_tables
+from hugerec.models.wide_deep import WideAndDeep
+
+__all__ = [
+    "DLRM",
+    "MLP",
+    "Activation",
+    "CrossNet",
+    "CrossStructure",
+    "DCNv2",
+    "DCNv2Config",
+    "DLRMConfig",
+    "DeepFM",
+    "DeepFMConfig",
+    "DotInteraction",
+    "FMInteraction",
+    "ModelConfig",
+    "RecModel",
+    "WideAndDeep",
+    "WideAndDeepConfig",
+    "WideArch",
+    "build_model",
+    "model_config_from_dict",
+    "model_config_to_dict",
+    "model_name",
+    "wide_tables",
+]

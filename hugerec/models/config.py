@@ -1,0 +1,211 @@
+"""Model configs (plain data, from/to dicts for TOML) and `build_model`, one `match` over the union.
+
+{"type": "dlrm", "bottom": [512, 256, 64], "top": [1024, 1024, 512, 256, 1]}
+    -> DLRMConfig(bottom=(512, 256, 64), top=(1024, 1024, 512, 256, 1))
+build_model(config, tables, num_dense=13, optimizer=RowWiseAdagrad(lr=0.01)) -> DLRM
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.config import TableConfig
+from hugerec.embedding.optimizers import Ftrl, Optimizer, optimizer_from_dict, optimizer_to_dict
+from hugerec.models.dcn import CrossStructure, DCNv2
+from hugerec.models.deepfm import DeepFM
+from hugerec.models.dlrm import DLRM
+from hugerec.models.mlp import Activation, check_dims
+from hugerec.models.model import RecModel
+from hugerec.models.wide import wide_tables
+from hugerec.models.wide_deep import WideAndDeep
+
+
+def _normalize(config: Any, where: str, dims: dict[str, bool]) -> None:
+    """Shared __post_init__: lists -> tuples of widths, strings -> enums, dropout in [0, 1)."""
+    for name, allow_empty in dims.items():
+        object.__setattr__(config, name, check_dims(f"{where} {name}", getattr(config, name), allow_empty))
+    if isinstance(config.activation, str):
+        try:
+            object.__setattr__(config, "activation", Activation(config.activation))
+        except ValueError:
+            choices = [a.value for a in Activation]
+            raise ValueError(f"{where}: unknown activation {config.activation!r}; expected one of {choices}") from None
+    if not isinstance(config.dropout, int | float) or not 0.0 <= config.dropout < 1.0:
+        raise ValueError(f"{where}: dropout must be in [0, 1), got {config.dropout!r}")
+
+
+def _check_optimizer(opt: Any, where: str) -> None:
+    if not isinstance(opt, Optimizer):
+        raise ValueError(f"{where}: wide_optimizer must be a sparse optimizer (SGD, Adagrad, ..., Ftrl), got {opt!r}")
+
+
+@dataclass(frozen=True)
+class DLRMConfig:
+    bottom: tuple[int, ...] = (512, 256, 64)
+    top: tuple[int, ...] = (1024, 1024, 512, 256, 1)
+    self_interaction: bool = False
+    activation: Activation = Activation.RELU
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        _normalize(self, "DLRMConfig", {"bottom": True, "top": False})
+        if self.top[-1] != 1:
+            raise ValueError(f"DLRMConfig: top must end at 1 (the logit), got {list(self.top)}")
+
+
+@dataclass(frozen=True)
+class DCNv2Config:
+    num_cross_layers: int = 3
+    low_rank: int | None = None
+    num_experts: int = 1
+    structure: CrossStructure = CrossStructure.STACKED
+    deep: tuple[int, ...] = (1024, 1024)
+    activation: Activation = Activation.RELU
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        _normalize(self, "DCNv2Config", {"deep": True})
+        if isinstance(self.structure, str):
+            try:
+                object.__setattr__(self, "structure", CrossStructure(self.structure))
+            except ValueError:
+                choices = [s.value for s in CrossStructure]
+                raise ValueError(
+                    f"DCNv2Config: unknown structure {self.structure!r}; expected one of {choices}"
+                ) from None
+        for name in ("num_cross_layers", "num_experts"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"DCNv2Config: {name} must be a positive int, got {v!r}")
+        if self.low_rank is not None and (
+            isinstance(self.low_rank, bool) or not isinstance(self.low_rank, int) or self.low_rank <= 0
+        ):
+            raise ValueError(f"DCNv2Config: low_rank must be a positive int or absent, got {self.low_rank!r}")
+        if self.num_experts > 1 and self.low_rank is None:
+            raise ValueError(f"DCNv2Config: num_experts={self.num_experts} needs low_rank")
+
+
+@dataclass(frozen=True)
+class DeepFMConfig:
+    deep: tuple[int, ...] = (400, 400, 400)
+    first_order: bool = True  # dim-1 sparse weights (a wide collection); False: FM + deep only
+    wide_optimizer: Optimizer = field(default_factory=Ftrl)
+    activation: Activation = Activation.RELU
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        _normalize(self, "DeepFMConfig", {"deep": False})
+        _check_optimizer(self.wide_optimizer, "DeepFMConfig")
+
+
+@dataclass(frozen=True)
+class WideAndDeepConfig:
+    deep: tuple[int, ...] = (1024, 512, 256)
+    wide_optimizer: Optimizer = field(default_factory=Ftrl)
+    activation: Activation = Activation.RELU
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        _normalize(self, "WideAndDeepConfig", {"deep": False})
+        _check_optimizer(self.wide_optimizer, "WideAndDeepConfig")
+
+
+ModelConfig = DLRMConfig | DCNv2Config | DeepFMConfig | WideAndDeepConfig
+_BY_NAME: dict[str, type] = {
+    "dlrm": DLRMConfig,
+    "dcn_v2": DCNv2Config,
+    "deepfm": DeepFMConfig,
+    "wide_and_deep": WideAndDeepConfig,
+}
+
+
+def model_name(config: ModelConfig) -> str:
+    match config:
+        case DLRMConfig():
+            return "dlrm"
+        case DCNv2Config():
+            return "dcn_v2"
+        case DeepFMConfig():
+            return "deepfm"
+        case WideAndDeepConfig():
+            return "wide_and_deep"
+
+
+def model_config_to_dict(config: ModelConfig) -> dict[str, Any]:
+    """JSON/TOML-ready: enums as their values, tuples as lists, the wide optimizer as its dict."""
+    out: dict[str, Any] = {"type": model_name(config)}
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        match v:
+            case Activation() | CrossStructure():
+                out[f.name] = v.value
+            case tuple():
+                out[f.name] = list(v)
+            case _ if f.name == "wide_optimizer":
+                out[f.name] = optimizer_to_dict(v)
+            case _:
+                out[f.name] = v
+    return out
+
+
+def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
+    """{"type": "dlrm" | "dcn_v2" | "deepfm" | "wide_and_deep", field: value, ...} -> config."""
+    d = dict(d)
+    kind = d.pop("type", None)
+    if kind not in _BY_NAME:
+        raise ValueError(f"model: unknown type {kind!r}; expected one of {sorted(_BY_NAME)}")
+    cls = _BY_NAME[kind]
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise ValueError(f"model {kind!r}: unknown keys {unknown}; valid keys are {known}")
+    if isinstance(d.get("wide_optimizer"), dict):
+        d["wide_optimizer"] = optimizer_from_dict(d["wide_optimizer"])
+    config: ModelConfig = cls(**d)
+    return config
+
+
+def build_model(config: ModelConfig, tables: Sequence[TableConfig], num_dense: int, optimizer: Optimizer) -> RecModel:
+    """The model `config` describes, with fresh EmbeddingCollections over `tables`.
+
+    `optimizer` is the sparse optimizer of the embedding tables (a table's own `optimizer` wins);
+    wide parts get dim-1 twins of `tables` (see `wide_tables`) trained with `config.wide_optimizer`.
+    """
+    embedding = EmbeddingCollection(list(tables), optimizer)
+    match config:
+        case DLRMConfig():
+            return DLRM(
+                embedding,
+                num_dense,
+                config.bottom,
+                config.top,
+                config.activation,
+                config.dropout,
+                config.self_interaction,
+            )
+        case DCNv2Config():
+            return DCNv2(
+                embedding,
+                num_dense,
+                config.num_cross_layers,
+                config.low_rank,
+                config.num_experts,
+                config.structure,
+                config.deep,
+                config.activation,
+                config.dropout,
+            )
+        case DeepFMConfig():
+            wide = (
+                EmbeddingCollection(wide_tables(tables, config.wide_optimizer), optimizer)
+                if config.first_order
+                else None
+            )
+            return DeepFM(embedding, num_dense, config.deep, wide, config.activation, config.dropout)
+        case WideAndDeepConfig():
+            wide = EmbeddingCollection(wide_tables(tables, config.wide_optimizer), optimizer)
+            return WideAndDeep(embedding, wide, num_dense, config.deep, config.activation, config.dropout)

@@ -20,6 +20,7 @@ lists the keys touched after a step (delta export, `hugerec.embedding.delta`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ import torch
 from hugerec.embedding.config import DynamicConfig, Eviction, Missing
 from hugerec.ops import hash_table as ops
 from hugerec.ops.cpu import hash_table as layout
+from hugerec.sparse.features import SparseFeatures
 
 
 def _eviction_code(eviction: Eviction) -> int:
@@ -305,3 +307,40 @@ class HashTable:
         ops.insert_mapping(fresh, keys, rows)
         ops.rebuild_heap(fresh, self._eviction)
         self._arrays = fresh
+
+
+def remap_features(
+    features: SparseFeatures,
+    tables: Mapping[str, HashTable],
+    table_features: Mapping[str, Sequence[str]],
+    steps: Mapping[str, int] | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Raw keys -> rows for the features of dynamic tables: rows [N] int64 aligned with features.values.
+
+    The keys of all features of one table (those present in the batch) go through its HashTable in
+    one call, with find_or_insert at steps[table], or find when steps is None (eval); the ids of
+    other features are copied unchanged. Returns the rows and {table: reset rows [E]} of the tables
+    that recycled rows (their weights and optimizer state must be re-initialised before use).
+    """
+    ranges = features.value_ranges()
+    values = features.values
+    rows = values.clone()
+    reset: dict[str, torch.Tensor] = {}
+    for name, table in tables.items():
+        spans = [ranges[f] for f in table_features[name] if f in ranges]
+        if not spans:
+            continue
+        keys = values[spans[0][0] : spans[0][1]] if len(spans) == 1 else torch.cat([values[a:b] for a, b in spans])
+        if steps is None:
+            found = table.find(keys)
+        else:
+            ins = table.find_or_insert(keys, steps[name])
+            found = ins.rows
+            if ins.reset_rows.numel():
+                reset[name] = ins.reset_rows
+        found = found.to(rows.device)
+        pos = 0
+        for a, b in spans:
+            rows[a:b] = found[pos : pos + b - a]
+            pos += b - a
+    return rows, reset

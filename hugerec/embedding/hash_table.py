@@ -184,21 +184,21 @@ class HashTable:
         a = self._arrays
         rows = np.flatnonzero(a.row_state == layout.USED).astype(np.int64)
         return HashTableContents(
-            torch.from_numpy(a.row_key[rows].copy()),
+            torch.from_numpy(a.info[rows, layout.KEY].copy()),
             torch.from_numpy(rows),
-            torch.from_numpy(a.last_step[rows].copy()),
-            torch.from_numpy(a.count[rows].copy()),
+            torch.from_numpy(a.info[rows, layout.LAST].copy()),
+            torch.from_numpy(a.info[rows, layout.COUNT].copy()),
         )
 
     def changed_since(self, step: int) -> HashTableContents:
         """The held keys touched at a step > `step` (pass -1 for all), ordered by row."""
         a = self._arrays
-        rows = np.flatnonzero((a.row_state == layout.USED) & (a.last_step > step)).astype(np.int64)
+        rows = np.flatnonzero((a.row_state == layout.USED) & (a.info[:, layout.LAST] > step)).astype(np.int64)
         return HashTableContents(
-            torch.from_numpy(a.row_key[rows].copy()),
+            torch.from_numpy(a.info[rows, layout.KEY].copy()),
             torch.from_numpy(rows),
-            torch.from_numpy(a.last_step[rows].copy()),
-            torch.from_numpy(a.count[rows].copy()),
+            torch.from_numpy(a.info[rows, layout.LAST].copy()),
+            torch.from_numpy(a.info[rows, layout.COUNT].copy()),
         )
 
     def stats(self) -> HashTableStats:
@@ -296,9 +296,9 @@ class HashTable:
         if sketch.shape != fresh.sketch.shape:
             raise ValueError(f"{where}: sketch shape {sketch.shape} != {fresh.sketch.shape} of this table's policy")
         fresh.row_state[:] = row_state
-        fresh.row_key[rows] = keys
-        fresh.last_step[rows] = last_step
-        fresh.count[rows] = count
+        fresh.info[rows, layout.KEY] = keys
+        fresh.info[rows, layout.LAST] = last_step
+        fresh.info[rows, layout.COUNT] = count
         fresh.free[: free.shape[0]] = free
         fresh.sketch[:] = sketch
         fresh.meta[:] = meta

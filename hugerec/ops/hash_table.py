@@ -43,11 +43,8 @@ class HashTableArrays:
     """Mutable state of one hash table of capacity C (see hugerec.ops.cpu.hash_table for the layout)."""
 
     slots: np.ndarray  # [S, 2] int64
-    row_key: np.ndarray  # [C] int64
+    info: np.ndarray  # [C, 4] int64: KEY, LAST, COUNT, GEN
     row_state: np.ndarray  # [C] int8
-    last_step: np.ndarray  # [C] int64
-    count: np.ndarray  # [C] int64
-    gen: np.ndarray  # [C] int64
     free: np.ndarray  # [C] int64
     heap: np.ndarray  # [2C, 4] int64, or [0, 4] without eviction
     sketch: np.ndarray  # [depth, width] uint16, or [0, 0] without admission
@@ -65,11 +62,8 @@ class HashTableArrays:
         meta[_cpu.STEP] = -1
         return HashTableArrays(
             slots=slots,
-            row_key=np.zeros(capacity, dtype=np.int64),
+            info=np.zeros((capacity, 4), dtype=np.int64),
             row_state=np.zeros(capacity, dtype=np.int8),
-            last_step=np.zeros(capacity, dtype=np.int64),
-            count=np.zeros(capacity, dtype=np.int64),
-            gen=np.zeros(capacity, dtype=np.int64),
             # stack top is the end: rows come out as 0, 1, 2, ...
             free=np.arange(capacity - 1, -1, -1, dtype=np.int64),
             heap=np.zeros((2 * capacity if eviction != EVICT_NONE else 0, 4), dtype=np.int64),
@@ -79,7 +73,7 @@ class HashTableArrays:
 
     @property
     def capacity(self) -> int:
-        return int(self.row_key.shape[0])
+        return int(self.info.shape[0])
 
     def counter(self, index: int) -> int:
         return int(self.meta[index])
@@ -94,9 +88,7 @@ def lookup(t: HashTableArrays, keys: np.ndarray) -> np.ndarray:
 
 def expire(t: HashTableArrays, step: int, ttl: int) -> int:
     """Free every row with step - last_step > ttl; returns how many."""
-    return int(
-        _cpu.expire(t.slots, t.row_key, t.row_state, t.last_step, t.count, t.gen, t.free, t.heap, t.meta, step, ttl)
-    )
+    return int(_cpu.expire(t.slots, t.info, t.row_state, t.free, t.heap, t.meta, step, ttl))
 
 
 def find_or_insert(
@@ -115,11 +107,8 @@ def find_or_insert(
     rows = lookup(t, keys)
     status, reset, needed, protected = _cpu.find_or_insert(
         t.slots,
-        t.row_key,
+        t.info,
         t.row_state,
-        t.last_step,
-        t.count,
-        t.gen,
         t.free,
         t.heap,
         t.sketch,
@@ -154,7 +143,7 @@ def remove(t: HashTableArrays, keys: np.ndarray) -> np.ndarray:
 def rebuild_heap(t: HashTableArrays, eviction: int) -> None:
     """Recompute the eviction heap from the rows (after loading a saved table)."""
     if eviction != EVICT_NONE:
-        _cpu.rebuild_heap(t.row_state, t.last_step, t.count, t.gen, t.heap, t.meta, eviction)
+        _cpu.rebuild_heap(t.info, t.row_state, t.heap, t.meta, eviction)
 
 
 def insert_mapping(t: HashTableArrays, keys: np.ndarray, rows: np.ndarray) -> None:

@@ -43,8 +43,8 @@ def _check_same(kern: ht.HashTableArrays, ref: ht.DictHashTable) -> None:
     held = np.flatnonzero(kern.row_state == layout.USED)
     assert sorted(held.tolist()) == sorted(ref.row_of.values())
     for r in held:
-        assert ref.key_of[r] == kern.row_key[r]
-        assert (kern.last_step[r], kern.count[r]) == (ref.last_step[r], ref.count[r])
+        key, last, count, _ = kern.info[r]
+        assert (key, last, count) == (ref.key_of[r], ref.last_step[r], ref.count[r])
 
 
 @settings(max_examples=80, deadline=None)

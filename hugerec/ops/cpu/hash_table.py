@@ -4,11 +4,11 @@ Layout (S slots, a power of two >= 2 C, so the load factor stays <= 0.5 and prob
 
     slots      [S, 2] int64   (key, row); row == -1 marks an empty slot. Occupancy lives in the row
                               column, so every int64 is a valid key (no sentinel key is reserved).
-    row_key    [C] int64      key held by each row
+    info       [C, 4] int64   per row, one cache line for what a lookup touches:
+                              KEY (held key), LAST (step the row was last touched by find_or_insert),
+                              COUNT (occurrences of the key since it got the row),
+                              GEN (bumped whenever the row gets a new key; invalidates old heap entries)
     row_state  [C] int8       FRESH (never held a key) / USED / FREED (held one, must be re-initialised)
-    last_step  [C] int64      step the row was last touched by find_or_insert
-    count      [C] int64      occurrences of the row's key since it got the row
-    gen        [C] int64      bumped whenever the row gets a new key; invalidates old heap entries
     free       [C] int64      stack of free rows; the top is free[meta[N_FREE] - 1]
     heap       [2C, 4] int64  min-heap of (score1, score2, row, gen) for eviction (unused for NONE)
     sketch     [d, w] uint16  count-min sketch for admission ([0, 0] when min_count == 1)
@@ -38,6 +38,12 @@ EXPIRED = 6
 REFUSED = 7
 REMOVED = 8
 META_LEN = 9
+
+# info columns
+KEY = 0
+LAST = 1
+COUNT = 2
+GEN = 3
 
 # row_state values
 FRESH = 0
@@ -180,19 +186,17 @@ def _pop(heap: np.ndarray, meta: np.ndarray) -> None:
 
 
 @njit(inline="always", cache=True)
-def _score(eviction: Int, last_step: np.ndarray, count: np.ndarray, r: Int) -> tuple[Int, Int]:
+def _score(eviction: Int, info: np.ndarray, r: Int) -> tuple[Int, Int]:
     # LRU / TTL: (last step seen, row); LFU: (count, last step seen, row); the row breaks ties
     if eviction == EVICT_LFU:
-        return count[r], last_step[r]
-    return last_step[r], np.int64(0)
+        return info[r, COUNT], info[r, LAST]
+    return info[r, LAST], np.int64(0)
 
 
 @njit(cache=True)
 def rebuild_heap(
+    info: np.ndarray,
     row_state: np.ndarray,
-    last_step: np.ndarray,
-    count: np.ndarray,
-    gen: np.ndarray,
     heap: np.ndarray,
     meta: np.ndarray,
     eviction: Int,
@@ -201,11 +205,11 @@ def rebuild_heap(
     n = 0
     for r in range(row_state.shape[0]):
         if row_state[r] == USED:
-            s1, s2 = _score(eviction, last_step, count, r)
+            s1, s2 = _score(eviction, info, r)
             heap[n, 0] = s1
             heap[n, 1] = s2
             heap[n, 2] = r
-            heap[n, 3] = gen[r]
+            heap[n, 3] = info[r, GEN]
             n += 1
     meta[HEAP_SIZE] = n
     for i in range(n // 2 - 1, -1, -1):
@@ -214,10 +218,8 @@ def rebuild_heap(
 
 @njit(cache=True)
 def _pop_exact(
+    info: np.ndarray,
     row_state: np.ndarray,
-    last_step: np.ndarray,
-    count: np.ndarray,
-    gen: np.ndarray,
     heap: np.ndarray,
     meta: np.ndarray,
     eviction: Int,
@@ -229,9 +231,9 @@ def _pop_exact(
         e2 = heap[0, 1]
         g = heap[0, 3]
         _pop(heap, meta)
-        if row_state[r] != USED or gen[r] != g:
+        if row_state[r] != USED or info[r, GEN] != g:
             continue  # the row lost this key since the entry was pushed
-        s1, s2 = _score(eviction, last_step, count, r)
+        s1, s2 = _score(eviction, info, r)
         if s1 != e1 or s2 != e2:
             _push(heap, meta, s1, s2, r, g)
             continue
@@ -240,20 +242,17 @@ def _pop_exact(
 
 
 @njit(cache=True)
-def _release(slots: np.ndarray, row_key: np.ndarray, row_state: np.ndarray, r: Int) -> None:
+def _release(slots: np.ndarray, info: np.ndarray, row_state: np.ndarray, r: Int) -> None:
     mask = slots.shape[0] - 1
-    _delete_slot(slots, _probe(slots, mask, row_key[r]))
+    _delete_slot(slots, _probe(slots, mask, info[r, KEY]))
     row_state[r] = FREED
 
 
 @njit(cache=True)
 def expire(
     slots: np.ndarray,
-    row_key: np.ndarray,
+    info: np.ndarray,
     row_state: np.ndarray,
-    last_step: np.ndarray,
-    count: np.ndarray,
-    gen: np.ndarray,
     free: np.ndarray,
     heap: np.ndarray,
     meta: np.ndarray,
@@ -263,13 +262,13 @@ def expire(
     """TTL: free every row not seen for more than `ttl` steps (step - last_step > ttl), oldest first."""
     n = 0
     while meta[HEAP_SIZE] > 0 and heap[0, 0] < step - ttl:
-        r = _pop_exact(row_state, last_step, count, gen, heap, meta, EVICT_TTL)
+        r = _pop_exact(info, row_state, heap, meta, EVICT_TTL)
         if r < 0:
             break
-        if last_step[r] >= step - ttl:
-            _push(heap, meta, last_step[r], 0, r, gen[r])  # the exact top is still alive: done
+        if info[r, LAST] >= step - ttl:
+            _push(heap, meta, info[r, LAST], 0, r, info[r, GEN])  # the exact top is still alive: done
             break
-        _release(slots, row_key, row_state, r)
+        _release(slots, info, row_state, r)
         free[meta[N_FREE]] = r
         meta[N_FREE] += 1
         meta[SIZE] -= 1
@@ -329,11 +328,8 @@ def _distinct_rows(rows: np.ndarray) -> Int:
 @njit(cache=True)
 def find_or_insert(
     slots: np.ndarray,
-    row_key: np.ndarray,
+    info: np.ndarray,
     row_state: np.ndarray,
-    last_step: np.ndarray,
-    count: np.ndarray,
-    gen: np.ndarray,
     free: np.ndarray,
     heap: np.ndarray,
     sketch: np.ndarray,
@@ -351,7 +347,7 @@ def find_or_insert(
     nothing was changed. Reset rows held another key before and must be re-initialised.
     """
     n = keys.shape[0]
-    cap = row_key.shape[0]
+    cap = info.shape[0]
     mask = slots.shape[0] - 1
     # 1. distinct missing keys in order of first occurrence; rows[i] = -2 - u marks "distinct key u"
     n_miss = 0
@@ -402,7 +398,7 @@ def find_or_insert(
             if protected + needed > cap:
                 return BATCH_TOO_LARGE, np.empty(0, dtype=np.int64), needed, protected
         if eviction != EVICT_NONE and meta[HEAP_SIZE] + needed > heap.shape[0]:
-            rebuild_heap(row_state, last_step, count, gen, heap, meta, eviction)
+            rebuild_heap(info, row_state, heap, meta, eviction)
     # 4. mutate: sketch, touches, new rows
     if use_sketch:
         for u in range(n_u):
@@ -410,8 +406,8 @@ def find_or_insert(
     for i in range(n):
         r = rows[i]
         if r >= 0:
-            count[r] += 1
-            last_step[r] = step
+            info[r, COUNT] += 1
+            info[r, LAST] = step
     meta[STEP] = step
     reset = np.empty(needed, dtype=np.int64)
     n_reset = 0
@@ -430,14 +426,14 @@ def find_or_insert(
             if deferred.shape[0] == 0:
                 deferred = np.empty(cap, dtype=np.int64)
             while True:
-                r = _pop_exact(row_state, last_step, count, gen, heap, meta, eviction)
+                r = _pop_exact(info, row_state, heap, meta, eviction)
                 if r < 0:
                     raise RuntimeError("hash table: eviction heap ran empty (internal invariant broken)")
-                if last_step[r] != step:
+                if info[r, LAST] != step:
                     break
                 deferred[n_def] = r  # protected by this batch: back into the heap afterwards
                 n_def += 1
-            _release(slots, row_key, row_state, r)
+            _release(slots, info, row_state, r)
             meta[SIZE] -= 1
             meta[EVICTIONS] += 1
         if row_state[r] != FRESH:
@@ -447,21 +443,21 @@ def find_or_insert(
         s = _probe(slots, mask, key)
         slots[-1 - s, 0] = key
         slots[-1 - s, 1] = r
-        row_key[r] = key
+        info[r, KEY] = key
         row_state[r] = USED
-        gen[r] += 1
-        last_step[r] = step
-        count[r] = uocc[u]
+        info[r, GEN] += 1
+        info[r, LAST] = step
+        info[r, COUNT] = uocc[u]
         meta[SIZE] += 1
         meta[INSERTS] += 1
         new_row[u] = r
         if eviction != EVICT_NONE:
-            s1, s2 = _score(eviction, last_step, count, r)
-            _push(heap, meta, s1, s2, r, gen[r])
+            s1, s2 = _score(eviction, info, r)
+            _push(heap, meta, s1, s2, r, info[r, GEN])
     for k in range(n_def):
         r = deferred[k]
-        s1, s2 = _score(eviction, last_step, count, r)
-        _push(heap, meta, s1, s2, r, gen[r])
+        s1, s2 = _score(eviction, info, r)
+        _push(heap, meta, s1, s2, r, info[r, GEN])
     for i in range(n):
         if rows[i] <= -2:
             rows[i] = new_row[-2 - rows[i]]

@@ -61,7 +61,7 @@ class TrainConfig:
     weight_decay      dense optimizer weight decay
     schedule          warmup / decay multiplier on lr (Schedule.mlperf_dlrm() for the MLPerf policy)
     precision         fp32, bf16 (autocast, CPU and GPU) or fp16 (autocast + loss scaling, GPU only)
-    compile           torch.compile the dense modules (children with nn.Parameters) in place
+    compile           torch.compile the dense part of the model (the embedding lookups stay eager)
     clip_grad_norm    clip the dense gradients' global norm to this (None: no clipping)
     eval_every        evaluate every this many steps (None: at the end of each epoch); also at the end
     log_every         average the loss and measure samples/s over this many steps
@@ -163,9 +163,8 @@ def fit(
     cfg = config or TrainConfig()
     run = _Run(model, train_data, eval_data, cfg, optimizer)
     resume_from = latest_checkpoint(run.ckpt_dir) if cfg.resume and run.ckpt_dir is not None else None
-    skip_batches = 0
     if resume_from is not None:
-        skip_batches = run.load_state_dict(load_checkpoint(resume_from, map_location=run.device))
+        run.load_state_dict(load_checkpoint(resume_from, map_location=run.device))
     elif cfg.seed is not None:
         seed_everything(cfg.seed)
     if cfg.compile:
@@ -178,9 +177,12 @@ def fit(
     done = cfg.max_steps is not None and run.step >= cfg.max_steps
     try:
         while not done and run.epoch < cfg.epochs:
+            if run.batches_in_epoch and run.batches_in_epoch == _epoch_length(train_data, 1):
+                run.end_epoch()  # resumed from a checkpoint taken after the epoch's last batch
+                continue
             batches: Iterator[Batch] = iter(train_data)
-            if skip_batches:  # a resumed plain iterable skips what the interrupted epoch had used
-                batches, skip_batches = itertools.islice(batches, skip_batches, None), 0
+            if run.batches_in_epoch and run.fast_forward:  # a resumed plain iterable: skip the used batches
+                batches = itertools.islice(batches, run.batches_in_epoch, None)
             for batch in batches:
                 run.train_step(batch)
                 done = cfg.max_steps is not None and run.step >= cfg.max_steps
@@ -195,9 +197,7 @@ def fit(
             else:
                 if run.batches_in_epoch == 0:
                     raise ValueError(f"fit: train_data yielded no batches in epoch {run.epoch}")
-                run.epoch, run.batches_in_epoch = run.epoch + 1, 0
-                if cfg.eval_every is None:
-                    run.evaluate()
+                run.end_epoch()
         if run.window_steps:
             run.log_window()
         run.evaluate()
@@ -229,7 +229,9 @@ class _Run:
             raise ValueError(f"fit: precision fp16 needs a CUDA device (got {self.device}); use bf16 on CPU")
         model.to(self.device)
         model.train()
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        # a hugerec model names its dense parameters; any other module: every trainable parameter
+        dense_parameters = getattr(model, "dense_parameters", model.parameters)
+        self.params = [p for p in dense_parameters() if p.requires_grad]
         self.opt = optimizer or _make_optimizer(cfg, self.params)
         self.base_lrs = [float(g["lr"]) for g in self.opt.param_groups]
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision is Precision.FP16 else None
@@ -239,6 +241,7 @@ class _Run:
         self.history = History()
         self.step = self.epoch = self.batches_in_epoch = 0
         self.last_eval_step = self.last_checkpoint_step = -1
+        self.fast_forward = False  # resuming a plain iterable: skip the batches_in_epoch it already gave
         self.log = RunLog(None)
         self.bar: tqdm[Any] = tqdm(disable=True)
         # the current log window: losses summed on the device (no sync per step), samples and wall time
@@ -273,6 +276,11 @@ class _Run:
         self.window_steps += 1
         self.window_samples += batch.batch_size
         self.bar.update(1)
+
+    def end_epoch(self) -> None:
+        self.epoch, self.batches_in_epoch = self.epoch + 1, 0
+        if self.cfg.eval_every is None:
+            self.evaluate()
 
     def log_window(self) -> None:
         mean_loss = float(self.window_loss) / self.window_steps
@@ -327,8 +335,7 @@ class _Run:
             "history": {"train": self.history.train, "evals": self.history.evals},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> int:
-        """Restore everything; returns how many batches of the current epoch a plain iterable must skip."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         if self.scaler is not None and state["scaler"] is not None:
@@ -342,8 +349,7 @@ class _Run:
         set_rng_state(state["rng"])
         if state["loader"] is not None:
             _stateful(self.train_data, "load_state_dict").load_state_dict(state["loader"])
-            return 0
-        return self.batches_in_epoch
+        self.fast_forward = state["loader"] is None
 
 
 @torch.no_grad()
@@ -430,15 +436,17 @@ def _make_optimizer(cfg: TrainConfig, params: list[nn.Parameter]) -> torch.optim
 
 
 def _compile_dense(model: nn.Module) -> None:
-    """Compile, in place, each child module that owns dense parameters.
+    """torch.compile the part of `model` after the embedding lookups.
 
-    In place (nn.Module.compile) keeps state_dict keys unchanged, so checkpoints stay portable;
-    children without parameters (the embedding collection, whose rows are not nn.Parameters and are
-    updated by its own kernels) run eagerly.
+    hugerec models (RecModel) compile their tensor-only dense part and keep the lookups eager (their
+    backward runs the fused sparse optimizer, which torch.compile must not trace); any other module
+    is compiled whole, in place, so its state_dict keys (and checkpoints) stay the same.
     """
-    for child in model.children():
-        if any(True for _ in child.parameters()):
-            child.compile()
+    compile_dense = getattr(model, "compile_dense", None)
+    if callable(compile_dense):
+        compile_dense()
+    else:
+        model.compile()
 
 
 def _autocast(device: torch.device, precision: Precision) -> AbstractContextManager[Any]:

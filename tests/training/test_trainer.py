@@ -53,6 +53,8 @@ class ShufflingLoader:
         self.batches, self.seed, self.epoch, self.position = batches, seed, 0, 0
 
     def __iter__(self) -> Iterator[Batch]:
+        if self.position >= len(self.batches):  # as hugerec's Loader: a finished epoch moves on to the next
+            self.epoch, self.position = self.epoch + 1, 0
         order = torch.randperm(len(self.batches), generator=torch.Generator().manual_seed(self.seed + self.epoch))
         while self.position < len(order):
             i = int(order[self.position])
@@ -98,24 +100,31 @@ def weights(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("loader", ["list", "stateful"])
-def test_resume_is_exact(tmp_path: Path, loader: str) -> None:
-    """N steps + resume + M steps == N + M steps, bitwise, across an epoch boundary, with dropout and eval."""
+@pytest.mark.parametrize("first_steps", [7, 10])  # stop mid-epoch, and right after an epoch's last batch
+def test_resume_is_exact(tmp_path: Path, loader: str, first_steps: int) -> None:
+    """N steps + resume + M steps == N + M steps, bitwise, across epoch boundaries, with dropout and eval."""
     batches = make_batches(5)
 
     def data() -> Any:
         return list(batches) if loader == "list" else ShufflingLoader(batches)
 
-    kw: dict[str, Any] = {"epochs": 4, "lr": 0.01, "schedule": Schedule(warmup_steps=3, decay_start=4, decay_steps=20)}
+    kw: dict[str, Any] = {"epochs": 3, "lr": 0.01, "schedule": Schedule(warmup_steps=3, decay_start=4, decay_steps=20)}
     whole = TinyModel()
-    fit(whole, data(), batches[:2], quiet(max_steps=13, out_dir=str(tmp_path / "whole"), eval_every=4, **kw))
+    expected = fit(whole, data(), batches[:2], quiet(out_dir=str(tmp_path / "whole"), **kw))
+    assert expected.steps == 15 and [r["step"] for r in expected.evals] == [5, 10, 15]
 
     part = TinyModel()
     run = str(tmp_path / "part")
-    first = fit(part, data(), batches[:2], quiet(max_steps=7, out_dir=run, checkpoint_every=3, **kw))
-    assert first.steps == 7 and [s for s, _ in list_checkpoints(Path(run) / "checkpoints")] == [3, 6, 7]
+    first = fit(part, data(), batches[:2], quiet(max_steps=first_steps, out_dir=run, checkpoint_every=3, **kw))
+    assert first.steps == first_steps
+    assert [s for s, _ in list_checkpoints(Path(run) / "checkpoints")][-1] == first_steps
     resumed = TinyModel(seed=123)  # different init: everything must come from the checkpoint
-    second = fit(resumed, data(), batches[:2], quiet(max_steps=13, out_dir=run, resume=True, eval_every=4, **kw))
-    assert second.steps == 13
+    second = fit(resumed, data(), batches[:2], quiet(out_dir=run, resume=True, **kw))
+    assert second.steps == 15
+    # the interrupted run also evaluated where it stopped; every scheduled evaluation matches
+    got = {r["step"]: r["auc"] for r in second.evals}
+    assert sorted(got) == sorted({5.0, 10.0, 15.0, float(first_steps)})
+    assert all(got[r["step"]] == r["auc"] for r in expected.evals)
     a, b = weights(whole), weights(resumed)
     assert a.keys() == b.keys()
     for k in a:

@@ -24,6 +24,7 @@ reads is at one version.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -64,12 +65,14 @@ class TableSpec:
 
 @dataclass(frozen=True, eq=False)
 class TableUpdate:
-    """New rows of one table: keys [K] int64 (unique) with rows [K, D] float32; `deleted` [E] keys lose their row."""
+    """New rows of one table: keys [K] int64 (unique) with rows [K, D] float32; `deleted` [E] keys lose
+    their row; `default` [D], when given, becomes the row of keys without one (Missing.UNKNOWN_ROW)."""
 
     table: str
     keys: np.ndarray
     rows: np.ndarray
     deleted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    default: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         keys = np.ascontiguousarray(self.keys, dtype=np.int64)
@@ -88,6 +91,13 @@ class TableUpdate:
             )
         if not np.isfinite(rows).all():
             raise ValueError(f"TableUpdate {self.table!r}: rows contain NaN or inf")
+        if self.default is not None:
+            default = np.ascontiguousarray(self.default, dtype=np.float32)
+            if default.shape != (rows.shape[1],) or not np.isfinite(default).all():
+                raise ValueError(
+                    f"TableUpdate {self.table!r}: default must be [{rows.shape[1]}] finite floats, got {default.shape}"
+                )
+            object.__setattr__(self, "default", default)
         object.__setattr__(self, "keys", keys)
         object.__setattr__(self, "rows", rows)
         object.__setattr__(self, "deleted", deleted)
@@ -100,18 +110,28 @@ class _Overlay:
 
 
 class _View:
-    """Immutable table -> overlays map, plus the count of snapshots reading it (guarded by the server's lock)."""
+    """One version of everything readers see (per-table versions, overlays, default rows, payload),
+    plus the count of snapshots reading it (guarded by the server's lock)."""
 
-    def __init__(self, versions: dict[str, int], overlays: dict[str, tuple[_Overlay, ...]]) -> None:
+    def __init__(
+        self,
+        versions: dict[str, int],
+        overlays: dict[str, tuple[_Overlay, ...]],
+        defaults: dict[str, np.ndarray],
+        payload: object,
+    ) -> None:
         self.versions = versions
         self.overlays = overlays
+        self.defaults = defaults
+        self.payload = payload
         self.readers = 0
 
 
 @dataclass
 class TierCounters:
-    """Per (table, tier): keys asked, keys found, seconds spent."""
+    """Per (table, tier): lookups reaching the tier, keys asked, keys found, seconds spent."""
 
+    calls: int = 0
     keys: int = 0
     hits: int = 0
     seconds: float = 0.0
@@ -127,6 +147,11 @@ class Snapshot:
     @property
     def versions(self) -> dict[str, int]:
         return dict(self._view.versions)
+
+    @property
+    def payload(self) -> object:
+        """The object published with this version (the model's dense program), see `apply`."""
+        return self._view.payload
 
     def lookup(self, table: str, keys: torch.Tensor | np.ndarray) -> torch.Tensor:
         """keys [N] int64 -> rows [N, D] float32 on the server's device."""
@@ -159,8 +184,13 @@ class ParameterServer:
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         cache = CacheConfig() if cache is None else cache
         self.caches = {t.name: RowCache(t.dim, cache, self.device) for t in tables} if cache.rows > 0 else {}
-        self._defaults = {t.name: t.default_row() for t in tables}
-        self._view = _View({t: 0 for t in self.tables}, {t: () for t in self.tables})
+        defaults = {t.name: t.default_row() for t in tables}
+        if persistent is not None:  # defaults replaced by earlier updates
+            for t in tables:
+                saved = persistent.get_meta(f"default:{t.name}")
+                if saved is not None:
+                    defaults[t.name] = np.asarray(json.loads(saved), dtype=np.float32)
+        self._view = _View({t: 0 for t in self.tables}, {t: () for t in self.tables}, defaults, None)
         self._retired: list[_View] = []
         self._lock = threading.Lock()
         self._readers_done = threading.Condition(self._lock)
@@ -238,7 +268,7 @@ class ParameterServer:
             todo = todo[~found]
         if todo.shape[0]:
             t0 = time.perf_counter()
-            fill(todo, np.broadcast_to(self._defaults[table], (todo.shape[0], self.tables[table].dim)).copy())
+            fill(todo, np.broadcast_to(view.defaults[table], (todo.shape[0], self.tables[table].dim)).copy())
             self._count(table, "default", todo.shape[0], todo.shape[0], t0)
         if cache is not None and promoted:
             at = torch.from_numpy(np.concatenate(promoted))
@@ -250,6 +280,7 @@ class ParameterServer:
         dt = time.perf_counter() - t0
         c = self._stats[(table, tier)]
         with self._stats_lock:
+            c.calls += 1
             c.keys += asked
             c.hits += hits
             c.seconds += dt
@@ -257,7 +288,7 @@ class ParameterServer:
     def stats(self) -> dict[tuple[str, str], TierCounters]:
         """(table, tier) -> counters; tiers are overlay, cache, memory (tier 2, also Redis), persistent, default."""
         with self._stats_lock:
-            return {k: TierCounters(v.keys, v.hits, v.seconds) for k, v in self._stats.items()}
+            return {k: TierCounters(v.calls, v.keys, v.hits, v.seconds) for k, v in self._stats.items()}
 
     # -- writing -----------------------------------------------------------------------------
     def load(self, updates: Sequence[TableUpdate]) -> None:
@@ -279,11 +310,20 @@ class ParameterServer:
                 total += keys.shape[0]
         return total
 
-    def apply(self, updates: Sequence[TableUpdate], meta: Mapping[str, str] | None = None) -> dict[str, int]:
-        """Apply `updates` atomically (all tables switch together); returns the new table versions.
+    def publish_payload(self, payload: object) -> None:
+        """Make `payload` what new snapshots see as `snap.payload` (rows unchanged)."""
+        with self._apply_lock:
+            old = self._view
+            self._swap(_View(old.versions, old.overlays, old.defaults, payload))
 
-        Returns once the update is visible to every new snapshot and written to every tier (with
-        `meta` entries in the same RocksDB batch). Concurrent calls are applied one after another.
+    def apply(
+        self, updates: Sequence[TableUpdate], meta: Mapping[str, str] | None = None, payload: object | None = None
+    ) -> dict[str, int]:
+        """Apply `updates` (and a new `payload`, unless None) atomically: all switch together.
+
+        Returns the new table versions, once the update is visible to every new snapshot and
+        written to every tier (with `meta` entries in the same RocksDB batch; without a persistent
+        tier `meta` has nowhere to go). Concurrent calls are applied one after another.
         """
         for u in updates:
             self._check(u)
@@ -291,22 +331,28 @@ class ParameterServer:
         if len(set(tables)) != len(tables):
             raise ValueError(f"ParameterServer.apply: one update per table per call, got tables {tables}")
         with self._apply_lock:
+            old = self._view
+            defaults = {**old.defaults, **{u.table: u.default for u in updates if u.default is not None}}
             overlays: dict[str, _Overlay] = {}
             for u in updates:
                 keys = np.concatenate([u.keys, u.deleted])
-                defaults = np.broadcast_to(self._defaults[u.table], (u.deleted.shape[0], u.rows.shape[1]))
-                rows = np.concatenate([u.rows, defaults])
+                gone = np.broadcast_to(defaults[u.table], (u.deleted.shape[0], u.rows.shape[1]))
+                rows = np.concatenate([u.rows, gone])
                 order = np.argsort(keys, kind="stable")
                 overlays[u.table] = _Overlay(keys[order], rows[order])
-            old = self._view
             versions = {t: v + (t in overlays) for t, v in old.versions.items()}
+            new_payload = old.payload if payload is None else payload
             with_overlay = _View(
-                versions, {t: old.overlays[t] + ((overlays[t],) if t in overlays else ()) for t in old.overlays}
+                versions,
+                {t: old.overlays[t] + ((overlays[t],) if t in overlays else ()) for t in old.overlays},
+                defaults,
+                new_payload,
             )
             self._swap(with_overlay)
-            self._wait_for_old_readers(with_overlay)
+            if updates:
+                self._wait_for_old_readers(with_overlay)
             self._fold(updates, meta)
-            self._swap(_View(versions, {t: () for t in old.overlays}))
+            self._swap(_View(versions, {t: () for t in old.overlays}, defaults, new_payload))
             return dict(versions)
 
     def _check(self, u: TableUpdate) -> None:
@@ -334,7 +380,8 @@ class ParameterServer:
         if self.persistent is not None:
             puts = {u.table: (u.keys, u.rows) for u in updates if u.keys.shape[0]}
             deletes = {u.table: u.deleted for u in updates if u.deleted.shape[0]}
-            self.persistent.write(puts, deletes, meta)
+            saved = {f"default:{u.table}": json.dumps(u.default.tolist()) for u in updates if u.default is not None}
+            self.persistent.write(puts, deletes, {**(meta or {}), **saved})
         for u in updates:
             if u.keys.shape[0]:
                 self.memory.put(u.table, u.keys, u.rows)

@@ -1,0 +1,343 @@
+"""The Open Inference Protocol v2 (KServe / Triton) as hugerec models speak it: decode, validate, encode.
+
+Inputs of a model with Dd dense features and sparse features f1..fF, B examples per request:
+
+    "dense"        FP32 (any int/float type) [B, Dd]    omitted when Dd = 0
+    "<f>"          INT64 (any int type)   [B]          one id per example
+                                          [B, L]       L ids per example, -1 marks an empty slot
+                                          [N]          with "<f>.lengths" [B]: example b has lengths[b] ids
+Outputs: "scores" FP32 [B] (sigmoid of the logits) and "logits" FP32 [B].
+
+Tensors come as JSON ("data", row-major, flat or nested) or with the binary extension: the JSON
+header is followed by raw little-endian bytes ("binary_data_size" per tensor, the header's length
+in the Inference-Header-Content-Length HTTP header). Any problem with a request raises
+`RequestError` with a message naming the tensor and what is wrong; the server answers 4xx with it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hugerec.serving.model import ModelInputs
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+OUTPUTS = ("scores", "logits")
+LENGTHS_SUFFIX = ".lengths"
+PADDING = -1
+
+_DTYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+_INT_TYPES = {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"}
+_NUMBER_TYPES = _INT_TYPES | {"FP16", "FP32", "FP64"}
+
+
+class RequestError(ValueError):
+    """A bad request: `status` is the HTTP status to answer (400, 404, 413, ...)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a model takes: Dd dense features and the sparse feature names; `max_rows` per request."""
+
+    num_dense: int
+    features: tuple[str, ...]
+    max_rows: int = 65536
+
+    def inputs_metadata(self) -> list[dict[str, Any]]:
+        meta = [{"name": "dense", "datatype": "FP32", "shape": [-1, self.num_dense]}] if self.num_dense else []
+        return meta + [{"name": f, "datatype": "INT64", "shape": [-1, -1]} for f in self.features]
+
+    @staticmethod
+    def outputs_metadata() -> list[dict[str, Any]]:
+        return [{"name": name, "datatype": "FP32", "shape": [-1]} for name in OUTPUTS]
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    """What the client asked back: request id, output names, and which of them as binary."""
+
+    request_id: str | None
+    outputs: tuple[str, ...]
+    binary: frozenset[str]
+
+
+def decode_infer_request(
+    body: bytes, header_length: str | None, signature: Signature
+) -> tuple[ModelInputs, InferOptions]:
+    """An infer request body (JSON, or JSON header + binary tensors) -> validated ModelInputs."""
+    header_bytes, blob = _split_body(body, header_length)
+    try:
+        request = json.loads(header_bytes)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(f"request body is not valid JSON: {e}") from None
+    if not isinstance(request, dict):
+        raise RequestError(f"request must be a JSON object, got {type(request).__name__}")
+    inputs = request.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise RequestError("request needs a non-empty list 'inputs'")
+    tensors: dict[str, np.ndarray] = {}
+    offset = 0
+    for i, spec in enumerate(inputs):
+        name, array, offset = _decode_tensor(spec, i, blob, offset)
+        if name in tensors:
+            raise RequestError(f"input {name!r} is given twice")
+        tensors[name] = array
+    if offset != len(blob):
+        raise RequestError(f"request has {len(blob) - offset} bytes of binary data that no input claims")
+    return to_model_inputs(tensors, signature), _options(request)
+
+
+def to_model_inputs(tensors: Mapping[str, np.ndarray], signature: Signature) -> ModelInputs:
+    """Named tensors (see the module docstring) -> ModelInputs, or RequestError."""
+    known = {"dense"} | set(signature.features) | {f + LENGTHS_SUFFIX for f in signature.features}
+    unknown = sorted(set(tensors) - known)
+    if unknown:
+        raise RequestError(f"unknown inputs {unknown}; the model takes {_expected(signature)}")
+    missing = [f for f in signature.features if f not in tensors]
+    if signature.num_dense and "dense" not in tensors:
+        missing.insert(0, "dense")
+    if missing:
+        raise RequestError(f"missing inputs {missing}; the model takes {_expected(signature)}")
+    sizes: dict[str, int] = {}
+    dense = None
+    if "dense" in tensors:
+        d = tensors["dense"]
+        if d.ndim != 2 or d.shape[1] != signature.num_dense:
+            raise RequestError(f"input 'dense' must have shape [B, {signature.num_dense}], got {list(d.shape)}")
+        if d.dtype.kind not in "iuf":
+            raise RequestError(f"input 'dense' must be numbers, got {d.dtype}")
+        dense = np.ascontiguousarray(d, dtype=np.float32)
+        if not np.isfinite(dense).all():
+            raise RequestError("input 'dense' contains NaN or inf (or values too large for float32)")
+        sizes["dense"] = dense.shape[0]
+    ids = {}
+    for f in signature.features:
+        values, lengths = _jagged(f, tensors[f], tensors.get(f + LENGTHS_SUFFIX))
+        ids[f] = (values, lengths)
+        sizes[f] = lengths.shape[0]
+    if len(set(sizes.values())) > 1:
+        raise RequestError(f"inputs disagree on the batch size: {sizes}")
+    b = next(iter(sizes.values()))
+    if b == 0:
+        raise RequestError("the request has no examples (batch size 0)")
+    if b > signature.max_rows:
+        raise RequestError(f"the request has {b} examples; this server takes at most {signature.max_rows}", status=413)
+    if dense is None:
+        dense = np.zeros((b, 0), np.float32)
+    return ModelInputs(dense, ids)
+
+
+def _jagged(name: str, ids: np.ndarray, lengths: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    if ids.dtype.kind not in "iu":
+        raise RequestError(f"input {name!r} must hold integer ids, got {ids.dtype}")
+    if ids.dtype == np.uint64 and ids.size and int(ids.max()) > np.iinfo(np.int64).max:
+        raise RequestError(f"input {name!r} has ids above the int64 range")
+    values = ids.astype(np.int64)
+    if lengths is not None:
+        if values.ndim != 1 or lengths.ndim != 1:
+            raise RequestError(
+                f"with {name + LENGTHS_SUFFIX!r}, input {name!r} must be [N] and the lengths [B]; got "
+                f"{list(values.shape)} and {list(lengths.shape)}"
+            )
+        if lengths.dtype.kind not in "iu" or (lengths.size and int(lengths.min()) < 0):
+            raise RequestError(f"input {name + LENGTHS_SUFFIX!r} must be non-negative integers")
+        if int(lengths.sum()) != values.shape[0]:
+            raise RequestError(
+                f"input {name + LENGTHS_SUFFIX!r} sums to {int(lengths.sum())} but {name!r} has {values.shape[0]} ids"
+            )
+        return values, lengths.astype(np.int32)
+    match values.ndim:
+        case 1:  # one id per example
+            return values, np.ones(values.shape[0], np.int32)
+        case 2:  # [B, L] padded with -1
+            keep = values != PADDING
+            return values[keep], keep.sum(axis=1).astype(np.int32)  # row-major keeps each example's ids together
+        case _:
+            raise RequestError(
+                f"input {name!r} must be [B], [B, L] or [N] with lengths; got shape {list(values.shape)}"
+            )
+
+
+def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    if header_length is None:
+        return body, b""
+    try:
+        n = int(header_length)
+    except ValueError:
+        raise RequestError(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+    if not 0 < n <= len(body):
+        raise RequestError(f"{HEADER_LENGTH} is {n} but the body has {len(body)} bytes")
+    return body[:n], body[n:]
+
+
+def _decode_tensor(spec: object, i: int, blob: bytes, offset: int) -> tuple[str, np.ndarray, int]:
+    if not isinstance(spec, dict):
+        raise RequestError(f"inputs[{i}] must be an object, got {type(spec).__name__}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise RequestError(f"inputs[{i}] needs a 'name'")
+    shape = spec.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+        raise RequestError(f"input {name!r}: 'shape' must be a list of non-negative ints, got {shape!r}")
+    datatype = spec.get("datatype")
+    if datatype not in _NUMBER_TYPES:
+        raise RequestError(
+            f"input {name!r}: datatype {datatype!r} is not supported; use one of {sorted(_NUMBER_TYPES)}"
+        )
+    dtype = _DTYPES[datatype]
+    count = math.prod(shape)
+    params = spec.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise RequestError(f"input {name!r}: 'parameters' must be an object")
+    size = params.get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(blob):
+            raise RequestError(
+                f"input {name!r}: binary_data_size {size!r} does not fit the {len(blob) - offset} bytes left"
+            )
+        if size != count * dtype.itemsize:
+            raise RequestError(
+                f"input {name!r}: {size} bytes of binary data for shape {shape} of {datatype} ({count * dtype.itemsize} expected)"
+            )
+        array = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).reshape(shape)
+        return name, array, offset + size
+    if "data" not in spec:
+        raise RequestError(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
+    try:
+        array = np.asarray(spec["data"])
+    except ValueError as e:  # ragged nested lists
+        raise RequestError(f"input {name!r}: 'data' is not a regular array: {e}") from None
+    if array.size != count:
+        raise RequestError(f"input {name!r}: shape {shape} needs {count} values, 'data' has {array.size}")
+    allowed = "iu" if datatype in _INT_TYPES else "iuf"
+    if array.size and array.dtype.kind not in allowed:
+        kind = "integers" if datatype in _INT_TYPES else "numbers"
+        raise RequestError(f"input {name!r}: datatype {datatype} needs {kind} in 'data', got {array.dtype} values")
+    return name, array.reshape(shape), offset
+
+
+def _options(request: Mapping[str, Any]) -> InferOptions:
+    request_id = request.get("id")
+    params = request.get("parameters") or {}
+    binary_all = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
+    wanted = request.get("outputs")
+    if wanted is None:
+        return InferOptions(
+            None if request_id is None else str(request_id), OUTPUTS, frozenset(OUTPUTS) if binary_all else frozenset()
+        )
+    if not isinstance(wanted, list):
+        raise RequestError("'outputs' must be a list")
+    names: list[str] = []
+    binary: set[str] = set()
+    for spec in wanted:
+        name = spec.get("name") if isinstance(spec, dict) else None
+        if name not in OUTPUTS:
+            raise RequestError(f"unknown output {name!r}; the model has {list(OUTPUTS)}")
+        names.append(name)
+        p = spec.get("parameters") or {}
+        if (isinstance(p, dict) and p.get("binary_data", binary_all)) or (not isinstance(p, dict) and binary_all):
+            binary.add(name)
+    return InferOptions(None if request_id is None else str(request_id), tuple(names), frozenset(binary))
+
+
+def encode_infer_response(
+    model: str, version: str, options: InferOptions, outputs: Mapping[str, np.ndarray]
+) -> tuple[bytes, dict[str, str]]:
+    """Outputs -> (body, extra headers): JSON, or JSON header + binary tensors for `options.binary`."""
+    described: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name in options.outputs:
+        array = np.ascontiguousarray(outputs[name], dtype="<f4")
+        out: dict[str, Any] = {"name": name, "datatype": "FP32", "shape": list(array.shape)}
+        if name in options.binary:
+            raw = array.tobytes()
+            out["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            out["data"] = array.ravel().tolist()
+        described.append(out)
+    response: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": described}
+    if options.request_id is not None:
+        response["id"] = options.request_id
+    header = json.dumps(response, separators=(",", ":")).encode()
+    if not blobs:
+        return header, {"content-type": "application/json"}
+    return header + b"".join(blobs), {HEADER_LENGTH: str(len(header)), "content-type": "application/octet-stream"}
+
+
+def decode_instances(instances: object, signature: Signature, dense_names: Sequence[str] | None = None) -> ModelInputs:
+    """/predict rows of already-encoded features -> ModelInputs.
+
+    Each instance is {"dense": [Dd numbers]} (or one key per dense column in `dense_names`) plus
+    {"<feature>": id or [ids]} for every sparse feature.
+    """
+    if not isinstance(instances, list) or not instances:
+        raise RequestError("'instances' must be a non-empty list of objects")
+    if len(instances) > signature.max_rows:
+        raise RequestError(f"{len(instances)} instances; this server takes at most {signature.max_rows}", status=413)
+    dense_rows: list[list[Any]] = []
+    ids: dict[str, list[list[Any]]] = {f: [] for f in signature.features}
+    allowed = set(signature.features) | ({"dense"} if signature.num_dense else set()) | set(dense_names or ())
+    for i, inst in enumerate(instances):
+        if not isinstance(inst, dict):
+            raise RequestError(f"instances[{i}] must be an object, got {type(inst).__name__}")
+        unknown = sorted(set(inst) - allowed)
+        if unknown:
+            raise RequestError(f"instances[{i}]: unknown features {unknown}; expected {sorted(allowed)}")
+        if signature.num_dense:
+            if "dense" in inst:
+                dense_rows.append(inst["dense"])
+            elif dense_names and all(n in inst for n in dense_names):
+                dense_rows.append([inst[n] for n in dense_names])
+            else:
+                raise RequestError(f"instances[{i}]: needs 'dense' (a list of {signature.num_dense} numbers)")
+        for f in signature.features:
+            if f not in inst:
+                raise RequestError(f"instances[{i}]: missing feature {f!r}")
+            v = inst[f]
+            ids[f].append(v if isinstance(v, list) else [v])
+    tensors: dict[str, np.ndarray] = {}
+    if signature.num_dense:
+        tensors["dense"] = _array("dense", dense_rows, "iuf")
+    for f, lists in ids.items():
+        tensors[f] = _array(f, [x for row in lists for x in row], "iu").reshape(-1)
+        tensors[f + LENGTHS_SUFFIX] = np.array([len(row) for row in lists], np.int32)
+    return to_model_inputs(tensors, signature)
+
+
+def _array(name: str, data: object, kinds: str) -> np.ndarray:
+    try:
+        array = np.asarray(data)
+    except ValueError as e:
+        raise RequestError(f"feature {name!r}: not a regular array: {e}") from None
+    if array.size and array.dtype.kind not in kinds:
+        raise RequestError(
+            f"feature {name!r}: expected {'integer ids' if kinds == 'iu' else 'numbers'}, got {array.dtype} values"
+        )
+    return array if array.size else array.astype(np.int64 if kinds == "iu" else np.float32)
+
+
+def _expected(signature: Signature) -> list[str]:
+    return (["dense"] if signature.num_dense else []) + list(signature.features)

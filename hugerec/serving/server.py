@@ -1,0 +1,512 @@
+"""InferenceServer: FastAPI + uvicorn, speaking the Open Inference Protocol v2 (KServe / Triton).
+
+    GET  /v2                                   server metadata
+    GET  /v2/health/live | /v2/health/ready    liveness, readiness (every model has a stable version)
+    GET  /v2/models/{m}[/versions/{v}]         model metadata (inputs, outputs, versions)
+    GET  /v2/models/{m}[/versions/{v}]/ready   model readiness
+    GET  /v2/models/{m}/config                 Triton-style config (max batch size, dynamic batching)
+    POST /v2/models/{m}[/versions/{v}]/infer   typed tensors, JSON or the binary extension (protocol.py)
+    POST /predict                              {"instances": [raw feature dicts], "model"?: m} -> scores
+    GET  /metrics                              Prometheus
+  admin (403 unless the server has an admin token; then "Authorization: Bearer <token>"):
+    POST /v2/repository/index                  loaded models and versions
+    POST /v2/repository/models/{m}/load        {"bundle": path, "version"?: v} (also as parameters.config JSON)
+    POST /v2/repository/models/{m}/unload      {"version": v}
+    GET  /admin/models/{m}                     stable, canary, share, history
+    POST /admin/models/{m}/canary              {"version": v, "share": 0.1}
+    POST /admin/models/{m}/promote             {"version"?: v}   (default: the canary)
+    POST /admin/models/{m}/rollback            drop the canary, else back to the previous stable
+
+Bad requests get a 4xx JSON {"error": message}; the server never answers 500 to bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from hugerec.serving.batching import BatchingConfig, DynamicBatcher, QueueFull
+from hugerec.serving.loader import ServeOptions, load_model
+from hugerec.serving.metrics import ServerMetrics
+from hugerec.serving.model import InferenceModel
+from hugerec.serving.preprocess import RequestPreprocessor
+from hugerec.serving.protocol import HEADER_LENGTH, RequestError, Signature, decode_infer_request, encode_infer_response
+from hugerec.serving.versions import ModelVersions, ServedModel
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "hugerec"
+PLATFORM = "hugerec_pytorch"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """host/port to bind (loopback by default); limits on requests; admin_token enables the admin API."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    max_request_bytes: int = 64 << 20
+    max_request_rows: int = 65536
+    admin_token: str | None = None
+    seed: int | None = None  # canary routing; None: random
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"ServerConfig: port must be in 0..65535, got {self.port}")
+        if self.max_request_bytes < 1024 or self.max_request_rows < 1:
+            raise ValueError(
+                f"ServerConfig: max_request_bytes must be >= 1024 and max_request_rows >= 1, got "
+                f"{self.max_request_bytes}, {self.max_request_rows}"
+            )
+        if self.admin_token is not None and len(self.admin_token) < 16:
+            raise ValueError("ServerConfig: admin_token must have at least 16 characters")
+
+
+class InferenceServer:
+    """Serves models (each with versions) over HTTP; `app` is the ASGI app, `run()` binds it.
+
+    options: how bundles loaded by `add_bundle` (and the admin load endpoint) are served.
+    """
+
+    def __init__(self, config: ServerConfig | None = None, options: ServeOptions | None = None) -> None:
+        self.config = config or ServerConfig()
+        self.options = options or ServeOptions()
+        self.models: dict[str, ModelVersions] = {}
+        self.metrics = ServerMetrics()
+        self._lock = threading.Lock()
+        self.app = self._build_app()
+
+    # -- models ------------------------------------------------------------------------------
+    def add_model(
+        self,
+        name: str,
+        version: str,
+        model: InferenceModel,
+        preprocess: RequestPreprocessor | None = None,
+        closers: Sequence[Callable[[], None]] = (),
+        info: dict[str, Any] | None = None,
+    ) -> ServedModel:
+        """Serve `model` as version `version` of `name` (the first version of a model becomes stable)."""
+        signature = Signature(model.num_dense, model.features, self.config.max_request_rows)
+        batcher = DynamicBatcher(
+            model.predict, self.config.batching, self.metrics.batch_observer(name, version), name=f"{name}:{version}"
+        )
+        served = ServedModel(
+            name,
+            version,
+            model,
+            batcher,
+            signature,
+            preprocess or RequestPreprocessor(signature),
+            dict(info or {}),
+            [*closers, batcher.close],
+        )
+        with self._lock:
+            versions = self.models.setdefault(name, ModelVersions(name, self.config.seed))
+        try:
+            versions.add(served)
+        except ValueError:
+            batcher.close()
+            raise
+        self.metrics.parameter_servers.add(name, version, model.ps)
+        return served
+
+    def add_bundle(self, path: str | Path, name: str | None = None, version: str | None = None) -> ServedModel:
+        """Load an exported bundle and serve it (name and version default to the bundle's manifest)."""
+        loaded = load_model(path, self.options, self.config.max_request_rows)
+        m = loaded.bundle.manifest
+        name, version = name or m.name, version or m.version
+        info = {"bundle": str(loaded.bundle.path), "bundle_id": loaded.bundle.id, **m.info}
+        try:
+            served = self.add_model(name, version, loaded.model, loaded.preprocess, [loaded.close], info)
+        except BaseException:
+            loaded.close()
+            raise
+        updates = self.metrics.updates
+        loaded.start_updates(lambda result: updates.labels(name, version, result).inc())
+        served.info["watchers"] = loaded.watchers
+        return served
+
+    def unload(self, name: str, version: str) -> None:
+        served = self._versions(name).remove(version)
+        self.metrics.parameter_servers.remove(name, version)
+        served.close()
+
+    def close(self) -> None:
+        for versions in self.models.values():
+            versions.close()
+
+    def _versions(self, name: str) -> ModelVersions:
+        versions = self.models.get(name)
+        if versions is None:
+            raise RequestError(f"unknown model {name!r}; serving {sorted(self.models)}", status=404)
+        return versions
+
+    def _served(self, name: str, version: str | None) -> ServedModel:
+        versions = self._versions(name)
+        try:
+            return versions.route() if version is None else versions.get(version)
+        except KeyError as e:
+            raise RequestError(str(e.args[0]), status=404) from None
+
+    # -- HTTP --------------------------------------------------------------------------------
+    async def _body(self, request: Request) -> bytes:
+        limit = self.config.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise RequestError(f"payload of {declared} bytes exceeds the limit of {limit}", status=413)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(f"payload exceeds the limit of {limit} bytes", status=413)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _json(self, request: Request) -> dict[str, Any]:
+        body = await self._body(request)
+        if not body:
+            return {}
+        try:
+            value = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RequestError(f"request body is not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise RequestError(f"request body must be a JSON object, got {type(value).__name__}")
+        return value
+
+    def _admin(self, request: Request) -> None:
+        token = self.config.admin_token
+        if token is None:
+            raise RequestError("admin endpoints are disabled: start the server with an admin token", status=403)
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise RequestError("admin endpoints need 'Authorization: Bearer <token>'", status=401)
+
+    def _observe(self, model: str, version: str, endpoint: str, code: int, t0: float) -> None:
+        self.metrics.requests.labels(model, version, endpoint, str(code)).inc()
+        self.metrics.latency.labels(model, endpoint).observe(time.perf_counter() - t0)
+
+    async def _infer(self, name: str, version: str | None, request: Request) -> Response:
+        t0, code, served_version = time.perf_counter(), 200, version or "-"
+        try:
+            served = self._served(name, version)
+            served_version = served.version
+            body = await self._body(request)
+            inputs, options = decode_infer_request(body, request.headers.get(HEADER_LENGTH), served.signature)
+            logits = await served.logits(inputs)
+            payload, headers = encode_infer_response(name, served.version, options, _outputs(logits))
+            return Response(payload, headers=headers)
+        except Exception as e:
+            code = _status(e)
+            return _error(e, code)
+        finally:
+            self._observe(name, served_version, "infer", code, t0)
+
+    async def _predict(self, request: Request) -> Response:
+        t0, code, name, served_version = time.perf_counter(), 200, "-", "-"
+        try:
+            body = await self._json(request)
+            name = body.get("model") or (next(iter(self.models)) if len(self.models) == 1 else "")
+            if not isinstance(name, str) or not name:
+                raise RequestError(f"several models are served: name one with 'model' (one of {sorted(self.models)})")
+            version = body.get("version")
+            served = self._served(name, None if version is None else str(version))
+            served_version = served.version
+            if served.preprocess.workflow is None:
+                inputs = served.preprocess(body.get("instances"))  # type: ignore[arg-type]  # validated inside
+            else:  # polars releases the GIL: keep the event loop free while the workflow runs
+                inputs = await asyncio.to_thread(served.preprocess, body.get("instances"))  # type: ignore[arg-type]
+            scores = _outputs(await served.logits(inputs))["scores"]
+            return JSONResponse({"model_name": name, "model_version": served.version, "predictions": scores.tolist()})
+        except Exception as e:
+            code = _status(e)
+            return _error(e, code)
+        finally:
+            self._observe(name, served_version, "predict", code, t0)
+
+    def _metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        served = self._served(name, version)
+        versions = [served.version] if version is not None else self._versions(name).versions()
+        return {
+            "name": name,
+            "versions": versions,
+            "platform": PLATFORM,
+            "inputs": served.signature.inputs_metadata(),
+            "outputs": served.signature.outputs_metadata(),
+        }
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(title="hugerec", docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.exception_handler(RequestError)
+        async def request_error(request: Request, e: RequestError) -> Response:
+            return _error(e, e.status)
+
+        @app.exception_handler(HTTPException)
+        async def http_error(request: Request, e: HTTPException) -> Response:
+            return JSONResponse({"error": str(e.detail)}, status_code=e.status_code)
+
+        @app.get("/v2")
+        async def server_metadata() -> dict[str, Any]:
+            return {"name": SERVER_NAME, "version": "0.1.0", "extensions": ["binary_tensor_data", "model_repository"]}
+
+        @app.get("/v2/health/live")
+        async def live() -> Response:
+            return Response(status_code=200)
+
+        @app.get("/v2/health/ready")
+        async def ready() -> Response:
+            ok = bool(self.models) and all(v.stable is not None for v in self.models.values())
+            return Response(status_code=200 if ok else 503)
+
+        @app.get("/v2/models/{name}")
+        async def model_metadata(name: str) -> dict[str, Any]:
+            return self._metadata(name, None)
+
+        @app.get("/v2/models/{name}/versions/{version}")
+        async def version_metadata(name: str, version: str) -> dict[str, Any]:
+            return self._metadata(name, version)
+
+        @app.get("/v2/models/{name}/ready")
+        async def model_ready(name: str) -> Response:
+            self._served(name, None)
+            return Response(status_code=200)
+
+        @app.get("/v2/models/{name}/versions/{version}/ready")
+        async def version_ready(name: str, version: str) -> Response:
+            self._served(name, version)
+            return Response(status_code=200)
+
+        @app.get("/v2/models/{name}/config")
+        async def model_config(name: str) -> dict[str, Any]:
+            served = self._served(name, None)
+            batching = self.config.batching
+            return {
+                "name": name,
+                "platform": PLATFORM,
+                "max_batch_size": batching.max_batch_size,
+                "input": served.signature.inputs_metadata(),
+                "output": served.signature.outputs_metadata(),
+                "dynamic_batching": {"max_queue_delay_microseconds": int(batching.max_delay_ms * 1000)},
+            }
+
+        @app.post("/v2/models/{name}/infer")
+        async def infer(name: str, request: Request) -> Response:
+            return await self._infer(name, None, request)
+
+        @app.post("/v2/models/{name}/versions/{version}/infer")
+        async def infer_version(name: str, version: str, request: Request) -> Response:
+            return await self._infer(name, version, request)
+
+        @app.post("/predict")
+        async def predict(request: Request) -> Response:
+            return await self._predict(request)
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            body, content_type = self.metrics.render()
+            return Response(body, media_type=content_type)
+
+        # -- admin ---------------------------------------------------------------------------
+        @app.post("/v2/repository/index")
+        async def repository_index(request: Request) -> list[dict[str, str]]:
+            self._admin(request)
+            return [
+                {"name": name, "version": v, "state": "READY"}
+                for name, vs in self.models.items()
+                for v in vs.versions()
+            ]
+
+        @app.post("/v2/repository/models/{name}/load")
+        async def load(name: str, request: Request) -> dict[str, Any]:
+            self._admin(request)
+            body = _load_parameters(await self._json(request))
+            bundle = body.get("bundle")
+            if not isinstance(bundle, str) or not bundle:
+                raise RequestError("load needs {'bundle': '<path of an exported bundle>', 'version'?: '<v>'}")
+            version = body.get("version")
+            try:  # loading reads files and fills the parameter server: keep serving meanwhile
+                served = await asyncio.to_thread(
+                    self.add_bundle, bundle, name, None if version is None else str(version)
+                )
+            except (ValueError, FileNotFoundError, FileExistsError) as e:
+                raise RequestError(f"cannot load {bundle!r}: {e}") from None
+            return {"name": name, "version": served.version, **self._versions(name).status()}
+
+        @app.post("/v2/repository/models/{name}/unload")
+        async def unload(name: str, request: Request) -> dict[str, Any]:
+            self._admin(request)
+            body = _load_parameters(await self._json(request))
+            version = body.get("version")
+            if version is None:
+                raise RequestError("unload needs {'version': '<v>'}")
+            try:
+                self.unload(name, str(version))
+            except (KeyError, ValueError) as e:
+                raise RequestError(str(e.args[0])) from None
+            return self._versions(name).status()
+
+        @app.get("/admin/models/{name}")
+        async def status(name: str, request: Request) -> dict[str, Any]:
+            self._admin(request)
+            return self._versions(name).status()
+
+        @app.post("/admin/models/{name}/canary")
+        async def canary(name: str, request: Request) -> dict[str, Any]:
+            self._admin(request)
+            body = await self._json(request)
+            versions = self._versions(name)
+            share = body.get("share")
+            if "version" not in body or not isinstance(share, int | float) or isinstance(share, bool):
+                raise RequestError("canary needs {'version': '<v>', 'share': <0..1>}")
+            try:
+                versions.set_canary(str(body["version"]), float(share))
+            except (KeyError, ValueError) as e:
+                raise RequestError(str(e.args[0])) from None
+            return versions.status()
+
+        @app.post("/admin/models/{name}/promote")
+        async def promote(name: str, request: Request) -> dict[str, Any]:
+            self._admin(request)
+            body = await self._json(request)
+            versions = self._versions(name)
+            try:
+                versions.promote(None if body.get("version") is None else str(body["version"]))
+            except (KeyError, ValueError) as e:
+                raise RequestError(str(e.args[0])) from None
+            return versions.status()
+
+        @app.post("/admin/models/{name}/rollback")
+        async def rollback(name: str, request: Request) -> dict[str, Any]:
+            self._admin(request)
+            versions = self._versions(name)
+            try:
+                versions.rollback()
+            except ValueError as e:
+                raise RequestError(str(e)) from None
+            return versions.status()
+
+        return app
+
+    # -- running -----------------------------------------------------------------------------
+    def uvicorn_config(self, port: int | None = None) -> uvicorn.Config:
+        return uvicorn.Config(
+            self.app,
+            host=self.config.host,
+            port=self.config.port if port is None else port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )
+
+    def run(self) -> None:
+        """Serve until interrupted (SIGINT / SIGTERM)."""
+        uvicorn.Server(self.uvicorn_config()).run()
+
+
+class BackgroundServer:
+    """Runs an ASGI app with uvicorn in a thread (tests, benchmarks): `with BackgroundServer(server) as url:`."""
+
+    def __init__(self, server: InferenceServer, port: int = 0) -> None:
+        self._server = uvicorn.Server(server.uvicorn_config(port))
+        self._thread = threading.Thread(target=self._server.run, name="uvicorn", daemon=True)
+        self.url = ""
+
+    def __enter__(self) -> str:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("BackgroundServer: uvicorn did not start")
+            time.sleep(0.01)
+        host, port = self._server.servers[0].sockets[0].getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+
+
+def _outputs(logits: np.ndarray) -> dict[str, np.ndarray]:
+    return {"logits": logits, "scores": torch.sigmoid(torch.from_numpy(logits)).numpy()}
+
+
+def _status(e: Exception) -> int:
+    match e:
+        case RequestError():
+            return e.status
+        case QueueFull():
+            return 503
+        case _:
+            log.exception("internal error while answering a request", exc_info=e)
+            return 500
+
+
+def _error(e: Exception, code: int) -> Response:
+    message = str(e) if code < 500 or isinstance(e, QueueFull) else f"internal error: {type(e).__name__}: {e}"
+    return JSONResponse({"error": message}, status_code=code)
+
+
+def _load_parameters(body: dict[str, Any]) -> dict[str, Any]:
+    """Triton's load API sends {"parameters": {"config": "<JSON>"}}; plain {"bundle": ...} works too."""
+    params = body.get("parameters")
+    if isinstance(params, dict):
+        config = params.get("config")
+        if isinstance(config, str):
+            try:
+                parsed = json.loads(config)
+            except json.JSONDecodeError as e:
+                raise RequestError(f"parameters.config is not valid JSON: {e}") from None
+            if not isinstance(parsed, dict):
+                raise RequestError("parameters.config must be a JSON object")
+            return parsed
+        return {k: v for k, v in params.items() if k != "config"}
+    return body
+
+
+def serve(
+    bundles: str | Path | Sequence[str | Path],
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    options: ServeOptions | None = None,
+    config: ServerConfig | None = None,
+) -> None:
+    """Serve exported bundles over HTTP until interrupted (what `hugerec serve BUNDLE...` runs).
+
+    host/port override `config`'s; binding anything but loopback exposes the server to the network.
+    """
+    base = config or ServerConfig()
+    server = InferenceServer(
+        ServerConfig(
+            host, port, base.batching, base.max_request_bytes, base.max_request_rows, base.admin_token, base.seed
+        ),
+        options,
+    )
+    paths = [bundles] if isinstance(bundles, str | Path) else list(bundles)
+    if not paths:
+        raise ValueError("serve: no bundle given")
+    try:
+        for path in paths:
+            served = server.add_bundle(path)
+            log.warning("serving %s version %s from %s on http://%s:%d", served.name, served.version, path, host, port)
+        server.run()
+    finally:
+        server.close()

@@ -1,0 +1,156 @@
+"""ModelVersions: the loaded versions of one model and how traffic is split between them.
+
+    stable   answers every request not sent to the canary
+    canary   optional; receives `share` of the traffic (0..1) until promoted or rolled back
+    history  previous stables, newest last: `rollback` without a canary returns to the last one
+
+Requests may also name a version explicitly (/v2/models/{name}/versions/{v}/infer).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hugerec.serving.batching import DynamicBatcher
+from hugerec.serving.model import InferenceModel, ModelInputs
+from hugerec.serving.preprocess import RequestPreprocessor
+from hugerec.serving.protocol import Signature
+
+
+@dataclass(eq=False)
+class ServedModel:
+    """One loaded model version: the model, its batcher, its request signature and preprocessing.
+
+    preprocess   /predict's raw feature dicts -> ModelInputs (with the fitted workflow, when there is one)
+    closers      called on unload, in order (update watcher, batcher, parameter server)
+    """
+
+    name: str
+    version: str
+    model: InferenceModel
+    batcher: DynamicBatcher
+    signature: Signature
+    preprocess: RequestPreprocessor
+    info: dict[str, Any] = field(default_factory=dict)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    async def logits(self, inputs: ModelInputs) -> np.ndarray:
+        return await self.batcher.submit(inputs)
+
+    def close(self) -> None:
+        """Release the version's resources (once; later calls do nothing)."""
+        closers, self.closers = self.closers, []
+        for close in closers:
+            close()
+
+
+class ModelVersions:
+    """Versions of the model `name`; all methods are thread safe."""
+
+    def __init__(self, name: str, seed: int | None = None) -> None:
+        self.name = name
+        self._versions: dict[str, ServedModel] = {}
+        self.stable: str | None = None
+        self.canary: str | None = None
+        self.share = 0.0
+        self.history: list[str] = []
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def __contains__(self, version: str) -> bool:
+        return version in self._versions
+
+    def versions(self) -> list[str]:
+        return list(self._versions)
+
+    def add(self, served: ServedModel) -> None:
+        """Load a version; the first one becomes stable, later ones wait for set_canary/promote."""
+        with self._lock:
+            if served.version in self._versions:
+                raise ValueError(f"model {self.name!r}: version {served.version!r} is already loaded")
+            self._versions[served.version] = served
+            if self.stable is None:
+                self.stable = served.version
+
+    def get(self, version: str) -> ServedModel:
+        try:
+            return self._versions[version]
+        except KeyError:
+            raise KeyError(f"model {self.name!r} has no version {version!r}; loaded: {list(self._versions)}") from None
+
+    def route(self) -> ServedModel:
+        """The version this request goes to: the canary with probability `share`, else the stable one."""
+        stable, canary, share = self.stable, self.canary, self.share
+        if stable is None:
+            raise KeyError(f"model {self.name!r} has no version loaded")
+        if canary is not None and self._rng.random() < share:
+            return self._versions[canary]
+        return self._versions[stable]
+
+    def set_canary(self, version: str, share: float) -> None:
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"model {self.name!r}: canary share must be in [0, 1], got {share}")
+        with self._lock:
+            self.get(version)
+            if version == self.stable:
+                raise ValueError(f"model {self.name!r}: version {version!r} is the stable one, not a canary")
+            self.canary, self.share = version, share
+
+    def promote(self, version: str | None = None) -> str:
+        """Make `version` (default: the canary) the stable one; returns it."""
+        with self._lock:
+            target = version if version is not None else self.canary
+            if target is None:
+                raise ValueError(f"model {self.name!r}: no canary to promote (name a version)")
+            self.get(target)
+            if target != self.stable:
+                if self.stable is not None:
+                    self.history.append(self.stable)
+                self.stable = target
+            if self.canary == target or version is None:
+                self.canary, self.share = None, 0.0
+            return target
+
+    def rollback(self) -> str:
+        """Drop the canary if there is one, else return to the previous stable; returns the stable version."""
+        with self._lock:
+            if self.canary is not None:
+                self.canary, self.share = None, 0.0
+            elif self.history:
+                self.stable = self.history.pop()
+            else:
+                raise ValueError(f"model {self.name!r}: nothing to roll back (no canary, no previous stable version)")
+            assert self.stable is not None
+            return self.stable
+
+    def remove(self, version: str) -> ServedModel:
+        """Unload a version that is neither stable nor canary."""
+        with self._lock:
+            served = self.get(version)
+            if version in (self.stable, self.canary):
+                raise ValueError(
+                    f"model {self.name!r}: version {version!r} is serving traffic; promote or roll back first"
+                )
+            del self._versions[version]
+            self.history = [v for v in self.history if v != version]
+            return served
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "versions": list(self._versions),
+            "stable": self.stable,
+            "canary": self.canary,
+            "canary_share": self.share,
+            "history": list(self.history),
+        }
+
+    def close(self) -> None:
+        for served in self._versions.values():
+            served.close()

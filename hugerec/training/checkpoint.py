@@ -55,21 +55,33 @@ def save_checkpoint(directory: str | Path, step: int, state: dict[str, Any], kee
     if keep_last < 0:
         raise ValueError(f"save_checkpoint: keep_last must be >= 0, got {keep_last}")
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    final = checkpoint_path(d, step)
-    tmp = d / f".{final.stem}.tmp"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(d)
+    final = atomic_save(state, checkpoint_path(d, step))
     if keep_last:
         for _, old in list_checkpoints(d)[:-keep_last]:
             old.unlink()
     for stale in d.glob(".step-*.tmp"):  # left behind by a crash mid-write
         stale.unlink(missing_ok=True)
     return final
+
+
+def atomic_save(obj: Any, path: str | Path) -> Path:
+    """torch.save `obj` to `path` so that a crash leaves the old file or the new one, never half of one."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.stem}.tmp"
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    return final
+
+
+def remove_checkpoints(directory: str | Path) -> None:
+    """Delete every checkpoint in `directory` (a fresh run replacing an old one's)."""
+    for _, p in list_checkpoints(directory):
+        p.unlink()
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

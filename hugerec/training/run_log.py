@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -18,13 +19,17 @@ from typing import Any
 class RunLog:
     """Appends records to metrics.jsonl and TensorBoard; both optional (out_dir None: keeps nothing)."""
 
-    def __init__(self, out_dir: str | Path | None, tensorboard: bool = True) -> None:
+    def __init__(self, out_dir: str | Path | None, tensorboard: bool = True, append: bool = False) -> None:
+        """append=False starts the log afresh (metrics.jsonl and TensorBoard scalars of an old run are removed)."""
         self.out_dir = None if out_dir is None else Path(out_dir)
         self._file = None
         self._tb: Any = None
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+            if not append:
+                shutil.rmtree(self.out_dir / "tensorboard", ignore_errors=True)
+            mode = "a" if append else "w"
+            self._file = open(self.out_dir / "metrics.jsonl", mode, encoding="utf-8")  # noqa: SIM115 (closed in close())
             if tensorboard:
                 from tensorboardX import SummaryWriter  # imported lazily: it pulls in protobuf
 

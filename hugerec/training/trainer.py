@@ -31,7 +31,14 @@ from torch import nn
 from tqdm import tqdm
 
 from hugerec.sparse.batch import Batch
-from hugerec.training.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from hugerec.training.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    remove_checkpoints,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from hugerec.training.metrics import BinaryMetrics
 from hugerec.training.run_log import RunLog, plot_curves
 from hugerec.training.schedule import Schedule
@@ -67,7 +74,8 @@ class TrainConfig:
     log_every         average the loss and measure samples/s over this many steps
     checkpoint_every  checkpoint every this many steps (None: only the final one); needs out_dir
     keep_checkpoints  keep the newest K checkpoints (0: all)
-    out_dir           metrics.jsonl, tensorboard/, curves.png and checkpoints/ go here (None: nothing written)
+    out_dir           metrics.jsonl, tensorboard/, curves.png and checkpoints/ go here (None: nothing written);
+                      a fresh run (not resumed) replaces what an earlier run left there
     resume            continue from the latest checkpoint in out_dir/checkpoints when there is one
     device            "auto" (CUDA when available), "cpu", "cuda", "cuda:1", ...
     seed              seeds torch, numpy and random at the start of a fresh run (None: leave them)
@@ -165,13 +173,16 @@ def fit(
     resume_from = latest_checkpoint(run.ckpt_dir) if cfg.resume and run.ckpt_dir is not None else None
     if resume_from is not None:
         run.load_state_dict(load_checkpoint(resume_from, map_location=run.device))
-    elif cfg.seed is not None:
-        seed_everything(cfg.seed)
+    else:
+        if run.ckpt_dir is not None:
+            remove_checkpoints(run.ckpt_dir)  # a fresh run replaces an old run's outputs in out_dir
+        if cfg.seed is not None:
+            seed_everything(cfg.seed)
     if cfg.compile:
         _compile_dense(model)
     total = cfg.max_steps if cfg.max_steps is not None else _epoch_length(train_data, cfg.epochs)
     run.bar = tqdm(total=total, initial=run.step, disable=not cfg.progress, unit="step", dynamic_ncols=True)
-    run.log = RunLog(run.out_dir, tensorboard=cfg.tensorboard)
+    run.log = RunLog(run.out_dir, tensorboard=cfg.tensorboard, append=resume_from is not None)
     if resume_from is not None:
         run.log.write("resume", run.step, {"epoch": float(run.epoch)})
     done = cfg.max_steps is not None and run.step >= cfg.max_steps

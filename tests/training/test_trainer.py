@@ -213,3 +213,12 @@ def test_config_validation(kwargs: dict[str, Any], match: str) -> None:
 def test_config_accepts_enum_values_as_strings() -> None:
     cfg = TrainConfig(precision="bf16", optimizer="sgd")  # type: ignore[arg-type]
     assert cfg.precision is Precision.BF16 and cfg.optimizer is DenseOptimizer.SGD
+
+
+def test_a_fresh_run_replaces_an_old_runs_outputs(tmp_path: Path) -> None:
+    fit(TinyModel(), make_batches(6), None, quiet(out_dir=str(tmp_path), checkpoint_every=2, log_every=1))
+    assert [s for s, _ in list_checkpoints(tmp_path / "checkpoints")] == [2, 4, 6]
+    fit(TinyModel(), make_batches(3), None, quiet(out_dir=str(tmp_path), log_every=1))
+    assert [s for s, _ in list_checkpoints(tmp_path / "checkpoints")] == [3]  # step 6 would pose as the latest
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]

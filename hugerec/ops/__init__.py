@@ -1,1 +1,142 @@
-"""hugerec.ops."""
+"""Embedding kernels: tensor in, tensor out. Each op below is the contract; it runs the Numba kernel
+for CPU tensors and the plain-torch reference (`hugerec.ops.reference`) anywhere else.
+
+Common arguments (shape letters: B batch, F features, N ids, R rows, D dim, C output columns):
+    weight             [R, D_pad] fp32 / bf16 / fp16: one table group, tables' rows back to back;
+                       only columns [:dim] are read or written
+    state              [R, S] fp32 optimizer state (layout: `hugerec.ops.update_rule`)
+    values             [N] int64 ids of every feature of a SparseFeatures batch (feature-major)
+    offsets            [F*B + 1] int64 bag offsets into values
+    per_sample_weights [N] fp32 or None
+    plan               [F_g, 7] int64 on the CPU: the features this group serves (`hugerec.ops.plan`)
+    dim                D
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hugerec.ops import reference
+from hugerec.ops.cpu import lookup as cpu_lookup
+from hugerec.ops.cpu import sparse_backward as cpu_backward
+from hugerec.ops.update_rule import RuleKind, UpdateRule
+from hugerec.ops.workspace import Workspace
+
+__all__ = [
+    "RuleKind",
+    "UpdateRule",
+    "Workspace",
+    "per_sample_weight_grad",
+    "pooled_lookup",
+    "sequence_lookup",
+    "sparse_backward",
+]
+
+
+def _numba(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu"
+
+
+def pooled_lookup(
+    weight: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: torch.Tensor | None,
+    plan: torch.Tensor,
+    dim: int,
+    out: torch.Tensor,
+) -> int:
+    """Pooled bags of the plan's features, written into out [B, C] fp32 (contiguous) in place.
+
+    out[b, COLUMN:COLUMN+dim] = sum over the bag's ids i with a row of
+        per_sample_weights[i] * weight[ROW_OFFSET + values[i], :dim]   (/ that count for MEAN; 0 if none)
+    Returns the number of invalid ids (skipped); the caller raises when it is not 0.
+    """
+    if _numba(weight):
+        return cpu_lookup.pooled_lookup(weight, values, offsets, per_sample_weights, plan, dim, out)
+    return reference.pooled_lookup(weight, values, offsets, per_sample_weights, plan, dim, out)
+
+
+def sequence_lookup(
+    weight: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    plan: torch.Tensor,
+    dim: int,
+    batch_size: int,
+    out: torch.Tensor,
+) -> int:
+    """One row per id: out[COLUMN + p] = weight[ROW_OFFSET + id_p, :dim] for the p-th id of each plan feature.
+
+    out [N_g, D] fp32 contiguous; ids without a row give zeros. Returns the number of invalid ids.
+    """
+    if _numba(weight):
+        return cpu_lookup.sequence_lookup(weight, values, offsets, plan, dim, batch_size, out)
+    return reference.sequence_lookup(weight, values, offsets, plan, dim, batch_size, out)
+
+
+def sparse_backward(
+    weight: torch.Tensor,
+    state: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: torch.Tensor | None,
+    plan: torch.Tensor,
+    dim: int,
+    batch_size: int,
+    sequence: bool,
+    grad: torch.Tensor,
+    rule: UpdateRule,
+    lrs: torch.Tensor,
+    workspace: Workspace,
+) -> None:
+    """The fused backward of `pooled_lookup` (sequence=False, grad [B, C]) or `sequence_lookup`
+    (sequence=True, grad [N_g, D]): for each table of the plan, the gradients of its touched rows are
+    deduplicated and summed, then `rule` updates those rows of weight and state in place with the
+    table's learning rate lrs[TABLE] (lrs: [T_g] float64 on the CPU). Ids without a row are skipped.
+    """
+    if _numba(weight):
+        cpu_backward.sparse_backward(
+            weight,
+            state,
+            values,
+            offsets,
+            per_sample_weights,
+            plan,
+            dim,
+            batch_size,
+            sequence,
+            grad,
+            rule,
+            lrs,
+            workspace,
+        )
+    else:
+        reference.sparse_backward(
+            weight,
+            state,
+            values,
+            offsets,
+            per_sample_weights,
+            plan,
+            dim,
+            batch_size,
+            sequence,
+            grad,
+            rule,
+            lrs,
+            workspace,
+        )
+
+
+def per_sample_weight_grad(
+    weight: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    plan: torch.Tensor,
+    dim: int,
+    grad: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """Adds d loss / d per_sample_weights of the plan's ids into out [N] (torch on every device: a rare path)."""
+    reference.per_sample_weight_grad(weight, values, offsets, plan, dim, grad, out)

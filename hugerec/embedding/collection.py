@@ -1,0 +1,311 @@
+"""EmbeddingCollection: many tables, fused storage, fused lookups, sparse optimizer applied in backward.
+
+    tables = [TableConfig("user", num_rows=1000, dim=16),
+              TableConfig("item", num_rows=500, dim=16, features=("item", "last_item")),
+              TableConfig("hist", num_rows=500, dim=8, pooling=Pooling.NONE)]
+    emb = EmbeddingCollection(tables, optimizer=RowWiseAdagrad(lr=0.05))
+    pooled = emb(features)           # PooledEmbeddings: keys (user, item, last_item), values [B, 48]
+    seqs = emb.sequences(features)   # {"hist": JaggedTensor(values [N_hist, 8], lengths [B])}
+    loss.backward()                  # updates the touched rows of user / item / hist in place
+
+Only the pooled (SUM / MEAN) tables' features appear in `forward`, in collection order (tables in the
+order given, then each table's features); NONE tables' features come out of `sequences`.
+The rows are not Parameters: `torch.optim.Adam(model.parameters())` sees only the dense ones, and
+each backward through a lookup is one step of the collection's sparse optimizer for the tables it
+touched. Nothing is updated in eval mode or under `torch.no_grad()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from hugerec.embedding.config import Pooling, TableConfig
+from hugerec.embedding.fused import FusedTables
+from hugerec.embedding.lookup import GroupPlan, pooled_lookup, sequence_lookup
+from hugerec.embedding.optimizers import Adam, Optimizer, RowWiseAdagrad
+from hugerec.ops.plan import COLUMN, WIDTH
+from hugerec.sparse.features import SparseFeatures
+from hugerec.sparse.jagged import JaggedTensor
+from hugerec.sparse.pooled import PooledEmbeddings
+
+_PlanKey = tuple[tuple[str, ...], bool, frozenset[str]]
+
+
+class EmbeddingCollection(nn.Module):
+    """Tables with the same (dim, dtype, optimizer) share one buffer and one lookup kernel call per batch."""
+
+    def __init__(
+        self,
+        tables: Sequence[TableConfig],
+        optimizer: Optimizer = RowWiseAdagrad(),  # noqa: B008  # frozen dataclass: immutable default
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        tables = tuple(tables)
+        if not tables:
+            raise ValueError("EmbeddingCollection: needs at least one table")
+        self._fused = FusedTables(tables, optimizer, device)
+        self._optimizer = optimizer
+        self._tables = tables
+        self._table_of: dict[str, TableConfig] = {}
+        for t in tables:
+            for f in t.features:
+                if f in self._table_of:
+                    raise ValueError(
+                        f"EmbeddingCollection: feature {f!r} is looked up in two tables, "
+                        f"{self._table_of[f].name!r} and {t.name!r}"
+                    )
+                self._table_of[f] = t
+        self._pooled = tuple(f for t in tables if t.pooling is not Pooling.NONE for f in t.features)
+        self._sequence = tuple(f for t in tables if t.pooling is Pooling.NONE for f in t.features)
+        self._columns: dict[str, int] = {}  # first output column of each pooled feature
+        self._output_dim = 0
+        for f in self._pooled:
+            self._columns[f] = self._output_dim
+            self._output_dim += self._table_of[f].dim
+        self._plans: dict[_PlanKey, list[GroupPlan]] = {}
+
+    # -- description -----------------------------------------------------------------------------
+    @property
+    def tables(self) -> tuple[TableConfig, ...]:
+        return self._tables
+
+    @property
+    def optimizer(self) -> Optimizer:
+        """The collection-wide optimizer (a table's `optimizer` overrides it)."""
+        return self._optimizer
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """The pooled features, in the order of `forward`'s output columns."""
+        return self._pooled
+
+    @property
+    def feature_dims(self) -> tuple[int, ...]:
+        return tuple(self._table_of[f].dim for f in self._pooled)
+
+    @property
+    def sequence_feature_names(self) -> tuple[str, ...]:
+        """The features of Pooling.NONE tables, in the order of `sequences`' output."""
+        return self._sequence
+
+    @property
+    def output_dim(self) -> int:
+        """sum D of the pooled features: `forward(...).values` is [B, output_dim]."""
+        return self._output_dim
+
+    @property
+    def device(self) -> torch.device:
+        return self._fused.device
+
+    @property
+    def steps(self) -> dict[str, int]:
+        """Optimizer steps taken per table (backward passes that touched it)."""
+        return dict(self._fused.steps)
+
+    def extra_repr(self) -> str:
+        lines = [f"optimizer={self._optimizer}"]
+        for t in self._tables:
+            opt = "" if t.optimizer is None else f", optimizer={t.optimizer}"
+            lines.append(
+                f"{t.name}: rows={t.num_rows}, dim={t.dim}, pooling={t.pooling.value}, dtype={t.dtype.value}, "
+                f"features={list(t.features)}{opt}"
+            )
+        return "\n".join(lines)
+
+    # -- lookups -----------------------------------------------------------------------------------
+    def forward(self, features: SparseFeatures) -> PooledEmbeddings:
+        """Pooled embeddings [B, output_dim] of the pooled tables' features (other known features are ignored)."""
+        return self.pooled_from_rows(features, features.values)
+
+    def sequences(self, features: SparseFeatures) -> dict[str, JaggedTensor]:
+        """Per NONE-pooled feature: JaggedTensor(values [N_f, D] fp32, the feature's lengths and weights)."""
+        return self.sequences_from_rows(features, features.values)
+
+    def pooled_from_rows(
+        self, features: SparseFeatures, rows: torch.Tensor, missing_ok: Collection[str] = ()
+    ) -> PooledEmbeddings:
+        """`forward` with `rows` [N] int64 (table-local row ids, aligned with features.values) in place of the ids.
+
+        The seam for hash tables and sharding, which map raw keys to rows first. For the tables named in
+        `missing_ok`, row -1 means "no row": a zero vector that is not updated (and not counted by MEAN).
+        """
+        values, offsets, weights = self._inputs(features, rows, self._pooled, "forward")
+        plans = self._plan(features.keys, True, frozenset(missing_ok))
+        out = pooled_lookup(
+            self._fused, plans, values, offsets, weights, features.batch_size, self.output_dim, self._updates()
+        )
+        return PooledEmbeddings(self._pooled, self.feature_dims, out)
+
+    def sequences_from_rows(
+        self, features: SparseFeatures, rows: torch.Tensor, missing_ok: Collection[str] = ()
+    ) -> dict[str, JaggedTensor]:
+        """`sequences` with table-local `rows` in place of the ids (see `pooled_from_rows`)."""
+        values, offsets, _ = self._inputs(features, rows, self._sequence, "sequences")
+        batch = features.batch_size
+        base = self._plan(features.keys, False, frozenset(missing_ok))
+        index = {k: i for i, k in enumerate(features.keys)}
+        starts = offsets[::batch].tolist() if batch else [0] * (len(features.keys) + 1)  # [F + 1] value ranges
+        plans: list[GroupPlan] = []
+        sizes: list[int] = []
+        where: dict[str, tuple[int, int, int, int]] = {}
+        for gp in base:
+            plan = gp.plan.clone()
+            size = 0
+            for line, name in enumerate(gp.features):
+                f = index[name]
+                plan[line, COLUMN] = size
+                where[name] = (len(plans), size, starts[f + 1] - starts[f], f)
+                size += starts[f + 1] - starts[f]
+            plans.append(GroupPlan(gp.group, plan, gp.features))
+            sizes.append(size)
+        outs = sequence_lookup(self._fused, plans, values, offsets, batch, sizes, self._updates())
+        result = {}
+        for name in self._sequence:
+            group, start, count, f = where[name]
+            w = None if features.weights is None else features.weights[starts[f] : starts[f + 1]]
+            result[name] = JaggedTensor(
+                outs[group][start : start + count], features.lengths[f * batch : (f + 1) * batch], w
+            )
+        return result
+
+    def _updates(self) -> bool:
+        return self.training and torch.is_grad_enabled()
+
+    def _inputs(
+        self, features: SparseFeatures, rows: torch.Tensor, wanted: Sequence[str], where: str
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        unknown = [k for k in features.keys if k not in self._table_of]
+        if unknown:
+            raise ValueError(
+                f"EmbeddingCollection.{where}: unknown features {unknown}; tables have {list(self._table_of)}"
+            )
+        missing = [k for k in wanted if k not in features.keys]
+        if missing:
+            raise ValueError(f"EmbeddingCollection.{where}: missing features {missing} (got {list(features.keys)})")
+        if rows.shape != features.values.shape or rows.dtype != torch.int64:
+            raise ValueError(
+                f"EmbeddingCollection.{where}: rows must be int64 shaped like the values {tuple(features.values.shape)}, "
+                f"got {rows.dtype} {tuple(rows.shape)}"
+            )
+        if rows.device != self.device:
+            raise ValueError(f"EmbeddingCollection.{where}: features on {rows.device}, tables on {self.device}")
+        weights = features.weights
+        if weights is not None:
+            if not weights.is_floating_point():
+                raise ValueError(f"EmbeddingCollection.{where}: weights must be floating point, got {weights.dtype}")
+            weights = weights.to(torch.float32).contiguous()
+        return rows.contiguous(), features.offsets(), weights
+
+    def _plan(self, keys: tuple[str, ...], pooled: bool, missing_ok: frozenset[str]) -> list[GroupPlan]:
+        """Per table group, the plan lines of the wanted features in `keys` (cached per key order)."""
+        cache_key = (keys, pooled, missing_ok)
+        if cache_key not in self._plans:
+            unknown = sorted(missing_ok - {t.name for t in self._tables})
+            if unknown:
+                raise ValueError(f"EmbeddingCollection: missing_ok names unknown tables {unknown}")
+            index = {k: i for i, k in enumerate(keys)}
+            lines: dict[int, list[list[int]]] = {}
+            names: dict[int, list[str]] = {}
+            for f in self._pooled if pooled else self._sequence:
+                t = self._table_of[f]
+                slot = self._fused.slots[t.name]
+                lines.setdefault(slot.group, []).append(
+                    [
+                        index[f],
+                        slot.index,
+                        slot.row_offset,
+                        t.num_rows,
+                        self._columns.get(f, 0),
+                        int(t.pooling is Pooling.MEAN),
+                        int(t.name in missing_ok),
+                    ]
+                )
+                names.setdefault(slot.group, []).append(f)
+            self._plans[cache_key] = [
+                GroupPlan(g, torch.tensor(lines[g], dtype=torch.int64).view(-1, WIDTH), tuple(names[g])) for g in lines
+            ]
+        return self._plans[cache_key]
+
+    # -- per-table access (serving, delta export, hash tables, sharding) ---------------------------
+    def table_weight(self, table: str) -> torch.Tensor:
+        """[num_rows, dim] view of a table's rows in its storage dtype (writes go to the table)."""
+        return self._fused.table_weight(table)
+
+    def table_state(self, table: str) -> dict[str, torch.Tensor]:
+        """Views of a table's optimizer state: name -> [num_rows, dim] or [num_rows] fp32."""
+        return self._fused.table_state(table)
+
+    def read_rows(self, table: str, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Copies of table rows [n]: (weights [n, dim] storage dtype, {state name: [n, ...] fp32})."""
+        return self._fused.read_rows(table, rows)
+
+    def write_rows(
+        self, table: str, rows: torch.Tensor, weights: torch.Tensor, state: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
+        """Overwrites table rows [n] with weights [n, dim] (and the optimizer state if given, else kept)."""
+        self._fused.write_rows(table, rows, weights, state)
+
+    def reset_rows(self, table: str, rows: torch.Tensor | None = None) -> None:
+        """Re-initialises table rows [n] (None: all) with the table's initializer and fresh optimizer state."""
+        self._fused.reset_rows(table, rows)
+
+    # -- state dict: per table, independent of the fused layout -------------------------------------
+    def _table_tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        out = {}
+        for t in self._tables:
+            out[f"{prefix}tables.{t.name}.weight"] = self._fused.table_weight(t.name)
+            for name, view in self._fused.table_state(t.name).items():
+                out[f"{prefix}tables.{t.name}.{name}"] = view
+        return out
+
+    def _adam_tables(self) -> list[str]:
+        return [t.name for t in self._tables if isinstance(self._fused.optimizers[t.name], Adam)]
+
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        destination.update(self._table_tensors(prefix))
+        for name in self._adam_tables():
+            destination[f"{prefix}tables.{name}.step"] = torch.tensor(self._fused.steps[name], dtype=torch.int64)
+
+    def _load_from_state_dict(
+        self,
+        state_dict: Mapping[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        targets = self._table_tensors(prefix)
+        steps = {f"{prefix}tables.{name}.step": name for name in self._adam_tables()}
+        for key, target in targets.items():
+            if key not in state_dict:
+                missing_keys.append(key)
+                continue
+            value = state_dict[key]
+            if tuple(value.shape) != tuple(target.shape):
+                error_msgs.append(
+                    f"size mismatch for {key}: copying a param with shape {tuple(value.shape)} from checkpoint, "
+                    f"the shape in current model is {tuple(target.shape)}."
+                )
+                continue
+            with torch.no_grad():
+                target.copy_(value)
+        for key, name in steps.items():
+            if key in state_dict:
+                self._fused.steps[name] = int(state_dict[key])
+            else:
+                missing_keys.append(key)
+        known = set(targets) | set(steps)
+        unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in known)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> EmbeddingCollection:
+        """Device moves (`.to`, `.cuda`, `.cpu`) move the fused buffers; dtype casts leave the storage dtype."""
+        super()._apply(fn, recurse)
+        self._fused.apply(fn)
+        return self

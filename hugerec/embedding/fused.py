@@ -1,0 +1,248 @@
+"""FusedTables: the storage of many embedding tables, fused into one buffer per (dim, dtype, optimizer).
+
+    tables  user [R=4, D=8], item [R=3, D=8], both fp32 + RowWiseAdagrad  -> one group:
+      weight [7, D_pad=8]   rows 0..3 = user, rows 4..6 = item (row offsets 0 and 4)
+      state  [7, S=1] fp32  the optimizer state of the same rows
+
+Rows are padded to a multiple of 16 bytes (D_pad); the padding stays zero and never shows: every
+per-table accessor returns [num_rows, dim]. Nothing here is an nn.Parameter: the rows are updated
+in place by the fused backward (`hugerec.ops.sparse_backward`), never by a torch optimizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from hugerec.embedding.config import Normal, TableConfig, Uniform, Zeros
+from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
+from hugerec.ops.update_rule import RuleKind, UpdateRule
+from hugerec.ops.workspace import Workspace
+
+
+def update_rule(opt: Optimizer) -> UpdateRule:
+    """The kernels' form of an optimizer config."""
+    match opt:
+        case SGD():
+            return UpdateRule(RuleKind.SGD, opt.lr, weight_decay=opt.weight_decay)
+        case Adagrad():
+            return UpdateRule(RuleKind.ADAGRAD, opt.lr, eps=opt.eps, weight_decay=opt.weight_decay)
+        case RowWiseAdagrad():
+            return UpdateRule(RuleKind.ROWWISE_ADAGRAD, opt.lr, eps=opt.eps, weight_decay=opt.weight_decay)
+        case Adam():
+            return UpdateRule(
+                RuleKind.ADAM, opt.lr, eps=opt.eps, beta1=opt.beta1, beta2=opt.beta2, weight_decay=opt.weight_decay
+            )
+        case Ftrl():
+            return UpdateRule(
+                RuleKind.FTRL,
+                opt.lr,
+                weight_decay=opt.weight_decay,
+                l1=opt.l1,
+                l2=opt.l2,
+                beta=opt.beta,
+                lr_power=opt.lr_power,
+            )
+        case _:
+            raise ValueError(f"unknown sparse optimizer {opt!r}; expected SGD, Adagrad, RowWiseAdagrad, Adam or Ftrl")
+
+
+@dataclass(frozen=True)
+class StateField:
+    """One named optimizer-state tensor of a table: state columns [start, start + width); width 1 -> [R]."""
+
+    name: str
+    start: int
+    width: int
+    initial: float
+
+
+def state_fields(opt: Optimizer, dim: int) -> tuple[StateField, ...]:
+    match opt:
+        case SGD():
+            return ()
+        case Adagrad():
+            return (StateField("sum", 0, dim, opt.initial_accumulator_value),)
+        case RowWiseAdagrad():
+            return (StateField("sum", 0, 1, opt.initial_accumulator_value),)
+        case Adam():
+            return (StateField("exp_avg", 0, dim, 0.0), StateField("exp_avg_sq", dim, dim, 0.0))
+        case Ftrl():
+            return (StateField("z", 0, dim, 0.0), StateField("n", dim, dim, opt.initial_accumulator_value))
+
+
+def padded_dim(dim: int, itemsize: int) -> int:
+    """Row width rounded up to a multiple of 16 bytes."""
+    per16 = 16 // itemsize
+    return -(-dim // per16) * per16
+
+
+@dataclass
+class TableGroup:
+    """Tables sharing (dim, dtype, optimizer): one weight buffer [R, D_pad] and one state buffer [R, S]."""
+
+    dim: int
+    optimizer: Optimizer
+    rule: UpdateRule
+    tables: list[str]
+    weight: torch.Tensor
+    state: torch.Tensor
+    workspace: Workspace = field(default_factory=Workspace)
+
+
+@dataclass(frozen=True)
+class TableSlot:
+    """Where a table lives: group index, index inside the group, first row."""
+
+    group: int
+    index: int
+    row_offset: int
+
+
+class FusedTables:
+    """Storage, initialisation and per-table access of a set of tables (not an nn.Module)."""
+
+    def __init__(
+        self, tables: Sequence[TableConfig], optimizer: Optimizer, device: torch.device | str | None = None
+    ) -> None:
+        self.configs: dict[str, TableConfig] = {}
+        for t in tables:
+            if not isinstance(t, TableConfig):
+                raise ValueError(f"expected TableConfig, got {t!r}")
+            if t.name in self.configs:
+                raise ValueError(f"duplicate table name {t.name!r}")
+            self.configs[t.name] = t
+        update_rule(optimizer)  # validates the collection-wide optimizer even if every table overrides it
+        self.optimizers = {t.name: t.optimizer or optimizer for t in tables}
+        keys: dict[tuple[int, torch.dtype, Optimizer], list[TableConfig]] = {}
+        for t in tables:
+            keys.setdefault((t.dim, t.dtype.torch_dtype, self.optimizers[t.name]), []).append(t)
+        self.groups: list[TableGroup] = []
+        self.slots: dict[str, TableSlot] = {}
+        self.steps: dict[str, int] = {t.name: 0 for t in tables}
+        for (dim, dtype, opt), members in keys.items():
+            rule = update_rule(opt)
+            rows = 0
+            for i, t in enumerate(members):
+                self.slots[t.name] = TableSlot(len(self.groups), i, rows)
+                rows += t.num_rows
+            d_pad = padded_dim(dim, torch.tensor([], dtype=dtype).element_size())
+            weight = torch.zeros(rows, d_pad, dtype=dtype, device=device)
+            state = torch.empty(rows, rule.state_width(dim), dtype=torch.float32, device=device)
+            self.groups.append(TableGroup(dim, opt, rule, [t.name for t in members], weight, state))
+        for name in self.configs:
+            self.reset_rows(name, None)
+
+    # -- per-table views ------------------------------------------------------------------------
+    def _config(self, table: str) -> TableConfig:
+        try:
+            return self.configs[table]
+        except KeyError:
+            raise ValueError(f"unknown table {table!r}; have {list(self.configs)}") from None
+
+    def table_weight(self, table: str) -> torch.Tensor:
+        """[num_rows, dim] view of the table's rows (storage dtype; writes go to the table)."""
+        c, s = self._config(table), self.slots[table]
+        return self.groups[s.group].weight[s.row_offset : s.row_offset + c.num_rows, : c.dim]
+
+    def table_state(self, table: str) -> dict[str, torch.Tensor]:
+        """Optimizer state views, fp32: name -> [num_rows, dim] (or [num_rows] for row-wise state)."""
+        c, s = self._config(table), self.slots[table]
+        state = self.groups[s.group].state[s.row_offset : s.row_offset + c.num_rows]
+        out = {}
+        for f in state_fields(self.optimizers[table], c.dim):
+            out[f.name] = state[:, f.start] if f.width == 1 else state[:, f.start : f.start + f.width]
+        return out
+
+    def state_names(self, table: str) -> tuple[str, ...]:
+        return tuple(f.name for f in state_fields(self.optimizers[table], self._config(table).dim))
+
+    # -- rows ----------------------------------------------------------------------------------
+    def _rows(self, table: str, rows: torch.Tensor, where: str) -> torch.Tensor:
+        c = self._config(table)
+        if rows.dim() != 1 or rows.dtype not in (torch.int32, torch.int64):
+            raise ValueError(
+                f"{where}({table!r}): rows must be a 1-D integer tensor, got {rows.dtype} {tuple(rows.shape)}"
+            )
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= c.num_rows):
+            bad = rows[(rows < 0) | (rows >= c.num_rows)][0]
+            raise ValueError(f"{where}({table!r}): row {int(bad)} outside [0, {c.num_rows})")
+        return rows.to(device=self.groups[self.slots[table].group].weight.device, dtype=torch.int64)
+
+    def read_rows(self, table: str, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Copies of rows [n] of a table: (weights [n, dim] in the storage dtype, {state name: [n, ...] fp32})."""
+        rows = self._rows(table, rows, "read_rows")
+        return self.table_weight(table)[rows], {k: v[rows] for k, v in self.table_state(table).items()}
+
+    def write_rows(
+        self, table: str, rows: torch.Tensor, weights: torch.Tensor, state: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
+        """Overwrites rows [n] with weights [n, dim] and, if given, every state tensor (else the state is kept)."""
+        rows = self._rows(table, rows, "write_rows")
+        view = self.table_weight(table)
+        if tuple(weights.shape) != (rows.numel(), view.shape[1]):
+            raise ValueError(
+                f"write_rows({table!r}): weights shape {tuple(weights.shape)} != ({rows.numel()}, {view.shape[1]})"
+            )
+        view[rows] = weights.to(device=view.device, dtype=view.dtype)
+        if state is None:
+            return
+        views = self.table_state(table)
+        if set(state) != set(views):
+            raise ValueError(f"write_rows({table!r}): state keys {sorted(state)} != {sorted(views)}")
+        for k, v in views.items():
+            if tuple(state[k].shape) != (rows.numel(), *v.shape[1:]):
+                raise ValueError(
+                    f"write_rows({table!r}): state {k!r} shape {tuple(state[k].shape)} != "
+                    f"({rows.numel()}, {', '.join(map(str, v.shape[1:]))})"
+                )
+            v[rows] = state[k].to(device=v.device, dtype=v.dtype)
+
+    def reset_rows(self, table: str, rows: torch.Tensor | None) -> None:
+        """Re-initialises rows [n] (None: the whole table) with the table's initializer and fresh optimizer state."""
+        c = self._config(table)
+        view = self.table_weight(table)
+        n = c.num_rows if rows is None else int(rows.numel())
+        fresh = torch.empty(n, c.dim, dtype=view.dtype, device=view.device) if rows is not None else view
+        match c.init:
+            case Uniform():
+                fresh.uniform_(*c.init_bounds)
+            case Normal():
+                fresh.normal_(c.init.mean, c.init.std)
+            case Zeros():
+                fresh.zero_()
+        if rows is not None:
+            rows = self._rows(table, rows, "reset_rows")
+            view[rows] = fresh
+        state = self.groups[self.slots[table].group].state
+        s = self.slots[table]
+        block = state[s.row_offset : s.row_offset + c.num_rows]
+        for f in state_fields(self.optimizers[table], c.dim):
+            if rows is None:
+                block[:, f.start : f.start + f.width] = f.initial
+            else:
+                block[rows, f.start : f.start + f.width] = f.initial
+
+    # -- steps -----------------------------------------------------------------------------------
+    def advance(self, group: int, tables: Sequence[int]) -> torch.Tensor:
+        """Counts one step for the group's `tables` (indices); -> lrs [T_g] float64, each table's lr for it."""
+        g = self.groups[group]
+        lrs = torch.zeros(len(g.tables), dtype=torch.float64)
+        for i in tables:
+            name = g.tables[i]
+            self.steps[name] += 1
+            lrs[i] = g.rule.step_lr(self.steps[name])
+        return lrs
+
+    # -- devices ---------------------------------------------------------------------------------
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Applies a Module._apply function (a device move) to every buffer, keeping the dtypes."""
+        for g in self.groups:
+            g.weight = fn(g.weight).to(g.weight.dtype)
+            g.state = fn(g.state).to(torch.float32)
+
+    @property
+    def device(self) -> torch.device:
+        return self.groups[0].weight.device if self.groups else torch.device("cpu")

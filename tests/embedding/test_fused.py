@@ -1,0 +1,95 @@
+"""FusedTables: grouping, padding, per-table views and row access."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hugerec.embedding.config import Normal, StorageDtype, TableConfig, Zeros
+from hugerec.embedding.fused import FusedTables, padded_dim, state_fields
+from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, RowWiseAdagrad
+
+
+def test_padded_dim() -> None:
+    assert [padded_dim(d, 4) for d in (1, 4, 5, 16, 17)] == [4, 4, 8, 16, 20]
+    assert [padded_dim(d, 2) for d in (1, 8, 9)] == [8, 8, 16]
+
+
+def test_grouping_by_dim_dtype_and_optimizer() -> None:
+    tables = [
+        TableConfig("a", 5, 3),
+        TableConfig("b", 7, 3),
+        TableConfig("c", 2, 3, dtype=StorageDtype.BF16),
+        TableConfig("d", 4, 8),
+        TableConfig("e", 3, 3, optimizer=Adam()),
+    ]
+    fused = FusedTables(tables, RowWiseAdagrad())
+    assert [g.tables for g in fused.groups] == [["a", "b"], ["c"], ["d"], ["e"]]
+    g = fused.groups[0]
+    assert g.weight.shape == (12, 4) and g.state.shape == (12, 1)
+    assert fused.slots["b"].row_offset == 5 and fused.slots["b"].index == 1
+    assert fused.groups[1].weight.shape == (2, 8) and fused.groups[1].weight.dtype == torch.bfloat16
+    assert fused.groups[3].state.shape == (3, 6)
+    assert not g.weight[:, 3].any()  # the padding column stays zero
+    assert fused.table_weight("b").shape == (7, 3)
+
+
+def test_initializers_and_initial_state() -> None:
+    tables = [
+        TableConfig("z", 4, 2, init=Zeros()),
+        TableConfig("n", 2000, 2, init=Normal(3.0, 0.1)),
+        TableConfig("f", 3, 2, optimizer=Ftrl(initial_accumulator_value=0.7)),
+        TableConfig("g", 3, 2, optimizer=Adagrad(initial_accumulator_value=0.2)),
+    ]
+    fused = FusedTables(tables, SGD())
+    assert not fused.table_weight("z").any()
+    assert abs(float(fused.table_weight("n").mean()) - 3.0) < 0.02
+    assert float(fused.table_weight("f").abs().max()) <= 3**-0.5  # default Uniform(+-sqrt(1/num_rows))
+    ftrl = fused.table_state("f")
+    assert not ftrl["z"].any() and bool((ftrl["n"] == 0.7).all())
+    assert bool((fused.table_state("g")["sum"] == 0.2).all())
+    assert fused.table_state("z") == {}
+
+
+def test_state_field_names() -> None:
+    names = {
+        type(o).__name__: [f.name for f in state_fields(o, 4)]
+        for o in (SGD(), Adagrad(), RowWiseAdagrad(), Adam(), Ftrl())
+    }
+    assert names == {
+        "SGD": [],
+        "Adagrad": ["sum"],
+        "RowWiseAdagrad": ["sum"],
+        "Adam": ["exp_avg", "exp_avg_sq"],
+        "Ftrl": ["z", "n"],
+    }
+
+
+def test_rows_access_and_errors() -> None:
+    fused = FusedTables([TableConfig("a", 5, 2), TableConfig("b", 4, 2)], Adam())
+    fused.write_rows(
+        "b",
+        torch.tensor([3]),
+        torch.tensor([[1.0, 2.0]]),
+        {"exp_avg": torch.ones(1, 2), "exp_avg_sq": torch.ones(1, 2)},
+    )
+    w, s = fused.read_rows("b", torch.tensor([3]))
+    assert w.tolist() == [[1.0, 2.0]] and s["exp_avg"].tolist() == [[1.0, 1.0]]
+    assert fused.groups[0].weight[5 + 3, :2].tolist() == [1.0, 2.0]
+    fused.write_rows("b", torch.tensor([3]), torch.zeros(1, 2))  # state kept
+    assert fused.read_rows("b", torch.tensor([3]))[1]["exp_avg"].tolist() == [[1.0, 1.0]]
+    fused.reset_rows("b", torch.tensor([3]))
+    assert not fused.read_rows("b", torch.tensor([3]))[1]["exp_avg"].any()
+    with pytest.raises(ValueError, match=r"read_rows\('a'\): row 5 outside \[0, 5\)"):
+        fused.read_rows("a", torch.tensor([0, 5]))
+    with pytest.raises(ValueError, match=r"weights shape \(1, 3\) != \(1, 2\)"):
+        fused.write_rows("a", torch.tensor([0]), torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="state keys"):
+        fused.write_rows("a", torch.tensor([0]), torch.zeros(1, 2), {"sum": torch.zeros(1)})
+
+
+def test_advance_counts_steps_and_gives_adams_bias_corrected_lr() -> None:
+    fused = FusedTables([TableConfig("a", 5, 2), TableConfig("b", 4, 2)], Adam(lr=0.1, beta1=0.5, beta2=0.75))
+    lrs = fused.advance(0, [1])
+    assert fused.steps == {"a": 0, "b": 1}
+    assert lrs.tolist() == [0.0, pytest.approx(0.1 * 0.5 / 0.5)]

@@ -316,13 +316,14 @@ class _Run:
     def evaluate(self) -> None:
         if self.eval_data is None or self.last_eval_step == self.step:
             return
+        started = time.perf_counter()
         with _preserved_rng():  # evaluation must not shift the training run's random stream
             result = evaluate(self.model, self.eval_data, device=self.device, precision=self.cfg.precision)
         self.history.evals.append({"step": float(self.step), "epoch": float(self.epoch), **result})
         self.log.write("eval", self.step, result)
         self.bar.set_postfix_str(_postfix(self.history), refresh=False)
         self.last_eval_step = self.step
-        self.window_start = time.perf_counter()  # keep evaluation time out of samples/s
+        self.window_start += time.perf_counter() - started  # keep evaluation time out of samples/s
 
     def checkpoint(self) -> None:
         if self.ckpt_dir is None or self.last_checkpoint_step == self.step:

@@ -1,0 +1,224 @@
+"""The `hugerec` command: thin argparse over hugerec.cli.commands; user mistakes are one line and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hugerec.cli.config_file import ConfigError, to_dict
+
+if TYPE_CHECKING:  # the commands import torch and the data stack lazily: `hugerec --help` stays instant
+    from hugerec.cli.run_config import RunConfig
+
+USAGE_ARGS = "[CONFIG.toml] [KEY=VALUE ...]"
+
+DESCRIPTION = """\
+hugerec: train recommender models with huge embedding tables, on a CPU or a GPU.
+
+Start with `hugerec quickstart`: it generates a small synthetic click log, preprocesses it,
+trains a DLRM, evaluates it and compares its AUC with the best AUC possible on that data.
+Then copy configs/quickstart.toml and point it at your own data.
+"""
+
+CONFIG_HELP = """\
+Every command reads a TOML config (sections [synth], [preprocess], [data], [embedding], [model],
+[train], [predict]; see configs/*.toml). Without a config file the quickstart's settings are used.
+Override any key on the command line with dotted KEY=VALUE pairs, typed like the config:
+  train.lr=0.01  train.max_steps=none  model.top=[256,64,1]  train.precision=bf16
+Relative input paths are looked up in the current directory, then next to the config file.
+Set HUGEREC_DEBUG=1 to see a full traceback instead of a one-line error."""
+
+COMMANDS = {
+    "quickstart": (
+        "synthetic data -> preprocess -> train DLRM -> evaluate, in a few minutes",
+        "Runs synth, preprocess, train and evaluate in a row and prints the model's AUC next to the\n"
+        "oracle AUC (the best any model can reach on these synthetic labels). Writes everything under\n"
+        "runs/quickstart/: the data, model.pt, metrics.jsonl, curves.png and TensorBoard scalars.\n"
+        "example: hugerec quickstart synth.rows=1000000",
+    ),
+    "synth": (
+        "generate a synthetic click log ([synth])",
+        "Writes Parquet shards to synth.out, with schema.json and synthetic.json (holding the oracle AUC).\n"
+        'Presets: "criteo-like" (13 dense + 26 sparse features, Criteo Kaggle vocabularies) and\n'
+        '"seed-synthetic" (100 multi-hot fields).\n'
+        "example: hugerec synth synth.rows=2000000 synth.out=runs/big/raw",
+    ),
+    "preprocess": (
+        "raw rows -> fitted workflow -> train/eval Parquet shards ([preprocess])",
+        "Reads preprocess.input (Criteo TSV, plain or .gz, or Parquet), fits the workflow (fill missing,\n"
+        "log, normalize the dense features; map sparse values to ids by frequency) over all of it, and\n"
+        "writes preprocess.out/{train,eval}/, schema.json and the fitted workflow/ (for serving).\n"
+        "example: hugerec preprocess configs/criteo_sample.toml",
+    ),
+    "train": (
+        "train a model on preprocessed shards ([data], [embedding], [model], [train])",
+        "Trains the [model] on data.train, evaluates on data.eval, and writes model.pt, metrics.jsonl,\n"
+        "curves.png, tensorboard/ and checkpoints/ to train.out_dir.\n"
+        "Continue an interrupted run exactly where it stopped with train.resume=true.\n"
+        "example: hugerec train configs/criteo_sample.toml model.type=dcn_v2 train.epochs=2",
+    ),
+    "evaluate": (
+        "AUC, logloss and calibration of a trained model on data.eval",
+        "Loads train.out_dir/model.pt (or --model) and scores data.eval: exact AUC over all rows,\n"
+        "logloss and calibration (mean predicted click rate / observed click rate).\n"
+        "example: hugerec evaluate configs/criteo_sample.toml data.eval=other/eval",
+    ),
+    "predict": (
+        "score rows into a Parquet file of click probabilities",
+        "Scores predict.input (default: data.eval) with train.out_dir/model.pt (or --model) and writes\n"
+        "predict.out (default: train.out_dir/predictions.parquet): the label and the probability per row.\n"
+        "example: hugerec predict configs/criteo_sample.toml predict.out=scores.parquet",
+    ),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        from hugerec.cli.run_config import load_run_config
+
+        config_path, overrides = _split_args(args.args)
+        cfg = load_run_config(config_path, overrides)
+        if args.print_config:
+            print(json.dumps(to_dict(cfg), indent=1, default=str))
+            return 0
+        run: Callable[[RunConfig, argparse.Namespace], None] = RUNNERS[args.command]
+        run(cfg, args)
+        return 0
+    except (ConfigError, ValueError, FileNotFoundError, FloatingPointError) as e:
+        if os.environ.get("HUGEREC_DEBUG"):
+            raise
+        message = " ".join(str(e).split())  # one line, whatever the message
+        print(f"hugerec {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"hugerec {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hugerec",
+        description=DESCRIPTION,
+        epilog=CONFIG_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    for name, (summary, details) in COMMANDS.items():
+        p = sub.add_parser(
+            name,
+            help=summary,
+            description=f"{summary}\n\n{details}",
+            epilog=CONFIG_HELP,
+            usage=f"hugerec {name} {USAGE_ARGS}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument("args", nargs="*", metavar="CONFIG.toml | KEY=VALUE", help="a config file and/or overrides")
+        p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+        if name in ("evaluate", "predict"):
+            p.add_argument("--model", type=Path, help="model file (default: train.out_dir/model.pt)")
+    return parser
+
+
+def _split_args(items: Sequence[str]) -> tuple[str | None, list[str]]:
+    """One optional config file (any argument without '=') and KEY=VALUE overrides, in any order."""
+    configs = [a for a in items if "=" not in a]
+    if len(configs) > 1:
+        raise ConfigError(f"expected one config file, got {configs}; overrides are KEY=VALUE")
+    return (configs[0] if configs else None), [a for a in items if "=" in a]
+
+
+# -- the commands, printing what they did -------------------------------------------------------
+def _synth(cfg: RunConfig, args: argparse.Namespace) -> None:
+    from hugerec.cli.commands import synth
+
+    t0 = time.perf_counter()
+    report = synth(cfg)
+    oracle = ", ".join(f"{k} {v:.4f}" for k, v in report.oracle_auc.items())
+    print(f"synth: {report.num_rows:,} rows -> {cfg.synth.out} ({time.perf_counter() - t0:.1f} s); oracle AUC {oracle}")
+
+
+def _preprocess(cfg: RunConfig, args: argparse.Namespace) -> None:
+    from hugerec.cli.commands import preprocess
+
+    t0 = time.perf_counter()
+    r = preprocess(cfg)
+    print(
+        f"preprocess: {r.train_rows:,} train + {r.eval_rows:,} eval rows -> {cfg.preprocess.out} "
+        f"({time.perf_counter() - t0:.1f} s); schema {r.schema}, workflow {r.workflow}"
+    )
+
+
+def _train(cfg: RunConfig, args: argparse.Namespace) -> None:
+    from hugerec.cli.commands import train
+
+    t0 = time.perf_counter()
+    history = train(cfg)
+    last = history.final_eval
+    result = "" if last is None else f"; eval AUC {last['auc']:.4f} logloss {last['logloss']:.4f}"
+    print(f"train: {history.steps:,} steps in {time.perf_counter() - t0:.1f} s{result}")
+    print(f"  model {cfg.out_dir / 'model.pt'}   log {cfg.out_dir / 'metrics.jsonl'}   plot {history.plot}")
+
+
+def _evaluate(cfg: RunConfig, args: argparse.Namespace) -> None:
+    from hugerec.cli.commands import evaluate_model
+
+    metrics = evaluate_model(cfg, args.model)
+    print(json.dumps({k: _finite(v) for k, v in metrics.items()}))
+
+
+def _predict(cfg: RunConfig, args: argparse.Namespace) -> None:
+    from hugerec.cli.commands import predict_to_parquet
+
+    out, rows = predict_to_parquet(cfg, args.model)
+    print(f"predict: {rows:,} rows scored -> {out}")
+
+
+def _quickstart(cfg: RunConfig, args: argparse.Namespace) -> None:
+    from hugerec.cli.commands import preprocess, synth, train
+
+    t0 = time.perf_counter()
+    print(f"[1/3] generating {cfg.synth.rows:,} rows of {cfg.synth.preset!r} synthetic clicks ...", flush=True)
+    report = synth(cfg)
+    print(f"[2/3] preprocessing -> {cfg.preprocess.out} ...", flush=True)
+    pre = preprocess(cfg)
+    model_name = cfg.model.get("type", "dlrm")
+    print(f"[3/3] training {model_name} on {pre.train_rows:,} rows, evaluating on {pre.eval_rows:,} ...", flush=True)
+    history = train(cfg)
+    last = history.final_eval
+    assert last is not None  # the quickstart always has eval data
+    oracle = next(iter(report.oracle_auc.values()))
+    captured = (last["auc"] - 0.5) / (oracle - 0.5) if oracle > 0.5 else math.nan
+    print()
+    print(f"eval AUC     {last['auc']:.4f}   (oracle AUC {oracle:.4f}: the best any model can do on these labels)")
+    print(f"             {captured:.1%} of the oracle's lift over a coin flip (AUC 0.5)")
+    print(f"logloss      {last['logloss']:.4f}   calibration {last['calibration']:.3f} (predicted / observed CTR)")
+    print(f"model        {cfg.out_dir / 'model.pt'}")
+    print(f"metrics log  {cfg.out_dir / 'metrics.jsonl'}   (TensorBoard: tensorboard --logdir {cfg.out_dir})")
+    print(f"plot         {history.plot}")
+    print(f"done in {time.perf_counter() - t0:.0f} s")
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+RUNNERS: dict[str, Callable[[RunConfig, argparse.Namespace], None]] = {
+    "quickstart": _quickstart,
+    "synth": _synth,
+    "preprocess": _preprocess,
+    "train": _train,
+    "evaluate": _evaluate,
+    "predict": _predict,
+}

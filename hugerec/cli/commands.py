@@ -1,0 +1,233 @@
+"""What each `hugerec` command does, on a RunConfig: synth -> preprocess -> train -> evaluate / predict.
+
+runs/quickstart/raw/            synth: Parquet shards, schema.json, synthetic.json (oracle AUC)
+runs/quickstart/data/           preprocess: train/, eval/, workflow/, schema.json (cardinalities)
+runs/quickstart/                train: model.pt, metrics.jsonl, curves.png, tensorboard/, checkpoints/
+runs/quickstart/predictions.parquet   predict: one probability per input row, in input order
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from hugerec.cli.config_file import ConfigError, to_dict
+from hugerec.cli.run_config import RawFormat, RunConfig
+from hugerec.data.criteo import DENSE_NAMES, SPARSE_NAMES
+from hugerec.data.loader import Loader, load
+from hugerec.data.preprocess.categorical import Categorify
+from hugerec.data.preprocess.dataset import Dataset
+from hugerec.data.preprocess.numeric import FillMissing, LogOp, Normalize
+from hugerec.data.preprocess.workflow import Workflow
+from hugerec.data.schema import Schema
+from hugerec.data.shards import ShardWriter, expand_paths, iter_row_groups
+from hugerec.data.synthetic import SyntheticReport, generate, preset
+from hugerec.embedding.config import TableConfig
+from hugerec.embedding.optimizers import optimizer_from_dict, optimizer_to_dict
+from hugerec.models.config import build_model, model_config_from_dict, model_config_to_dict
+from hugerec.models.model import RecModel
+from hugerec.sparse.batch import Batch
+from hugerec.training.checkpoint import atomic_save
+from hugerec.training.trainer import History, evaluate, fit, predict, resolve_device
+
+MODEL_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class PreprocessReport:
+    train_rows: int
+    eval_rows: int
+    schema: Path
+    workflow: Path
+
+
+# -- synth --------------------------------------------------------------------------------------
+def synth(cfg: RunConfig) -> SyntheticReport:
+    s = cfg.synth
+    out = Path(s.out)
+    if (out / "synthetic.json").is_file():  # our own earlier output: replace it, leave nothing stale behind
+        shutil.rmtree(out)
+    return generate(preset(s.preset, s.rows, seed=s.seed), out)
+
+
+# -- preprocess ---------------------------------------------------------------------------------
+def preprocess(cfg: RunConfig) -> PreprocessReport:
+    p = cfg.preprocess
+    raw = _raw_schema(cfg)
+    train_raw = _dataset(p.input, "preprocess.input", p.format)
+    labels, dense, sparse = raw.label_names, raw.dense_names, raw.sparse_names
+    ops: list[Any] = [FillMissing(dense, 0.0)] if dense else []
+    if dense and p.log_dense:
+        ops.append(LogOp(dense))
+    if dense:
+        ops.append(Normalize(dense))
+    ops.append(Categorify(sparse, freq_threshold=p.min_frequency, max_size=p.max_vocab))
+    workflow = Workflow(ops, output_columns=(*labels, *dense, *sparse))
+    workflow.fit(train_raw)
+    out = Path(p.out)
+    if p.eval_input is not None:
+        workflow.transform(train_raw, out / "train", overwrite=True)
+        workflow.transform(_dataset(p.eval_input, "preprocess.eval_input", p.format), out / "eval", overwrite=True)
+    else:
+        workflow.transform(train_raw, out / "_all", overwrite=True)
+        _split(out / "_all", out / "train", out / "eval", p.eval_fraction, p.seed)
+        shutil.rmtree(out / "_all")
+    cards = workflow.cardinalities()
+    multi_hot = [c.name for c in raw.sparse if c.multi_hot]
+    schema = Schema.build(labels, dense, {c: cards[c] for c in sparse}, multi_hot=multi_hot)
+    schema.save(out / "schema.json")
+    shutil.rmtree(out / "workflow", ignore_errors=True)
+    workflow.save(out / "workflow")
+    return PreprocessReport(_rows(out / "train"), _rows(out / "eval"), out / "schema.json", out / "workflow")
+
+
+def _raw_schema(cfg: RunConfig) -> Schema:
+    p = cfg.preprocess
+    match p.format:
+        case RawFormat.CRITEO:
+            return Schema.build(dense=DENSE_NAMES, sparse=SPARSE_NAMES)
+        case RawFormat.PARQUET:
+            where = "preprocess.schema"
+            if p.schema is None:
+                where = "preprocess.input"
+                folder = Path(p.input) if Path(p.input).is_dir() else Path(p.input).parent
+                path = folder / "schema.json"
+            else:
+                path = Path(p.schema)
+            if not path.is_file():
+                raise ConfigError(f"{where}: no schema at {path}; set preprocess.schema to the raw data's schema.json")
+            return Schema.load(path)
+
+
+def _dataset(paths: str, where: str, fmt: RawFormat) -> Dataset:
+    try:
+        match fmt:
+            case RawFormat.CRITEO:
+                return Dataset.criteo(paths)
+            case RawFormat.PARQUET:  # a folder: its Parquet files, not the schema.json beside them
+                return Dataset(str(Path(paths) / "*.parquet") if Path(paths).is_dir() else paths, format="parquet")
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _split(src: Path, train: Path, eval_: Path, fraction: float, seed: int) -> None:
+    """Rows of `src` -> train / eval shards, each row to eval with probability `fraction` (streaming)."""
+    for d in (train, eval_):
+        shutil.rmtree(d, ignore_errors=True)
+    with ShardWriter(train) as train_writer, ShardWriter(eval_) as eval_writer:
+        for k, table in enumerate(iter_row_groups(expand_paths(src))):
+            held_out = np.random.default_rng([seed, k]).random(table.num_rows) < fraction
+            train_writer.write(table.filter(pa.array(~held_out)))
+            eval_writer.write(table.filter(pa.array(held_out)))
+
+
+def _rows(folder: Path) -> int:
+    return sum(pq.read_metadata(f).num_rows for f in folder.glob("*.parquet"))
+
+
+# -- train --------------------------------------------------------------------------------------
+def train(cfg: RunConfig) -> History:
+    schema = read_schema(cfg.data.schema_path, "data.schema")
+    tables = [replace(t, dtype=cfg.embedding.dtype) for t in schema.table_configs(dim=cfg.embedding.dim)]
+    model = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
+    train_data = open_shards(cfg.data.train, "data.train", schema, cfg, shuffle=cfg.data.shuffle)
+    eval_data = None if cfg.data.eval is None else open_shards(cfg.data.eval, "data.eval", schema, cfg)
+    history = fit(model, train_data, eval_data, cfg.train)
+    save_model(cfg.out_dir / "model.pt", model, cfg, schema, tables)
+    (cfg.out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str) + "\n")
+    return history
+
+
+def read_schema(path: str, where: str) -> Schema:
+    if not Path(path).is_file():
+        raise ConfigError(f"{where}: no schema at {path}; run `hugerec preprocess` first or set {where}")
+    return Schema.load(path)
+
+
+def open_shards(paths: str, where: str, schema: Schema, cfg: RunConfig, shuffle: bool = False) -> Loader:
+    """The loader over `paths`, with dataset mistakes (no files, no rows, wrong columns) as one-line errors."""
+    try:
+        files = expand_paths(paths)
+        if sum(pq.read_metadata(f).num_rows for f in files) == 0:
+            raise ValueError(f"{paths} holds no rows (empty dataset)")
+        return load(files, schema, cfg.data.batch_size, shuffle=shuffle, seed=cfg.data.seed)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+# -- the model file ---------------------------------------------------------------------------
+def save_model(path: Path, model: RecModel, cfg: RunConfig, schema: Schema, tables: list[TableConfig]) -> Path:
+    """model.pt: the weights (embedding rows included) and, as JSON, what rebuilds the model."""
+    spec = {
+        "format": MODEL_FORMAT,
+        "model": model_config_to_dict(cfg.model_config()),
+        "tables": [t.to_dict() for t in tables],
+        "num_dense": len(schema.dense),
+        "optimizer": optimizer_to_dict(cfg.embedding.optimizer),
+        "schema": schema.to_dict(),
+    }
+    return atomic_save({"spec": json.dumps(spec), "state": model.state_dict()}, path)
+
+
+def load_model(path: Path) -> tuple[RecModel, Schema]:
+    if not path.is_file():
+        raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    spec = json.loads(saved["spec"])
+    if spec.get("format") != MODEL_FORMAT:
+        raise ConfigError(f"{path}: model format {spec.get('format')!r}, this hugerec reads {MODEL_FORMAT}")
+    tables = [TableConfig.from_dict(t) for t in spec["tables"]]
+    optimizer = optimizer_from_dict(spec["optimizer"])
+    model = build_model(model_config_from_dict(spec["model"]), tables, spec["num_dense"], optimizer)
+    model.load_state_dict(saved["state"])
+    return model, Schema.from_dict(spec["schema"])
+
+
+# -- evaluate / predict -------------------------------------------------------------------------
+def evaluate_model(cfg: RunConfig, model_path: Path | None = None) -> dict[str, float]:
+    model, schema = load_model(model_path or cfg.out_dir / "model.pt")
+    if cfg.data.eval is None:
+        raise ConfigError("data.eval: no evaluation data set; give data.eval=PATH")
+    data = open_shards(cfg.data.eval, "data.eval", schema, cfg)
+    device = resolve_device(cfg.train.device)
+    return evaluate(model.to(device), data, device=device, precision=cfg.train.precision)
+
+
+def predict_to_parquet(cfg: RunConfig, model_path: Path | None = None) -> tuple[Path, int]:
+    """Scores every row of predict.input (default data.eval) -> Parquet: label column(s) and `probability`."""
+    model, schema = load_model(model_path or cfg.out_dir / "model.pt")
+    source, where = (cfg.predict.input, "predict.input") if cfg.predict.input else (cfg.data.eval, "data.eval")
+    if source is None:
+        raise ConfigError("predict.input: nothing to score; give predict.input=PATH")
+    data = open_shards(source, where, schema, cfg)
+    out = Path(cfg.predict.out) if cfg.predict.out else cfg.out_dir / "predictions.parquet"
+    device = resolve_device(cfg.train.device)
+    names = schema.label_names
+    arrow_schema = pa.schema([*((n, pa.float32()) for n in names), ("probability", pa.float32())])
+    labels: list[torch.Tensor] = []
+
+    def tap() -> Iterator[Batch]:  # keeps each batch's labels to write beside its scores
+        for batch in data:
+            labels.append(batch.labels.reshape(batch.batch_size, -1))  # [B] or [B, T] -> [B, T]
+            yield batch
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp"
+    rows = 0
+    with pq.ParquetWriter(tmp, arrow_schema) as writer:
+        for probs in predict(model.to(device), tap(), device=device, precision=cfg.train.precision):
+            y = labels.pop(0)
+            columns = {n: y[:, t].numpy() for t, n in enumerate(names)}
+            writer.write_table(pa.table({**columns, "probability": probs.numpy()}, schema=arrow_schema))
+            rows += probs.numel()
+    tmp.replace(out)  # no half-written predictions under the final name
+    return out, rows

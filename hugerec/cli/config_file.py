@@ -1,0 +1,187 @@
+"""TOML config files with `key=value` overrides, read into frozen dataclasses, typed by their fields.
+
+    [train]                          hugerec train my.toml train.lr=0.01 train.max_steps=none
+    lr = 0.001          ->           RunConfig(train=TrainConfig(lr=0.01, max_steps=None, ...), ...)
+    precision = "bf16"
+
+Every mistake is a `ConfigError` with one line naming the file, the dotted key and the problem: an
+unknown key (with the closest known key suggested), a value of the wrong type, an enum value
+outside its choices, or the ValueError a dataclass's own validation raised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import tomllib
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# Field types read by a function of their own (e.g. a sparse optimizer union from {"type": ..., ...}).
+Readers = Mapping[Any, Callable[[Any], Any]]
+
+
+class ConfigError(ValueError):
+    """A mistake in a config file or an override, meant to be shown to the user as one line."""
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        with open(p, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: invalid TOML: {e}") from None
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """A copy of `data` with each "dotted.key=value" set; values are TOML ("[1, 2]", "0.5", "true")
+    or, when they do not parse as TOML, bare strings ("bf16"); "none" means None."""
+    out = _deep_copy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. train.lr=0.01")
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+            node = child
+        node[leaf] = parse_value(raw.strip())
+    return out
+
+
+def parse_value(raw: str) -> Any:
+    if raw.lower() in ("none", "null"):
+        return None
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], where: str = "", readers: Readers | None = None) -> T:
+    """Build dataclass `cls` from `data`, converting each value to its field's type.
+
+    `where` prefixes keys in messages ("train" -> "train.lr"); missing keys take the field defaults.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where or 'config'}: expected a table of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for key in data:
+        if key not in fields:
+            raise ConfigError(f"unknown key {_join(where, key)!r}{_suggest(key, fields, where)}")
+    kwargs = {name: _convert(hints[name], value, _join(where, name), readers or {}) for name, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{where or 'config'}: {e}") from None
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass -> TOML-ready dict (enums as values, tuples as lists, None left out)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {}
+        for f in dataclasses.fields(obj):
+            v = to_dict(getattr(obj, f.name))
+            if v is not None:
+                out[f.name] = v
+        return out
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, tuple | list):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def _convert(tp: Any, value: Any, where: str, readers: Readers) -> Any:
+    if tp in readers:
+        try:
+            return readers[tp](value)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{where}: {e}") from None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        if value is None:
+            if type(None) in args:
+                return None
+            raise ConfigError(f"{where}: a value is required, got none")
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return _convert(options[0], value, where, readers)
+        errors = []
+        for option in options:
+            try:
+                return _convert(option, value, where, readers)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0])
+    if value is None:
+        raise ConfigError(f"{where}: a value is required, got none")
+    if tp is Any:
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list like [1, 2], got {value!r}")
+        item = args[0] if args else Any
+        items = [_convert(item, v, f"{where}[{i}]", readers) for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a table of keys, got {value!r}")
+        return dict(value)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where, readers)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        choices = [m.value for m in tp]
+        if value not in choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{where}: {value!r} is not one of {choices}{hint}")
+        return tp(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"config field {where} has a type the config reader does not handle: {tp!r}")
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _suggest(key: str, known: Any, where: str) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.5)
+    return f"; did you mean {_join(where, close[0])!r}?" if close else f"; known keys: {', '.join(sorted(known))}"
+
+
+def _deep_copy(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in d.items()}

@@ -1,0 +1,224 @@
+"""RunConfig: everything the `hugerec` commands read, one TOML section per step.
+
+    [synth]       hugerec synth       a synthetic click log with a known best-possible AUC
+    [preprocess]  hugerec preprocess  raw rows -> fitted Workflow -> train/eval Parquet shards + schema.json
+    [data]        train, evaluate     which shards to read and how to batch them
+    [embedding]   train               embedding width and the sparse optimizer of the tables
+    [model]       train               type = "dlrm" | "dcn_v2" | "deepfm" | "wide_and_deep", then its fields
+    [train]       train               hugerec.training.TrainConfig (epochs, lr, precision, out_dir, ...)
+    [predict]     predict             rows to score and where the Parquet of probabilities goes
+
+The defaults are the quickstart (configs/quickstart.toml spells them out). Relative input paths
+are looked up in the current directory, then next to the config file; outputs go under the
+current directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hugerec.cli.config_file import ConfigError, apply_overrides, from_dict, read_toml
+from hugerec.embedding.config import StorageDtype
+from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad, optimizer_from_dict
+from hugerec.models.config import ModelConfig, model_config_from_dict
+from hugerec.training.trainer import TrainConfig
+
+READERS = {Optimizer: optimizer_from_dict}
+
+
+class RawFormat(enum.Enum):
+    CRITEO = "criteo"  # the Criteo Kaggle / Terabyte TSV: label, I1..I13, C1..C26 (plain or .gz)
+    PARQUET = "parquet"  # Parquet with a schema.json beside it (what `hugerec synth` writes) or preprocess.schema
+
+
+@dataclass(frozen=True)
+class SynthSection:
+    """preset: "criteo-like" (13 dense + 26 sparse, Criteo Kaggle cardinalities) or "seed-synthetic"."""
+
+    preset: str = "criteo-like"
+    rows: int = 300_000
+    out: str = "runs/quickstart/raw"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rows < 1:
+            raise ValueError(f"rows must be >= 1, got {self.rows}")
+
+
+@dataclass(frozen=True)
+class PreprocessSection:
+    """Raw rows -> FillMissing + (LogOp) + Normalize on dense, Categorify on sparse -> Parquet shards.
+
+    input          raw files: a file, a folder or a glob
+    eval_input     raw files held out for evaluation; without it, eval_fraction of the rows (at random)
+    out            writes out/train/, out/eval/, out/workflow/ (for serving) and out/schema.json
+    min_frequency  sparse values seen fewer times share one out-of-vocabulary id
+    max_vocab      keep at most this many values per sparse column (most frequent first)
+    log_dense      log1p the dense features first (Criteo's counts; synthetic ones are already logs)
+    """
+
+    input: str = "runs/quickstart/raw"
+    format: RawFormat = RawFormat.PARQUET
+    schema: str | None = None
+    eval_input: str | None = None
+    eval_fraction: float = 0.1
+    out: str = "runs/quickstart/data"
+    min_frequency: int = 1
+    max_vocab: int | None = None
+    log_dense: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.min_frequency < 1:
+            raise ValueError(f"min_frequency must be >= 1, got {self.min_frequency}")
+        if self.max_vocab is not None and self.max_vocab < 1:
+            raise ValueError(f"max_vocab must be >= 1 or none, got {self.max_vocab}")
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """Preprocessed Parquet shards; schema defaults to schema.json in the folder above `train`."""
+
+    train: str = "runs/quickstart/data/train"
+    eval: str | None = "runs/quickstart/data/eval"
+    schema: str | None = None
+    batch_size: int = 2048
+    shuffle: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+    @property
+    def schema_path(self) -> str:
+        return self.schema if self.schema is not None else str(Path(self.train).parent / "schema.json")
+
+
+@dataclass(frozen=True)
+class EmbeddingSection:
+    """dim: width of every table (DLRM and DeepFM need one width); optimizer: the tables' sparse optimizer."""
+
+    dim: int = 16
+    optimizer: Optimizer = field(default_factory=lambda: RowWiseAdagrad(lr=0.05))
+    dtype: StorageDtype = StorageDtype.FP32
+
+    def __post_init__(self) -> None:
+        if self.dim < 1:
+            raise ValueError(f"dim must be >= 1, got {self.dim}")
+
+
+@dataclass(frozen=True)
+class PredictSection:
+    """input: Parquet shards like data.eval (default: data.eval); out: default <train.out_dir>/predictions.parquet."""
+
+    input: str | None = None
+    out: str | None = None
+
+
+# The quickstart, as a config file would spell it (configs/quickstart.toml is this, and a test keeps them equal).
+QUICKSTART: dict[str, Any] = {
+    "synth": {"preset": "criteo-like", "rows": 300_000, "out": "runs/quickstart/raw", "seed": 0},
+    "preprocess": {
+        "input": "runs/quickstart/raw",
+        "format": "parquet",
+        "eval_fraction": 0.1,
+        "out": "runs/quickstart/data",
+        "log_dense": False,
+    },
+    "data": {"train": "runs/quickstart/data/train", "eval": "runs/quickstart/data/eval", "batch_size": 2048},
+    "embedding": {"dim": 16, "optimizer": {"type": "rowwise_adagrad", "lr": 0.05}},
+    "model": {"type": "dlrm", "bottom": [64, 16], "top": [64, 32, 1]},
+    "train": {"epochs": 1, "lr": 0.002, "log_every": 20, "out_dir": "runs/quickstart"},
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    synth: SynthSection = field(default_factory=SynthSection)
+    preprocess: PreprocessSection = field(default_factory=PreprocessSection)
+    data: DataSection = field(default_factory=DataSection)
+    embedding: EmbeddingSection = field(default_factory=EmbeddingSection)
+    model: dict[str, Any] = field(default_factory=lambda: dict(QUICKSTART["model"]))
+    train: TrainConfig = field(default_factory=TrainConfig)
+    predict: PredictSection = field(default_factory=PredictSection)
+
+    def model_config(self) -> ModelConfig:
+        return read_model_config(self.model)
+
+    @property
+    def out_dir(self) -> Path:
+        assert self.train.out_dir is not None  # load_run_config fills it in
+        return Path(self.train.out_dir)
+
+
+def read_model_config(d: Mapping[str, Any]) -> ModelConfig:
+    """[model] -> DLRMConfig | DCNv2Config | ..., typed by the chosen model's fields (with suggestions)."""
+    kind = d.get("type", "dlrm")
+    try:
+        cls = type(model_config_from_dict({"type": kind}))
+    except ValueError as e:
+        raise ConfigError(f"model.type: {e}") from None
+    config: ModelConfig = from_dict(cls, {k: v for k, v in d.items() if k != "type"}, "model", READERS)
+    return config
+
+
+def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read `path` (None: the quickstart), apply `key=value` overrides, check every key and type.
+
+    Sections and keys left out take their defaults; train.out_dir defaults to runs/<config file name>.
+    """
+    data = read_toml(path) if path is not None else copy.deepcopy(QUICKSTART)
+    data = apply_overrides(data, overrides)
+    if path is not None:
+        train = data.setdefault("train", {})
+        if isinstance(train, dict):
+            train.setdefault("out_dir", f"runs/{Path(path).stem}")
+    cfg = from_dict(RunConfig, data, "", READERS)
+    cfg.model_config()  # check [model] now, not after the data was read
+    if path is not None:
+        cfg = _resolve_inputs(cfg, Path(path).resolve().parent)
+    return cfg
+
+
+def _resolve_inputs(cfg: RunConfig, config_dir: Path) -> RunConfig:
+    """Relative input paths that do not exist here but do next to the config file point there."""
+
+    def find(p: str | None) -> str | None:
+        if p is None or Path(p).is_absolute() or _exists(p):
+            return p
+        beside = config_dir / p
+        return str(beside) if _exists(str(beside)) else p
+
+    return dataclasses.replace(
+        cfg,
+        preprocess=dataclasses.replace(
+            cfg.preprocess,
+            input=find(cfg.preprocess.input) or cfg.preprocess.input,
+            schema=find(cfg.preprocess.schema),
+            eval_input=find(cfg.preprocess.eval_input),
+        ),
+        data=dataclasses.replace(
+            cfg.data,
+            train=find(cfg.data.train) or cfg.data.train,
+            eval=find(cfg.data.eval),
+            schema=find(cfg.data.schema),
+        ),
+        predict=dataclasses.replace(cfg.predict, input=find(cfg.predict.input)),
+    )
+
+
+def _exists(p: str) -> bool:
+    if any(ch in p for ch in "*?["):
+        import glob
+
+        return bool(glob.glob(p))
+    return Path(p).exists()

@@ -204,7 +204,7 @@ def _export_program(
 ) -> list[str]:
     """Write dense.pt2 (and dense.onnx); returns the program's state-dict keys."""
     was_training = model.training
-    model.eval()
+    program.eval()  # dropout off, batch-norm statistics frozen: the inference graph
     try:
         example = _example(model, collections)
         batch = torch.export.Dim("batch", min=1, max=1 << 24)
@@ -233,7 +233,7 @@ def _export_onnx(program: DenseProgram, example: tuple[torch.Tensor, ...], shape
         log.warning("export: the onnx package is not installed; skipping dense.onnx")
         return "skipped: onnx is not installed"
     try:
-        torch.onnx.export(program, example, str(path), dynamic_shapes=shapes, dynamo=True)
+        torch.onnx.export(program, example, str(path), dynamic_shapes=shapes, dynamo=True, verbose=False)
     except Exception as e:  # the ONNX exporter fails in many ways; the bundle works without it
         log.warning("export: ONNX export failed, skipping dense.onnx: %s", e)
         path.unlink(missing_ok=True)

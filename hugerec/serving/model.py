@@ -12,6 +12,7 @@ snapshot, so a live update (new rows and new dense weights together) switches at
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -176,7 +177,9 @@ class InferenceModel:
         with self.ps.snapshot() as snap:
             current = snap.payload
         assert isinstance(current, torch.nn.Module), "InferenceModel publishes its program at construction"
-        program = copy.deepcopy(current)
+        with warnings.catch_warnings():  # torch's own pytree specs warn about a deprecation when copied
+            warnings.simplefilter("ignore", FutureWarning)
+            program = copy.deepcopy(current)
         target = program.state_dict()
         for k in self.dense_keys:
             value, into = dense_state[k], target[self.program_prefix + k]

@@ -128,7 +128,8 @@ def to_model_inputs(tensors: Mapping[str, np.ndarray], signature: Signature) -> 
             raise RequestError(f"input 'dense' must have shape [B, {signature.num_dense}], got {list(d.shape)}")
         if d.dtype.kind not in "iuf":
             raise RequestError(f"input 'dense' must be numbers, got {d.dtype}")
-        dense = np.ascontiguousarray(d, dtype=np.float32)
+        with np.errstate(over="ignore"):  # values beyond float32 become inf, refused just below
+            dense = np.array(d, dtype=np.float32)  # a writable copy (binary tensors are read-only views)
         if not np.isfinite(dense).all():
             raise RequestError("input 'dense' contains NaN or inf (or values too large for float32)")
         sizes["dense"] = dense.shape[0]
@@ -235,7 +236,12 @@ def _decode_tensor(spec: object, i: int, blob: bytes, offset: int) -> tuple[str,
     if array.size and array.dtype.kind not in allowed:
         kind = "integers" if datatype in _INT_TYPES else "numbers"
         raise RequestError(f"input {name!r}: datatype {datatype} needs {kind} in 'data', got {array.dtype} values")
-    return name, array.reshape(shape), offset
+    if datatype in _INT_TYPES and array.size:
+        info = np.iinfo(dtype)
+        if int(array.min()) < info.min or int(array.max()) > info.max:
+            raise RequestError(f"input {name!r}: values out of the {datatype} range")
+    with np.errstate(over="ignore"):  # floats beyond the declared type become inf; the model inputs refuse them
+        return name, array.astype(dtype).reshape(shape), offset
 
 
 def _options(request: Mapping[str, Any]) -> InferOptions:

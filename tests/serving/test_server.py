@@ -1,0 +1,227 @@
+"""The HTTP server through real sockets on 127.0.0.1: the official tritonclient, /predict, bad input, admin, metrics."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from hugerec.serving.batching import BatchingConfig
+from hugerec.serving.export import export_bundle
+from hugerec.serving.loader import ServeOptions
+from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
+
+TOKEN = "t" * 24
+
+
+@pytest.fixture(scope="module")
+def server(toy: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InferenceServer, str]]:
+    state = tmp_path_factory.mktemp("server")
+    srv = InferenceServer(
+        ServerConfig(
+            batching=BatchingConfig(max_batch_size=64, max_delay_ms=2),
+            max_request_bytes=1 << 16,
+            max_request_rows=256,
+            admin_token=TOKEN,
+            seed=0,
+        ),
+        ServeOptions(state_dir=str(state / "v1")),
+    )
+    srv.add_bundle(toy.bundle)
+    with BackgroundServer(srv) as url:
+        yield srv, url
+    srv.close()
+
+
+def triton_inputs(tensors: dict[str, np.ndarray], binary: bool) -> list[triton.InferInput]:
+    out = []
+    for name, array in tensors.items():
+        dtype = {np.float32: "FP32", np.int64: "INT64", np.int32: "INT32"}[array.dtype.type]
+        t = triton.InferInput(name, list(array.shape), dtype)
+        t.set_data_from_numpy(array, binary_data=binary)
+        out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_tritonclient_gets_the_offline_predictions(toy: Any, server: tuple[InferenceServer, str], binary: bool) -> None:
+    _, url = server
+    client = triton.InferenceServerClient(url.removeprefix("http://"))
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("toy")
+    meta = client.get_model_metadata("toy")
+    assert [i["name"] for i in meta["inputs"]] == ["dense", *toy.features] and meta["versions"] == ["1"]
+    assert client.get_model_config("toy")["max_batch_size"] == 64
+    batch = toy.batch(16, seed=11)
+    outputs = [
+        triton.InferRequestedOutput("scores", binary_data=binary),
+        triton.InferRequestedOutput("logits", binary_data=binary),
+    ]
+    result = client.infer("toy", triton_inputs(toy.tensors(batch), binary), outputs=outputs, request_id="abc")
+    np.testing.assert_allclose(result.as_numpy("scores"), toy.offline(batch), rtol=1e-5, atol=1e-6)
+    assert result.get_response()["id"] == "abc"
+    padded = {
+        "dense": batch.dense.numpy(),
+        **{f: batch.sparse[f].to_padded(padding_value=-1).long().numpy() for f in toy.features},
+    }
+    padded = {k: v if v.shape[-1] or v.ndim == 1 else np.full((16, 1), -1) for k, v in padded.items()}
+    result = client.infer("toy", triton_inputs(padded, binary), model_version="1")
+    np.testing.assert_allclose(result.as_numpy("scores"), toy.offline(batch), rtol=1e-5, atol=1e-6)
+    with pytest.raises(InferenceServerException, match="missing inputs"):
+        client.infer("toy", triton_inputs({"dense": batch.dense.numpy()}, binary))
+
+
+def test_predict_and_concurrent_requests_match_offline(toy: Any, server: tuple[InferenceServer, str]) -> None:
+    _, url = server
+    batch = toy.batch(5, seed=2)
+    r = httpx.post(f"{url}/predict", json={"instances": toy.instances(batch)})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(r.json()["predictions"], toy.offline(batch), rtol=1e-5, atol=1e-6)
+
+    def one(seed: int) -> None:
+        b = toy.batch(1 + seed % 9, seed=100 + seed)
+        types = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
+        body = {
+            "inputs": [
+                {"name": k, "datatype": types[v.dtype], "shape": list(v.shape), "data": v.ravel().tolist()}
+                for k, v in toy.tensors(b).items()
+            ]
+        }
+        with httpx.Client() as c:
+            resp = c.post(f"{url}/v2/models/toy/infer", json=body)
+        assert resp.status_code == 200, resp.text
+        scores = next(o for o in resp.json()["outputs"] if o["name"] == "scores")["data"]
+        np.testing.assert_allclose(scores, toy.offline(b), rtol=1e-5, atol=1e-6)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(40)))
+
+
+def test_bad_requests_get_4xx_and_the_server_lives_on(server: tuple[InferenceServer, str]) -> None:
+    _, url = server
+    infer = f"{url}/v2/models/toy/infer"
+    with httpx.Client() as c:
+        cases = [
+            (c.post(infer, content=b"{nope"), 400, "not valid JSON"),
+            (c.post(f"{url}/v2/models/nope/infer", json={"inputs": []}), 404, "unknown model 'nope'"),
+            (c.post(f"{url}/v2/models/toy/versions/7/infer", json={"inputs": []}), 404, "no version '7'"),
+            (
+                c.post(
+                    infer, json={"inputs": [{"name": "dense", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}
+                ),
+                400,
+                "missing",
+            ),
+            (c.post(infer, content=b"x" * (1 << 17)), 413, "exceeds the limit"),
+            (
+                c.post(
+                    f"{url}/predict", json={"instances": [{"dense": [1] * 4, "user": 1, "item": 1, "last_item": "x"}]}
+                ),
+                400,
+                "integer ids",
+            ),
+            (c.post(f"{url}/predict", json={"instances": [{"dense": [1] * 4}] * 300}), 413, "at most 256"),
+            (c.get(infer), 405, ""),
+            (c.get(f"{url}/nowhere"), 404, ""),
+        ]
+        for response, status, message in cases:
+            assert response.status_code == status, (response.status_code, response.text)
+            assert message in response.json()["error"]
+        rng = random.Random(0)
+        for _ in range(30):  # garbage of every kind: never a 5xx
+            junk = bytes(rng.randrange(256) for _ in range(rng.randrange(200)))
+            assert c.post(infer, content=junk).status_code < 500
+            shape = [rng.randrange(-1, 4) for _ in range(rng.randrange(3))]
+            spec = {
+                "name": rng.choice(["dense", "user", "item"]),
+                "datatype": rng.choice(["FP32", "INT64", "BOOL"]),
+                "shape": shape,
+                "data": [rng.choice([1, 1.5, "a", None, [1]]) for _ in range(rng.randrange(5))],
+            }
+            assert c.post(infer, json={"inputs": [spec]}).status_code < 500
+        assert c.get(f"{url}/v2/health/live").status_code == 200
+
+
+def test_admin_versions_canary_promote_rollback(toy: Any, server: tuple[InferenceServer, str], tmp_path: Path) -> None:
+    srv, url = server
+    other = copy.deepcopy(toy.model)
+    with torch.no_grad():
+        for p in other.dense_parameters():
+            p.add_(0.5)
+    bundle2 = export_bundle(other, tmp_path / "v2", name="toy", version="2")
+    srv.options = ServeOptions(state_dir=str(tmp_path / "state2"))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    client = triton.InferenceServerClient(url.removeprefix("http://"))
+    with pytest.raises(InferenceServerException, match="Bearer"):
+        client.load_model("toy", config=json.dumps({"bundle": str(bundle2)}))
+    client.load_model("toy", headers=auth, config=json.dumps({"bundle": str(bundle2)}))
+    batch = toy.batch(8, seed=5)
+    tensors = toy.tensors(batch)
+    v1, v2 = toy.offline(batch), toy.offline(batch, other)
+    assert not np.allclose(v1, v2)
+
+    def scores(version: str = "") -> np.ndarray:
+        return client.infer("toy", triton_inputs(tensors, True), model_version=version).as_numpy("scores")
+
+    np.testing.assert_allclose(scores(), v1, rtol=1e-5)  # a new version gets no traffic until told
+    np.testing.assert_allclose(scores("2"), v2, rtol=1e-5)
+    with httpx.Client(headers=auth) as c:
+        assert c.post(f"{url}/admin/models/toy/canary", json={"version": "2", "share": 1.0}).status_code == 200
+        np.testing.assert_allclose(scores(), v2, rtol=1e-5)
+        assert (
+            c.post(f"{url}/admin/models/toy/canary", json={"version": "2", "share": 0.5}).json()["canary_share"] == 0.5
+        )
+        seen = {bool(np.allclose(scores(), v2, rtol=1e-5)) for _ in range(30)}
+        assert seen == {True, False}
+        assert c.post(f"{url}/admin/models/toy/promote", json={}).json()["stable"] == "2"
+        np.testing.assert_allclose(scores(), v2, rtol=1e-5)
+        assert c.post(f"{url}/admin/models/toy/rollback").json()["stable"] == "1"
+        np.testing.assert_allclose(scores(), v1, rtol=1e-5)
+        bad = c.post(f"{url}/admin/models/toy/canary", json={"version": "9", "share": 0.5})
+        assert bad.status_code == 400 and "no version '9'" in bad.json()["error"]
+        assert (
+            c.post(f"{url}/v2/repository/models/toy/unload", json={"parameters": {"version": "2"}}).status_code == 200
+        )
+        assert c.post(f"{url}/v2/repository/index").json() == [{"name": "toy", "version": "1", "state": "READY"}]
+        assert (
+            c.post(f"{url}/v2/repository/models/toy/load", json={"bundle": str(tmp_path / "missing")}).status_code
+            == 400
+        )
+    assert httpx.post(f"{url}/admin/models/toy/promote", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_admin_is_off_without_a_token(toy: Any, tmp_path: Path) -> None:
+    srv = InferenceServer(ServerConfig(), ServeOptions(state_dir=str(tmp_path / "state")))
+    srv.add_bundle(toy.bundle)
+    try:
+        with BackgroundServer(srv) as url:
+            r = httpx.post(f"{url}/admin/models/toy/rollback", headers={"Authorization": "Bearer anything"})
+            assert r.status_code == 403 and "disabled" in r.json()["error"]
+            assert url.startswith("http://127.0.0.1:")
+    finally:
+        srv.close()
+
+
+def test_metrics(server: tuple[InferenceServer, str]) -> None:
+    _, url = server
+    httpx.post(f"{url}/v2/models/toy/infer", content=b"bad")
+    text = httpx.get(f"{url}/metrics").text
+    for needle in (
+        'hugerec_requests_total{code="400",endpoint="infer",model="toy",version="1"}',
+        "hugerec_request_seconds_bucket",
+        "hugerec_batch_rows_bucket",
+        'hugerec_ps_hit_rate{model="toy",tier="cache",version="1"}',
+        'hugerec_ps_keys_total{model="toy",table="user",tier="memory",version="1"}',
+        "hugerec_ps_cache_rows",
+    ):
+        assert needle in text, needle

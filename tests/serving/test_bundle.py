@@ -42,7 +42,7 @@ def test_damaged_or_missing_files_are_named(toy: Any, tmp_path: Path) -> None:
     (root / PROGRAM).unlink()
     with pytest.raises(ValueError, match=f"file {PROGRAM} listed in the manifest is missing"):
         Bundle.open(root)
-    with pytest.raises(FileNotFoundError, match="no manifest.json"):
+    with pytest.raises(FileNotFoundError, match=r"no manifest\.json"):
         Bundle.open(tmp_path)
 
 

@@ -65,7 +65,7 @@ def test_export_checkpoint_loads_the_trained_weights(toy: Any, tmp_path: Path) -
     with pytest.raises(ValueError, match="no 'model' entry"):
         export_checkpoint(save_checkpoint(tmp_path / "other", 1, {"step": 1}), fresh, tmp_path / "b2")
     (tmp_path / "dir").mkdir()
-    with pytest.raises(FileNotFoundError, match=".metadata"):
+    with pytest.raises(FileNotFoundError, match=r"\.metadata"):
         export_checkpoint(tmp_path / "dir", fresh, tmp_path / "b3")
 
 

@@ -46,7 +46,7 @@ class HashTableArrays:
     info: np.ndarray  # [C, 4] int64: KEY, LAST, COUNT, GEN
     row_state: np.ndarray  # [C] int8
     free: np.ndarray  # [C] int64
-    heap: np.ndarray  # [2C, 4] int64, or [0, 4] without eviction
+    heap: np.ndarray  # [H, 4] int64 once eviction may be needed (see `heap_capacity`), else [0, 4]
     sketch: np.ndarray  # [depth, width] uint16, or [0, 0] without admission
     meta: np.ndarray  # [META_LEN] int64
 
@@ -66,7 +66,7 @@ class HashTableArrays:
             row_state=np.zeros(capacity, dtype=np.int8),
             # stack top is the end: rows come out as 0, 1, 2, ...
             free=np.arange(capacity - 1, -1, -1, dtype=np.int64),
-            heap=np.zeros((2 * capacity if eviction != EVICT_NONE else 0, 4), dtype=np.int64),
+            heap=np.zeros((heap_capacity(capacity) if eviction == EVICT_TTL else 0, 4), dtype=np.int64),
             sketch=np.zeros((sketch_depth, sketch_width), dtype=np.uint16),
             meta=meta,
         )
@@ -77,6 +77,11 @@ class HashTableArrays:
 
     def counter(self, index: int) -> int:
         return int(self.meta[index])
+
+
+def heap_capacity(capacity: int) -> int:
+    """Eviction-heap entries: one per held row, plus slack for the stale entries of freed rows."""
+    return capacity + capacity // 8 + 1
 
 
 def lookup(t: HashTableArrays, keys: np.ndarray) -> np.ndarray:
@@ -104,6 +109,10 @@ def find_or_insert(
     last = t.counter(_cpu.STEP)
     if step < last:
         raise ValueError(f"{where}: step {step} is before the last step seen ({last}); steps must not decrease")
+    if eviction in (EVICT_LRU, EVICT_LFU) and t.heap.shape[0] == 0 and t.counter(_cpu.N_FREE) < keys.shape[0]:
+        # the table may run out of free rows: from now on it keeps its eviction order
+        t.heap = np.zeros((heap_capacity(t.capacity), 4), dtype=np.int64)
+        _cpu.rebuild_heap(t.info, t.row_state, t.heap, t.meta, eviction)
     rows = lookup(t, keys)
     status, reset, needed, protected = _cpu.find_or_insert(
         t.slots,
@@ -141,8 +150,8 @@ def remove(t: HashTableArrays, keys: np.ndarray) -> np.ndarray:
 
 
 def rebuild_heap(t: HashTableArrays, eviction: int) -> None:
-    """Recompute the eviction heap from the rows (after loading a saved table)."""
-    if eviction != EVICT_NONE:
+    """Recompute the eviction heap, if the table keeps one, from the rows (after loading a saved table)."""
+    if t.heap.shape[0]:
         _cpu.rebuild_heap(t.info, t.row_state, t.heap, t.meta, eviction)
 
 

@@ -10,7 +10,8 @@ Layout (S slots, a power of two >= 2 C, so the load factor stays <= 0.5 and prob
                               GEN (bumped whenever the row gets a new key; invalidates old heap entries)
     row_state  [C] int8       FRESH (never held a key) / USED / FREED (held one, must be re-initialised)
     free       [C] int64      stack of free rows; the top is free[meta[N_FREE] - 1]
-    heap       [2C, 4] int64  min-heap of (score1, score2, row, gen) for eviction (unused for NONE)
+    heap       [H, 4] int64   min-heap of (score1, score2, row, gen) for eviction; H = C + C/8 + 1,
+                              allocated when the table first runs out of free rows (from the start for TTL)
     sketch     [d, w] uint16  count-min sketch for admission ([0, 0] when min_count == 1)
     meta       [9] int64      the scalar counters below
 
@@ -402,7 +403,8 @@ def find_or_insert(
             protected = _distinct_rows(rows)
             if protected + needed > cap:
                 return BATCH_TOO_LARGE, np.empty(0, dtype=np.int64), needed, protected
-        if eviction != EVICT_NONE and meta[HEAP_SIZE] + needed > heap.shape[0]:
+        # rows taken from the free stack push without popping; evictions pop before they push
+        if heap.shape[0] and meta[HEAP_SIZE] + min(needed, meta[N_FREE]) > heap.shape[0]:
             rebuild_heap(info, row_state, heap, meta, eviction)
     # 4. mutate: sketch, touches, new rows
     if use_sketch:
@@ -456,7 +458,7 @@ def find_or_insert(
         meta[SIZE] += 1
         meta[INSERTS] += 1
         new_row[u] = r
-        if eviction != EVICT_NONE:
+        if heap.shape[0]:
             s1, s2 = _score(eviction, info, r)
             _push(heap, meta, s1, s2, r, info[r, GEN])
     for k in range(n_def):

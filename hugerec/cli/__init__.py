@@ -134,6 +134,9 @@ def _parser() -> argparse.ArgumentParser:
 def _split_args(items: Sequence[str]) -> tuple[str | None, list[str]]:
     """One optional config file (any argument without '=') and KEY=VALUE overrides, in any order."""
     configs = [a for a in items if "=" not in a]
+    for a in configs:
+        if not a.endswith(".toml") and not Path(a).exists():
+            raise ConfigError(f"{a!r} is neither a config file nor a KEY=VALUE override (e.g. train.lr=0.01)")
     if len(configs) > 1:
         raise ConfigError(f"expected one config file, got {configs}; overrides are KEY=VALUE")
     return (configs[0] if configs else None), [a for a in items if "=" in a]

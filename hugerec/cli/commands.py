@@ -37,7 +37,7 @@ from hugerec.models.config import build_model, model_config_from_dict, model_con
 from hugerec.models.model import RecModel
 from hugerec.sparse.batch import Batch
 from hugerec.training.checkpoint import atomic_save
-from hugerec.training.trainer import History, evaluate, fit, predict, resolve_device
+from hugerec.training.trainer import History, evaluate, fit, predict, resolve_device, seed_everything
 
 MODEL_FORMAT = 1
 
@@ -138,6 +138,8 @@ def _rows(folder: Path) -> int:
 def train(cfg: RunConfig) -> History:
     schema = read_schema(cfg.data.schema_path, "data.schema")
     tables = [replace(t, dtype=cfg.embedding.dtype) for t in schema.table_configs(dim=cfg.embedding.dim)]
+    if cfg.train.seed is not None:  # the same seed, the same initial weights
+        seed_everything(cfg.train.seed)
     model = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
     train_data = open_shards(cfg.data.train, "data.train", schema, cfg, shuffle=cfg.data.shuffle)
     eval_data = None if cfg.data.eval is None else open_shards(cfg.data.eval, "data.eval", schema, cfg)

@@ -1,0 +1,78 @@
+"""The `hugerec` command as a user meets it: exit codes, one-line errors, help, the quickstart's report."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hugerec.cli import COMMANDS, main
+
+from .conftest import TINY
+
+
+def test_quickstart_reports_auc_next_to_the_oracle(
+    tiny_run: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["quickstart", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert "eval AUC" in out and "oracle AUC" in out and "of the oracle's lift" in out
+    for name in ("model.pt", "metrics.jsonl", "curves.png"):
+        assert (tmp_path / "runs" / "quickstart" / name).is_file()
+    assert main(["evaluate", *TINY]) == 0
+    assert '"auc": 0.' in capsys.readouterr().out
+    assert main(["predict", *TINY, "predict.out=scores.parquet"]) == 0
+    assert "-> scores.parquet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "train.lrr=0.1"], "hugerec train: error: unknown key 'train.lrr'; did you mean 'train.lr'?"),
+        (["train", "train.epochs=x"], "hugerec train: error: train.epochs: expected an integer, got 'x'"),
+        (["train", "missing.toml"], "hugerec train: error: config file not found: missing.toml"),
+        (["train", "a.toml", "b.toml"], "hugerec train: error: expected one config file"),
+        (["train", "data.train=nowhere", "data.schema=nowhere.json"], "hugerec train: error: data.schema: no schema"),
+        (["evaluate"], "hugerec evaluate: error: no model at runs/quickstart/model.pt"),
+        (["preprocess", "preprocess.input=nowhere"], "hugerec preprocess: error: preprocess.input: no schema at"),
+        (["train", "train.lr"], "hugerec train: error: 'train.lr' is neither a config file nor a KEY=VALUE override"),
+    ],
+)
+def test_user_mistakes_are_one_line_and_exit_2(
+    args: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(message)
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+
+
+def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HUGEREC_DEBUG", "1")
+    with pytest.raises(ValueError, match="unknown key"):
+        main(["train", "train.lrr=1"])
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help(command: str | None, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--help"] if command is None else [command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "KEY=VALUE" in out
+    assert (command or "quickstart") in out
+
+
+def test_print_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--print-config", "train.lr=0.5"]) == 0
+    assert '"lr": 0.5' in capsys.readouterr().out
+
+
+def test_python_dash_m_runs_the_command() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "hugerec", "train", "train.lr=x"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "hugerec train: error: train.lr: expected a number, got 'x'"

@@ -1,0 +1,99 @@
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from hugerec.cli.commands import (
+    evaluate_model,
+    load_model,
+    predict_to_parquet,
+    preprocess,
+    synth,
+    train,
+)
+from hugerec.cli.config_file import ConfigError
+from hugerec.cli.run_config import load_run_config
+from hugerec.data.schema import Schema
+
+from .conftest import TINY
+
+CRITEO = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "criteo" / "train_examples.txt.gz"
+
+
+def test_synth_and_preprocess_write_trainable_shards(tiny_run: object, tmp_path: Path) -> None:
+    cfg = load_run_config(None, [*TINY, "synth.rows=3000"])
+    report = synth(cfg)
+    assert report.num_rows == 3000 and 0.5 < report.oracle_auc["label"] < 1.0
+    pre = preprocess(cfg)
+    assert pre.train_rows + pre.eval_rows == 3000
+    assert 0.05 < pre.eval_rows / 3000 < 0.15  # eval_fraction = 0.1
+    schema = Schema.load(pre.schema)
+    assert len(schema.dense) == 13 and len(schema.sparse) == 26
+    assert all(c.cardinality is not None and c.cardinality <= 3000 + 2 for c in schema.sparse)
+    assert (pre.workflow / "workflow.json").is_file()
+    again = synth(cfg)  # a rerun replaces its own earlier output
+    assert again.paths == report.paths
+
+
+def test_train_evaluate_predict(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(prepared)
+    cfg = load_run_config(None, [*TINY, "train.out_dir=runs/tep"])
+    history = train(cfg)
+    assert history.final_eval is not None and history.final_eval["auc"] > 0.6
+    assert (prepared / "runs/tep/model.pt").is_file() and (prepared / "runs/tep/curves.png").is_file()
+    metrics = evaluate_model(cfg)
+    assert metrics["auc"] == pytest.approx(history.final_eval["auc"], abs=1e-6)
+    out, rows = predict_to_parquet(cfg)
+    table = pq.read_table(out)
+    assert rows == table.num_rows == metrics["count"]
+    assert table.column_names == ["label", "probability"]
+    p = table["probability"].to_numpy()
+    assert p.min() >= 0 and p.max() <= 1
+
+
+def test_interrupted_training_resumes_exactly(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real loader, DLRM and fused sparse optimizer: 3 steps + resume + 5 steps == 8 steps, bitwise."""
+    monkeypatch.chdir(prepared)
+    common = [*TINY, "model.dropout=0.1", "data.batch_size=256", "train.max_steps=8", "train.epochs=1"]
+    train(load_run_config(None, [*common, "train.out_dir=runs/whole"]))
+    train(load_run_config(None, [*common, "train.out_dir=runs/part", "train.max_steps=3"]))
+    train(load_run_config(None, [*common, "train.out_dir=runs/part", "train.resume=true"]))
+    whole, _ = load_model(prepared / "runs/whole/model.pt")
+    part, _ = load_model(prepared / "runs/part/model.pt")
+    a, b = whole.state_dict(), part.state_dict()
+    assert a.keys() == b.keys()
+    assert any(k.startswith("sparse_arch.tables.") for k in a)  # the embedding rows and their optimizer state
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_dataset_mistakes_are_config_errors(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(prepared)
+    schema = "data.schema=runs/quickstart/data/schema.json"
+    with pytest.raises(ConfigError, match=r"data\.train: no such file: nowhere"):
+        train(load_run_config(None, [*TINY, "data.train=nowhere", schema]))
+    with pytest.raises(ConfigError, match=r"data\.schema: no schema at"):
+        train(load_run_config(None, [*TINY, "data.schema=missing.json"]))
+    empty = prepared / "empty"
+    empty.mkdir(exist_ok=True)
+    shutil.copy(next((prepared / "runs/quickstart/data/train").glob("*.parquet")), empty / "part.parquet")
+    table = pq.read_table(empty / "part.parquet").slice(0, 0)
+    pq.write_table(table, empty / "part.parquet")
+    with pytest.raises(ConfigError, match="empty dataset"):
+        train(load_run_config(None, [*TINY, f"data.train={empty}", schema]))
+    with pytest.raises(ConfigError, match="no model at"):
+        evaluate_model(load_run_config(None, [*TINY, "train.out_dir=runs/never"]))
+
+
+@pytest.mark.skipif(not CRITEO.is_file(), reason="the Criteo sample is not in ../shared/data")
+def test_the_criteo_sample_config_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = Path(__file__).resolve().parents[2] / "configs" / "criteo_sample.toml"
+    monkeypatch.chdir(tmp_path)
+    cfg = load_run_config(config, ["train.max_steps=6", "train.progress=false", "train.tensorboard=false"])
+    pre = preprocess(cfg)
+    assert pre.train_rows + pre.eval_rows == 10_000
+    history = train(cfg)
+    assert history.steps == 6
+    assert evaluate_model(cfg)["count"] == pre.eval_rows

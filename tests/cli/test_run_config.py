@@ -1,0 +1,80 @@
+from pathlib import Path
+
+import pytest
+
+from hugerec.cli.config_file import ConfigError, read_toml
+from hugerec.cli.run_config import QUICKSTART, RawFormat, RunConfig, load_run_config
+from hugerec.embedding.optimizers import Adam, RowWiseAdagrad
+from hugerec.models.config import DCNv2Config, DLRMConfig
+from hugerec.training.trainer import Precision
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def test_the_quickstart_file_spells_out_the_builtin_quickstart() -> None:
+    assert read_toml(CONFIGS / "quickstart.toml") == QUICKSTART
+    assert load_run_config(CONFIGS / "quickstart.toml") == load_run_config(None)
+
+
+@pytest.mark.parametrize("name", ["quickstart", "criteo_sample", "criteo_kaggle"])
+def test_every_preset_config_reads(name: str) -> None:
+    cfg = load_run_config(CONFIGS / f"{name}.toml")
+    assert isinstance(cfg, RunConfig)
+    assert cfg.train.out_dir == f"runs/{name}"
+
+
+def test_quickstart_defaults_and_typed_overrides() -> None:
+    cfg = load_run_config(None, ["train.precision=bf16", "model.top=[32,1]", "embedding.optimizer={type='adam'}"])
+    assert cfg.train.precision is Precision.BF16
+    assert cfg.model_config() == DLRMConfig(bottom=(64, 16), top=(32, 1))  # merged into the quickstart's [model]
+    assert cfg.embedding.optimizer == Adam()
+    assert cfg.preprocess.format is RawFormat.PARQUET
+    assert load_run_config(None).embedding.optimizer == RowWiseAdagrad(lr=0.05)
+
+
+def test_a_new_model_type_takes_its_own_fields() -> None:
+    cfg = load_run_config(None, ["model={type='dcn_v2', deep=[64]}"])
+    assert cfg.model_config() == DCNv2Config(deep=(64,))
+    with pytest.raises(ConfigError, match=r"unknown key 'model\.bottom'"):
+        load_run_config(None, ["model.type=dcn_v2"])  # the quickstart's DLRM arches do not fit DCN-v2
+    with pytest.raises(ConfigError, match=r"model\.type: .*unknown type 'dlrn'"):
+        load_run_config(None, ["model.type=dlrn"])
+
+
+def test_defaults_for_a_minimal_file(tmp_path: Path) -> None:
+    p = tmp_path / "mine.toml"
+    p.write_text('[data]\ntrain = "shards/train"\n')
+    cfg = load_run_config(p)
+    assert cfg.train.out_dir == "runs/mine"
+    assert cfg.data.schema_path == str(Path("shards/schema.json"))
+
+
+def test_inputs_are_found_next_to_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "raw.tsv").write_text("")
+    p = tmp_path / "conf" / "c.toml"
+    p.write_text('[preprocess]\ninput = "raw.tsv"\nout = "out"\n')
+    monkeypatch.chdir(tmp_path)
+    cfg = load_run_config(p)
+    assert cfg.preprocess.input == str(tmp_path / "conf" / "raw.tsv")  # not in the cwd, found beside the file
+    assert cfg.preprocess.out == "out"  # outputs stay relative to the cwd
+    (tmp_path / "raw.tsv").write_text("")
+    assert load_run_config(p).preprocess.input == "raw.tsv"  # the cwd comes first
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.lrr=0.1", "unknown key 'train.lrr'; did you mean 'train.lr'?"),
+        ("trian.lr=0.1", "unknown key 'trian'; did you mean 'train'?"),
+        ("train.epochs=two", "train.epochs: expected an integer, got 'two'"),
+        ("train.epochs=0", "train: TrainConfig: epochs must be >= 1, got 0"),
+        ("train.precision=fp8", "train.precision: 'fp8' is not one of ['fp32', 'bf16', 'fp16']"),
+        ("data.batch_size=0", "data: batch_size must be >= 1, got 0"),
+        ("model.dropout=2.0", "model: DLRMConfig: dropout must be in [0, 1), got 2.0"),
+    ],
+)
+def test_mistakes(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_run_config(None, [override])
+    assert str(e.value).startswith(message)

@@ -2,8 +2,9 @@
 
 from hugerec.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hugerec.training.metrics import BinaryMetrics, auc, calibration, logloss, ndcg_at_k, recall_at_k
+from hugerec.training.precision import Precision
 from hugerec.training.schedule import Schedule
-from hugerec.training.trainer import DenseOptimizer, History, Precision, TrainConfig, evaluate, fit, predict
+from hugerec.training.trainer import DenseOptimizer, History, TrainConfig, evaluate, fit, predict
 
 __all__ = [
     "BinaryMetrics",

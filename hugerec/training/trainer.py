@@ -20,7 +20,7 @@ import itertools
 import math
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,14 +40,9 @@ from hugerec.training.checkpoint import (
     set_rng_state,
 )
 from hugerec.training.metrics import BinaryMetrics
+from hugerec.training.precision import Precision, autocast, unscale_sparse_gradients
 from hugerec.training.run_log import RunLog, plot_curves
 from hugerec.training.schedule import Schedule
-
-
-class Precision(enum.Enum):
-    FP32 = "fp32"
-    BF16 = "bf16"  # autocast to bfloat16, CPU and GPU; no loss scaling needed
-    FP16 = "fp16"  # autocast to float16 with a GradScaler; GPU only
 
 
 class DenseOptimizer(enum.Enum):
@@ -186,6 +181,7 @@ def fit(
     if resume_from is not None:
         run.log.write("resume", run.step, {"epoch": float(run.epoch)})
     done = cfg.max_steps is not None and run.step >= cfg.max_steps
+    hooks = [] if run.scaler is None else unscale_sparse_gradients(model, run.scaler)
     try:
         while not done and run.epoch < cfg.epochs:
             if run.batches_in_epoch and run.batches_in_epoch == _epoch_length(train_data, 1):
@@ -214,6 +210,8 @@ def fit(
         run.evaluate()
         run.checkpoint()
     finally:
+        for hook in hooks:
+            hook.remove()
         run.bar.close()
         run.log.close()
     history = run.history
@@ -246,7 +244,7 @@ class _Run:
         self.opt = optimizer or _make_optimizer(cfg, self.params)
         self.base_lrs = [float(g["lr"]) for g in self.opt.param_groups]
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision is Precision.FP16 else None
-        self.autocast = _autocast(self.device, cfg.precision)
+        self.autocast = autocast(self.device, cfg.precision)
         self.out_dir = None if cfg.out_dir is None else Path(cfg.out_dir)
         self.ckpt_dir = None if self.out_dir is None else self.out_dir / "checkpoints"
         self.history = History()
@@ -417,7 +415,7 @@ def _score(
     was_training = model.training
     model.eval()
     try:
-        with _autocast(dev, precision):
+        with autocast(dev, precision):
             for batch in data:
                 b = batch.to(dev, non_blocking=True)
                 yield b, model(b)
@@ -459,16 +457,6 @@ def _compile_dense(model: nn.Module) -> None:
         compile_dense()
     else:
         model.compile()
-
-
-def _autocast(device: torch.device, precision: Precision) -> AbstractContextManager[Any]:
-    match precision:
-        case Precision.FP32:
-            return nullcontext()
-        case Precision.BF16:
-            return torch.autocast(device.type, dtype=torch.bfloat16)
-        case Precision.FP16:
-            return torch.autocast(device.type, dtype=torch.float16)
 
 
 def _model_device(model: nn.Module) -> torch.device:

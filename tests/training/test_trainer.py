@@ -10,8 +10,9 @@ from torch import nn
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 from hugerec.training.checkpoint import list_checkpoints
+from hugerec.training.precision import Precision
 from hugerec.training.schedule import Schedule
-from hugerec.training.trainer import DenseOptimizer, Precision, TrainConfig, evaluate, fit, predict
+from hugerec.training.trainer import DenseOptimizer, TrainConfig, evaluate, fit, predict
 
 NUM_IDS = 40
 
@@ -222,3 +223,11 @@ def test_a_fresh_run_replaces_an_old_runs_outputs(tmp_path: Path) -> None:
     assert [s for s, _ in list_checkpoints(tmp_path / "checkpoints")] == [3]  # step 6 would pose as the latest
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("precision", [Precision.FP16, Precision.BF16])
+def test_mixed_precision_on_cuda(precision: Precision) -> None:
+    history = fit(TinyModel(), make_batches(8), make_batches(2, seed=1), quiet(precision=precision, device="cuda"))
+    assert history.final_eval is not None and history.final_eval["auc"] > 0.5

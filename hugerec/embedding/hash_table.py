@@ -103,6 +103,8 @@ class HashTableContents:
 class HashTable:
     """Raw int64 keys -> rows of one dynamic table (see module docstring)."""
 
+    STATE_KEYS = ("keys", "rows", "last_step", "count", "row_state", "free", "sketch", "meta")
+
     def __init__(self, capacity: int, policy: DynamicConfig | None = None, name: str = "hash table") -> None:
         self.policy = DynamicConfig() if policy is None else policy
         self.name = name
@@ -235,7 +237,7 @@ class HashTable:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restore a `state_dict` taken from a table with the same capacity and policy."""
         where = self._where("load_state_dict")
-        missing = {"keys", "rows", "last_step", "count", "row_state", "free", "sketch", "meta"} - set(state)
+        missing = set(self.STATE_KEYS) - set(state)
         if missing:
             raise ValueError(f"{where}: state lacks {sorted(missing)}")
         self._install(
@@ -304,6 +306,7 @@ class HashTable:
         fresh.meta[:] = meta
         fresh.meta[layout.N_FREE] = free.shape[0]
         fresh.meta[layout.SIZE] = keys.shape[0]
+        fresh.meta[layout.TOUCHED] = int((last_step == fresh.meta[layout.STEP]).sum())
         ops.insert_mapping(fresh, keys, rows)
         ops.rebuild_heap(fresh, self._eviction)
         self._arrays = fresh

@@ -13,7 +13,8 @@ Semantics of `find_or_insert(keys [N], step)` (both bodies):
      skips admission, for imports); refused keys map to -1.
   3. an admitted key takes the top of the free-row stack (initially rows 0, 1, 2, ... in order);
      when the stack is empty the eviction policy frees the held row with the smallest score among
-     rows not protected by this call:  LRU / TTL: (last_step, row);  LFU: (count, last_step, row).
+     rows not protected (touched at this step, by this call or an earlier one at the same step):
+     LRU / TTL: (last_step, row);  LFU: (count, last_step, row).
      The new row starts with count = occurrences in the batch and last_step = step. A row that held
      a key before is reported for re-initialisation ("reset rows").
   4. capacity is checked before anything changes: eviction NONE and more new keys than free rows,
@@ -145,7 +146,7 @@ def find_or_insert(
 def remove(t: HashTableArrays, keys: np.ndarray) -> np.ndarray:
     """Drop keys; returns the freed row per key (-1 where absent)."""
     out = np.empty(keys.shape[0], dtype=np.int64)
-    _cpu.remove(t.slots, t.row_state, t.free, t.meta, keys, out)
+    _cpu.remove(t.slots, t.info, t.row_state, t.free, t.meta, keys, out)
     return out
 
 
@@ -217,6 +218,8 @@ class DictHashTable:
         use_counts = self.min_count > 1 and not admit_all
         admitted = {k for k in occ if not use_counts or self.seen[k] + occ[k] >= self.min_count}
         protected = {self.row_of[k] for k in keys if k in self.row_of}
+        if step == self.step:  # rows touched earlier at this step stay protected
+            protected |= {r for r in self.row_of.values() if self.last_step[r] == step}
         if admitted:
             if self.eviction == EVICT_NONE and len(self.row_of) + len(admitted) > self.capacity:
                 raise ValueError("full")

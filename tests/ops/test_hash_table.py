@@ -19,6 +19,7 @@ POLICIES = [ht.EVICT_NONE, ht.EVICT_LRU, ht.EVICT_LFU, ht.EVICT_TTL]
 keys_st = st.lists(st.one_of(st.integers(-12, 12), st.sampled_from(SPECIAL)), max_size=24)
 op_st = st.one_of(
     st.tuples(st.just("insert"), keys_st),
+    st.tuples(st.just("insert again"), keys_st),  # another call at the same step
     st.tuples(st.just("remove"), keys_st),
     st.tuples(st.just("skip"), st.integers(1, 4)),  # let steps pass (TTL)
 )
@@ -59,6 +60,7 @@ def test_kernels_match_dict_reference(capacity: int, eviction: int, min_count: i
     kern = ht.HashTableArrays.allocate(capacity, eviction, 4, 1 << 16)
     ref = ht.DictHashTable(capacity, eviction, min_count)
     step = 0
+    last = 0  # step of the last successful find_or_insert
     for kind, arg in ops:
         if kind == "skip":
             step += arg
@@ -67,18 +69,20 @@ def test_kernels_match_dict_reference(capacity: int, eviction: int, min_count: i
             assert ht.remove(kern, _arr(arg)).tolist() == ref.remove(arg)
             _check_same(kern, ref)
             continue
+        now = last if kind == "insert again" else step
         if eviction == ht.EVICT_TTL:
-            assert ht.expire(kern, step, ttl) == ref.expire(step, ttl)
+            assert ht.expire(kern, now, ttl) == ref.expire(now, ttl)
         try:
-            expected = ref.find_or_insert(arg, step)
+            expected = ref.find_or_insert(arg, now)
         except ValueError:
             with pytest.raises(ValueError, match=r"full|capacity"):
-                ht.find_or_insert(kern, _arr(arg), step, eviction, min_count)
+                ht.find_or_insert(kern, _arr(arg), now, eviction, min_count)
         else:
-            rows, reset = ht.find_or_insert(kern, _arr(arg), step, eviction, min_count)
+            rows, reset = ht.find_or_insert(kern, _arr(arg), now, eviction, min_count)
             assert (rows.tolist(), reset.tolist()) == expected
+            last = now
         _check_same(kern, ref)
-        step += 1
+        step = max(step, now + 1)
 
 
 def test_rows_are_collision_free_and_handed_out_in_order() -> None:

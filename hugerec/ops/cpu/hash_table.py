@@ -38,7 +38,8 @@ EVICTIONS = 5
 EXPIRED = 6
 REFUSED = 7
 REMOVED = 8
-META_LEN = 9
+TOUCHED = 9  # rows touched at step meta[STEP] (they may not be evicted during that step)
+META_LEN = 10
 
 # info columns
 KEY = 0
@@ -310,17 +311,18 @@ def _sketch_add(sketch: np.ndarray, key: Int, occ: Int) -> None:
 
 
 @njit(cache=True)
-def _distinct_rows(rows: np.ndarray) -> Int:
-    """Number of distinct rows >= 0 in `rows` (a small temporary set; only used near capacity)."""
+def _protected_rows(info: np.ndarray, meta: np.ndarray, rows: np.ndarray, step: Int) -> Int:
+    """Rows protected once this batch is touched: those already touched at `step` plus the batch's
+    other distinct found rows (a small temporary set; only used when eviction is about to run)."""
     size = 2
     while size < 2 * rows.shape[0]:
         size *= 2
     seen = np.full(size, -1, dtype=np.int64)
     mask = size - 1
-    n = 0
+    n = meta[TOUCHED] if meta[STEP] == step else 0
     for i in range(rows.shape[0]):
         r = rows[i]
-        if r < 0:
+        if r < 0 or info[r, LAST] == step:
             continue
         s = _home(r, mask)
         while seen[s] != -1 and seen[s] != r:
@@ -393,14 +395,15 @@ def find_or_insert(
         for u in range(n_u):
             admitted[u] = sketch_estimate(sketch, ukeys[u]) + uocc[u] >= min_count
             needed += admitted[u]
-    # 3. capacity: keys of this batch are never evicted to make room for keys of this batch
+    # 3. capacity: rows touched at this step (by this batch or an earlier call at the same step) are
+    # never evicted to make room for this step's new keys
     protected: Int = 0
     if needed > 0:
         if eviction == EVICT_NONE:
             if meta[SIZE] + needed > cap:
                 return FULL, np.empty(0, dtype=np.int64), needed, protected
-        elif needed > meta[N_FREE] and (n - n_miss) + needed > cap:
-            protected = _distinct_rows(rows)
+        elif needed > meta[N_FREE]:
+            protected = _protected_rows(info, meta, rows, step)
             if protected + needed > cap:
                 return BATCH_TOO_LARGE, np.empty(0, dtype=np.int64), needed, protected
         # rows taken from the free stack push without popping; evictions pop before they push
@@ -410,12 +413,16 @@ def find_or_insert(
     if use_sketch:
         for u in range(n_u):
             _sketch_add(sketch, ukeys[u], uocc[u])
+    if meta[STEP] != step:
+        meta[STEP] = step
+        meta[TOUCHED] = 0
     for i in range(n):
         r = rows[i]
         if r >= 0:
             info[r, COUNT] += 1
-            info[r, LAST] = step
-    meta[STEP] = step
+            if info[r, LAST] != step:
+                info[r, LAST] = step
+                meta[TOUCHED] += 1
     reset = np.empty(needed, dtype=np.int64)
     n_reset = 0
     new_row = np.empty(n_u, dtype=np.int64)
@@ -457,6 +464,7 @@ def find_or_insert(
         info[r, COUNT] = uocc[u]
         meta[SIZE] += 1
         meta[INSERTS] += 1
+        meta[TOUCHED] += 1
         new_row[u] = r
         if heap.shape[0]:
             s1, s2 = _score(eviction, info, r)
@@ -476,7 +484,13 @@ def find_or_insert(
 
 @njit(cache=True)
 def remove(
-    slots: np.ndarray, row_state: np.ndarray, free: np.ndarray, meta: np.ndarray, keys: np.ndarray, out: np.ndarray
+    slots: np.ndarray,
+    info: np.ndarray,
+    row_state: np.ndarray,
+    free: np.ndarray,
+    meta: np.ndarray,
+    keys: np.ndarray,
+    out: np.ndarray,
 ) -> None:
     """Drop keys (absent ones are skipped); out[i] = freed row or -1. Freed rows go on the free stack."""
     mask = slots.shape[0] - 1
@@ -487,6 +501,8 @@ def remove(
             continue
         r = slots[s, 1]
         _delete_slot(slots, s)
+        if info[r, LAST] == meta[STEP]:
+            meta[TOUCHED] -= 1
         row_state[r] = FREED
         free[meta[N_FREE]] = r
         meta[N_FREE] += 1

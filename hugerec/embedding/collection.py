@@ -18,6 +18,7 @@ touched. Nothing is updated in eval mode or under `torch.no_grad()`.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from torch import nn
 
 from hugerec.embedding.config import Pooling, TableConfig
 from hugerec.embedding.fused import FusedTables
+from hugerec.embedding.hash_table import HashTable, remap_features
 from hugerec.embedding.lookup import GroupPlan, pooled_lookup, sequence_lookup
 from hugerec.embedding.optimizers import Adam, Optimizer, RowWiseAdagrad
 from hugerec.ops.plan import COLUMN, WIDTH
@@ -68,6 +70,10 @@ class EmbeddingCollection(nn.Module):
             self._columns[f] = self._output_dim
             self._output_dim += self._table_of[f].dim
         self._plans: dict[_PlanKey, list[GroupPlan]] = {}
+        # dynamic tables (TableConfig.dynamic): raw int64 keys -> rows through one HashTable each
+        self._hash_tables = {t.name: HashTable(t.num_rows, t.dynamic, t.name) for t in tables if t.dynamic}
+        self._dynamic_features = {t.name: t.features for t in tables if t.dynamic}
+        self._zero_missing = frozenset(n for n, h in self._hash_tables.items() if h.unknown_row is None)
 
     # -- description -----------------------------------------------------------------------------
     @property
@@ -120,11 +126,41 @@ class EmbeddingCollection(nn.Module):
     # -- lookups -----------------------------------------------------------------------------------
     def forward(self, features: SparseFeatures) -> PooledEmbeddings:
         """Pooled embeddings [B, output_dim] of the pooled tables' features (other known features are ignored)."""
-        return self.pooled_from_rows(features, features.values)
+        if not self._hash_tables:
+            return self.pooled_from_rows(features, features.values)
+        return self.pooled_from_rows(features, self._dynamic_rows(features, True), self._zero_missing)
 
     def sequences(self, features: SparseFeatures) -> dict[str, JaggedTensor]:
         """Per NONE-pooled feature: JaggedTensor(values [N_f, D] fp32, the feature's lengths and weights)."""
-        return self.sequences_from_rows(features, features.values)
+        if not self._hash_tables:
+            return self.sequences_from_rows(features, features.values)
+        return self.sequences_from_rows(features, self._dynamic_rows(features, False), self._zero_missing)
+
+    # -- dynamic tables ------------------------------------------------------------------------------
+    @property
+    def hash_tables(self) -> Mapping[str, HashTable]:
+        """The HashTable (raw key -> row) of each dynamic table."""
+        return MappingProxyType(self._hash_tables)
+
+    def _dynamic_rows(self, features: SparseFeatures, pooled: bool) -> torch.Tensor:
+        """features.values with the raw keys of the (pooled or sequence) dynamic tables replaced by rows.
+
+        Training (an update will follow) inserts keys, recycling rows by the table's eviction policy
+        and re-initialising recycled rows; otherwise keys are only looked up. Training lookups of a
+        table are its steps 1, 2, 3, ...: with one backward per forward, the number of the optimizer
+        update that writes the rows (the steps delta export counts in).
+        """
+        tables = {n: h for n, h in self._hash_tables.items() if (self._table(n).pooling is not Pooling.NONE) == pooled}
+        steps = None
+        if self._updates():
+            steps = {n: max(h.step, 0) + 1 for n, h in tables.items()}
+        rows, reset = remap_features(features, tables, self._dynamic_features, steps)
+        for name, recycled in reset.items():
+            self._fused.reset_rows(name, recycled)
+        return rows
+
+    def _table(self, name: str) -> TableConfig:
+        return self._fused.configs[name]
 
     def pooled_from_rows(
         self, features: SparseFeatures, rows: torch.Tensor, missing_ok: Collection[str] = ()
@@ -268,6 +304,8 @@ class EmbeddingCollection(nn.Module):
 
     def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
         destination.update(self._table_tensors(prefix))
+        for name, h in self._hash_tables.items():
+            destination.update({f"{prefix}tables.{name}.hash_table.{k}": v for k, v in h.state_dict().items()})
         for name in self._adam_tables():
             destination[f"{prefix}tables.{name}.step"] = torch.tensor(self._fused.steps[name], dtype=torch.int64)
 
@@ -301,8 +339,26 @@ class EmbeddingCollection(nn.Module):
                 self._fused.steps[name] = int(state_dict[key])
             else:
                 missing_keys.append(key)
-        known = set(targets) | set(steps)
+        known = set(targets) | set(steps) | self._load_hash_tables(state_dict, prefix, missing_keys, error_msgs)
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in known)
+
+    def _load_hash_tables(
+        self, state_dict: Mapping[str, Any], prefix: str, missing_keys: list[str], error_msgs: list[str]
+    ) -> set[str]:
+        """Restores each dynamic table's key -> row mapping; returns the state-dict keys it consumed."""
+        known = set()
+        for name, h in self._hash_tables.items():
+            keys = {k: f"{prefix}tables.{name}.hash_table.{k}" for k in HashTable.STATE_KEYS}
+            known |= set(keys.values())
+            absent = [full for full in keys.values() if full not in state_dict]
+            if absent:
+                missing_keys.extend(absent)
+                continue
+            try:
+                h.load_state_dict({k: state_dict[full] for k, full in keys.items()})
+            except ValueError as e:
+                error_msgs.append(str(e))
+        return known
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> EmbeddingCollection:
         """Device moves (`.to`, `.cuda`, `.cpu`) move the fused buffers; dtype casts leave the storage dtype."""

@@ -1,6 +1,8 @@
 """Data: schema, readers, synthetic generator, Parquet shards and the loader that yields `Batch`es."""
 
+from hugerec.data.criteo import criteo_to_parquet, read_criteo
 from hugerec.data.loader import Loader, load
+from hugerec.data.readers import ConvertReport, read, to_parquet
 from hugerec.data.schema import Column, ColumnKind, DimRule, Schema, ValueType
 from hugerec.data.shards import ShardWriter, prebatch
 from hugerec.data.synthetic import (
@@ -16,6 +18,7 @@ from hugerec.data.synthetic import (
 __all__ = [
     "Column",
     "ColumnKind",
+    "ConvertReport",
     "DimRule",
     "Hotness",
     "IdDistribution",
@@ -25,9 +28,13 @@ __all__ = [
     "SyntheticConfig",
     "SyntheticReport",
     "ValueType",
+    "criteo_to_parquet",
     "generate",
     "iter_tables",
     "load",
     "prebatch",
     "preset",
+    "read",
+    "read_criteo",
+    "to_parquet",
 ]

@@ -6,6 +6,16 @@ label \t I1 .. I13 \t C1 .. C26      40 tab-separated fields, no header, empty f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
+import polars as pl
+
+from hugerec.data import readers
+from hugerec.data.preprocess.dataset import CsvOptions
+from hugerec.data.preprocess.errors import OnError, SkipReport
+from hugerec.data.schema import Schema
+
 NUM_DENSE = 13
 NUM_SPARSE = 26
 DENSE_NAMES = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
@@ -26,3 +36,30 @@ SPARSE_MISSING_RATES = (
 
 # Share of clicks in the Kaggle training set.
 POSITIVE_RATE = 0.256
+
+# Tab-separated, no header, no quoting: a quote character in a hash field is data, not a quote.
+TSV = CsvOptions(separator="\t", has_header=False, quote_char=None)
+
+
+def read_criteo(
+    paths: str | Path | Sequence[str | Path], on_error: OnError | str = OnError.RAISE
+) -> tuple[pl.DataFrame, SkipReport]:
+    """Criteo TSV files (plain or .gz) -> frame (label, I1..I13 Int64, C1..C26 Int64 from hex; nulls kept).
+
+    For inputs that fit in memory; `criteo_to_parquet` streams any size.
+    """
+    return readers.read(paths, Schema.criteo(), TSV, on_error)
+
+
+def criteo_to_parquet(
+    paths: str | Path | Sequence[str | Path],
+    out_dir: str | Path,
+    on_error: OnError | str = OnError.RAISE,
+    rows_per_file: int = 1 << 22,
+    row_group_rows: int = 1 << 16,
+    compression: str = "snappy",
+) -> readers.ConvertReport:
+    """Criteo TSV files -> raw Parquet shards + schema.json, streaming (bounded memory)."""
+    return readers.to_parquet(
+        paths, Schema.criteo(), out_dir, TSV, on_error, rows_per_file, row_group_rows, compression
+    )

@@ -17,7 +17,7 @@ import pyarrow as pa
 from hugerec.data.preprocess.hashing import combine_hashes, hash_series
 from hugerec.data.preprocess.lookup import index_of
 from hugerec.data.preprocess.op import as_columns, require_scalar
-from hugerec.data.preprocess.stats import Stats, count_values, merge_counts
+from hugerec.data.preprocess.stats import Stats, merge_counts
 
 NULL_ID = 0
 OOV_ID = 1
@@ -93,8 +93,8 @@ class Categorify:
         """Per column: (value, count) over list elements or scalar values, nulls dropped."""
         out: Stats = {}
         for c in self.columns:
-            values = flat_values(frame[c]).drop_nulls().alias("value")
-            out[c] = count_values(values.to_frame(), ["value"])
+            counts = flat_values(frame[c]).drop_nulls().alias("value").value_counts(name="count")
+            out[c] = counts.with_columns(pl.col("count").cast(pl.Int64))
         return out
 
     def merge(self, parts: Sequence[Stats]) -> Stats:

@@ -122,8 +122,8 @@ class Dataset:
 
     schema: column -> Polars dtype; inferred when omitted (Parquet: from the first file; CSV with a
     header: from its first 10,000 rows). `partitioned_by` asserts that all rows sharing those
-    columns' values lie in one partition (needed by DifferenceLag and Groupby across partitions;
-    `repartition` makes it true).
+    columns' values lie in one file (needed by DifferenceLag and Groupby across partitions;
+    `repartition` makes it true); each file is then one partition.
     """
 
     def __init__(
@@ -215,6 +215,9 @@ class Dataset:
             case Format.PARQUET:
                 for path in self.paths:
                     meta = pq.ParquetFile(path).metadata
+                    if self.partitioned_by or meta.num_row_groups == 0:
+                        out.append(Partition(len(out), source, path, 0, meta.num_row_groups))
+                        continue
                     start, size = 0, 0
                     for rg in range(meta.num_row_groups):
                         size += meta.row_group(rg).total_byte_size
@@ -229,6 +232,9 @@ class Dataset:
                         out.append(Partition(len(out), source, path, header_end, -1, first_line=first_line))
                         continue
                     size = os.path.getsize(path)
+                    if self.partitioned_by:
+                        out.append(Partition(len(out), source, path, header_end, size, first_line=first_line))
+                        continue
                     for start in range(header_end, size, self.partition_bytes):
                         end = min(start + self.partition_bytes, size)
                         out.append(

@@ -1,21 +1,29 @@
 """Where partition tasks run: in this process, a local process pool, or a Dask distributed cluster.
 
-    engine = None        a local pool of os.cpu_count() processes
+    engine = None        a local pool of os.cpu_count() processes (the default)
     engine = 4           a local pool of 4 processes (1: in this process, no pool)
     engine = "tcp://..." the Dask cluster at that scheduler address
     engine = client      an existing dask.distributed.Client
 
 A task is `fn(job, item)`: the job (the fitted workflow, typically the large part) travels once per
-worker (a pool initializer; a broadcast scatter on Dask), the items (partitions) one per task.
-Results come back in item order, one at a time, so the caller can reduce them as they arrive.
+worker (through a temporary file the local workers read once; a broadcast scatter on Dask), the
+items (partitions) one per task. Results come back in item order, one at a time, so the caller can
+reduce them as they arrive. Local workers start by importing the main script (as with any
+multiprocessing or Dask code), so scripts guard their entry point with `if __name__ == "__main__":`.
+A local pool, once started, is kept for the life of the process, so a
+fit followed by a transform pays for worker start-up once.
 """
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
+import pickle
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -29,25 +37,33 @@ J = TypeVar("J")
 T = TypeVar("T")
 R = TypeVar("R")
 
-# the job of this worker process, set once by the pool initializer
-_job: Any = None
+_pools: dict[int, ProcessPoolExecutor] = {}
+_job: tuple[str, Any] = ("", None)  # (job file, job) last loaded by this worker process
 
 
-def _set_job(job: object) -> None:
+def _call(job_file: str, fn: Callable[[Any, T], R], item: T) -> R:
     global _job
-    _job = job
+    if _job[0] != job_file:
+        with open(job_file, "rb") as f:
+            _job = (job_file, pickle.load(f))
+    return fn(_job[1], item)
 
 
-def _call(fn: Callable[[Any, T], R], item: T) -> R:
-    return fn(_job, item)
+def _pool(workers: int) -> ProcessPoolExecutor:
+    if workers not in _pools:
+        # fork would copy the parent's Polars thread pool mid-flight (deadlock-prone); the fork server
+        # imports the preprocessing modules once, so each worker starts fast
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["hugerec.data.preprocess.workflow"])
+        _pools[workers] = ProcessPoolExecutor(workers, mp_context=ctx)
+    return _pools[workers]
 
 
-def _pool_context() -> multiprocessing.context.BaseContext:
-    # fork would copy the parent's Polars thread pool mid-flight (deadlock-prone); the fork server
-    # imports the preprocessing modules once, so each worker starts fast
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["hugerec.data.preprocess.workflow"])
-    return ctx
+@atexit.register
+def shutdown_pools() -> None:
+    """Stop the kept local worker pools (they restart on the next use)."""
+    while _pools:
+        _pools.popitem()[1].shutdown(cancel_futures=True)
 
 
 def run_tasks(fn: Callable[[J, T], R], job: J, items: Sequence[T], engine: Engine) -> Iterator[R]:
@@ -61,10 +77,26 @@ def run_tasks(fn: Callable[[J, T], R], job: J, items: Sequence[T], engine: Engin
                 for item in items:
                     yield fn(job, item)
                 return
-            with ProcessPoolExecutor(
-                min(workers, len(items)), mp_context=_pool_context(), initializer=_set_job, initargs=(job,)
-            ) as pool:
-                yield from pool.map(_call, [fn] * len(items), items)
+            fd, job_file = tempfile.mkstemp(prefix="hugerec-job-", suffix=".pkl")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
+                futures = [_pool(workers).submit(_call, job_file, fn, item) for item in items]
+                try:
+                    for future in futures:
+                        yield future.result()
+                finally:
+                    for future in futures:
+                        future.cancel()
+            except BrokenProcessPool as e:
+                _pools.pop(workers).shutdown(cancel_futures=True)
+                raise RuntimeError(
+                    "a local worker process died. Workers start by importing the main script, so a script "
+                    "must guard its entry point with `if __name__ == '__main__':`; otherwise the worker ran "
+                    "out of memory (use smaller Dataset partition_bytes or fewer workers)"
+                ) from e
+            finally:
+                os.unlink(job_file)
         case str():
             from distributed import Client
 

@@ -87,8 +87,26 @@ def _mix(z: np.uint64) -> np.uint64:
 def _hash_u64_kernel(bits: U64, valid: npt.NDArray[np.bool_], key: np.uint64, null_hash: np.uint64) -> U64:
     out = np.empty(bits.shape[0], dtype=np.uint64)
     for i in range(bits.shape[0]):
-        out[i] = _mix(bits[i] ^ key) if valid[i] else null_hash
+        out[i] = hash_bits(bits[i], key) if valid[i] else null_hash
     return out
+
+
+@njit(cache=True, inline="always")
+def hash_bytes(data: npt.NDArray[np.uint8], start: int, length: int, key: np.uint64) -> np.uint64:
+    """The string hash of data[start:start + length] (for kernels that hash as they go)."""
+    h = _mix(np.uint64(length) ^ key ^ np.uint64(STRING_TAG))
+    for w in range(0, length, 8):
+        word = np.uint64(0)
+        for b in range(min(8, length - w)):
+            word |= np.uint64(data[start + w + b]) << np.uint64(8 * b)
+        h = _mix(h ^ word)
+    return h
+
+
+@njit(cache=True, inline="always")
+def hash_bits(bits: np.uint64, key: np.uint64) -> np.uint64:
+    """The integer hash of uint64 value bits."""
+    return _mix(bits ^ key)
 
 
 @njit(cache=True)
@@ -102,18 +120,7 @@ def _hash_strings_kernel(
     n = offsets.shape[0] - 1
     out = np.empty(n, dtype=np.uint64)
     for i in range(n):
-        if not valid[i]:
-            out[i] = null_hash
-            continue
-        start = offsets[i]
-        length = offsets[i + 1] - start
-        h = _mix(np.uint64(length) ^ key ^ np.uint64(STRING_TAG))
-        for w in range(0, length, 8):
-            word = np.uint64(0)
-            for b in range(min(8, length - w)):
-                word |= np.uint64(data[start + w + b]) << np.uint64(8 * b)
-            h = _mix(h ^ word)
-        out[i] = h
+        out[i] = hash_bytes(data, offsets[i], offsets[i + 1] - offsets[i], key) if valid[i] else null_hash
     return out
 
 
@@ -160,9 +167,14 @@ def value_bits(series: pl.Series) -> U64:
     raise ValueError(f"column {series.name!r}: cannot hash or index values of dtype {dtype}")
 
 
+def hash_key(seed: int) -> np.uint64:
+    """The per-seed key of the definition above."""
+    return np.uint64(mix_reference(seed & _MASK))
+
+
 def hash_series(series: pl.Series, seed: int = 0) -> U64:
     """[R] uint64 stable hashes of a Polars column of integers, booleans, floats, strings or categoricals."""
-    key = np.uint64(mix_reference(seed & _MASK))
+    key = hash_key(seed)
     null_hash = np.uint64(mix_reference(int(key) ^ NULL_TAG))
     valid = series.is_not_null().to_numpy()
     if is_string_like(series.dtype):

@@ -2,11 +2,14 @@
 
 A Polars join against a vocabulary re-hashes the whole vocabulary on every call (about 0.2 s for a
 million strings, even for a one-row request), so each vocabulary gets an open-addressing hash table
-once, keyed by the stable 64-bit hash of its values; a probe compares the actual values (string bytes
-or integer bits) on a hash match, so lookups are exact, never approximate.
+once, keyed by the stable 64-bit hash of its values. A probe compares the actual values, so lookups
+are exact, never approximate; each slot carries what the comparison needs, so a probe touches one
+cache line for integers and for strings of up to 8 bytes:
 
-    values = ["b", "a", "c"]   table slots (S = 8): hash -> row, -1 empty
-    lookup(["a", None, "z"]) -> [1, null_row, -1]
+    slots [S, 4] uint64, S a power of two >= 2 V, linear probing:
+      (hash, row + 1 (0 = empty), byte length (strings), head: first 8 bytes little-endian, or the
+       integer / float bits)
+    values = ["b", "a", "c"]:  lookup(["a", None, "z"]) -> [1, null_row, -1]
 """
 
 from __future__ import annotations
@@ -21,44 +24,67 @@ import numpy.typing as npt
 import polars as pl
 from numba import njit
 
-from hugerec.data.preprocess.hashing import hash_series, is_string_like, string_buffers, value_bits
+from hugerec.data.preprocess.hashing import hash_bits, hash_bytes, hash_key, is_string_like, string_buffers, value_bits
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 U8 = npt.NDArray[np.uint8]
+Mask = npt.NDArray[np.bool_]
+
+
+@njit(cache=True, inline="always")
+def _head(data: U8, start: int, length: int) -> np.uint64:
+    word = np.uint64(0)
+    for b in range(min(8, length)):
+        word |= np.uint64(data[start + b]) << np.uint64(8 * b)
+    return word
+
+
+@njit(cache=True, inline="always")
+def _insert(slots: U64, h: np.uint64, row: int, length: int, head: np.uint64) -> None:
+    mask = np.uint64(slots.shape[0] - 1)
+    slot = h & mask
+    while slots[slot, 1] != 0:
+        slot = (slot + np.uint64(1)) & mask
+    slots[slot, 0] = h
+    slots[slot, 1] = row + 1
+    slots[slot, 2] = length
+    slots[slot, 3] = head
 
 
 @njit(cache=True)
-def _build_kernel(hashes: U64, valid: npt.NDArray[np.bool_], num_slots: int) -> tuple[U64, I64]:
-    keys = np.zeros(num_slots, dtype=np.uint64)
-    rows = np.full(num_slots, -1, dtype=np.int64)
-    mask = np.uint64(num_slots - 1)
-    for r in range(hashes.shape[0]):
-        if not valid[r]:
-            continue
-        slot = hashes[r] & mask
-        while rows[slot] != -1:
-            slot = (slot + np.uint64(1)) & mask
-        keys[slot] = hashes[r]
-        rows[slot] = r
-    return keys, rows
+def _build_strings_kernel(offsets: I64, data: U8, valid: Mask, key: np.uint64, num_slots: int) -> U64:
+    slots = np.zeros((num_slots, 4), dtype=np.uint64)
+    for r in range(offsets.shape[0] - 1):
+        if valid[r]:
+            start, length = offsets[r], offsets[r + 1] - offsets[r]
+            _insert(slots, hash_bytes(data, start, length, key), r, length, _head(data, start, length))
+    return slots
 
 
 @njit(cache=True)
-def _lookup_bits_kernel(
-    query: U64, query_hash: U64, valid: npt.NDArray[np.bool_], keys: U64, rows: I64, values: U64, null_row: int
-) -> I64:
-    mask = np.uint64(keys.shape[0] - 1)
+def _build_bits_kernel(bits: U64, valid: Mask, key: np.uint64, num_slots: int) -> U64:
+    slots = np.zeros((num_slots, 4), dtype=np.uint64)
+    for r in range(bits.shape[0]):
+        if valid[r]:
+            _insert(slots, hash_bits(bits[r], key), r, 0, bits[r])
+    return slots
+
+
+@njit(cache=True)
+def _lookup_bits_kernel(query: U64, valid: Mask, slots: U64, key: np.uint64, null_row: int) -> I64:
+    mask = np.uint64(slots.shape[0] - 1)
     out = np.empty(query.shape[0], dtype=np.int64)
     for i in range(query.shape[0]):
         if not valid[i]:
             out[i] = null_row
             continue
-        slot = query_hash[i] & mask
-        found = -1
-        while rows[slot] != -1:
-            if keys[slot] == query_hash[i] and values[rows[slot]] == query[i]:
-                found = rows[slot]
+        h = hash_bits(query[i], key)
+        slot = h & mask
+        found = np.int64(-1)
+        while slots[slot, 1] != 0:
+            if slots[slot, 0] == h and slots[slot, 3] == query[i]:
+                found = np.int64(slots[slot, 1]) - 1
                 break
             slot = (slot + np.uint64(1)) & mask
         out[i] = found
@@ -67,32 +93,26 @@ def _lookup_bits_kernel(
 
 @njit(cache=True)
 def _lookup_strings_kernel(
-    q_offsets: I64,
-    q_data: U8,
-    query_hash: U64,
-    valid: npt.NDArray[np.bool_],
-    keys: U64,
-    rows: I64,
-    v_offsets: I64,
-    v_data: U8,
-    null_row: int,
+    q_offsets: I64, q_data: U8, valid: Mask, slots: U64, v_offsets: I64, v_data: U8, key: np.uint64, null_row: int
 ) -> I64:
-    mask = np.uint64(keys.shape[0] - 1)
-    out = np.empty(query_hash.shape[0], dtype=np.int64)
-    for i in range(query_hash.shape[0]):
+    mask = np.uint64(slots.shape[0] - 1)
+    out = np.empty(q_offsets.shape[0] - 1, dtype=np.int64)
+    for i in range(q_offsets.shape[0] - 1):
         if not valid[i]:
             out[i] = null_row
             continue
         q_start = q_offsets[i]
         q_len = q_offsets[i + 1] - q_start
-        slot = query_hash[i] & mask
-        found = -1
-        while rows[slot] != -1:
-            r = rows[slot]
-            if keys[slot] == query_hash[i] and v_offsets[r + 1] - v_offsets[r] == q_len:
+        h = hash_bytes(q_data, q_start, q_len, key)
+        head = _head(q_data, q_start, q_len)
+        slot = h & mask
+        found = np.int64(-1)
+        while slots[slot, 1] != 0:
+            if slots[slot, 0] == h and slots[slot, 2] == q_len and slots[slot, 3] == head:
+                r = np.int64(slots[slot, 1]) - 1
                 same = True
                 v_start = v_offsets[r]
-                for b in range(q_len):
+                for b in range(8, q_len):  # the first 8 bytes matched in `head`
                     if q_data[q_start + b] != v_data[v_start + b]:
                         same = False
                         break
@@ -107,26 +127,25 @@ def _lookup_strings_kernel(
 @dataclass(frozen=True)
 class ValueIndex:
     dtype: pl.DataType  # of the indexed values
-    keys: U64  # [S] slot hashes, S a power of two >= 2 V
-    rows: I64  # [S] row of the value in each slot, -1 = empty
+    slots: U64  # [S, 4] the hash table (module docstring)
     null_row: int  # row of the null value, -1 if absent
     offsets: I64  # [V + 1] string values' byte offsets (empty for non-strings)
     data: U8  # string values' UTF-8 bytes
-    bits: U64  # [V] non-string values' integer bits (empty for strings)
 
     @classmethod
     def build(cls, values: pl.Series) -> ValueIndex:
         """Index V distinct values (at most one null)."""
         valid = values.is_not_null().to_numpy()
         nulls = np.flatnonzero(~valid)
-        num_slots = 1 << max(3, int(2 * max(values.len(), 1) - 1).bit_length())
-        keys, rows = _build_kernel(hash_series(values), valid, num_slots)
         null_row = int(nulls[0]) if nulls.size else -1
+        num_slots = 1 << max(3, int(2 * max(values.len(), 1) - 1).bit_length())
+        key = hash_key(0)
         if is_string_like(values.dtype):
             offsets, data = string_buffers(values)
-            return cls(values.dtype, keys, rows, null_row, offsets, data, np.zeros(0, dtype=np.uint64))
-        empty = np.zeros(0, dtype=np.int64)
-        return cls(values.dtype, keys, rows, null_row, empty, np.zeros(0, dtype=np.uint8), value_bits(values))
+            slots = _build_strings_kernel(offsets, data, valid, key, num_slots)
+            return cls(values.dtype, slots, null_row, offsets, data)
+        slots = _build_bits_kernel(value_bits(values), valid, key, num_slots)
+        return cls(values.dtype, slots, null_row, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.uint8))
 
     def lookup(self, query: pl.Series) -> I64:
         """[R] row of each query value; -1 where absent (null -> `null_row`)."""
@@ -138,13 +157,13 @@ class ValueIndex:
                     f"column {query.name!r}: dtype {query.dtype} does not match the fitted dtype {self.dtype}"
                 ) from e
         valid = query.is_not_null().to_numpy()
-        query_hash = hash_series(query)
+        key = hash_key(0)
         if is_string_like(self.dtype):
             q_offsets, q_data = string_buffers(query)
             return _lookup_strings_kernel(
-                q_offsets, q_data, query_hash, valid, self.keys, self.rows, self.offsets, self.data, self.null_row
+                q_offsets, q_data, valid, self.slots, self.offsets, self.data, key, self.null_row
             )
-        return _lookup_bits_kernel(value_bits(query), query_hash, valid, self.keys, self.rows, self.bits, self.null_row)
+        return _lookup_bits_kernel(value_bits(query), valid, self.slots, key, self.null_row)
 
 
 T = TypeVar("T")

@@ -59,7 +59,7 @@ OPS: dict[str, type] = {
         Groupby,
     )
 }
-MERGE_BATCH = 16  # partial statistics merged together at once while a pass streams in
+MERGE_BATCH = 4  # partial statistics merged at once as a pass streams in (overlapping the workers)
 
 
 def _fit_reads(op: Op) -> tuple[str, ...]:

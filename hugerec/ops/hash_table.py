@@ -114,8 +114,7 @@ def find_or_insert(
         # the table may run out of free rows: from now on it keeps its eviction order
         t.heap = np.zeros((heap_capacity(t.capacity), 4), dtype=np.int64)
         _cpu.rebuild_heap(t.info, t.row_state, t.heap, t.meta, eviction)
-    rows = lookup(t, keys)
-    status, reset, needed, protected = _cpu.find_or_insert(
+    status, rows, reset, needed, protected = _cpu.find_or_insert(
         t.slots,
         t.info,
         t.row_state,
@@ -124,7 +123,6 @@ def find_or_insert(
         t.sketch,
         t.meta,
         keys,
-        rows,
         step,
         eviction,
         min_count,

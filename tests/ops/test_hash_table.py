@@ -48,7 +48,7 @@ def _check_same(kern: ht.HashTableArrays, ref: ht.DictHashTable) -> None:
         assert (key, last, count) == (ref.key_of[r], ref.last_step[r], ref.count[r])
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     capacity=st.integers(1, 12),
     eviction=st.sampled_from(POLICIES),

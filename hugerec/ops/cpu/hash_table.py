@@ -334,6 +334,50 @@ def _protected_rows(info: np.ndarray, meta: np.ndarray, rows: np.ndarray, step: 
 
 
 @njit(cache=True)
+def _touch_found(info: np.ndarray, meta: np.ndarray, rows: np.ndarray, step: Int) -> None:
+    if meta[STEP] != step:
+        meta[STEP] = step
+        meta[TOUCHED] = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if r >= 0:
+            info[r, COUNT] += 1
+            if info[r, LAST] != step:
+                info[r, LAST] = step
+                meta[TOUCHED] += 1
+
+
+@njit(cache=True)
+def _give_row(
+    slots: np.ndarray,
+    info: np.ndarray,
+    row_state: np.ndarray,
+    heap: np.ndarray,
+    meta: np.ndarray,
+    empty: Int,
+    r: Int,
+    key: Int,
+    occ: Int,
+    step: Int,
+    eviction: Int,
+) -> None:
+    """Free row r now holds `key`, seen `occ` times at `step`; `empty` is the empty slot ending the key's probe."""
+    slots[empty, 0] = key
+    slots[empty, 1] = r
+    info[r, KEY] = key
+    info[r, GEN] += 1
+    info[r, LAST] = step
+    info[r, COUNT] = occ
+    row_state[r] = USED
+    meta[SIZE] += 1
+    meta[INSERTS] += 1
+    meta[TOUCHED] += 1
+    if heap.shape[0]:
+        s1, s2 = _score(eviction, info, r)
+        _push(heap, meta, s1, s2, r, info[r, GEN])
+
+
+@njit(cache=True)
 def find_or_insert(
     slots: np.ndarray,
     info: np.ndarray,
@@ -343,25 +387,59 @@ def find_or_insert(
     sketch: np.ndarray,
     meta: np.ndarray,
     keys: np.ndarray,
-    rows: np.ndarray,
     step: Int,
     eviction: Int,
     min_count: Int,
     admit_all: bool,
-) -> tuple[Int, np.ndarray, Int, Int]:
-    """Complete `rows` (filled by `lookup`) by touching found rows and giving rows to admitted new keys.
+) -> tuple[Int, np.ndarray, np.ndarray, Int, Int]:
+    """keys [N] -> rows [N]: touch found rows, give rows to admitted new keys (see hugerec.ops.hash_table).
 
-    Returns (status, reset rows [E], rows needed, rows the batch protects). On a non-OK status
+    Returns (status, rows [N], reset rows [E], rows needed, rows protected). On a non-OK status
     nothing was changed. Reset rows held another key before and must be re-initialised.
     """
     n = keys.shape[0]
     cap = info.shape[0]
     mask = slots.shape[0] - 1
-    # 1. distinct missing keys in order of first occurrence; rows[i] = -2 - u marks "distinct key u"
+    rows = np.empty(n, dtype=np.int64)
     n_miss = 0
     for i in range(n):
-        if rows[i] < 0:
+        s = _probe(slots, mask, keys[i])
+        if s >= 0:
+            rows[i] = slots[s, 1]
+        else:
+            rows[i] = s - 1  # -2 - (the empty slot that ended the probe)
             n_miss += 1
+    use_sketch = min_count > 1 and not admit_all
+    if not use_sketch and n_miss <= meta[N_FREE]:
+        # common case: every key is admitted and free rows suffice (no eviction), so new keys go
+        # straight into the slots in order of first occurrence; a repeat finds its first occurrence
+        if heap.shape[0] and meta[HEAP_SIZE] + n_miss > heap.shape[0]:
+            rebuild_heap(info, row_state, heap, meta, eviction)
+        _touch_found(info, meta, rows, step)
+        reset = np.empty(n_miss, dtype=np.int64)
+        n_reset = 0
+        for i in range(n):
+            if rows[i] >= 0:
+                continue
+            key = keys[i]
+            # the probe path up to the remembered empty slot is still full (nothing was deleted since);
+            # inserts of this batch may have filled that slot and the ones after it
+            s = -2 - rows[i]
+            while slots[s, 1] != -1 and slots[s, 0] != key:
+                s = (s + 1) & mask
+            if slots[s, 1] != -1:
+                r = slots[s, 1]
+                info[r, COUNT] += 1
+            else:
+                meta[N_FREE] -= 1
+                r = free[meta[N_FREE]]
+                if row_state[r] != FRESH:
+                    reset[n_reset] = r
+                    n_reset += 1
+                _give_row(slots, info, row_state, heap, meta, s, r, key, 1, step, eviction)
+            rows[i] = r
+        return OK, rows, reset[:n_reset], n_miss, 0
+    # 1. distinct missing keys in order of first occurrence; rows[i] = -2 - u marks "distinct key u"
     tsize = 2
     while tsize < 2 * n_miss:
         tsize *= 2
@@ -388,7 +466,6 @@ def find_or_insert(
         rows[i] = -2 - u
     # 2. admission, decided before any state changes (count-min estimate after this batch's adds)
     admitted = np.ones(n_u, dtype=np.bool_)
-    use_sketch = min_count > 1 and not admit_all
     needed = n_u
     if use_sketch:
         needed = 0
@@ -401,11 +478,11 @@ def find_or_insert(
     if needed > 0:
         if eviction == EVICT_NONE:
             if meta[SIZE] + needed > cap:
-                return FULL, np.empty(0, dtype=np.int64), needed, protected
+                return FULL, rows, np.empty(0, dtype=np.int64), needed, protected
         elif needed > meta[N_FREE]:
             protected = _protected_rows(info, meta, rows, step)
             if protected + needed > cap:
-                return BATCH_TOO_LARGE, np.empty(0, dtype=np.int64), needed, protected
+                return BATCH_TOO_LARGE, rows, np.empty(0, dtype=np.int64), needed, protected
         # rows taken from the free stack push without popping; evictions pop before they push
         if heap.shape[0] and meta[HEAP_SIZE] + min(needed, meta[N_FREE]) > heap.shape[0]:
             rebuild_heap(info, row_state, heap, meta, eviction)
@@ -413,16 +490,7 @@ def find_or_insert(
     if use_sketch:
         for u in range(n_u):
             _sketch_add(sketch, ukeys[u], uocc[u])
-    if meta[STEP] != step:
-        meta[STEP] = step
-        meta[TOUCHED] = 0
-    for i in range(n):
-        r = rows[i]
-        if r >= 0:
-            info[r, COUNT] += 1
-            if info[r, LAST] != step:
-                info[r, LAST] = step
-                meta[TOUCHED] += 1
+    _touch_found(info, meta, rows, step)
     reset = np.empty(needed, dtype=np.int64)
     n_reset = 0
     new_row = np.empty(n_u, dtype=np.int64)
@@ -453,22 +521,9 @@ def find_or_insert(
         if row_state[r] != FRESH:
             reset[n_reset] = r
             n_reset += 1
-        key = ukeys[u]
-        s = _probe(slots, mask, key)
-        slots[-1 - s, 0] = key
-        slots[-1 - s, 1] = r
-        info[r, KEY] = key
-        row_state[r] = USED
-        info[r, GEN] += 1
-        info[r, LAST] = step
-        info[r, COUNT] = uocc[u]
-        meta[SIZE] += 1
-        meta[INSERTS] += 1
-        meta[TOUCHED] += 1
+        empty = -1 - _probe(slots, mask, ukeys[u])  # probed after the eviction: deletion moves entries
+        _give_row(slots, info, row_state, heap, meta, empty, r, ukeys[u], uocc[u], step, eviction)
         new_row[u] = r
-        if heap.shape[0]:
-            s1, s2 = _score(eviction, info, r)
-            _push(heap, meta, s1, s2, r, info[r, GEN])
     for k in range(n_def):
         r = deferred[k]
         s1, s2 = _score(eviction, info, r)
@@ -476,7 +531,7 @@ def find_or_insert(
     for i in range(n):
         if rows[i] <= -2:
             rows[i] = new_row[-2 - rows[i]]
-    return OK, reset[:n_reset], needed, protected
+    return OK, rows, reset[:n_reset], needed, protected
 
 
 # -- remove / load -----------------------------------------------------------------------------------

@@ -1,0 +1,227 @@
+"""Dynamic embeddings: hash-table throughput, and the training-step cost of dynamic against static tables.
+
+    python benchmarks/hash_table.py [--quick] [--json PATH]
+
+1. Lookups, batches of 8192 x 26 keys drawn from 10^8 possible ids (Zipf(1.05) and uniform), one
+   table holding every feature's keys, in steady state (the tables have seen as many batches before):
+     find_or_insert   training lookup of fresh batches (hits, and the new keys get rows)
+     find             eval lookup over the same batches (every key present)
+   against a Python dict (setdefault / get) and pandas.Index.get_indexer (find only: an Index cannot
+   grow in place). Throughput in M keys/s, higher is better.
+2. Training step (forward + backward + row-wise Adagrad) of an EmbeddingCollection with 26 tables,
+   dim 16, batch 8192 on Zipf ids, every timed pass on fresh batches: dynamic tables on raw ids
+   against static tables fed the same ids pre-remapped to 0..K-1 (the remapping is not timed); then
+   dynamic tables with capacity at 50 % of the distinct keys, so that LRU eviction runs every step
+   (recycled rows re-initialised). Milliseconds per step, lower is better; the methods take turns
+   pass by pass, so that the load of a shared machine hits them alike.
+
+Lookup ratios are ours/baseline in throughput (higher is better for us); step ratios are ours/static
+in time (lower is better for us).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.config import DynamicConfig, Eviction, TableConfig
+from hugerec.embedding.hash_table import HashTable
+from hugerec.embedding.optimizers import RowWiseAdagrad
+from hugerec.sparse.features import SparseFeatures
+
+ID_SPACE = 10**8
+PRIME = 100_000_007  # > ID_SPACE: x -> x * a mod PRIME scatters the popular Zipf ids over the space
+BATCH, FEATURES, DIM = 8192, 26, 16
+
+
+def zipf_ids(rng: np.random.Generator, n: int, salt: int = 0) -> np.ndarray:
+    out = np.empty(0, dtype=np.int64)
+    while out.size < n:
+        x = rng.zipf(1.05, size=2 * n)
+        out = np.concatenate([out, x[x <= ID_SPACE]])
+    return (out[:n] * (2_654_435_761 + 2 * salt) % PRIME).astype(np.int64)
+
+
+def uniform_ids(rng: np.random.Generator, n: int, salt: int = 0) -> np.ndarray:
+    return rng.integers(0, ID_SPACE, size=n, dtype=np.int64)
+
+
+def best_of(fn: Callable[[], None], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def record(config: str, method: str, value: float, unit: str, higher: bool, **extra: Any) -> dict[str, Any]:
+    return {"config": config, "method": method, "value": value, "unit": unit, "higher_is_better": higher, **extra}
+
+
+# -- 1. lookups ---------------------------------------------------------------------------------------
+def lookup_records(num_batches: int, dict_batches: int, repeats: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(0)
+    HashTable(16).find_or_insert(np.arange(10), 0)  # compile outside the timing
+    out = []
+    for dist, gen in (("zipf1.05", zipf_ids), ("uniform", uniform_ids)):
+        out += lookup_one(dist, [gen(rng, BATCH * FEATURES) for _ in range(2 * num_batches)], dict_batches, repeats)
+    return out
+
+
+def lookup_one(dist: str, batches: list[np.ndarray], dict_batches: int, repeats: int) -> list[dict[str, Any]]:
+    """Steady state: the tables see the first half of the batches, then the second half is timed."""
+    half = len(batches) // 2
+    warm, timed = batches[:half], batches[half:]
+    n = BATCH * FEATURES
+    distinct = int(np.unique(np.concatenate(batches)).size)
+    new = int(np.setdiff1d(np.unique(np.concatenate(timed)), np.concatenate(warm)).size)
+    config = (
+        f"{dist} ids over 1e8, batch {BATCH}x{FEATURES}, {half} batches after {half} warm-up "
+        f"({new / (n * half):.0%} of keys new)"
+    )
+
+    def fresh() -> HashTable:
+        table = HashTable(distinct + 1, DynamicConfig(eviction=Eviction.LRU))
+        for step, b in enumerate(warm):
+            table.find_or_insert(b, step)
+        return table
+
+    tables = [fresh() for _ in range(repeats)]
+    pending = iter(tables)
+
+    def insert() -> None:
+        table = next(pending)
+        for step, b in enumerate(timed, start=half):
+            table.find_or_insert(b, step)
+
+    t_foi = best_of(insert, repeats)
+    table = tables[-1]
+    t_find = best_of(lambda: [table.find(b) for b in timed] and None, repeats)
+    index = pd.Index(table.export().keys.numpy())
+    t_pd_find = best_of(lambda: [index.get_indexer(b) for b in timed] and None, repeats)
+
+    d: dict[int, int] = {}
+    for b in warm[:dict_batches]:
+        [d.setdefault(k, len(d)) for k in b.tolist()]
+
+    def dict_insert() -> None:
+        for b in timed[:dict_batches]:
+            [d.setdefault(k, len(d)) for k in b.tolist()]
+
+    t_dict_foi = best_of(dict_insert, 1)
+    t_dict_find = best_of(lambda: [[d.get(k, -1) for k in b.tolist()] for b in timed[:dict_batches]] and None, 1)
+    ours, dict_keys = n * half, n * dict_batches
+    return [
+        record(f"find_or_insert: {config}", "hugerec HashTable", ours / t_foi / 1e6, "M keys/s", True),
+        record(f"find_or_insert: {config}", "python dict", dict_keys / t_dict_foi / 1e6, "M keys/s", True),
+        record(f"find: {config}", "hugerec HashTable", ours / t_find / 1e6, "M keys/s", True),
+        record(f"find: {config}", "python dict", dict_keys / t_dict_find / 1e6, "M keys/s", True),
+        record(f"find: {config}", "pandas get_indexer", ours / t_pd_find / 1e6, "M keys/s", True),
+    ]
+
+
+# -- 2. training step -----------------------------------------------------------------------------------
+def step_records(num_batches: int, repeats: int) -> list[dict[str, Any]]:
+    """Every timed pass runs on fresh batches, so dynamic tables meet new keys at the stream's natural rate."""
+    rng = np.random.default_rng(1)
+    names = tuple(f"f{i}" for i in range(FEATURES))
+    passes = 1 + repeats  # a warm-up pass, then one timed pass per repeat
+    # raw ids [pass][batch][F][B]: feature f draws from its own scattering of the Zipf ids
+    raw = [[[zipf_ids(rng, BATCH, salt=f) for f in range(FEATURES)] for _ in range(num_batches)] for _ in range(passes)]
+    vocab = [np.unique(np.concatenate([b[f] for p in raw for b in p])) for f in range(FEATURES)]
+    lengths = torch.ones(FEATURES * BATCH, dtype=torch.int32)
+
+    def features(batch: list[np.ndarray], remap: bool) -> SparseFeatures:
+        ids = [np.searchsorted(vocab[f], batch[f]) if remap else batch[f] for f in range(FEATURES)]
+        return SparseFeatures(names, torch.from_numpy(np.concatenate(ids)), lengths)
+
+    static_passes = [[features(b, True) for b in p] for p in raw]
+    raw_passes = [[features(b, False) for b in p] for p in raw]
+    opt = RowWiseAdagrad(lr=0.01)
+    lru = DynamicConfig(eviction=Eviction.LRU)
+    distinct = [int(v.size) for v in vocab]
+
+    def collection(capacity: list[int], dynamic: DynamicConfig | None) -> EmbeddingCollection:
+        return EmbeddingCollection(
+            [TableConfig(n, num_rows=capacity[f], dim=DIM, dynamic=dynamic) for f, n in enumerate(names)],
+            optimizer=opt,
+        )
+
+    runs = {
+        "static (ids pre-remapped to 0..K-1)": (collection(distinct, None), static_passes),
+        "hugerec dynamic, capacity > distinct keys": (collection([d + 1 for d in distinct], lru), raw_passes),
+        "hugerec dynamic + LRU eviction, capacity 50% of distinct keys": (
+            collection([max(d // 2, BATCH + 1) for d in distinct], lru),
+            raw_passes,
+        ),
+    }
+
+    def one_pass(coll: EmbeddingCollection, batches: list[SparseFeatures]) -> float:
+        t0 = time.perf_counter()
+        for b in batches:
+            coll(b).values.sum().backward()
+        return (time.perf_counter() - t0) / len(batches)
+
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for p in range(passes):  # interleaved, so that load on a shared machine hits every method alike
+        for name, (coll, batch_passes) in runs.items():
+            t = one_pass(coll, batch_passes[p])
+            if p:  # pass 0 warms up: compilation, first keys
+                times[name].append(t)
+    config = (
+        f"training step: {FEATURES} tables dim {DIM}, batch {BATCH}, Zipf(1.05) ids over 1e8, fresh batches, "
+        "row-wise Adagrad, fwd+bwd+update"
+    )
+    out = []
+    for name, (coll, _) in runs.items():
+        extra = {}
+        if coll.hash_tables:
+            stats = [h.stats() for h in coll.hash_tables.values()]
+            extra = {"evictions": sum(s.evictions for s in stats), "inserts": sum(s.inserts for s in stats)}
+        out.append(record(config, name, min(times[name]) * 1e3, "ms/step", False, **extra))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small run (< 1 minute)")
+    p.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    if args.quick:
+        records = lookup_records(num_batches=3, dict_batches=1, repeats=2) + step_records(num_batches=2, repeats=2)
+    else:
+        records = lookup_records(num_batches=20, dict_batches=3, repeats=3) + step_records(num_batches=6, repeats=3)
+    machine = {"torch_threads": torch.get_num_threads(), "loadavg_1min": os.getloadavg()[0]}
+    for r in records:
+        r.update(machine)
+    print(f"{'config':<120} {'method':<64} {'value':>9}  unit")
+    for r in records:
+        print(f"{r['config']:<120} {r['method']:<64} {r['value']:>9.2f}  {r['unit']}")
+    print(
+        f"\nratios ours/baseline ({machine['torch_threads']} torch threads, load average {machine['loadavg_1min']:.1f}):"
+    )
+    for config in dict.fromkeys(r["config"] for r in records):
+        rows = [r for r in records if r["config"] == config]
+        for ours in (r for r in rows if r["method"].startswith("hugerec")):
+            for base in (r for r in rows if not r["method"].startswith("hugerec")):
+                print(
+                    f"  {config.split(':')[0]}: {ours['method']} / {base['method']}: {ours['value'] / base['value']:.2f}x"
+                )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -7,18 +7,23 @@ torchrun --nproc-per-node 2 -m hugerec train ...   -> the command calls init_fro
 
 from __future__ import annotations
 
+import importlib
+import multiprocessing
+import multiprocessing.context
+import importlib.util
 import os
+import pickle
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 
 @dataclass(frozen=True)
@@ -64,13 +69,43 @@ def init_from_env(backend: str | None = None, timeout_s: float = 1800.0) -> Dist
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device, dist.get_backend())
 
 
+def _reference(fn: Callable[..., Any]) -> tuple[str, str, str | None]:
+    """(module, qualified name, file) of a module-level function, to find it again in a fresh process."""
+    if "<locals>" in fn.__qualname__ or fn.__name__ == "<lambda>":
+        raise ValueError(f"spawn: fn must be a module-level function, got {fn.__qualname__}")
+    module = sys.modules.get(fn.__module__)
+    return fn.__module__, fn.__qualname__, getattr(module, "__file__", None)
+
+
+def _resolve(ref: tuple[str, str, str | None]) -> Callable[..., Any]:
+    """The function `_reference` describes; a module that is not importable by name (a test file that
+    pytest imported by path) is loaded from its file."""
+    name, qualname, path = ref
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError:
+        if path is None:
+            raise
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def _worker(
     rank: int,
     world_size: int,
     port: int,
     backend: str,
     threads: int,
-    fn: Callable[..., Any],
+    timeout_s: float,
+    fn_ref: tuple[str, str, str | None],
     args: tuple[Any, ...],
     results: Any,
 ) -> None:
@@ -84,13 +119,16 @@ def _worker(
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world_size,
-            timeout=timedelta(seconds=300),
+            timeout=timedelta(seconds=timeout_s),
         )
+        fn = _resolve(fn_ref)
         try:
             out = fn(rank, world_size, *args)
         finally:
             dist.destroy_process_group()
-        results.put((rank, True, out))
+        # plain pickle bytes: torch's queue reductions would share tensors through file descriptors
+        # that vanish with this process
+        results.put((rank, True, pickle.dumps(out)))
     except BaseException as e:  # report any failure to the parent instead of dying silently
         results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         raise
@@ -103,21 +141,31 @@ def spawn(
     backend: str = "gloo",
     threads_per_process: int = 1,
     timeout_s: float = 600.0,
+    start_method: Literal["forkserver", "spawn"] = "forkserver",
 ) -> list[Any]:
     """Run `fn(rank, world_size, *args)` in `world_size` fresh processes joined by a process group.
 
-    fn must be importable by name (a module-level function) and its arguments and result picklable.
+    fn must be a module-level function, its arguments and result picklable. start_method "forkserver"
+    (default, fast) or "spawn" (a fresh interpreter per process).
     Returns the results in rank order; raises RuntimeError with the first failing rank's traceback.
     """
     if world_size < 1:
         raise ValueError(f"spawn: world_size must be >= 1, got {world_size}")
-    ctx = mp.get_context("spawn")
+    ctx: multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext
+    match start_method:
+        case "forkserver":
+            ctx = multiprocessing.get_context("forkserver")
+            # The server imports torch and hugerec once; every later process forks from it in milliseconds
+            # (a spawned process spends seconds importing torch). It never runs a kernel: forking it is safe.
+            ctx.set_forkserver_preload(["torch", "torch.distributed", "hugerec.distributed.shard"])
+        case "spawn":
+            ctx = multiprocessing.get_context("spawn")
     results = ctx.SimpleQueue()
     port = free_port()
     procs = [
         ctx.Process(
             target=_worker,
-            args=(rank, world_size, port, backend, threads_per_process, fn, args, results),
+            args=(rank, world_size, port, backend, threads_per_process, timeout_s, _reference(fn), args, results),
             daemon=False,
         )
         for rank in range(world_size)
@@ -130,7 +178,7 @@ def spawn(
     for _ in procs:
         rank, ok, value = _get(results, procs, timeout_s)
         if ok:
-            got[rank] = value
+            got[rank] = pickle.loads(value)
         elif failure is None:
             failure = f"spawn: rank {rank} failed:\n{value}"
             break

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from hugerec.embedding.config import TableConfig
+from hugerec.embedding.config import Missing, TableConfig
 from hugerec.embedding.optimizers import Adam, Optimizer, optimizer_from_dict, optimizer_to_dict, state_width
 
 # Per-row bookkeeping of a dynamic table beside the row itself (int64 key, slot index, step/count).
@@ -199,6 +199,11 @@ class ShardingPlan:
             case ShardingKind.TABLE_WISE:
                 pass
             case ShardingKind.ROW_WISE:
+                if t.dynamic is not None and t.dynamic.missing is Missing.UNKNOWN_ROW and len(p.ranks) > 1:
+                    raise ValueError(
+                        f"ShardingPlan: row-wise dynamic table {t.name!r} has missing=unknown_row: every shard would "
+                        f"train its own unknown row; use table_wise or column_wise, or missing=zeros"
+                    )
                 if t.dynamic is None and t.num_rows < len(p.ranks):
                     raise ValueError(
                         f"ShardingPlan: table {t.name!r} has {t.num_rows} rows, too few for {len(p.ranks)} row shards"

@@ -5,7 +5,8 @@ expected ids per example of feature f (uniform ids assumed when splitting rows):
 
     bytes sent   ids to the owners (8 B per bag length and per id, 4 B per weight), pooled
                  vectors back (B * D_shard * 4 per served feature, or one vector per id for
-                 sequence features), the same volume again as gradients, 24 B of counts per peer;
+                 sequence features), the same volume again as gradients, 24 B of counts per peer
+                 (once for the pooled lookup, once for the sequence lookup);
                  data-parallel tables send their touched rows' ids and gradients to every peer
                  (U * (8 + 4 D), U = expected distinct rows of the rank's batch)
     lookup work  bytes of rows read: ids served * (D_shard * 4 + 64 of index overhead)
@@ -162,9 +163,11 @@ def estimate_costs(plan: ShardingPlan, load: Workload) -> list[RankCost]:
     total = [RankCost(0.0, 0.0, 0)] * w
     for t in plan.tables:
         total = _add(total, table_costs(t, plan.placements[t.name], w, load, plan.optimizer))
-    if any(p.kind is not ShardingKind.DATA_PARALLEL for p in plan.placements.values()):
-        total = _add(total, [RankCost(COUNTS_BYTES * (w - 1), 0.0, 0)] * w)
-    return total
+    # one counts exchange per lookup path (pooled, sequence) that has sharded tables
+    sharded = {
+        t.pooling is Pooling.NONE for t in plan.tables if plan.placements[t.name].kind is not ShardingKind.DATA_PARALLEL
+    }
+    return _add(total, [RankCost(len(sharded) * COUNTS_BYTES * (w - 1), 0.0, 0)] * w)
 
 
 def estimate_bytes_sent(plan: ShardingPlan, load: Workload) -> list[float]:
@@ -269,7 +272,9 @@ def plan(
             )
         notes.append(f"{t.name}: {best.kind.value} on {_ranks(best)}: {why}")
     sent = [format_bytes(c.bytes_sent) for c in per_rank]
-    notes.append(f"estimated per step at batch {load.batch_size}/rank: sent per rank [{', '.join(sent)}]")
+    notes.append(
+        f"estimated per step at batch {load.batch_size}/rank: sent per rank [{', '.join(sent)}] (before the counts exchange)"
+    )
     return ShardingPlan(
         tables=tuple(tables),
         placements={t.name: chosen[t.name] for t in tables},

@@ -51,15 +51,18 @@ class Route:
 
 
 class Routing:
-    """The routes of `plan` (data-parallel tables excluded), grouped by the rank serving them."""
+    """The routes of `plan`'s pooled (or, with sequence=True, Pooling.NONE) tables, grouped by serving rank.
 
-    def __init__(self, plan: ShardingPlan) -> None:
+    Data-parallel tables have no routes: every rank looks them up itself.
+    """
+
+    def __init__(self, plan: ShardingPlan, sequence: bool = False) -> None:
         self.world_size = plan.world_size
         self.serve: list[list[Route]] = [[] for _ in range(plan.world_size)]
         self.by_feature: dict[str, list[Route]] = {}  # shards of the feature's table, in shard order
         for t in plan.tables:
             p = plan.placements[t.name]
-            if p.kind is ShardingKind.DATA_PARALLEL:
+            if p.kind is ShardingKind.DATA_PARALLEL or (t.pooling is Pooling.NONE) != sequence:
                 continue
             shards = plan.shards(t.name)
             for f in t.features:
@@ -79,6 +82,7 @@ class Bucketed:
 
     ids [sum over d of send[d]] int64, weights [ids of all routes] fp32 or None,
     send[d] entries of `ids` for rank d, send_values[d] ids (and weights) among them,
+    route_ids[d][e] ids of route e of rank d's routes,
     order[f] for row-wise sequence features: the permutation that sorted the feature's ids by shard
     (their vectors come back in that order and are put back with it).
     """
@@ -87,6 +91,7 @@ class Bucketed:
     weights: torch.Tensor | None
     send: list[int]
     send_values: list[int]
+    route_ids: list[list[int]]
     order: dict[str, torch.Tensor]
 
 
@@ -147,14 +152,15 @@ def bucketize(features: SparseFeatures, routing: Routing) -> Bucketed:
             order[f] = perm
     id_chunks: list[torch.Tensor] = []
     w_chunks: list[torch.Tensor] = []
-    send, send_values = [], []
+    send, send_values, route_ids = [], [], []
     for routes in routing.serve:
         ps = [parts[r.feature, r.shard.index] for r in routes]
         chunk = [p[0] for p in ps] + [p[1] for p in ps]
         id_chunks.extend(chunk)
         if features.weights is not None:
             w_chunks.extend(p[2] for p in ps if p[2] is not None)
-        n = sum(int(p[1].numel()) for p in ps)
+        route_ids.append([int(p[1].numel()) for p in ps])
+        n = sum(route_ids[-1])
         send.append(len(ps) * b + n)
         send_values.append(n)
     device = features.values.device
@@ -162,7 +168,7 @@ def bucketize(features: SparseFeatures, routing: Routing) -> Bucketed:
     weights = None
     if features.weights is not None:
         weights = torch.cat(w_chunks) if w_chunks else torch.zeros(0, dtype=torch.float32, device=device)
-    return Bucketed(ids_out, weights, send, send_values, order)
+    return Bucketed(ids_out, weights, send, send_values, route_ids, order)
 
 
 def regroup(values: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:

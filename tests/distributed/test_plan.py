@@ -12,7 +12,7 @@ from hugerec.distributed.plan import (
     shard_bytes,
     table_shards,
 )
-from hugerec.embedding.config import DynamicConfig, StorageDtype, TableConfig
+from hugerec.embedding.config import DynamicConfig, Missing, StorageDtype, TableConfig
 from hugerec.embedding.optimizers import SGD, Adagrad, RowWiseAdagrad
 
 TABLES = (
@@ -20,6 +20,7 @@ TABLES = (
     TableConfig("item", num_rows=7, dim=4, optimizer=Adagrad()),
     TableConfig("hashed", num_rows=9, dim=4, dynamic=DynamicConfig()),
     TableConfig("small", num_rows=3, dim=6, dtype=StorageDtype.FP16),
+    TableConfig("unknown", num_rows=5, dim=2, dynamic=DynamicConfig(missing=Missing.UNKNOWN_ROW)),
 )
 
 
@@ -31,6 +32,7 @@ def mixed_plan(**kw: object) -> ShardingPlan:
             "item": TablePlacement.column_wise([2, 1]),
             "hashed": TablePlacement.row_wise([1, 0]),
             "small": TablePlacement.data_parallel(3),
+            "unknown": TablePlacement.table_wise(0),
         },
         world_size=3,
         optimizer=RowWiseAdagrad(),
@@ -60,10 +62,11 @@ def test_shards_of_each_kind() -> None:
     assert [(s.rank, s.index, s.num_rows) for s in p.shards("hashed")] == [(1, 0, 5), (0, 1, 5)]
     assert [s.rank for s in p.shards("small")] == [0, 1, 2]
     assert [(s.table, s.rank) for s in p.shards_on(1)] == [("user", 1), ("item", 1), ("hashed", 1), ("small", 1)]
+    assert [(s.table, s.rank) for s in p.shards_on(0)][-1] == ("unknown", 0)
 
 
 def test_bytes_include_optimizer_state() -> None:
-    user, item, hashed, small = TABLES
+    user, item, hashed, small, _ = TABLES
     p = mixed_plan()
     # user: 3 rows x (8 fp32 + 1 row-wise adagrad accumulator)
     assert shard_bytes(user, p.shards("user")[0], RowWiseAdagrad()) == 3 * (8 * 4 + 4)
@@ -105,6 +108,7 @@ def test_format_bytes() -> None:
         ({"item": TablePlacement.column_wise([0, 1, 2])}, r"does not divide its dim 4"),
         ({"small": TablePlacement.row_wise([0, 1, 2, 3][:3]), "user": TablePlacement.data_parallel(2)}, "all 3 ranks"),
         ({"hashed": TablePlacement.data_parallel(3)}, "dynamic table 'hashed' cannot be data-parallel"),
+        ({"unknown": TablePlacement.row_wise([0, 1])}, "every shard would train its own unknown row"),
     ],
 )
 def test_bad_plans_are_refused(placements: dict[str, TablePlacement], match: str) -> None:

@@ -155,26 +155,43 @@ class HashTable:
             rows[rows < 0] = self.unknown_row
         return torch.from_numpy(rows)
 
+    def _out(self, out: torch.Tensor | None, n: int, where: str) -> np.ndarray | None:
+        if out is None:
+            return None
+        if out.shape != (n,) or out.dtype != torch.int64 or out.device.type != "cpu" or not out.is_contiguous():
+            raise ValueError(
+                f"{where}: out must be a contiguous CPU int64 tensor of shape ({n},), got {out.dtype} "
+                f"{tuple(out.shape)} on {out.device}"
+            )
+        return out.numpy()
+
     # -- lookups -------------------------------------------------------------------------------------
-    def find_or_insert(self, keys: torch.Tensor | np.ndarray, step: int, admit_all: bool = False) -> Insertion:
+    def find_or_insert(
+        self, keys: torch.Tensor | np.ndarray, step: int, admit_all: bool = False, out: torch.Tensor | None = None
+    ) -> Insertion:
         """Training lookup at `step` (steps never decrease): keys [N] -> rows [N], inserting admitted keys.
 
-        admit_all skips admission (used when importing rows that were admitted elsewhere).
-        Raises ValueError, leaving the table unchanged, when the keys do not fit (see hugerec.ops.hash_table).
+        admit_all skips admission (used when importing rows that were admitted elsewhere); `out`, a
+        contiguous CPU int64 tensor [N], receives the rows. Raises ValueError, leaving the table
+        unchanged, when the keys do not fit (see hugerec.ops.hash_table).
         """
         where = self._where("find_or_insert")
         k = as_keys(keys, where)
         step = _check_step(step, where)
+        dest = self._out(out, k.shape[0], where)
         if self.policy.eviction is Eviction.TTL and step >= self.step:
             ops.expire(self._arrays, step, self.policy.ttl_steps)
         rows, reset = ops.find_or_insert(
-            self._arrays, k, step, self._eviction, self.policy.min_count, admit_all, where=where
+            self._arrays, k, step, self._eviction, self.policy.min_count, admit_all, where=where, out=dest
         )
         return Insertion(self._default(rows), torch.from_numpy(reset))
 
-    def find(self, keys: torch.Tensor | np.ndarray) -> torch.Tensor:
-        """Eval / serving lookup: keys [N] -> rows [N]; missing keys get -1 or the unknown row. Changes nothing."""
-        return self._default(ops.lookup(self._arrays, as_keys(keys, self._where("find"))))
+    def find(self, keys: torch.Tensor | np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Eval / serving lookup: keys [N] -> rows [N] (into `out` if given); missing keys get -1 or the
+        unknown row. Changes nothing: concurrent `find`s are safe, a concurrent writer is not."""
+        where = self._where("find")
+        k = as_keys(keys, where)
+        return self._default(ops.lookup(self._arrays, k, self._out(out, k.shape[0], where)))
 
     def remove(self, keys: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Drop keys; returns the row each one held (-1 where absent). Freed rows are re-initialised on reuse."""
@@ -325,25 +342,39 @@ def remap_features(
     other features are copied unchanged. Returns the rows and {table: reset rows [E]} of the tables
     that recycled rows (their weights and optimizer state must be re-initialised before use).
     """
-    ranges = features.value_ranges()
     values = features.values
-    rows = values.clone()
+    num_features, batch = len(features.keys), features.batch_size
+    # [F * B] lengths -> per-feature value ranges (numpy: torch's int32 reductions are slow on CPU)
+    counts = features.lengths.cpu().numpy().reshape(num_features, batch).sum(axis=1, dtype=np.int64)
+    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    ranges = {k: (bounds[i], bounds[i + 1]) for i, k in enumerate(features.keys)}
+    rows = torch.empty_like(values)
+    in_place = values.device.type == "cpu"
+    remapped: set[str] = set()
     reset: dict[str, torch.Tensor] = {}
     for name, table in tables.items():
-        spans = [ranges[f] for f in table_features[name] if f in ranges]
-        if not spans:
+        feats = [f for f in table_features[name] if f in ranges]
+        if not feats:
             continue
+        remapped.update(feats)
+        spans = [ranges[f] for f in feats]
+        single = len(spans) == 1 and in_place
         keys = values[spans[0][0] : spans[0][1]] if len(spans) == 1 else torch.cat([values[a:b] for a, b in spans])
+        out = rows[spans[0][0] : spans[0][1]] if single else None
         if steps is None:
-            found = table.find(keys)
+            found = table.find(keys, out=out)
         else:
-            ins = table.find_or_insert(keys, steps[name])
+            ins = table.find_or_insert(keys, steps[name], out=out)
             found = ins.rows
             if ins.reset_rows.numel():
                 reset[name] = ins.reset_rows
-        found = found.to(rows.device)
-        pos = 0
-        for a, b in spans:
-            rows[a:b] = found[pos : pos + b - a]
-            pos += b - a
+        if not single:
+            found = found.to(rows.device)
+            pos = 0
+            for a, b in spans:
+                rows[a:b] = found[pos : pos + b - a]
+                pos += b - a
+    for f, (a, b) in ranges.items():
+        if f not in remapped:
+            rows[a:b] = values[a:b]
     return rows, reset

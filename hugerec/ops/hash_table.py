@@ -85,9 +85,10 @@ def heap_capacity(capacity: int) -> int:
     return capacity + capacity // 8 + 1
 
 
-def lookup(t: HashTableArrays, keys: np.ndarray) -> np.ndarray:
-    """keys [N] int64 -> rows [N] int64, -1 where absent. Read-only (safe for concurrent readers)."""
-    out = np.empty(keys.shape[0], dtype=np.int64)
+def lookup(t: HashTableArrays, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """keys [N] int64 -> rows [N] int64 (into `out` if given), -1 where absent. Read-only: readers may run
+    concurrently with each other, not with a writer."""
+    out = np.empty(keys.shape[0], dtype=np.int64) if out is None else out
     _cpu.lookup(t.slots, keys, out)
     return out
 
@@ -105,8 +106,12 @@ def find_or_insert(
     min_count: int = 1,
     admit_all: bool = False,
     where: str = "hash table",
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """keys [N] int64 -> (rows [N] int64 (-1: not admitted), reset rows [E] int64). See module docstring."""
+    """keys [N] int64 -> (rows [N] int64 (-1: not admitted; into `out` if given), reset rows [E] int64).
+
+    See the module docstring for the semantics.
+    """
     last = t.counter(_cpu.STEP)
     if step < last:
         raise ValueError(f"{where}: step {step} is before the last step seen ({last}); steps must not decrease")
@@ -114,7 +119,8 @@ def find_or_insert(
         # the table may run out of free rows: from now on it keeps its eviction order
         t.heap = np.zeros((heap_capacity(t.capacity), 4), dtype=np.int64)
         _cpu.rebuild_heap(t.info, t.row_state, t.heap, t.meta, eviction)
-    status, rows, reset, needed, protected = _cpu.find_or_insert(
+    rows = np.empty(keys.shape[0], dtype=np.int64) if out is None else out
+    status, reset, needed, protected = _cpu.find_or_insert(
         t.slots,
         t.info,
         t.row_state,
@@ -123,6 +129,7 @@ def find_or_insert(
         t.sketch,
         t.meta,
         keys,
+        rows,
         step,
         eviction,
         min_count,

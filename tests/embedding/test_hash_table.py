@@ -173,3 +173,16 @@ def test_large_random_workload_matches_reference() -> None:
         if step % 10 == 5:
             gone = keys[:20]
             assert table.remove(gone).tolist() == ref.remove(gone.tolist())
+
+
+def test_rows_can_be_written_into_a_given_tensor() -> None:
+    table = HashTable(8, DynamicConfig(missing=Missing.UNKNOWN_ROW))
+    buf = torch.full((5,), 99, dtype=torch.int64)
+    ins = table.find_or_insert(_t(4, 5), step=0, out=buf[1:3])
+    assert buf.tolist() == [99, 0, 1, 99, 99] and ins.rows.data_ptr() == buf[1:3].data_ptr()
+    table.find(_t(5, 6), out=buf[3:])
+    assert buf.tolist() == [99, 0, 1, 1, 7]  # 6 is missing: the unknown row
+    with pytest.raises(ValueError, match=r"out must be a contiguous CPU int64 tensor of shape \(2,\)"):
+        table.find(_t(5, 6), out=torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="out must be"):
+        table.find(_t(5, 6), out=torch.zeros(2, dtype=torch.int32))

@@ -387,20 +387,20 @@ def find_or_insert(
     sketch: np.ndarray,
     meta: np.ndarray,
     keys: np.ndarray,
+    rows: np.ndarray,
     step: Int,
     eviction: Int,
     min_count: Int,
     admit_all: bool,
-) -> tuple[Int, np.ndarray, np.ndarray, Int, Int]:
-    """keys [N] -> rows [N]: touch found rows, give rows to admitted new keys (see hugerec.ops.hash_table).
+) -> tuple[Int, np.ndarray, Int, Int]:
+    """keys [N] -> rows [N] (written): touch found rows, give rows to admitted new keys (see hugerec.ops.hash_table).
 
-    Returns (status, rows [N], reset rows [E], rows needed, rows protected). On a non-OK status
-    nothing was changed. Reset rows held another key before and must be re-initialised.
+    Returns (status, reset rows [E], rows needed, rows protected). On a non-OK status nothing in
+    the table was changed. Reset rows held another key before and must be re-initialised.
     """
     n = keys.shape[0]
     cap = info.shape[0]
     mask = slots.shape[0] - 1
-    rows = np.empty(n, dtype=np.int64)
     n_miss = 0
     for i in range(n):
         s = _probe(slots, mask, keys[i])
@@ -438,7 +438,7 @@ def find_or_insert(
                     n_reset += 1
                 _give_row(slots, info, row_state, heap, meta, s, r, key, 1, step, eviction)
             rows[i] = r
-        return OK, rows, reset[:n_reset], n_miss, 0
+        return OK, reset[:n_reset], n_miss, 0
     # 1. distinct missing keys in order of first occurrence; rows[i] = -2 - u marks "distinct key u"
     tsize = 2
     while tsize < 2 * n_miss:
@@ -478,11 +478,11 @@ def find_or_insert(
     if needed > 0:
         if eviction == EVICT_NONE:
             if meta[SIZE] + needed > cap:
-                return FULL, rows, np.empty(0, dtype=np.int64), needed, protected
+                return FULL, np.empty(0, dtype=np.int64), needed, protected
         elif needed > meta[N_FREE]:
             protected = _protected_rows(info, meta, rows, step)
             if protected + needed > cap:
-                return BATCH_TOO_LARGE, rows, np.empty(0, dtype=np.int64), needed, protected
+                return BATCH_TOO_LARGE, np.empty(0, dtype=np.int64), needed, protected
         # rows taken from the free stack push without popping; evictions pop before they push
         if heap.shape[0] and meta[HEAP_SIZE] + min(needed, meta[N_FREE]) > heap.shape[0]:
             rebuild_heap(info, row_state, heap, meta, eviction)
@@ -531,7 +531,7 @@ def find_or_insert(
     for i in range(n):
         if rows[i] <= -2:
             rows[i] = new_row[-2 - rows[i]]
-    return OK, rows, reset[:n_reset], needed, protected
+    return OK, reset[:n_reset], needed, protected
 
 
 # -- remove / load -----------------------------------------------------------------------------------

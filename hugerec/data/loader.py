@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
+from numba import njit
 
 from hugerec.data.schema import Column, Schema
 from hugerec.data.shards import expand_paths
@@ -45,6 +46,7 @@ class _RowGroup:
     file: int  # index into the loader's paths
     index: int  # row group index inside the file
     num_rows: int
+    verified: bool  # Parquet statistics proved no nulls in labels/dense and ids in range
 
 
 @dataclass(frozen=True)
@@ -69,13 +71,22 @@ class _Plan:
 
 
 @dataclass
+class _Sparse:
+    """One sparse feature of a decoded window (R rows)."""
+
+    values: np.ndarray  # single-hot: [R] ids as stored (int32/int64; junk where invalid); multi-hot: [N] ids
+    valid: np.ndarray | None = None  # single-hot with nulls: [R] bool
+    offsets: np.ndarray | None = None  # multi-hot: [R + 1] int64 (already in window order)
+
+
+@dataclass
 class _Columns:
-    """A decoded window: R rows as NumPy arrays."""
+    """A decoded window: R rows as NumPy arrays; `order` [R] permutes rows (None = file order)."""
 
     labels: np.ndarray  # [R] or [R, T] float32
     dense: np.ndarray  # [R, Dd] float32
-    values: list[np.ndarray]  # per sparse feature: [N_f] ids as stored (int32 or int64; cast when batched)
-    offsets: list[np.ndarray | None]  # per sparse feature: [R + 1] int64, None = exactly one id per row
+    sparse: list[_Sparse]
+    order: np.ndarray | None
 
 
 class Loader:
@@ -128,7 +139,7 @@ class Loader:
         for path, md in zip(self.paths, self._metadata, strict=True):
             _check_file_schema(path, md.schema.to_arrow_schema(), schema)
         self._groups = [
-            _RowGroup(f, i, md.row_group(i).num_rows)
+            _RowGroup(f, i, md.row_group(i).num_rows, _verify_statistics(self.paths[f], md, i, schema))
             for f, md in enumerate(self._metadata)
             for i in range(md.num_row_groups)
             if md.row_group(i).num_rows > 0
@@ -332,47 +343,91 @@ class Loader:
         for g in window.groups:
             path = self.paths[g.file]
             table = pq.ParquetFile(path, metadata=self._metadata[g.file]).read_row_group(g.index, columns=self._columns)
-            _check_row_group(table, self.schema, path, g.index)
+            if not g.verified:
+                _check_row_group(table, self.schema, path, g.index)
             tables.append(table)
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        order = None
         if self.shuffle:
-            rng = np.random.default_rng([self.seed, epoch, self.rank, window.index])
-            table = table.take(pa.array(rng.permutation(table.num_rows)))
-        return _to_columns(table, self.schema)
+            order = np.random.default_rng([self.seed, epoch, self.rank, window.index]).permutation(table.num_rows)
+        return _to_columns(table, self.schema, order)
 
     def _assemble(self, pieces: list[tuple[_Columns, int, int]]) -> Batch:
-        """Rows [start, end) of each piece -> one Batch; dense and labels are views when there is one piece."""
-        if len(pieces) == 1:
-            cols, s, e = pieces[0]
-            labels, dense = cols.labels[s:e], cols.dense[s:e]
+        """Rows [start, end) of each piece (in its window order) -> one Batch.
+
+        Unshuffled single-piece batches serve dense and labels as views; otherwise one gather/copy.
+        """
+        rows = [slice(s, e) if c.order is None else c.order[s:e] for c, s, e in pieces]
+        if len(pieces) == 1:  # a view when unshuffled, a gather otherwise
+            labels, dense = pieces[0][0].labels[rows[0]], pieces[0][0].dense[rows[0]]
         else:
-            labels = np.concatenate([c.labels[s:e] for c, s, e in pieces])
-            dense = np.concatenate([c.dense[s:e] for c, s, e in pieces])
-        num_rows = labels.shape[0]
-        num_features = len(pieces[0][0].values)
-        lengths = np.empty(num_features * num_rows, np.int32)  # [F * B] feature-major
-        spans = []  # (feature, piece, first id, end id) in the piece's values
-        total = 0
+            labels = np.concatenate([c.labels[r] for (c, _, _), r in zip(pieces, rows, strict=True)])
+            dense = np.concatenate([c.dense[r] for (c, _, _), r in zip(pieces, rows, strict=True)])
+        b = labels.shape[0]
+        num_features = len(self.schema.sparse)
+        lengths = np.empty(num_features * b, np.int32)  # [F * B] feature-major
+        capacity = sum(  # single-hot: at most one id per row; multi-hot: the rows' list lengths
+            e - s if sp.offsets is None else int(sp.offsets[e] - sp.offsets[s])
+            for cols, s, e in pieces
+            for sp in cols.sparse
+        )
+        values = np.empty(capacity, np.int64)  # [N] feature-major, cast from the stored id dtype
+        at = total = 0
         for f in range(num_features):
-            at = f * num_rows
             for cols, s, e in pieces:
-                offsets = cols.offsets[f]
-                if offsets is None:
-                    lo, hi = s, e
-                    lengths[at : at + e - s] = 1
+                sp, n = cols.sparse[f], e - s
+                if sp.offsets is not None:
+                    lo, hi = int(sp.offsets[s]), int(sp.offsets[e])
+                    np.subtract(sp.offsets[s + 1 : e + 1], sp.offsets[s:e], out=lengths[at : at + n], casting="unsafe")
+                    values[total : total + hi - lo] = sp.values[lo:hi]
+                    total += hi - lo
+                elif sp.valid is None and cols.order is None:
+                    lengths[at : at + n] = 1
+                    values[total : total + n] = sp.values[s:e]
+                    total += n
                 else:
-                    lo, hi = int(offsets[s]), int(offsets[e])
-                    np.subtract(offsets[s + 1 : e + 1], offsets[s:e], out=lengths[at : at + e - s], casting="unsafe")
-                spans.append((cols.values[f], lo, hi))
-                total += hi - lo
-                at += e - s
-        values = np.empty(total, np.int64)  # [N] feature-major, cast from the stored id dtype
-        at = 0
-        for src, lo, hi in spans:
-            values[at : at + hi - lo] = src[lo:hi]
-            at += hi - lo
+                    valid = _NO_ROWS if sp.valid is None else sp.valid
+                    order = _NO_ORDER if cols.order is None else cols.order
+                    total += _gather_ids(
+                        sp.values, valid, sp.valid is not None, order, cols.order is not None, s, e,
+                        values[total:], lengths[at : at + n],
+                    )  # fmt: skip
+                at += n
+        values = values[:total]
         sparse = _trusted_features(self.schema.sparse_names, torch.from_numpy(values), torch.from_numpy(lengths))
         return Batch(torch.from_numpy(dense), sparse, torch.from_numpy(labels))
+
+
+_NO_ROWS = np.zeros(0, np.bool_)
+_NO_ORDER = np.zeros(0, np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _gather_ids(
+    ids: np.ndarray,
+    valid: np.ndarray,
+    has_valid: bool,
+    order: np.ndarray,
+    has_order: bool,
+    start: int,
+    end: int,
+    out: np.ndarray,
+    lengths: np.ndarray,
+) -> int:  # pragma: no cover - compiled
+    """Single-hot rows start..end-1 (through `order` when given) -> ids of valid rows into `out`, 0/1 into `lengths`.
+
+    Returns the number of ids written. One pass instead of NumPy's gather + mask + compress + cast.
+    """
+    k = 0
+    for i in range(end - start):
+        j = order[start + i] if has_order else start + i
+        if has_valid and not valid[j]:
+            lengths[i] = 0
+        else:
+            out[k] = ids[j]
+            lengths[i] = 1
+            k += 1
+    return k
 
 
 def _trusted_features(keys: tuple[str, ...], values: torch.Tensor, lengths: torch.Tensor) -> SparseFeatures:
@@ -433,6 +488,38 @@ def _check_file_schema(path: Path, arrow: pa.Schema, schema: Schema) -> None:
             raise ValueError(f"{path}: {col.kind.value} column {col.name!r} must be numeric, found type {t}")
 
 
+def _verify_statistics(path: Path, md: pq.FileMetaData, index: int, schema: Schema) -> bool:
+    """Checks a row group from its Parquet statistics; False when they cannot tell (then it is checked when read).
+
+    Raises for a label/dense null or an id out of range that the statistics already show.
+    """
+    rg = md.row_group(index)
+    stats = {}
+    for j in range(rg.num_columns):
+        chunk = rg.column(j)
+        stats[chunk.path_in_schema] = chunk.statistics
+    where = f"{path}, row group {index}"
+    complete = True
+    for col in schema.columns:
+        st = stats.get(col.name)  # None for list columns (their leaf is "name.list.element"), checked when read
+        if st is None or not st.has_null_count:
+            complete = False
+            continue
+        if col in schema.sparse:
+            if not st.has_min_max:
+                complete = complete and st.null_count == rg.num_rows
+                continue
+            if st.min < 0 or (col.cardinality is not None and st.max >= col.cardinality):
+                bad = st.min if st.min < 0 else st.max
+                raise ValueError(f"{where}: column {col.name!r} has id {bad} outside 0..{col.cardinality}-1")
+        elif st.null_count:
+            raise ValueError(
+                f"{where}: {col.kind.value} column {col.name!r} has {st.null_count} missing values; "
+                "fill them first (preprocess FillMissing)"
+            )
+    return complete
+
+
 def _check_row_group(table: pa.Table, schema: Schema, path: Path, row_group: int) -> None:
     where = f"{path}, row group {row_group}"
     for col in (*schema.labels, *schema.dense):
@@ -460,14 +547,24 @@ def _check_id_range(col: Column, ids: pa.ChunkedArray | pa.Array, where: str) ->
         raise ValueError(f"{where}: column {col.name!r} has id {bad} outside 0..{col.cardinality}-1")
 
 
+def _single(arr: pa.ChunkedArray | pa.Array) -> pa.Array:
+    if isinstance(arr, pa.ChunkedArray):
+        return arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    return arr
+
+
 def _to_numpy(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """Zero-copy for one chunk of a primitive type without nulls."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
-    return np.asarray(arr.to_numpy(zero_copy_only=False))
+    return np.asarray(_single(arr).to_numpy(zero_copy_only=False))
 
 
-def _to_columns(table: pa.Table, schema: Schema) -> _Columns:
+def _raw_ids(arr: pa.Array) -> np.ndarray:
+    """The values buffer of an integer array, nulls included as whatever bytes they hold (zero-copy)."""
+    dtype = np.dtype(arr.type.to_pandas_dtype())
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=arr.offset + len(arr))[arr.offset :]
+
+
+def _to_columns(table: pa.Table, schema: Schema, order: np.ndarray | None) -> _Columns:
     r = table.num_rows
     if len(schema.labels) == 1:  # a copy: Arrow buffers are read-only, and torch wants writable arrays
         labels = _to_numpy(table[schema.label_names[0]]).astype(np.float32)
@@ -478,21 +575,18 @@ def _to_columns(table: pa.Table, schema: Schema) -> _Columns:
     dense = np.empty((r, len(schema.dense)), np.float32)  # [R, Dd]
     for j, name in enumerate(schema.dense_names):
         dense[:, j] = _to_numpy(table[name])
-    values: list[np.ndarray] = []
-    offsets: list[np.ndarray | None] = []
+    sparse = []
     for col in schema.sparse:
-        arr = table[col.name]
+        arr = _single(table[col.name])
         if col.multi_hot:
+            if order is not None:  # lists are permuted here, once; flat columns are gathered per batch
+                arr = arr.take(pa.array(order))
             lengths = _to_numpy(pc.fill_null(pc.list_value_length(arr), 0))
-            values.append(_to_numpy(pc.list_flatten(arr)))
+            offsets = np.zeros(r + 1, np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            sparse.append(_Sparse(_to_numpy(pc.list_flatten(arr)), offsets=offsets))
         elif arr.null_count:
-            lengths = _to_numpy(pc.is_valid(arr))
-            values.append(_to_numpy(pc.drop_null(arr)))
+            sparse.append(_Sparse(_raw_ids(arr), valid=_to_numpy(pc.is_valid(arr))))
         else:
-            values.append(_to_numpy(arr))
-            offsets.append(None)
-            continue
-        off = np.zeros(r + 1, np.int64)
-        np.cumsum(lengths, out=off[1:])
-        offsets.append(off)
-    return _Columns(labels, dense, values, offsets)
+            sparse.append(_Sparse(_raw_ids(arr)))
+    return _Columns(labels, dense, sparse, order)

@@ -161,18 +161,26 @@ def test_bad_files_give_clear_errors(tmp_path: Path) -> None:
     pq.write_table(good.set_column(3, "a", pa.array(["z"] * 10)), tmp_path / "str.parquet")
     with pytest.raises(ValueError, match=r"str\.parquet: column 'a' should hold integer ids, found type string"):
         load(tmp_path / "str.parquet", SCHEMA, 4)
-    pq.write_table(good.set_column(2, "x", pa.array([None] + [1.0] * 9)), tmp_path / "null.parquet")
-    with pytest.raises(ValueError, match=r"null\.parquet, row group 0: dense column 'x' has 1 missing values"):
-        list(load(tmp_path / "null.parquet", SCHEMA, 4))
-    pq.write_table(good.set_column(5, "b", pa.array([5000] * 10)), tmp_path / "big.parquet")
-    with pytest.raises(ValueError, match=r"big\.parquet, row group 0: column 'b' has id 5000 outside 0..1000-1"):
-        list(load(tmp_path / "big.parquet", SCHEMA, 4))
+    # Found from the Parquet statistics when the loader is made, or when the row group is read without them.
+    for stats in (True, False):
+        x = good.set_column(2, "x", pa.array([None] + [1.0] * 9))
+        pq.write_table(x, tmp_path / "null.parquet", write_statistics=stats)
+        with pytest.raises(ValueError, match=r"null\.parquet, row group 0: dense column 'x' has 1 missing values"):
+            list(load(tmp_path / "null.parquet", SCHEMA, 4))
+        pq.write_table(good.set_column(5, "b", pa.array([5000] * 10)), tmp_path / "big.parquet", write_statistics=stats)
+        with pytest.raises(ValueError, match=r"big\.parquet, row group 0: column 'b' has id 5000 outside 0..1000-1"):
+            list(load(tmp_path / "big.parquet", SCHEMA, 4))
+    m = good.set_column(4, "m", pa.array([[1, None]] * 10, pa.list_(pa.int64())))
+    pq.write_table(m, tmp_path / "m.parquet")
+    with pytest.raises(ValueError, match=r"m\.parquet, row group 0: column 'm' has 10 missing ids inside its lists"):
+        list(load(tmp_path / "m.parquet", SCHEMA, 4))
+    pq.write_table(good, tmp_path / "one.parquet")
     with pytest.raises(ValueError, match="cannot be split over 4 ranks"):
-        load(tmp_path / "big.parquet", SCHEMA, 4, rank=0, world_size=4)
+        load(tmp_path / "one.parquet", SCHEMA, 4, rank=0, world_size=4)
     with pytest.raises(ValueError, match="no Parquet files match"):
         load(str(tmp_path / "nothing*.parquet"), SCHEMA, 4)
     with pytest.raises(ValueError, match="batch_size must be > 0"):
-        load(tmp_path / "big.parquet", SCHEMA, 0)
+        load(tmp_path / "one.parquet", SCHEMA, 0)
 
 
 def test_prebatch_aligns_row_groups(data: Path, tmp_path: Path) -> None:

@@ -274,19 +274,20 @@ def _count_lines_before(path: str, offset: int) -> int:
     return count
 
 
-def _read_range(path: str, start: int, end: int) -> bytes:
-    """Lines starting in [start, end): skip the tail of a line begun before `start`, finish the last."""
+def _read_range(path: str, start: int, end: int) -> tuple[int, bytes]:
+    """(offset of the first line, the lines starting in [start, end)): skip the tail of a line begun
+    before `start`, finish the last one."""
     with open(path, "rb") as f:
         if start > 0:
             f.seek(start - 1)
             f.readline()  # ends exactly at `start` when byte start - 1 is a newline
             start = f.tell()
         if start >= end:
-            return b""
+            return start, b""
         data = f.read(end - start)
         if data and not data.endswith(b"\n"):
             data += f.readline()
-        return data
+        return start, data
 
 
 def _gzip_blocks(path: str, start: int, block_bytes: int) -> Iterator[bytes]:
@@ -312,12 +313,13 @@ class _LineNumbers:
     """1-based line number of a block's first line, computed (by a scan) only when an error needs it."""
 
     def __init__(self, partition: Partition) -> None:
-        self.partition = partition
+        self.path = partition.path
         self.known = partition.first_line
+        self.offset = partition.start  # byte offset of the first line, once known
 
     def first(self) -> int:
         if self.known is None:
-            self.known = _count_lines_before(self.partition.path, self.partition.start) + 1
+            self.known = _count_lines_before(self.path, self.offset) + 1
         return self.known
 
 
@@ -361,6 +363,8 @@ def _parse_text(
             line=lines.first() + first,
         )
         if on_error is OnError.RAISE:
+            if first:  # a bad value on an earlier line is the first error: parse up to this line
+                _parse_text(block[: starts[first]], partition, lines, on_error)
             raise BadInputError(error)
         for i in np.flatnonzero(wrong)[:MAX_EXAMPLES]:
             examples.append(
@@ -444,7 +448,8 @@ def read_chunks(partition: Partition, on_error: OnError, block_bytes: int = DEFA
         case Format.CSV:
             lines = _LineNumbers(partition)
             if partition.end >= 0:
-                blocks: Iterator[bytes] = iter([_read_range(partition.path, partition.start, partition.end)])
+                lines.offset, block = _read_range(partition.path, partition.start, partition.end)
+                blocks: Iterator[bytes] = iter([block])
             else:
                 blocks = _gzip_blocks(partition.path, partition.start, block_bytes)
             for block in blocks:

@@ -52,6 +52,10 @@ class BadInputError(ValueError):
         super().__init__(f"bad input at {error}; pass on_error='skip' to drop and count such rows")
         self.error = error
 
+    def __reduce__(self) -> tuple[type[BadInputError], tuple[RowError]]:
+        # rebuilt from the RowError, not the message, when it crosses a process boundary
+        return BadInputError, (self.error,)
+
 
 @dataclass(frozen=True)
 class SkipReport:

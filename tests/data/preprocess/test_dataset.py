@@ -1,0 +1,122 @@
+import gzip
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from hugerec.data.preprocess.dataset import CsvOptions, Dataset, Format, read_chunks, read_partition
+from hugerec.data.preprocess.errors import BadInputError, OnError
+
+
+def _read_all(dataset: Dataset, on_error: OnError = OnError.RAISE) -> pl.DataFrame:
+    return pl.concat([read_partition(p, on_error)[0] for p in dataset.partitions()])
+
+
+@pytest.mark.parametrize("partition_bytes", [37, 500, 4096, 1 << 30])
+def test_byte_ranges_cover_every_line_once(tmp_path: Path, make_frame, tsv, partition_bytes: int):
+    frame = make_frame(60)
+    path = tsv(frame, tmp_path / "t.tsv")
+    dataset = Dataset.criteo(path, partition_bytes=partition_bytes)
+    assert len(dataset.partitions()) == -(-path.stat().st_size // partition_bytes)
+    assert _read_all(dataset).equals(frame)
+
+
+def test_gzip_reads_in_blocks_and_counts_lines(tmp_path: Path, make_frame, tsv):
+    frame = make_frame(200)
+    path = tmp_path / "t.tsv.gz"
+    text = tsv(frame, tmp_path / "t.tsv").read_bytes()
+    lines = text.split(b"\n")
+    lines[150] = lines[150].replace(b"\t", b"", 1)  # one field short
+    path.write_bytes(gzip.compress(b"\n".join(lines)))
+    dataset = Dataset.criteo(path)
+    (partition,) = dataset.partitions()
+    with pytest.raises(BadInputError) as info:
+        list(read_chunks(partition, OnError.RAISE, block_bytes=2000))  # many blocks before the bad line
+    assert info.value.error.line == 151 and info.value.error.path == str(path)
+    chunks = list(read_chunks(partition, OnError.SKIP, block_bytes=2000))
+    assert len(chunks) > 5
+    got = pl.concat([c.frame for c in chunks])
+    assert got.equals(pl.concat([frame[:150], frame[151:]]))
+    assert sum(c.report.rows_skipped for c in chunks) == 1
+
+
+def test_wrong_field_count_reports_file_and_line_in_a_later_partition(tmp_path: Path, make_frame, tsv):
+    frame = make_frame(300)
+    path = tsv(frame, tmp_path / "t.tsv")
+    lines = path.read_bytes().split(b"\n")
+    lines[250] += b"\textra"
+    path.write_bytes(b"\n".join(lines))
+    dataset = Dataset.criteo(path, partition_bytes=10_000)
+    with pytest.raises(BadInputError, match=r"line 251: 41 fields, expected 40") as info:
+        _read_all(dataset)
+    assert info.value.error.line == 251
+    got = _read_all(dataset, OnError.SKIP)
+    assert got.equals(pl.concat([frame[:250], frame[251:]]))
+
+
+def test_non_numeric_value_names_line_column_and_value(tmp_path: Path, make_frame, tsv):
+    frame = make_frame(100)
+    path = tsv(frame, tmp_path / "t.tsv")
+    lines = path.read_bytes().split(b"\n")
+    fields = lines[41].split(b"\t")
+    fields[3] = b"12abc"  # I3
+    lines[41] = b"\t".join(fields)
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(BadInputError) as info:
+        _read_all(Dataset.criteo(path))
+    error = info.value.error
+    assert (error.line, error.column, error.value) == (42, "I3", "12abc")
+    assert "line 42" in str(info.value) and "'I3'" in str(info.value)
+    parts = [read_partition(p, OnError.SKIP) for p in Dataset.criteo(path).partitions()]
+    assert pl.concat([f for f, _ in parts]).equals(pl.concat([frame[:41], frame[42:]]))
+    report = parts[0][1]
+    assert (report.rows_read, report.rows_skipped, report.examples[0].column) == (100, 1, "I3")
+
+
+def test_csv_with_header_infers_schema_and_skips_header(tmp_path: Path):
+    path = tmp_path / "t.csv"
+    path.write_text('user,item,score\n1,"a,b",0.5\n2,,1.5\n3,c,\n')
+    dataset = Dataset(path, partition_bytes=12)
+    assert dataset.schema == {"user": pl.Int64(), "item": pl.String(), "score": pl.Float64()}
+    got = _read_all(dataset)
+    assert got.to_dict(as_series=False) == {"user": [1, 2, 3], "item": ["a,b", None, "c"], "score": [0.5, 1.5, None]}
+    assert Dataset(path, csv=CsvOptions(null_values=("c",))).format is Format.CSV
+
+
+def test_parquet_partitions_are_row_groups_and_bad_types_are_located(tmp_path: Path):
+    frame = pl.DataFrame({"a": list(range(1000)), "b": [str(i) for i in range(1000)]})
+    path = tmp_path / "t.parquet"
+    frame.write_parquet(path, row_group_size=100)
+    dataset = Dataset(path, partition_bytes=1)
+    assert len(dataset.partitions()) == 10
+    assert _read_all(dataset).equals(frame)
+    typed = Dataset(path, schema={"a": pl.Int64, "b": pl.Int32})
+    assert _read_all(typed)["b"].to_list() == list(range(1000))
+    bad = frame.with_columns(pl.when(pl.col("a") == 345).then(pl.lit("x")).otherwise(pl.col("b")).alias("b"))
+    bad.write_parquet(path, row_group_size=100)
+    with pytest.raises(BadInputError) as info:
+        _read_all(Dataset(path, schema={"a": pl.Int64, "b": pl.Int32}))
+    assert (info.value.error.row_group, info.value.error.row, info.value.error.column) == (3, 45, "b")
+    with pytest.raises(ValueError, match=r"columns \['c'\] of the schema are missing"):
+        _read_all(Dataset(path, schema={"a": pl.Int64, "c": pl.Int64}))
+
+
+def test_frames_and_argument_errors(tmp_path: Path):
+    dataset = Dataset.from_frames(pl.DataFrame({"x": [1]}), pl.DataFrame({"x": [2, 3]}))
+    assert [p.index for p in dataset.partitions()] == [0, 1]
+    assert _read_all(dataset)["x"].to_list() == [1, 2, 3]
+    with pytest.raises(FileNotFoundError, match="no input files"):
+        Dataset(tmp_path / "missing-*.tsv")
+    (tmp_path / "a.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="cannot tell the format"):
+        Dataset(tmp_path / "a.bin")
+    with pytest.raises(ValueError, match="partition_bytes"):
+        Dataset.from_frames(pl.DataFrame({"x": [1]})).__class__(frames=[pl.DataFrame({"x": [1]})], partition_bytes=0)
+    with pytest.raises(ValueError, match="separator must be one byte"):
+        CsvOptions(separator="::")
+
+
+def test_real_criteo_sample_reads(criteo_sample: Path):
+    frame = _read_all(Dataset.criteo(criteo_sample, partition_bytes=300_000))
+    assert frame.shape == (10_000, 40)
+    assert frame["label"].is_in([0, 1]).all() and frame["C1"].str.len_chars().max() == 8

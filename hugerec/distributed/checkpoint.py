@@ -1,54 +1,63 @@
-"""Checkpoints with torch.distributed.checkpoint: save on N ranks, load on M (or in one process).
+"""Checkpoints with torch.distributed.checkpoint: save on N ranks, load on M ranks or in one process.
 
-Every rank writes what it holds, as pieces in global coordinates, so that any other layout can
-find what it needs:
+Every rank writes what it holds, as pieces in global coordinates, so that any other layout can find
+what it needs (keys of the DCP state dict):
 
-    dense/<name>                             dense parameters and buffers (replicated: written once)
-    optimizer/...                            the dense optimizer (get_optimizer_state_dict)
-    emb/<table>/<r0>-<r1>/<c0>-<c1>/<field>  static tables: rows [r0, r1) x columns [c0, c1) of the
-                                             weights and of each optimizer-state field (row-wise state
-                                             [n]; a column piece keeps its own), "step" (Adam)
-    emb/<table>/keys<i>/<field>              dynamic tables, one piece per saved shard: keys [n], their
-                                             rows' weights and state, last_step and count, the unknown
-                                             row ("unknown/<field>") and the table's step
-    hugerec/index                            JSON: format version, the pieces, the saving plan, `extra`
+    dense/<name>                       dense parameters and buffers (replicated: written once)
+    optimizer/...                      the dense optimizer (torch's get_optimizer_state_dict)
+    emb/<table>/<r0>-<r1>/<c0>-<c1>/<field>
+                                       static tables: rows [r0, r1) x columns [c0, c1) of the weights
+                                       and of each optimizer-state field (row-wise state: [n], a column
+                                       piece keeps its own), and "step" (Adam)
+    emb/<table>/keys<i>/<field>        dynamic tables, one piece per saved shard: keys [n], the rows'
+                                       weights and optimizer state, last_step and count; the unknown row
+                                       ("unknown.<field>"), the table's step ("table_step"), the
+                                       admission sketch ("sketch")
+    hugerec/index                      JSON: format version, the tables, the pieces
+    hugerec/extra                      the caller's `extra` object
 
-Loading cuts the pieces to the loader's layout: a static shard reads the pieces overlapping its rows
-and columns (row-wise state merged from column pieces is their width-weighted mean, exact for
-RowWiseAdagrad's mean of squares); a dynamic shard reads every piece of its table, one at a time,
-and keeps the keys it owns (hash(key) % k, or all of them).
+Loading cuts the pieces to the loader's layout. A static shard reads the pieces overlapping its rows
+and columns; row-wise state merged from column pieces is their width-weighted mean (exact for
+RowWiseAdagrad's mean of squares). A dynamic shard reads every piece of its table, one piece at a
+time, and keeps the keys it owns (hash(key) % k for row-wise shards, all of them otherwise).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from hugerec.distributed.plan import Shard, ShardingKind
 from hugerec.distributed.routing import key_shard
 from hugerec.distributed.sharded import Placed, ShardedEmbeddingCollection, table_state
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import TableConfig
+from hugerec.embedding.config import Missing, TableConfig
 from hugerec.embedding.hash_table import HashTableContents
 
 FORMAT_VERSION = 1
 INDEX_KEY = "hugerec/index"
+EXTRA_KEY = "hugerec/extra"
 
 
 @dataclass(frozen=True)
 class Piece:
-    """One saved block of a table: rows [r0, r1) x columns [c0, c1) (static) or the keys of shard `keys`."""
+    """One saved block: rows [r0, r1) x columns [c0, c1) of a static table, or saved shard `keys` of a dynamic one."""
 
     table: str
     prefix: str
@@ -56,62 +65,388 @@ class Piece:
     r1: int = 0
     c0: int = 0
     c1: int = 0
-    keys: int = -1  # dynamic: index of the saved shard; -1 for static pieces
+    keys: int = -1  # dynamic tables: index of the saved shard among num_shards (hash(key) % num_shards)
+    num_shards: int = 0
+    capacity: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
-
-def _dist() -> bool:
+# -- plumbing --------------------------------------------------------------------------------------
+def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _quiet() -> warnings.catch_warnings[None]:
-    """DCP warns that it saves in a single process when no group is up: that is the intent there."""
-    w = warnings.catch_warnings()
-    return w
-
-
-def _save(state: dict[str, Any], path: str) -> None:
+@contextmanager
+def _single_process_ok() -> Iterator[None]:
+    """DCP warns when it runs without a process group; in one process that is the intent."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save(state, checkpoint_id=path, no_dist=not _dist())
+        yield
 
 
-def _load(state: dict[str, Any], path: str) -> None:
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=path, no_dist=not _dist())
+def _dcp_save(state: dict[str, Any], path: str) -> None:
+    with _single_process_ok():
+        dcp.save(state, checkpoint_id=path, no_dist=not _distributed())
+
+
+def _dcp_load(state: dict[str, Any], path: str) -> None:
+    with _single_process_ok():
+        dcp.load(state, checkpoint_id=path, no_dist=not _distributed())
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    inner = getattr(model, "module", None)
-    return inner if isinstance(inner, nn.Module) and isinstance(model, nn.parallel.DistributedDataParallel) else model
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def _collections(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], list[Placed]]:
-    """(the collections with their module names, every table or shard this process holds)."""
-    found: list[tuple[str, nn.Module]] = []
+def holdings(model: nn.Module) -> tuple[list[str], list[Placed]]:
+    """The module names of `model`'s embedding collections, and every table or shard this process holds."""
+    names: list[str] = []
     placed: list[Placed] = []
-    for name, m in model.named_modules():
-        if any(name.startswith(prefix + ".") for prefix, _ in found):
+    for name, m in _unwrap(model).named_modules():
+        if any(n == "" or name.startswith(n + ".") for n in names):
             continue  # the shard and replica collections inside a sharded one
         if isinstance(m, ShardedEmbeddingCollection):
-            found.append((name, m))
+            names.append(name)
             placed.extend(m.placed)
         elif isinstance(m, EmbeddingCollection):
-            found.append((name, m))
+            names.append(name)
             for t in m.tables:
-                resolved = TableConfig.from_dict({**t.to_dict(), "optimizer": None})
-                resolved = _with_optimizer(t, m)
-                placed.append(
-                    Placed(resolved, Shard(t.name, 0, 0, 0, t.num_rows, 0, t.dim), ShardingKind.TABLE_WISE, m)
-                )
-    names = [p.table.name for p in placed]
-    return found, placed
+                whole = Shard(t.name, 0, 0, 0, t.num_rows, 0, t.dim)
+                resolved = dataclasses.replace(t, optimizer=t.optimizer or m.optimizer)
+                placed.append(Placed(resolved, whole, ShardingKind.TABLE_WISE, m))
+    return names, placed
 
 
-def _with_optimizer(t: TableConfig, c: EmbeddingCollection) -> TableConfig:
-    from dataclasses import replace
+def _dense_state(model: nn.Module, collections: list[str]) -> dict[str, torch.Tensor]:
+    inner = _unwrap(model)
+    return {
+        f"dense/{k}": v
+        for k, v in inner.state_dict().items()
+        if not any(c == "" or k.startswith(c + ".") for c in collections)
+    }
 
-    return replace(t, optimizer=t.optimizer or c.optimizer)
+
+# -- save ------------------------------------------------------------------------------------------
+def save(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, extra: Any = None) -> None:
+    """Write `model` (sharded or not), the dense `optimizer` and a picklable `extra` to directory `path`.
+
+    Collective: every rank of the group calls it with the same path (one shared file system).
+    """
+    path = str(path)
+    collections, placed = holdings(model)
+    state: dict[str, Any] = _dense_state(model, collections)
+    if optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    pieces: list[Piece] = []
+    for p in placed:
+        pieces.append(_save_static(p, state) if p.table.dynamic is None else _save_dynamic(p, state))
+    everyone: list[list[Piece]] = [pieces]
+    if _distributed():
+        everyone = [[] for _ in range(dist.get_world_size())]
+        dist.all_gather_object(everyone, pieces)
+    unique = {piece.prefix: piece for rank_pieces in everyone for piece in rank_pieces}  # replicas: once
+    tables = {p.table.name: p.table.to_dict() for p in placed}
+    if _distributed():
+        gathered: list[dict[str, Any]] = [{} for _ in range(dist.get_world_size())]
+        dist.all_gather_object(gathered, tables)
+        tables = {k: v for d in gathered for k, v in d.items()}
+    state[INDEX_KEY] = json.dumps(
+        {
+            "version": FORMAT_VERSION,
+            "tables": tables,
+            "pieces": [dataclasses.asdict(x) for x in sorted(unique.values(), key=lambda x: x.prefix)],
+        }
+    )
+    state[EXTRA_KEY] = pickle.dumps(extra)  # bytes: DCP would flatten a dict into keys of its own
+    _dcp_save(state, path)
+
+
+def _save_static(p: Placed, state: dict[str, Any]) -> Piece:
+    s = p.shard
+    piece = Piece(p.table.name, "", s.row_start, s.row_start + s.num_rows, s.col_start, s.col_start + s.dim)
+    piece = dataclasses.replace(piece, prefix=f"emb/{p.table.name}/{piece.r0}-{piece.r1}/{piece.c0}-{piece.c1}")
+    for field, v in table_state(p.local, p.table.name).items():
+        state[f"{piece.prefix}/{field}"] = v
+    return piece
+
+
+def _save_dynamic(p: Placed, state: dict[str, Any]) -> Piece:
+    """A dynamic shard as it is: its hash table's whole state and every row (free ones too), so that
+    the same layout resumes exactly; other layouts pick the held keys out of it."""
+    name, s = p.table.name, p.shard
+    table = p.local.hash_tables[name]
+    index, k = (s.index, p.num_shards) if p.kind is ShardingKind.ROW_WISE else (0, 1)
+    prefix = f"emb/{name}/keys{index}of{k}/{s.col_start}-{s.col_start + s.dim}"
+    fields = dict(table_state(p.local, name))
+    fields["table_step"] = torch.tensor(table.step, dtype=torch.int64)
+    fields.update({f"hash_table.{key}": v for key, v in table.state_dict().items()})
+    for field, v in fields.items():
+        state[f"{prefix}/{field}"] = v
+    return Piece(name, prefix, 0, 0, s.col_start, s.col_start + s.dim, index, k, table.capacity)
+
+
+# -- load ------------------------------------------------------------------------------------------
+def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> Any:
+    """Read a checkpoint written by `save` (with any number of ranks) into `model` (sharded any way, or
+    not at all) and the dense `optimizer`; returns the saved `extra`. Collective like `save`.
+
+    Raises ValueError when the checkpoint's tables differ from the model's (rows, dim, optimizer) or
+    lack part of a table.
+    """
+    path = str(path)
+    head: dict[str, Any] = {INDEX_KEY: "", EXTRA_KEY: b""}
+    _dcp_load(head, path)
+    index = json.loads(head[INDEX_KEY])
+    if index.get("version") != FORMAT_VERSION:
+        raise ValueError(
+            f"load: {path} has checkpoint format {index.get('version')}, this hugerec reads {FORMAT_VERSION}"
+        )
+    saved_tables = {n: TableConfig.from_dict(d) for n, d in index["tables"].items()}
+    pieces = [Piece(**d) for d in index["pieces"]]
+    metadata = FileSystemReader(path).read_metadata().state_dict_metadata
+    collections, placed = holdings(model)
+    for p in placed:
+        _check_table(p.table, saved_tables.get(p.table.name), path)
+    state: dict[str, Any] = _dense_state(model, collections)
+    if optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    wanted: list[tuple[Placed, list[Piece]]] = []
+    for p in placed:
+        if p.table.dynamic is None:
+            mine = [x for x in pieces if x.table == p.table.name and _overlap(x, p.shard)]
+            _request(state, mine, metadata)
+            wanted.append((p, mine))
+    _dcp_load(state, path)
+    for p, mine in wanted:
+        _install_static(p, mine, state, path)
+    _load_dynamic(path, placed, pieces, metadata)
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    return pickle.loads(head[EXTRA_KEY])
+
+
+def _check_table(t: TableConfig, saved: TableConfig | None, path: str) -> None:
+    if saved is None:
+        raise ValueError(f"load: {path} holds no table {t.name!r}")
+    for attr in ("num_rows", "dim", "dynamic", "optimizer", "dtype"):
+        if getattr(saved, attr) != getattr(t, attr):
+            raise ValueError(
+                f"load: table {t.name!r} has {attr}={getattr(t, attr)!r} but {path} saved {getattr(saved, attr)!r}"
+            )
+
+
+def _overlap(x: Piece, s: Shard) -> bool:
+    rows = max(x.r0, s.row_start) < min(x.r1, s.row_start + s.num_rows)
+    cols = max(x.c0, s.col_start) < min(x.c1, s.col_start + s.dim)
+    return rows and cols
+
+
+def _fields(x: Piece, metadata: Mapping[str, Any]) -> dict[str, str]:
+    """field name -> checkpoint key of every field saved under piece x."""
+    return {k[len(x.prefix) + 1 :]: k for k in metadata if k.startswith(x.prefix + "/")}
+
+
+def _request(state: dict[str, Any], pieces: list[Piece], metadata: Mapping[str, Any]) -> None:
+    """Empty tensors shaped like the saved ones, for DCP to fill."""
+    for x in pieces:
+        for key in _fields(x, metadata).values():
+            m = metadata[key]
+            assert isinstance(m, TensorStorageMetadata), key
+            state[key] = torch.empty(m.size, dtype=m.properties.dtype)
+
+
+def _install_static(p: Placed, pieces: list[Piece], state: dict[str, Any], path: str) -> None:
+    """Assemble this shard's rows x columns of every field from the overlapping pieces and load them."""
+    s = p.shard
+    r0, r1, c0, c1 = s.row_start, s.row_start + s.num_rows, s.col_start, s.col_start + s.dim
+    current = table_state(p.local, p.table.name)
+    out = {k: torch.zeros_like(v) for k, v in current.items()}
+    covered = torch.zeros(s.num_rows, s.dim, dtype=torch.bool)
+    row_weight = torch.zeros(s.num_rows)  # total column width merged into each row-wise state value
+    for x in pieces:
+        a, b = max(x.r0, r0), min(x.r1, r1)
+        lo, hi = max(x.c0, c0), min(x.c1, c1)
+        for field, target in out.items():
+            key = f"{x.prefix}/{field}"
+            if key not in state:
+                raise ValueError(f"load: {path} lacks {key!r} (is the optimizer of table {p.table.name!r} the same?)")
+            saved = state[key]
+            if field == "step":
+                target.copy_(saved)
+            elif target.dim() == 2:
+                target[a - r0 : b - r0, lo - c0 : hi - c0] = saved[a - x.r0 : b - x.r0, lo - x.c0 : hi - x.c0]
+            else:  # row-wise state: width-weighted mean over the column pieces
+                target[a - r0 : b - r0] += saved[a - x.r0 : b - x.r0] * (hi - lo)
+        covered[a - r0 : b - r0, lo - c0 : hi - c0] = True
+        row_weight[a - r0 : b - r0] += hi - lo
+    if not bool(covered.all()):
+        missing = torch.nonzero(~covered)[0].tolist()
+        raise ValueError(
+            f"load: {path} lacks row {missing[0] + r0}, column {missing[1] + c0} of table {p.table.name!r}"
+        )
+    for field, target in out.items():
+        if field != "step" and target.dim() == 1:
+            target /= row_weight
+    with torch.no_grad():
+        for field, target in out.items():
+            if field != "step":
+                current[field].copy_(target)
+    if "step" in out:
+        p.local.load_state_dict({f"tables.{p.table.name}.step": out["step"]}, strict=False)
+
+
+def _load_dynamic(path: str, placed: list[Placed], pieces: list[Piece], metadata: Mapping[str, Any]) -> None:
+    """Dynamic tables, one collective read per saved piece (the ranks read different subsets, the same
+    number of times). A shard whose layout was saved as it is (same shard of the same number, same
+    columns and capacity) restores it verbatim; any other collects its keys from every piece."""
+    mine = {p.table.name: p for p in placed if p.table.dynamic is not None}
+    for name in sorted({x.table for x in pieces if x.keys >= 0}):
+        saved = sorted((x for x in pieces if x.table == name), key=lambda x: (x.c0, x.keys))
+        p = mine.get(name)
+        same = None if p is None else next((x for x in saved if _same_layout(x, p)), None)
+        by_columns: dict[tuple[int, int], list[dict[str, torch.Tensor]]] = {}
+        for x in saved:
+            state: dict[str, Any] = {}
+            if p is not None and (same is None or x is same):
+                _request(state, [x], metadata)
+            _dcp_load(state, path)
+            if not state or p is None:
+                continue
+            fields = {k[len(x.prefix) + 1 :]: v for k, v in state.items()}
+            if same is not None:
+                _restore_dynamic(p, fields)
+            else:
+                by_columns.setdefault((x.c0, x.c1), []).append(_held(fields, p))
+        if p is not None and same is None:
+            _install_dynamic(p, by_columns, path)
+
+
+def _same_layout(x: Piece, p: Placed) -> bool:
+    index, k = (p.shard.index, p.num_shards) if p.kind is ShardingKind.ROW_WISE else (0, 1)
+    capacity = p.local.hash_tables[p.table.name].capacity
+    cols = (p.shard.col_start, p.shard.col_start + p.shard.dim)
+    return (x.keys, x.num_shards, x.capacity, (x.c0, x.c1)) == (index, k, capacity, cols)
+
+
+def _restore_dynamic(p: Placed, fields: dict[str, torch.Tensor]) -> None:
+    name = p.table.name
+    table = p.local.hash_tables[name]
+    table.load_state_dict({k[len("hash_table.") :]: v for k, v in fields.items() if k.startswith("hash_table.")})
+    current = table_state(p.local, name)
+    with torch.no_grad():
+        for field, view in current.items():
+            if field != "step":
+                view.copy_(fields[field])
+    if "step" in current:
+        p.local.load_state_dict({f"tables.{name}.step": fields["step"]}, strict=False)
+
+
+def _held(fields: dict[str, torch.Tensor], p: Placed) -> dict[str, torch.Tensor]:
+    """The saved keys that shard p owns, with their rows' fields; per-table fields kept as they are."""
+    keys, rows = fields["hash_table.keys"], fields["hash_table.rows"]
+    keep = _owned(keys, p)
+    out = {
+        "keys": keys[keep],
+        "last_step": fields["hash_table.last_step"][keep],
+        "count": fields["hash_table.count"][keep],
+    }
+    capacity = int(fields["weight"].shape[0])
+    for f, v in fields.items():
+        if f.startswith("hash_table.") or f in ("table_step", "step"):
+            continue
+        out[f] = v[rows[keep]]
+        if p.table.dynamic is not None and p.table.dynamic.missing is Missing.UNKNOWN_ROW:
+            out[f"unknown.{f}"] = v[capacity - 1 : capacity]  # the last row is the shared unknown row
+    out["table_step"] = fields["table_step"]
+    out["sketch"] = fields["hash_table.sketch"]
+    if "step" in fields:
+        out["step"] = fields["step"]
+    return out
+
+
+def _owned(keys: torch.Tensor, p: Placed) -> torch.Tensor:
+    """Which of these keys the shard p holds: all, or those hashing to its index (row-wise)."""
+    if p.kind is not ShardingKind.ROW_WISE or p.num_shards == 1:
+        return torch.ones_like(keys, dtype=torch.bool)
+    return key_shard(keys, p.num_shards) == p.shard.index
+
+
+PER_TABLE_FIELDS = ("table_step", "sketch", "step")  # collected dynamic fields that are not one value per key
+
+
+def _merge_columns(parts: list[torch.Tensor], widths: list[int]) -> torch.Tensor:
+    """Column pieces of one field -> all columns ([n, D_i] side by side); row-wise state ([n]): the
+    width-weighted mean, exact for RowWiseAdagrad's mean of squares."""
+    if parts[0].dim() == 2:
+        return torch.cat(parts, dim=1)
+    return torch.stack([x * w for x, w in zip(parts, widths, strict=True)]).sum(dim=0) / sum(widths)
+
+
+def _join_columns(
+    by_columns: dict[tuple[int, int], list[dict[str, torch.Tensor]]], p: Placed, path: str
+) -> dict[str, torch.Tensor]:
+    """Collected column groups (each: the held keys of every saved key shard) -> one set of fields over
+    all columns, sorted by key. Steps: the largest saved; sketches: the element-wise max (an upper
+    bound of every key's count, as each key lived in one shard)."""
+    groups = sorted(by_columns.items())
+    widths = [c1 - c0 for (c0, c1), _ in groups]
+    if sum(widths) != p.table.dim or groups[0][0][0] != 0:
+        raise ValueError(f"load: {path} lacks columns of dynamic table {p.table.name!r} (has {sorted(by_columns)})")
+    joined: list[dict[str, torch.Tensor]] = []
+    for _, pieces in groups:
+        per_key = [f for f in pieces[0] if f not in PER_TABLE_FIELDS and not f.startswith("unknown.")]
+        fields = {f: torch.cat([x[f] for x in pieces]) for f in per_key}
+        order = torch.argsort(fields["keys"])
+        joined.append({f: v[order] for f, v in fields.items()})
+    keys = joined[0]["keys"]
+    if any(not torch.equal(g["keys"], keys) for g in joined):
+        raise ValueError(f"load: {path}: the column pieces of dynamic table {p.table.name!r} hold different keys")
+    out = {"keys": keys, "last_step": joined[0]["last_step"], "count": joined[0]["count"]}
+    for f in joined[0]:
+        if f not in out:
+            out[f] = _merge_columns([g[f] for g in joined], widths)
+    firsts = [pieces[0] for _, pieces in groups]
+    for f in firsts[0]:
+        if f.startswith("unknown."):
+            out[f] = _merge_columns([x[f] for x in firsts], widths)
+    every = [x for _, pieces in groups for x in pieces]
+    out["table_step"] = torch.stack([x["table_step"] for x in every]).max()
+    # uint16 counters travel as int16 bit patterns (see HashTable.state_dict)
+    sketches = np.stack([x["sketch"].numpy().view(np.uint16) for x in every])
+    out["sketch"] = torch.from_numpy(sketches.max(axis=0).view(np.int16).copy())
+    if "step" in firsts[0]:
+        out["step"] = torch.stack([x["step"] for x in every]).max()
+    return out
+
+
+def _install_dynamic(p: Placed, by_columns: dict[tuple[int, int], list[dict[str, torch.Tensor]]], path: str) -> None:
+    """Give the collected keys rows 0..n-1 of shard p, with their weights, state and scores."""
+    name, s = p.table.name, p.shard
+    if not by_columns:
+        raise ValueError(f"load: {path} holds no piece of dynamic table {name!r}")
+    fields = _join_columns(by_columns, p, path)
+    table = p.local.hash_tables[name]
+    n = int(fields["keys"].numel())
+    if n > table.key_capacity:
+        raise ValueError(
+            f"load: {path} holds {n} keys of dynamic table {name!r} for a shard of capacity {table.key_capacity}"
+        )
+    rows = torch.arange(n, dtype=torch.int64)
+    table.load(HashTableContents(fields["keys"], rows, fields["last_step"], fields["count"]))
+    state = table.state_dict()
+    state["sketch"] = fields["sketch"]
+    table.load_state_dict(state)
+    step = int(fields["table_step"])
+    if step > table.step:
+        table.find_or_insert(torch.zeros(0, dtype=torch.int64), step=step)
+    cols = slice(s.col_start, s.col_start + s.dim)
+    per_row = [f for f in fields if f not in ("keys", "last_step", "count", "weight", *PER_TABLE_FIELDS)]
+    opt = {
+        f: fields[f][:, cols] if fields[f].dim() == 2 else fields[f] for f in per_row if not f.startswith("unknown.")
+    }
+    p.local.write_rows(name, rows, fields["weight"][:, cols], opt)
+    if table.unknown_row is not None and "unknown.weight" in fields:
+        unknown = {f[len("unknown.") :]: fields[f] for f in per_row if f.startswith("unknown.")}
+        unknown = {f: v[:, cols] if v.dim() == 2 else v for f, v in unknown.items()}
+        p.local.write_rows(name, torch.tensor([table.unknown_row]), fields["unknown.weight"][:, cols], unknown)
+    if "step" in fields:
+        p.local.load_state_dict({f"tables.{name}.step": fields["step"]}, strict=False)

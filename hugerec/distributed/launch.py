@@ -8,9 +8,9 @@ torchrun --nproc-per-node 2 -m hugerec train ...   -> the command calls init_fro
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import multiprocessing
 import multiprocessing.context
-import importlib.util
 import os
 import pickle
 import socket

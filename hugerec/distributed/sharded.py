@@ -111,6 +111,7 @@ class Placed:
     shard: Shard
     kind: ShardingKind
     local: EmbeddingCollection
+    num_shards: int = 1
 
 
 @dataclass
@@ -196,7 +197,11 @@ class ShardedEmbeddingCollection(nn.Module):
             else None
         )
         self.replicas = EmbeddingCollection(dp, collection.optimizer, device) if dp else None
-        self.placed: list[Placed] = [Placed(t, s, k, self.shards) for t, s, k in local if self.shards is not None]
+        self.placed: list[Placed] = [
+            Placed(t, s, k, self.shards, len(self.plan.placements[t.name].ranks))
+            for t, s, k in local
+            if self.shards is not None
+        ]
         self.placed += [
             Placed(t, Shard(t.name, self.rank, 0, 0, t.num_rows, 0, t.dim), ShardingKind.DATA_PARALLEL, self.replicas)
             for t in dp

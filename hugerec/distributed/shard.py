@@ -48,8 +48,8 @@ def sharded_collections(model: nn.Module) -> list[ShardedEmbeddingCollection]:
     return [m for m in model.modules() if isinstance(m, ShardedEmbeddingCollection)]
 
 
-def _embedding_collections(model: nn.Module) -> list[tuple[nn.Module, str, EmbeddingCollection]]:
-    out = []
+def _embedding_collections(model: nn.Module) -> list[tuple[nn.Module | None, str, EmbeddingCollection]]:
+    out: list[tuple[nn.Module | None, str, EmbeddingCollection]] = []
     for parent in model.modules():
         for name, child in parent.named_children():
             if isinstance(child, EmbeddingCollection):
@@ -115,21 +115,22 @@ def shard(
         raise ValueError(f"shard: the plan is for world_size={plan.world_size}, the process group has {world} ranks")
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
     emb_group = dist.new_group(ranks)
-    if isinstance(model, EmbeddingCollection):
-        return ShardedEmbeddingCollection(model, resolve_plan(plan, [model]), emb_group)
-    found = _embedding_collections(model)
+    found = [(None, "", model)] if isinstance(model, EmbeddingCollection) else _embedding_collections(model)
     if not found:
         raise ValueError(f"shard: {type(model).__name__} holds no EmbeddingCollection")
-    resolved = resolve_plan(plan, [c for _, _, c in found])
+    resolve_plan(plan, [c for _, _, c in found])  # raises before anything is built
     for parent, name, collection in found:
         names = {t.name for t in collection.tables}
         sub = ShardingPlan(
             collection.tables,
-            {n: p for n, p in resolved.placements.items() if n in names},
-            resolved.world_size,
+            {n: p for n, p in plan.placements.items() if n in names},
+            plan.world_size,
             optimizer=collection.optimizer,
         )
-        setattr(parent, name, ShardedEmbeddingCollection(collection, sub, emb_group))
+        sharded = ShardedEmbeddingCollection(collection, sub, emb_group)
+        if parent is None:
+            return sharded
+        setattr(parent, name, sharded)
     if not any(p.requires_grad for p in model.parameters()):
         return model
     device = device or found[0][2].device

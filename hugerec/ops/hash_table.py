@@ -115,26 +115,33 @@ def find_or_insert(
     last = t.counter(_cpu.STEP)
     if step < last:
         raise ValueError(f"{where}: step {step} is before the last step seen ({last}); steps must not decrease")
-    if eviction in (EVICT_LRU, EVICT_LFU) and t.heap.shape[0] == 0 and t.counter(_cpu.N_FREE) < keys.shape[0]:
-        # the table may run out of free rows: from now on it keeps its eviction order
+    rows = np.empty(keys.shape[0], dtype=np.int64) if out is None else out
+    reset = np.empty(keys.shape[0], dtype=np.int64)
+
+    def call() -> tuple[_cpu.Int, _cpu.Int, _cpu.Int, _cpu.Int]:
+        return _cpu.find_or_insert(
+            t.slots,
+            t.info,
+            t.row_state,
+            t.free,
+            t.heap,
+            t.sketch,
+            t.meta,
+            keys,
+            rows,
+            reset,
+            step,
+            eviction,
+            min_count,
+            admit_all,
+        )
+
+    status, n_reset, needed, protected = call()
+    if status == _cpu.NEED_HEAP:
+        # the first call that has to evict: from now on the table keeps its eviction order
         t.heap = np.zeros((heap_capacity(t.capacity), 4), dtype=np.int64)
         _cpu.rebuild_heap(t.info, t.row_state, t.heap, t.meta, eviction)
-    rows = np.empty(keys.shape[0], dtype=np.int64) if out is None else out
-    status, reset, needed, protected = _cpu.find_or_insert(
-        t.slots,
-        t.info,
-        t.row_state,
-        t.free,
-        t.heap,
-        t.sketch,
-        t.meta,
-        keys,
-        rows,
-        step,
-        eviction,
-        min_count,
-        admit_all,
-    )
+        status, n_reset, needed, protected = call()
     if status == _cpu.FULL:
         raise ValueError(
             f"{where}: full ({t.counter(_cpu.SIZE)} of {t.capacity} rows held) and {needed} new keys arrived with "
@@ -142,10 +149,10 @@ def find_or_insert(
         )
     if status == _cpu.BATCH_TOO_LARGE:
         raise ValueError(
-            f"{where}: one batch needs {protected} existing + {needed} new rows but the capacity is {t.capacity}; "
-            "keys of a batch are never evicted for keys of the same batch, so raise the capacity"
+            f"{where}: step {step} needs {protected} rows already touched in it + {needed} new rows but the capacity "
+            f"is {t.capacity}; keys of a step are never evicted for keys of the same step, so raise the capacity"
         )
-    return rows, reset
+    return rows, reset[:n_reset]
 
 
 def remove(t: HashTableArrays, keys: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ Layout (S slots, a power of two >= 2 C, so the load factor stays <= 0.5 and prob
     row_state  [C] int8       FRESH (never held a key) / USED / FREED (held one, must be re-initialised)
     free       [C] int64      stack of free rows; the top is free[meta[N_FREE] - 1]
     heap       [H, 4] int64   min-heap of (score1, score2, row, gen) for eviction; H = C + C/8 + 1,
-                              allocated when the table first runs out of free rows (from the start for TTL)
+                              allocated when a call first has to evict (from the start for TTL)
     sketch     [d, w] uint16  count-min sketch for admission ([0, 0] when min_count == 1)
     meta       [9] int64      the scalar counters below
 
@@ -62,6 +62,7 @@ EVICT_TTL = 3
 OK = 0
 FULL = 1  # eviction NONE and not enough free rows
 BATCH_TOO_LARGE = 2  # the batch alone needs more rows than the table has
+NEED_HEAP = 3  # eviction must run and the heap is not allocated yet: allocate, rebuild, call again
 
 # scalars are Python ints at the call sites and np.int64 inside the kernels
 Int = int | np.int64
@@ -388,15 +389,17 @@ def find_or_insert(
     meta: np.ndarray,
     keys: np.ndarray,
     rows: np.ndarray,
+    reset: np.ndarray,
     step: Int,
     eviction: Int,
     min_count: Int,
     admit_all: bool,
-) -> tuple[Int, np.ndarray, Int, Int]:
+) -> tuple[Int, Int, Int, Int]:
     """keys [N] -> rows [N] (written): touch found rows, give rows to admitted new keys (see hugerec.ops.hash_table).
 
-    Returns (status, reset rows [E], rows needed, rows protected). On a non-OK status nothing in
-    the table was changed. Reset rows held another key before and must be re-initialised.
+    Returns (status, E, rows needed, rows protected) with reset[:E] (reset is [N]) the rows that held
+    another key before and must be re-initialised. On a non-OK status nothing in the table changed.
+    Only ints are returned: boxing a returned array costs a pickle round trip per call.
     """
     n = keys.shape[0]
     cap = info.shape[0]
@@ -416,7 +419,6 @@ def find_or_insert(
         if heap.shape[0] and meta[HEAP_SIZE] + n_miss > heap.shape[0]:
             rebuild_heap(info, row_state, heap, meta, eviction)
         _touch_found(info, meta, rows, step)
-        reset = np.empty(n_miss, dtype=np.int64)
         n_reset = 0
         for i in range(n):
             if rows[i] >= 0:
@@ -438,7 +440,7 @@ def find_or_insert(
                     n_reset += 1
                 _give_row(slots, info, row_state, heap, meta, s, r, key, 1, step, eviction)
             rows[i] = r
-        return OK, reset[:n_reset], n_miss, 0
+        return OK, n_reset, n_miss, 0
     # 1. distinct missing keys in order of first occurrence; rows[i] = -2 - u marks "distinct key u"
     tsize = 2
     while tsize < 2 * n_miss:
@@ -478,11 +480,13 @@ def find_or_insert(
     if needed > 0:
         if eviction == EVICT_NONE:
             if meta[SIZE] + needed > cap:
-                return FULL, np.empty(0, dtype=np.int64), needed, protected
+                return FULL, 0, needed, protected
         elif needed > meta[N_FREE]:
             protected = _protected_rows(info, meta, rows, step)
             if protected + needed > cap:
-                return BATCH_TOO_LARGE, np.empty(0, dtype=np.int64), needed, protected
+                return BATCH_TOO_LARGE, 0, needed, protected
+            if heap.shape[0] == 0:
+                return NEED_HEAP, 0, needed, protected
         # rows taken from the free stack push without popping; evictions pop before they push
         if heap.shape[0] and meta[HEAP_SIZE] + min(needed, meta[N_FREE]) > heap.shape[0]:
             rebuild_heap(info, row_state, heap, meta, eviction)
@@ -491,7 +495,6 @@ def find_or_insert(
         for u in range(n_u):
             _sketch_add(sketch, ukeys[u], uocc[u])
     _touch_found(info, meta, rows, step)
-    reset = np.empty(needed, dtype=np.int64)
     n_reset = 0
     new_row = np.empty(n_u, dtype=np.int64)
     deferred = np.empty(0, dtype=np.int64)
@@ -531,7 +534,7 @@ def find_or_insert(
     for i in range(n):
         if rows[i] <= -2:
             rows[i] = new_row[-2 - rows[i]]
-    return OK, reset[:n_reset], needed, protected
+    return OK, n_reset, needed, protected
 
 
 # -- remove / load -----------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ Methods, each timed from construction (file reading included) to the last batch:
 Configs: loader/criteo-like/sequential (shuffle=False) and loader/criteo-like/shuffled
 (shuffle=True: row-group order + a 262,144-row shuffle window for hugerec, a full permutation for
 the baseline). loader/criteo-like/memory: peak resident-memory growth while hugerec's shuffled
-epoch runs in a fresh process (peak RSS minus RSS after its first two batches), against the
-size of the dataset it reads.
+epoch runs in a fresh process (peak RSS, read after every batch, minus RSS before the loader is made),
+against the size of the dataset it reads: about 2-3 shuffle windows of 262,144 rows, whatever the size.
 The preprocessing records come from benchmarks/data_preprocess.py (`run(quick)`), when present.
 """
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -82,16 +81,21 @@ def _hugerec(paths: list[Path], schema: Any, shuffle: bool) -> tuple[float, int]
 
 
 def _memory_child(directory: str) -> None:
-    """Runs in a fresh process: resident memory after the first batches, and the peak over a shuffled epoch."""
+    """Runs in a fresh process: resident memory before the loader exists, and its peak (read after every
+    batch) over a shuffled epoch."""
     paths = sorted(Path(directory).glob("*.parquet"))
     schema = Schema.load(Path(directory) / "schema.json")
-    it = iter(load(paths, schema, BATCH, shuffle=True, seed=0))
-    rows = sum(next(it).batch_size for _ in range(2))
-    with open("/proc/self/statm") as f:
-        base = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    rows += sum(b.batch_size for b in it)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base = _rss()
+    peak, rows = base, 0
+    for b in load(paths, schema, BATCH, shuffle=True, seed=0):
+        rows += b.batch_size
+        peak = max(peak, _rss())
     json.dump({"rows": rows, "base_rss": base, "peak_rss": peak}, sys.stdout)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _memory(directory: Path) -> dict[str, Any]:
@@ -156,11 +160,13 @@ def loader_records(rows: int, baseline_batches: int, tmp: Path) -> list[dict[str
             )
         )  # fmt: skip
     mem = _memory(tmp / "criteo-like")
+    decoded_mib = rows * (4 + 4 * len(schema.dense) + 8 * len(schema.sparse)) / 2**20
     records.append(
         _record(
             "loader/criteo-like/memory", "hugerec", (mem["peak_rss"] - mem["base_rss"]) / 2**20,
-            "MiB peak RSS growth", False, dataset_mib_on_disk=round(dataset_mib, 1), dataset_rows=mem["rows"],
-            rss_after_first_batches_mib=round(mem["base_rss"] / 2**20), peak_rss_mib=round(mem["peak_rss"] / 2**20),
+            "MiB peak RSS growth", False, dataset_rows=mem["rows"], dataset_mib_on_disk=round(dataset_mib, 1),
+            dataset_mib_decoded=round(decoded_mib), rss_before_loader_mib=round(mem["base_rss"] / 2**20),
+            peak_rss_mib=round(mem["peak_rss"] / 2**20),
         )
     )  # fmt: skip
     return records
@@ -194,14 +200,15 @@ def _print_table(records: list[dict[str, Any]]) -> None:
         if config == "loader/criteo-like/memory":
             r = methods["hugerec"]
             print(
-                f"  shuffled epoch over {r['dataset_rows']:,} rows ({r['dataset_mib_on_disk']} MiB of Parquet): RSS "
-                f"{r['rss_after_first_batches_mib']} MiB after 2 batches -> {r['peak_rss_mib']} MiB peak"
+                f"  shuffled epoch over {r['dataset_rows']:,} rows ({r['dataset_mib_on_disk']} MiB Parquet, "
+                f"{r['dataset_mib_decoded']} MiB as tensors): RSS {r['rss_before_loader_mib']} MiB before the "
+                f"loader -> {r['peak_rss_mib']} MiB peak (bounded by shuffle_buffer, not the dataset)"
             )
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="hugerec-bench-data-") as tmp:
-        records = loader_records(1 << 20 if quick else 1 << 22, 8 if quick else 24, Path(tmp))
+        records = loader_records(1 << 19 if quick else 1 << 22, 4 if quick else 24, Path(tmp))
     return records + preprocess_records(quick)
 
 

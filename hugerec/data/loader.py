@@ -100,7 +100,8 @@ class Loader:
     drop_last       drop a last batch smaller than B
     rank/world_size this process reads every world_size-th row group of the shuffled order
     prefetch        batches kept ready by the background thread
-    shuffle_buffer  rows permuted together (memory bound: about this many rows are decoded at once)
+    shuffle_buffer  rows permuted together; memory is bounded by about 3 decoded windows of this many rows
+                    (one being served, one queued, one being decoded), whatever the dataset size
     """
 
     def __init__(

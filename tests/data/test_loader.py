@@ -1,4 +1,5 @@
 import itertools
+import os
 from pathlib import Path
 
 import numpy as np
@@ -7,7 +8,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from hugerec.data import criteo
 from hugerec.data.loader import Loader, load
+from hugerec.data.preprocess.categorical import Categorify
+from hugerec.data.preprocess.dataset import Dataset
+from hugerec.data.preprocess.numeric import FillMissing, LogOp, Normalize
+from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.data.shards import ShardWriter, prebatch
 from hugerec.sparse.batch import Batch
@@ -190,3 +196,22 @@ def test_prebatch_aligns_row_groups(data: Path, tmp_path: Path) -> None:
     ]
     assert all(s == 64 for s in sizes[:-1]) and sum(sizes) == 1000
     assert _flat(_epoch(load(paths, SCHEMA, 32))) == list(range(1000))
+
+
+DATA = Path(os.environ.get("HUGEREC_DATA", Path(__file__).resolve().parents[2] / ".." / "shared" / "data"))
+SAMPLE = DATA / "criteo" / "train_examples.txt.gz"
+
+
+@pytest.mark.skipif(not SAMPLE.exists(), reason="real Criteo sample not available")
+def test_loads_the_preprocessed_criteo_sample(tmp_path: Path) -> None:
+    """Raw TSV -> fitted Workflow -> Parquet -> loader, the documented path for real data."""
+    dense, sparse = list(criteo.DENSE_NAMES), list(criteo.SPARSE_NAMES)
+    wf = Workflow([FillMissing(dense), LogOp(dense), Normalize(dense), Categorify(sparse)])
+    wf.fit(Dataset.criteo(SAMPLE), engine=1)
+    out = wf.transform(Dataset.criteo(SAMPLE), tmp_path, engine=1)
+    schema = Schema.build(dense=dense, sparse=wf.cardinalities())
+    batches = list(load(out.paths, schema, 4096))
+    assert [b.batch_size for b in batches] == [4096, 4096, 1808]
+    assert int(sum(float(b.labels.sum()) for b in batches)) == 2182
+    assert all(b.sparse.lengths.eq(1).all() for b in batches)  # Categorify gives missing values id 0
+    assert torch.isfinite(batches[0].dense).all()

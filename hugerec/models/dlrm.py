@@ -56,7 +56,7 @@ class DLRM(RecModel):
         self.num_sparse = len(embedding.feature_names)
         self.sparse_arch = embedding
         self.dense_arch = MLP(num_dense, bottom, activation) if num_dense > 0 else None
-        self.interaction_arch = DotInteraction(self.num_sparse + (num_dense > 0), self_interaction)
+        self.interaction_arch = DotInteraction(self.num_sparse + int(num_dense > 0), self_interaction)
         over_in = self.interaction_arch.out_dim + (dim if num_dense > 0 else 0)
         self.over_arch = MLP(over_in, top, activation, dropout, final_activation=False)
 

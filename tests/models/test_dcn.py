@@ -40,7 +40,7 @@ def test_learns_a_tiny_task(task, low_rank: int | None, structure: CrossStructur
     emb = EmbeddingCollection(task.tables(dim=8), Adagrad(lr=0.1))
     model = DCNv2(emb, task.num_dense, 2, low_rank=low_rank, structure=structure, deep=[16])
     losses = task.train(model, task.batches(8, batch_size=64), epochs=6)
-    assert losses[-1] < 0.75 * losses[0], losses
+    assert losses[-1] < 0.5 * losses[0], losses
 
 
 def test_gradients_and_embedding_updates(task) -> None:

@@ -38,7 +38,7 @@ def test_learns_a_tiny_task_with_ftrl_first_order(task) -> None:
     )
     batches = task.batches(8, batch_size=64)
     losses = task.train(model, batches, epochs=6)
-    assert losses[-1] < 0.75 * losses[0], losses
+    assert losses[-1] < 0.5 * losses[0], losses
     assert model.wide_embedding is not None
     assert model.wide_embedding.table_weight("wide_t2").abs().sum() > 0  # FTRL moved the first-order weights
 

@@ -49,7 +49,7 @@ def test_backward_reaches_dense_params_and_updates_touched_rows_only(task) -> No
 def test_learns_a_tiny_task(task) -> None:
     model = DLRM(EmbeddingCollection(task.tables(dim=8), Adagrad(lr=0.1)), task.num_dense, [16, 8], [16, 1])
     losses = task.train(model, task.batches(8, batch_size=64), epochs=6)
-    assert losses[-1] < 0.75 * losses[0], losses
+    assert losses[-1] < 0.5 * losses[0], losses
 
 
 def test_without_dense_features(task) -> None:

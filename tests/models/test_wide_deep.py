@@ -33,7 +33,7 @@ def test_learns_with_ftrl_wide_part(task) -> None:
         deep=[16],
     )
     losses = task.train(model, task.batches(8, batch_size=64), epochs=6)
-    assert losses[-1] < 0.75 * losses[0], losses
+    assert losses[-1] < 0.5 * losses[0], losses
 
 
 def test_wide_part_reads_its_own_features(task) -> None:

@@ -259,10 +259,10 @@ class HashTable:
             raise ValueError(f"{where}: state lacks {sorted(missing)}")
         self._install(
             HashTableContents(state["keys"], state["rows"], state["last_step"], state["count"]),
-            state["row_state"].numpy().astype(np.int8),
+            state["row_state"].cpu().numpy().astype(np.int8),
             as_keys(state["free"], where),
-            state["sketch"].numpy().view(np.uint16),
-            state["meta"].numpy(),
+            state["sketch"].cpu().numpy().view(np.uint16),
+            state["meta"].cpu().numpy(),
             where,
         )
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, Eviction, Missing, Pooling, TableConfig, Zeros
+from hugerec.embedding.config import DynamicConfig, Eviction, Missing, Pooling, TableConfig, Uniform, Zeros
 from hugerec.embedding.optimizers import Adam, RowWiseAdagrad
 from hugerec.sparse.features import SparseFeatures
 
@@ -151,3 +151,22 @@ def test_too_many_new_keys_without_eviction_raise_with_the_table_name() -> None:
     emb = EmbeddingCollection(tables)
     with pytest.raises(ValueError, match=r"HashTable 'user'.*eviction NONE"):
         emb(SparseFeatures.from_lists({"user": [[1], [2], [3]]}))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu() -> None:
+    tables = [
+        # evicting, with a constant initializer: re-initialised rows match without sharing an RNG
+        TableConfig("user", 12, 4, init=Uniform(0.1, 0.1), dynamic=DynamicConfig(eviction=Eviction.LRU)),
+        TableConfig("item", num_rows=50, dim=4, features=("item", "last"), dynamic=DynamicConfig()),
+    ]
+    cpu = EmbeddingCollection(tables, RowWiseAdagrad(lr=0.1))
+    gpu = EmbeddingCollection(tables, RowWiseAdagrad(lr=0.1)).to("cuda")
+    gpu.load_state_dict(cpu.state_dict())
+    for b in _batches(3, 4, batch=8):
+        features = SparseFeatures.from_lists(b)
+        cpu(features).values.pow(2).sum().backward()
+        gpu(features.to("cuda")).values.pow(2).sum().backward()
+    assert cpu.hash_tables["user"].stats().evictions > 0
+    for k, v in cpu.state_dict().items():
+        torch.testing.assert_close(gpu.state_dict()[k].cpu(), v, rtol=1e-5, atol=1e-6)

@@ -156,6 +156,7 @@ class Method:
     """One way to train: a step (Batch -> loss) and the same step cut into phases for the profile."""
 
     name: str
+    profiled = True  # False where the profile's eager phases would not be the step that was timed
 
     def step(self, batch: Batch) -> float:
         raise NotImplementedError
@@ -215,6 +216,7 @@ class HugerecRun(Method):
         self.model = DLRM(EmbeddingCollection(tables, Adam(lr=LR)), NUM_DENSE, shape.bottom, shape.top)
         if compile:
             self.model.compile_dense()
+            self.profiled = False
         self.opt = torch.optim.Adam(self.model.dense_parameters(), lr=LR)
         self.bf16 = bf16
 
@@ -335,14 +337,15 @@ def run_config(name: str, shape: Shape, args: argparse.Namespace, tmp: Path) -> 
         methods.append(HugerecRun(shape, bf16=True))
     streams = [batches(tmp / name, schema, batch_size) for _ in methods]
     rates = time_interleaved(methods, streams, args.warmup, args.steps)
-    phases = profile_interleaved(methods, streams, args.profile) if args.profile else []
+    profiled = [i for i, m in enumerate(methods) if m.profiled] if args.profile else []
+    phases = profile_interleaved([methods[i] for i in profiled], [streams[i] for i in profiled], args.profile)
     common = {"unit": "samples/s", "higher_is_better": True, "batch_size": batch_size, "num_rows": shape.num_rows}
     records = [
         {"config": name, "method": m.name, "value": rate, **common, "steps": args.steps}
         for m, rate in zip(methods, rates, strict=True)
     ]
-    for r, p in zip(records, phases, strict=False):
-        r["profile_ms_per_step"] = p
+    for i, p in zip(profiled, phases, strict=True):
+        records[i]["profile_ms_per_step"] = p
     del methods, streams
     gc.collect()
     if args.fit:
@@ -363,10 +366,12 @@ def run_config(name: str, shape: Shape, args: argparse.Namespace, tmp: Path) -> 
     for r in records:
         r["ratio_vs_pytorch"] = r["value"] / base
         print(f"  {r['method']:18s} {r['value']:10.0f} {r['ratio_vs_pytorch']:10.2f}")
+    if args.fit:
+        print("  (hugerec-fit ran alone after the others, under whatever load the machine had then: indicative only)")
     print(f"  {'torchrec':18s} {torchrec_status()}")
     if phases:
         print(f"  step profile, ms per step ({args.profile} steps, interleaved):")
-        print("  " + f"{'phase':28s}" + "".join(f"{m['method']:>18s}" for m in records[: len(phases)]))
+        print("  " + f"{'phase':28s}" + "".join(f"{records[i]['method']:>18s}" for i in profiled))
         for phase in PHASES:
             print("  " + f"{phase:28s}" + "".join(f"{p[phase]:18.0f}" for p in phases))
         print("  " + f"{'total':28s}" + "".join(f"{sum(p.values()):18.0f}" for p in phases))

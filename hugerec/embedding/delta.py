@@ -125,57 +125,66 @@ def _list_column(values: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(values).reshape(-1), type=pa.float32()))
 
 
+SCHEMA = pa.schema(
+    [
+        ("table", pa.string()),
+        ("key", pa.int64()),
+        ("vector", pa.list_(pa.float32())),
+        ("state", pa.list_(pa.float32())),
+        ("step", pa.int64()),
+    ]
+)
+
+
+def _record_batches(d: TableDelta) -> list[pa.RecordBatch]:
+    """One table's rows (its unknown row last, with a null key), in batches whose list offsets fit int32."""
+    n = len(d)
+    keys = pa.array(d.keys.numpy(), type=pa.int64())
+    vectors, state, steps = d.vectors.to(torch.float32).numpy().reshape(n, d.dim), _flat(d.state, n), d.steps.numpy()
+    if d.unknown is not None:
+        keys = pa.concat_arrays([keys, pa.nulls(1, type=pa.int64())])
+        vectors = np.concatenate([vectors, d.unknown.vector.to(torch.float32).reshape(1, -1).numpy()])
+        state = np.concatenate([state, _flat({k: v.reshape(1, -1) for k, v in d.unknown.state.items()}, 1)])
+        steps = np.concatenate([steps, np.array([d.unknown.step], dtype=np.int64)])
+    rows_per_batch = max(1, (2**31 - 1) // max(d.dim, state.shape[1], 1))
+    out = []
+    for a in range(0, len(keys), rows_per_batch):
+        b = min(a + rows_per_batch, len(keys))
+        out.append(
+            pa.RecordBatch.from_arrays(
+                [
+                    pa.array([d.table] * (b - a), type=pa.string()),
+                    keys.slice(a, b - a),
+                    _list_column(vectors[a:b]),
+                    _list_column(state[a:b]),
+                    pa.array(steps[a:b], type=pa.int64()),
+                ],
+                schema=SCHEMA,
+            )
+        )
+    return out
+
+
 def write_delta(deltas: Sequence[TableDelta], path: str | Path) -> None:
-    """Write deltas to one Parquet file in the documented format."""
-    names, keys, vectors, states, steps = [], [], [], [], []
-    meta: dict[str, Any] = {}
-    for d in deltas:
-        n = len(d)
-        flat_state = _flat(d.state, n)
-        key_col = pa.array(d.keys.numpy(), type=pa.int64())
-        vec, st, stp = d.vectors.numpy(), flat_state, d.steps.numpy()
-        if d.unknown is not None:
-            key_col = pa.concat_arrays([key_col, pa.nulls(1, type=pa.int64())])
-            vec = np.concatenate([vec, d.unknown.vector.reshape(1, -1).numpy()])
-            st = np.concatenate([st, _flat({k: v.reshape(1, -1) for k, v in d.unknown.state.items()}, 1)])
-            stp = np.concatenate([stp, np.array([d.unknown.step], dtype=np.int64)])
-        names.append(pa.array([d.table] * len(key_col), type=pa.string()))
-        keys.append(key_col)
-        vectors.append(_list_column(vec.astype(np.float32, copy=False).reshape(-1, d.dim)))
-        states.append(_list_column(st.astype(np.float32, copy=False)))
-        steps.append(pa.array(stp, type=pa.int64()))
-        meta[d.table] = {
+    """Write deltas (one per table) to one Parquet file in the documented format, a table at a time."""
+    names = [d.table for d in deltas]
+    if len(set(names)) != len(names):
+        raise ValueError(f"write_delta: more than one delta for a table: {names}")
+    meta = {
+        d.table: {
             "dim": d.dim,
             "dtype": d.dtype,
             "optimizer": d.optimizer,
             "state": _field_widths(d.state),
             "since_step": d.since_step,
         }
-    schema = pa.schema(
-        [
-            ("table", pa.string()),
-            ("key", pa.int64()),
-            ("vector", pa.list_(pa.float32())),
-            ("state", pa.list_(pa.float32())),
-            ("step", pa.int64()),
-        ],
-        metadata={METADATA_KEY: json.dumps({"version": FORMAT_VERSION, "tables": meta}).encode()},
-    )
-
-    def column(parts: list[pa.Array], type_: pa.DataType) -> pa.Array:
-        return pa.concat_arrays(parts) if parts else pa.array([], type=type_)
-
-    table = pa.Table.from_arrays(
-        [
-            column(names, pa.string()),
-            column(keys, pa.int64()),
-            column(vectors, pa.list_(pa.float32())),
-            column(states, pa.list_(pa.float32())),
-            column(steps, pa.int64()),
-        ],
-        schema=schema,
-    )
-    pq.write_table(table, str(path))
+        for d in deltas
+    }
+    schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps({"version": FORMAT_VERSION, "tables": meta}).encode()})
+    with pq.ParquetWriter(str(path), schema) as writer:
+        for d in deltas:
+            for batch in _record_batches(d):
+                writer.write_batch(batch)
 
 
 def read_delta(path: str | Path) -> list[TableDelta]:

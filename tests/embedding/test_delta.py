@@ -137,6 +137,8 @@ def test_empty_delta_and_bad_files(tmp_path: Path) -> None:
     assert read_delta(tmp_path / "empty.parquet") == []
     deltas = collect_delta(emb)
     assert [len(d) for d in deltas] == [0, 0]
+    with pytest.raises(ValueError, match="more than one delta for a table"):
+        write_delta(deltas + deltas, tmp_path / "twice.parquet")
     write_delta(deltas, tmp_path / "nothing.parquet")
     assert [len(d) for d in read_delta(tmp_path / "nothing.parquet")] == [0, 0]
     pq.write_table(pa.table({"key": [1, 2]}), tmp_path / "foreign.parquet")

@@ -19,7 +19,7 @@ import torch
 from hugerec.embedding.config import Normal, TableConfig, Uniform, Zeros
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
 from hugerec.ops.update_rule import RuleKind, UpdateRule
-from hugerec.ops.workspace import Workspace
+from hugerec.ops.workspace import OutputPool, Workspace
 
 
 def update_rule(opt: Optimizer) -> UpdateRule:
@@ -122,6 +122,7 @@ class FusedTables:
         self.groups: list[TableGroup] = []
         self.slots: dict[str, TableSlot] = {}
         self.steps: dict[str, int] = {t.name: 0 for t in tables}
+        self.outputs = OutputPool()  # lookup outputs, recycled across steps
         for (dim, dtype, opt), members in keys.items():
             rule = update_rule(opt)
             rows = 0

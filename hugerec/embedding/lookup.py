@@ -56,7 +56,7 @@ def _pooled_forward(
     batch: int,
     columns: int,
 ) -> torch.Tensor:
-    out = torch.empty(batch, columns, dtype=torch.float32, device=values.device)
+    out = fused.outputs.empty((batch, columns), torch.float32, values.device)  # every column gets written
     for gp in plans:
         g = fused.groups[gp.group]
         if ops.pooled_lookup(g.weight, values, offsets, per_sample_weights, gp.plan, g.dim, out):
@@ -163,7 +163,7 @@ def _sequence_forward(
     outs = []
     for gp, size in zip(plans, sizes, strict=True):
         g = fused.groups[gp.group]
-        out = torch.empty(size, g.dim, dtype=torch.float32, device=values.device)
+        out = fused.outputs.empty((size, g.dim), torch.float32, values.device)
         if ops.sequence_lookup(g.weight, values, offsets, gp.plan, g.dim, batch, out):
             raise_invalid(fused, gp, values, offsets, batch)
         outs.append(out)

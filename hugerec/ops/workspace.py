@@ -1,12 +1,16 @@
-"""Scratch memory one fused table group keeps across steps, so the CPU kernels allocate nothing per step.
+"""Memory kept across steps so that a training step allocates no large buffer.
 
-Large per-step temporaries would otherwise be mmapped and page-faulted at every step under glibc's
-malloc (they are above its mmap threshold); keeping them makes speed independent of the allocator.
+Large per-step buffers (the kernels' scratch, the pooled output) would otherwise be mmapped and
+page-faulted at every step under glibc's malloc (they are above its mmap threshold), which costs as
+much as the lookup itself; keeping them makes speed independent of the allocator.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import torch
 
 
 class Workspace:
@@ -29,3 +33,46 @@ class Workspace:
         if self._row_map is None or self._row_map.shape[0] != num_rows:
             self._row_map = np.full(num_rows, -1, dtype=np.int32)
         return self._row_map
+
+
+def _storage_users(t: torch.Tensor) -> int:
+    return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+
+
+# Tensors (views included) sharing a storage are counted by torch's private _storage_Use_Count; without
+# it the pool cannot tell when a buffer is free and allocates every time.
+_CAN_COUNT = hasattr(torch._C, "_storage_Use_Count")
+_ALONE = _storage_users(torch.empty(1)) if _CAN_COUNT else 0
+
+
+class OutputPool:
+    """Output tensors recycled once nothing outside the pool refers to their storage.
+
+    A lookup's output is handed out as a fresh tensor over a pooled storage; while the caller (or an
+    autograd graph, or any view) holds it the storage is busy, afterwards the next lookup reuses it.
+    At most `capacity` storages are kept; when all are busy the output is allocated normally.
+    """
+
+    def __init__(self, capacity: int = 3) -> None:
+        self.capacity = capacity
+        self._storages: list[torch.Tensor] = []
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        numel = math.prod(shape)
+        if not _CAN_COUNT or device.type != "cpu":
+            return torch.empty(shape, dtype=dtype, device=device)
+        for buf in self._storages:
+            if buf.dtype == dtype and buf.numel() >= numel and _storage_users(buf) == _ALONE:
+                return self._alias(buf, shape)
+        buf = torch.empty(numel, dtype=dtype)
+        if len(self._storages) < self.capacity:
+            self._storages.append(buf)
+        return self._alias(buf, shape)
+
+    @staticmethod
+    def _alias(buf: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """A new tensor (not a view) of `shape` over the start of buf's storage."""
+        strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * shape[i + 1]
+        return torch.empty(0, dtype=buf.dtype).set_(buf.untyped_storage(), 0, shape, strides)

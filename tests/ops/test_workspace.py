@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from hugerec.ops.workspace import Workspace
+from hugerec.ops.workspace import OutputPool, Workspace
 
 
 def test_arrays_are_reused_and_grow() -> None:
@@ -22,3 +23,19 @@ def test_row_map_starts_at_minus_one() -> None:
     m = ws.row_map(7)
     assert m.dtype == np.int32 and (m == -1).all()
     assert ws.row_map(7) is m
+
+
+def test_output_pool_recycles_only_unreferenced_storage() -> None:
+    pool = OutputPool(capacity=2)
+    a = pool.empty((4, 3), torch.float32, torch.device("cpu"))
+    a_ptr = a.data_ptr()
+    view = a[:, :1]
+    del a
+    b = pool.empty((4, 3), torch.float32, torch.device("cpu"))  # a's storage is still seen through `view`
+    assert b.data_ptr() != a_ptr
+    del view
+    c = pool.empty((2, 5), torch.float32, torch.device("cpu"))  # free again, and large enough
+    assert c.data_ptr() == a_ptr and c.shape == (2, 5) and c.is_contiguous()
+    d = pool.empty((4, 3), torch.float32, torch.device("cpu"))  # both pooled storages busy: a plain tensor
+    assert d.data_ptr() not in (a_ptr, b.data_ptr())
+    assert not c._is_view()  # autograd sees an ordinary tensor

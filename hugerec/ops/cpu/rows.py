@@ -1,7 +1,7 @@
 """Reading and writing one element of a stored row, for each storage dtype, inside Numba kernels.
 
-Kernels are written once against `get` / `put`; Numba picks the body by the array's dtype at
-compile time, so there is no branch in the inner loops:
+Kernels are written once against `get` / `put` on a row view (weight[r]); Numba picks the body by
+the array's dtype at compile time, so there is no branch in the inner loops:
 
     float32  fp32 storage
     int16    bf16 storage, the bit pattern (torch bf16 tensors are passed as `.view(torch.int16)`);
@@ -15,9 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import llvmlite.binding as llvm
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
-from numba.extending import overload
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 
 
 @njit(cache=True, error_model="numpy")
@@ -73,59 +76,93 @@ def f32_to_f16(x: np.float32) -> np.uint16:
     return np.uint16(sign | np.uint32(q))
 
 
-def get(weight: np.ndarray, row: int, k: int) -> np.float32:
-    """weight[row, k] as float32 (Numba only)."""
+def get(row: np.ndarray, k: int) -> np.float32:
+    """row[k] as float32 (Numba only); `row` is a 1-D view of one stored row, e.g. weight[r]."""
     raise TypeError("hugerec.ops.cpu.rows.get is only callable from Numba kernels")
 
 
-def put(weight: np.ndarray, row: int, k: int, x: float | np.floating[Any]) -> None:
-    """weight[row, k] = x rounded to the storage dtype (Numba only)."""
+def put(row: np.ndarray, k: int, x: float | np.floating[Any]) -> None:
+    """row[k] = x rounded to the storage dtype (Numba only)."""
     raise TypeError("hugerec.ops.cpu.rows.put is only callable from Numba kernels")
 
 
 # Numba checks that an overload's implementations have the typing function's exact parameters,
 # annotations included: hence `Any` on both sides.
-@overload(get)
-def _get(weight: Any, row: Any, k: Any) -> Callable[..., Any] | None:
-    if weight.dtype == types.float32:
+@overload(get, inline="always")
+def _get(row: Any, k: Any) -> Callable[..., Any] | None:
+    if row.dtype == types.float32:
 
-        def get_f32(weight: Any, row: Any, k: Any) -> Any:
-            return weight[row, k]
+        def get_f32(row: Any, k: Any) -> Any:
+            return row[k]
 
         return get_f32
-    if weight.dtype == types.int16:
+    if row.dtype == types.int16:
 
-        def get_bf16(weight: Any, row: Any, k: Any) -> Any:
-            return bf16_to_f32(weight[row, k])
+        def get_bf16(row: Any, k: Any) -> Any:
+            return bf16_to_f32(row[k])
 
         return get_bf16
-    if weight.dtype == types.uint16:
+    if row.dtype == types.uint16:
 
-        def get_f16(weight: Any, row: Any, k: Any) -> Any:
-            return f16_to_f32(weight[row, k])
+        def get_f16(row: Any, k: Any) -> Any:
+            return f16_to_f32(row[k])
 
         return get_f16
     return None
 
 
-@overload(put)
-def _put(weight: Any, row: Any, k: Any, x: Any) -> Callable[..., None] | None:
-    if weight.dtype == types.float32:
+@overload(put, inline="always")
+def _put(row: Any, k: Any, x: Any) -> Callable[..., None] | None:
+    if row.dtype == types.float32:
 
-        def put_f32(weight: Any, row: Any, k: Any, x: Any) -> None:
-            weight[row, k] = x
+        def put_f32(row: Any, k: Any, x: Any) -> None:
+            row[k] = x
 
         return put_f32
-    if weight.dtype == types.int16:
+    if row.dtype == types.int16:
 
-        def put_bf16(weight: Any, row: Any, k: Any, x: Any) -> None:
-            weight[row, k] = f32_to_bf16(x)
+        def put_bf16(row: Any, k: Any, x: Any) -> None:
+            row[k] = f32_to_bf16(x)
 
         return put_bf16
-    if weight.dtype == types.uint16:
+    if row.dtype == types.uint16:
 
-        def put_f16(weight: Any, row: Any, k: Any, x: Any) -> None:
-            weight[row, k] = f32_to_f16(x)
+        def put_f16(row: Any, k: Any, x: Any) -> None:
+            row[k] = f32_to_f16(x)
 
         return put_f16
     return None
+
+
+# LLVM 15 made pointers opaque, which renamed the intrinsic's pointer suffix.
+_PREFETCH = "llvm.prefetch.p0" if llvm.llvm_version_info >= (15,) else "llvm.prefetch.p0i8"
+
+
+@intrinsic
+def _prefetch(typingctx: Any, address: Any) -> tuple[Any, Callable[..., Any]]:
+    """Hint the cache to fetch the line at `address` (uintp) for reading; never faults."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), _PREFETCH
+        )
+        # (address, read, locality 3 = keep in all cache levels, data cache)
+        builder.call(
+            fn, [builder.inttoptr(args[0], i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)]
+        )
+        return context.get_dummy_value()
+
+    return types.void(types.uintp), codegen
+
+
+@njit(cache=True, error_model="numpy")
+def prefetch(array: np.ndarray, index: int, count: int) -> None:
+    """Prefetch elements [index, index + count) of a C-contiguous array (flat indexing).
+
+    The kernels' loop bodies between two random row loads are long, so the CPU's out-of-order window
+    holds only a few rows in flight; asking for the rows a few iterations ahead restores the overlap.
+    """
+    address = array.ctypes.data + index * array.itemsize
+    for offset in range(0, count * array.itemsize, 64):
+        _prefetch(address + offset)  # type: ignore[call-arg]  # Numba supplies the typing context

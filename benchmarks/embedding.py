@@ -1,0 +1,377 @@
+"""Embedding engine: one training step (forward + backward + sparse optimizer) of 26 tables, hugerec
+against plain PyTorch, on the same synthetic Zipf(1.05) and uniform ids.
+
+    python benchmarks/embedding.py [--quick] [--json PATH] [--only SUBSTRING]
+
+Methods (each measured alone: its tables are built, timed, then freed):
+    hugerec          EmbeddingCollection (fused buffers, Numba lookup, fused sparse optimizer in backward)
+    torch-per-table  one nn.EmbeddingBag(sparse=True) per table + torch.optim.SGD / SparseAdam, or for
+                     row-wise Adagrad the few lines people write (coalesce, per-row accumulator, index_add_)
+    torch-concat     the 26 tables concatenated into one nn.EmbeddingBag(sparse=True), same optimizers
+    torchrec         FusedEmbeddingBagCollection when torchrec is importable (no Adam on CPU)
+The upstream gradient is a fixed [B, 26 * D] tensor (no loss temporaries). Effective bandwidth counts
+the bytes every method must move: rows read by the lookup, the pooled output written, the output
+gradient read once per id, and weights + optimizer state of the unique rows read and written. It is
+reported as a fraction of the machine's random-row gather bandwidth, measured in the same run.
+
+Configurations: rows 100k / 1M per table, dim 16 / 128, 1 / 10 ids per bag, Zipf / uniform ids,
+optimizers sgd / rowwise_adagrad / adam; a configuration whose tables do not fit in the available
+memory is skipped (and says so). --quick: rows100k-d128-h1-zipf-rowwise_adagrad only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.config import TableConfig
+from hugerec.embedding.optimizers import SGD, Adam, Optimizer, RowWiseAdagrad
+from hugerec.sparse.features import SparseFeatures
+
+TABLES, BATCH = 26, 8192
+LR = 0.01
+OPTIMIZERS: dict[str, Optimizer] = {"sgd": SGD(lr=LR), "rowwise_adagrad": RowWiseAdagrad(lr=LR), "adam": Adam(lr=LR)}
+
+
+@dataclass(frozen=True)
+class Config:
+    rows: int
+    dim: int
+    hotness: int
+    dist: str
+    optimizer: str
+
+    @property
+    def name(self) -> str:
+        rows = f"{self.rows // 1_000_000}m" if self.rows >= 1_000_000 else f"{self.rows // 1000}k"
+        return f"rows{rows}-d{self.dim}-h{self.hotness}-{self.dist}-{self.optimizer}"
+
+    @property
+    def state_floats(self) -> int:
+        """fp32 optimizer-state values per row."""
+        return {"sgd": 0, "rowwise_adagrad": 1, "adam": 2 * self.dim}[self.optimizer]
+
+
+def all_configs() -> list[Config]:
+    return [
+        Config(rows, dim, hotness, dist, opt)
+        for rows in (100_000, 1_000_000)
+        for dim in (16, 128)
+        for hotness in (1, 10)
+        for dist in ("zipf", "uniform")
+        for opt in OPTIMIZERS
+    ]
+
+
+# -- inputs ------------------------------------------------------------------------------------------
+def draw_ids(rng: np.random.Generator, config: Config, n: int) -> np.ndarray:
+    """[T, n] row ids; Zipf ranks are scattered over the rows by a per-table permutation."""
+    if config.dist == "uniform":
+        return rng.integers(0, config.rows, size=(TABLES, n), dtype=np.int64)
+    cdf = np.cumsum(1.0 / np.arange(1, config.rows + 1) ** 1.05)
+    ranks = np.searchsorted(cdf / cdf[-1], rng.random((TABLES, n)))
+    perms = [rng.permutation(config.rows) for _ in range(TABLES)]
+    return np.stack([perms[t][ranks[t]] for t in range(TABLES)]).astype(np.int64)
+
+
+@dataclass
+class Batch:
+    ids: torch.Tensor  # [T, B * L] int64, table-major
+    unique_rows: int  # sum over tables of the distinct rows touched
+
+
+def make_batches(config: Config, count: int, seed: int = 0) -> list[Batch]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        ids = draw_ids(rng, config, BATCH * config.hotness)
+        unique = sum(len(np.unique(ids[t])) for t in range(TABLES))
+        out.append(Batch(torch.from_numpy(ids), unique))
+    return out
+
+
+def useful_bytes(config: Config, batch: Batch) -> int:
+    """Bytes a step must move: lookup reads, output write, output-gradient reads, unique rows + state updated."""
+    n = TABLES * BATCH * config.hotness
+    row = 4 * config.dim
+    return n * row + BATCH * TABLES * row + n * row + batch.unique_rows * 2 * (row + 4 * config.state_floats)
+
+
+# -- methods -----------------------------------------------------------------------------------------
+class Method:
+    """Builds its tables in __init__; step(i) runs forward + backward + optimizer on batch i."""
+
+    name = ""
+
+    def step(self, i: int) -> None:
+        raise NotImplementedError
+
+
+class HugeRec(Method):
+    name = "hugerec"
+
+    def __init__(self, config: Config, batches: list[Batch], grad: torch.Tensor) -> None:
+        tables = [TableConfig(f"t{t}", config.rows, config.dim) for t in range(TABLES)]
+        self.emb = EmbeddingCollection(tables, OPTIMIZERS[config.optimizer])
+        lengths = torch.full((TABLES * BATCH,), config.hotness, dtype=torch.int32)
+        keys = tuple(f"t{t}" for t in range(TABLES))
+        self.features = [SparseFeatures(keys, b.ids.reshape(-1), lengths) for b in batches]
+        self.grad = grad
+
+    def step(self, i: int) -> None:
+        self.emb(self.features[i]).values.backward(self.grad)
+
+
+def rowwise_adagrad_step(params: list[nn.Parameter], accumulators: list[torch.Tensor], lr: float, eps: float) -> None:
+    """Row-wise Adagrad as people write it in plain torch."""
+    with torch.no_grad():
+        for p, acc in zip(params, accumulators, strict=True):
+            assert p.grad is not None
+            grad = p.grad.coalesce()
+            rows, g = grad.indices()[0], grad.values()
+            acc.index_add_(0, rows, (g * g).mean(dim=1))
+            p.index_add_(0, rows, -lr * g / (acc[rows].sqrt() + eps)[:, None])
+            p.grad = None
+
+
+class TorchBase(Method):
+    def _optimizer(self, config: Config, params: list[nn.Parameter]) -> Callable[[], None]:
+        if config.optimizer == "rowwise_adagrad":
+            accs = [torch.zeros(p.shape[0]) for p in params]
+            opt = OPTIMIZERS[config.optimizer]
+            assert isinstance(opt, RowWiseAdagrad)
+            return lambda: rowwise_adagrad_step(params, accs, opt.lr, opt.eps)
+        torch_opt: torch.optim.Optimizer
+        if config.optimizer == "sgd":
+            torch_opt = torch.optim.SGD(params, lr=LR)
+        else:
+            torch_opt = torch.optim.SparseAdam(params, lr=LR)
+
+        def step() -> None:
+            torch_opt.step()
+            torch_opt.zero_grad(set_to_none=True)
+
+        return step
+
+
+class TorchPerTable(TorchBase):
+    name = "torch-per-table"
+
+    def __init__(self, config: Config, batches: list[Batch], grad: torch.Tensor) -> None:
+        self.bags = [nn.EmbeddingBag(config.rows, config.dim, mode="sum", sparse=True) for _ in range(TABLES)]
+        self.opt_step = self._optimizer(config, [b.weight for b in self.bags])
+        self.offsets = torch.arange(BATCH, dtype=torch.int64) * config.hotness
+        self.batches, self.grad = batches, grad
+
+    def step(self, i: int) -> None:
+        ids = self.batches[i].ids
+        out = torch.cat([bag(ids[t], self.offsets) for t, bag in enumerate(self.bags)], dim=1)  # [B, T*D]
+        out.backward(self.grad)
+        self.opt_step()
+
+
+class TorchConcat(TorchBase):
+    name = "torch-concat"
+
+    def __init__(self, config: Config, batches: list[Batch], grad: torch.Tensor) -> None:
+        self.bag = nn.EmbeddingBag(TABLES * config.rows, config.dim, mode="sum", sparse=True)
+        self.opt_step = self._optimizer(config, [self.bag.weight])
+        shift = (torch.arange(TABLES, dtype=torch.int64) * config.rows)[:, None]
+        # [T, B*L] -> [T, B, L] -> [B, T, L] -> [B*T, L]: bag (b, t) at row b*T + t, so out is [B, T*D] directly
+        self.inputs = [
+            (b.ids + shift).view(TABLES, BATCH, config.hotness).transpose(0, 1).reshape(-1, config.hotness)
+            for b in batches
+        ]
+        self.grad, self.dim = grad, config.dim
+
+    def step(self, i: int) -> None:
+        out = self.bag(self.inputs[i]).view(BATCH, TABLES * self.dim)  # [B*T, D] -> [B, T*D]
+        out.backward(self.grad)
+        self.opt_step()
+
+
+def torchrec_method() -> type[Method] | None:
+    try:
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        from torchrec import EmbeddingBagConfig, KeyedJaggedTensor
+        from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+    except ImportError:
+        return None
+
+    class TorchRec(Method):
+        name = "torchrec"
+
+        def __init__(self, config: Config, batches: list[Batch], grad: torch.Tensor) -> None:
+            tables = [
+                EmbeddingBagConfig(
+                    name=f"t{t}", embedding_dim=config.dim, num_embeddings=config.rows, feature_names=[f"t{t}"]
+                )
+                for t in range(TABLES)
+            ]
+            kind = {"sgd": EmbOptimType.EXACT_SGD, "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
+            self.ebc = FusedEmbeddingBagCollection(
+                tables=tables,
+                optimizer_type=kind[config.optimizer],
+                optimizer_kwargs={"lr": LR},
+                device=torch.device("cpu"),
+            )
+            lengths = torch.full((TABLES * BATCH,), config.hotness, dtype=torch.int64)
+            keys = [f"t{t}" for t in range(TABLES)]
+            self.kjts = [KeyedJaggedTensor.from_lengths_sync(keys, b.ids.reshape(-1), lengths) for b in batches]
+            self.grad = grad
+
+        def step(self, i: int) -> None:
+            self.ebc(self.kjts[i]).values().backward(self.grad)
+
+    return TorchRec
+
+
+# -- measurement -------------------------------------------------------------------------------------
+def gather_bandwidth(seconds: float = 2.0) -> float:
+    """Random-row gather GB/s (bytes read + written) of a 1M x 128 fp32 table, torch.index_select."""
+    table = torch.randn(1_000_000, 128)
+    ids = torch.randint(0, table.shape[0], (262_144,))
+    out = torch.empty(ids.numel(), 128)
+    torch.index_select(table, 0, ids, out=out)
+    times = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        torch.index_select(table, 0, ids, out=out)
+        times.append(time.perf_counter() - t0)
+    return 2 * out.numel() * 4 / min(times) / 1e9
+
+
+def time_steps(method: Method, batches: int, max_steps: int, budget: float) -> float:
+    """Median seconds per step after two warm-up steps."""
+    for i in range(2):
+        method.step(i % batches)
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < 3 or (len(times) < max_steps and time.perf_counter() - start < budget):
+        t0 = time.perf_counter()
+        method.step(len(times) % batches)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def memory_needed(config: Config, method: str) -> int:
+    weights = TABLES * config.rows * config.dim * 4
+    state = TABLES * config.rows * 4 * config.state_floats
+    return weights + state + (weights // 2 if method == "hugerec" else weights)  # + row map / sparse-grad headroom
+
+
+def available_memory() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def allocator() -> str:
+    preload = os.environ.get("LD_PRELOAD", "")
+    if "tcmalloc" in preload:
+        return f"tcmalloc (LD_PRELOAD={preload})"
+    if "jemalloc" in preload:
+        return f"jemalloc (LD_PRELOAD={preload})"
+    return "glibc malloc"
+
+
+def run(configs: list[Config], quick: bool) -> list[dict[str, Any]]:
+    methods: list[type[Method]] = [HugeRec, TorchPerTable, TorchConcat]
+    torchrec = torchrec_method()
+    if torchrec is not None:
+        methods.append(torchrec)
+    print(
+        f"allocator: {allocator()}; threads: torch {torch.get_num_threads()}; torchrec: "
+        f"{'yes' if torchrec else 'not installed (skipped)'}"
+    )
+    gather = gather_bandwidth(1.0 if quick else 3.0)
+    print(f"random-row gather bandwidth (1M x 128 fp32, index_select): {gather:.1f} GB/s\n")
+    records: list[dict[str, Any]] = [
+        {"config": "gather", "method": "torch.index_select", "value": gather, "unit": "GB/s", "higher_is_better": True}
+    ]
+    header = f"{'config':42} {'method':16} {'samples/s':>11} {'GB/s':>6} {'%gather':>8} {'ours/best':>9}"
+    print(header)
+    print("-" * len(header))
+    for config in configs:
+        batches = make_batches(config, 2 if quick else 3)
+        grad = torch.randn(BATCH, TABLES * config.dim)
+        moved = statistics.mean(useful_bytes(config, b) for b in batches)
+        results: dict[str, float] = {}
+        for cls in methods:
+            if cls.name == "torchrec" and config.optimizer == "adam":
+                continue
+            need = memory_needed(config, cls.name)
+            if need > 0.85 * available_memory():
+                print(
+                    f"{config.name:42} {cls.name:16} skipped: needs ~{need / 2**30:.1f} GiB, "
+                    f"{available_memory() / 2**30:.1f} GiB available"
+                )
+                continue
+            method = cls(config, batches, grad)
+            seconds = time_steps(method, len(batches), max_steps=5 if quick else 10, budget=3.0 if quick else 8.0)
+            del method
+            gc.collect()
+            results[cls.name] = seconds
+            gbps = moved / seconds / 1e9
+            records.append(
+                {
+                    "config": config.name,
+                    "method": cls.name,
+                    "value": BATCH / seconds,
+                    "unit": "samples/s",
+                    "higher_is_better": True,
+                    "gbps": gbps,
+                    "gather_fraction": gbps / gather,
+                    "allocator": allocator(),
+                }
+            )
+        baselines = [s for name, s in results.items() if name != "hugerec"]
+        ratio = min(baselines) / results["hugerec"] if baselines and "hugerec" in results else float("nan")
+        for name, seconds in results.items():
+            gbps = moved / seconds / 1e9
+            shown = f"{ratio:9.2f}" if name == "hugerec" else ""
+            print(f"{config.name:42} {name:16} {BATCH / seconds:11.0f} {gbps:6.2f} {100 * gbps / gather:7.1f}% {shown}")
+        if "hugerec" in results and baselines:
+            records.append(
+                {
+                    "config": config.name,
+                    "method": "hugerec/best-baseline",
+                    "value": ratio,
+                    "unit": "x",
+                    "higher_is_better": True,
+                }
+            )
+    return records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="rows100k-d128-h1-zipf-rowwise_adagrad only (< 1 min)")
+    parser.add_argument("--json", help="write every figure to this JSON file")
+    parser.add_argument("--only", default="", help="run the configurations whose name contains this")
+    args = parser.parse_args()
+    configs = [Config(100_000, 128, 1, "zipf", "rowwise_adagrad")] if args.quick else all_configs()
+    configs = [c for c in configs if args.only in c.name]
+    records = run(configs, args.quick)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

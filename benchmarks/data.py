@@ -14,10 +14,10 @@ Methods, each timed from construction (file reading included) to the last batch:
                       Per-row Python is slow, so after the pandas read it runs a fixed number of
                       batches; its epoch time = read time + (time per row of those batches) x rows.
 Configs: loader/criteo-like/sequential (shuffle=False) and loader/criteo-like/shuffled
-(shuffle=True: row-group order + a 262,144-row shuffle window for hugerec, a full permutation for
+(shuffle=True: row-group order + a 131,072-row shuffle window for hugerec, a full permutation for
 the baseline). loader/criteo-like/memory: peak resident-memory growth while hugerec's shuffled
 epoch runs in a fresh process (peak RSS, read after every batch, minus RSS before the loader is made),
-against the size of the dataset it reads: about 2-3 shuffle windows of 262,144 rows, whatever the size.
+against the size of the dataset it reads: about 2-3 shuffle windows of 131,072 rows, whatever the size.
 The preprocessing records come from benchmarks/data_preprocess.py (`run(quick)`), when present.
 """
 

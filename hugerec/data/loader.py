@@ -101,7 +101,9 @@ class Loader:
     rank/world_size this process reads every world_size-th row group of the shuffled order
     prefetch        batches kept ready by the background thread
     shuffle_buffer  rows permuted together; memory is bounded by about 3 decoded windows of this many rows
-                    (one being served, one queued, one being decoded), whatever the dataset size
+                    (one being served, one queued, one being decoded), whatever the dataset size. Larger
+                    mixes more but gathers from more memory: on the 2-core dev box a shuffled epoch cost
+                    1.9 / 2.2 / 2.7 CPU-s per 2M criteo-like rows at 65k / 131k / 262k rows (1.5 unshuffled)
     """
 
     def __init__(
@@ -115,7 +117,7 @@ class Loader:
         rank: int = 0,
         world_size: int = 1,
         prefetch: int = 4,
-        shuffle_buffer: int = 1 << 18,
+        shuffle_buffer: int = 1 << 17,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"Loader: batch_size must be > 0, got {batch_size}")
@@ -136,6 +138,7 @@ class Loader:
         self.prefetch = prefetch
         self.shuffle_buffer = shuffle_buffer
         self._columns = [c.name for c in (*schema.labels, *schema.dense, *schema.sparse)]
+        self._sparse_names = schema.sparse_names
         self._metadata = [pq.read_metadata(p) for p in self.paths]
         for path, md in zip(self.paths, self._metadata, strict=True):
             _check_file_schema(path, md.schema.to_arrow_schema(), schema)
@@ -350,7 +353,13 @@ class Loader:
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         order = None
         if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch, self.rank, window.index]).permutation(table.num_rows)
+            n, b = table.num_rows, self.batch_size
+            order = np.random.default_rng([self.seed, epoch, self.rank, window.index]).permutation(n)
+            # Each batch is the same random set of rows, but its rows are gathered in file order: the
+            # reads then run forward through memory (~10x faster than random), and a batch's row
+            # order does not matter to training. Batches start at rows where (start + pos) % b == 0.
+            batch_of = (np.arange(n) + window.start % b) // b  # [n] batch (within the window) of each position
+            order = np.sort((batch_of << 32) | order) & 0xFFFFFFFF
         return _to_columns(table, self.schema, order)
 
     def _assemble(self, pieces: list[tuple[_Columns, int, int]]) -> Batch:
@@ -365,7 +374,7 @@ class Loader:
             labels = np.concatenate([c.labels[r] for (c, _, _), r in zip(pieces, rows, strict=True)])
             dense = np.concatenate([c.dense[r] for (c, _, _), r in zip(pieces, rows, strict=True)])
         b = labels.shape[0]
-        num_features = len(self.schema.sparse)
+        num_features = len(self._sparse_names)
         lengths = np.empty(num_features * b, np.int32)  # [F * B] feature-major
         capacity = sum(  # single-hot: at most one id per row; multi-hot: the rows' list lengths
             e - s if sp.offsets is None else int(sp.offsets[e] - sp.offsets[s])
@@ -395,7 +404,7 @@ class Loader:
                     )  # fmt: skip
                 at += n
         values = values[:total]
-        sparse = _trusted_features(self.schema.sparse_names, torch.from_numpy(values), torch.from_numpy(lengths))
+        sparse = _trusted_features(self._sparse_names, torch.from_numpy(values), torch.from_numpy(lengths))
         return Batch(torch.from_numpy(dense), sparse, torch.from_numpy(labels))
 
 
@@ -422,12 +431,12 @@ def _gather_ids(
     k = 0
     for i in range(end - start):
         j = order[start + i] if has_order else start + i
-        if has_valid and not valid[j]:
-            lengths[i] = 0
-        else:
-            out[k] = ids[j]
-            lengths[i] = 1
-            k += 1
+        # Branch-free: a missing id is written and then overwritten (out has room for every row);
+        # missing values are frequent and random, so a branch here mispredicts often.
+        keep = valid[j] if has_valid else True
+        out[k] = ids[j]
+        lengths[i] = keep
+        k += keep
     return k
 
 
@@ -465,7 +474,7 @@ def load(
     rank: int = 0,
     world_size: int = 1,
     prefetch: int = 4,
-    shuffle_buffer: int = 1 << 18,
+    shuffle_buffer: int = 1 << 17,
 ) -> Loader:
     """`Loader(...)`: batches of `Batch` over Parquet shards (see `Loader`)."""
     return Loader(paths, schema, batch_size, shuffle, seed, drop_last, rank, world_size, prefetch, shuffle_buffer)

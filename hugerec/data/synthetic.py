@@ -44,7 +44,7 @@ from hugerec.data.schema import ColumnKind, Schema, ValueType
 from hugerec.data.shards import ShardWriter
 
 _AUC_BINS = 1 << 16
-_CALIBRATION_ROWS = 1 << 16
+_CALIBRATION_IDS = 1 << 22
 _INT32_MAX = (1 << 31) - 1
 _WORKERS = 2
 
@@ -382,10 +382,15 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 def _calibrate(cfg: SyntheticConfig, model: _Model) -> _Model:
     """Solves each task's bias so that the mean click probability is `positive_rate` (bisection)."""
     rng = np.random.default_rng([cfg.seed, 0xCA11B])
-    chunk = _sample_chunk(cfg, model, rng, _CALIBRATION_ROWS)
+    ids_per_row = sum(
+        1.0 if not c.multi_hot else (cfg.hotness_of(c.name).low + (cfg.hotness_of(c.name).high or 0)) / 2
+        for c in cfg.schema.sparse
+    )
+    rows = int(np.clip(_CALIBRATION_IDS // max(ids_per_row, 1.0), 4096, 1 << 16))  # wide rows need fewer
+    chunk = _sample_chunk(cfg, model, rng, rows)
     tasks = []
     for task in model.tasks:
-        logit = _logits(model, task, chunk, _CALIBRATION_ROWS)
+        logit = _logits(model, task, chunk, rows)
         lo, hi = -30.0, 30.0
         for _ in range(60):
             mid = (lo + hi) / 2

@@ -150,7 +150,8 @@ class EmbeddingCollection(nn.Module):
         table are its steps 1, 2, 3, ...: with one backward per forward, the number of the optimizer
         update that writes the rows (the steps delta export counts in).
         """
-        tables = {n: h for n, h in self._hash_tables.items() if (self._table(n).pooling is not Pooling.NONE) == pooled}
+        configs = self._fused.configs
+        tables = {n: h for n, h in self._hash_tables.items() if (configs[n].pooling is not Pooling.NONE) == pooled}
         steps = None
         if self._updates():
             steps = {n: max(h.step, 0) + 1 for n, h in tables.items()}
@@ -158,9 +159,6 @@ class EmbeddingCollection(nn.Module):
         for name, recycled in reset.items():
             self._fused.reset_rows(name, recycled)
         return rows
-
-    def _table(self, name: str) -> TableConfig:
-        return self._fused.configs[name]
 
     def pooled_from_rows(
         self, features: SparseFeatures, rows: torch.Tensor, missing_ok: Collection[str] = ()

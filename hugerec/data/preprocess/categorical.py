@@ -17,7 +17,7 @@ import pyarrow as pa
 from hugerec.data.preprocess.hashing import combine_hashes, hash_series
 from hugerec.data.preprocess.lookup import index_of
 from hugerec.data.preprocess.op import as_columns, require_scalar
-from hugerec.data.preprocess.stats import Stats, merge_counts
+from hugerec.data.preprocess.stats import Stats, collect_by_name, merge_counts
 
 NULL_ID = 0
 OOV_ID = 1
@@ -98,19 +98,16 @@ class Categorify:
         return out
 
     def merge(self, parts: Sequence[Stats]) -> Stats:
-        return {c: merge_counts([p[c] for p in parts], ["value"]) for c in self.columns}
+        return collect_by_name({c: merge_counts([p[c] for p in parts], ["value"]) for c in self.columns})
 
     def finalize(self, stats: Stats) -> Stats:
         """Per column: the vocabulary (value, count), in id order (id = FIRST_VOCAB_ID + row)."""
-        out: Stats = {}
+        plans = {}
         for c in self.columns:
-            vocab = (
-                stats[c]
-                .filter(pl.col("count") >= self.freq_threshold)
-                .sort(["count", "value"], descending=[True, False])
-            )
-            out[c] = vocab.head(self.max_size) if self.max_size is not None else vocab
-        return out
+            vocab = stats[c].lazy().filter(pl.col("count") >= self.freq_threshold)
+            vocab = vocab.sort(["count", "value"], descending=[True, False])
+            plans[c] = vocab.head(self.max_size) if self.max_size is not None else vocab
+        return collect_by_name(plans)
 
     def cardinality(self, stats: Stats, column: str) -> int:
         return FIRST_VOCAB_ID + stats[column].height + self.num_tail_buckets

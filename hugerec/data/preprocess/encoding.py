@@ -15,7 +15,7 @@ import polars as pl
 from hugerec.data.preprocess.hashing import hash_series
 from hugerec.data.preprocess.lookup import cached, index_of
 from hugerec.data.preprocess.op import ROW_ID, as_columns, require_numeric, require_scalar
-from hugerec.data.preprocess.stats import Stats, count_values, merge_counts
+from hugerec.data.preprocess.stats import Stats, collect_by_name, count_values, merge_counts
 
 F64 = npt.NDArray[np.float64]
 
@@ -85,7 +85,7 @@ class TargetEncoding:
         return out
 
     def merge(self, parts: Sequence[Stats]) -> Stats:
-        return {c: merge_counts([p[c] for p in parts], ["value"]) for c in self.columns}
+        return collect_by_name({c: merge_counts([p[c] for p in parts], ["value"]) for c in self.columns})
 
     def finalize(self, stats: Stats) -> Stats:
         return {c: stats[c].sort("value", nulls_last=True) for c in self.columns}
@@ -150,7 +150,7 @@ class CountEncoding:
         return {c: count_values(frame.select(pl.col(c).alias("value")), ["value"]) for c in self.columns}
 
     def merge(self, parts: Sequence[Stats]) -> Stats:
-        return {c: merge_counts([p[c] for p in parts], ["value"]) for c in self.columns}
+        return collect_by_name({c: merge_counts([p[c] for p in parts], ["value"]) for c in self.columns})
 
     def finalize(self, stats: Stats) -> Stats:
         return {c: stats[c].sort("value", nulls_last=True) for c in self.columns}

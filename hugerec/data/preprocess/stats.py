@@ -25,12 +25,18 @@ def count_values(frame: pl.DataFrame, keys: Sequence[str], sums: Sequence[str] =
     return frame.group_by(list(keys)).agg(aggs)
 
 
-def merge_counts(parts: Sequence[pl.DataFrame], keys: Sequence[str]) -> pl.DataFrame:
-    """Sum the count/sum columns of several `count_values` results over equal keys."""
+def merge_counts(parts: Sequence[pl.DataFrame], keys: Sequence[str]) -> pl.LazyFrame:
+    """Plan: sum the count/sum columns of several `count_values` results over equal keys (collect
+    several plans at once with `pl.collect_all`, which runs them in parallel)."""
     frames = [p for p in parts if p.height] or list(parts[:1])
-    whole = pl.concat(frames, how="vertical_relaxed")
-    value_cols = [c for c in whole.columns if c not in keys]
+    whole = pl.concat([f.lazy() for f in frames], how="vertical_relaxed")
+    value_cols = [c for c in frames[0].columns if c not in keys]
     return whole.group_by(list(keys)).agg([pl.col(c).sum() for c in value_cols])
+
+
+def collect_by_name(plans: dict[str, pl.LazyFrame]) -> Stats:
+    """Run named plans in parallel."""
+    return dict(zip(plans, pl.collect_all(list(plans.values())), strict=True))
 
 
 def moments(frame: pl.DataFrame, columns: Sequence[str]) -> pl.DataFrame:

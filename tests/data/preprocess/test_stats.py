@@ -29,7 +29,7 @@ def test_merged_counts_equal_counts_of_the_whole(parts):
     frames = [
         pl.DataFrame({"k": pl.Series(p, dtype=pl.String), "y": pl.Series(range(len(p)), dtype=pl.Int64)}) for p in parts
     ]
-    merged = merge_counts([count_values(f, ["k"], ["y"]) for f in frames], ["k"]).sort("k", nulls_last=True)
+    merged = merge_counts([count_values(f, ["k"], ["y"]) for f in frames], ["k"]).collect().sort("k", nulls_last=True)
     whole = count_values(pl.concat(frames), ["k"], ["y"]).sort("k", nulls_last=True)
     assert merged.equals(whole)
 

@@ -18,17 +18,15 @@ import dataclasses
 import enum
 import json
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import polars as pl
-import pyarrow.parquet as pq
 
 from hugerec.data.preprocess.categorical import Categorify, HashBucket, HashedCross
-from hugerec.data.preprocess.dataset import Dataset, Format, Partition, read_chunks, read_partition
+from hugerec.data.preprocess.dataset import Dataset, Format
 from hugerec.data.preprocess.encoding import CountEncoding, TargetEncoding
 from hugerec.data.preprocess.engine import Engine, run_tasks
 from hugerec.data.preprocess.errors import OnError, RowError, SkipReport
@@ -36,6 +34,7 @@ from hugerec.data.preprocess.grouping import Agg, Groupby
 from hugerec.data.preprocess.numeric import Bucketize, Clip, FillMissing, LogOp, Normalize
 from hugerec.data.preprocess.op import ROW_ID, FittableOp, Op
 from hugerec.data.preprocess.stats import Stats
+from hugerec.data.preprocess.tasks import FitJob, TransformJob, fit_reads, fit_task, group_keys, transform_task
 from hugerec.data.preprocess.temporal import CyclicTime, DifferenceLag
 
 log = logging.getLogger(__name__)
@@ -62,91 +61,11 @@ OPS: dict[str, type] = {
 MERGE_BATCH = 4  # partial statistics merged at once as a pass streams in (overlapping the workers)
 
 
-def _fit_reads(op: Op) -> tuple[str, ...]:
-    return op.fit_reads() if isinstance(op, TargetEncoding) else op.reads()
-
-
-def _group_keys(op: Op) -> tuple[str, ...] | None:
-    match op:
-        case DifferenceLag() | Groupby():
-            return op.group_by
-        case _:
-            return None
-
-
-def _with_row_ids(frame: pl.DataFrame, partition: int, offset: int) -> pl.DataFrame:
-    start = (partition << 40) + offset
-    return frame.with_columns(pl.int_range(start, start + frame.height, dtype=pl.UInt64).alias(ROW_ID))
-
-
 @dataclass(frozen=True)
 class TransformResult:
     paths: tuple[str, ...]  # one Parquet shard per input partition, in partition order
     rows: int  # rows written
     report: SkipReport  # rows read and rows skipped as bad input
-
-
-@dataclass(frozen=True)
-class _FitJob:
-    workflow: Workflow
-    to_fit: tuple[int, ...]  # ops whose partial statistics this pass gathers
-    on_error: OnError
-    whole_partitions: bool
-
-
-@dataclass(frozen=True)
-class _TransformJob:
-    workflow: Workflow
-    output_dir: str
-    on_error: OnError
-    out_of_fold: bool
-    whole_partitions: bool
-    row_group_size: int
-
-
-def _frames(partition: Partition, on_error: OnError, whole: bool) -> list[tuple[pl.DataFrame, int, SkipReport]]:
-    if whole:
-        frame, report = read_partition(partition, on_error)
-        return [(frame, 0, report)]
-    return [(c.frame, c.row_offset, c.report) for c in read_chunks(partition, on_error)]
-
-
-def _fit_task(job: _FitJob, partition: Partition) -> tuple[dict[int, Stats], SkipReport]:
-    wf = job.workflow
-    partial: dict[int, Stats] = {}
-    report = SkipReport()
-    last = max(job.to_fit)
-    for frame, offset, chunk_report in _frames(partition, job.on_error, job.whole_partitions):
-        report = report.merge(chunk_report)
-        frame = _with_row_ids(frame, partition.index, offset)
-        dirty: set[str] = set()  # columns that do not hold their final value in `frame` this pass
-        for i, op in enumerate(wf.ops[: last + 1]):
-            reads = set(_fit_reads(op))
-            if reads & dirty or (op.stateful and i not in job.to_fit and wf.stats[i] is None):
-                dirty |= set(op.writes())
-            elif i in job.to_fit:
-                stats = cast(FittableOp, op).fit(frame)
-                partial[i] = cast(FittableOp, op).merge([partial[i], stats]) if i in partial else stats
-                dirty |= set(op.writes())
-            else:
-                frame = wf._apply_op(i, frame)
-    return partial, report
-
-
-def _transform_task(job: _TransformJob, partition: Partition) -> tuple[str, int, SkipReport]:
-    wf = job.workflow
-    schema = wf.output_schema()
-    path = os.path.join(job.output_dir, f"part-{partition.index:05d}.parquet")
-    rows, report = 0, SkipReport()
-    with pq.ParquetWriter(path, pl.DataFrame(schema=schema).to_arrow().schema) as writer:
-        for frame, offset, chunk_report in _frames(partition, job.on_error, job.whole_partitions):
-            report = report.merge(chunk_report)
-            if job.out_of_fold:
-                frame = _with_row_ids(frame, partition.index, offset)
-            out = wf._apply(frame).cast(dict(schema.items()))
-            writer.write_table(out.to_arrow(), row_group_size=job.row_group_size)
-            rows += out.height
-    return path, rows, report
 
 
 class Workflow:
@@ -185,7 +104,7 @@ class Workflow:
     def _check_columns(self, schema: Mapping[str, pl.DataType], *, fitting: bool) -> None:
         available = set(schema)
         for i, op in enumerate(self.ops):
-            reads = _fit_reads(op) if fitting else op.reads()
+            reads = fit_reads(op) if fitting else op.reads()
             missing = [c for c in reads if c not in available]
             if missing:
                 raise ValueError(
@@ -200,7 +119,7 @@ class Workflow:
 
     def _whole_partitions(self, dataset: Dataset) -> bool:
         """Group ops need each group in one partition, read as one frame."""
-        keys = [k for op in self.ops if (k := _group_keys(op)) is not None]
+        keys = [k for op in self.ops if (k := group_keys(op)) is not None]
         if not keys:
             return False
         if len(dataset.partitions()) > 1:
@@ -224,7 +143,7 @@ class Workflow:
         dirty: set[str] = set()
         to_fit = []
         for i, op in enumerate(self.ops):
-            if set(_fit_reads(op)) & dirty:
+            if set(fit_reads(op)) & dirty:
                 dirty |= set(op.writes())
             elif not fitted[i]:
                 to_fit.append(i)
@@ -247,11 +166,11 @@ class Workflow:
         report: SkipReport | None = None
         while not all(fitted):
             to_fit = self._next_pass(fitted)
-            job = _FitJob(self, to_fit, on_error, whole)
+            job = FitJob(self, to_fit, on_error, whole)
             merged: dict[int, Stats] = {}
             pending: list[dict[int, Stats]] = []
             pass_report = SkipReport()
-            for partial, part_report in run_tasks(_fit_task, job, partitions, engine):
+            for partial, part_report in run_tasks(fit_task, job, partitions, engine):
                 pass_report = pass_report.merge(part_report)
                 pending.append(partial)
                 if len(pending) >= MERGE_BATCH:
@@ -277,22 +196,24 @@ class Workflow:
         return out
 
     # -- transform ---------------------------------------------------------------------------------
-    def _apply_op(self, i: int, frame: pl.DataFrame) -> pl.DataFrame:
+    def apply_op(self, i: int, frame: pl.DataFrame) -> pl.DataFrame:
+        """Op i on a frame, with its fitted statistics (no column checks or casts: see transform_frame)."""
         op = self.ops[i]
         try:
             return op.transform(frame, self.stats[i] or {})
         except pl.exceptions.PolarsError as e:
             raise ValueError(f"Workflow: op {i} {op!r} failed: {e}") from e
 
-    def _apply(self, frame: pl.DataFrame) -> pl.DataFrame:
+    def apply_ops(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """Every op in order, then the output selection (out of fold when `frame` carries ROW_ID)."""
         for i in range(len(self.ops)):
-            frame = self._apply_op(i, frame)
+            frame = self.apply_op(i, frame)
         frame = frame.drop(ROW_ID, strict=False)
         return frame.select(self.output_columns) if self.output_columns is not None else frame
 
     def output_schema(self) -> pl.Schema:
         """Column -> dtype of the transformed data."""
-        return self._apply(pl.DataFrame(schema=self._require_fitted())).schema
+        return self.apply_ops(pl.DataFrame(schema=self._require_fitted())).schema
 
     def cardinalities(self) -> dict[str, int]:
         """Id-valued output column -> number of ids (ids lie in [0, cardinality)), for embedding tables."""
@@ -331,7 +252,7 @@ class Workflow:
             raise ValueError(
                 f"Workflow.transform_frame: columns {sorted(casts)} do not convert to the fitted dtypes: {e}"
             ) from e
-        return self._apply(frame)
+        return self.apply_ops(frame)
 
     def transform(
         self,
@@ -362,12 +283,10 @@ class Workflow:
             raise ValueError(f"Workflow.transform: {out} already holds {len(stale)} part files; pass overwrite=True")
         for stale_path in stale:
             stale_path.unlink()
-        job = _TransformJob(
-            self, str(out), OnError(on_error), out_of_fold, self._whole_partitions(data), row_group_size
-        )
+        job = TransformJob(self, str(out), OnError(on_error), out_of_fold, self._whole_partitions(data), row_group_size)
         paths: list[str] = []
         rows, report = 0, SkipReport()
-        for path, n, part_report in run_tasks(_transform_task, job, data.partitions(), engine):
+        for path, n, part_report in run_tasks(transform_task, job, data.partitions(), engine):
             paths.append(path)
             rows += n
             report = report.merge(part_report)
@@ -414,9 +333,34 @@ class Workflow:
             for c, dtype in schema.items()
             if c in present or c in needed
         ]
-        return self._apply(pl.DataFrame(columns))
+        return self.apply_ops(pl.DataFrame(columns))
 
-    # -- save / load -------------------------------------------------------------------------------
+    # -- config, save / load -----------------------------------------------------------------------
+    def to_config(self) -> dict[str, Any]:
+        """The ops and output selection as JSON-able data (no statistics)."""
+        return {
+            "ops": [{"op": type(op).__name__, "config": _config_json(op)} for op in self.ops],
+            "output_columns": list(self.output_columns) if self.output_columns is not None else None,
+        }
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Workflow:
+        """An unfitted workflow from `to_config()` data (e.g. a JSON spec file for the CLI)::
+
+        {"ops": [{"op": "Categorify", "config": {"columns": ["C1"], "freq_threshold": 3}}, ...],
+         "output_columns": null}
+        """
+        ops = []
+        for i, entry in enumerate(config.get("ops", [])):
+            name = entry.get("op") if isinstance(entry, Mapping) else None
+            if name not in OPS:
+                raise ValueError(f"Workflow.from_config: op {i} is {name!r}, not one of {sorted(OPS)}")
+            try:
+                ops.append(OPS[name](**entry.get("config", {})))
+            except TypeError as e:
+                raise ValueError(f"Workflow.from_config: op {i} {name}: {e}") from e
+        return cls(ops, output_columns=config.get("output_columns"))
+
     def save(self, path: str | Path) -> None:
         """Write `path/workflow.json` (ops, settings) and Parquet statistics; no pickled code."""
         schema = self._require_fitted()
@@ -437,8 +381,7 @@ class Workflow:
         report = self.fit_report or SkipReport()
         meta = {
             "format_version": FORMAT_VERSION,
-            "ops": [{"op": type(op).__name__, "config": _config_json(op)} for op in self.ops],
-            "output_columns": list(self.output_columns) if self.output_columns is not None else None,
+            **self.to_config(),
             "stats": stats_files,
             "text_nulls": list(self.text_nulls) if self.text_nulls is not None else None,
             "fit_fingerprint": self.fit_fingerprint,
@@ -452,18 +395,14 @@ class Workflow:
 
     @classmethod
     def load(cls, path: str | Path) -> Workflow:
+        """A fitted workflow as `save` wrote it, ready to transform (training data or requests)."""
         root = Path(path)
         meta = json.loads((root / "workflow.json").read_text())
         if meta.get("format_version") != FORMAT_VERSION:
             raise ValueError(
                 f"Workflow.load: {root} has format version {meta.get('format_version')}, expected {FORMAT_VERSION}"
             )
-        ops = []
-        for entry in meta["ops"]:
-            if entry["op"] not in OPS:
-                raise ValueError(f"Workflow.load: unknown op {entry['op']!r} in {root / 'workflow.json'}")
-            ops.append(OPS[entry["op"]](**entry["config"]))
-        wf = cls(ops, output_columns=meta["output_columns"])
+        wf = cls.from_config(meta)
         wf.input_schema = dict(pl.read_parquet_schema(root / "input_schema.parquet"))
         wf.stats = [
             {name: pl.read_parquet(root / rel) for name, rel in files.items()} if files is not None else None

@@ -165,3 +165,15 @@ def test_real_criteo_sample_fit_transform_and_serve(tmp_path: Path, criteo_sampl
     assert all(out[c].max() < cards[c] for c in SPARSE)
     rows = _raw_rows(criteo_sample)
     assert wf.transform_request(rows[:50]).equals(out[:50])
+
+
+def test_config_round_trips_through_json():
+    wf = _criteo_workflow()
+    again = Workflow.from_config(json.loads(json.dumps(wf.to_config())))
+    assert again.ops == wf.ops and again.output_columns is None
+    spec = {"ops": [{"op": "Categorify", "config": {"columns": ["C1"], "freq_threshold": 3}}], "output_columns": ["C1"]}
+    assert Workflow.from_config(spec).ops == (Categorify("C1", freq_threshold=3),)
+    with pytest.raises(ValueError, match="op 0 is 'Pickle'"):
+        Workflow.from_config({"ops": [{"op": "Pickle", "config": {}}]})
+    with pytest.raises(ValueError, match="op 0 Normalize"):
+        Workflow.from_config({"ops": [{"op": "Normalize", "config": {"colums": ["a"]}}]})

@@ -126,7 +126,9 @@ def _dense_state(model: nn.Module, collections: list[str]) -> dict[str, torch.Te
 
 
 # -- save ------------------------------------------------------------------------------------------
-def save(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, extra: Any = None) -> None:
+def save_checkpoint(
+    path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, extra: Any = None
+) -> None:
     """Write `model` (sharded or not), the dense `optimizer` and a picklable `extra` to directory `path`.
 
     Collective: every rank of the group calls it with the same path (one shared file system).
@@ -185,9 +187,9 @@ def _save_dynamic(p: Placed, state: dict[str, Any]) -> Piece:
 
 
 # -- load ------------------------------------------------------------------------------------------
-def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> Any:
-    """Read a checkpoint written by `save` (with any number of ranks) into `model` (sharded any way, or
-    not at all) and the dense `optimizer`; returns the saved `extra`. Collective like `save`.
+def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> Any:
+    """Read a checkpoint written by `save_checkpoint` (with any number of ranks) into `model` (sharded any way, or
+    not at all) and the dense `optimizer`; returns the saved `extra`. Collective like `save_checkpoint`.
 
     Raises ValueError when the checkpoint's tables differ from the model's (rows, dim, optimizer) or
     lack part of a table.
@@ -198,7 +200,7 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | 
     index = json.loads(head[INDEX_KEY])
     if index.get("version") != FORMAT_VERSION:
         raise ValueError(
-            f"load: {path} has checkpoint format {index.get('version')}, this hugerec reads {FORMAT_VERSION}"
+            f"load_checkpoint: {path} has checkpoint format {index.get('version')}, this hugerec reads {FORMAT_VERSION}"
         )
     saved_tables = {n: TableConfig.from_dict(d) for n, d in index["tables"].items()}
     pieces = [Piece(**d) for d in index["pieces"]]
@@ -226,11 +228,11 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | 
 
 def _check_table(t: TableConfig, saved: TableConfig | None, path: str) -> None:
     if saved is None:
-        raise ValueError(f"load: {path} holds no table {t.name!r}")
+        raise ValueError(f"load_checkpoint: {path} holds no table {t.name!r}")
     for attr in ("num_rows", "dim", "dynamic", "optimizer", "dtype"):
         if getattr(saved, attr) != getattr(t, attr):
             raise ValueError(
-                f"load: table {t.name!r} has {attr}={getattr(t, attr)!r} but {path} saved {getattr(saved, attr)!r}"
+                f"load_checkpoint: table {t.name!r} has {attr}={getattr(t, attr)!r} but {path} saved {getattr(saved, attr)!r}"
             )
 
 
@@ -268,7 +270,9 @@ def _install_static(p: Placed, pieces: list[Piece], state: dict[str, Any], path:
         for field, target in out.items():
             key = f"{x.prefix}/{field}"
             if key not in state:
-                raise ValueError(f"load: {path} lacks {key!r} (is the optimizer of table {p.table.name!r} the same?)")
+                raise ValueError(
+                    f"load_checkpoint: {path} lacks {key!r} (is the optimizer of table {p.table.name!r} the same?)"
+                )
             saved = state[key]
             if field == "step":
                 target.copy_(saved)
@@ -281,7 +285,7 @@ def _install_static(p: Placed, pieces: list[Piece], state: dict[str, Any], path:
     if not bool(covered.all()):
         missing = torch.nonzero(~covered)[0].tolist()
         raise ValueError(
-            f"load: {path} lacks row {missing[0] + r0}, column {missing[1] + c0} of table {p.table.name!r}"
+            f"load_checkpoint: {path} lacks row {missing[0] + r0}, column {missing[1] + c0} of table {p.table.name!r}"
         )
     for field, target in out.items():
         if field != "step" and target.dim() == 1:
@@ -390,7 +394,9 @@ def _join_columns(
     groups = sorted(by_columns.items())
     widths = [c1 - c0 for (c0, c1), _ in groups]
     if sum(widths) != p.table.dim or groups[0][0][0] != 0:
-        raise ValueError(f"load: {path} lacks columns of dynamic table {p.table.name!r} (has {sorted(by_columns)})")
+        raise ValueError(
+            f"load_checkpoint: {path} lacks columns of dynamic table {p.table.name!r} (has {sorted(by_columns)})"
+        )
     joined: list[dict[str, torch.Tensor]] = []
     for _, pieces in groups:
         per_key = [f for f in pieces[0] if f not in PER_TABLE_FIELDS and not f.startswith("unknown.")]
@@ -399,7 +405,9 @@ def _join_columns(
         joined.append({f: v[order] for f, v in fields.items()})
     keys = joined[0]["keys"]
     if any(not torch.equal(g["keys"], keys) for g in joined):
-        raise ValueError(f"load: {path}: the column pieces of dynamic table {p.table.name!r} hold different keys")
+        raise ValueError(
+            f"load_checkpoint: {path}: the column pieces of dynamic table {p.table.name!r} hold different keys"
+        )
     out = {"keys": keys, "last_step": joined[0]["last_step"], "count": joined[0]["count"]}
     for f in joined[0]:
         if f not in out:
@@ -422,13 +430,13 @@ def _install_dynamic(p: Placed, by_columns: dict[tuple[int, int], list[dict[str,
     """Give the collected keys rows 0..n-1 of shard p, with their weights, state and scores."""
     name, s = p.table.name, p.shard
     if not by_columns:
-        raise ValueError(f"load: {path} holds no piece of dynamic table {name!r}")
+        raise ValueError(f"load_checkpoint: {path} holds no piece of dynamic table {name!r}")
     fields = _join_columns(by_columns, p, path)
     table = p.local.hash_tables[name]
     n = int(fields["keys"].numel())
     if n > table.key_capacity:
         raise ValueError(
-            f"load: {path} holds {n} keys of dynamic table {name!r} for a shard of capacity {table.key_capacity}"
+            f"load_checkpoint: {path} holds {n} keys of dynamic table {name!r} for a shard of capacity {table.key_capacity}"
         )
     rows = torch.arange(n, dtype=torch.int64)
     table.load(HashTableContents(fields["keys"], rows, fields["last_step"], fields["count"]))

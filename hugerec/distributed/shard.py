@@ -12,6 +12,7 @@ attributes to the wrapped model, so `model.dense_parameters()` and friends keep 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hugerec.distributed.plan import ShardingPlan
 from hugerec.distributed.sharded import ShardedEmbeddingCollection
 from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.sparse.batch import Batch
 
 
 class ShardedModel(DistributedDataParallel):
@@ -138,3 +140,18 @@ def shard(
     if device.type == "cuda":
         ddp_kwargs.setdefault("device_ids", [device])
     return ShardedModel(model, process_group=group, **ddp_kwargs)
+
+
+def prefetching(model: nn.Module, batches: Iterable[Batch]) -> Iterator[Batch]:
+    """`batches`, each one's id exchange started a step ahead: while a step trains, the next batch's ids
+    travel to their owners (`ShardedEmbeddingCollection.prefetch`). Use it in the training loop of a
+    sharded model on every rank: `for batch in prefetching(model, loader): ...`."""
+    collections = sharded_collections(model)
+    ahead: list[Batch] = []
+    for batch in batches:
+        for c in collections:
+            c.prefetch(batch.sparse)
+        ahead.append(batch)
+        if len(ahead) == 2:  # batch i is handed out once batch i + 1's exchange has started
+            yield ahead.pop(0)
+    yield from ahead

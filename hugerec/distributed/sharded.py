@@ -126,6 +126,21 @@ class _IdExchange:
     weights: Pending | None
 
 
+def _same_ids(a: SparseFeatures, b: SparseFeatures, keys: list[str]) -> bool:
+    """Whether two batches carry the same ids (and weights) for `keys`."""
+    if a is b:
+        return True
+    if a.batch_size != b.batch_size or (a.weights is None) != (b.weights is None):
+        return False
+    for k in keys:
+        x, y = a[k], b[k]
+        if not (torch.equal(x.lengths, y.lengths) and torch.equal(x.values, y.values)):
+            return False
+        if x.weights is not None and y.weights is not None and not torch.equal(x.weights, y.weights):
+            return False
+    return True
+
+
 class _DataParallelUpdate(torch.autograd.Function):
     """Identity on the replicas' output; backward exchanges the touched rows' gradients and updates every replica."""
 
@@ -177,7 +192,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.stats = CommStats()
         self.pooled_routing = Routing(self.plan)
         self.sequence_routing = Routing(self.plan, sequence=True)
-        self._pending: _IdExchange | None = None
+        self._pending: list[_IdExchange] = []  # prefetched pooled id exchanges, oldest first
         device = collection.device
         local: list[tuple[TableConfig, Shard, ShardingKind]] = []
         dp: list[TableConfig] = []
@@ -288,12 +303,11 @@ class ShardedEmbeddingCollection(nn.Module):
 
     # -- lookups ---------------------------------------------------------------------------------
     def prefetch(self, features: SparseFeatures) -> None:
-        """Start sending the ids of the batch the next `forward` will get, so that the exchange overlaps
-        whatever runs until then. Every rank must prefetch (or not) alike; `forward` of another batch
-        first finishes this exchange and drops it."""
-        self._finish_pending()
+        """Start sending the ids of a batch a later `forward` will get, so that the exchange overlaps what
+        runs until then (see `hugerec.distributed.shard.prefetching`). Every rank must prefetch alike;
+        `forward` uses the oldest prefetched exchange if it is of the same ids and drops it otherwise."""
         if self.pooled_routing.features:
-            self._pending = self._send_ids(features, self.pooled_routing)
+            self._pending.append(self._send_ids(features, self.pooled_routing))
 
     def forward(self, features: SparseFeatures) -> PooledEmbeddings:
         """Pooled embeddings [B, output_dim] of this rank's B examples, columns as in the unsharded collection."""
@@ -301,8 +315,6 @@ class ShardedEmbeddingCollection(nn.Module):
         parts: dict[str, torch.Tensor] = {}
         if self.pooled_routing.features:
             parts.update(self._sharded_pooled(features))
-        elif self._pending is not None:
-            self._finish_pending()
         dp = [f for f in self._feature_names if f not in parts]
         if dp:
             parts.update(self._replicated(features, dp, sequence=False))
@@ -362,22 +374,20 @@ class ShardedEmbeddingCollection(nn.Module):
             )
         return _IdExchange(features, bk, batch_sizes, values_from, ids, weights)
 
-    def _finish_pending(self) -> None:
-        if self._pending is not None:
-            self._pending.ids.wait()
-            if self._pending.weights is not None:
-                self._pending.weights.wait()
-            self._pending = None
+    def _take_prefetched(self, features: SparseFeatures) -> _IdExchange | None:
+        """The oldest prefetched exchange if it carries these ids; older or other ones are finished and dropped."""
+        while self._pending:
+            ex = self._pending.pop(0)
+            if _same_ids(ex.features, features, self.pooled_routing.features):
+                return ex
+            ex.ids.wait()
+            if ex.weights is not None:
+                ex.weights.wait()
+        return None
 
     def _exchange_ids(self, features: SparseFeatures, routing: Routing) -> tuple[_IdExchange, SparseFeatures]:
         """This rank's share of every rank's ids: a SparseFeatures over sum(batch_sizes) examples."""
-        ex = None
-        if routing is self.pooled_routing and self._pending is not None:
-            if self._pending.features is features:
-                ex = self._pending
-                self._pending = None
-            else:
-                self._finish_pending()
+        ex = self._take_prefetched(features) if routing is self.pooled_routing else None
         if ex is None:
             ex = self._send_ids(features, routing)
         weights = None if ex.weights is None else ex.weights.wait()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from hugerec.distributed.checkpoint import holdings, load, save
+from hugerec.distributed.checkpoint import holdings, load_checkpoint, save_checkpoint
 from hugerec.distributed.launch import spawn
 from hugerec.distributed.plan import ShardingPlan, TablePlacement
 from hugerec.distributed.shard import shard
@@ -108,16 +108,16 @@ def _first_part(rank: int, world: int, path: str) -> None:
     model = shard(Small(), PLAN_3)
     opt = dense_optimizer(model)
     train(model, opt, [local(b, rank, world) for b in batches()[:SAVED_AT]])
-    save(path, model, opt, extra={"step": SAVED_AT})
+    save_checkpoint(path, model, opt, extra={"step": SAVED_AT})
 
 
 def _second_part(rank: int, world: int, path: str, out: str) -> int:
     torch.manual_seed(123)  # other initial weights: everything must come from the checkpoint
     model = shard(Small(), PLAN_2)
     opt = dense_optimizer(model)
-    extra = load(path, model, opt)
+    extra = load_checkpoint(path, model, opt)
     train(model, opt, [local(b, rank, world) for b in batches()[extra["step"] :]])
-    save(out, model, opt)
+    save_checkpoint(out, model, opt)
     return int(extra["step"])
 
 
@@ -154,14 +154,14 @@ def test_save_on_3_load_on_2_and_1(tmp_path: Path) -> None:
     torch.manual_seed(5)
     one = Small()
     opt = dense_optimizer(one)
-    assert load(first, one, opt) == {"step": SAVED_AT}
+    assert load_checkpoint(first, one, opt) == {"step": SAVED_AT}
     train(one, opt, batches()[SAVED_AT:])
     assert_same(one, want)
 
     # 3 ranks -> 2 ranks (trained on) -> one process
     torch.manual_seed(6)
     final = Small()
-    load(second, final)
+    load_checkpoint(second, final)
     assert_same(final, want)
 
 
@@ -170,19 +170,19 @@ def test_unsharded_round_trip_and_errors(tmp_path: Path) -> None:
     model = Small()
     opt = dense_optimizer(model)
     train(model, opt, batches()[:1])
-    save(tmp_path / "ck", model, opt, extra=[1, "x"])
+    save_checkpoint(tmp_path / "ck", model, opt, extra=[1, "x"])
     names, placed = holdings(model)
     assert names == ["emb"] and [p.table.name for p in placed] == [t.name for t in TABLES]
 
     fresh = Small()
-    assert load(tmp_path / "ck", fresh) == [1, "x"]
+    assert load_checkpoint(tmp_path / "ck", fresh) == [1, "x"]
     for k, v in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[k], v), k
 
     other = nn.Module()
     other.emb = EmbeddingCollection([TableConfig("a", 21, 4, optimizer=RowWiseAdagrad(lr=0.2))], Adagrad(lr=0.2))
     with pytest.raises(ValueError, match=r"table 'a' has num_rows=21 but .* saved 20"):
-        load(tmp_path / "ck", other)
+        load_checkpoint(tmp_path / "ck", other)
     other.emb = EmbeddingCollection([TableConfig("zz", 3, 4)])
     with pytest.raises(ValueError, match="holds no table 'zz'"):
-        load(tmp_path / "ck", other)
+        load_checkpoint(tmp_path / "ck", other)

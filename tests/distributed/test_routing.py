@@ -69,7 +69,7 @@ def batches(draw: st.DrawFn) -> list[SparseFeatures]:
     return [_batch(draw, draw(st.integers(0, 4)), weighted) for _ in range(3)]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(batches())
 def test_bucketize_then_receive_reassembles_every_bag(sources: list[SparseFeatures]) -> None:
     """Simulate the all_to_all: what every shard receives, put back together, is each rank's batch."""

@@ -7,6 +7,7 @@ optimizer state and Adam steps, every dynamic table's key -> vector map, and the
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from torch import nn
 
 from hugerec.distributed.launch import spawn
 from hugerec.distributed.plan import ShardingKind, ShardingPlan, TablePlacement
-from hugerec.distributed.shard import shard, sharded_collections
+from hugerec.distributed.shard import prefetching, shard, sharded_collections
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.config import DynamicConfig, Pooling, TableConfig, Zeros
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, RowWiseAdagrad
@@ -90,7 +91,7 @@ def global_batch(parts: list[Batch]) -> Batch:
     return Batch(torch.cat([p.dense for p in parts]), sf, torch.cat([p.labels for p in parts]))
 
 
-def train(model: nn.Module, batches: list[Batch]) -> None:
+def train(model: nn.Module, batches: Iterable[Batch]) -> None:
     dense = [p for n, p in model.named_parameters() if "top" in n]
     opt = torch.optim.SGD(dense, lr=0.3)
     for batch in batches:
@@ -171,10 +172,12 @@ def holdings(model: nn.Module) -> dict[str, Any]:
 
 def _run_plans(rank: int, world: int, plan_json: list[str]) -> list[dict[str, Any]]:
     out = []
-    for pj in plan_json:
+    for i, pj in enumerate(plan_json):
         torch.manual_seed(0)
         model = shard(Tiny(), ShardingPlan.from_json(pj))
-        train(model, rank_batches(rank))
+        batches = rank_batches(rank)
+        # the mixed plan trains with each batch's ids exchanged a step ahead
+        train(model, prefetching(model, batches) if i == len(plan_json) - 1 else batches)
         out.append(holdings(model))
     return out
 

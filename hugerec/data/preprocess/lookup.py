@@ -2,13 +2,14 @@
 
 A Polars join against a vocabulary re-hashes the whole vocabulary on every call (about 0.2 s for a
 million strings, even for a one-row request), so each vocabulary gets an open-addressing hash table
-once, keyed by the stable 64-bit hash of its values. A probe compares the actual values, so lookups
-are exact, never approximate; each slot carries what the comparison needs, so a probe touches one
-cache line for integers and for strings of up to 8 bytes:
+once, placed by the stable 64-bit hash of its values. A probe compares the actual values, so lookups
+are exact, never approximate. Each 16-byte slot holds what the comparison needs, so integers and
+strings of up to 8 bytes are decided inside the table (a few dozen tables of a Criteo workflow stay
+cache-resident); longer strings compare their remaining bytes against the vocabulary:
 
-    slots [S, 4] uint64, S a power of two >= 2 V, linear probing:
-      (hash, row + 1 (0 = empty), byte length (strings), head: first 8 bytes little-endian, or the
-       integer / float bits)
+    slots [S, 2] uint64, S a power of two >= 2 V, linear probing from hash & (S - 1):
+      [0] head: first 8 bytes little-endian, zero-padded (strings) or the integer / float bits
+      [1] (row + 1) | min(byte length, 2^24 - 1) << 40;  0 = empty
     values = ["b", "a", "c"]:  lookup(["a", None, "z"]) -> [1, null_row, -1]
 """
 
@@ -40,34 +41,42 @@ def _head(data: U8, start: int, length: int) -> np.uint64:
     return word
 
 
+ROW_BITS = np.uint64(40)
+ROW_MASK = np.uint64((1 << 40) - 1)
+MAX_LENGTH = (1 << 24) - 1  # longer strings share this length tag; their full length is checked aside
+
+
 @njit(cache=True, inline="always")
-def _insert(slots: U64, h: np.uint64, row: int, length: int, head: np.uint64) -> None:
+def _tag(row: int, length: int) -> np.uint64:
+    return np.uint64(row + 1) | (np.uint64(min(length, MAX_LENGTH)) << ROW_BITS)
+
+
+@njit(cache=True, inline="always")
+def _insert(slots: U64, h: np.uint64, head: np.uint64, tag: np.uint64) -> None:
     mask = np.uint64(slots.shape[0] - 1)
     slot = h & mask
     while slots[slot, 1] != 0:
         slot = (slot + np.uint64(1)) & mask
-    slots[slot, 0] = h
-    slots[slot, 1] = row + 1
-    slots[slot, 2] = length
-    slots[slot, 3] = head
+    slots[slot, 0] = head
+    slots[slot, 1] = tag
 
 
 @njit(cache=True)
 def _build_strings_kernel(offsets: I64, data: U8, valid: Mask, key: np.uint64, num_slots: int) -> U64:
-    slots = np.zeros((num_slots, 4), dtype=np.uint64)
+    slots = np.zeros((num_slots, 2), dtype=np.uint64)
     for r in range(offsets.shape[0] - 1):
         if valid[r]:
             start, length = offsets[r], offsets[r + 1] - offsets[r]
-            _insert(slots, hash_bytes(data, start, length, key), r, length, _head(data, start, length))
+            _insert(slots, hash_bytes(data, start, length, key), _head(data, start, length), _tag(r, length))
     return slots
 
 
 @njit(cache=True)
 def _build_bits_kernel(bits: U64, valid: Mask, key: np.uint64, num_slots: int) -> U64:
-    slots = np.zeros((num_slots, 4), dtype=np.uint64)
+    slots = np.zeros((num_slots, 2), dtype=np.uint64)
     for r in range(bits.shape[0]):
         if valid[r]:
-            _insert(slots, hash_bits(bits[r], key), r, 0, bits[r])
+            _insert(slots, hash_bits(bits[r], key), bits[r], _tag(r, 0))
     return slots
 
 
@@ -79,12 +88,11 @@ def _lookup_bits_kernel(query: U64, valid: Mask, slots: U64, key: np.uint64, nul
         if not valid[i]:
             out[i] = null_row
             continue
-        h = hash_bits(query[i], key)
-        slot = h & mask
+        slot = hash_bits(query[i], key) & mask
         found = np.int64(-1)
         while slots[slot, 1] != 0:
-            if slots[slot, 0] == h and slots[slot, 3] == query[i]:
-                found = np.int64(slots[slot, 1]) - 1
+            if slots[slot, 0] == query[i]:
+                found = np.int64(slots[slot, 1] & ROW_MASK) - 1
                 break
             slot = (slot + np.uint64(1)) & mask
         out[i] = found
@@ -103,16 +111,16 @@ def _lookup_strings_kernel(
             continue
         q_start = q_offsets[i]
         q_len = q_offsets[i + 1] - q_start
-        h = hash_bytes(q_data, q_start, q_len, key)
         head = _head(q_data, q_start, q_len)
-        slot = h & mask
+        length_tag = np.uint64(min(q_len, MAX_LENGTH))
+        slot = hash_bytes(q_data, q_start, q_len, key) & mask
         found = np.int64(-1)
         while slots[slot, 1] != 0:
-            if slots[slot, 0] == h and slots[slot, 2] == q_len and slots[slot, 3] == head:
-                r = np.int64(slots[slot, 1]) - 1
-                same = True
+            if slots[slot, 0] == head and (slots[slot, 1] >> ROW_BITS) == length_tag:
+                r = np.int64(slots[slot, 1] & ROW_MASK) - 1
+                same = q_len <= 8 or v_offsets[r + 1] - v_offsets[r] == q_len
                 v_start = v_offsets[r]
-                for b in range(8, q_len):  # the first 8 bytes matched in `head`
+                for b in range(8, q_len if same else 8):  # the first 8 bytes matched in `head`
                     if q_data[q_start + b] != v_data[v_start + b]:
                         same = False
                         break
@@ -127,7 +135,7 @@ def _lookup_strings_kernel(
 @dataclass(frozen=True)
 class ValueIndex:
     dtype: pl.DataType  # of the indexed values
-    slots: U64  # [S, 4] the hash table (module docstring)
+    slots: U64  # [S, 2] the hash table (module docstring)
     null_row: int  # row of the null value, -1 if absent
     offsets: I64  # [V + 1] string values' byte offsets (empty for non-strings)
     data: U8  # string values' UTF-8 bytes

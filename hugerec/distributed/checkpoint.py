@@ -263,7 +263,7 @@ def _install_static(p: Placed, pieces: list[Piece], state: dict[str, Any], path:
     current = table_state(p.local, p.table.name)
     out = {k: torch.zeros_like(v) for k, v in current.items()}
     covered = torch.zeros(s.num_rows, s.dim, dtype=torch.bool)
-    row_weight = torch.zeros(s.num_rows)  # total column width merged into each row-wise state value
+    row_weight = torch.zeros(s.num_rows, device=p.local.device)  # column width merged into each row-wise value
     for x in pieces:
         a, b = max(x.r0, r0), min(x.r1, r1)
         lo, hi = max(x.c0, c0), min(x.c1, c1)
@@ -273,7 +273,7 @@ def _install_static(p: Placed, pieces: list[Piece], state: dict[str, Any], path:
                 raise ValueError(
                     f"load_checkpoint: {path} lacks {key!r} (is the optimizer of table {p.table.name!r} the same?)"
                 )
-            saved = state[key]
+            saved = state[key].to(target.device)
             if field == "step":
                 target.copy_(saved)
             elif target.dim() == 2:

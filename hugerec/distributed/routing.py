@@ -180,6 +180,7 @@ def regroup(values: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
     s, e = sizes.shape
     if s == 0 or e == 0 or values.shape[0] == 0:
         return values
+    sizes = sizes.to(values.device)
     flat = sizes.reshape(-1)
     src_start = lengths_to_offsets(flat)[:-1].view(s, e)  # [S, E] where each segment starts in `values`
     sizes_t = sizes.t().reshape(-1)  # [E*S] route-major

@@ -18,9 +18,7 @@ Dynamic tables: keys travel raw; a row-wise table's shard i holds the keys with 
 in a hash table of capacity ceil(R / k) (eviction and admission act per shard). A new key starts from
 its row's initial values, and rows are handed out per shard: a row-wise dynamic table follows one
 process exactly when its init does not depend on the row (Zeros), table- and column-wise ones always.
-Data-parallel tables: r looks up its own examples in its replica; in backward it computes its
-touched rows' gradients [U, D], all ranks exchange them, and every replica applies the same
-fused update to the union of the rows (the replicas stay identical).
+Data-parallel tables: see `hugerec.distributed.replicated`.
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,6 +34,7 @@ from torch.distributed import ProcessGroup
 
 from hugerec.distributed.comm import CommStats, Pending, all_to_all, all_to_all_autograd
 from hugerec.distributed.plan import Shard, ShardingKind, ShardingPlan
+from hugerec.distributed.replicated import ReplicatedTables
 from hugerec.distributed.routing import Bucketed, Route, Routing, bucketize, key_shard, receive, regroup
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.config import Pooling, TableConfig, Uniform
@@ -141,23 +139,6 @@ def _same_ids(a: SparseFeatures, b: SparseFeatures, keys: list[str]) -> bool:
     return True
 
 
-class _DataParallelUpdate(torch.autograd.Function):
-    """Identity on the replicas' output; backward exchanges the touched rows' gradients and updates every replica."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, values: torch.Tensor, owner: ShardedEmbeddingCollection, features: SparseFeatures, sequence: bool
-    ) -> torch.Tensor:
-        ctx.args = (owner, features, sequence)
-        return values.view_as(values)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:
-        owner, features, sequence = ctx.args
-        owner._data_parallel_step(features, grad, sequence)
-        return None, None, None, None
-
-
 class ShardedEmbeddingCollection(nn.Module):
     """`collection`'s tables placed on the ranks of `group` by `plan` (this rank's shards copied from it)."""
 
@@ -211,16 +192,19 @@ class ShardedEmbeddingCollection(nn.Module):
             if local
             else None
         )
-        self.replicas = EmbeddingCollection(dp, collection.optimizer, device) if dp else None
+        self.replicas = ReplicatedTables(dp, collection.optimizer, device, group, self.stats) if dp else None
         self.placed: list[Placed] = [
             Placed(t, s, k, self.shards, len(self.plan.placements[t.name].ranks))
             for t, s, k in local
             if self.shards is not None
         ]
         self.placed += [
-            Placed(t, Shard(t.name, self.rank, 0, 0, t.num_rows, 0, t.dim), ShardingKind.DATA_PARALLEL, self.replicas)
+            Placed(
+                t, Shard(t.name, self.rank, 0, 0, t.num_rows, 0, t.dim), ShardingKind.DATA_PARALLEL, replicas.collection
+            )
+            for replicas in [self.replicas]
+            if replicas is not None
             for t in dp
-            if self.replicas is not None
         ]
         self._copy_from(collection, local, dp)
 
@@ -241,7 +225,8 @@ class ShardedEmbeddingCollection(nn.Module):
                 self._copy_dynamic(collection, t, s, kind)
         for t in dp:
             assert self.replicas is not None
-            _load_table(self.replicas, t.name, {k: v.clone() for k, v in table_state(collection, t.name).items()})
+            whole = {k: v.clone() for k, v in table_state(collection, t.name).items()}
+            _load_table(self.replicas.collection, t.name, whole)
 
     def _copy_dynamic(self, collection: EmbeddingCollection, t: TableConfig, s: Shard, kind: ShardingKind) -> None:
         """A dynamic table whole (table- and column-wise: the same rows, free ones included), or the keys of
@@ -317,7 +302,8 @@ class ShardedEmbeddingCollection(nn.Module):
             parts.update(self._sharded_pooled(features))
         dp = [f for f in self._feature_names if f not in parts]
         if dp:
-            parts.update(self._replicated(features, dp, sequence=False))
+            assert self.replicas is not None
+            parts.update(self.replicas.lookup(features, dp, sequence=False))
         if not self._feature_names:
             values = torch.zeros(features.batch_size, 0, device=features.values.device)
         else:
@@ -332,7 +318,8 @@ class ShardedEmbeddingCollection(nn.Module):
             out.update(self._sharded_sequences(features))
         dp = [f for f in self._sequence_names if f not in out]
         if dp:
-            out.update(self._replicated(features, dp, sequence=True))
+            assert self.replicas is not None
+            out.update(self.replicas.lookup(features, dp, sequence=True))
         result = {}
         for f in self._sequence_names:
             j = features[f]
@@ -501,7 +488,7 @@ class ShardedEmbeddingCollection(nn.Module):
             seqs = self.shards.sequences(received)
             for e, r in enumerate(mine):
                 lengths = received[r.feature].lengths.to(torch.int64).split(ex.batch_sizes)
-                sizes[:, e] = torch.stack([x.sum() for x in lengths])
+                sizes[:, e] = torch.stack([x.sum() for x in lengths]).cpu()
                 chunks.append(seqs[r.feature].values.reshape(-1))  # [n_e * D_e], sources in order
         dims = torch.tensor([r.shard.dim for r in mine], dtype=torch.int64)
         flat = torch.cat(chunks) if chunks else torch.zeros(0, device=device)
@@ -542,122 +529,3 @@ class ShardedEmbeddingCollection(nn.Module):
                 case ShardingKind.DATA_PARALLEL:
                     raise AssertionError("data-parallel tables have no routes")
         return out
-
-    # -- data-parallel tables ----------------------------------------------------------------------
-    def _replicated(self, features: SparseFeatures, names: list[str], sequence: bool) -> dict[str, torch.Tensor]:
-        """Lookups of the replicated tables' features on this rank's own examples."""
-        assert self.replicas is not None
-        sub = features.select(names)
-        with torch.no_grad():
-            if sequence:
-                values = [self.replicas.sequences(sub)[f].values for f in names]
-            else:
-                pooled = self.replicas(sub)
-                values = [pooled[f] for f in names]
-        if not (self.training and torch.is_grad_enabled()):
-            return dict(zip(names, values, strict=True))
-        # one autograd node for all of them: backward gets every feature's gradient at once
-        flat = torch.cat([v.reshape(-1) for v in values]).requires_grad_()
-        flat = _DataParallelUpdate.apply(flat, self, sub, sequence)
-        sizes = [v.numel() for v in values]
-        return {f: x.view_as(v) for f, x, v in zip(names, flat.split(sizes), values, strict=True)}
-
-    def _data_parallel_step(self, features: SparseFeatures, grad: torch.Tensor, sequence: bool) -> None:
-        """Every rank's touched rows and their gradients -> the same fused update on every replica."""
-        assert self.replicas is not None
-        tables = [t for t in self.replicas.tables if (t.pooling is Pooling.NONE) == sequence]
-        b = features.batch_size
-        grads = grad.split(
-            [
-                features[f].values.numel() * self._table_of[f].dim if sequence else b * self._table_of[f].dim
-                for f in features.keys
-            ]
-        )
-        per_feature = dict(zip(features.keys, grads, strict=True))
-        rows, row_grads = [], []
-        for t in tables:
-            ids_t, g_t = [], []
-            for f in t.features:
-                if f not in per_feature:
-                    continue
-                j = features[f]
-                g = per_feature[f].view(-1, t.dim)  # [n, D] (sequence) or [B, D] (pooled)
-                if not sequence:
-                    lengths = j.lengths.to(torch.int64)
-                    bags = torch.repeat_interleave(torch.arange(b, device=g.device), lengths)  # [n]
-                    scale = torch.ones(bags.numel(), device=g.device) if j.weights is None else j.weights.float()
-                    if t.pooling is Pooling.MEAN:
-                        scale = scale / lengths.clamp(min=1)[bags]
-                    g = g[bags] * scale.unsqueeze(1)  # [n, D]: each id's share of its bag's gradient
-                ids_t.append(j.values)
-                g_t.append(g)
-            ids = torch.cat(ids_t) if ids_t else torch.zeros(0, dtype=torch.int64, device=grad.device)
-            gs = torch.cat(g_t) if g_t else torch.zeros(0, t.dim, device=grad.device)
-            gs = gs / self.world_size  # averaged over the ranks, see _average_gradients
-            unique, inverse = torch.unique(ids, return_inverse=True)
-            rows.append(unique)
-            row_grads.append(torch.zeros(unique.numel(), t.dim, device=grad.device).index_add_(0, inverse, gs))
-        all_rows, all_grads = self._exchange_rows(rows, row_grads, [t.dim for t in tables])
-        self._apply_row_grads(tables, all_rows, all_grads, sequence)
-
-    def _exchange_rows(
-        self, rows: list[torch.Tensor], grads: list[torch.Tensor], dims: list[int]
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """All-gather (by all_to_all with uneven sizes) per table: rows [U_t] and gradients [U_t, D_t]."""
-        w, t = self.world_size, len(rows)
-        counts = torch.tensor([r.numel() for r in rows], dtype=torch.int64, device=rows[0].device if rows else None)
-        got = all_to_all(counts.repeat(w), [t] * w, [t] * w, self.group, self.stats, "replica counts").wait()
-        sizes = got.view(w, t).cpu()  # [W, T] rows of each table from each rank
-        d = torch.tensor(dims, dtype=torch.int64)
-        row_buf = torch.cat(rows)
-        grad_buf = torch.cat([g.reshape(-1) for g in grads])
-        row_all = all_to_all(
-            row_buf.repeat(w), [row_buf.numel()] * w, sizes.sum(dim=1).tolist(), self.group, self.stats, "replica rows"
-        )
-        grad_all = all_to_all(
-            grad_buf.repeat(w),
-            [grad_buf.numel()] * w,
-            (sizes * d).sum(dim=1).tolist(),
-            self.group,
-            self.stats,
-            "replica grads",
-        )
-        by_table = regroup(row_all.wait(), sizes).split(sizes.sum(dim=0).tolist())
-        g_by_table = regroup(grad_all.wait(), sizes * d).split((sizes * d).sum(dim=0).tolist())
-        return list(by_table), [g.view(-1, dim) for g, dim in zip(g_by_table, dims, strict=True)]
-
-    def _apply_row_grads(
-        self, tables: list[TableConfig], rows: list[torch.Tensor], grads: list[torch.Tensor], sequence: bool
-    ) -> None:
-        """Apply gradients [U_t, D] of rows [U_t] (repeats summed) with the replicas' fused optimizer.
-
-        A lookup of one-id bags [[row_0], [row_1], ...] followed by its backward with the row gradients
-        is exactly "the fused optimizer step on these rows with these gradients".
-        """
-        assert self.replicas is not None
-        names = self.replicas.sequence_feature_names if sequence else self.replicas.feature_names
-        batch = max([1, *(r.numel() for r in rows)])
-        device = rows[0].device
-        bags, first = {}, {}
-        for t, r in zip(tables, rows, strict=True):
-            for i, f in enumerate(t.features):
-                lengths = torch.zeros(batch, dtype=torch.int32, device=device)
-                if i == 0:
-                    lengths[: r.numel()] = 1
-                    first[f] = (t, r.numel())
-                bags[f] = JaggedTensor(r if i == 0 else r[:0], lengths)
-        sf = SparseFeatures.from_jagged({f: bags[f] for f in names}, batch_size=batch)
-        by_table = {t.name: g for t, g in zip(tables, grads, strict=True)}
-        with torch.enable_grad():
-            if sequence:
-                seqs = self.replicas.sequences(sf)
-                outs = [seqs[f].values for f in first]
-                gs = [by_table[first[f][0].name] for f in first]
-                torch.autograd.backward(outs, gs)
-            else:
-                out = self.replicas(sf)
-                g_full = torch.zeros_like(out.values)
-                offsets = dict(zip(out.keys, out.column_offsets(), strict=True))
-                for f, (t, n) in first.items():
-                    g_full[:n, offsets[f] : offsets[f] + t.dim] = by_table[t.name]
-                out.values.backward(g_full)

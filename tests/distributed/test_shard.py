@@ -12,7 +12,6 @@ from torch import nn
 from hugerec.distributed.launch import free_port
 from hugerec.distributed.plan import ShardingPlan, TablePlacement
 from hugerec.distributed.shard import ShardedModel, resolve_plan, shard, sharded_collections
-from hugerec.distributed.sharded import ShardedEmbeddingCollection
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.config import Pooling, TableConfig
 from hugerec.embedding.optimizers import SGD, Adam
@@ -114,20 +113,6 @@ def test_prefetch_and_eval(one_rank: None) -> None:
     before = emb.shards.state_dict()["tables.u.weight"].clone()  # type: ignore[union-attr]
     model(a).sum()  # eval mode: no backward graph, nothing to update
     assert torch.equal(emb.shards.state_dict()["tables.u.weight"], before)  # type: ignore[union-attr]
-
-
-def test_a_collection_alone_and_the_data_parallel_path(one_rank: None) -> None:
-    torch.manual_seed(0)
-    ref = EmbeddingCollection(TABLES[:2], Adam(lr=0.1))
-    torch.manual_seed(0)
-    plan = ShardingPlan(TABLES[:2], {"u": TablePlacement.data_parallel(1), "i": TablePlacement.data_parallel(1)}, 1)
-    alone = shard(EmbeddingCollection(TABLES[:2], Adam(lr=0.1)), plan)
-    assert isinstance(alone, ShardedEmbeddingCollection) and alone.replicas is not None
-    sf = features(3).select(["u1", "u2", "i"])
-    ref(sf).values.pow(2).sum().backward()
-    alone(sf).values.pow(2).sum().backward()
-    for k, v in ref.state_dict().items():
-        torch.testing.assert_close(alone.replicas.state_dict()[k], v)
 
 
 def test_bad_plans_fail_before_anything_is_built(one_rank: None) -> None:

@@ -5,7 +5,7 @@ expected ids per example of feature f (uniform ids assumed when splitting rows):
 
     bytes sent   ids to the owners (8 B per bag length and per id, 4 B per weight), pooled
                  vectors back (B * D_shard * 4 per served feature, or one vector per id for
-                 sequence features), the same volume again as gradients, 24 B of counts per peer
+                 sequence features; row-wise MEAN features add one count per bag), the same volume again as gradients, 24 B of counts per peer
                  (once for the pooled lookup, once for the sequence lookup);
                  data-parallel tables send their touched rows' ids and gradients to every peer
                  (U * (8 + 4 D), U = expected distinct rows of the rank's batch)
@@ -140,7 +140,8 @@ def table_costs(
             frac = 1.0
         for f in t.features:
             n = load.ids(f) * frac
-            out = (n if t.pooling is Pooling.NONE else load.batch_size) * s.dim * VALUE_BYTES
+            width = s.dim + (p.kind is ShardingKind.ROW_WISE and t.pooling is Pooling.MEAN)  # + the bag's row count
+            out = (n if t.pooling is Pooling.NONE else load.batch_size) * width * VALUE_BYTES
             ids_bytes = (load.batch_size + n) * ID_BYTES + (n * WEIGHT_BYTES if load.weighted else 0.0)
             for r in range(world_size):
                 if r != s.rank:

@@ -146,3 +146,20 @@ def test_plan_round_trips() -> None:
     tables = [TableConfig("a", 1000, 8), TableConfig("b", 30, 8)]
     p = plan(tables, world_size=2, optimizer=Adagrad())
     assert ShardingPlan.from_json(p.to_json()) == p
+
+
+def test_row_wise_mean_sends_a_count_per_bag() -> None:
+    sum_t = TableConfig("t", num_rows=90, dim=8)
+    mean_t = TableConfig("t", num_rows=90, dim=8, pooling=Pooling.MEAN)
+    place = {"t": TablePlacement.row_wise([0, 1, 2])}
+    load = Workload(10)
+    extra = [
+        m - s
+        for m, s in zip(
+            estimate_bytes_sent(ShardingPlan((mean_t,), place, 3), load),
+            estimate_bytes_sent(ShardingPlan((sum_t,), place, 3), load),
+            strict=True,
+        )
+    ]
+    # to each of 2 peers: one fp32 count per bag, forward and (as a zero gradient) backward
+    assert extra == pytest.approx([2 * 2 * 10 * 4] * 3)

@@ -110,6 +110,8 @@ def _worker(
     results: Any,
 ) -> None:
     torch.set_num_threads(threads)
+    if backend == "nccl":  # one GPU per rank, as torchrun's LOCAL_RANK convention
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )

@@ -9,7 +9,8 @@ Methods (each measured alone: its tables are built, timed, then freed):
                      row-wise Adagrad the few lines people write (coalesce, per-row accumulator, index_add_)
     torch-concat     the 26 tables concatenated into one nn.EmbeddingBag(sparse=True), same optimizers
     torchrec         FusedEmbeddingBagCollection when torchrec is importable (no Adam on CPU)
-The upstream gradient is a fixed [B, 26 * D] tensor (no loss temporaries). Effective bandwidth counts
+The upstream gradient is a fixed [B, 26 * D] tensor (no loss temporaries); tables start at zero (an
+RNG fill of gigabytes would dominate --quick; the values do not change the work). Effective bandwidth counts
 the bytes every method must move: rows read by the lookup, the pooled output written, the output
 gradient read once per id, and weights + optimizer state of the unique rows read and written. It is
 reported as a fraction of the machine's random-row gather bandwidth, measured in the same run.
@@ -36,7 +37,7 @@ import torch
 from torch import nn
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import TableConfig
+from hugerec.embedding.config import TableConfig, Zeros
 from hugerec.embedding.optimizers import SGD, Adam, Optimizer, RowWiseAdagrad
 from hugerec.sparse.features import SparseFeatures
 
@@ -123,7 +124,7 @@ class HugeRec(Method):
     name = "hugerec"
 
     def __init__(self, config: Config, batches: list[Batch], grad: torch.Tensor) -> None:
-        tables = [TableConfig(f"t{t}", config.rows, config.dim) for t in range(TABLES)]
+        tables = [TableConfig(f"t{t}", config.rows, config.dim, init=Zeros()) for t in range(TABLES)]
         self.emb = EmbeddingCollection(tables, OPTIMIZERS[config.optimizer])
         lengths = torch.full((TABLES * BATCH,), config.hotness, dtype=torch.int32)
         keys = tuple(f"t{t}" for t in range(TABLES))
@@ -170,7 +171,12 @@ class TorchPerTable(TorchBase):
     name = "torch-per-table"
 
     def __init__(self, config: Config, batches: list[Batch], grad: torch.Tensor) -> None:
-        self.bags = [nn.EmbeddingBag(config.rows, config.dim, mode="sum", sparse=True) for _ in range(TABLES)]
+        self.bags = [
+            nn.EmbeddingBag(
+                config.rows, config.dim, mode="sum", sparse=True, _weight=torch.zeros(config.rows, config.dim)
+            )
+            for _ in range(TABLES)
+        ]
         self.opt_step = self._optimizer(config, [b.weight for b in self.bags])
         self.offsets = torch.arange(BATCH, dtype=torch.int64) * config.hotness
         self.batches, self.grad = batches, grad
@@ -186,7 +192,8 @@ class TorchConcat(TorchBase):
     name = "torch-concat"
 
     def __init__(self, config: Config, batches: list[Batch], grad: torch.Tensor) -> None:
-        self.bag = nn.EmbeddingBag(TABLES * config.rows, config.dim, mode="sum", sparse=True)
+        rows = TABLES * config.rows
+        self.bag = nn.EmbeddingBag(rows, config.dim, mode="sum", sparse=True, _weight=torch.zeros(rows, config.dim))
         self.opt_step = self._optimizer(config, [self.bag.weight])
         shift = (torch.arange(TABLES, dtype=torch.int64) * config.rows)[:, None]
         # [T, B*L] -> [T, B, L] -> [B, T, L] -> [B*T, L]: bag (b, t) at row b*T + t, so out is [B, T*D] directly
@@ -204,9 +211,9 @@ class TorchConcat(TorchBase):
 
 def torchrec_method() -> type[Method] | None:
     try:
-        from fbgemm_gpu.split_embedding_configs import EmbOptimType
         from torchrec import EmbeddingBagConfig, KeyedJaggedTensor
         from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+        from torchrec.optim import RowWiseAdagrad as TorchRecRowWiseAdagrad
     except ImportError:
         return None
 
@@ -220,13 +227,8 @@ def torchrec_method() -> type[Method] | None:
                 )
                 for t in range(TABLES)
             ]
-            kind = {"sgd": EmbOptimType.EXACT_SGD, "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
-            self.ebc = FusedEmbeddingBagCollection(
-                tables=tables,
-                optimizer_type=kind[config.optimizer],
-                optimizer_kwargs={"lr": LR},
-                device=torch.device("cpu"),
-            )
+            kind = {"sgd": torch.optim.SGD, "rowwise_adagrad": TorchRecRowWiseAdagrad}[config.optimizer]
+            self.ebc = FusedEmbeddingBagCollection(tables=tables, optimizer_type=kind, optimizer_kwargs={"lr": LR})
             lengths = torch.full((TABLES * BATCH,), config.hotness, dtype=torch.int64)
             keys = [f"t{t}" for t in range(TABLES)]
             self.kjts = [KeyedJaggedTensor.from_lengths_sync(keys, b.ids.reshape(-1), lengths) for b in batches]
@@ -254,9 +256,9 @@ def gather_bandwidth(seconds: float = 2.0) -> float:
     return 2 * out.numel() * 4 / min(times) / 1e9
 
 
-def time_steps(method: Method, batches: int, max_steps: int, budget: float) -> float:
-    """Median seconds per step after two warm-up steps."""
-    for i in range(2):
+def time_steps(method: Method, batches: int, warmup: int, max_steps: int, budget: float) -> float:
+    """Median seconds per step after `warmup` steps: at least 3 steps, more while within `budget` seconds."""
+    for i in range(warmup):
         method.step(i % batches)
     times: list[float] = []
     start = time.perf_counter()
@@ -267,10 +269,13 @@ def time_steps(method: Method, batches: int, max_steps: int, budget: float) -> f
     return statistics.median(times)
 
 
-def memory_needed(config: Config, method: str) -> int:
+def memory_needed(config: Config) -> int:
+    """Bytes a method holds: weights and optimizer state, plus per-step buffers (torch: the N x D sparse
+    gradient and its coalesced copy; hugerec: pooled outputs and the row -> slot map)."""
     weights = TABLES * config.rows * config.dim * 4
     state = TABLES * config.rows * 4 * config.state_floats
-    return weights + state + (weights // 2 if method == "hugerec" else weights)  # + row map / sparse-grad headroom
+    step = 2 * TABLES * BATCH * config.hotness * config.dim * 4
+    return weights + state + step
 
 
 def available_memory() -> int:
@@ -299,7 +304,7 @@ def run(configs: list[Config], quick: bool) -> list[dict[str, Any]]:
         f"allocator: {allocator()}; threads: torch {torch.get_num_threads()}; torchrec: "
         f"{'yes' if torchrec else 'not installed (skipped)'}"
     )
-    gather = gather_bandwidth(1.0 if quick else 3.0)
+    gather = gather_bandwidth(0.5 if quick else 3.0)
     print(f"random-row gather bandwidth (1M x 128 fp32, index_select): {gather:.1f} GB/s\n")
     records: list[dict[str, Any]] = [
         {"config": "gather", "method": "torch.index_select", "value": gather, "unit": "GB/s", "higher_is_better": True}
@@ -315,15 +320,15 @@ def run(configs: list[Config], quick: bool) -> list[dict[str, Any]]:
         for cls in methods:
             if cls.name == "torchrec" and config.optimizer == "adam":
                 continue
-            need = memory_needed(config, cls.name)
-            if need > 0.85 * available_memory():
+            need = memory_needed(config)
+            if need > 0.7 * available_memory():  # the machine may be shared: leave room
                 print(
                     f"{config.name:42} {cls.name:16} skipped: needs ~{need / 2**30:.1f} GiB, "
                     f"{available_memory() / 2**30:.1f} GiB available"
                 )
                 continue
             method = cls(config, batches, grad)
-            seconds = time_steps(method, len(batches), max_steps=5 if quick else 10, budget=3.0 if quick else 8.0)
+            seconds = time_steps(method, len(batches), 1 if quick else 2, 3 if quick else 10, 0.0 if quick else 8.0)
             del method
             gc.collect()
             results[cls.name] = seconds

@@ -130,7 +130,8 @@ class FusedTables:
                 self.slots[t.name] = TableSlot(len(self.groups), i, rows)
                 rows += t.num_rows
             d_pad = padded_dim(dim, torch.tensor([], dtype=dtype).element_size())
-            weight = torch.zeros(rows, d_pad, dtype=dtype, device=device)
+            weight = torch.empty(rows, d_pad, dtype=dtype, device=device)  # reset_rows below fills [:, :dim]
+            weight[:, dim:] = 0
             state = torch.empty(rows, rule.state_width(dim), dtype=torch.float32, device=device)
             self.groups.append(TableGroup(dim, opt, rule, [t.name for t in members], weight, state))
         for name in self.configs:
@@ -156,9 +157,6 @@ class FusedTables:
         for f in state_fields(self.optimizers[table], c.dim):
             out[f.name] = state[:, f.start] if f.width == 1 else state[:, f.start : f.start + f.width]
         return out
-
-    def state_names(self, table: str) -> tuple[str, ...]:
-        return tuple(f.name for f in state_fields(self.optimizers[table], self._config(table).dim))
 
     # -- rows ----------------------------------------------------------------------------------
     def _rows(self, table: str, rows: torch.Tensor, where: str) -> torch.Tensor:

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hugerec import ops
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.config import Pooling, StorageDtype, TableConfig
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
@@ -345,3 +346,28 @@ def test_cuda_matches_cpu() -> None:
     gpu(features.to("cuda")).values.pow(2).sum().backward()
     for k, v in cpu.state_dict().items():
         torch.testing.assert_close(gpu.state_dict()[k].cpu(), v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture
+def reference_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Route every op to the torch reference, as on CUDA tensors."""
+    monkeypatch.setattr(ops, "_numba", lambda weight: False)
+
+
+@pytest.mark.parametrize("optimizer", [Adam(lr=0.05), RowWiseAdagrad(lr=0.2), Ftrl(lr=0.3, l1=0.001)])
+def test_reference_path_trains_like_the_kernels(optimizer: Optimizer, request: pytest.FixtureRequest) -> None:
+    """The collection on the reference ops (the CUDA path) == on the Numba kernels, bf16 storage included."""
+    tables = [*TABLES, TableConfig("h", 10, 4, dtype=StorageDtype.BF16), TableConfig("s", 10, 4, pooling=Pooling.NONE)]
+    fast = EmbeddingCollection(tables, optimizer)
+    slow = EmbeddingCollection(tables, optimizer)
+    slow.load_state_dict(fast.state_dict())
+    gen = torch.Generator().manual_seed(0)
+    batches = [random_features(gen, tables, weighted=True) for _ in range(3)]
+    for emb, reference in ((fast, False), (slow, True)):
+        if reference:
+            request.getfixturevalue("reference_ops")
+        for features in batches:
+            loss = emb(features).values.pow(2).sum() + emb.sequences(features)["s"].values.pow(3).sum()
+            loss.backward()
+    for k, v in fast.state_dict().items():
+        torch.testing.assert_close(v.float(), slow.state_dict()[k].float(), rtol=1e-2, atol=1e-4, msg=k)

@@ -1,4 +1,4 @@
-"""End-to-end DLRM training throughput (samples/s, Parquet loading included): hugerec vs plain PyTorch.
+"""End-to-end DLRM training throughput (samples/s, Parquet loading included): hugerec vs PyTorch and TorchRec.
 
 Two shapes, 26 tables x 100,000 rows, Zipf ids (hugerec's synthetic generator, written as Parquet
 and read back by hugerec's loader, one loader per method):
@@ -6,7 +6,8 @@ and read back by hugerec's loader, one loader per method):
     mlperf           dim 64, one id per table, bottom 512-256-64, top 1024-1024-512-256-1, batch 8192
     embedding-heavy  dim 128, 10 ids per table, bottom 256-128, top 256-128-1, batch 8192
 
-Methods, all with the same model, initialisation, loss and learning rates (Adam 1e-3 everywhere):
+Methods, all with the same model, data, batch, loss and dense optimizer (Adam 1e-3); the sparse optimizer
+is Adam 1e-3 too, except for the TorchRec pair (FBGEMM has no Adam on CPU):
 
     pytorch           how most users write it: one nn.EmbeddingBag(sparse=True) per table,
                       torch.optim.SparseAdam for them, Adam for the MLPs, the MLPerf reference's
@@ -17,7 +18,12 @@ Methods, all with the same model, initialisation, loss and learning rates (Adam 
     hugerec-compiled  (--compile) the same with torch.compile of the dense part
     hugerec-bf16      (--bf16) the same under bf16 autocast
     hugerec-fit       hugerec.training.fit itself, timed alone after the others (its last log window)
-    torchrec          TorchRec's DLRM: reported as skipped when torchrec cannot be imported
+    torchrec          (when torchrec is importable) torchrec.models.dlrm.DLRM on TorchRec's
+                      FusedEmbeddingBagCollection: FBGEMM's CPU kernel, all tables batched, row-wise
+                      Adagrad 0.01 applied inside the backward (FBGEMM's CPU optimizers are SGD,
+                      Adagrad and row-wise Adagrad); the ids go in as a KeyedJaggedTensor (no copy)
+    hugerec-rowwise_adagrad  hugerec with the same row-wise Adagrad 0.01, timed beside torchrec:
+                      hugerec-rowwise_adagrad / torchrec is the same-optimizer ratio
 
 The methods take their steps in turn (pytorch, hugerec, pytorch, hugerec, ...) so that a machine
 shared with other work slows them alike; the ratio is what to read. Then a profile of each step
@@ -27,6 +33,7 @@ sparse optimizer, dense optimizer), the backward cut at the pooled embeddings so
     python benchmarks/train_dlrm.py                 # both configs: 2 warmup + 8 timed + 2 profiled steps
     python benchmarks/train_dlrm.py --quick         # < 1 minute: 20,000 rows per table, batch 512, 1 + 2 + 1 steps
     python benchmarks/train_dlrm.py --config mlperf --json out.json
+    python benchmarks/train_dlrm.py --no-torchrec   # leave TorchRec out even where it is installed
 """
 
 from __future__ import annotations
@@ -44,13 +51,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torchrec_baseline import fused_collection, keyed_jagged, unavailable
 
 from hugerec.data.loader import Loader
 from hugerec.data.schema import Schema
 from hugerec.data.synthetic import Hotness, SyntheticConfig, generate
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.config import TableConfig
-from hugerec.embedding.optimizers import Adam
+from hugerec.embedding.optimizers import Adam, Optimizer, RowWiseAdagrad, optimizer_name
 from hugerec.models.dlrm import DLRM
 from hugerec.sparse.batch import Batch
 from hugerec.training.trainer import TrainConfig, fit
@@ -58,6 +66,8 @@ from hugerec.training.trainer import TrainConfig, fit
 NUM_TABLES = 26
 NUM_DENSE = 13
 LR = 1e-3
+ADAM = Adam(lr=LR)
+ADAGRAD = RowWiseAdagrad(lr=0.01)  # the sparse optimizer of the TorchRec pair
 
 
 @dataclass(frozen=True)
@@ -208,12 +218,14 @@ class TorchRun(Method):
 
 
 class HugerecRun(Method):
-    """hugerec's DLRM, the step of hugerec.training.fit: the sparse Adam runs inside the backward."""
+    """hugerec's DLRM, the step of hugerec.training.fit: the sparse optimizer runs inside the backward."""
 
-    def __init__(self, shape: Shape, compile: bool = False, bf16: bool = False) -> None:
+    def __init__(self, shape: Shape, compile: bool = False, bf16: bool = False, sparse_opt: Optimizer = ADAM) -> None:
         self.name = "hugerec" + ("-compiled" if compile else "") + ("-bf16" if bf16 else "")
+        if not isinstance(sparse_opt, Adam):
+            self.name += f"-{optimizer_name(sparse_opt)}"
         tables = [TableConfig(name, shape.num_rows, shape.dim) for name in SPARSE]
-        self.model = DLRM(EmbeddingCollection(tables, Adam(lr=LR)), NUM_DENSE, shape.bottom, shape.top)
+        self.model = DLRM(EmbeddingCollection(tables, sparse_opt), NUM_DENSE, shape.bottom, shape.top)
         if compile:
             self.model.compile_dense()
             self.profiled = False
@@ -241,12 +253,51 @@ class HugerecRun(Method):
         self.opt.zero_grad()
 
 
-def torchrec_status() -> str:
-    try:
-        import torchrec  # noqa: F401
-    except Exception as e:  # an fbgemm_gpu built for another torch fails with OSError, not ImportError
-        return f"skipped (not importable: {type(e).__name__}: {str(e).splitlines()[0][:100]})"
-    return "skipped (installed, but a TorchRec run needs its sharded fused kernels; not wired into this benchmark)"
+class TorchRecRun(Method):
+    """TorchRec's DLRM on its fused collection: row-wise Adagrad (ADAGRAD) inside the backward, dense Adam."""
+
+    def __init__(self, shape: Shape) -> None:
+        from torchrec.models.dlrm import DLRM as TorchRecDLRM
+
+        self.name = "torchrec"
+        tables = [TableConfig(name, shape.num_rows, shape.dim) for name in SPARSE]
+        ebc = fused_collection(tables, ADAGRAD)
+        self.model = TorchRecDLRM(ebc, NUM_DENSE, list(shape.bottom), list(shape.top))
+        # the fused tables show up as parameters too, but FBGEMM updates them in the backward; they get no .grad
+        dense = [p for n, p in self.model.named_parameters() if not n.startswith("sparse_arch.")]
+        self.opt = torch.optim.Adam(dense, lr=LR)
+        self.dim = shape.dim
+
+    def step(self, batch: Batch) -> float:
+        logits = self.model(batch.dense, keyed_jagged(batch.sparse)).squeeze(1)  # [B, 1] -> [B]
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+
+    def embed(self, batch: Batch) -> torch.Tensor:
+        return self.model.sparse_arch.embedding_bag_collection(keyed_jagged(batch.sparse)).values()
+
+    def dense(self, batch: Batch, pooled: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        sparse = pooled.view(batch.batch_size, NUM_TABLES, self.dim)  # [B, F*D] -> [B, F, D]
+        return m.over_arch(m.inter_arch(m.dense_arch(batch.dense), sparse)).squeeze(1)
+
+    def dense_step(self) -> None:
+        self.opt.step()
+        self.opt.zero_grad()
+
+
+def sparse_optimizer(method: Method) -> str:
+    match method:
+        case TorchRun():
+            return "sparse_adam"
+        case HugerecRun():
+            return optimizer_name(method.model.sparse_arch.optimizer)
+        case TorchRecRun():
+            return optimizer_name(ADAGRAD)
+    raise ValueError(f"unknown method {method.name!r}")
 
 
 # -- timing ------------------------------------------------------------------------------------
@@ -331,6 +382,8 @@ def run_config(name: str, shape: Shape, args: argparse.Namespace, tmp: Path) -> 
     )
     torch.manual_seed(0)
     methods: list[Method] = [TorchRun(shape), HugerecRun(shape)]
+    if args.torchrec:
+        methods += [TorchRecRun(shape), HugerecRun(shape, sparse_opt=ADAGRAD)]
     if args.compile:
         methods.append(HugerecRun(shape, compile=True))
     if args.bf16:
@@ -341,8 +394,8 @@ def run_config(name: str, shape: Shape, args: argparse.Namespace, tmp: Path) -> 
     phases = profile_interleaved([methods[i] for i in profiled], [streams[i] for i in profiled], args.profile)
     common = {"unit": "samples/s", "higher_is_better": True, "batch_size": batch_size, "num_rows": shape.num_rows}
     records = [
-        {"config": name, "method": m.name, "value": rate, **common, "steps": args.steps}
-        for m, rate in zip(methods, rates, strict=True)
+        {"config": name, "method": m.name, "value": rate, **common, "steps": args.steps, "sparse_optimizer": opt}
+        for m, rate, opt in zip(methods, rates, map(sparse_optimizer, methods), strict=True)
     ]
     for i, p in zip(profiled, phases, strict=True):
         records[i]["profile_ms_per_step"] = p
@@ -357,24 +410,34 @@ def run_config(name: str, shape: Shape, args: argparse.Namespace, tmp: Path) -> 
                 "value": rate,
                 **common,
                 "steps": args.steps,
+                "sparse_optimizer": "adam",
                 "note": "hugerec.training.fit, timed alone (not interleaved)",
             }
         )
         gc.collect()
     base = records[0]["value"]
-    print(f"  {'method':18s} {'samples/s':>10s} {'x pytorch':>10s}")
+    torchrec = next((r["value"] for r in records if r["method"] == "torchrec"), None)
+    print(
+        f"  {'method':24s} {'sparse opt':>16s} {'samples/s':>10s} {'x pytorch':>10s}"
+        + (" x torchrec" if torchrec else "")
+    )
     for r in records:
         r["ratio_vs_pytorch"] = r["value"] / base
-        print(f"  {r['method']:18s} {r['value']:10.0f} {r['ratio_vs_pytorch']:10.2f}")
+        line = f"  {r['method']:24s} {r['sparse_optimizer']:>16s} {r['value']:10.0f} {r['ratio_vs_pytorch']:10.2f}"
+        if torchrec:
+            r["ratio_vs_torchrec"] = r["value"] / torchrec
+            line += f" {r['ratio_vs_torchrec']:10.2f}"
+        print(line)
+    if torchrec:
+        print("  (the same-optimizer pair is hugerec-rowwise_adagrad vs torchrec: FBGEMM has no Adam on CPU)")
     if args.fit:
         print("  (hugerec-fit ran alone after the others, under whatever load the machine had then: indicative only)")
-    print(f"  {'torchrec':18s} {torchrec_status()}")
     if phases:
         print(f"  step profile, ms per step ({args.profile} steps, interleaved):")
-        print("  " + f"{'phase':28s}" + "".join(f"{records[i]['method']:>18s}" for i in profiled))
+        print("  " + f"{'phase':28s}" + "".join(f"{records[i]['method']:>24s}" for i in profiled))
         for phase in PHASES:
-            print("  " + f"{phase:28s}" + "".join(f"{p[phase]:18.0f}" for p in phases))
-        print("  " + f"{'total':28s}" + "".join(f"{sum(p.values()):18.0f}" for p in phases))
+            print("  " + f"{phase:28s}" + "".join(f"{p[phase]:24.0f}" for p in phases))
+        print("  " + f"{'total':28s}" + "".join(f"{sum(p.values()):24.0f}" for p in phases))
     return records
 
 
@@ -399,6 +462,12 @@ def main() -> None:
         default=None,
         help="also time hugerec through hugerec.training.fit (default: on unless --quick)",
     )
+    p.add_argument(
+        "--torchrec",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time TorchRec's DLRM and hugerec with its row-wise Adagrad, when torchrec is importable (default: on)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--json", type=Path, default=None, help="write the records here")
     args = p.parse_args()
@@ -412,6 +481,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {NUM_TABLES} tables x {args.rows:,} rows")
+    if args.torchrec:
+        reason = unavailable()
+        if reason is not None:
+            print(f"torchrec: skipped ({reason})")
+            args.torchrec = False
     names = list(SHAPES) if args.config == "all" else [args.config]
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="hugerec-train-dlrm-") as tmp:

@@ -14,7 +14,7 @@ import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
 
-from hugerec.data.preprocess.hashing import combine_hashes, hash_series
+from hugerec.data.preprocess.hashing import combine_hashes, flatten, hash_flat, hash_series
 from hugerec.data.preprocess.lookup import index_of
 from hugerec.data.preprocess.op import as_columns, require_scalar
 from hugerec.data.preprocess.stats import Stats, collect_by_name, merge_counts
@@ -120,15 +120,12 @@ class Categorify:
         size = vocab.height
 
         def encode(values: pl.Series) -> npt.NDArray[np.int64]:
-            rows = index.lookup(values)  # [R] vocabulary row, -1 = out of vocabulary
-            ids = rows + FIRST_VOCAB_ID
-            oov = rows < 0
-            if self.num_tail_buckets and oov.any():
-                tail = hash_series(values.filter(pl.Series(oov)), self.seed) % np.uint64(self.num_tail_buckets)
+            rows = index.lookup(values, null_row=-2)  # [R] vocabulary row; -1 out of vocabulary, -2 null
+            ids = np.where(rows >= 0, rows + FIRST_VOCAB_ID, np.where(rows == -2, NULL_ID, OOV_ID))
+            if self.num_tail_buckets:
+                oov = rows == -1
+                tail = hash_series(values, self.seed)[oov] % np.uint64(self.num_tail_buckets)
                 ids[oov] = FIRST_VOCAB_ID + size + tail.astype(np.int64)
-            else:
-                ids[oov] = OOV_ID
-            ids[values.is_null().to_numpy()] = NULL_ID
             return ids
 
         return encode
@@ -159,8 +156,9 @@ class HashBucket:
 
     def transform(self, frame: pl.DataFrame, stats: Stats) -> pl.DataFrame:
         def encode(values: pl.Series) -> npt.NDArray[np.int64]:
-            ids = (hash_series(values, self.seed) % np.uint64(self.num_buckets)).astype(np.int64) + 1
-            ids[values.is_null().to_numpy()] = NULL_ID
+            flat = flatten(values)
+            ids = (hash_flat(flat, self.seed) % np.uint64(self.num_buckets)).astype(np.int64) + 1
+            ids[~flat.valid] = NULL_ID
             return ids
 
         return frame.with_columns([map_elements(frame[c], encode) for c in self.columns])

@@ -22,6 +22,8 @@ workflow pins every column's dtype at fit time, so training and serving agree).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 import polars as pl
@@ -140,30 +142,53 @@ def is_string_like(dtype: pl.DataType) -> bool:
     return dtype in (pl.String, pl.Categorical) or isinstance(dtype, pl.Enum)
 
 
-def string_buffers(series: pl.Series) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
-    """([R + 1] int64 offsets, UTF-8 bytes) of a string column (null rows are empty)."""
-    strings = series.cast(pl.String).rechunk().to_arrow()
-    if isinstance(strings, pa.ChunkedArray):
-        strings = strings.combine_chunks()
-    strings = strings.cast(pa.large_string())
-    _, offsets_buf, data_buf = strings.buffers()
-    if offsets_buf is None:  # an empty array may come without buffers
-        return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.uint8)
-    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[strings.offset : strings.offset + len(strings) + 1]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, dtype=np.uint8)
-    return offsets, data
+@dataclass(frozen=True)
+class Flat:
+    """A column as NumPy arrays for the kernels: validity and either string buffers or value bits.
+
+    valid   [R] bool
+    offsets [R + 1] int64 byte offsets into `data` (strings; null rows are empty), else empty
+    data    UTF-8 bytes (strings), else empty
+    bits    [R] uint64 integer / boolean values, or canonical IEEE-754 bits of floats (-0.0 -> 0.0,
+            one NaN); 0 for nulls; empty for strings
+    """
+
+    is_string: bool
+    valid: npt.NDArray[np.bool_]
+    offsets: npt.NDArray[np.int64]
+    data: npt.NDArray[np.uint8]
+    bits: U64
 
 
-def value_bits(series: pl.Series) -> U64:
-    """[R] uint64 identity of integer, boolean or float values (floats: canonical IEEE-754 bits; nulls 0)."""
+_NO_OFFSETS = np.zeros(0, dtype=np.int64)
+_NO_DATA = np.zeros(0, dtype=np.uint8)
+_NO_BITS = np.zeros(0, dtype=np.uint64)
+
+
+def flatten(series: pl.Series) -> Flat:
+    """The column's kernel arrays, converted through Arrow in one step (cheap for one-row requests too)."""
     dtype = series.dtype
+    array = series.to_arrow()
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    n = len(array)
+    valid = np.ones(n, dtype=bool) if array.null_count == 0 else array.is_valid().to_numpy(zero_copy_only=False)
+    if is_string_like(dtype):
+        strings = array.cast(pa.large_string())
+        _, offsets_buf, data_buf = strings.buffers()
+        if offsets_buf is None:  # an empty array may come without buffers
+            return Flat(True, valid, np.zeros(1, dtype=np.int64), _NO_DATA, _NO_BITS)
+        offsets = np.frombuffer(offsets_buf, dtype=np.int64)[strings.offset : strings.offset + n + 1]
+        data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else _NO_DATA
+        return Flat(True, valid, offsets, data, _NO_BITS)
     if dtype.is_integer() or dtype == pl.Boolean:
-        return np.ascontiguousarray(series.cast(pl.Int64).fill_null(0).to_numpy()).view(np.uint64)
+        ints = array.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        return Flat(False, valid, _NO_OFFSETS, _NO_DATA, np.ascontiguousarray(ints).view(np.uint64))
     if dtype.is_float():
-        values = series.cast(pl.Float64).fill_null(0.0).to_numpy().copy()
-        values[values == 0.0] = 0.0  # -0.0 and 0.0 compare equal, so this folds -0.0 onto +0.0
-        values[np.isnan(values)] = np.nan  # one canonical NaN bit pattern
-        return values.view(np.uint64)
+        floats = array.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False).copy()
+        floats[floats == 0.0] = 0.0  # -0.0 and 0.0 compare equal, so this folds -0.0 onto +0.0
+        floats[np.isnan(floats)] = np.nan  # one canonical NaN bit pattern
+        return Flat(False, valid, _NO_OFFSETS, _NO_DATA, floats.view(np.uint64))
     raise ValueError(f"column {series.name!r}: cannot hash or index values of dtype {dtype}")
 
 
@@ -172,15 +197,17 @@ def hash_key(seed: int) -> np.uint64:
     return np.uint64(mix_reference(seed & _MASK))
 
 
-def hash_series(series: pl.Series, seed: int = 0) -> U64:
-    """[R] uint64 stable hashes of a Polars column of integers, booleans, floats, strings or categoricals."""
+def hash_flat(flat: Flat, seed: int = 0) -> U64:
     key = hash_key(seed)
     null_hash = np.uint64(mix_reference(int(key) ^ NULL_TAG))
-    valid = series.is_not_null().to_numpy()
-    if is_string_like(series.dtype):
-        offsets, data = string_buffers(series)
-        return _hash_strings_kernel(offsets, data, valid, key, null_hash)
-    return _hash_u64_kernel(value_bits(series), valid, key, null_hash)
+    if flat.is_string:
+        return _hash_strings_kernel(flat.offsets, flat.data, flat.valid, key, null_hash)
+    return _hash_u64_kernel(flat.bits, flat.valid, key, null_hash)
+
+
+def hash_series(series: pl.Series, seed: int = 0) -> U64:
+    """[R] uint64 stable hashes of a Polars column of integers, booleans, floats, strings or categoricals."""
+    return hash_flat(flatten(series), seed)
 
 
 def combine_hashes(hashes: list[U64], seed: int = 0) -> U64:

@@ -25,7 +25,7 @@ import numpy.typing as npt
 import polars as pl
 from numba import njit
 
-from hugerec.data.preprocess.hashing import hash_bits, hash_bytes, hash_key, is_string_like, string_buffers, value_bits
+from hugerec.data.preprocess.hashing import flatten, hash_bits, hash_bytes, hash_key
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
@@ -143,20 +143,20 @@ class ValueIndex:
     @classmethod
     def build(cls, values: pl.Series) -> ValueIndex:
         """Index V distinct values (at most one null)."""
-        valid = values.is_not_null().to_numpy()
-        nulls = np.flatnonzero(~valid)
+        flat = flatten(values)
+        nulls = np.flatnonzero(~flat.valid)
         null_row = int(nulls[0]) if nulls.size else -1
         num_slots = 1 << max(3, int(2 * max(values.len(), 1) - 1).bit_length())
         key = hash_key(0)
-        if is_string_like(values.dtype):
-            offsets, data = string_buffers(values)
-            slots = _build_strings_kernel(offsets, data, valid, key, num_slots)
-            return cls(values.dtype, slots, null_row, offsets, data)
-        slots = _build_bits_kernel(value_bits(values), valid, key, num_slots)
-        return cls(values.dtype, slots, null_row, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.uint8))
+        if flat.is_string:
+            slots = _build_strings_kernel(flat.offsets, flat.data, flat.valid, key, num_slots)
+        else:
+            slots = _build_bits_kernel(flat.bits, flat.valid, key, num_slots)
+        return cls(values.dtype, slots, null_row, flat.offsets, flat.data)
 
-    def lookup(self, query: pl.Series) -> I64:
-        """[R] row of each query value; -1 where absent (null -> `null_row`)."""
+    def lookup(self, query: pl.Series, null_row: int | None = None) -> I64:
+        """[R] row of each query value; -1 where absent; nulls -> `null_row` (default: the indexed
+        null's row, or -1)."""
         if query.dtype != self.dtype:
             try:
                 query = query.cast(self.dtype, strict=True)
@@ -164,14 +164,14 @@ class ValueIndex:
                 raise ValueError(
                     f"column {query.name!r}: dtype {query.dtype} does not match the fitted dtype {self.dtype}"
                 ) from e
-        valid = query.is_not_null().to_numpy()
+        flat = flatten(query)
         key = hash_key(0)
-        if is_string_like(self.dtype):
-            q_offsets, q_data = string_buffers(query)
+        null = self.null_row if null_row is None else null_row
+        if flat.is_string:
             return _lookup_strings_kernel(
-                q_offsets, q_data, valid, self.slots, self.offsets, self.data, key, self.null_row
+                flat.offsets, flat.data, flat.valid, self.slots, self.offsets, self.data, key, null
             )
-        return _lookup_bits_kernel(value_bits(query), valid, self.slots, key, self.null_row)
+        return _lookup_bits_kernel(flat.bits, flat.valid, self.slots, key, null)
 
 
 T = TypeVar("T")

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import polars as pl
 
+from hugerec.data.preprocess.lookup import cached
+
 Stats = dict[str, pl.DataFrame]
 
 MOMENTS_SCHEMA = {"column": pl.String(), "count": pl.Int64(), "mean": pl.Float64(), "m2": pl.Float64()}
@@ -76,9 +78,9 @@ def merge_moments(parts: Sequence[pl.DataFrame]) -> pl.DataFrame:
 
 def moments_of(stats: pl.DataFrame, column: str) -> tuple[int, float, float]:
     """(count, mean, population std) of one column."""
-    row = stats.filter(pl.col("column") == column)
-    if row.height != 1:
+    by_column = cached(stats, "moments", lambda f: {row[0]: row[1:] for row in f.iter_rows()})
+    if column not in by_column:
         raise KeyError(f"no moments for column {column!r}")
-    n, mean, m2 = row.row(0)[1:]
+    n, mean, m2 = by_column[column]
     std = (m2 / n) ** 0.5 if n else 0.0
     return int(n), float(mean), float(std)

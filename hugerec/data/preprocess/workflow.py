@@ -328,12 +328,33 @@ class Workflow:
             raise ValueError(f"Workflow.transform_request: unknown column(s) {unknown}; expected {list(schema)}")
         needed = {c for op in self.ops for c in op.reads()}
         present = {k for row in rows for k in row}
-        columns = [
-            _request_column(c, dtype, [row.get(c) for row in rows], self.text_nulls)
-            for c, dtype in schema.items()
-            if c in present or c in needed
-        ]
-        return self.apply_ops(pl.DataFrame(columns))
+        typed: dict[str, pl.Series] = {}
+        as_text: dict[str, list[str | None]] = {}  # converted together, in one pass, as the reader did
+        for c, dtype in schema.items():
+            if c not in present and c not in needed:
+                continue
+            values = [row.get(c) for row in rows]
+            if self.text_nulls is not None:
+                values = [None if isinstance(v, str) and v in self.text_nulls else v for v in values]
+            series = _typed_column(c, dtype, values)
+            if series is not None:
+                typed[c] = series
+            elif isinstance(dtype, pl.List | pl.Array | pl.Struct):
+                raise ValueError(f"Workflow.transform_request: column {c!r} expects {dtype}, got {values!r}")
+            else:
+                as_text[c] = [None if v is None else str(v) for v in values]
+        if as_text:
+            text = pl.DataFrame(as_text, schema=dict.fromkeys(as_text, pl.String()))
+            converted = text.select([pl.col(c).cast(schema[c], strict=False) for c in as_text])
+            failed = text.select(pl.col(c).is_not_null() & converted[c].is_null() for c in as_text)
+            for c, bad in zip(as_text, failed.select(pl.all().any()).row(0), strict=True):
+                if bad:
+                    value = text[c].filter(failed[c])[0]
+                    raise ValueError(
+                        f"Workflow.transform_request: column {c!r} value {value!r} does not convert to {schema[c]}"
+                    )
+            typed |= {c: converted[c] for c in as_text}
+        return self.apply_ops(pl.DataFrame([typed[c] for c in schema if c in typed]))
 
     # -- config, save / load -----------------------------------------------------------------------
     def to_config(self) -> dict[str, Any]:
@@ -429,21 +450,12 @@ def _config_json(op: Op) -> dict[str, object]:
     return {f.name: _jsonable(getattr(op, f.name)) for f in dataclasses.fields(op)}
 
 
-def _request_column(name: str, dtype: pl.DataType, values: list[Any], text_nulls: tuple[str, ...] | None) -> pl.Series:
-    if text_nulls is not None:
-        values = [None if isinstance(v, str) and v in text_nulls else v for v in values]
+def _typed_column(name: str, dtype: pl.DataType, values: list[Any]) -> pl.Series | None:
+    """The values as a column of the fitted dtype, or None when they must be converted from text (the
+    strings of a parsed line, or Python values of another type)."""
+    if dtype != pl.String and any(isinstance(v, str) for v in values):
+        return None
     try:
         return pl.Series(name, values, dtype=dtype, strict=True)
     except (TypeError, ValueError, pl.exceptions.PolarsError):
-        pass
-    # values of another Python type (e.g. the strings of a parsed text line): convert as the reader did
-    if isinstance(dtype, pl.List | pl.Array | pl.Struct):
-        raise ValueError(f"Workflow.transform_request: column {name!r} expects {dtype}, got {values!r}")
-    text = pl.Series(name, [None if v is None else str(v) for v in values], dtype=pl.String)
-    cast = text.cast(dtype, strict=False)
-    bad = (cast.is_null() & text.is_not_null()).to_list()
-    if any(bad):
-        raise ValueError(
-            f"Workflow.transform_request: column {name!r} value {values[bad.index(True)]!r} does not convert to {dtype}"
-        )
-    return cast
+        return None

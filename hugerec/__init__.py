@@ -1,11 +1,27 @@
-"""hugerec: deep-learning recommender systems with huge embedding tables, on PyTorch."""
+"""hugerec: deep-learning recommender systems with huge embedding tables, on PyTorch.
+
+    import hugerec as hr
+    emb = hr.EmbeddingCollection([hr.TableConfig("user", num_rows=10_000_000, dim=64)], optimizer=hr.RowWiseAdagrad())
+    model = hr.models.DLRM(emb, num_dense=13, bottom=[512, 256, 64], top=[512, 256, 1])
+    hr.training.fit(model, hr.data.load("data/train/*.parquet", schema, batch_size=8192))
+
+The subpackages `data`, `models`, `training`, `distributed` and `serving` are imported on first use,
+so `import hugerec` stays light (serving pulls in the HTTP stack).
+"""
+
+import importlib
+from types import ModuleType
 
 from hugerec.embedding import (
     SGD,
     Adagrad,
     Adam,
     DynamicConfig,
+    Embedding,
+    EmbeddingBag,
+    EmbeddingCollection,
     Ftrl,
+    HashTable,
     Pooling,
     RowWiseAdagrad,
     TableConfig,
@@ -14,13 +30,19 @@ from hugerec.sparse import Batch, JaggedTensor, PooledEmbeddings, SparseFeatures
 
 __version__ = "0.1.0"
 
+_SUBPACKAGES = ("data", "distributed", "models", "serving", "training")
+
 __all__ = [
     "SGD",
     "Adagrad",
     "Adam",
     "Batch",
     "DynamicConfig",
+    "Embedding",
+    "EmbeddingBag",
+    "EmbeddingCollection",
     "Ftrl",
+    "HashTable",
     "JaggedTensor",
     "PooledEmbeddings",
     "Pooling",
@@ -28,4 +50,15 @@ __all__ = [
     "SparseFeatures",
     "TableConfig",
     "__version__",
+    "data",
+    "distributed",
+    "models",
+    "serving",
+    "training",
 ]
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"hugerec.{name}")
+    raise AttributeError(f"module 'hugerec' has no attribute {name!r}")

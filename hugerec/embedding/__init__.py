@@ -1,5 +1,6 @@
 """Embedding tables: configs, sparse optimizers, fused collections, hash tables, drop-in layers."""
 
+from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.config import (
     DynamicConfig,
     Eviction,
@@ -12,6 +13,9 @@ from hugerec.embedding.config import (
     Uniform,
     Zeros,
 )
+from hugerec.embedding.delta import TableDelta, export_delta, import_delta, read_delta, write_delta
+from hugerec.embedding.hash_table import HashTable, HashTableStats
+from hugerec.embedding.layers import Embedding, EmbeddingBag
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
 
 __all__ = [
@@ -19,8 +23,13 @@ __all__ = [
     "Adagrad",
     "Adam",
     "DynamicConfig",
+    "Embedding",
+    "EmbeddingBag",
+    "EmbeddingCollection",
     "Eviction",
     "Ftrl",
+    "HashTable",
+    "HashTableStats",
     "Initializer",
     "Missing",
     "Normal",
@@ -29,6 +38,11 @@ __all__ = [
     "RowWiseAdagrad",
     "StorageDtype",
     "TableConfig",
+    "TableDelta",
     "Uniform",
     "Zeros",
+    "export_delta",
+    "import_delta",
+    "read_delta",
+    "write_delta",
 ]

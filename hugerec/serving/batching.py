@@ -1,23 +1,22 @@
 """DynamicBatcher: merge concurrent requests into one model call (Triton's dynamic batching).
 
-    event loop:  submit(inputs) --queue--> worker thread --+
-                 await future   <--------------------------+  outputs[rows of this request]
+    submit(inputs) -> pending ----(max_batch_size rows, or max_delay_ms after the first)----> one model call
+    await future   <-- outputs[rows of this request] ------------------------------------------+
 
-The worker takes the first waiting request, then keeps taking more until the batch holds
-`max_batch_size` rows or `max_delay_ms` has passed since it took the first, runs the model once on
-the concatenation and hands every request its own rows back. A request that would overflow the
-batch starts the next one; a request bigger than `max_batch_size` runs alone. The model runs on
-the worker thread, so the event loop keeps accepting and decoding requests meanwhile (torch
-releases the GIL inside its kernels).
+Lives on the server's event loop. A batch starts when `max_batch_size` rows wait or `max_delay_ms`
+after the first request arrived; one batch runs at a time, and requests arriving meanwhile form
+the next one. A request bigger than `max_batch_size` runs alone. Small batches run inline on the
+event loop: they take less time than handing them to a thread would; batches of `offload_rows`
+or more run on a worker thread, so the loop keeps decoding requests while torch kernels (which
+release the GIL) compute.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
-import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,11 +26,13 @@ from hugerec.serving.model import ModelInputs
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    """max_batch_size rows per model call; max_delay_ms to wait for more; max_queue requests waiting."""
+    """max_batch_size rows per model call; max_delay_ms to wait for more; max_queue requests waiting;
+    offload_rows: batches at least this big run on a worker thread."""
 
     max_batch_size: int = 1024
-    max_delay_ms: float = 2.0
+    max_delay_ms: float = 1.0
     max_queue: int = 4096
+    offload_rows: int = 256
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -40,6 +41,8 @@ class BatchingConfig:
             raise ValueError(f"BatchingConfig: max_delay_ms must be in [0, 1000], got {self.max_delay_ms}")
         if self.max_queue < 1:
             raise ValueError(f"BatchingConfig: max_queue must be >= 1, got {self.max_queue}")
+        if self.offload_rows < 1:
+            raise ValueError(f"BatchingConfig: offload_rows must be >= 1, got {self.offload_rows}")
 
 
 class QueueFull(RuntimeError):
@@ -50,20 +53,10 @@ class QueueFull(RuntimeError):
 class _Pending:
     inputs: ModelInputs
     future: asyncio.Future[np.ndarray]
-    loop: asyncio.AbstractEventLoop
-
-
-def _resolve(future: asyncio.Future[np.ndarray], result: np.ndarray | BaseException) -> None:
-    if future.done():  # the client went away and the request was cancelled
-        return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
 
 
 class DynamicBatcher:
-    """Runs `run(inputs) -> outputs [B, ...]` on merged requests in one worker thread.
+    """Runs `run(inputs) -> outputs [B, ...]` on merged requests; use it from one event loop.
 
     on_batch(rows, requests, seconds) is called after every model call (metrics).
     """
@@ -78,72 +71,104 @@ class DynamicBatcher:
         self.run = run
         self.config = config or BatchingConfig()
         self.on_batch = on_batch
-        self._queue: queue.Queue[_Pending | None] = queue.Queue()
-        self._carry: _Pending | None = None
+        self._pending: list[_Pending] = []
+        self._rows = 0
+        self._busy = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=name)
         self._closed = False
-        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
-        self._thread.start()
 
     async def submit(self, inputs: ModelInputs) -> np.ndarray:
         """Outputs for `inputs` (rows in order), computed in some merged batch."""
         if self._closed:
             raise RuntimeError("DynamicBatcher: closed")
-        if self._queue.qsize() >= self.config.max_queue:
-            raise QueueFull(f"{self._queue.qsize()} requests are already waiting (max_queue={self.config.max_queue})")
+        if len(self._pending) >= self.config.max_queue:
+            raise QueueFull(f"{len(self._pending)} requests are already waiting (max_queue={self.config.max_queue})")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[np.ndarray] = loop.create_future()
-        self._queue.put(_Pending(inputs, future, loop))
+        self._pending.append(_Pending(inputs, future))
+        self._rows += inputs.batch_size
+        self._schedule(loop)
         return await future
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Finish the requests already queued, then stop the worker."""
-        if not self._closed:
-            self._closed = True
-            self._queue.put(None)
-            self._thread.join(timeout)
+    def close(self) -> None:
+        """Refuse new requests and stop the worker thread (requests still waiting get an error)."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for p in self._pending:
+            loop = p.future.get_loop()
+            if not p.future.done() and not loop.is_closed():
+                loop.call_soon_threadsafe(_fail, p.future, RuntimeError("DynamicBatcher: closed"))
+        self._pending, self._rows = [], 0
+        self._executor.shutdown(wait=True)
 
-    def _next_batch(self) -> list[_Pending] | None:
-        first = self._carry if self._carry is not None else self._queue.get()
-        self._carry = None
-        if first is None:
-            return None
-        batch, rows = [first], first.inputs.batch_size
-        deadline = time.perf_counter() + self.config.max_delay_ms / 1000
-        while rows < self.config.max_batch_size:
-            remaining = deadline - time.perf_counter()
-            try:
-                item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
-            except queue.Empty:
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._busy or not self._pending:
+            return  # the running batch schedules the next one when it ends
+        if self._rows >= self.config.max_batch_size or self.config.max_delay_ms == 0:
+            self._start(loop)
+        elif self._timer is None:
+            self._timer = loop.call_later(self.config.max_delay_ms / 1000, self._start, loop)
+
+    def _take(self) -> list[_Pending]:
+        """The oldest requests that fit in max_batch_size rows (at least one)."""
+        batch, rows = [self._pending[0]], self._pending[0].inputs.batch_size
+        for p in self._pending[1:]:
+            if rows + p.inputs.batch_size > self.config.max_batch_size:
                 break
-            if item is None:
-                self._queue.put(None)  # stop after this batch
-                break
-            if rows + item.inputs.batch_size > self.config.max_batch_size:
-                self._carry = item
-                break
-            batch.append(item)
-            rows += item.inputs.batch_size
+            batch.append(p)
+            rows += p.inputs.batch_size
+        del self._pending[: len(batch)]
+        self._rows -= rows
         return batch
 
-    def _work(self) -> None:
-        while True:
-            batch = self._next_batch()
-            if batch is None:
-                return
-            t0 = time.perf_counter()
-            try:
-                merged = ModelInputs.concat([p.inputs for p in batch])
-                outputs = self.run(merged)
-                if outputs.shape[0] != merged.batch_size:
-                    raise RuntimeError(f"model returned {outputs.shape[0]} rows for a batch of {merged.batch_size}")
-            except Exception as e:  # the model failed: every request of the batch gets the error
-                for p in batch:
-                    p.loop.call_soon_threadsafe(_resolve, p.future, e)
-                continue
-            start = 0
-            for p in batch:
-                n = p.inputs.batch_size
-                p.loop.call_soon_threadsafe(_resolve, p.future, outputs[start : start + n])
-                start += n
-            if self.on_batch is not None:
-                self.on_batch(start, len(batch), time.perf_counter() - t0)
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._busy or not self._pending or self._closed:
+            return
+        batch = [p for p in self._take() if not p.future.done()]  # skip requests whose client went away
+        if not batch:
+            self._schedule(loop)
+            return
+        merged = ModelInputs.concat([p.inputs for p in batch])
+        self._busy = True
+        if merged.batch_size < self.config.offload_rows:
+            self._finish(loop, batch, *self._call(merged))
+            return
+        work = loop.run_in_executor(self._executor, self._call, merged)
+        work.add_done_callback(lambda f: self._finish(loop, batch, *f.result()))
+
+    def _call(self, merged: ModelInputs) -> tuple[np.ndarray | Exception, float]:
+        t0 = time.perf_counter()
+        try:
+            outputs = self.run(merged)
+            if outputs.shape[0] != merged.batch_size:
+                raise RuntimeError(f"model returned {outputs.shape[0]} rows for a batch of {merged.batch_size}")
+        except Exception as e:  # the model failed: every request of the batch gets the error
+            return e, time.perf_counter() - t0
+        return outputs, time.perf_counter() - t0
+
+    def _finish(
+        self, loop: asyncio.AbstractEventLoop, batch: list[_Pending], outputs: np.ndarray | Exception, seconds: float
+    ) -> None:
+        self._busy = False
+        start = 0
+        for p in batch:
+            n = p.inputs.batch_size
+            if not p.future.done():
+                if isinstance(outputs, Exception):
+                    p.future.set_exception(outputs)
+                else:
+                    p.future.set_result(outputs[start : start + n])
+            start += n
+        if self.on_batch is not None and not isinstance(outputs, Exception):
+            self.on_batch(start, len(batch), seconds)
+        self._schedule(loop)
+
+
+def _fail(future: asyncio.Future[np.ndarray], error: Exception) -> None:
+    if not future.done():
+        future.set_exception(error)

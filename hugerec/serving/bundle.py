@@ -64,7 +64,12 @@ class Manifest:
             "num_dense": self.num_dense,
             "collections": [c.to_dict() for c in self.collections],
             "tables": [
-                {"name": t.name, "dim": t.dim, "default": None if t.default is None else list(t.default)}
+                {
+                    "name": t.name,
+                    "dim": t.dim,
+                    "num_rows": t.num_rows,
+                    "default": None if t.default is None else list(t.default),
+                }
                 for t in self.tables
             ],
             "dense_keys": list(self.dense_keys),
@@ -91,6 +96,7 @@ class Manifest:
                         t["name"],
                         int(t["dim"]),
                         None if t["default"] is None else tuple(float(x) for x in t["default"]),
+                        None if t["num_rows"] is None else int(t["num_rows"]),
                     )
                     for t in d["tables"]
                 ),

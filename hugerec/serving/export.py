@@ -114,7 +114,25 @@ def export_bundle(
     workflow  the fitted preprocessing workflow; /predict then takes raw rows
     onnx      also write dense.onnx (needs the `onnx` package; skipped with a warning without it)
     """
-    target = Path(out)
+    threads = torch.get_num_threads()
+    try:
+        return _export_bundle(model, Path(out), name, version, schema, workflow, onnx, overwrite)
+    finally:
+        # the collections' Numba kernels (run once to find the output order) and torch.export both
+        # change the process's intra-op thread count; a serving process sized its own
+        torch.set_num_threads(threads)
+
+
+def _export_bundle(
+    model: RecModel,
+    target: Path,
+    name: str,
+    version: str,
+    schema: Schema | None,
+    workflow: Workflow | None,
+    onnx: bool,
+    overwrite: bool,
+) -> Path:
     if target.exists() and not overwrite:
         raise FileExistsError(f"export_bundle: {target} exists (pass overwrite=True to replace it)")
     if workflow is not None and schema is None:
@@ -148,7 +166,11 @@ def export_bundle(
             schema.save(tmp / SCHEMA)
         if workflow is not None:
             workflow.save(tmp / WORKFLOW)
-        specs = [TableSpec(t.name, t.dim) for c in collections for t in c.tables]
+        specs = [
+            TableSpec(t.name, t.dim, num_rows=t.num_rows if t.dynamic is None else None)
+            for c in collections
+            for t in c.tables
+        ]
         manifest = Manifest(
             name, version, model.num_dense, tuple(layouts), tuple(specs), dense_keys, checksums(tmp), info
         )

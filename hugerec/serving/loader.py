@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from hugerec.serving.bundle import EMBEDDINGS, PROGRAM_PREFIX, Bundle
 from hugerec.serving.cache import CacheConfig
 from hugerec.serving.memory import MemoryStore
@@ -46,7 +48,8 @@ class ServeOptions:
     """How a bundle is served.
 
     state_dir        tier-3 RocksDB and kept dense weights (default: <bundle>/state)
-    cache            tier-1 cache per table (rows=0: off)
+    cache            tier-1 cache per table; None: on (CacheConfig()) when the device is a GPU or tier 2
+                     is Redis, off otherwise (in process on the CPU, tier 2 is already a RAM lookup)
     redis_url        tier 2 in this Redis server instead of in process
     preload          copy every row into tier 2 at start (else rows are promoted on first use)
     device           cache and model device (default: CUDA when available)
@@ -57,7 +60,7 @@ class ServeOptions:
     """
 
     state_dir: str | None = None
-    cache: CacheConfig = field(default_factory=CacheConfig)
+    cache: CacheConfig | None = None
     redis_url: str | None = None
     preload: bool = True
     device: str | None = None
@@ -110,8 +113,8 @@ def load_model(path: str | Path, options: ServeOptions | None = None, max_reques
 
         memory = RedisStore(options.redis_url, dims, namespace=f"hugerec:{m.name}:{m.version}:{bundle.id[:12]}")
     else:
-        memory = MemoryStore(dims)
-    ps = ParameterServer(m.tables, memory, persistent, options.cache, options.device)
+        memory = MemoryStore(dims, {t.name: t.num_rows for t in m.tables})
+    ps = ParameterServer(m.tables, memory, persistent, _cache(options), options.device)
     try:
         if options.preload and all(memory.count(t) == 0 for t in dims):
             ps.preload()
@@ -132,6 +135,15 @@ def load_model(path: str | Path, options: ServeOptions | None = None, max_reques
         assert url is not None  # checked in ServeOptions
         sources.append(RedisStreamSource(url, options.updates_stream))
     return LoadedModel(bundle, model, preprocess, state_dir, sources, options.update_interval)
+
+
+def _cache(options: ServeOptions) -> CacheConfig:
+    if options.cache is not None:
+        return options.cache
+    device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return (
+        CacheConfig() if options.redis_url is not None or torch.device(device).type == "cuda" else CacheConfig(rows=0)
+    )
 
 
 def _open_state(bundle: Bundle, state_dir: Path, dims: dict[str, int]) -> PersistentStore:

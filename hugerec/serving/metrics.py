@@ -5,7 +5,8 @@
     hugerec_batch_rows{model, version} / _batch_requests         histograms, one sample per model call
     hugerec_batch_seconds{model, version}                        histogram, lookups + dense program
     hugerec_updates_total{model, version, result}                counter of live updates applied / refused
-    hugerec_ps_{calls,keys,hits}_total{model, version, table, tier}, hugerec_ps_seconds_total   from the parameter servers
+    hugerec_ps_{keys,hits}_total{model, version, table, tier}    keys asked of / found in each tier
+    hugerec_ps_{calls,seconds}_total{model, version, tier}       lookups reaching each tier, time spent there
     hugerec_ps_hit_rate{model, version, tier}                    hits / keys over all tables
     hugerec_ps_cache_rows{model, version, table}                 rows held by the cache tier
     hugerec_ps_table_version{model, version, table}              updates applied to each table
@@ -44,10 +45,14 @@ class _ParameterServerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         labels = ["model", "version", "table", "tier"]
-        calls = CounterMetricFamily("hugerec_ps_calls", "Lookups that reached a tier", labels=labels)
         keys = CounterMetricFamily("hugerec_ps_keys", "Keys asked from a tier", labels=labels)
         hits = CounterMetricFamily("hugerec_ps_hits", "Keys found in a tier", labels=labels)
-        seconds = CounterMetricFamily("hugerec_ps_seconds", "Seconds spent in a tier", labels=labels)
+        calls = CounterMetricFamily(
+            "hugerec_ps_calls", "Lookups that reached a tier", labels=["model", "version", "tier"]
+        )
+        seconds = CounterMetricFamily(
+            "hugerec_ps_seconds", "Seconds spent in a tier", labels=["model", "version", "tier"]
+        )
         rate = GaugeMetricFamily(
             "hugerec_ps_hit_rate", "Hits / keys of a tier over all tables", labels=["model", "version", "tier"]
         )
@@ -60,22 +65,20 @@ class _ParameterServerCollector(Collector):
         with self._lock:
             servers = dict(self._servers)
         for (model, version), ps in servers.items():
-            totals = {tier: [0, 0] for tier in TIERS}
-            for (table, tier), c in ps.stats().items():
-                lv = [model, version, table, tier]
-                calls.add_metric(lv, c.calls)
-                keys.add_metric(lv, c.keys)
-                hits.add_metric(lv, c.hits)
-                seconds.add_metric(lv, c.seconds)
-                totals[tier][0] += c.keys
-                totals[tier][1] += c.hits
-            for tier, (k, h) in totals.items():
-                rate.add_metric([model, version, tier], h / k if k else 0.0)
+            stats = ps.stats()
+            for i, tier in enumerate(TIERS):
+                for j, table in enumerate(stats.tables):
+                    keys.add_metric([model, version, table, tier], int(stats.keys[i, j]))
+                    hits.add_metric([model, version, table, tier], int(stats.hits[i, j]))
+                calls.add_metric([model, version, tier], int(stats.calls[i]))
+                seconds.add_metric([model, version, tier], float(stats.seconds[i]))
+                asked = int(stats.keys[i].sum())
+                rate.add_metric([model, version, tier], int(stats.hits[i].sum()) / asked if asked else 0.0)
             for table, cache in ps.caches.items():
                 cached.add_metric([model, version, table], len(cache))
             for table, v in ps.versions().items():
                 table_version.add_metric([model, version, table], v)
-        yield from (calls, keys, hits, seconds, rate, cached, table_version)
+        yield from (keys, hits, calls, seconds, rate, cached, table_version)
 
 
 class ServerMetrics:

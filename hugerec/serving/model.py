@@ -1,7 +1,8 @@
 """InferenceModel: parameter-server lookups + pooling + the exported dense program, for one model version.
 
     ModelInputs(dense [B, Dd], ids {feature: (values [N_f] int64, lengths [B] int32)})
-      -> per table: unique ids [U] -> ps.lookup -> rows [U, D] -> embedding_bag -> [F_t * B, D]
+      -> per group of tables with one width and pooling: ps lookup of every id -> rows [N_g, D]
+         -> embedding_bag -> [F_g, B, D]     (Criteo's 26 tables of one width: one group, one lookup)
       -> per collection: pooled [B, sum D] in the column order the model was trained with
       -> dense program (dense, *pooled) -> logits [B] (or [B, T])
 
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from hugerec.embedding.config import Pooling, TableConfig
-from hugerec.serving.parameter_server import ParameterServer, TableUpdate
+from hugerec.serving.parameter_server import ParameterServer, Snapshot, TableUpdate
 
 DenseProgram = Callable[..., torch.Tensor]
 
@@ -63,6 +64,29 @@ class CollectionLayout:
         if not isinstance(tables, list) or not isinstance(features, list):
             raise ValueError(f"CollectionLayout.from_dict: need lists 'tables' and 'features', got keys {sorted(d)}")
         return CollectionLayout(tuple(TableConfig.from_dict(t) for t in tables), tuple(features))
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Features of one collection whose tables share width and pooling: looked up and pooled together."""
+
+    tables: tuple[str, ...]
+    features: tuple[str, ...]  # in the collection's column order
+    table_index: np.ndarray  # [F_g] position in `tables` of each feature's table
+    mode: str  # embedding_bag mode
+
+
+def _groups(layout: CollectionLayout) -> tuple[_Group, ...]:
+    keyed: dict[tuple[int, Pooling], list[str]] = {}
+    for f in layout.features:
+        t = layout.table_of(f)
+        keyed.setdefault((t.dim, t.pooling), []).append(f)
+    groups = []
+    for (_, pooling), features in keyed.items():
+        tables = tuple(dict.fromkeys(layout.table_of(f).name for f in features))
+        index = np.array([tables.index(layout.table_of(f).name) for f in features], np.int64)
+        groups.append(_Group(tables, tuple(features), index, "mean" if pooling is Pooling.MEAN else "sum"))
+    return tuple(groups)
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,6 +143,7 @@ class InferenceModel:
         missing = {t.name for layout in self.layouts for t in layout.tables} - set(ps.tables)
         if missing:
             raise ValueError(f"InferenceModel: the parameter server has no tables {sorted(missing)}")
+        self._groups = tuple(_groups(layout) for layout in self.layouts)
         ps.publish_payload(program if self.device.type == "cpu" else program.to(self.device))
 
     def predict(self, inputs: ModelInputs) -> np.ndarray:
@@ -126,36 +151,39 @@ class InferenceModel:
         with self.ps.snapshot() as snap, torch.inference_mode():
             program = snap.payload
             assert isinstance(program, torch.nn.Module), "InferenceModel publishes its program at construction"
-            pooled = [self._pool(snap.lookup, layout, inputs) for layout in self.layouts]
+            pooled = [
+                self._pool(snap, groups, layout, inputs)
+                for groups, layout in zip(self._groups, self.layouts, strict=True)
+            ]
             dense = torch.from_numpy(inputs.dense).to(self.device)
             logits = program(dense, *pooled)
         return logits.float().cpu().numpy()
 
     def _pool(
-        self, lookup: Callable[[str, np.ndarray], torch.Tensor], layout: CollectionLayout, inputs: ModelInputs
+        self, snap: Snapshot, groups: tuple[_Group, ...], layout: CollectionLayout, inputs: ModelInputs
     ) -> torch.Tensor:
+        """[B, sum D] pooled block of one collection: one parameter-server lookup and one embedding_bag per group."""
         b = inputs.batch_size
-        blocks: dict[str, torch.Tensor] = {}
-        for table in layout.tables:
-            feats = [f for f in table.features if f in layout.features]
-            if not feats:
-                continue
-            values = np.concatenate([inputs.ids[f][0] for f in feats])  # [N_t]
-            lengths = np.concatenate([inputs.ids[f][1] for f in feats])  # [F_t * B]
-            uniq, inverse = np.unique(values, return_inverse=True)
-            rows = lookup(table.name, uniq)  # [U, D]
+        pooled = []
+        for g in groups:
+            values = [inputs.ids[f][0] for f in g.features]
+            keys = np.concatenate(values)  # [N_g], feature-major
+            lengths = np.concatenate([inputs.ids[f][1] for f in g.features])  # [F_g * B]
+            table_index = np.repeat(g.table_index, [v.shape[0] for v in values])  # [N_g]
+            rows = snap.lookup_group(g.tables, table_index, keys)  # [N_g, D]
             offsets = np.zeros(lengths.shape[0], np.int64)
             np.cumsum(lengths[:-1], out=offsets[1:])
-            mode = "mean" if table.pooling is Pooling.MEAN else "sum"
-            pooled = F.embedding_bag(
-                torch.from_numpy(inverse.astype(np.int64)).to(self.device),
+            bags = F.embedding_bag(
+                torch.arange(keys.shape[0], device=self.device),
                 rows,
                 torch.from_numpy(offsets).to(self.device),
-                mode=mode,
-            )  # [F_t * B, D]
-            for i, f in enumerate(feats):
-                blocks[f] = pooled[i * b : (i + 1) * b]
-        return torch.cat([blocks[f] for f in layout.features], dim=1)  # [B, sum D]
+                mode=g.mode,
+            )  # [F_g * B, D]
+            pooled.append(bags.view(len(g.features), b, -1))  # -> [F_g, B, D]
+        if len(groups) == 1 and groups[0].features == layout.features:
+            return pooled[0].transpose(0, 1).reshape(b, -1)  # [F, B, D] -> [B, F * D]
+        where = {f: (i, j) for i, g in enumerate(groups) for j, f in enumerate(g.features)}
+        return torch.cat([pooled[where[f][0]][where[f][1]] for f in layout.features], dim=1)  # [B, sum D]
 
     def update(
         self,

@@ -43,17 +43,21 @@ TIERS = ("overlay", "cache", "memory", "persistent", "default")
 
 @dataclass(frozen=True)
 class TableSpec:
-    """A table as the parameter server sees it: rows of width `dim`; `default` for keys without a row."""
+    """A table as the parameter server sees it: rows of width `dim`; `default` for keys without a row;
+    `num_rows` R for a static table (keys are the row ids 0..R-1), None for a dynamic one (any int64 key)."""
 
     name: str
     dim: int
     default: tuple[float, ...] | None = None  # None: zeros
+    num_rows: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("TableSpec: name must be non-empty")
         if self.dim <= 0:
             raise ValueError(f"TableSpec {self.name!r}: dim must be > 0, got {self.dim}")
+        if self.num_rows is not None and self.num_rows <= 0:
+            raise ValueError(f"TableSpec {self.name!r}: num_rows must be > 0 or None, got {self.num_rows}")
         if self.default is not None and len(self.default) != self.dim:
             raise ValueError(f"TableSpec {self.name!r}: default has {len(self.default)} values, dim is {self.dim}")
 
@@ -127,14 +131,23 @@ class _View:
         self.readers = 0
 
 
-@dataclass
-class TierCounters:
-    """Per (table, tier): lookups reaching the tier, keys asked, keys found, seconds spent."""
+@dataclass(frozen=True)
+class TierStats:
+    """Counters since start: keys asked of and found in each tier, per table; calls and seconds per tier.
 
-    calls: int = 0
-    keys: int = 0
-    hits: int = 0
-    seconds: float = 0.0
+    keys, hits  [len(TIERS), len(tables)] int64     calls, seconds  [len(TIERS)]
+    """
+
+    tables: tuple[str, ...]
+    keys: np.ndarray
+    hits: np.ndarray
+    calls: np.ndarray
+    seconds: np.ndarray
+
+    def at(self, table: str, tier: str) -> tuple[int, int]:
+        """(keys asked, keys found) of `table` in `tier`."""
+        i, t = TIERS.index(tier), self.tables.index(table)
+        return int(self.keys[i, t]), int(self.hits[i, t])
 
 
 class Snapshot:
@@ -155,7 +168,19 @@ class Snapshot:
 
     def lookup(self, table: str, keys: torch.Tensor | np.ndarray) -> torch.Tensor:
         """keys [N] int64 -> rows [N, D] float32 on the server's device."""
-        return self._server._lookup(self._view, table, keys)
+        keys = _as_keys(keys, table)
+        return self._server._lookup_group(self._view, (table,), np.zeros(keys.shape[0], np.int64), keys)
+
+    def lookup_group(self, tables: Sequence[str], table_index: np.ndarray, keys: np.ndarray) -> torch.Tensor:
+        """Tables of one width at once: key i of table tables[table_index[i]] -> rows [N, D]."""
+        return self._server._lookup_group(self._view, tuple(tables), table_index, _as_keys(keys, str(tables)))
+
+
+def _as_keys(keys: torch.Tensor | np.ndarray, where: str) -> np.ndarray:
+    out = keys.detach().cpu().numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+    if out.ndim != 1 or out.dtype != np.int64:
+        raise ValueError(f"ParameterServer.lookup({where}): keys must be [N] int64, got {out.shape} {out.dtype}")
+    return out
 
 
 class ParameterServer:
@@ -195,7 +220,11 @@ class ParameterServer:
         self._lock = threading.Lock()
         self._readers_done = threading.Condition(self._lock)
         self._apply_lock = threading.Lock()
-        self._stats = {(t, tier): TierCounters() for t in self.tables for tier in TIERS}
+        self._table_id = {t: i for i, t in enumerate(self.tables)}
+        self._keys = np.zeros((len(TIERS), len(self.tables)), np.int64)
+        self._hits = np.zeros((len(TIERS), len(self.tables)), np.int64)
+        self._calls = np.zeros(len(TIERS), np.int64)
+        self._seconds = np.zeros(len(TIERS), np.float64)
         self._stats_lock = threading.Lock()
 
     # -- reading -----------------------------------------------------------------------------
@@ -217,78 +246,108 @@ class ParameterServer:
         with self.snapshot() as snap:
             return snap.lookup(table, keys)
 
+    def lookup_group(self, tables: Sequence[str], table_index: np.ndarray, keys: np.ndarray) -> torch.Tensor:
+        """Tables of one width at once: key i of tables[table_index[i]] -> rows [N, D] (one snapshot)."""
+        with self.snapshot() as snap:
+            return snap.lookup_group(tables, table_index, keys)
+
     def versions(self) -> dict[str, int]:
         return dict(self._view.versions)
 
-    def _lookup(self, view: _View, table: str, keys_in: torch.Tensor | np.ndarray) -> torch.Tensor:
-        if table not in self.tables:
-            raise KeyError(f"ParameterServer: unknown table {table!r}; have {sorted(self.tables)}")
-        keys = keys_in.detach().cpu().numpy() if isinstance(keys_in, torch.Tensor) else np.asarray(keys_in)
-        if keys.ndim != 1 or keys.dtype != np.int64:
+    def _lookup_group(
+        self, view: _View, tables: tuple[str, ...], table_index: np.ndarray, keys: np.ndarray
+    ) -> torch.Tensor:
+        unknown = [t for t in tables if t not in self.tables]
+        if unknown:
+            raise KeyError(f"ParameterServer: unknown tables {unknown}; have {sorted(self.tables)}")
+        dims = {self.tables[t].dim for t in tables}
+        if len(dims) != 1:
             raise ValueError(
-                f"ParameterServer.lookup({table!r}): keys must be [N] int64, got {keys.shape} {keys.dtype}"
+                f"ParameterServer.lookup_group: tables {list(tables)} have different widths {sorted(dims)}"
             )
-        out = torch.empty(keys.shape[0], self.tables[table].dim, dtype=torch.float32, device=self.device)
-
-        def fill(positions: np.ndarray, rows: np.ndarray | torch.Tensor) -> None:
-            src = torch.from_numpy(rows) if isinstance(rows, np.ndarray) else rows
-            out[torch.from_numpy(positions).to(self.device)] = src.to(self.device)
-
+        ids = np.array([self._table_id[t] for t in tables], np.int64)[table_index]  # [N] global table ids
+        out = np.empty((keys.shape[0], dims.pop()), np.float32)
         todo = np.arange(keys.shape[0])  # positions of `out` still to fill
-        for overlay in reversed(view.overlays[table]):
+        for t, table in enumerate(tables):
+            for overlay in reversed(view.overlays[table]):
+                t0 = time.perf_counter()
+                mine = todo[table_index[todo] == t]
+                pos = np.searchsorted(overlay.keys, keys[mine])
+                pos[pos == overlay.keys.shape[0]] = 0
+                hit = overlay.keys[pos] == keys[mine]
+                out[mine[hit]] = overlay.rows[pos[hit]]
+                self._count("overlay", ids[mine], hit, t0)
+                todo = np.setdiff1d(todo, mine[hit], assume_unique=True)
+        if self.caches and todo.shape[0]:
             t0 = time.perf_counter()
-            pos = np.searchsorted(overlay.keys, keys[todo])
-            pos[pos == overlay.keys.shape[0]] = 0
-            hit = overlay.keys[pos] == keys[todo]
-            fill(todo[hit], overlay.rows[pos[hit]])
-            self._count(table, "overlay", todo.shape[0], int(hit.sum()), t0)
-            todo = todo[~hit]
-        cache = self.caches.get(table)
-        if cache is not None and todo.shape[0]:
-            t0 = time.perf_counter()
-            rows_t, found_t = cache.get(torch.from_numpy(keys[todo]))
-            found = found_t.cpu().numpy()
-            fill(todo[found], rows_t[found_t])
-            self._count(table, "cache", todo.shape[0], int(found.sum()), t0)
+            found = np.zeros(todo.shape[0], bool)
+            for t, table in enumerate(tables):
+                mine = np.flatnonzero(table_index[todo] == t)
+                if mine.shape[0]:
+                    rows_t, found_t = self.caches[table].get(torch.from_numpy(keys[todo[mine]]))
+                    f = found_t.cpu().numpy()
+                    out[todo[mine[f]]] = rows_t[found_t].cpu().numpy()
+                    found[mine] = f
+            self._count("cache", ids[todo], found, t0)
             todo = todo[~found]
         promoted: list[np.ndarray] = []  # positions found below the cache
         for store in (self.memory, self.persistent):
             if store is None or not todo.shape[0]:
                 continue
             t0 = time.perf_counter()
-            rows_np, found = store.get(table, keys[todo])
-            fill(todo[found], rows_np[found])
-            self._count(
-                table, "persistent" if store is self.persistent else "memory", todo.shape[0], int(found.sum()), t0
-            )
+            if todo.shape[0] == keys.shape[0]:  # the common case: nothing resolved above
+                rows, found = store.get_group(tables, table_index, keys)
+                if found.all():
+                    out = rows
+                else:
+                    out[found] = rows[found]
+            else:
+                rows, found = store.get_group(tables, table_index[todo], keys[todo])
+                out[todo[found]] = rows[found]
+            self._count("persistent" if store is self.persistent else "memory", ids[todo], found, t0)
             if store is self.persistent and found.any():
-                uniq, first = np.unique(keys[todo[found]], return_index=True)
-                self.memory.put(table, uniq, rows_np[found][first])
+                self._promote(tables, table_index[todo[found]], keys[todo[found]], rows[found])
             promoted.append(todo[found])
             todo = todo[~found]
         if todo.shape[0]:
             t0 = time.perf_counter()
-            fill(todo, np.broadcast_to(view.defaults[table], (todo.shape[0], self.tables[table].dim)).copy())
-            self._count(table, "default", todo.shape[0], todo.shape[0], t0)
-        if cache is not None and promoted:
-            at = torch.from_numpy(np.concatenate(promoted))
-            if at.shape[0]:
-                cache.insert(torch.from_numpy(keys)[at], out[at.to(self.device)])
-        return out
+            defaults = np.stack([view.defaults[t] for t in tables])  # [T, D]
+            out[todo] = defaults[table_index[todo]]
+            self._count("default", ids[todo], np.ones(todo.shape[0], bool), t0)
+        if self.caches and promoted:
+            at = np.concatenate(promoted)
+            for t, table in enumerate(tables):
+                mine = at[table_index[at] == t]
+                if mine.shape[0]:
+                    self.caches[table].insert(torch.from_numpy(keys[mine]), torch.from_numpy(out[mine]))
+        result = torch.from_numpy(out)
+        return result if self.device.type == "cpu" else result.to(self.device)
 
-    def _count(self, table: str, tier: str, asked: int, hits: int, t0: float) -> None:
+    def _promote(self, tables: tuple[str, ...], table_index: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Rows found in the persistent tier go up into tier 2 (once each)."""
+        for t, table in enumerate(tables):
+            mine = np.flatnonzero(table_index == t)
+            if mine.shape[0]:
+                uniq, first = np.unique(keys[mine], return_index=True)
+                self.memory.put(table, uniq, rows[mine[first]])
+
+    def _count(self, tier: str, table_ids: np.ndarray, found: np.ndarray, t0: float) -> None:
+        i = TIERS.index(tier)
+        asked = np.bincount(table_ids, minlength=len(self.tables))
+        hits = np.bincount(table_ids[found], minlength=len(self.tables))
         dt = time.perf_counter() - t0
-        c = self._stats[(table, tier)]
         with self._stats_lock:
-            c.calls += 1
-            c.keys += asked
-            c.hits += hits
-            c.seconds += dt
+            self._keys[i] += asked
+            self._hits[i] += hits
+            self._calls[i] += 1
+            self._seconds[i] += dt
 
-    def stats(self) -> dict[tuple[str, str], TierCounters]:
-        """(table, tier) -> counters; tiers are overlay, cache, memory (tier 2, also Redis), persistent, default."""
+    def stats(self) -> TierStats:
+        """Counters per tier (overlay, cache, memory = tier 2 also when Redis, persistent, default)."""
         with self._stats_lock:
-            return {k: TierCounters(v.calls, v.keys, v.hits, v.seconds) for k, v in self._stats.items()}
+            return TierStats(
+                tuple(self.tables), self._keys.copy(), self._hits.copy(), self._calls.copy(), self._seconds.copy()
+            )
 
     # -- writing -----------------------------------------------------------------------------
     def load(self, updates: Sequence[TableUpdate]) -> None:
@@ -358,11 +417,18 @@ class ParameterServer:
     def _check(self, u: TableUpdate) -> None:
         if u.table not in self.tables:
             raise ValueError(f"ParameterServer: update for unknown table {u.table!r}; have {sorted(self.tables)}")
-        if u.rows.shape[1] != self.tables[u.table].dim:
+        spec = self.tables[u.table]
+        if u.rows.shape[1] != spec.dim:
             raise ValueError(
-                f"ParameterServer: update of table {u.table!r} has rows of width {u.rows.shape[1]}, dim is "
-                f"{self.tables[u.table].dim}"
+                f"ParameterServer: update of table {u.table!r} has rows of width {u.rows.shape[1]}, dim is {spec.dim}"
             )
+        if spec.num_rows is not None:
+            keys = np.concatenate([u.keys, u.deleted])
+            bad = keys[(keys < 0) | (keys >= spec.num_rows)]
+            if bad.shape[0]:
+                raise ValueError(
+                    f"ParameterServer: table {u.table!r} is static (ids 0..{spec.num_rows - 1}); update has keys {bad[:5].tolist()}"
+                )
 
     def _swap(self, view: _View) -> None:
         with self._lock:

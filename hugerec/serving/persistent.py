@@ -11,14 +11,14 @@ every block it reads, so a damaged file is reported rather than served.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rocksdict import Options, Rdict, WriteBatch
 
-from hugerec.serving.tiers import check_keys_rows, decode_keys, decode_rows, encode_keys
+from hugerec.serving.tiers import check_keys_rows, decode_keys, decode_rows, encode_keys, get_by_table
 
 _META_PREFIX = "meta:"
 
@@ -61,6 +61,11 @@ class PersistentStore:
             return np.zeros((0, self.dims[table]), np.float32), np.zeros(0, dtype=bool)
         values = self._families[table].get(encode_keys(keys))
         return decode_rows(values, self.dims[table], f"PersistentStore table {table!r}")
+
+    def get_group(
+        self, tables: Sequence[str], table_index: np.ndarray, keys: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return get_by_table(self, tables, table_index, keys)
 
     def put(self, table: str, keys: np.ndarray, rows: np.ndarray) -> None:
         self.write({table: (keys, rows)}, {})

@@ -16,8 +16,8 @@ in the Inference-Header-Content-Length HTTP header). Any problem with a request 
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -155,7 +155,7 @@ def _jagged(name: str, ids: np.ndarray, lengths: np.ndarray | None) -> tuple[np.
         raise RequestError(f"input {name!r} must hold integer ids, got {ids.dtype}")
     if ids.dtype == np.uint64 and ids.size and int(ids.max()) > np.iinfo(np.int64).max:
         raise RequestError(f"input {name!r} has ids above the int64 range")
-    values = ids.astype(np.int64)
+    values = ids.astype(np.int64, copy=False)
     if lengths is not None:
         if values.ndim != 1 or lengths.ndim != 1:
             raise RequestError(
@@ -171,7 +171,7 @@ def _jagged(name: str, ids: np.ndarray, lengths: np.ndarray | None) -> tuple[np.
         return values, lengths.astype(np.int32)
     match values.ndim:
         case 1:  # one id per example
-            return values, np.ones(values.shape[0], np.int32)
+            return values, _ones(values.shape[0])
         case 2:  # [B, L] padded with -1
             keep = values != PADDING
             return values[keep], keep.sum(axis=1).astype(np.int32)  # row-major keeps each example's ids together
@@ -179,6 +179,14 @@ def _jagged(name: str, ids: np.ndarray, lengths: np.ndarray | None) -> tuple[np.
             raise RequestError(
                 f"input {name!r} must be [B], [B, L] or [N] with lengths; got shape {list(values.shape)}"
             )
+
+
+@functools.lru_cache(maxsize=64)
+def _ones(b: int) -> np.ndarray:
+    """Lengths of B one-id bags; shared (read-only), since every one-id feature of every request needs them."""
+    ones = np.ones(b, np.int32)
+    ones.flags.writeable = False
+    return ones
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -194,13 +202,21 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
 
 
 def _decode_tensor(spec: object, i: int, blob: bytes, offset: int) -> tuple[str, np.ndarray, int]:
-    if not isinstance(spec, dict):
+    # `type(x) is int` also refuses bools (JSON true/false); this runs once per tensor of every request
+    if type(spec) is not dict:
         raise RequestError(f"inputs[{i}] must be an object, got {type(spec).__name__}")
     name = spec.get("name")
-    if not isinstance(name, str) or not name:
+    if type(name) is not str or not name:
         raise RequestError(f"inputs[{i}] needs a 'name'")
     shape = spec.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+    count = 1
+    if type(shape) is list:
+        for s in shape:
+            if type(s) is not int or s < 0:
+                count = -1
+                break
+            count *= s
+    if count < 0 or type(shape) is not list:
         raise RequestError(f"input {name!r}: 'shape' must be a list of non-negative ints, got {shape!r}")
     datatype = spec.get("datatype")
     if datatype not in _NUMBER_TYPES:
@@ -208,13 +224,12 @@ def _decode_tensor(spec: object, i: int, blob: bytes, offset: int) -> tuple[str,
             f"input {name!r}: datatype {datatype!r} is not supported; use one of {sorted(_NUMBER_TYPES)}"
         )
     dtype = _DTYPES[datatype]
-    count = math.prod(shape)
-    params = spec.get("parameters") or {}
-    if not isinstance(params, dict):
+    params = spec.get("parameters")
+    if params is not None and type(params) is not dict:
         raise RequestError(f"input {name!r}: 'parameters' must be an object")
-    size = params.get("binary_data_size")
+    size = params.get("binary_data_size") if params else None
     if size is not None:
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(blob):
+        if type(size) is not int or size < 0 or offset + size > len(blob):
             raise RequestError(
                 f"input {name!r}: binary_data_size {size!r} does not fit the {len(blob) - offset} bytes left"
             )

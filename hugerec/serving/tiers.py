@@ -26,9 +26,16 @@ class Store(Protocol):
     """int64 key -> float32 row [D], per table. Implementations are safe to call from many threads."""
 
     name: str
+    dims: dict[str, int]  # table -> D
 
     def get(self, table: str, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """keys [N] int64 -> (rows [N, D] float32, found [N] bool); rows of keys not found are zeros."""
+        ...
+
+    def get_group(
+        self, tables: Sequence[str], table_index: np.ndarray, keys: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Tables of one width D at once: key i belongs to tables[table_index[i]] -> (rows [N, D], found [N])."""
         ...
 
     def put(self, table: str, keys: np.ndarray, rows: np.ndarray) -> None:
@@ -88,3 +95,16 @@ def check_keys_rows(where: str, dims: dict[str, int], table: str, keys: np.ndarr
             f"{where}: rows of table {table!r} must be [{keys.shape[0]}, {dims[table]}] float32, "
             f"got {rows.shape} {rows.dtype}"
         )
+
+
+def get_by_table(
+    store: Store, tables: Sequence[str], table_index: np.ndarray, keys: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`get_group` as one `get` per table (for stores without a faster path)."""
+    out = np.zeros((keys.shape[0], store.dims[tables[0]]), np.float32)
+    found = np.zeros(keys.shape[0], bool)
+    for t, table in enumerate(tables):
+        at = np.flatnonzero(table_index == t)
+        if at.shape[0]:
+            out[at], found[at] = store.get(table, keys[at])
+    return out, found

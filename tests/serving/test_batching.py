@@ -36,9 +36,10 @@ async def run_all(batcher: DynamicBatcher, requests: list[ModelInputs]) -> list[
     return list(await asyncio.gather(*(batcher.submit(r) for r in requests)))
 
 
-def test_concurrent_requests_merge_and_split_back() -> None:
+@pytest.mark.parametrize("offload_rows", [1, 1000])  # on the worker thread, inline on the event loop
+def test_concurrent_requests_merge_and_split_back(offload_rows: int) -> None:
     model = Recorder(delay=0.01)
-    batcher = DynamicBatcher(model, BatchingConfig(max_batch_size=16, max_delay_ms=20))
+    batcher = DynamicBatcher(model, BatchingConfig(max_batch_size=16, max_delay_ms=20, offload_rows=offload_rows))
     try:
         reqs = [request([i * 100 + j for j in range(1 + i % 3)]) for i in range(30)]
         outs = asyncio.run(run_all(batcher, reqs))
@@ -66,7 +67,8 @@ def test_big_request_runs_alone_and_delay_bounds_latency() -> None:
         batcher.close()
 
 
-def test_model_errors_reach_every_request_of_the_batch_and_the_batcher_survives() -> None:
+@pytest.mark.parametrize("offload_rows", [1, 1000])
+def test_model_errors_reach_every_request_of_the_batch_and_the_batcher_survives(offload_rows: int) -> None:
     calls = []
 
     def flaky(inputs: ModelInputs) -> np.ndarray:
@@ -75,7 +77,7 @@ def test_model_errors_reach_every_request_of_the_batch_and_the_batcher_survives(
             raise RuntimeError("boom")
         return inputs.dense[:, 0]
 
-    batcher = DynamicBatcher(flaky, BatchingConfig(max_batch_size=8, max_delay_ms=1))
+    batcher = DynamicBatcher(flaky, BatchingConfig(max_batch_size=8, max_delay_ms=1, offload_rows=offload_rows))
     try:
         with pytest.raises(RuntimeError, match="boom"):
             asyncio.run(run_all(batcher, [request([1.0])]))
@@ -92,7 +94,7 @@ def test_queue_limit_and_config_validation() -> None:
         gate.wait(10)
         return inputs.dense[:, 0]
 
-    batcher = DynamicBatcher(blocked, BatchingConfig(max_batch_size=1, max_delay_ms=0, max_queue=2))
+    batcher = DynamicBatcher(blocked, BatchingConfig(max_batch_size=1, max_delay_ms=0, max_queue=2, offload_rows=1))
 
     async def flood() -> list[object]:
         tasks = [asyncio.ensure_future(batcher.submit(request([float(i)]))) for i in range(6)]
@@ -106,6 +108,6 @@ def test_queue_limit_and_config_validation() -> None:
         assert any(isinstance(r, np.ndarray) for r in results)
     finally:
         batcher.close()
-    for bad in ({"max_batch_size": 0}, {"max_delay_ms": -1}, {"max_queue": 0}):
+    for bad in ({"max_batch_size": 0}, {"max_delay_ms": -1}, {"max_queue": 0}, {"offload_rows": 0}):
         with pytest.raises(ValueError):
             BatchingConfig(**bad)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from hugerec.serving.memory import MemoryStore
 from hugerec.serving.parameter_server import ParameterServer, TableSpec, TableUpdate
 from hugerec.serving.persistent import PersistentStore
 
-SPECS = [TableSpec("user", 4), TableSpec("item", 2, default=(0.5, -0.5))]
+SPECS = [TableSpec("user", 4), TableSpec("item", 2, default=(0.5, -0.5))]  # both dynamic
 DIMS = {t.name: t.dim for t in SPECS}
 
 
@@ -47,12 +47,12 @@ def test_lookup_falls_through_tiers_promotes_and_fills_defaults(tmp_path: Path) 
     expect[3:] = 0
     np.testing.assert_array_equal(got.numpy(), expect)
     stats = ps.stats()
-    assert stats[("user", "persistent")].hits == 3 and stats[("user", "default")].keys == 2
+    assert stats.at("user", "persistent") == (5, 3) and stats.at("user", "default") == (2, 2)
     assert ps.memory.count("user") == 2  # promoted into tier 2
     got = ps.lookup("user", query)
     stats = ps.stats()
-    assert stats[("user", "cache")].hits == 3  # promoted into tier 1
-    assert stats[("user", "persistent")].keys == 5 + 2  # only the missing keys fell through again
+    assert stats.at("user", "cache") == (5 + 5, 3)  # promoted into tier 1
+    assert stats.at("user", "persistent")[0] == 5 + 2  # only the missing keys fell through again
     np.testing.assert_array_equal(got.numpy(), expect)
     np.testing.assert_array_equal(ps.lookup("item", np.array([3], np.int64)).numpy(), [[0.5, -0.5]])
     assert ps.lookup("user", np.zeros(0, np.int64)).shape == (0, 4)
@@ -61,7 +61,7 @@ def test_lookup_falls_through_tiers_promotes_and_fills_defaults(tmp_path: Path) 
 
 def test_lookup_rejects_bad_input(tmp_path: Path) -> None:
     ps = make_server(tmp_path)
-    with pytest.raises(KeyError, match="unknown table 'nope'"):
+    with pytest.raises(KeyError, match=r"unknown tables \['nope'\]"):
         ps.lookup("nope", np.zeros(1, np.int64))
     with pytest.raises(ValueError, match="int64"):
         ps.lookup("user", np.zeros(2, np.float32))
@@ -156,5 +156,43 @@ def test_restart_serves_updated_rows(tmp_path: Path) -> None:
     np.testing.assert_array_equal(got[:3], rows_for(keys[:3], 4, 0.5))
     np.testing.assert_array_equal(got[3:9], rows_for(keys[3:9], 4))
     np.testing.assert_array_equal(got[9], 0)
-    assert ps.stats()[("user", "persistent")].keys == 1  # preloaded: only the deleted key fell through
+    assert ps.stats().at("user", "persistent")[0] == 1  # preloaded: only the deleted key fell through
+    ps.close()
+
+
+def test_lookup_group_over_static_and_dynamic_tables_equals_per_table_lookups(tmp_path: Path) -> None:
+    specs = [
+        TableSpec("a", 3, num_rows=50),
+        TableSpec("b", 3, num_rows=20),
+        TableSpec("c", 3),
+        TableSpec("d", 2, num_rows=5),
+    ]
+    dims = {t.name: t.dim for t in specs}
+    memory = MemoryStore(dims, {t.name: t.num_rows for t in specs})
+    ps = ParameterServer(specs, memory, PersistentStore(tmp_path / "db", dims), CacheConfig(rows=0), device="cpu")
+    rng = np.random.default_rng(0)
+    for name, n in (("a", 50), ("b", 20)):
+        keys = np.arange(n, dtype=np.int64)
+        ps.load([TableUpdate(name, keys[: n - 3], rng.standard_normal((n - 3, 3)))])  # the last 3 ids have no row
+    dyn = rng.integers(-(2**62), 2**62, 30)
+    ps.load([TableUpdate("c", dyn, rng.standard_normal((30, 3)))])
+    tables = ("a", "b", "c")
+    table_index = rng.integers(0, 3, 200)
+    keys = np.where(table_index == 2, rng.choice(dyn, 200), rng.integers(-2, 52, 200)).astype(
+        np.int64
+    )  # some out of range
+    got = ps.lookup_group(tables, table_index, keys).numpy()
+    for t, name in enumerate(tables):
+        at = np.flatnonzero(table_index == t)
+        np.testing.assert_array_equal(got[at], ps.lookup(name, keys[at]).numpy())
+    only_static = ps.lookup_group(("a", "b"), table_index % 2, np.abs(keys) % 20).numpy()
+    np.testing.assert_array_equal(
+        only_static[table_index % 2 == 1], ps.lookup("b", (np.abs(keys) % 20)[table_index % 2 == 1]).numpy()
+    )
+    with pytest.raises(ValueError, match="different widths"):
+        ps.lookup_group(("a", "d"), np.zeros(1, np.int64), np.zeros(1, np.int64))
+    with pytest.raises(ValueError, match=r"static \(ids 0..49\)"):
+        ps.apply([TableUpdate("a", np.array([50]), np.zeros((1, 3)))])
+    with pytest.raises(ValueError, match="static"):
+        memory.put("b", np.array([-1]), np.zeros((1, 3), np.float32))
     ps.close()

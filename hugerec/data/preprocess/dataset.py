@@ -65,6 +65,7 @@ class Source:
     format: Format
     schema: dict[str, pl.DataType]
     csv: CsvOptions
+    block_bytes: int = DEFAULT_PARTITION_BYTES  # gzip text: decompressed bytes per chunk
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ class Dataset:
 
     @property
     def source(self) -> Source:
-        return Source(self.format, self.schema, self.csv)
+        return Source(self.format, self.schema, self.csv, self.partition_bytes)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -429,8 +430,9 @@ def _conform(
     return cast.filter(pl.Series(~bad)), SkipReport(frame.height, int(bad.sum()), (error,))
 
 
-def read_chunks(partition: Partition, on_error: OnError, block_bytes: int = DEFAULT_PARTITION_BYTES) -> Iterator[Chunk]:
-    """The partition's rows as schema-typed chunks of bounded size."""
+def read_chunks(partition: Partition, on_error: OnError, block_bytes: int | None = None) -> Iterator[Chunk]:
+    """The partition's rows as schema-typed chunks of bounded size (gzip: `block_bytes` decompressed
+    bytes per chunk, default the dataset's partition_bytes)."""
     source = partition.source
     offset = 0
     match source.format:
@@ -451,7 +453,7 @@ def read_chunks(partition: Partition, on_error: OnError, block_bytes: int = DEFA
                 lines.offset, block = _read_range(partition.path, partition.start, partition.end)
                 blocks: Iterator[bytes] = iter([block])
             else:
-                blocks = _gzip_blocks(partition.path, partition.start, block_bytes)
+                blocks = _gzip_blocks(partition.path, partition.start, block_bytes or source.block_bytes)
             for block in blocks:
                 frame, report = _parse_text(block, partition, lines, on_error)
                 yield Chunk(frame, partition.index, offset, report)

@@ -8,10 +8,11 @@
 A task is `fn(job, item)`: the job (the fitted workflow, typically the large part) travels once per
 worker (through a temporary file the local workers read once; a broadcast scatter on Dask), the
 items (partitions) one per task. Results come back in item order, one at a time, so the caller can
-reduce them as they arrive. Local workers start by importing the main script (as with any
-multiprocessing or Dask code), so scripts guard their entry point with `if __name__ == "__main__":`.
-A local pool, once started, is kept for the life of the process, so a
-fit followed by a transform pays for worker start-up once.
+reduce them as they arrive.
+
+Local workers start by importing the main script (as with any multiprocessing or Dask code), so
+scripts guard their entry point with `if __name__ == "__main__":`. A local pool, once started, is
+kept for the life of the process, so a fit followed by a transform pays for worker start-up once.
 """
 
 from __future__ import annotations

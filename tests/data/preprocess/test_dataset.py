@@ -28,12 +28,12 @@ def test_gzip_reads_in_blocks_and_counts_lines(tmp_path: Path, make_frame, tsv):
     lines = text.split(b"\n")
     lines[150] = lines[150].replace(b"\t", b"", 1)  # one field short
     path.write_bytes(gzip.compress(b"\n".join(lines)))
-    dataset = Dataset.criteo(path)
+    dataset = Dataset.criteo(path, partition_bytes=2000)  # gzip: one partition, blocks of ~2000 bytes
     (partition,) = dataset.partitions()
     with pytest.raises(BadInputError) as info:
-        list(read_chunks(partition, OnError.RAISE, block_bytes=2000))  # many blocks before the bad line
+        list(read_chunks(partition, OnError.RAISE))  # many blocks before the bad line
     assert info.value.error.line == 151 and info.value.error.path == str(path)
-    chunks = list(read_chunks(partition, OnError.SKIP, block_bytes=2000))
+    chunks = list(read_chunks(partition, OnError.SKIP))
     assert len(chunks) > 5
     got = pl.concat([c.frame for c in chunks])
     assert got.equals(pl.concat([frame[:150], frame[151:]]))

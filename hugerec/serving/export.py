@@ -3,7 +3,8 @@
     model.embed(sparse)          -> the embedding rows go to embeddings/ (RocksDB, key -> row)
     model.dense_forward(dense, pooled...) -> dense.pt2 (torch.export; batch size dynamic)
 
-Static tables export every row under its row index as the key. Writing goes to a temporary
+Static tables export every row under its row id as the key; dynamic tables every key that holds a
+row (and their shared unknown row, as the table's default). Writing goes to a temporary
 directory that is renamed into place at the end, so a crash never leaves a half bundle under
 the final name.
 """
@@ -26,7 +27,9 @@ from torch import nn
 
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
+from hugerec.distributed.checkpoint import load_checkpoint as load_distributed_checkpoint
 from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.delta import collect_delta
 from hugerec.models.model import RecModel
 from hugerec.serving.bundle import (
     EMBEDDINGS,
@@ -161,13 +164,18 @@ def _export_bundle(
         program_keys = _export_program(program, model, collections, tmp, onnx, info)
         model_keys = set(model.state_dict())
         dense_keys = tuple(k[len(PROGRAM_PREFIX) :] for k in program_keys if k[len(PROGRAM_PREFIX) :] in model_keys)
-        info["rows"] = _export_rows(collections, tmp / EMBEDDINGS)
+        info["rows"], defaults = _export_rows(collections, tmp / EMBEDDINGS)
         if schema is not None:
             schema.save(tmp / SCHEMA)
         if workflow is not None:
             workflow.save(tmp / WORKFLOW)
         specs = [
-            TableSpec(t.name, t.dim, num_rows=t.num_rows if t.dynamic is None else None)
+            TableSpec(
+                t.name,
+                t.dim,
+                None if t.name not in defaults else tuple(float(x) for x in defaults[t.name]),
+                t.num_rows if t.dynamic is None else None,  # dynamic tables: raw keys, num_rows is a capacity
+            )
             for c in collections
             for t in c.tables
         ]
@@ -187,8 +195,8 @@ def _export_bundle(
 def export_checkpoint(checkpoint: str | Path, model: RecModel, out: str | Path, **kwargs: Any) -> Path:
     """Load a training checkpoint into `model` (built with the run's config) and export it.
 
-    checkpoint  a file written by hugerec.training (its "model" entry), or a torch.distributed.checkpoint
-                directory (any number of ranks) holding {"model": state_dict}
+    checkpoint  a file written by hugerec.training.checkpoint (its "model" entry), or a directory written by
+                hugerec.distributed.checkpoint.save_checkpoint (torch.distributed.checkpoint, any number of ranks)
     kwargs      as export_bundle
     """
     path = Path(checkpoint)
@@ -197,11 +205,7 @@ def export_checkpoint(checkpoint: str | Path, model: RecModel, out: str | Path, 
             raise FileNotFoundError(
                 f"export_checkpoint: {path} is a directory without torch.distributed.checkpoint .metadata"
             )
-        import torch.distributed.checkpoint as dcp
-
-        state = {"model": model.state_dict()}
-        dcp.load(state, checkpoint_id=str(path))  # without a process group: reads every rank's shards
-        model.load_state_dict(state["model"])
+        load_distributed_checkpoint(path, model)  # any number of ranks, into this unsharded model
     else:
         state = load_checkpoint(path)
         if "model" not in state:
@@ -263,13 +267,29 @@ def _export_onnx(program: DenseProgram, example: tuple[torch.Tensor, ...], shape
     return "dense.onnx"
 
 
-def _export_rows(collections: Sequence[EmbeddingCollection], path: Path) -> dict[str, int]:
+def _export_rows(
+    collections: Sequence[EmbeddingCollection], path: Path
+) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+    """Every row into RocksDB: static tables under their row ids, dynamic tables under their raw keys.
+
+    Returns the rows written per table and the trained default row of each dynamic table whose
+    missing keys share one (Missing.UNKNOWN_ROW).
+    """
     dims = {t.name: t.dim for c in collections for t in c.tables}
     store = PersistentStore(path, dims)
-    rows_written = {}
+    rows_written, defaults = {}, {}
     try:
         for c in collections:
+            for delta in collect_delta(c, since=-1):  # dynamic tables: every key that holds a row
+                for start in range(0, len(delta), EXPORT_CHUNK_ROWS):
+                    end = start + EXPORT_CHUNK_ROWS
+                    store.put(delta.table, delta.keys[start:end].numpy(), delta.vectors[start:end].numpy())
+                rows_written[delta.table] = len(delta)
+                if delta.unknown is not None:
+                    defaults[delta.table] = delta.unknown.vector.numpy()
             for t in c.tables:
+                if t.dynamic is not None:
+                    continue
                 weight = c.table_weight(t.name)  # [R, D] storage dtype
                 for start in range(0, t.num_rows, EXPORT_CHUNK_ROWS):
                     rows = weight[start : start + EXPORT_CHUNK_ROWS].detach().float().cpu().numpy()
@@ -278,4 +298,4 @@ def _export_rows(collections: Sequence[EmbeddingCollection], path: Path) -> dict
                 rows_written[t.name] = t.num_rows
     finally:
         store.close()
-    return rows_written
+    return rows_written, defaults

@@ -13,12 +13,15 @@ import torch
 
 from hugerec.data.schema import Column, ColumnKind, Schema
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import Pooling, TableConfig
+from hugerec.embedding.config import DynamicConfig, Missing, Pooling, TableConfig
+from hugerec.embedding.optimizers import SGD
 from hugerec.models.dlrm import DLRM
 from hugerec.serving.bundle import ONNX, Bundle
 from hugerec.serving.export import export_bundle, export_checkpoint
 from hugerec.serving.loader import ServeOptions, load_model
 from hugerec.serving.protocol import Signature, to_model_inputs
+from hugerec.sparse.batch import Batch
+from hugerec.sparse.features import SparseFeatures
 from hugerec.training.checkpoint import save_checkpoint
 
 
@@ -88,3 +91,71 @@ def test_optional_onnx_export(toy: Any, tmp_path: Path) -> None:
     with torch.no_grad():
         expect = toy.model.dense_forward(torch.from_numpy(dense), (torch.from_numpy(pooled),)).numpy()
     np.testing.assert_allclose(got, expect, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("missing", [Missing.ZEROS, Missing.UNKNOWN_ROW])
+def test_dynamic_tables_serve_their_raw_keys_and_default_row(tmp_path: Path, missing: Missing) -> None:
+    torch.manual_seed(0)
+    tables = [
+        TableConfig("user", 64, 4, dynamic=DynamicConfig(missing=missing)),  # raw keys, capacity 64
+        TableConfig("item", 30, 4),
+    ]
+    model = DLRM(EmbeddingCollection(tables, optimizer=SGD(lr=0.5)), 2, [4], [8, 1])
+    opt = torch.optim.SGD(model.dense_parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1)
+    raw = torch.randint(-(2**40), 2**40, (40,), generator=gen)  # big and negative raw keys
+    for _ in range(5):  # a few training steps: keys get rows, rows move away from their init
+        users = raw[torch.randint(0, 40, (16,), generator=gen)]
+        batch = Batch(
+            torch.randn(16, 2, generator=gen),
+            SparseFeatures.from_lists(
+                {
+                    "user": [[int(u)] for u in users],
+                    "item": [[int(i)] for i in torch.randint(0, 30, (16,), generator=gen)],
+                }
+            ),
+            torch.randint(0, 2, (16,), generator=gen).float(),
+        )
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(batch), batch.labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    bundle = export_bundle(model, tmp_path / "bundle")
+    spec = next(t for t in Bundle.open(bundle).manifest.tables if t.name == "user")
+    assert spec.num_rows is None and (spec.default is not None) == (missing is Missing.UNKNOWN_ROW)
+    loaded = load_model(bundle, ServeOptions(state_dir=str(tmp_path / "state")))
+    try:
+        users = [[int(raw[0])], [int(raw[1]), 123456789], [], [-5]]  # known, known + unseen, empty, unseen
+        sparse = SparseFeatures.from_lists({"user": users, "item": [[1], [2], [3], [29]]})
+        dense = torch.randn(4, 2)
+        with torch.no_grad():
+            expect = model(Batch(dense, sparse, torch.zeros(4))).numpy()
+        tensors = {"dense": dense.numpy()}
+        for f in ("user", "item"):
+            tensors[f], tensors[f + ".lengths"] = sparse[f].values.numpy(), sparse[f].lengths.numpy()
+        got = loaded.model.predict(to_model_inputs(tensors, Signature(2, ("user", "item"))))
+        np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-6)
+    finally:
+        loaded.close()
+
+
+def test_export_from_a_torch_distributed_checkpoint(toy: Any, tmp_path: Path) -> None:
+    from hugerec.distributed.checkpoint import save_checkpoint as save_distributed
+
+    trained = copy.deepcopy(toy.model)
+    with torch.no_grad():
+        trained.sparse_arch.table_weight("item").add_(1.0)
+        for p in trained.dense_parameters():
+            p.mul_(1.5)
+    save_distributed(tmp_path / "dcp", trained)  # one process here; the format is the same for W ranks
+    bundle = export_checkpoint(tmp_path / "dcp", copy.deepcopy(toy.model), tmp_path / "bundle")
+    loaded = load_model(bundle, ServeOptions(state_dir=str(tmp_path / "state")))
+    try:
+        batch = toy.batch(6, seed=8)
+        logits = loaded.model.predict(to_model_inputs(toy.tensors(batch), Signature(4, toy.features)))
+        np.testing.assert_allclose(
+            torch.sigmoid(torch.from_numpy(logits)).numpy(), toy.offline(batch, trained), rtol=1e-5, atol=1e-6
+        )
+    finally:
+        loaded.close()

@@ -169,13 +169,26 @@ class Dataset:
         return cls(frames=frames, partitioned_by=partitioned_by)
 
     @classmethod
-    def criteo(cls, paths: str | Path | Sequence[str | Path], **kwargs: int) -> Dataset:
+    def criteo(
+        cls,
+        paths: str | Path | Sequence[str | Path],
+        *,
+        partition_bytes: int = DEFAULT_PARTITION_BYTES,
+        partitioned_by: Sequence[str] = (),
+    ) -> Dataset:
         """Criteo Display Advertising TSV: label, I1..I13 integers, C1..C26 hex strings; empty = null."""
         schema: dict[str, pl.DataType] = {"label": pl.Int64()}
         schema |= {c: pl.Int64() for c in CRITEO_DENSE}
         schema |= {c: pl.String() for c in CRITEO_SPARSE}
         options = CsvOptions(separator="\t", has_header=False, quote_char=None)
-        return cls(paths, format=Format.CSV, schema=schema, csv=options, **kwargs)  # type: ignore[arg-type]  # kwargs are partition_bytes only
+        return cls(
+            paths,
+            format=Format.CSV,
+            schema=schema,
+            csv=options,
+            partition_bytes=partition_bytes,
+            partitioned_by=partitioned_by,
+        )
 
     @property
     def source(self) -> Source:

@@ -29,8 +29,9 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,7 @@ class InferenceServer:
         self.models: dict[str, ModelVersions] = {}
         self.metrics = ServerMetrics()
         self._lock = threading.Lock()
+        self._close_on_shutdown = False
         self.app = self._build_app()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -267,7 +269,15 @@ class InferenceServer:
         }
 
     def _build_app(self) -> FastAPI:
-        app = FastAPI(title="hugerec", docs_url=None, redoc_url=None, openapi_url=None)
+        @asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            yield
+            if (
+                self._close_on_shutdown
+            ):  # `run()`: uvicorn re-raises SIGTERM/SIGINT after this, skipping callers' cleanup
+                self.close()
+
+        app = FastAPI(title="hugerec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
 
         @app.exception_handler(RequestError)
         async def request_error(request: Request, e: RequestError) -> Response:
@@ -427,7 +437,8 @@ class InferenceServer:
         )
 
     def run(self) -> None:
-        """Serve until interrupted (SIGINT / SIGTERM)."""
+        """Serve until interrupted (SIGINT / SIGTERM), then release every model version."""
+        self._close_on_shutdown = True
         uvicorn.Server(self.uvicorn_config()).run()
 
 
@@ -498,25 +509,26 @@ def serve(
     port: int = 8000,
     options: ServeOptions | None = None,
     config: ServerConfig | None = None,
+    threads: int | None = None,
 ) -> None:
-    """Serve exported bundles over HTTP until interrupted (what `hugerec serve BUNDLE...` runs).
+    """Serve exported bundles over HTTP until SIGINT/SIGTERM (what `hugerec serve BUNDLE...` runs).
 
-    host/port override `config`'s; binding anything but loopback exposes the server to the network.
+    host/port override `config`'s (binding anything but loopback exposes the server to the network);
+    threads: torch intra-op threads of this process (None: torch's default).
     """
     base = config or ServerConfig()
-    server = InferenceServer(
-        ServerConfig(
-            host, port, base.batching, base.max_request_bytes, base.max_request_rows, base.admin_token, base.seed
-        ),
-        options,
-    )
+    server = InferenceServer(replace(base, host=host, port=port), options)
     paths = [bundles] if isinstance(bundles, str | Path) else list(bundles)
     if not paths:
         raise ValueError("serve: no bundle given")
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"serve: threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
     try:
         for path in paths:
             served = server.add_bundle(path)
-            log.warning("serving %s version %s from %s on http://%s:%d", served.name, served.version, path, host, port)
+            log.info("serving %s version %s from %s on http://%s:%d", served.name, served.version, path, host, port)
         server.run()
     finally:
         server.close()

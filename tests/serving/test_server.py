@@ -225,3 +225,34 @@ def test_metrics(server: tuple[InferenceServer, str]) -> None:
         "hugerec_ps_cache_rows",
     ):
         assert needle in text, needle
+
+
+def test_serve_runs_until_terminated(toy: Any, tmp_path: Path) -> None:
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = (
+        "from hugerec.serving.server import serve; from hugerec.serving.loader import ServeOptions; "
+        f"serve({str(toy.bundle)!r}, port={port}, options=ServeOptions(state_dir={str(tmp_path / 'state')!r}), threads=1)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        batch = toy.batch(3, seed=1)
+        r = httpx.post(f"http://127.0.0.1:{port}/predict", json={"instances": toy.instances(batch)})
+        np.testing.assert_allclose(r.json()["predictions"], toy.offline(batch), rtol=1e-5, atol=1e-6)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after a graceful stop

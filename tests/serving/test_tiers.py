@@ -129,3 +129,24 @@ def test_persistent_store_survives_reopen_and_keeps_meta(tmp_path: Path) -> None
     s.close()
     with pytest.raises(ValueError, match="no rows for tables"):
         PersistentStore(tmp_path / "db", {**DIMS, "new": 2}, read_only=True)
+
+
+def test_static_tables_share_one_fused_array() -> None:
+    store = MemoryStore({"a": 2, "b": 2, "c": 3, "d": 2}, {"a": 5, "b": 3, "c": 4, "d": None})
+    store.put("a", np.array([0, 4], np.int64), np.array([[1, 1], [4, 4]], np.float32))
+    store.put("b", np.array([2], np.int64), np.array([[7, 7]], np.float32))
+    rows, found = store.get("a", np.array([4, 1, -1, 5], np.int64))  # held, not held, out of range twice
+    assert found.tolist() == [True, False, False, False]
+    np.testing.assert_array_equal(rows, [[4, 4], [0, 0], [0, 0], [0, 0]])
+    rows, found = store.get_group(("a", "b"), np.array([1, 0, 1]), np.array([2, 0, 0], np.int64))
+    assert found.tolist() == [True, True, False]
+    np.testing.assert_array_equal(rows, [[7, 7], [1, 1], [0, 0]])
+    mixed, found = store.get_group(("a", "d"), np.array([0, 1]), np.array([4, 4], np.int64))  # static + dynamic
+    assert found.tolist() == [True, False]
+    assert (store.count("a"), store.count("b"), store.count("c")) == (2, 1, 0)
+    store.delete("a", np.array([0, 99], np.int64))
+    assert [k.tolist() for k, _ in store.scan("a")] == [[4]]
+    with pytest.raises(ValueError, match=r"static \(ids 0..2\)"):
+        store.put("b", np.array([3], np.int64), np.zeros((1, 2), np.float32))
+    with pytest.raises(ValueError, match="unknown tables"):
+        MemoryStore({"a": 2}, {"z": 3})

@@ -141,8 +141,9 @@ def test_static_tables_share_one_fused_array() -> None:
     rows, found = store.get_group(("a", "b"), np.array([1, 0, 1]), np.array([2, 0, 0], np.int64))
     assert found.tolist() == [True, True, False]
     np.testing.assert_array_equal(rows, [[7, 7], [1, 1], [0, 0]])
-    mixed, found = store.get_group(("a", "d"), np.array([0, 1]), np.array([4, 4], np.int64))  # static + dynamic
+    rows, found = store.get_group(("a", "d"), np.array([0, 1]), np.array([4, 4], np.int64))  # static + dynamic
     assert found.tolist() == [True, False]
+    np.testing.assert_array_equal(rows, [[4, 4], [0, 0]])
     assert (store.count("a"), store.count("b"), store.count("c")) == (2, 1, 0)
     store.delete("a", np.array([0, 99], np.int64))
     assert [k.tolist() for k, _ in store.scan("a")] == [[4]]

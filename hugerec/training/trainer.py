@@ -61,7 +61,8 @@ class TrainConfig:
     lr                base learning rate of the dense optimizer
     optimizer         dense optimizer when `fit` is not given one
     weight_decay      dense optimizer weight decay
-    schedule          warmup / decay multiplier on lr (Schedule.mlperf_dlrm() for the MLPerf policy)
+    schedule          warmup / decay multiplier on the dense lr (Schedule.mlperf_dlrm(): the MLPerf policy);
+                      the embedding tables keep their sparse optimizer's own lr
     precision         fp32, bf16 (autocast, CPU and GPU) or fp16 (autocast + loss scaling, GPU only)
     compile           torch.compile the dense part of the model (the embedding lookups stay eager)
     clip_grad_norm    clip the dense gradients' global norm to this (None: no clipping)

@@ -67,6 +67,19 @@ def shutdown_pools() -> None:
         _pools.popitem()[1].shutdown(cancel_futures=True)
 
 
+def parallelism(engine: Engine) -> int:
+    """How many tasks the engine runs at once (a guess of 64 for a cluster known only by address)."""
+    match engine:
+        case None:
+            return os.cpu_count() or 1
+        case int():
+            return max(engine, 1)
+        case str():
+            return 64
+        case _:
+            return max(1, sum(engine.nthreads().values()))
+
+
 def run_tasks(fn: Callable[[J, T], R], job: J, items: Sequence[T], engine: Engine) -> Iterator[R]:
     """fn(job, item) for every item, on the engine; yields the results in item order."""
     match engine:

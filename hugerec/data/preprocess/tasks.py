@@ -7,6 +7,7 @@ Tasks take the workflow inside a small job object, so the engine ships it once p
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -23,6 +24,8 @@ from hugerec.data.preprocess.temporal import DifferenceLag
 
 if TYPE_CHECKING:
     from hugerec.data.preprocess.workflow import Workflow
+
+MERGE_BATCH = 4  # partial statistics merged at once (bounds memory and repeated merging of a growing whole)
 
 
 def fit_reads(op: Op) -> tuple[str, ...]:
@@ -67,26 +70,31 @@ def _frames(partition: Partition, on_error: OnError, whole: bool) -> list[tuple[
     return [(c.frame, c.row_offset, c.report) for c in read_chunks(partition, on_error)]
 
 
-def fit_task(job: FitJob, partition: Partition) -> tuple[dict[int, Stats], SkipReport]:
+def fit_task(job: FitJob, partitions: Sequence[Partition]) -> tuple[dict[int, Stats], SkipReport]:
+    """Partial statistics of the pass's ops over a group of partitions, merged here (a few chunks at
+    a time), so the driver merges one result per group."""
     wf = job.workflow
-    partial: dict[int, Stats] = {}
+    parts: dict[int, list[Stats]] = {i: [] for i in job.to_fit}
     report = SkipReport()
     last = max(job.to_fit)
-    for frame, offset, chunk_report in _frames(partition, job.on_error, job.whole_partitions):
-        report = report.merge(chunk_report)
-        frame = with_row_ids(frame, partition.index, offset)
-        dirty: set[str] = set()  # columns that do not hold their final value in `frame` this pass
-        for i, op in enumerate(wf.ops[: last + 1]):
-            reads = set(fit_reads(op))
-            if reads & dirty or (op.stateful and i not in job.to_fit and wf.stats[i] is None):
-                dirty |= set(op.writes())
-            elif i in job.to_fit:
-                stats = cast(FittableOp, op).fit(frame)
-                partial[i] = cast(FittableOp, op).merge([partial[i], stats]) if i in partial else stats
-                dirty |= set(op.writes())
-            else:
-                frame = wf.apply_op(i, frame)
-    return partial, report
+    for partition in partitions:
+        for frame, offset, chunk_report in _frames(partition, job.on_error, job.whole_partitions):
+            report = report.merge(chunk_report)
+            frame = with_row_ids(frame, partition.index, offset)
+            dirty: set[str] = set()  # columns that do not hold their final value in `frame` this pass
+            for i, op in enumerate(wf.ops[: last + 1]):
+                reads = set(fit_reads(op))
+                if reads & dirty or (op.stateful and i not in job.to_fit and wf.stats[i] is None):
+                    dirty |= set(op.writes())
+                elif i in job.to_fit:
+                    parts[i].append(cast(FittableOp, op).fit(frame))
+                    if len(parts[i]) > MERGE_BATCH:
+                        parts[i] = [cast(FittableOp, op).merge(parts[i])]
+                    dirty |= set(op.writes())
+                else:
+                    frame = wf.apply_op(i, frame)
+    merged = {i: cast(FittableOp, wf.ops[i]).merge(p) for i, p in parts.items() if p}
+    return merged, report
 
 
 def transform_task(job: TransformJob, partition: Partition) -> tuple[str, int, SkipReport]:

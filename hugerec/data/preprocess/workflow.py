@@ -28,13 +28,21 @@ import polars as pl
 from hugerec.data.preprocess.categorical import Categorify, HashBucket, HashedCross
 from hugerec.data.preprocess.dataset import Dataset, Format
 from hugerec.data.preprocess.encoding import CountEncoding, TargetEncoding
-from hugerec.data.preprocess.engine import Engine, run_tasks
+from hugerec.data.preprocess.engine import Engine, parallelism, run_tasks
 from hugerec.data.preprocess.errors import OnError, RowError, SkipReport
 from hugerec.data.preprocess.grouping import Agg, Groupby
 from hugerec.data.preprocess.numeric import Bucketize, Clip, FillMissing, LogOp, Normalize
 from hugerec.data.preprocess.op import ROW_ID, FittableOp, Op
 from hugerec.data.preprocess.stats import Stats
-from hugerec.data.preprocess.tasks import FitJob, TransformJob, fit_reads, fit_task, group_keys, transform_task
+from hugerec.data.preprocess.tasks import (
+    MERGE_BATCH,
+    FitJob,
+    TransformJob,
+    fit_reads,
+    fit_task,
+    group_keys,
+    transform_task,
+)
 from hugerec.data.preprocess.temporal import CyclicTime, DifferenceLag
 
 log = logging.getLogger(__name__)
@@ -58,7 +66,6 @@ OPS: dict[str, type] = {
         Groupby,
     )
 }
-MERGE_BATCH = 4  # partial statistics merged at once as a pass streams in (overlapping the workers)
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,9 @@ class Workflow:
         self._check_columns(dataset.schema, fitting=True)
         whole = self._whole_partitions(dataset)
         partitions = dataset.partitions()
+        # a few groups of partitions per parallel slot: balanced work, few partial results to merge here
+        num_groups = min(len(partitions), 4 * parallelism(engine))
+        groups = [tuple(partitions[g::num_groups]) for g in range(num_groups)]
         self.stats = [None] * len(self.ops)
         self.input_schema = dict(dataset.schema)
         self.text_nulls = ("", *dataset.csv.null_values) if dataset.format is Format.CSV else None
@@ -170,7 +180,7 @@ class Workflow:
             merged: dict[int, Stats] = {}
             pending: list[dict[int, Stats]] = []
             pass_report = SkipReport()
-            for partial, part_report in run_tasks(fit_task, job, partitions, engine):
+            for partial, part_report in run_tasks(fit_task, job, groups, engine):
                 pass_report = pass_report.merge(part_report)
                 pending.append(partial)
                 if len(pending) >= MERGE_BATCH:

@@ -18,6 +18,16 @@ def _workflow() -> Workflow:
     return Workflow([FillMissing(dense), LogOp(dense), Normalize(dense), Categorify(list(CRITEO_SPARSE))])
 
 
+def _assert_same_stats(got: Workflow, expected: Workflow) -> None:
+    for a, b in zip(got.stats, expected.stats, strict=True):
+        assert (a is None) == (b is None)
+        for name in a or {}:
+            if name == "moments":  # merged in another order: equal up to rounding
+                np.testing.assert_allclose(a[name].drop("column").to_numpy(), b[name].drop("column").to_numpy())
+            else:
+                assert a[name].equals(b[name]), name
+
+
 def test_in_process_and_argument_errors():
     assert list(run_tasks(operator.add, 10, [1, 2, 3], 1)) == [11, 12, 13]
     with pytest.raises(ValueError, match="local workers must be >= 1"):
@@ -32,13 +42,10 @@ def test_local_pool_matches_in_process_and_carries_errors(tmp_path: Path, criteo
     assert len(dataset.partitions()) > 2
     pooled = _workflow().fit(dataset, engine=2)
     inline = _workflow().fit(dataset, engine=1)
-    for a, b in zip(pooled.stats, inline.stats, strict=True):
-        assert (a is None) == (b is None)
-        for name in a or {}:
-            assert a[name].equals(b[name]), name
+    _assert_same_stats(pooled, inline)
     result = pooled.transform(dataset, tmp_path / "out", engine=2)
     assert pl.read_parquet(result.paths).equals(
-        inline.transform_frame(pl.read_csv(criteo_tsv, separator="\t", has_header=False, schema=dataset.schema))
+        pooled.transform_frame(pl.read_csv(criteo_tsv, separator="\t", has_header=False, schema=dataset.schema))
     )
     lines = criteo_tsv.read_bytes().split(b"\n")
     lines[2500] = b"1\t2"
@@ -52,17 +59,12 @@ def test_dask_local_cluster_matches_in_process(tmp_path: Path, criteo_tsv: Path)
     distributed = pytest.importorskip("distributed")
     dataset = Dataset.criteo(criteo_tsv, partition_bytes=150_000)
     inline = _workflow().fit(dataset, engine=1)
-    expected = pl.read_parquet(inline.transform(dataset, tmp_path / "inline", engine=1).paths)
     with (
         distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster,
         distributed.Client(cluster) as client,
     ):
         on_dask = _workflow().fit(dataset, engine=client)
         result = on_dask.transform(dataset, tmp_path / "dask", engine=cluster.scheduler_address)
-    for a, b in zip(on_dask.stats, inline.stats, strict=True):
-        for name in a or {}:
-            if name == "moments":  # merged in another order: equal up to rounding
-                np.testing.assert_allclose(a[name].drop("column").to_numpy(), b[name].drop("column").to_numpy())
-            else:
-                assert a[name].equals(b[name]), name
-    assert pl.read_parquet(result.paths).equals(expected)
+    _assert_same_stats(on_dask, inline)
+    raw = pl.read_csv(criteo_tsv, separator="\t", has_header=False, schema=dataset.schema)
+    assert pl.read_parquet(result.paths).equals(on_dask.transform_frame(raw))

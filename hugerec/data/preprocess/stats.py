@@ -31,6 +31,8 @@ def merge_counts(parts: Sequence[pl.DataFrame], keys: Sequence[str]) -> pl.LazyF
     """Plan: sum the count/sum columns of several `count_values` results over equal keys (collect
     several plans at once with `pl.collect_all`, which runs them in parallel)."""
     frames = [p for p in parts if p.height] or list(parts[:1])
+    if len(frames) == 1:  # already one row per key
+        return frames[0].lazy()
     whole = pl.concat([f.lazy() for f in frames], how="vertical_relaxed")
     value_cols = [c for c in frames[0].columns if c not in keys]
     return whole.group_by(list(keys)).agg([pl.col(c).sum() for c in value_cols])

@@ -35,7 +35,6 @@ from hugerec.data.preprocess.numeric import Bucketize, Clip, FillMissing, LogOp,
 from hugerec.data.preprocess.op import ROW_ID, FittableOp, Op
 from hugerec.data.preprocess.stats import Stats
 from hugerec.data.preprocess.tasks import (
-    MERGE_BATCH,
     FitJob,
     TransformJob,
     fit_reads,
@@ -166,8 +165,10 @@ class Workflow:
         self._check_columns(dataset.schema, fitting=True)
         whole = self._whole_partitions(dataset)
         partitions = dataset.partitions()
-        # a few groups of partitions per parallel slot: balanced work, few partial results to merge here
-        num_groups = min(len(partitions), 4 * parallelism(engine))
+        # a few groups of partitions per parallel slot (balanced work, few partial results to merge
+        # here); in this process, one group, so only one vocabulary-sized accumulator is ever alive
+        slots = parallelism(engine)
+        num_groups = min(len(partitions), 4 * slots if slots > 1 else 1)
         groups = [tuple(partitions[g::num_groups]) for g in range(num_groups)]
         self.stats = [None] * len(self.ops)
         self.input_schema = dict(dataset.schema)
@@ -178,15 +179,11 @@ class Workflow:
             to_fit = self._next_pass(fitted)
             job = FitJob(self, to_fit, on_error, whole)
             merged: dict[int, Stats] = {}
-            pending: list[dict[int, Stats]] = []
             pass_report = SkipReport()
             for partial, part_report in run_tasks(fit_task, job, groups, engine):
+                # each group's result is already merged over its partitions: fold it in as it arrives
                 pass_report = pass_report.merge(part_report)
-                pending.append(partial)
-                if len(pending) >= MERGE_BATCH:
-                    merged = self._merge(to_fit, [merged, *pending])
-                    pending = []
-            merged = self._merge(to_fit, [merged, *pending])
+                merged = self._merge(to_fit, [merged, partial])
             for i in to_fit:
                 self.stats[i] = cast(FittableOp, self.ops[i]).finalize(merged[i])
                 fitted[i] = True

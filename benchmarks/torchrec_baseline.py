@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hugerec.embedding.config import Pooling, StorageDtype, TableConfig, Uniform
+from hugerec.embedding.config import Normal, Pooling, StorageDtype, TableConfig, Uniform, Zeros
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
 from hugerec.sparse.features import SparseFeatures
 
@@ -83,7 +83,7 @@ def fused_collection(
     """TorchRec's fused collection for hugerec `tables`: same rows, dims, features, pooling and init bounds.
 
     Raises ValueError for what TorchRec's pooled collection does not have: sequence (NONE) pooling,
-    non-fp32 storage, dynamic tables, per-table optimizers, non-uniform init.
+    dims not a multiple of 4, non-fp32 storage, dynamic tables, per-table optimizers, Normal init.
     """
     from torchrec import EmbeddingBagConfig, PoolingType
     from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
@@ -101,9 +101,13 @@ def fused_collection(
             raise ValueError(f"{where}: dynamic tables have no TorchRec counterpart here")
         if table.optimizer is not None and table.optimizer != optimizer:
             raise ValueError(f"{where}: a per-table optimizer {table.optimizer} differs from the collection's")
-        if not isinstance(table.init, Uniform):
-            raise ValueError(f"{where}: init {table.init} is not mapped; only Uniform")
-        low, high = table.init_bounds
+        match table.init:
+            case Uniform():
+                low, high = table.init_bounds
+            case Zeros():
+                low, high = 0.0, 0.0  # FBGEMM's uniform_(0, 0)
+            case Normal():
+                raise ValueError(f"{where}: init {table.init} is not mapped; only Uniform and Zeros")
         configs.append(
             EmbeddingBagConfig(
                 name=table.name,

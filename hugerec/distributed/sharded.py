@@ -160,9 +160,8 @@ class ShardedEmbeddingCollection(nn.Module):
                 "ShardedEmbeddingCollection: the plan's tables differ from the collection's: plan "
                 f"{[t.name for t in plan.tables]}, collection {[t.name for t in collection.tables]}"
             )
-        self.plan = dataclasses.replace(
-            plan, optimizer=collection.optimizer
-        )  # re-checks memory with the real optimizer
+        # the plan again with the collection's own optimizer: memory per rank is checked with its state
+        self.plan = dataclasses.replace(plan, optimizer=collection.optimizer)
         self.source_tables = collection.tables
         self.default_optimizer = collection.optimizer
         self._feature_names = collection.feature_names
@@ -193,19 +192,15 @@ class ShardedEmbeddingCollection(nn.Module):
             else None
         )
         self.replicas = ReplicatedTables(dp, collection.optimizer, device, group, self.stats) if dp else None
-        self.placed: list[Placed] = [
-            Placed(t, s, k, self.shards, len(self.plan.placements[t.name].ranks))
-            for t, s, k in local
-            if self.shards is not None
-        ]
-        self.placed += [
-            Placed(
-                t, Shard(t.name, self.rank, 0, 0, t.num_rows, 0, t.dim), ShardingKind.DATA_PARALLEL, replicas.collection
-            )
-            for replicas in [self.replicas]
-            if replicas is not None
-            for t in dp
-        ]
+        self.placed: list[Placed] = []  # every table or shard this rank holds (checkpoints walk these)
+        if self.shards is not None:
+            self.placed += [Placed(t, s, k, self.shards, len(self.plan.placements[t.name].ranks)) for t, s, k in local]
+        if self.replicas is not None:
+            whole = [Shard(t.name, self.rank, 0, 0, t.num_rows, 0, t.dim) for t in dp]
+            self.placed += [
+                Placed(t, s, ShardingKind.DATA_PARALLEL, self.replicas.collection)
+                for t, s in zip(dp, whole, strict=True)
+            ]
         self._copy_from(collection, local, dp)
 
     # -- construction ----------------------------------------------------------------------------

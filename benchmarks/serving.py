@@ -155,21 +155,23 @@ def free_port() -> int:
 
 
 def start(args: list[str], port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, __file__, *args, "--port", str(port)])
+
+
+def wait_ready(proc: subprocess.Popen[bytes], port: int) -> None:
     import httpx
 
-    proc = subprocess.Popen([sys.executable, __file__, *args, "--port", str(port)])
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server {args[:2]} exited with {proc.returncode}")
+            raise RuntimeError(f"server {proc.args} exited with {proc.returncode}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
-                return proc
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"server {args[:2]} did not become ready")
+    raise RuntimeError(f"server {proc.args} did not become ready")
 
 
 # -- load generation -------------------------------------------------------------------------------
@@ -248,6 +250,8 @@ def _cpu_seconds(pid: int) -> float:
 
 # -- parameter server tiers ------------------------------------------------------------------------
 def tier_throughput(rows: int, quick: bool) -> list[dict[str, Any]]:
+    """Rows/s of each tier on its own (batches of 16384 Zipf keys, all present), and of the whole
+    parameter server with a cache holding a quarter of the rows, against a Python dict of rows."""
     from hugerec.serving.cache import CacheConfig, RowCache
     from hugerec.serving.memory import MemoryStore
     from hugerec.serving.parameter_server import ParameterServer, TableSpec
@@ -256,33 +260,37 @@ def tier_throughput(rows: int, quick: bool) -> list[dict[str, Any]]:
     rng = np.random.default_rng(0)
     table = rng.standard_normal((rows, DIM)).astype(np.float32)
     keys = np.arange(rows, dtype=np.int64)
-    queries = [np.unique((rng.zipf(1.2, 4096) - 1) % rows) for _ in range(20)]
+    queries = [((rng.zipf(1.2, 16384) - 1) % rows).astype(np.int64) for _ in range(4 if quick else 12)]
     tmp = Path(tempfile.mkdtemp(prefix="hugerec-ps-"))
     results: list[dict[str, Any]] = []
 
     def rate(fn: Any) -> float:
         fn(queries[0])
-        n, t0 = 0, time.perf_counter()
-        for q in queries * (1 if quick else 3):
+        t0 = time.perf_counter()
+        for q in queries:
             fn(q)
-            n += q.shape[0]
-        return n / (time.perf_counter() - t0)
+        return sum(q.shape[0] for q in queries) / (time.perf_counter() - t0)
 
+    redis_proc = _start_redis()
     try:
-        memory = MemoryStore({"t": DIM})
-        memory.put("t", keys, table)
+        static = MemoryStore({"t": DIM}, {"t": rows})
+        static.put("t", keys, table)
+        dynamic = MemoryStore({"t": DIM})
+        dynamic.put("t", keys, table)
         persistent = PersistentStore(tmp / "db", {"t": DIM})
         persistent.put("t", keys, table)
         cache = RowCache(DIM, CacheConfig(rows=rows), "cpu")
         cache.insert(torch.from_numpy(keys), torch.from_numpy(table))
-        ps = ParameterServer([TableSpec("t", DIM)], memory, persistent, CacheConfig(rows=rows // 4))
+        ps = ParameterServer(
+            [TableSpec("t", DIM, num_rows=rows)], static, persistent, CacheConfig(rows=rows // 4), "cpu"
+        )
         tiers = {
             "cache": lambda q: cache.get(torch.from_numpy(q)),
-            "memory": lambda q: memory.get("t", q),
+            "memory": lambda q: static.get("t", q),
+            "memory (dynamic keys)": lambda q: dynamic.get("t", q),
             "persistent": lambda q: persistent.get("t", q),
-            "all tiers (cache 1/4 of rows)": lambda q: ps.lookup("t", q),
+            "all (cache of 1/4 rows)": lambda q: ps.lookup("t", q),
         }
-        redis_proc = _start_redis()
         if redis_proc is not None:
             from hugerec.serving.redis_store import RedisStore
 
@@ -297,9 +305,10 @@ def tier_throughput(rows: int, quick: bool) -> list[dict[str, Any]]:
         persistent.close()
         if redis_proc is not None:
             redis_store.close()
+    finally:
+        if redis_proc is not None:
             redis_proc[0].terminate()
             redis_proc[0].wait(10)
-    finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return results
 
@@ -359,7 +368,7 @@ def main() -> None:
 
     torch.set_num_threads(1)  # like the servers (OMP_NUM_THREADS=1): clients and servers share the cores
     rows = 5_000 if args.quick else 50_000
-    seconds = 2.0 if args.quick else 8.0
+    seconds = 1.6 if args.quick else 8.0
     tmp = Path(tempfile.mkdtemp(prefix="hugerec-serving-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
     records: list[dict[str, Any]] = []
@@ -384,6 +393,8 @@ def main() -> None:
             )
         )
         procs.append(start(["--serve", "baseline", "--path", str(tmp / "weights.pt"), "--rows", str(rows)], base_port))
+        for proc, port in zip(procs, (ours_port, base_port), strict=True):
+            wait_ready(proc, port)
         urls = {
             "hugerec": f"http://127.0.0.1:{ours_port}/v2/models/dlrm/infer",
             "hugerec-json": f"http://127.0.0.1:{ours_port}/v2/models/dlrm/infer",
@@ -391,8 +402,9 @@ def main() -> None:
         }
         encoders = {"hugerec": kserve_binary, "hugerec-json": kserve_json, BASELINE: baseline_json}
         pids = {"hugerec": procs[0].pid, "hugerec-json": procs[0].pid, BASELINE: procs[1].pid}
-        for batch in (int(b) for b in args.batch_sizes.split(",")):
-            clients = CONCURRENCY.get(batch, 8)
+        sizes = [int(b) for b in args.batch_sizes.split(",")]
+        runs = [(b, CONCURRENCY.get(b, 8), "") for b in sizes] + ([(1, 1, " clients=1")] if 1 in sizes else [])
+        for batch, clients, suffix in runs:  # clients=1: latency without queueing behind other requests
             requests = make_requests(batch, 16 if batch < 1024 else 4, rows, seed=batch)
             bodies = {method: [encode(d, i) for d, i in requests] for method, encode in encoders.items()}
             latencies: dict[str, list[float]] = {m: [] for m in encoders}
@@ -418,11 +430,12 @@ def main() -> None:
                     "rows_per_table": rows,
                     "server_cpu_ms_per_request": per_request,
                 }
-                records.append(_record(f"throughput b={batch}", method, throughput, "examples/s", True, **extra))
-                records.append(_record(f"p50 b={batch}", method, p50, "ms", False, **extra))
-                records.append(_record(f"p99 b={batch}", method, p99, "ms", False, **extra))
+                config = f"b={batch}{suffix}"
+                records.append(_record(f"throughput {config}", method, throughput, "examples/s", True, **extra))
+                records.append(_record(f"p50 {config}", method, p50, "ms", False, **extra))
+                records.append(_record(f"p99 {config}", method, p99, "ms", False, **extra))
                 print(
-                    f"b={batch:5d} {method:13s} {throughput:10.0f} examples/s  p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  "
+                    f"{config:18s} {method:13s} {throughput:10.0f} examples/s  p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  "
                     f"server CPU {per_request:6.3f} ms/request",
                     flush=True,
                 )
@@ -435,7 +448,7 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
-    records += tier_throughput(20_000 if args.quick else 200_000, args.quick)
+    records += tier_throughput(10_000 if args.quick else 200_000, args.quick)
     _print_table(records)
     if args.json is not None:
         args.json.write_text(json.dumps(records, indent=2))

@@ -188,7 +188,8 @@ class ParameterServer:
 
     memory      tier 2 store (MemoryStore or RedisStore)
     persistent  tier 3 store (PersistentStore), or None for a purely volatile server (tests, benchmarks)
-    cache       tier 1 config (per table); rows=0 disables it
+    cache       tier 1 config (per table); None or rows=0: no cache tier (on the CPU in front of an
+                in-process tier 2 it only costs time; see loader.ServeOptions for when it is on)
     device      where the cache lives and rows are returned; default CUDA when available
     """
 
@@ -207,8 +208,9 @@ class ParameterServer:
         self.memory = memory
         self.persistent = persistent
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-        cache = CacheConfig() if cache is None else cache
-        self.caches = {t.name: RowCache(t.dim, cache, self.device) for t in tables} if cache.rows > 0 else {}
+        self.caches = {}
+        if cache is not None and cache.rows > 0:
+            self.caches = {t.name: RowCache(t.dim, cache, self.device) for t in tables}
         defaults = {t.name: t.default_row() for t in tables}
         if persistent is not None:  # defaults replaced by earlier updates
             for t in tables:

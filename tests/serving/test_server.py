@@ -227,6 +227,7 @@ def test_metrics(server: tuple[InferenceServer, str]) -> None:
         assert needle in text, needle
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch, FastAPI and hugerec
 def test_serve_runs_until_terminated(toy: Any, tmp_path: Path) -> None:
     import signal
     import socket

@@ -206,7 +206,7 @@ def run(quick: bool) -> list[dict[str, object]]:
     with tempfile.TemporaryDirectory(prefix="hugerec-bench-") as tmp_name:
         tmp = Path(tmp_name)
         records = throughput(200_000 if quick else 2_000_000, tmp)
-        records += bounded_memory((64 if quick else 256) << 20, tmp)
+        records += bounded_memory((96 if quick else 256) << 20, tmp)
     return records
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hugerec import ops
 from hugerec.embedding.config import Pooling, TableConfig
 from hugerec.embedding.fused import FusedTables
 from hugerec.embedding.hash_table import HashTable, remap_features
@@ -233,7 +234,9 @@ class EmbeddingCollection(nn.Module):
             if not weights.is_floating_point():
                 raise ValueError(f"EmbeddingCollection.{where}: weights must be floating point, got {weights.dtype}")
             weights = weights.to(torch.float32).contiguous()
-        return rows.contiguous(), features.offsets(), weights
+        offsets = self._fused.outputs.empty((features.lengths.numel() + 1,), torch.int64, rows.device)
+        ops.bag_offsets(features.lengths, offsets)
+        return rows.contiguous(), offsets, weights
 
     def _plan(self, keys: tuple[str, ...], pooled: bool, missing_ok: frozenset[str]) -> list[GroupPlan]:
         """Per table group, the plan lines of the wanted features in `keys` (cached per key order)."""

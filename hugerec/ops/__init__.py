@@ -26,6 +26,7 @@ __all__ = [
     "RuleKind",
     "UpdateRule",
     "Workspace",
+    "bag_offsets",
     "per_sample_weight_grad",
     "pooled_lookup",
     "sequence_lookup",
@@ -35,6 +36,18 @@ __all__ = [
 
 def _numba(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu"
+
+
+def bag_offsets(lengths: torch.Tensor, out: torch.Tensor) -> None:
+    """out [K + 1] int64 = [0, cumulative sums of lengths [K] (int32 or int64)]: a batch's bag offsets.
+
+    Written into a buffer the caller reuses (SparseFeatures.offsets() allocates, which costs page faults
+    at every step under glibc's malloc).
+    """
+    if out.device.type == "cpu":
+        cpu_lookup.bag_offsets(lengths, out)
+    else:
+        reference.bag_offsets(lengths, out)
 
 
 def pooled_lookup(

@@ -46,6 +46,12 @@ def _occurrences(
     return _Occurrences(ids[has_row] + row_offset, bags[has_row], positions[has_row], scale[has_row], invalid)
 
 
+def bag_offsets(lengths: torch.Tensor, out: torch.Tensor) -> None:
+    """out [K + 1] int64 = 0, then the running sum of lengths [K]."""
+    out[0] = 0
+    torch.cumsum(lengths.to(torch.int64), dim=0, out=out[1:])
+
+
 def pooled_lookup(
     weight: torch.Tensor,
     values: torch.Tensor,

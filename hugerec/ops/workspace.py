@@ -50,10 +50,11 @@ class OutputPool:
 
     A lookup's output is handed out as a fresh tensor over a pooled storage; while the caller (or an
     autograd graph, or any view) holds it the storage is busy, afterwards the next lookup reuses it.
-    At most `capacity` storages are kept; when all are busy the output is allocated normally.
+    At most `capacity` storages are kept; when none is free and fits, a free one is replaced, and when
+    all are busy the output is allocated normally.
     """
 
-    def __init__(self, capacity: int = 3) -> None:
+    def __init__(self, capacity: int = 6) -> None:
         self.capacity = capacity
         self._storages: list[torch.Tensor] = []
 
@@ -61,12 +62,15 @@ class OutputPool:
         numel = math.prod(shape)
         if not _CAN_COUNT or device.type != "cpu":
             return torch.empty(shape, dtype=dtype, device=device)
-        for buf in self._storages:
-            if buf.dtype == dtype and buf.numel() >= numel and _storage_users(buf) == _ALONE:
-                return self._alias(buf, shape)
+        free = [i for i, b in enumerate(self._storages) if _storage_users(b) == _ALONE]
+        fits = [i for i in free if self._storages[i].dtype == dtype and self._storages[i].numel() >= numel]
+        if fits:  # the smallest free storage that fits
+            return self._alias(self._storages[min(fits, key=lambda i: self._storages[i].numel())], shape)
         buf = torch.empty(numel, dtype=dtype)
         if len(self._storages) < self.capacity:
             self._storages.append(buf)
+        elif free:  # replace a free storage of the wrong size or dtype
+            self._storages[free[0]] = buf
         return self._alias(buf, shape)
 
     @staticmethod

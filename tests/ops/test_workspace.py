@@ -39,3 +39,15 @@ def test_output_pool_recycles_only_unreferenced_storage() -> None:
     d = pool.empty((4, 3), torch.float32, torch.device("cpu"))  # both pooled storages busy: a plain tensor
     assert d.data_ptr() not in (a_ptr, b.data_ptr())
     assert not c._is_view()  # autograd sees an ordinary tensor
+
+
+def test_output_pool_prefers_the_smallest_fit_and_replaces_free_misfits() -> None:
+    cpu = torch.device("cpu")
+    pool = OutputPool(capacity=2)
+    big = pool.empty((100,), torch.float32, cpu)
+    small = pool.empty((10,), torch.float32, cpu)
+    big_ptr, small_ptr = big.data_ptr(), small.data_ptr()
+    del big, small
+    assert pool.empty((8,), torch.float32, cpu).data_ptr() == small_ptr
+    ints = pool.empty((5,), torch.int64, cpu)  # no int64 storage: a free float one is replaced
+    assert ints.dtype == torch.int64 and ints.data_ptr() not in (big_ptr, small_ptr)

@@ -42,6 +42,15 @@ def weights_numpy(per_sample_weights: torch.Tensor | None) -> np.ndarray:
     return per_sample_weights.detach().to(torch.float32).contiguous().numpy()
 
 
+@njit(cache=True, error_model="numpy")
+def _bag_offsets(lengths: np.ndarray, out: np.ndarray) -> None:
+    total = 0
+    out[0] = 0
+    for i in range(lengths.shape[0]):
+        total += lengths[i]
+        out[i + 1] = total
+
+
 @njit(parallel=True, cache=True, fastmath=True, error_model="numpy")
 def _pooled_lookup(
     weight: np.ndarray,
@@ -126,6 +135,10 @@ def _sequence_lookup(
             for k in range(dim):
                 o[k] = get(row, k)
     return int(invalid.sum())
+
+
+def bag_offsets(lengths: torch.Tensor, out: torch.Tensor) -> None:
+    _bag_offsets(lengths.to(torch.int32).contiguous().numpy(), out.numpy())
 
 
 def pooled_lookup(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -72,3 +73,12 @@ def test_storage_dtypes_read_exactly(dtype: torch.dtype) -> None:
     out = torch.zeros(3, 16)
     lookup.sequence_lookup(weight, values, offsets, torch.tensor([[0, 0, 0, 5, 0, 0, 0]]), 16, 1, out)
     assert torch.equal(out, weight[values].float())
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(0, 5), max_size=30), st.sampled_from([torch.int32, torch.int64]))
+def test_bag_offsets(lengths: list[int], dtype: torch.dtype) -> None:
+    got, want = torch.full((len(lengths) + 1,), -1), torch.full((len(lengths) + 1,), -2)
+    lookup.bag_offsets(torch.tensor(lengths, dtype=dtype), got)
+    reference.bag_offsets(torch.tensor(lengths, dtype=dtype), want)
+    assert got.tolist() == want.tolist() == [0, *itertools.accumulate(lengths)]

@@ -263,7 +263,7 @@ class Workflow:
 
     def transform(
         self,
-        data: Dataset,
+        data: Dataset | pl.DataFrame,
         output_dir: str | Path,
         *,
         engine: Engine = None,
@@ -280,6 +280,7 @@ class Workflow:
         self._require_fitted()
         if row_group_size < 1:
             raise ValueError(f"Workflow.transform: row_group_size must be >= 1, got {row_group_size}")
+        data = data if isinstance(data, Dataset) else Dataset.from_frames(data)
         self._check_columns(data.schema, fitting=False)
         if out_of_fold and data.fingerprint() != self.fit_fingerprint:
             raise ValueError("Workflow.transform: out_of_fold=True needs the exact dataset the workflow was fitted on")
@@ -303,7 +304,7 @@ class Workflow:
 
     def fit_transform(
         self,
-        data: Dataset,
+        data: Dataset | pl.DataFrame,
         output_dir: str | Path,
         *,
         engine: Engine = None,
@@ -312,9 +313,10 @@ class Workflow:
         overwrite: bool = False,
     ) -> TransformResult:
         """Fit on the training data, then transform it out of fold (see TargetEncoding)."""
-        self.fit(data, engine=engine, on_error=on_error)
+        dataset = data if isinstance(data, Dataset) else Dataset.from_frames(data)
+        self.fit(dataset, engine=engine, on_error=on_error)
         return self.transform(
-            data,
+            dataset,
             output_dir,
             engine=engine,
             on_error=on_error,

@@ -139,6 +139,9 @@ def test_out_of_fold_needs_the_fitted_dataset_and_outputs_are_not_overwritten(
     with pytest.raises(ValueError, match="overwrite=True"):
         wf.transform(other, tmp_path / "o", engine=1)
     assert wf.transform(other, tmp_path / "o", engine=1, overwrite=True).rows == 3000
+    in_memory = Workflow([TargetEncoding("C1", target="label")]).fit_transform(criteo_frame, tmp_path / "f", engine=1)
+    out_of_fold = pl.read_parquet(in_memory.paths)["C1_te"]
+    assert not out_of_fold.equals(wf.transform_frame(criteo_frame)["C1_te"])  # frames too are encoded out of fold
 
 
 def test_skip_mode_counts_bad_rows(tmp_path: Path, criteo_tsv: Path):

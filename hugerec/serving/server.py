@@ -8,14 +8,7 @@
     POST /v2/models/{m}[/versions/{v}]/infer   typed tensors, JSON or the binary extension (protocol.py)
     POST /predict                              {"instances": [raw feature dicts], "model"?: m} -> scores
     GET  /metrics                              Prometheus
-  admin (403 unless the server has an admin token; then "Authorization: Bearer <token>"):
-    POST /v2/repository/index                  loaded models and versions
-    POST /v2/repository/models/{m}/load        {"bundle": path, "version"?: v} (also as parameters.config JSON)
-    POST /v2/repository/models/{m}/unload      {"version": v}
-    GET  /admin/models/{m}                     stable, canary, share, history
-    POST /admin/models/{m}/canary              {"version": v, "share": 0.1}
-    POST /admin/models/{m}/promote             {"version"?: v}   (default: the canary)
-    POST /admin/models/{m}/rollback            drop the canary, else back to the previous stable
+  admin (load/unload versions, canary, promote, rollback): see admin.py
 
 Bad requests get a 4xx JSON {"error": message}; the server never answers 500 to bad input.
 """
@@ -23,7 +16,6 @@ Bad requests get a 4xx JSON {"error": message}; the server never answers 500 to 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import re
@@ -43,6 +35,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
+from hugerec.serving.admin import admin_router
 from hugerec.serving.batching import BatchingConfig, DynamicBatcher, QueueFull
 from hugerec.serving.loader import ServeOptions, load_model
 from hugerec.serving.metrics import ServerMetrics
@@ -160,7 +153,7 @@ class InferenceServer:
         return served
 
     def unload(self, name: str, version: str) -> None:
-        served = self._versions(name).remove(version)
+        served = self.model_versions(name).remove(version)
         self.metrics.parameter_servers.remove(name, version)
         served.close()
 
@@ -168,14 +161,14 @@ class InferenceServer:
         for versions in self.models.values():
             versions.close()
 
-    def _versions(self, name: str) -> ModelVersions:
+    def model_versions(self, name: str) -> ModelVersions:
         versions = self.models.get(name)
         if versions is None:
             raise RequestError(f"unknown model {name!r}; serving {sorted(self.models)}", status=404)
         return versions
 
     def _served(self, name: str, version: str | None) -> ServedModel:
-        versions = self._versions(name)
+        versions = self.model_versions(name)
         try:
             return versions.route() if version is None else versions.get(version)
         except KeyError as e:
@@ -195,7 +188,7 @@ class InferenceServer:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _json(self, request: Request) -> dict[str, Any]:
+    async def json_body(self, request: Request) -> dict[str, Any]:
         body = await self._body(request)
         if not body:
             return {}
@@ -206,14 +199,6 @@ class InferenceServer:
         if not isinstance(value, dict):
             raise RequestError(f"request body must be a JSON object, got {type(value).__name__}")
         return value
-
-    def _admin(self, request: Request) -> None:
-        token = self.config.admin_token
-        if token is None:
-            raise RequestError("admin endpoints are disabled: start the server with an admin token", status=403)
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise RequestError("admin endpoints need 'Authorization: Bearer <token>'", status=401)
 
     def _observe(self, model: str, version: str, endpoint: str, code: int, t0: float) -> None:
         self.metrics.requests.labels(model, version, endpoint, str(code)).inc()
@@ -238,7 +223,7 @@ class InferenceServer:
     async def _predict(self, request: Request) -> Response:
         t0, code, name, served_version = time.perf_counter(), 200, "-", "-"
         try:
-            body = await self._json(request)
+            body = await self.json_body(request)
             name = body.get("model") or (next(iter(self.models)) if len(self.models) == 1 else "")
             if not isinstance(name, str) or not name:
                 raise RequestError(f"several models are served: name one with 'model' (one of {sorted(self.models)})")
@@ -259,7 +244,7 @@ class InferenceServer:
 
     def _metadata(self, name: str, version: str | None) -> dict[str, Any]:
         served = self._served(name, version)
-        versions = [served.version] if version is not None else self._versions(name).versions()
+        versions = [served.version] if version is not None else self.model_versions(name).versions()
         return {
             "name": name,
             "versions": versions,
@@ -344,85 +329,7 @@ class InferenceServer:
             body, content_type = self.metrics.render()
             return Response(body, media_type=content_type)
 
-        # -- admin ---------------------------------------------------------------------------
-        @app.post("/v2/repository/index")
-        async def repository_index(request: Request) -> list[dict[str, str]]:
-            self._admin(request)
-            return [
-                {"name": name, "version": v, "state": "READY"}
-                for name, vs in self.models.items()
-                for v in vs.versions()
-            ]
-
-        @app.post("/v2/repository/models/{name}/load")
-        async def load(name: str, request: Request) -> dict[str, Any]:
-            self._admin(request)
-            body = _load_parameters(await self._json(request))
-            bundle = body.get("bundle")
-            if not isinstance(bundle, str) or not bundle:
-                raise RequestError("load needs {'bundle': '<path of an exported bundle>', 'version'?: '<v>'}")
-            version = body.get("version")
-            try:  # loading reads files and fills the parameter server: keep serving meanwhile
-                served = await asyncio.to_thread(
-                    self.add_bundle, bundle, name, None if version is None else str(version)
-                )
-            except (ValueError, FileNotFoundError, FileExistsError) as e:
-                raise RequestError(f"cannot load {bundle!r}: {e}") from None
-            return {"name": name, "version": served.version, **self._versions(name).status()}
-
-        @app.post("/v2/repository/models/{name}/unload")
-        async def unload(name: str, request: Request) -> dict[str, Any]:
-            self._admin(request)
-            body = _load_parameters(await self._json(request))
-            version = body.get("version")
-            if version is None:
-                raise RequestError("unload needs {'version': '<v>'}")
-            try:
-                self.unload(name, str(version))
-            except (KeyError, ValueError) as e:
-                raise RequestError(str(e.args[0])) from None
-            return self._versions(name).status()
-
-        @app.get("/admin/models/{name}")
-        async def status(name: str, request: Request) -> dict[str, Any]:
-            self._admin(request)
-            return self._versions(name).status()
-
-        @app.post("/admin/models/{name}/canary")
-        async def canary(name: str, request: Request) -> dict[str, Any]:
-            self._admin(request)
-            body = await self._json(request)
-            versions = self._versions(name)
-            share = body.get("share")
-            if "version" not in body or not isinstance(share, int | float) or isinstance(share, bool):
-                raise RequestError("canary needs {'version': '<v>', 'share': <0..1>}")
-            try:
-                versions.set_canary(str(body["version"]), float(share))
-            except (KeyError, ValueError) as e:
-                raise RequestError(str(e.args[0])) from None
-            return versions.status()
-
-        @app.post("/admin/models/{name}/promote")
-        async def promote(name: str, request: Request) -> dict[str, Any]:
-            self._admin(request)
-            body = await self._json(request)
-            versions = self._versions(name)
-            try:
-                versions.promote(None if body.get("version") is None else str(body["version"]))
-            except (KeyError, ValueError) as e:
-                raise RequestError(str(e.args[0])) from None
-            return versions.status()
-
-        @app.post("/admin/models/{name}/rollback")
-        async def rollback(name: str, request: Request) -> dict[str, Any]:
-            self._admin(request)
-            versions = self._versions(name)
-            try:
-                versions.rollback()
-            except ValueError as e:
-                raise RequestError(str(e)) from None
-            return versions.status()
-
+        app.include_router(admin_router(self))
         return app
 
     # -- running -----------------------------------------------------------------------------
@@ -484,23 +391,6 @@ def _status(e: Exception) -> int:
 def _error(e: Exception, code: int) -> Response:
     message = str(e) if code < 500 or isinstance(e, QueueFull) else f"internal error: {type(e).__name__}: {e}"
     return JSONResponse({"error": message}, status_code=code)
-
-
-def _load_parameters(body: dict[str, Any]) -> dict[str, Any]:
-    """Triton's load API sends {"parameters": {"config": "<JSON>"}}; plain {"bundle": ...} works too."""
-    params = body.get("parameters")
-    if isinstance(params, dict):
-        config = params.get("config")
-        if isinstance(config, str):
-            try:
-                parsed = json.loads(config)
-            except json.JSONDecodeError as e:
-                raise RequestError(f"parameters.config is not valid JSON: {e}") from None
-            if not isinstance(parsed, dict):
-                raise RequestError("parameters.config must be a JSON object")
-            return parsed
-        return {k: v for k, v in params.items() if k != "config"}
-    return body
 
 
 def serve(

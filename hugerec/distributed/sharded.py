@@ -10,7 +10,8 @@ One pooled lookup on rank r (B_r examples), sharded tables:
     1. counts all_to_all       [B_r, ids for d, has weights] to every d
     2. ids all_to_all          per d: the lengths and ids of the routes d serves (`routing`)
     3. d looks up its shards   on sum_s B_s examples: rank 0's, then rank 1's, ...; row-wise MEAN
-                               tables pool by SUM on the shards and are divided by the bag sizes on r
+                               tables pool by SUM on the shards, which add each bag's count of ids
+                               with a row; r divides the summed vectors by the summed counts
     4. vectors all_to_all      rows of s back to s, [B_s, C_d] flattened   (autograd: gradients go
                                back the same way in backward, and d's fused optimizer applies them)
     5. r assembles             table-wise: d's block; column-wise: concatenated; row-wise: summed

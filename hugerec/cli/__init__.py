@@ -76,7 +76,22 @@ COMMANDS = {
         "predict.out (default: train.out_dir/predictions.parquet): the label and the probability per row.\n"
         "example: hugerec predict configs/criteo_sample.toml predict.out=scores.parquet",
     ),
+    "export": (
+        "trained model -> serving bundle (dense program, embedding rows, workflow, manifest)",
+        "Exports train.out_dir/model.pt (or --model) to --out (default: train.out_dir/bundle): the dense part\n"
+        "as a torch.export program, the embedding rows in a RocksDB store, the fitted preprocessing workflow\n"
+        "(preprocess.out/workflow, when present, so /predict takes raw rows) and a manifest with checksums.\n"
+        "example: hugerec export configs/quickstart.toml && hugerec serve runs/quickstart/bundle",
+    ),
 }
+
+SERVE_HELP = """\
+Serves exported bundles (`hugerec export`) over HTTP until Ctrl-C: the Open Inference Protocol v2
+used by KServe and Triton (/v2/health/live, /v2/models/NAME, /v2/models/NAME/infer; the official
+tritonclient works against it), /predict for raw feature rows, and Prometheus /metrics.
+Binds 127.0.0.1 unless --host says otherwise. The admin API (load, canary, promote, roll back) is
+off unless --admin-token (or $HUGEREC_ADMIN_TOKEN) is given.
+example: hugerec serve runs/quickstart/bundle --port 8000"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if args.command == "serve":
+        return _serve(args)
     try:
         from hugerec.cli.run_config import load_run_config
 
@@ -126,8 +143,21 @@ def _parser() -> argparse.ArgumentParser:
         )
         p.add_argument("args", nargs="*", metavar="CONFIG.toml | KEY=VALUE", help="a config file and/or overrides")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-        if name in ("evaluate", "predict"):
+        if name in ("evaluate", "predict", "export"):
             p.add_argument("--model", type=Path, help="model file (default: train.out_dir/model.pt)")
+        if name == "export":
+            p.add_argument("--out", type=Path, help="bundle directory (default: train.out_dir/bundle)")
+    serve = sub.add_parser(
+        "serve",
+        help="serve exported bundles over HTTP (KServe v2 / Triton protocol)",
+        description=SERVE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("bundles", nargs="+", type=Path, metavar="BUNDLE", help="bundle directories to serve")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    serve.add_argument("--threads", type=int, default=None, help="torch threads for scoring (default: torch's)")
+    serve.add_argument("--admin-token", default=os.environ.get("HUGEREC_ADMIN_TOKEN"), help=argparse.SUPPRESS)
     return parser
 
 
@@ -188,6 +218,33 @@ def _predict(cfg: RunConfig, args: argparse.Namespace) -> None:
     print(f"predict: {rows:,} rows scored -> {out}")
 
 
+def _export(cfg: RunConfig, args: argparse.Namespace) -> None:
+    from hugerec.cli.commands import export_model
+
+    out = export_model(cfg, args.model, args.out)
+    print(f"export: bundle -> {out}   (serve it: hugerec serve {out})")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """`hugerec serve` takes bundle paths, not a training config."""
+    try:
+        from hugerec.serving.server import ServerConfig, serve
+
+        for b in args.bundles:
+            if not (b / "manifest.json").is_file():
+                raise FileNotFoundError(f"{b} is not a bundle (no manifest.json); make one with `hugerec export`")
+        config = ServerConfig(host=args.host, port=args.port, admin_token=args.admin_token)
+        serve(args.bundles, host=args.host, port=args.port, config=config, threads=args.threads)
+        return 0
+    except (ValueError, FileNotFoundError) as e:
+        if os.environ.get("HUGEREC_DEBUG"):
+            raise
+        print(f"hugerec serve: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
 def _quickstart(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.commands import preprocess, synth, train
 
@@ -224,4 +281,5 @@ RUNNERS: dict[str, Callable[[RunConfig, argparse.Namespace], None]] = {
     "train": _train,
     "evaluate": _evaluate,
     "predict": _predict,
+    "export": _export,
 }

@@ -233,3 +233,15 @@ def predict_to_parquet(cfg: RunConfig, model_path: Path | None = None) -> tuple[
             rows += probs.numel()
     tmp.replace(out)  # no half-written predictions under the final name
     return out, rows
+
+
+# -- export -------------------------------------------------------------------------------------
+def export_model(cfg: RunConfig, model_path: Path | None = None, out: Path | None = None) -> Path:
+    """model.pt (+ the fitted workflow next to the preprocessed data, when there is one) -> serving bundle."""
+    from hugerec.serving.export import export_bundle  # the serving stack is only needed here
+
+    model, schema = load_model(model_path or cfg.out_dir / "model.pt")
+    workflow_dir = Path(cfg.preprocess.out) / "workflow"
+    workflow = Workflow.load(workflow_dir) if workflow_dir.is_dir() else None
+    target = out or cfg.out_dir / "bundle"
+    return export_bundle(model, target, schema=schema, workflow=workflow, overwrite=True)

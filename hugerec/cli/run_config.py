@@ -156,8 +156,7 @@ class RunConfig:
 
     @property
     def out_dir(self) -> Path:
-        assert self.train.out_dir is not None  # load_run_config fills it in
-        return Path(self.train.out_dir)
+        return Path(self.train.out_dir or ".")
 
 
 def read_model_config(d: Mapping[str, Any]) -> ModelConfig:
@@ -183,6 +182,8 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
         if isinstance(train, dict):
             train.setdefault("out_dir", f"runs/{Path(path).stem}")
     cfg = from_dict(RunConfig, data, "", READERS)
+    if cfg.train.out_dir is None:
+        raise ConfigError("train.out_dir: give a folder for the model, the log and the plot")
     cfg.model_config()  # check [model] now, not after the data was read
     if path is not None:
         cfg = _resolve_inputs(cfg, Path(path).resolve().parent)

@@ -71,6 +71,7 @@ def test_inputs_are_found_next_to_the_config(tmp_path: Path, monkeypatch: pytest
         ("train.epochs=0", "train: TrainConfig: epochs must be >= 1, got 0"),
         ("train.precision=fp8", "train.precision: 'fp8' is not one of ['fp32', 'bf16', 'fp16']"),
         ("data.batch_size=0", "data: batch_size must be >= 1, got 0"),
+        ("train.out_dir=none", "train.out_dir: give a folder"),
         ("model.dropout=2.0", "model: DLRMConfig: dropout must be in [0, 1), got 2.0"),
     ],
 )

@@ -23,6 +23,16 @@ def test_quickstart_reports_auc_next_to_the_oracle(
     assert '"auc": 0.' in capsys.readouterr().out
     assert main(["predict", *TINY, "predict.out=scores.parquet"]) == 0
     assert "-> scores.parquet" in capsys.readouterr().out
+    assert main(["export", *TINY]) == 0
+    bundle = tmp_path / "runs" / "quickstart" / "bundle"
+    assert f"bundle -> {bundle.relative_to(tmp_path)}" in capsys.readouterr().out
+    assert (bundle / "manifest.json").is_file() and (bundle / "workflow").is_dir()
+
+
+def test_serve_refuses_what_is_not_a_bundle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"hugerec serve: error: {tmp_path} is not a bundle (no manifest.json); make one with `hugerec export`"
 
 
 @pytest.mark.parametrize(

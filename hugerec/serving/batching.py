@@ -4,8 +4,9 @@
     await future   <-- outputs[rows of this request] ------------------------------------------+
 
 Lives on the server's event loop. A batch starts when `max_batch_size` rows wait or `max_delay_ms`
-after the first request arrived; one batch runs at a time, and requests arriving meanwhile form
-the next one. A request bigger than `max_batch_size` runs alone. Small batches run inline on the
+after the first request arrived (0, the default: once the loop has handled what was already
+received, so a lone request waits for nothing); one batch runs at a time, and requests arriving
+meanwhile form the next one. A request bigger than `max_batch_size` runs alone. Small batches run inline on the
 event loop: they take less time than handing them to a thread would; batches of `offload_rows`
 or more run on a worker thread, so the loop keeps decoding requests while torch kernels (which
 release the GIL) compute.
@@ -30,7 +31,7 @@ class BatchingConfig:
     offload_rows: batches at least this big run on a worker thread."""
 
     max_batch_size: int = 1024
-    max_delay_ms: float = 1.0
+    max_delay_ms: float = 0.0
     max_queue: int = 4096
     offload_rows: int = 256
 
@@ -106,9 +107,11 @@ class DynamicBatcher:
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._busy or not self._pending:
             return  # the running batch schedules the next one when it ends
-        if self._rows >= self.config.max_batch_size or self.config.max_delay_ms == 0:
+        if self._rows >= self.config.max_batch_size:
             self._start(loop)
         elif self._timer is None:
+            # delay 0: start once the event loop has handled what is ready now (requests already
+            # received join this batch; a lone request waits for nothing)
             self._timer = loop.call_later(self.config.max_delay_ms / 1000, self._start, loop)
 
     def _take(self) -> list[_Pending]:

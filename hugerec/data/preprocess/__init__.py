@@ -6,6 +6,7 @@ from hugerec.data.preprocess.encoding import CountEncoding, TargetEncoding
 from hugerec.data.preprocess.errors import BadInputError, OnError, RowError, SkipReport
 from hugerec.data.preprocess.grouping import Agg, Groupby
 from hugerec.data.preprocess.numeric import Bucketize, Clip, FillMissing, FillStrategy, LogOp, Normalize
+from hugerec.data.preprocess.shuffle import repartition
 from hugerec.data.preprocess.temporal import CyclicTime, DifferenceLag, TimeFeature, TimeUnit
 from hugerec.data.preprocess.workflow import TransformResult, Workflow
 
@@ -36,4 +37,5 @@ __all__ = [
     "TimeUnit",
     "TransformResult",
     "Workflow",
+    "repartition",
 ]

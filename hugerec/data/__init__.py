@@ -1,7 +1,9 @@
 """Data: schema, readers, synthetic generator, Parquet shards and the loader that yields `Batch`es."""
 
+from hugerec.data import preprocess
 from hugerec.data.criteo import criteo_to_parquet, read_criteo
 from hugerec.data.loader import Loader, load
+from hugerec.data.preprocess import Dataset, Workflow
 from hugerec.data.readers import ConvertReport, read, to_parquet
 from hugerec.data.schema import Column, ColumnKind, DimRule, Schema, ValueType
 from hugerec.data.shards import ShardWriter, prebatch
@@ -19,6 +21,7 @@ __all__ = [
     "Column",
     "ColumnKind",
     "ConvertReport",
+    "Dataset",
     "DimRule",
     "Hotness",
     "IdDistribution",
@@ -28,11 +31,13 @@ __all__ = [
     "SyntheticConfig",
     "SyntheticReport",
     "ValueType",
+    "Workflow",
     "criteo_to_parquet",
     "generate",
     "iter_tables",
     "load",
     "prebatch",
+    "preprocess",
     "preset",
     "read",
     "read_criteo",

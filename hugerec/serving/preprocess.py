@@ -82,9 +82,7 @@ class RequestPreprocessor:
                 if column.list.eval(pl.element().is_null().any()).explode().any():
                     raise RequestError(f"feature {f!r} has null ids inside its lists")
                 tensors[f + LENGTHS_SUFFIX] = column.list.len().to_numpy().astype(np.int32)
-                column = column.explode()
-                if tensors[f + LENGTHS_SUFFIX].sum() == 0:
-                    column = column.clear()
+                column = column.explode()  # [N] ids, example after example (empty lists add none)
             if not column.dtype.is_integer():
                 raise RequestError(f"feature {f!r} must be integer ids after preprocessing, got {column.dtype}")
             tensors[f] = column.to_numpy()

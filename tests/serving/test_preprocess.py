@@ -98,3 +98,22 @@ def test_preprocessor_needs_a_matching_schema() -> None:
     np.testing.assert_array_equal(inputs.dense, [[1.5]])
     with pytest.raises(RequestError, match="needs 'dense'"):
         pre([{"u": 2}])
+
+
+def test_multi_hot_columns_become_jagged_ids() -> None:
+    schema = Schema.build(dense=["a"], sparse={"u": 10, "tags": 10}, multi_hot=["tags"])
+    workflow = Workflow([Normalize(["a"])])  # a workflow whose output already holds the ids
+    workflow.fit(pl.DataFrame({"label": [0, 1], "a": [1.0, 3.0], "u": [1, 2], "tags": [[1, 2], []]}))
+    pre = RequestPreprocessor(Signature(1, ("u", "tags")), schema, workflow)
+    inputs = pre(
+        [{"a": 2.0, "u": 3, "tags": [4, 5, 6]}, {"a": 1.0, "u": 1, "tags": []}, {"a": 3.0, "u": 2, "tags": [7]}]
+    )
+    np.testing.assert_array_equal(inputs.ids["tags"][0], [4, 5, 6, 7])
+    np.testing.assert_array_equal(inputs.ids["tags"][1], [3, 0, 1])
+    np.testing.assert_allclose(inputs.dense[:, 0], [0.0, -1.0, 1.0])
+    with pytest.raises(RequestError, match="null ids inside"):
+        pre([{"a": 2.0, "u": 3, "tags": [4, None]}])
+    with pytest.raises(RequestError, match=r"lacks features \['u'\]"):
+        pre([{"a": 2.0, "tags": [4]}])
+    with pytest.raises(RequestError, match="missing or null in 1 instances"):
+        pre([{"a": 2.0, "u": 1, "tags": [4]}, {"a": 2.0, "tags": [4]}])

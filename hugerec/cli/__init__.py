@@ -157,6 +157,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve.add_argument("--threads", type=int, default=None, help="torch threads for scoring (default: torch's)")
+    serve.add_argument("--updates-dir", help="apply the deltas published to this directory while serving")
+    serve.add_argument("--redis-url", help="keep tier 2 (all rows) in this Redis server, shared by replicas")
+    serve.add_argument("--updates-stream", help="also apply updates from this Redis stream (of --redis-url)")
+    serve.add_argument("--state-dir", help="RocksDB tier and kept dense weights (default: BUNDLE/state)")
+    serve.add_argument("--max-delay-ms", type=float, default=None, help="dynamic batching: wait this long to merge")
     serve.add_argument("--admin-token", default=os.environ.get("HUGEREC_ADMIN_TOKEN"), help=argparse.SUPPRESS)
     return parser
 
@@ -228,13 +233,22 @@ def _export(cfg: RunConfig, args: argparse.Namespace) -> None:
 def _serve(args: argparse.Namespace) -> int:
     """`hugerec serve` takes bundle paths, not a training config."""
     try:
+        from hugerec.serving.batching import BatchingConfig
+        from hugerec.serving.loader import ServeOptions
         from hugerec.serving.server import ServerConfig, serve
 
         for b in args.bundles:
             if not (b / "manifest.json").is_file():
                 raise FileNotFoundError(f"{b} is not a bundle (no manifest.json); make one with `hugerec export`")
-        config = ServerConfig(host=args.host, port=args.port, admin_token=args.admin_token)
-        serve(args.bundles, host=args.host, port=args.port, config=config, threads=args.threads)
+        batching = BatchingConfig() if args.max_delay_ms is None else BatchingConfig(max_delay_ms=args.max_delay_ms)
+        config = ServerConfig(host=args.host, port=args.port, admin_token=args.admin_token, batching=batching)
+        options = ServeOptions(
+            state_dir=args.state_dir,
+            redis_url=args.redis_url,
+            updates_dir=args.updates_dir,
+            updates_stream=args.updates_stream,
+        )
+        serve(args.bundles, host=args.host, port=args.port, options=options, config=config, threads=args.threads)
         return 0
     except (ValueError, FileNotFoundError) as e:
         if os.environ.get("HUGEREC_DEBUG"):

@@ -4,6 +4,10 @@ runs/quickstart/raw/            synth: Parquet shards, schema.json, synthetic.js
 runs/quickstart/data/           preprocess: train/, eval/, workflow/, schema.json (cardinalities)
 runs/quickstart/                train: model.pt, metrics.jsonl, curves.png, tensorboard/, checkpoints/
 runs/quickstart/predictions.parquet   predict: one probability per input row, in input order
+
+`torchrun --nproc-per-node W -m hugerec train CONFIG.toml` trains the same config on W ranks: the
+embedding tables sharded by the planner's plan, each rank reading its part of the data; rank 0 prints,
+logs and writes model.pt (the whole model, gathered from the final sharded checkpoint).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+import torch.distributed as dist
 
 from hugerec.cli.config_file import ConfigError, to_dict
 from hugerec.cli.run_config import RawFormat, RunConfig
@@ -31,6 +36,10 @@ from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.data.shards import ShardWriter, expand_paths, iter_row_groups
 from hugerec.data.synthetic import SyntheticReport, generate, preset
+from hugerec.distributed.checkpoint import load_checkpoint as load_sharded_checkpoint
+from hugerec.distributed.launch import init_from_env, launched_by_torchrun
+from hugerec.distributed.planner import Workload, plan
+from hugerec.distributed.shard import shard
 from hugerec.embedding.config import TableConfig
 from hugerec.embedding.optimizers import optimizer_from_dict, optimizer_to_dict
 from hugerec.models.config import build_model, model_config_from_dict, model_config_to_dict
@@ -138,6 +147,8 @@ def _rows(folder: Path) -> int:
 def train(cfg: RunConfig) -> History:
     schema = read_schema(cfg.data.schema_path, "data.schema")
     tables = [replace(t, dtype=cfg.embedding.dtype) for t in schema.table_configs(dim=cfg.embedding.dim)]
+    if launched_by_torchrun():
+        return _train_distributed(cfg, schema, tables)
     if cfg.train.seed is not None:  # the same seed, the same initial weights
         seed_everything(cfg.train.seed)
     model = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
@@ -149,19 +160,55 @@ def train(cfg: RunConfig) -> History:
     return history
 
 
+def _train_distributed(cfg: RunConfig, schema: Schema, tables: list[TableConfig]) -> History:
+    """`train` on this rank of a torchrun job: the same model on every rank (same seed), sharded by the plan."""
+    if cfg.train.resume:
+        raise ConfigError("train.resume: resume under torchrun is not supported yet; start a fresh run")
+    env = init_from_env()
+    try:
+        seed_everything(0 if cfg.train.seed is None else cfg.train.seed)  # every rank must build the same model
+        model = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
+        sharding = plan(
+            tables, env.world_size, load=Workload(batch_size=cfg.data.batch_size), optimizer=cfg.embedding.optimizer
+        )
+        if env.rank == 0:
+            print(sharding, flush=True)
+        sharded = shard(model, sharding, device=env.device)
+        rank, world = env.rank, env.world_size
+        train_data = open_shards(cfg.data.train, "data.train", schema, cfg, cfg.data.shuffle, rank, world)
+        eval_data = (
+            None if cfg.data.eval is None else open_shards(cfg.data.eval, "data.eval", schema, cfg, False, rank, world)
+        )
+        history = fit(sharded, train_data, eval_data, cfg.train)
+    finally:
+        dist.destroy_process_group()
+    if env.rank == 0:  # the final sharded checkpoint, read whole in this one process
+        assert history.checkpoint is not None  # fit writes one at the end: the CLI always has an out_dir
+        whole = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
+        load_sharded_checkpoint(history.checkpoint, whole)
+        save_model(cfg.out_dir / "model.pt", whole, cfg, schema, tables)
+        (cfg.out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str) + "\n")
+    return history
+
+
 def read_schema(path: str, where: str) -> Schema:
     if not Path(path).is_file():
         raise ConfigError(f"{where}: no schema at {path}; run `hugerec preprocess` first or set {where}")
     return Schema.load(path)
 
 
-def open_shards(paths: str, where: str, schema: Schema, cfg: RunConfig, shuffle: bool = False) -> Loader:
-    """The loader over `paths`, with dataset mistakes (no files, no rows, wrong columns) as one-line errors."""
+def open_shards(
+    paths: str, where: str, schema: Schema, cfg: RunConfig, shuffle: bool = False, rank: int = 0, world_size: int = 1
+) -> Loader:
+    """The loader over `paths` (rank's part of world_size), with dataset mistakes (no files, no rows, wrong
+    columns) as one-line errors."""
     try:
         files = expand_paths(paths)
         if sum(pq.read_metadata(f).num_rows for f in files) == 0:
             raise ValueError(f"{paths} holds no rows (empty dataset)")
-        return load(files, schema, cfg.data.batch_size, shuffle=shuffle, seed=cfg.data.seed)
+        return load(
+            files, schema, cfg.data.batch_size, shuffle=shuffle, seed=cfg.data.seed, rank=rank, world_size=world_size
+        )
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(f"{where}: {e}") from None
 

@@ -11,6 +11,10 @@
 Resuming continues exactly: a checkpoint holds the model (with the embedding rows and their
 optimizer state), the dense optimizer, the loss scaler, the loader position, the step and every
 RNG state, and the learning-rate schedule is a pure function of the step.
+
+Under torch.distributed (torchrun) every rank calls `fit` with its own part of the data: rank 0 alone
+shows progress and writes logs, TensorBoard and the plot; logged losses and eval metrics are over all
+ranks; a sharded model is checkpointed collectively into checkpoints/sharded/step-N/ (not resumable yet).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
+import shutil
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -26,10 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from hugerec.distributed.checkpoint import save_checkpoint as save_sharded_checkpoint
+from hugerec.distributed.shard import sharded_collections
 from hugerec.sparse.batch import Batch
 from hugerec.training.checkpoint import (
     latest_checkpoint,
@@ -166,19 +174,26 @@ def fit(
     """
     cfg = config or TrainConfig()
     run = _Run(model, train_data, eval_data, cfg, optimizer)
+    if cfg.resume and run.world > 1:
+        raise ValueError("fit: resume under torchrun (world_size > 1) is not supported yet; start a fresh run")
     resume_from = latest_checkpoint(run.ckpt_dir) if cfg.resume and run.ckpt_dir is not None else None
     if resume_from is not None:
         run.load_state_dict(load_checkpoint(resume_from, map_location=run.device))
     else:
-        if run.ckpt_dir is not None:
+        if run.ckpt_dir is not None and run.rank == 0:
             remove_checkpoints(run.ckpt_dir)  # a fresh run replaces an old run's outputs in out_dir
+            shutil.rmtree(run.ckpt_dir / "sharded", ignore_errors=True)
+        if run.world > 1:
+            dist.barrier()  # no rank writes a checkpoint before rank 0 has cleared the old ones
         if cfg.seed is not None:
             seed_everything(cfg.seed)
     if cfg.compile:
         _compile_dense(model)
     total = cfg.max_steps if cfg.max_steps is not None else _epoch_length(train_data, cfg.epochs)
-    run.bar = tqdm(total=total, initial=run.step, disable=not cfg.progress, unit="step", dynamic_ncols=True)
-    run.log = RunLog(run.out_dir, tensorboard=cfg.tensorboard, append=resume_from is not None)
+    show = cfg.progress and run.rank == 0
+    run.bar = tqdm(total=total, initial=run.step, disable=not show, unit="step", dynamic_ncols=True)
+    log_dir = run.out_dir if run.rank == 0 else None
+    run.log = RunLog(log_dir, tensorboard=cfg.tensorboard, append=resume_from is not None)
     if resume_from is not None:
         run.log.write("resume", run.step, {"epoch": float(run.epoch)})
     done = cfg.max_steps is not None and run.step >= cfg.max_steps
@@ -217,7 +232,7 @@ def fit(
         run.log.close()
     history = run.history
     history.steps = run.step
-    if run.out_dir is not None and cfg.plot:
+    if run.out_dir is not None and cfg.plot and run.rank == 0:
         history.plot = plot_curves(history.train, history.evals, run.out_dir / "curves.png")
     return history
 
@@ -234,6 +249,8 @@ class _Run:
         optimizer: torch.optim.Optimizer | None,
     ) -> None:
         self.model, self.train_data, self.eval_data, self.cfg = model, train_data, eval_data, cfg
+        self.rank, self.world = _rank_and_world()
+        self.sharded = bool(sharded_collections(model))
         self.device = resolve_device(cfg.device)
         if cfg.precision is Precision.FP16 and self.device.type != "cuda":
             raise ValueError(f"fit: precision fp16 needs a CUDA device (got {self.device}); use bf16 on CPU")
@@ -294,6 +311,12 @@ class _Run:
 
     def log_window(self) -> None:
         mean_loss = float(self.window_loss) / self.window_steps
+        samples = float(self.window_samples)
+        if self.world > 1:  # every rank logs (and checks) the mean loss over all ranks
+            totals = torch.stack([self.window_loss.detach().float(), torch.full_like(self.window_loss, samples)])
+            dist.all_reduce(totals)
+            mean_loss = float(totals[0]) / (self.window_steps * self.world)
+            samples = float(totals[1])
         if not math.isfinite(mean_loss):
             raise FloatingPointError(
                 f"fit: training diverged, loss is {mean_loss} at step {self.step}; try a lower learning rate"
@@ -303,7 +326,7 @@ class _Run:
             "epoch": float(self.epoch),
             "loss": mean_loss,
             "lr": float(self.opt.param_groups[0]["lr"]),
-            "samples_per_s": self.window_samples / max(elapsed, 1e-9),
+            "samples_per_s": samples / max(elapsed, 1e-9),
         }
         self.history.train.append({"step": float(self.step), **record})
         self.log.write("train", self.step, record)
@@ -327,10 +350,26 @@ class _Run:
     def checkpoint(self) -> None:
         if self.ckpt_dir is None or self.last_checkpoint_step == self.step:
             return
-        self.history.checkpoint = save_checkpoint(
-            self.ckpt_dir, self.step, self.state_dict(), keep_last=self.cfg.keep_checkpoints
-        )
+        if self.sharded:
+            self.history.checkpoint = self.sharded_checkpoint(self.ckpt_dir / "sharded")
+        elif self.rank == 0:
+            self.history.checkpoint = save_checkpoint(
+                self.ckpt_dir, self.step, self.state_dict(), keep_last=self.cfg.keep_checkpoints
+            )
         self.last_checkpoint_step = self.step
+
+    def sharded_checkpoint(self, directory: Path) -> Path:
+        """Collective: every rank writes its shards to directory/step-N/ (hugerec.distributed's format, readable
+        on any number of ranks or in one process); rank 0 then keeps the keep_checkpoints newest."""
+        target = directory / f"step-{self.step:010d}"
+        history = {"train": self.history.train, "evals": self.history.evals}
+        extra = {"step": self.step, "epoch": self.epoch, "history": history}
+        save_sharded_checkpoint(target, self.model, self.opt, extra=extra)
+        keep = self.cfg.keep_checkpoints
+        if self.rank == 0 and keep:
+            for old in sorted(p for p in directory.glob("step-*") if p.is_dir())[:-keep]:
+                shutil.rmtree(old)
+        return target
 
     def state_dict(self) -> dict[str, Any]:
         loader = _stateful(self.train_data, "state_dict")
@@ -371,10 +410,26 @@ def evaluate(
     device: torch.device | str | None = None,
     precision: Precision = Precision.FP32,
 ) -> dict[str, float]:
-    """Exact AUC, logloss, calibration (mean predicted / observed CTR), CTR and count over all of `data`."""
+    """Exact AUC, logloss, calibration (mean predicted / observed CTR), CTR and count over all of `data`.
+
+    Under torch.distributed (world_size > 1) every rank passes its own part of the data (the same
+    number of batches: a sharded model's lookups are collective) and gets the metrics over all ranks'
+    examples: the logits and labels are all-gathered before computing them.
+    """
     metrics = BinaryMetrics()
+    world = _rank_and_world()[1]
+    local: list[tuple[torch.Tensor, torch.Tensor]] = []
     for batch, logits in _score(model, data, device, precision):
         metrics.update(logits.float(), batch.labels)
+        if world > 1:
+            local.append((logits.float().cpu(), batch.labels.cpu()))
+    if world > 1:
+        parts: list[Any] = [None] * world
+        dist.all_gather_object(parts, local)
+        metrics = BinaryMetrics()
+        for part in parts:
+            for logits, labels in part:
+                metrics.update(logits, labels)
     if metrics.count == 0:
         raise ValueError("evaluate: the evaluation data yielded no examples")
     return metrics.compute()
@@ -458,6 +513,13 @@ def _compile_dense(model: nn.Module) -> None:
         compile_dense()
     else:
         model.compile()
+
+
+def _rank_and_world() -> tuple[int, int]:
+    """(rank, world_size) under torch.distributed, (0, 1) without a process group."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def _model_device(model: nn.Module) -> torch.device:

@@ -203,6 +203,8 @@ def _train(cfg: RunConfig, args: argparse.Namespace) -> None:
 
     t0 = time.perf_counter()
     history = train(cfg)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for every rank
+        return
     last = history.final_eval
     result = "" if last is None else f"; eval AUC {last['auc']:.4f} logloss {last['logloss']:.4f}"
     print(f"train: {history.steps:,} steps in {time.perf_counter() - t0:.1f} s{result}")

@@ -38,7 +38,7 @@ def test_torchrun_two_ranks_train_and_write_model(prepared: Path, tmp_path: Path
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     aucs = re.findall(r"eval AUC (\d\.\d{4})", proc.stdout)
-    assert aucs and len(set(aucs)) == 1, proc.stdout  # every rank reports the same, global AUC
+    assert len(aucs) == 1, proc.stdout  # rank 0 reports the global AUC, once
     assert "table_wise" in proc.stdout or "row_wise" in proc.stdout or "data_parallel" in proc.stdout  # the plan
     model, schema = load_model(out / "model.pt")
     assert len(schema.sparse) > 0 and sum(p.numel() for p in model.parameters()) > 0

@@ -7,6 +7,8 @@ No dense gradient, no [N, D] gradient either:
    scale), and a counting sort groups the occurrences by slot;
 2. in parallel over the unique rows: sum the row's occurrences of the output gradient into a
    D-wide local buffer, then apply the update rule to the row and its state in place.
+
+Plain SGD (no weight decay) skips both: it is linear, so each id updates its row directly.
 """
 
 from __future__ import annotations
@@ -201,6 +203,53 @@ def _sparse_backward(
             _update_row(kind, weight[r], state[r], g, dim, lrs[occ_slot[u]], hp)
 
 
+@njit(parallel=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+def _sgd_backward(
+    weight: np.ndarray,
+    values: np.ndarray,
+    offsets: np.ndarray,
+    per_sample_weights: np.ndarray,
+    plan: np.ndarray,
+    dim: int,
+    batch: int,
+    sequence: bool,
+    grad: np.ndarray,
+    lrs: np.ndarray,
+) -> None:
+    """Plain SGD is linear in the gradient: each id updates its row directly, no deduplication. In
+    parallel over tables, whose rows are disjoint, so no two threads write one row."""
+    weighted = per_sample_weights.shape[0] > 0 and not sequence
+    columns = grad.shape[1]
+    flat = grad.reshape(-1)
+    for t in prange(lrs.shape[0]):
+        lr = np.float32(lrs[t])
+        for j in range(plan.shape[0]):
+            if plan[j, TABLE] != t:
+                continue
+            f, row_offset, num_rows, col = plan[j, FEATURE], plan[j, ROW_OFFSET], plan[j, NUM_ROWS], plan[j, COLUMN]
+            feature_start, stop = offsets[f * batch], offsets[(f + 1) * batch]
+            for b in range(batch):
+                start, end = offsets[f * batch + b], offsets[f * batch + b + 1]
+                step = lr
+                if plan[j, MEAN] and not sequence:
+                    count = 0
+                    for i in range(start, end):
+                        count += 1 if 0 <= values[i] < num_rows else 0
+                    step = lr / np.float32(max(count, 1))
+                for i in range(start, end):
+                    if i + OCCURRENCES_AHEAD < stop and 0 <= values[i + OCCURRENCES_AHEAD] < num_rows:
+                        prefetch(weight, (values[i + OCCURRENCES_AHEAD] + row_offset) * weight.shape[1], dim)
+                    v = values[i]
+                    if v < 0 or v >= num_rows:
+                        continue
+                    s = step * per_sample_weights[i] if weighted else step
+                    o = (col + i - feature_start) * dim if sequence else b * columns + col
+                    g = flat[o : o + dim]
+                    row = weight[v + row_offset]
+                    for k in range(dim):
+                        put(row, k, get(row, k) - s * g[k])
+
+
 def sparse_backward(
     weight: torch.Tensor,
     state: torch.Tensor,
@@ -216,6 +265,21 @@ def sparse_backward(
     lrs: torch.Tensor,
     workspace: Workspace,
 ) -> None:
+    flat_grad = grad.detach().to(torch.float32).contiguous().numpy()
+    if rule.kind is RuleKind.SGD and rule.weight_decay == 0.0:
+        _sgd_backward(
+            as_numpy(weight),
+            values.numpy(),
+            offsets.numpy(),
+            weights_numpy(per_sample_weights),
+            plan.numpy(),
+            dim,
+            batch_size,
+            sequence,
+            flat_grad,
+            lrs.numpy(),
+        )
+        return
     n = values.shape[0]
     _sparse_backward(
         as_numpy(weight),
@@ -227,7 +291,7 @@ def sparse_backward(
         dim,
         batch_size,
         sequence,
-        grad.detach().to(torch.float32).contiguous().numpy(),
+        flat_grad,
         int(rule.kind),
         rule.hparams(),
         lrs.numpy(),

@@ -81,30 +81,71 @@ def test_tritonclient_gets_the_offline_predictions(toy: Any, server: tuple[Infer
         client.infer("toy", triton_inputs({"dense": batch.dense.numpy()}, binary))
 
 
+def _mixed_forms(toy: Any, batch: Any, form: int) -> dict[str, np.ndarray]:
+    """The KServe inputs of `batch` in one of three encodings, so that merged requests mix them:
+    0: int64 values + int32 lengths, 1: int32 values + int64 lengths, 2: [B, L] padded with -1."""
+    tensors = toy.tensors(batch)
+    match form:
+        case 0:
+            return tensors
+        case 1:
+            return {
+                k: v.astype(np.int64 if k.endswith(".lengths") else np.int32) if k != "dense" else v
+                for k, v in tensors.items()
+            }
+        case _:
+            padded = {f: batch.sparse[f].to_padded(padding_value=-1).long().numpy() for f in toy.features}
+            return {
+                "dense": tensors["dense"],
+                **{f: p if p.shape[1] else np.full((p.shape[0], 1), -1) for f, p in padded.items()},
+            }
+
+
 def test_predict_and_concurrent_requests_match_offline(toy: Any, server: tuple[InferenceServer, str]) -> None:
-    _, url = server
+    srv, url = server
     batch = toy.batch(5, seed=2)
     r = httpx.post(f"{url}/predict", json={"instances": toy.instances(batch)})
     assert r.status_code == 200, r.text
     np.testing.assert_allclose(r.json()["predictions"], toy.offline(batch), rtol=1e-5, atol=1e-6)
 
-    def one(seed: int) -> None:
-        b = toy.batch(1 + seed % 9, seed=100 + seed)
-        types = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
+    # the offline reference runs here, in one thread: the eager embedding lookup keeps per-module scratch
+    # buffers and must not be called from several threads at once (that, not the server, once failed here)
+    batches = [toy.batch(1 + seed % 9, seed=100 + seed) for seed in range(48)]
+    expected = [toy.offline(b) for b in batches]
+    # rows mixed up between merged requests would move scores by ~1e-3: far beyond the tolerance
+    assert min(np.ptp(np.concatenate(expected)), *(np.ptp(e) for e in expected if e.shape[0] > 1)) > 1e-4
+    types = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
+    merged_before = _merged_calls(srv)
+
+    def one(seed: int) -> np.ndarray:
+        tensors = _mixed_forms(toy, batches[seed], seed % 3)
         body = {
             "inputs": [
                 {"name": k, "datatype": types[v.dtype], "shape": list(v.shape), "data": v.ravel().tolist()}
-                for k, v in toy.tensors(b).items()
+                for k, v in tensors.items()
             ]
         }
         with httpx.Client() as c:
             resp = c.post(f"{url}/v2/models/toy/infer", json=body)
         assert resp.status_code == 200, resp.text
-        scores = next(o for o in resp.json()["outputs"] if o["name"] == "scores")["data"]
-        np.testing.assert_allclose(scores, toy.offline(b), rtol=1e-5, atol=1e-6)
+        return np.array(next(o for o in resp.json()["outputs"] if o["name"] == "scores")["data"])
 
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(one, range(40)))
+        got = list(pool.map(one, range(len(batches))))
+    for seed, (scores, want) in enumerate(zip(got, expected, strict=True)):
+        np.testing.assert_allclose(scores, want, rtol=1e-5, atol=1e-6, err_msg=f"request {seed}")
+    assert _merged_calls(srv) > merged_before  # some model calls served several requests
+
+
+def _merged_calls(srv: InferenceServer) -> float:
+    """Model calls of toy version 1 that served more than one request (from the batch-size histogram)."""
+    for metric in srv.metrics.registry.collect():
+        if metric.name == "hugerec_batch_requests":
+            samples = [s for s in metric.samples if s.labels.get("model") == "toy" and s.labels.get("version") == "1"]
+            total = next(s.value for s in samples if s.name.endswith("_count"))
+            one = next(s.value for s in samples if s.name.endswith("_bucket") and float(s.labels["le"]) == 1.0)
+            return total - one
+    raise AssertionError("no hugerec_batch_requests metric")
 
 
 def test_bad_requests_get_4xx_and_the_server_lives_on(server: tuple[InferenceServer, str]) -> None:

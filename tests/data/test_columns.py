@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hugerec.data.columns import _NO_ORDER, _NO_ROWS, _gather_ids, assemble, decode
+from hugerec.data.columns import _compact_ids, _scatter_ids, assemble, decode
 from hugerec.data.schema import Schema
 from hugerec.sparse.features import SparseFeatures
 
@@ -13,26 +13,41 @@ SCHEMA = Schema.build(dense=["x"], sparse={"a": 1 << 40, "m": 100}, multi_hot=["
 
 @settings(max_examples=40, deadline=None)
 @given(st.data())
-def test_gather_ids_matches_numpy(data: st.DataObject) -> None:
-    n = data.draw(st.integers(1, 40))
+def test_compact_ids_matches_numpy(data: st.DataObject) -> None:
+    n = data.draw(st.integers(0, 40))
     ids = np.array(data.draw(st.lists(st.integers(0, 2**40), min_size=n, max_size=n)), np.int64)
-    valid = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
-    has_valid = data.draw(st.booleans())
-    order = np.array(data.draw(st.permutations(range(n))), np.int64)
-    has_order = data.draw(st.booleans())
+    valid = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), np.bool_)
     start = data.draw(st.integers(0, n))
     end = data.draw(st.integers(start, n))
     out = np.full(n, -7, np.int64)
     lengths = np.full(end - start, -7, np.int32)
-    k = _gather_ids(
-        ids, valid if has_valid else _NO_ROWS, has_valid, order if has_order else _NO_ORDER, has_order,
-        start, end, out, lengths,
-    )  # fmt: skip
-    rows = order[start:end] if has_order else np.arange(start, end)
-    keep = valid[rows] if has_valid else np.ones(len(rows), bool)
+    k = _compact_ids(ids, valid, start, end, out, lengths)
+    keep = valid[start:end]
     assert k == keep.sum()
-    np.testing.assert_array_equal(out[:k], ids[rows][keep])
+    np.testing.assert_array_equal(out[:k], ids[start:end][keep])
     np.testing.assert_array_equal(lengths, keep.astype(np.int32))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_scatter_ids_matches_numpy(data: st.DataObject) -> None:
+    n = data.draw(st.integers(0, 40))
+    ids = data.draw(st.lists(st.one_of(st.none(), st.integers(-(2**40), 2**40)), min_size=n, max_size=n))
+    start = data.draw(st.integers(0, n))  # a sliced Arrow array: its bitmap starts at bit `start`
+    arr = pa.array(ids, pa.int64()).slice(start)
+    m = len(arr)
+    positions = np.array(data.draw(st.permutations(range(m))), np.int64)
+    bitmap = arr.buffers()[0]
+    has_bitmap = arr.null_count > 0 and bitmap is not None
+    bits = np.frombuffer(bitmap, np.uint8) if has_bitmap else np.zeros(0, np.uint8)
+    track = data.draw(st.booleans())
+    raw = np.frombuffer(arr.buffers()[1], np.int64, count=arr.offset + m)[arr.offset :]
+    out = np.full(m, -7, np.int64)
+    valid = np.zeros(m if track else 0, np.bool_)
+    _scatter_ids(raw, bits, arr.offset, has_bitmap, positions, out, valid)
+    np.testing.assert_array_equal(out[positions], raw)
+    if track:
+        np.testing.assert_array_equal(valid[positions], [x is not None for x in arr.to_pylist()])
 
 
 def _table(n: int) -> pa.Table:
@@ -58,8 +73,10 @@ def _reference(table: pa.Table, rows: list[int]) -> tuple[list[float], SparseFea
 @settings(max_examples=30, deadline=None)
 @given(st.integers(1, 30), st.booleans(), st.data())
 def test_assemble_matches_reference(n: int, shuffled: bool, data: st.DataObject) -> None:
-    """Pieces from two decoded windows (a batch spanning them), file order or permuted."""
-    t1, t2 = _table(n), _table(n + 3)
+    """Pieces from two decoded windows (a batch spanning them), file order or permuted; the first window
+    is made of two row groups (two Arrow chunks, the second one a slice with nonzero offsets)."""
+    split = data.draw(st.integers(0, n))
+    t1, t2 = pa.concat_tables([_table(n).slice(0, split), _table(n).slice(split)]), _table(n + 3)
     o1 = np.array(data.draw(st.permutations(range(n))), np.int64) if shuffled else None
     o2 = np.array(data.draw(st.permutations(range(n + 3))), np.int64) if shuffled else None
     c1, c2 = decode(t1, SCHEMA, o1), decode(t2, SCHEMA, o2)

@@ -4,16 +4,26 @@ Every row, for a schema with sparse features f, dense features j and label(s) t:
 
     id_f     ~ Zipf(alpha) over 0..cardinality_f-1 (id 0 the most frequent) or uniform; a multi-hot
                feature draws `Hotness` ids; missing with rate m_f (single-hot: null, multi-hot: [])
-    z_j      ~ N(0, 1);  dense_j = log1p(floor(exp(mu_j + sigma_j * z_j)))  (a log-count); missing -> 0.0
-    logit_t  = b_t + sum_f w_f * mean(e_f(id) for id in row f)      per-id effects
-                   + sum_(f,g) v_fg * e_fg(id_f, id_g)               a few pairwise interactions
-                   + sum_j c_j * z_j                                 dense terms
+    x_j      = log1p(floor(exp(mu_j + sigma_j * z))), z ~ N(0, 1)   (a log-count); missing -> 0.0
+    logit_t  = b_t + sum_f w_f * mean(s(id) e_f(id) for id in row f)           per-id effects
+                   + sum_(f,g) v_fg * <s(a) u_f(a), s(b) u_g(b)> / sqrt(r)      a few pairwise interactions
+                   + sum_j c_j * (x_j - mean_j) / std_j                       dense terms
     label_t  ~ Bernoulli(sigmoid(logit_t))
 
-The effects e(.) are unit-variance values hashed from (seed, task, feature, id): no tables, so
-memory stays O(row group) for any vocabulary. b_t is calibrated to `positive_rate`; the weights
-w, v, c are drawn from the seed and scaled so the logit's feature part has std `signal`.
-The oracle AUC (sigmoid(logit) against the sampled labels) is the best any model can score.
+e_f(id) and the r components of u_f(id) are unit-variance values hashed from (seed, task, feature,
+id): no tables, so memory stays O(row group) for any vocabulary. The model is realistic and
+learnable from a few million rows, unlike one with an independent effect per id and per id pair
+(at Criteo Kaggle cardinalities most pairs, and many tail ids, are seen once or never, so a large
+part of such labels is noise to any learner):
+- interactions are low-rank, <u_f(a), u_g(b)> (the FM / DLRM assumption): each id's latent vector
+  is learned from all rows with that id, so an interaction generalises to pairs never seen together;
+- under Zipf, ids are popularity ranks and s(id) = (1 + id / head_ids) ** -1/2 fades the tail, as
+  in real click logs, where rare values carry little signal (why frequency thresholds work);
+- dense terms are linear in the standardized value the model reads, not in a latent it cannot see.
+b_t is calibrated to `positive_rate`; the weights w, v, c are drawn from the seed and scaled, on a
+sample of rows, so that the logit's feature part has std `signal`, 70% of its variance from the
+per-id effects, 15% from the interactions and 15% from the dense terms. The oracle AUC
+(sigmoid(logit) against the sampled labels) is the best any model can score.
 
 Rows come in chunks of `row_group_rows`, each from its own RNG stream (seed, chunk): the output is
 the same for a given seed whatever the file size. Ids are already in 0..cardinality-1 (what a
@@ -77,6 +87,9 @@ class SyntheticConfig:
     missing          {column: rate in [0, 1)} for sparse and dense columns
     signal           std of the logit's feature part: higher -> higher oracle AUC
     num_interactions pairwise interaction terms between single-hot features
+    interaction_rank length of the per-id latent vectors whose dot products make the interactions
+    head_ids         under Zipf, the effects of id k scale as (1 + k / head_ids) ** -0.5: the most popular
+                     ~head_ids ids of a feature carry its signal, the tail ever less
     """
 
     schema: Schema
@@ -89,6 +102,8 @@ class SyntheticConfig:
     positive_rate: float = 0.25
     signal: float = 2.0
     num_interactions: int = 4
+    interaction_rank: int = 4
+    head_ids: float = 100.0
     seed: int = 0
     rows_per_file: int = 1 << 20
     row_group_rows: int = 1 << 16
@@ -107,6 +122,10 @@ class SyntheticConfig:
             raise ValueError(
                 f"SyntheticConfig: signal and num_interactions must be >= 0, got {self.signal}, {self.num_interactions}"
             )
+        if self.interaction_rank < 1:
+            raise ValueError(f"SyntheticConfig: interaction_rank must be >= 1, got {self.interaction_rank}")
+        if not self.head_ids > 0:
+            raise ValueError(f"SyntheticConfig: head_ids must be > 0, got {self.head_ids}")
         for c in self.schema.sparse:
             if c.cardinality is None or c.dtype is not ValueType.INT:
                 raise ValueError(
@@ -218,27 +237,28 @@ def _effects(key: np.uint64, ids: np.ndarray) -> np.ndarray:  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def _bag_mean_effects(key: np.uint64, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:  # pragma: no cover
-    """Multi-hot: [N] ids in bags of [n] lengths -> [n] mean effect per bag (0 for an empty bag)."""
-    n = lengths.size
-    offsets = np.zeros(n + 1, np.int64)
-    offsets[1:] = np.cumsum(lengths)
-    out = np.zeros(n)
-    for r in range(n):
+def _bag_means(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """Multi-hot: [N] per-id values in bags of [n] lengths -> [n] mean per bag (0 for an empty bag)."""
+    out = np.zeros(lengths.size)
+    start = 0
+    for r in range(lengths.size):
         s = 0.0
-        for i in range(offsets[r], offsets[r + 1]):
-            s += _unit(_mix(np.uint64(ids[i]) ^ key))
+        for i in range(start, start + lengths[r]):
+            s += values[i]
         if lengths[r] > 0:
             out[r] = s / lengths[r]
+        start += lengths[r]
     return out
 
 
 @njit(cache=True, nogil=True)
-def _pair_effects(key: np.uint64, a: np.ndarray, b: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
-    """[n] id pairs -> [n] effects e(key, a, b)."""
-    out = np.empty(a.size)
-    for i in range(a.size):
-        out[i] = _unit(_mix(_mix(np.uint64(a[i]) ^ key) ^ np.uint64(b[i])))
+def _latent(key: np.uint64, ids: np.ndarray, rank: int) -> np.ndarray:  # pragma: no cover - compiled
+    """[n] ids -> [n, rank] unit-variance latent vectors u(key, id)."""
+    out = np.empty((ids.size, rank))
+    for i in range(ids.size):
+        h = _mix(np.uint64(ids[i]) ^ key)
+        for k in range(rank):
+            out[i, k] = _unit(_mix(h ^ np.uint64(k)))
     return out
 
 
@@ -261,11 +281,11 @@ def _power_law_ids(u: np.ndarray, cardinality: int, alpha: float) -> np.ndarray:
 class _Task:
     """Hidden model of one label."""
 
-    keys: np.ndarray  # [F] uint64 per sparse feature
+    keys: np.ndarray  # [F] uint64 per sparse feature: its per-id effects
     missing_keys: np.ndarray  # [F] uint64: effect of a missing value
+    latent_keys: np.ndarray  # [F] uint64: its per-id latent vectors (the same for every pair it is in)
     w: np.ndarray  # [F]
     pairs: tuple[tuple[int, int], ...]  # sparse feature index pairs
-    pair_keys: np.ndarray  # [P] uint64
     v: np.ndarray  # [P]
     c: np.ndarray  # [Dd]
     bias: float
@@ -275,6 +295,8 @@ class _Task:
 class _Model:
     mu: np.ndarray  # [Dd] log-count location
     sigma: np.ndarray  # [Dd] log-count scale
+    dense_mean: np.ndarray  # [Dd] of the written dense values, to standardize them in the logit
+    dense_std: np.ndarray  # [Dd]
     tasks: tuple[_Task, ...]
 
 
@@ -290,29 +312,20 @@ def _draw_model(cfg: SyntheticConfig) -> _Model:
         f, d = len(sparse), len(dense)
         n_pairs = min(cfg.num_interactions, len(all_pairs))
         picked = rng.choice(len(all_pairs), size=n_pairs, replace=False) if n_pairs else np.zeros(0, np.int64)
-        w = rng.uniform(0.2, 1.0, f)
-        v = rng.uniform(0.5, 1.0, n_pairs)
-        c = rng.uniform(0.2, 1.0, d) * rng.choice([-1.0, 1.0], d)
-        # Sparse terms carry ~70% of the variance, interactions and dense terms share the rest.
-        shares = [(w, 0.7), (v, 0.15), (c, 0.15)]
-        present = sum(s for x, s in shares if x.size)
-        for x, s in shares:
-            if x.size:
-                x *= cfg.signal * math.sqrt(s / present) / math.sqrt(float(np.sum(x**2)))
         tasks.append(
             _Task(
                 keys=rng.integers(0, 2**63, f, dtype=np.uint64),
                 missing_keys=rng.integers(0, 2**63, f, dtype=np.uint64),
-                w=w,
+                latent_keys=rng.integers(0, 2**63, f, dtype=np.uint64),
+                w=rng.uniform(0.2, 1.0, f),  # relative weights; _calibrate scales each group to its share
                 pairs=tuple((all_pairs[i][0], all_pairs[i][1]) for i in picked),
-                pair_keys=rng.integers(0, 2**63, n_pairs, dtype=np.uint64),
-                v=v,
-                c=c,
+                v=rng.uniform(0.5, 1.0, n_pairs),
+                c=rng.uniform(0.2, 1.0, d) * rng.choice([-1.0, 1.0], d),
                 bias=0.0,
             )
         )
-    model = _Model(mu, sigma, tuple(tasks))
-    return _calibrate(cfg, model)
+    ones = np.ones(len(dense))
+    return _calibrate(cfg, _Model(mu, sigma, np.zeros(len(dense)), ones, tuple(tasks)))
 
 
 @dataclass
@@ -322,8 +335,7 @@ class _Chunk:
     ids: list[np.ndarray]  # per sparse feature: [n] (single-hot) or [sum lengths] (multi-hot) int64
     lengths: list[np.ndarray | None]  # per sparse feature: [n] int64 for multi-hot, None for single-hot
     present: list[np.ndarray]  # per sparse feature: [n] bool
-    z: np.ndarray  # [n, Dd] latent dense values
-    dense_present: np.ndarray  # [n, Dd] bool
+    dense: np.ndarray  # [n, Dd] the written dense values: log1p(count), 0.0 where missing
 
 
 def _sample_ids(cfg: SyntheticConfig, rng: np.random.Generator, cardinality: int, n: int) -> np.ndarray:
@@ -357,30 +369,55 @@ def _sample_chunk(cfg: SyntheticConfig, model: _Model, rng: np.random.Generator,
     z = rng.standard_normal((n, len(dense)))
     rates = np.array([cfg.missing.get(c.name, 0.0) for c in dense])
     dense_present = rng.random((n, len(dense))) >= rates
-    return _Chunk(ids, lengths, present, z, dense_present)
+    counts = np.floor(np.exp(model.mu + model.sigma * z))  # [n, Dd]
+    return _Chunk(ids, lengths, present, np.where(dense_present, np.log1p(counts), 0.0))
 
 
-def _logits(model: _Model, task: _Task, chunk: _Chunk, n: int) -> np.ndarray:
-    """[n] logits of one task, without the bias."""
-    logit = np.zeros(n)
+def _amplitude(cfg: SyntheticConfig, ids: np.ndarray) -> np.ndarray:
+    """[N] ids -> [N] scale of their effects: under Zipf the id is the popularity rank, and the tail fades."""
+    match cfg.distribution:
+        case IdDistribution.UNIFORM:
+            return np.ones(ids.size)
+        case IdDistribution.ZIPF:
+            return 1.0 / np.sqrt(1.0 + ids / cfg.head_ids)
+
+
+def _parts(cfg: SyntheticConfig, model: _Model, task: _Task, chunk: _Chunk) -> tuple[np.ndarray, ...]:
+    """([n] per-id part, [n] interaction part, [n] dense part) of one task's logit, unweighted by group."""
+    n = chunk.dense.shape[0]
+    per_id = np.zeros(n)
     for f, (ids, lens, keep) in enumerate(zip(chunk.ids, chunk.lengths, chunk.present, strict=True)):
-        eff = _effects(task.keys[f], ids) if lens is None else _bag_mean_effects(task.keys[f], ids, lens)
+        eff = _effects(task.keys[f], ids) * _amplitude(cfg, ids)
+        eff = eff if lens is None else _bag_means(eff, lens)
         missing = _effects(task.missing_keys[f], np.zeros(1, np.int64))[0]
-        logit += task.w[f] * np.where(keep, eff, missing)
-    for (a, b), key, v in zip(task.pairs, task.pair_keys, task.v, strict=True):
-        eff = _pair_effects(key, chunk.ids[a], chunk.ids[b])
-        logit += v * np.where(chunk.present[a] & chunk.present[b], eff, 0.0)
-    if task.c.size:
-        logit += (chunk.z * chunk.dense_present) @ task.c
-    return logit
+        per_id += task.w[f] * np.where(keep, eff, missing)
+    pairwise = np.zeros(n)
+    rank = cfg.interaction_rank
+    for (a, b), v in zip(task.pairs, task.v, strict=True):
+        ua = _latent(task.latent_keys[a], chunk.ids[a], rank) * _amplitude(cfg, chunk.ids[a])[:, None]  # [n, r]
+        ub = _latent(task.latent_keys[b], chunk.ids[b], rank) * _amplitude(cfg, chunk.ids[b])[:, None]
+        pairwise += v * np.where(chunk.present[a] & chunk.present[b], np.sum(ua * ub, axis=1), 0.0) / math.sqrt(rank)
+    dense = ((chunk.dense - model.dense_mean) / model.dense_std) @ task.c
+    return per_id, pairwise, dense
+
+
+def _logits(cfg: SyntheticConfig, model: _Model, task: _Task, chunk: _Chunk) -> np.ndarray:
+    """[n] logits of one task, with the bias."""
+    return sum(_parts(cfg, model, task, chunk), np.full(chunk.dense.shape[0], task.bias))
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
+# Shares of the logit variance: per-id effects, pairwise interactions, dense terms.
+_SHARES = (0.7, 0.15, 0.15)
+
+
 def _calibrate(cfg: SyntheticConfig, model: _Model) -> _Model:
-    """Solves each task's bias so that the mean click probability is `positive_rate` (bisection)."""
+    """On a sample of rows: standardizes the dense values, scales the weights so that the logit's feature part
+    has std `signal` split by _SHARES (measured, so tail amplitudes and missing values count), and solves each
+    task's bias so that the mean click probability is `positive_rate` (bisection)."""
     rng = np.random.default_rng([cfg.seed, 0xCA11B])
     ids_per_row = sum(
         1.0 if not c.multi_hot else (cfg.hotness_of(c.name).low + (cfg.hotness_of(c.name).high or 0)) / 2
@@ -388,9 +425,19 @@ def _calibrate(cfg: SyntheticConfig, model: _Model) -> _Model:
     )
     rows = int(np.clip(_CALIBRATION_IDS // max(ids_per_row, 1.0), 4096, 1 << 16))  # wide rows need fewer
     chunk = _sample_chunk(cfg, model, rng, rows)
+    std = chunk.dense.std(axis=0)
+    model = dataclasses.replace(model, dense_mean=chunk.dense.mean(axis=0), dense_std=np.where(std > 0, std, 1.0))
     tasks = []
     for task in model.tasks:
-        logit = _logits(model, task, chunk, rows)
+        parts = _parts(cfg, model, task, chunk)
+        stds = [float(p.std()) for p in parts]
+        total = sum(share for sd, share in zip(stds, _SHARES, strict=True) if sd > 0)
+        scale = [
+            cfg.signal * math.sqrt(share / total) / sd if sd > 0 else 0.0
+            for sd, share in zip(stds, _SHARES, strict=True)
+        ]
+        task = dataclasses.replace(task, w=task.w * scale[0], v=task.v * scale[1], c=task.c * scale[2])
+        logit: np.ndarray = parts[0] * scale[0] + parts[1] * scale[1] + parts[2] * scale[2]
         lo, hi = -30.0, 30.0
         for _ in range(60):
             mid = (lo + hi) / 2
@@ -399,15 +446,12 @@ def _calibrate(cfg: SyntheticConfig, model: _Model) -> _Model:
     return dataclasses.replace(model, tasks=tuple(tasks))
 
 
-def _to_table(cfg: SyntheticConfig, model: _Model, chunk: _Chunk, labels: np.ndarray) -> pa.Table:
+def _to_table(cfg: SyntheticConfig, chunk: _Chunk, labels: np.ndarray) -> pa.Table:
     cols: dict[str, pa.Array] = {}
     for t, name in enumerate(cfg.schema.label_names):
         cols[name] = pa.array(labels[:, t].astype(np.float32))
-    if cfg.schema.dense:
-        counts = np.floor(np.exp(model.mu + model.sigma * chunk.z))  # [n, Dd]
-        values = np.where(chunk.dense_present, np.log1p(counts), 0.0).astype(np.float32)
-        for j, name in enumerate(cfg.schema.dense_names):
-            cols[name] = pa.array(values[:, j])
+    for j, name in enumerate(cfg.schema.dense_names):
+        cols[name] = pa.array(chunk.dense[:, j].astype(np.float32))
     for col, ids, lens, keep in zip(cfg.schema.sparse, chunk.ids, chunk.lengths, chunk.present, strict=True):
         assert col.cardinality is not None
         dtype = np.int32 if col.cardinality <= _INT32_MAX else np.int64
@@ -444,9 +488,9 @@ def _make_chunk(cfg: SyntheticConfig, model: _Model, k: int) -> tuple[pa.Table, 
     n = min(cfg.row_group_rows, cfg.num_rows - k * cfg.row_group_rows)
     rng = np.random.default_rng([cfg.seed, k])
     chunk = _sample_chunk(cfg, model, rng, n)
-    probs = np.stack([_sigmoid(_logits(model, t, chunk, n) + t.bias) for t in model.tasks], axis=1)  # [n, T]
+    probs = np.stack([_sigmoid(_logits(cfg, model, t, chunk)) for t in model.tasks], axis=1)  # [n, T]
     labels = rng.random(probs.shape) < probs
-    return _to_table(cfg, model, chunk, labels), probs, labels
+    return _to_table(cfg, chunk, labels), probs, labels
 
 
 def _iter_chunks(cfg: SyntheticConfig) -> Iterator[tuple[pa.Table, np.ndarray, np.ndarray]]:

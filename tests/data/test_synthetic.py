@@ -13,10 +13,16 @@ from hugerec.data.synthetic import (
     Hotness,
     IdDistribution,
     SyntheticConfig,
+    _amplitude,
     _AucHistogram,
-    _bag_mean_effects,
+    _bag_means,
+    _Chunk,
+    _draw_model,
     _effects,
+    _latent,
+    _parts,
     _power_law_ids,
+    _sample_chunk,
     generate,
     iter_tables,
     preset,
@@ -96,19 +102,26 @@ def test_config_errors() -> None:
         _small(column_hotness={"a": Hotness(2)})
     with pytest.raises(ValueError, match="low <= high"):
         Hotness(3, 2)
+    with pytest.raises(ValueError, match="interaction_rank must be >= 1, got 0"):
+        _small(interaction_rank=0)
+    with pytest.raises(ValueError, match="head_ids must be > 0, got -1"):
+        _small(head_ids=-1.0)
+
+
+def _ref_hash(x: int) -> int:
+    mask = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+def _ref_unit(h: int) -> float:
+    return (h >> 11) * 2.0**-53 * math.sqrt(12.0) - math.sqrt(3.0)
 
 
 def _ref_effect(key: int, ids: np.ndarray) -> np.ndarray:
-    mask = (1 << 64) - 1
-    out = []
-    for i in ids.tolist():
-        x = ((i & mask) ^ key) & mask
-        x = (x + 0x9E3779B97F4A7C15) & mask
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
-        x = x ^ (x >> 31)
-        out.append((x >> 11) * 2.0**-53 * math.sqrt(12.0) - math.sqrt(3.0))
-    return np.array(out)
+    return np.array([_ref_unit(_ref_hash(i ^ key)) for i in ids.tolist()])
 
 
 @settings(max_examples=25, deadline=None)
@@ -116,16 +129,53 @@ def _ref_effect(key: int, ids: np.ndarray) -> np.ndarray:
     st.lists(st.integers(0, 2**62), min_size=0, max_size=20),
     st.integers(0, 2**63 - 1),
     st.lists(st.integers(0, 4), min_size=1, max_size=6),
+    st.integers(1, 5),
 )
-def test_effect_kernels_match_reference(ids: list[int], key: int, lengths: list[int]) -> None:
+def test_effect_kernels_match_reference(ids: list[int], key: int, lengths: list[int], rank: int) -> None:
     arr = np.array(ids, dtype=np.int64)
     np.testing.assert_allclose(_effects(np.uint64(key), arr), _ref_effect(key, arr), rtol=1e-12, atol=1e-12)
+    ref_latent = np.array([[_ref_unit(_ref_hash(_ref_hash(i ^ key) ^ k)) for k in range(rank)] for i in ids])
+    np.testing.assert_allclose(_latent(np.uint64(key), arr, rank), ref_latent.reshape(len(ids), rank), atol=1e-12)
     lens = np.array(lengths, dtype=np.int64)
-    bag_ids = np.arange(lens.sum(), dtype=np.int64) * 7919
-    eff = _ref_effect(key, bag_ids)
+    values = np.sin(np.arange(lens.sum(), dtype=np.float64))
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-    ref = np.array([eff[s : s + n].mean() if n else 0.0 for s, n in zip(starts, lens, strict=True)])
-    np.testing.assert_allclose(_bag_mean_effects(np.uint64(key), bag_ids, lens), ref, rtol=1e-9, atol=1e-12)
+    ref = np.array([values[s : s + n].mean() if n else 0.0 for s, n in zip(starts, lens, strict=True)])
+    np.testing.assert_allclose(_bag_means(values, lens), ref, rtol=1e-9, atol=1e-12)
+
+
+def test_tail_ids_carry_less_signal() -> None:
+    ids = np.array([0, 100, 900, 10**6])
+    np.testing.assert_allclose(_amplitude(_small(head_ids=100.0), ids), [1.0, 0.5**0.5, 0.1**0.5, (1 + 10**4) ** -0.5])
+    np.testing.assert_allclose(_amplitude(_small(distribution=IdDistribution.UNIFORM), ids), 1.0)
+
+
+def _all_pairs_chunk(cfg: SyntheticConfig) -> _Chunk:
+    """Every (a, b) id pair of the two single-hot columns once, nothing missing."""
+    a, b = np.meshgrid(np.arange(50), np.arange(50), indexing="ij")  # [50, 50] each
+    n = a.size
+    return _Chunk([a.ravel(), b.ravel()], [None, None], [np.ones(n, bool)] * 2, np.zeros((n, 0)))
+
+
+@pytest.mark.parametrize("rank", [1, 3])
+def test_interactions_are_low_rank_products_of_per_id_vectors(rank: int) -> None:
+    schema = Schema.build(sparse={"a": 50, "b": 50})
+    cfg = SyntheticConfig(schema, 100, num_interactions=1, interaction_rank=rank)
+    model = _draw_model(cfg)
+    _, pairwise, _ = _parts(cfg, model, model.tasks[0], _all_pairs_chunk(cfg))
+    effects = pairwise.reshape(50, 50)  # [id of a, id of b]
+    # generalises across pairs: the effect of (a, b) is <x_a, y_b>, learnable from a's and b's rows apart
+    assert np.linalg.matrix_rank(effects, tol=1e-9) == rank
+
+
+def test_calibration_splits_the_signal_and_hits_the_click_rate() -> None:
+    cfg = preset("criteo-like", 1000, signal=1.5)
+    model = _draw_model(cfg)
+    chunk = _sample_chunk(cfg, model, np.random.default_rng(123), 1 << 15)  # rows the calibration never saw
+    parts = _parts(cfg, model, model.tasks[0], chunk)
+    shares = np.array([p.var() for p in parts]) / 1.5**2
+    np.testing.assert_allclose(shares, [0.7, 0.15, 0.15], atol=0.05)
+    logit = sum(parts) + model.tasks[0].bias
+    assert abs(np.mean(1 / (1 + np.exp(-logit))) - cfg.positive_rate) < 0.01
 
 
 @settings(max_examples=25, deadline=None)

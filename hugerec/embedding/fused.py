@@ -185,7 +185,7 @@ class FusedTables:
             raise ValueError(
                 f"write_rows({table!r}): weights shape {tuple(weights.shape)} != ({rows.numel()}, {view.shape[1]})"
             )
-        view[rows] = weights.to(device=view.device, dtype=view.dtype)
+        _scatter_rows(view, rows, weights.to(device=view.device, dtype=view.dtype).contiguous())
         if state is None:
             return
         views = self.table_state(table)
@@ -197,7 +197,7 @@ class FusedTables:
                     f"write_rows({table!r}): state {k!r} shape {tuple(state[k].shape)} != "
                     f"({rows.numel()}, {', '.join(map(str, v.shape[1:]))})"
                 )
-            v[rows] = state[k].to(device=v.device, dtype=v.dtype)
+            _scatter_rows(v, rows, state[k].to(device=v.device, dtype=v.dtype).contiguous())
 
     def reset_rows(self, table: str, rows: torch.Tensor | None) -> None:
         """Re-initialises rows [n] (None: the whole table) with the table's initializer and fresh optimizer state."""
@@ -214,13 +214,16 @@ class FusedTables:
                 fresh.zero_()
         if rows is not None:
             rows = self._rows(table, rows, "reset_rows")
-            view[rows] = fresh
+            _scatter_rows(view, rows, fresh)
         state = self.groups[self.slots[table].group].state
         s = self.slots[table]
         block = state[s.row_offset : s.row_offset + c.num_rows]
+        picked = None if rows is None or block.device.type != "cpu" else rows.numpy()
         for f in state_fields(self.optimizers[table], c.dim):
             if rows is None:
                 block[:, f.start : f.start + f.width] = f.initial
+            elif picked is not None:  # NumPy: 50x faster than torch's index_fill_ on a column block
+                block.numpy()[picked, f.start : f.start + f.width] = f.initial
             else:
                 block[rows, f.start : f.start + f.width] = f.initial
 
@@ -245,3 +248,15 @@ class FusedTables:
     @property
     def device(self) -> torch.device:
         return self.groups[0].weight.device if self.groups else torch.device("cpu")
+
+
+def _scatter_rows(view: torch.Tensor, rows: torch.Tensor, fresh: torch.Tensor) -> None:
+    """view[rows] = fresh, rows [n] int64 in range. On the CPU through NumPy's fancy assignment (2-byte
+    storage as its bit pattern): torch's advanced-index setitem into a strided view measured 15 ms
+    for 4096 rows of dim 30, NumPy 0.16 ms."""
+    if view.device.type != "cpu":
+        view[rows] = fresh
+        return
+    if view.element_size() == 2:  # bf16 / fp16: NumPy has no bf16; copy the bits
+        view, fresh = view.view(torch.int16), fresh.view(torch.int16)
+    view.numpy()[rows.numpy()] = fresh.numpy()

@@ -93,3 +93,23 @@ def test_advance_counts_steps_and_gives_adams_bias_corrected_lr() -> None:
     lrs = fused.advance(0, [1])
     assert fused.steps == {"a": 0, "b": 1}
     assert lrs.tolist() == [0.0, pytest.approx(0.1 * 0.5 / 0.5)]
+
+
+@pytest.mark.parametrize("dtype", list(StorageDtype))
+def test_write_and_reset_rows_touch_only_those_rows_in_every_storage_dtype(dtype: StorageDtype) -> None:
+    fused = FusedTables(
+        [TableConfig("a", 3, 5, dtype=dtype), TableConfig("b", 6, 5, dtype=dtype)],
+        Adagrad(initial_accumulator_value=0.5),
+    )
+    torch.manual_seed(0)
+    rows = torch.tensor([4, 0, 2])
+    before_a = fused.table_weight("a").clone()
+    new = torch.randn(3, 5).to(fused.table_weight("b").dtype)
+    fused.write_rows("b", rows, new, {"sum": torch.full((3, 5), 2.0)})
+    expected = fused.table_weight("b").clone()
+    expected[rows] = new
+    assert torch.equal(fused.table_weight("b"), expected) and torch.equal(fused.table_weight("a"), before_a)
+    assert fused.table_state("b")["sum"][rows].eq(2.0).all() and fused.table_state("b")["sum"][[1, 3, 5]].eq(0.5).all()
+    fused.reset_rows("b", torch.tensor([0]))
+    assert not torch.equal(fused.table_weight("b")[0], new[1]) and torch.equal(fused.table_weight("b")[4], new[0])
+    assert fused.table_state("b")["sum"][0].eq(0.5).all() and fused.table_state("b")["sum"][[2, 4]].eq(2.0).all()

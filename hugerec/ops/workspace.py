@@ -8,6 +8,8 @@ much as the lookup itself; keeping them makes speed independent of the allocator
 from __future__ import annotations
 
 import math
+import threading
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,26 +53,42 @@ class OutputPool:
     A lookup's output is handed out as a fresh tensor over a pooled storage; while the caller (or an
     autograd graph, or any view) holds it the storage is busy, afterwards the next lookup reuses it.
     At most `capacity` storages are kept; when none is free and fits, a free one is replaced, and when
-    all are busy the output is allocated normally.
+    all are busy the output is allocated normally. Each thread has its own storages: two threads
+    running the same model (a server's workers, a test's clients) would otherwise both find one
+    storage free and write their outputs into it. Copies and pickles start empty.
     """
 
     def __init__(self, capacity: int = 6) -> None:
         self.capacity = capacity
-        self._storages: list[torch.Tensor] = []
+        self._local = threading.local()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"capacity": self.capacity}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["capacity"])  # type: ignore[misc]
+
+    @property
+    def _storages(self) -> list[torch.Tensor]:
+        storages: list[torch.Tensor] | None = getattr(self._local, "storages", None)
+        if storages is None:
+            storages = self._local.storages = []
+        return storages
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         numel = math.prod(shape)
         if not _CAN_COUNT or device.type != "cpu":
             return torch.empty(shape, dtype=dtype, device=device)
-        free = [i for i, b in enumerate(self._storages) if _storage_users(b) == _ALONE]
-        fits = [i for i in free if self._storages[i].dtype == dtype and self._storages[i].numel() >= numel]
+        storages = self._storages
+        free = [i for i, b in enumerate(storages) if _storage_users(b) == _ALONE]
+        fits = [i for i in free if storages[i].dtype == dtype and storages[i].numel() >= numel]
         if fits:  # the smallest free storage that fits
-            return self._alias(self._storages[min(fits, key=lambda i: self._storages[i].numel())], shape)
+            return self._alias(storages[min(fits, key=lambda i: storages[i].numel())], shape)
         buf = torch.empty(numel, dtype=dtype)
-        if len(self._storages) < self.capacity:
-            self._storages.append(buf)
+        if len(storages) < self.capacity:
+            storages.append(buf)
         elif free:  # replace a free storage of the wrong size or dtype
-            self._storages[free[0]] = buf
+            storages[free[0]] = buf
         return self._alias(buf, shape)
 
     @staticmethod

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -371,3 +373,32 @@ def test_reference_path_trains_like_the_kernels(optimizer: Optimizer, request: p
             loss.backward()
     for k, v in fast.state_dict().items():
         torch.testing.assert_close(v.float(), slow.state_dict()[k].float(), rtol=1e-2, atol=1e-4, msg=k)
+
+
+def test_concurrent_forward_from_many_threads_matches_serial() -> None:
+    """Inference from several threads (a server's workers): pooled outputs never share storage."""
+    emb = EmbeddingCollection([TableConfig("u", 5000, 16), TableConfig("i", 3000, 16, features=("i", "j"))]).eval()
+    gen = torch.Generator().manual_seed(0)
+
+    def features(b: int) -> SparseFeatures:
+        lists = {
+            f: [torch.randint(0, 3000, (int(n),), generator=gen).tolist() for n in torch.randint(0, 6, (b,))]
+            for f in ("u", "i", "j")
+        }
+        return SparseFeatures.from_lists(lists)
+
+    batches = [features(64 + k) for k in range(24)]
+    with torch.no_grad():
+        expected = [emb(b).values.clone() for b in batches]
+
+    def run(k: int) -> bool:
+        with torch.no_grad():
+            return all(torch.equal(emb(batches[(k + r) % 24]).values, expected[(k + r) % 24]) for r in range(24))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes: races show up reliably
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            assert all(pool.map(run, range(16)))
+    finally:
+        sys.setswitchinterval(interval)

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import copy
+import pickle
+import threading
+
 import numpy as np
 import torch
 
@@ -51,3 +55,19 @@ def test_output_pool_prefers_the_smallest_fit_and_replaces_free_misfits() -> Non
     assert pool.empty((8,), torch.float32, cpu).data_ptr() == small_ptr
     ints = pool.empty((5,), torch.int64, cpu)  # no int64 storage: a free float one is replaced
     assert ints.dtype == torch.int64 and ints.data_ptr() not in (big_ptr, small_ptr)
+
+
+def test_output_pool_gives_each_thread_its_own_storages_and_copies_start_empty() -> None:
+    cpu = torch.device("cpu")
+    pool = OutputPool(capacity=2)
+    mine = pool.empty((4,), torch.float32, cpu)
+    ptr = mine.data_ptr()
+    del mine  # free in this thread's pool
+    seen: list[int] = []
+    worker = threading.Thread(target=lambda: seen.append(pool.empty((4,), torch.float32, cpu).data_ptr()))
+    worker.start()
+    worker.join()
+    assert seen[0] != ptr  # another thread never gets this thread's storage, free or not
+    assert pool.empty((4,), torch.float32, cpu).data_ptr() == ptr
+    for clone in (copy.deepcopy(pool), pickle.loads(pickle.dumps(pool))):
+        assert clone.capacity == 2 and clone.empty((4,), torch.float32, cpu).data_ptr() != ptr

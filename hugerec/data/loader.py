@@ -144,6 +144,7 @@ class Loader:
         self._epoch = 0
         self._position = 0  # batches of the current epoch already yielded
         self._plan_cache: tuple[int, _Plan] | None = None
+        self._plan(0)  # an epoch without a batch is an error: raise it here, not at the first iteration
 
     # -- epoch layout -------------------------------------------------------------------------
     def _plan(self, epoch: int) -> _Plan:
@@ -156,6 +157,13 @@ class Loader:
         rows = [sum(g.num_rows for g in groups) for groups in per_rank]
         b = self.batch_size
         batches = min(n // b if self.drop_last else -(-n // b) for n in rows)
+        if batches == 0:  # only with drop_last: every rank holds at least one non-empty row group
+            short = int(np.argmin(rows))
+            raise ValueError(
+                f"Loader: rank {short} of {self.world_size} gets {rows[short]} rows in epoch {epoch}, fewer than "
+                f"batch_size={b} with drop_last=True, so no rank can yield a batch; use a smaller batch, fewer "
+                f"ranks, or write the data in more, smaller row groups"
+            )
         served = min(rows[self.rank], batches * b)
         windows: list[_Window] = []
         current: list[_RowGroup] = []

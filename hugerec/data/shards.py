@@ -5,8 +5,12 @@
       -> part-00000.parquet  row groups [2, 2]
          part-00001.parquet  row groups [2]
 
-Row groups are the loader's unit of shuffling and of per-rank sharding; aligning them to a multiple
-of the batch size (`prebatch`) lets the loader cut every batch out of one row group.
+    ShardWriter(out_dir, row_group_rows=65536, min_row_groups=8): write(1000 rows), close()
+      -> part-00000.parquet  row groups [125] * 8   (smaller than one row group: split in 8)
+
+Row groups are the loader's unit of shuffling and of per-rank sharding (a loader over W ranks needs
+at least W of them); aligning them to a multiple of the batch size (`prebatch`) lets the loader cut
+every batch out of one row group.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ class ShardWriter:
 
     Holds at most one row group of rows in memory. Every row group has exactly `row_group_rows`
     rows except the last one of the dataset; every file has `rows_per_file` rows except the last.
+    A dataset smaller than one row group is written as `min_row_groups` near-equal row groups
+    instead (fewer if it has fewer rows), so that it can still be sharded over that many ranks.
     """
 
     def __init__(
@@ -34,12 +40,16 @@ class ShardWriter:
         row_group_rows: int = 1 << 16,
         compression: str = "snappy",
         prefix: str = "part",
+        min_row_groups: int = 8,
     ) -> None:
         if row_group_rows <= 0 or rows_per_file <= 0 or rows_per_file % row_group_rows:
             raise ValueError(
                 f"ShardWriter: rows_per_file ({rows_per_file}) must be a positive multiple of "
                 f"row_group_rows ({row_group_rows})"
             )
+        if min_row_groups < 1:
+            raise ValueError(f"ShardWriter: min_row_groups must be >= 1, got {min_row_groups}")
+        self.min_row_groups = min_row_groups
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.rows_per_file = rows_per_file
@@ -84,7 +94,12 @@ class ShardWriter:
     def close(self) -> list[Path]:
         """Flushes the last (short) row group; returns the files written."""
         if self._pending_rows:
-            self._write_group(pa.concat_tables(self._pending))
+            rest = pa.concat_tables(self._pending)
+            # nothing written yet: the whole dataset is this one short group, cut it for sharding
+            pieces = min(self.min_row_groups, rest.num_rows) if self.num_rows == 0 else 1
+            for k in range(pieces):
+                start, end = k * rest.num_rows // pieces, (k + 1) * rest.num_rows // pieces
+                self._write_group(rest.slice(start, end - start))
             self._pending, self._pending_rows = [], 0
         if self._writer is not None:
             self._writer.close()

@@ -3,6 +3,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -215,3 +216,28 @@ def test_loads_the_preprocessed_criteo_sample(tmp_path: Path) -> None:
     assert int(sum(float(b.labels.sum()) for b in batches)) == 2182
     assert all(b.sparse.lengths.eq(1).all() for b in batches)  # Categorify gives missing values id 0
     assert torch.isfinite(batches[0].dense).all()
+
+
+def test_a_small_preprocessed_dataset_is_shared_by_two_ranks(tmp_path: Path) -> None:
+    """Workflow.transform cuts a one-partition output into >= 8 row groups, so each rank gets rows."""
+    raw = pl.DataFrame(
+        {"label": np.arange(500) % 2, "x": np.arange(500) * 1.0, "c": [f"v{i % 13}" for i in range(500)]}
+    )
+    wf = Workflow([Normalize(("x",)), Categorify(("c",))])
+    out = wf.fit(raw, engine=1).transform(raw, tmp_path, engine=1)
+    assert pq.ParquetFile(out.paths[0]).num_row_groups == 8
+    schema = Schema.build(dense=["x"], sparse=wf.cardinalities())
+    seen, left_out = [], 0
+    for rank in range(2):
+        loader = load(out.paths, schema, 32, shuffle=True, rank=rank, world_size=2)
+        served, left_out = loader.num_rows, left_out + loader.rows_left_out
+        xs = [float(v) for b in loader for v in b.dense[:, 0].tolist()]
+        assert xs and served == len(xs)
+        seen.append(set(xs))
+    assert not seen[0] & seen[1] and len(seen[0]) + len(seen[1]) + left_out == 500
+
+
+def test_an_epoch_without_a_batch_is_an_error(data: Path) -> None:
+    with pytest.raises(ValueError, match=r"rank \d of 3 gets \d+ rows in epoch 0, fewer than batch_size=400"):
+        load(data, SCHEMA, 400, drop_last=True, rank=0, world_size=3)
+    assert len(load(data, SCHEMA, 400, rank=0, world_size=3)) == 1  # without drop_last the short batch is served

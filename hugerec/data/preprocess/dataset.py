@@ -92,13 +92,32 @@ class Chunk:
     report: SkipReport
 
 
-def _expand_paths(paths: str | Path | Sequence[str | Path]) -> tuple[str, ...]:
+PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+TEXT_SUFFIXES = (".csv", ".tsv", ".txt")
+
+
+def _in_directory(name: str, format: Format | None) -> bool:
+    """Whether a file of a directory given as input is data: Parquet files for Parquet, text files for CSV
+    (any name, gzip or not, when the format is given), never side files such as schema.json."""
+    if name.startswith((".", "_")):
+        return False
+    base = name[:-3] if name.endswith(".gz") else name
+    match format:
+        case Format.PARQUET:
+            return base.endswith(PARQUET_SUFFIXES)
+        case Format.CSV:
+            return not base.endswith((*PARQUET_SUFFIXES, ".json", ".crc"))
+        case _:
+            return base.endswith((*PARQUET_SUFFIXES, *TEXT_SUFFIXES))
+
+
+def _expand_paths(paths: str | Path | Sequence[str | Path], format: Format | None) -> tuple[str, ...]:
     items = [paths] if isinstance(paths, str | Path) else list(paths)
     out: list[str] = []
     for item in items:
         text = str(item)
         if os.path.isdir(text):
-            found = sorted(os.path.join(text, f) for f in os.listdir(text) if not f.startswith((".", "_")) and "." in f)
+            found = sorted(os.path.join(text, f) for f in os.listdir(text) if _in_directory(f, format))
         elif any(ch in text for ch in "*?["):
             found = sorted(glob.glob(text))
         else:
@@ -111,9 +130,9 @@ def _expand_paths(paths: str | Path | Sequence[str | Path]) -> tuple[str, ...]:
 
 def _infer_format(path: str) -> Format:
     name = path[:-3] if path.endswith(".gz") else path
-    if name.endswith((".parquet", ".parq", ".pq")):
+    if name.endswith(PARQUET_SUFFIXES):
         return Format.PARQUET
-    if name.endswith((".csv", ".tsv", ".txt")):
+    if name.endswith(TEXT_SUFFIXES):
         return Format.CSV
     raise ValueError(f"Dataset: cannot tell the format of {path!r} from its suffix; pass format=")
 
@@ -142,7 +161,7 @@ class Dataset:
             raise ValueError(f"Dataset: partition_bytes must be > 0, got {partition_bytes}")
         if bool(frames) == bool(paths):
             raise ValueError("Dataset: give either paths or frames")
-        self.paths = _expand_paths(paths) if paths else ()
+        self.paths = _expand_paths(paths, None if format is None else Format(format)) if paths else ()
         self.frames = tuple(frames)
         self.partition_bytes = partition_bytes
         self.partitioned_by = tuple(partitioned_by)

@@ -60,7 +60,9 @@ class TransformJob:
     on_error: OnError
     out_of_fold: bool
     whole_partitions: bool
-    row_group_size: int
+    row_group_size: int  # at most this many rows per row group
+    groups_per_chunk: int  # at least this many row groups per chunk written (as its rows allow)
+    schema: pl.Schema  # of the output (computed once, not per partition)
 
 
 def _frames(partition: Partition, on_error: OnError, whole: bool) -> list[tuple[pl.DataFrame, int, SkipReport]]:
@@ -98,8 +100,7 @@ def fit_task(job: FitJob, partitions: Sequence[Partition]) -> tuple[dict[int, St
 
 
 def transform_task(job: TransformJob, partition: Partition) -> tuple[str, int, SkipReport]:
-    wf = job.workflow
-    schema = wf.output_schema()
+    wf, schema = job.workflow, job.schema
     path = os.path.join(job.output_dir, f"part-{partition.index:05d}.parquet")
     rows, report = 0, SkipReport()
     with pq.ParquetWriter(path, pl.DataFrame(schema=schema).to_arrow().schema) as writer:
@@ -108,6 +109,7 @@ def transform_task(job: TransformJob, partition: Partition) -> tuple[str, int, S
             if job.out_of_fold:
                 frame = with_row_ids(frame, partition.index, offset)
             out = wf.apply_ops(frame).cast(dict(schema.items()))
-            writer.write_table(out.to_arrow(), row_group_size=job.row_group_size)
+            size = min(job.row_group_size, max(1, -(-out.height // job.groups_per_chunk)))
+            writer.write_table(out.to_arrow(), row_group_size=size)
             rows += out.height
     return path, rows, report

@@ -270,16 +270,24 @@ class Workflow:
         on_error: OnError | str = OnError.RAISE,
         out_of_fold: bool = False,
         row_group_size: int = 128 * 1024,
+        min_row_groups: int = 8,
         overwrite: bool = False,
     ) -> TransformResult:
         """Transform every partition into `output_dir/part-NNNNN.parquet`.
 
         out_of_fold: the data is the dataset the workflow was fitted on (checked), and TargetEncoding
         must use out-of-fold statistics (no target leakage into training features).
+        row_group_size / min_row_groups: row groups hold at most `row_group_size` rows, and an output
+        of few partitions is cut finer so that it has at least `min_row_groups` of them (as its rows
+        allow): row groups are the loader's unit of per-rank sharding, so a small dataset can still be
+        read by that many ranks.
         """
         self._require_fitted()
-        if row_group_size < 1:
-            raise ValueError(f"Workflow.transform: row_group_size must be >= 1, got {row_group_size}")
+        if row_group_size < 1 or min_row_groups < 1:
+            raise ValueError(
+                f"Workflow.transform: row_group_size and min_row_groups must be >= 1, got {row_group_size}, "
+                f"{min_row_groups}"
+            )
         data = data if isinstance(data, Dataset) else Dataset.from_frames(data)
         self._check_columns(data.schema, fitting=False)
         if out_of_fold and data.fingerprint() != self.fit_fingerprint:
@@ -291,10 +299,20 @@ class Workflow:
             raise ValueError(f"Workflow.transform: {out} already holds {len(stale)} part files; pass overwrite=True")
         for stale_path in stale:
             stale_path.unlink()
-        job = TransformJob(self, str(out), OnError(on_error), out_of_fold, self._whole_partitions(data), row_group_size)
+        partitions = data.partitions()
+        job = TransformJob(
+            self,
+            str(out),
+            OnError(on_error),
+            out_of_fold,
+            self._whole_partitions(data),
+            row_group_size,
+            -(-min_row_groups // max(len(partitions), 1)),
+            self.output_schema(),
+        )
         paths: list[str] = []
         rows, report = 0, SkipReport()
-        for path, n, part_report in run_tasks(transform_task, job, data.partitions(), engine):
+        for path, n, part_report in run_tasks(transform_task, job, partitions, engine):
             paths.append(path)
             rows += n
             report = report.merge(part_report)
@@ -310,6 +328,7 @@ class Workflow:
         engine: Engine = None,
         on_error: OnError | str = OnError.RAISE,
         row_group_size: int = 128 * 1024,
+        min_row_groups: int = 8,
         overwrite: bool = False,
     ) -> TransformResult:
         """Fit on the training data, then transform it out of fold (see TargetEncoding)."""
@@ -322,6 +341,7 @@ class Workflow:
             on_error=on_error,
             out_of_fold=True,
             row_group_size=row_group_size,
+            min_row_groups=min_row_groups,
             overwrite=overwrite,
         )
 

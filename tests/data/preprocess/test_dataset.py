@@ -120,3 +120,24 @@ def test_real_criteo_sample_reads(criteo_sample: Path):
     frame = _read_all(Dataset.criteo(criteo_sample, partition_bytes=300_000))
     assert frame.shape == (10_000, 40)
     assert frame["label"].is_in([0, 1]).all() and frame["C1"].str.len_chars().max() == 8
+
+
+def test_a_directory_means_its_data_files_not_the_side_files(tmp_path: Path, make_frame, tsv):
+    frame = make_frame(30)
+    frame[:10].write_parquet(tmp_path / "part-0.parquet")
+    frame[10:].write_parquet(tmp_path / "part-1.parquet")
+    for side in ("schema.json", "synthetic.json", "_SUCCESS", ".hidden.parquet"):
+        (tmp_path / side).write_text("{}")
+    dataset = Dataset(tmp_path)
+    assert dataset.format is Format.PARQUET and [Path(p).name for p in dataset.paths] == [
+        "part-0.parquet",
+        "part-1.parquet",
+    ]
+    assert _read_all(dataset).equals(frame)
+    text = tmp_path / "text"
+    text.mkdir()
+    tsv(frame, text / "day_0")  # no suffix: taken when the format is given
+    (text / "schema.json").write_text("{}")
+    assert [Path(p).name for p in Dataset.criteo(text).paths] == ["day_0"]
+    with pytest.raises(FileNotFoundError, match="no input files match"):
+        Dataset(text, format="parquet")

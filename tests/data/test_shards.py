@@ -1,0 +1,54 @@
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from hugerec.data.shards import ShardWriter, expand_paths
+
+
+def _groups(paths: list[Path]) -> list[list[int]]:
+    return [
+        [pq.ParquetFile(p).metadata.row_group(i).num_rows for i in range(pq.ParquetFile(p).num_row_groups)]
+        for p in paths
+    ]
+
+
+def _rows(paths: list[Path]) -> list[int]:
+    return [v for p in paths for v in pq.read_table(p)["v"].to_pylist()]
+
+
+@pytest.mark.parametrize(
+    ("rows", "layout"),
+    [
+        (6, [[2, 2], [2]]),  # full groups, the last one short, files of 4 rows
+        (1, [[1]]),  # a dataset smaller than one group: as many groups as rows, up to min_row_groups
+        (0, []),
+    ],
+)
+def test_layout(tmp_path: Path, rows: int, layout: list[list[int]]) -> None:
+    with ShardWriter(tmp_path, rows_per_file=4, row_group_rows=2, min_row_groups=3) as w:
+        for start in range(0, rows, 3):
+            w.write(pa.table({"v": np.arange(start, min(start + 3, rows))}))
+    assert _groups(w.paths) == layout and _rows(w.paths) == list(range(rows))
+
+
+def test_a_dataset_smaller_than_one_row_group_is_cut_for_sharding(tmp_path: Path) -> None:
+    with ShardWriter(tmp_path, row_group_rows=1 << 16) as w:
+        w.write(pa.table({"v": np.arange(1001)}))
+    assert _groups(w.paths) == [[125, 125, 125, 125, 125, 125, 125, 126]]
+    assert _rows(w.paths) == list(range(1001))
+    with ShardWriter(tmp_path / "one", row_group_rows=1 << 16, min_row_groups=1) as w:
+        w.write(pa.table({"v": np.arange(1001)}))
+    assert _groups(w.paths) == [[1001]]
+
+
+def test_bad_settings_and_paths(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="min_row_groups must be >= 1, got 0"):
+        ShardWriter(tmp_path, min_row_groups=0)
+    with pytest.raises(ValueError, match=r"rows_per_file \(3\) must be a positive multiple of row_group_rows \(2\)"):
+        ShardWriter(tmp_path, rows_per_file=3, row_group_rows=2)
+    (tmp_path / "schema.json").write_text("{}")
+    with pytest.raises(ValueError, match="no Parquet files match"):
+        expand_paths(tmp_path)

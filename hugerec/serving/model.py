@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,8 +23,7 @@ import torch.nn.functional as F
 
 from hugerec.embedding.config import Pooling, TableConfig
 from hugerec.serving.parameter_server import ParameterServer, Snapshot, TableUpdate
-
-DenseProgram = Callable[..., torch.Tensor]
+from hugerec.serving.program import ServedProgram, compile_program
 
 
 @dataclass(frozen=True)
@@ -144,19 +143,21 @@ class InferenceModel:
         if missing:
             raise ValueError(f"InferenceModel: the parameter server has no tables {sorted(missing)}")
         self._groups = tuple(_groups(layout) for layout in self.layouts)
-        ps.publish_payload(program if self.device.type == "cpu" else program.to(self.device))
+        self._widths = (num_dense, *(sum(layout.table_of(f).dim for f in layout.features) for layout in self.layouts))
+        on_device = program if self.device.type == "cpu" else program.to(self.device)
+        ps.publish_payload(compile_program(on_device, self._widths, self.device))
 
     def predict(self, inputs: ModelInputs) -> np.ndarray:
         """Logits [B] (or [B, T]) float32 for `inputs` (validated by the caller: see protocol.py)."""
         with self.ps.snapshot() as snap, torch.inference_mode():
             program = snap.payload
-            assert isinstance(program, torch.nn.Module), "InferenceModel publishes its program at construction"
+            assert isinstance(program, ServedProgram), "InferenceModel publishes its program at construction"
             pooled = [
                 self._pool(snap, groups, layout, inputs)
                 for groups, layout in zip(self._groups, self.layouts, strict=True)
             ]
             dense = torch.from_numpy(inputs.dense).to(self.device)
-            logits = program(dense, *pooled)
+            logits = program.run(dense, *pooled)
         return logits.float().cpu().numpy()
 
     def _pool(
@@ -198,16 +199,16 @@ class InferenceModel:
         program = None if dense_state is None else self._program_with(dense_state)
         return self.ps.apply(tables, meta, payload=program)
 
-    def _program_with(self, dense_state: Mapping[str, torch.Tensor]) -> torch.nn.Module:
+    def _program_with(self, dense_state: Mapping[str, torch.Tensor]) -> ServedProgram:
         missing = [k for k in self.dense_keys if k not in dense_state]
         if missing:
             raise ValueError(f"InferenceModel.update: the dense weights lack {missing[:5]} ({len(missing)} keys)")
         with self.ps.snapshot() as snap:
             current = snap.payload
-        assert isinstance(current, torch.nn.Module), "InferenceModel publishes its program at construction"
+        assert isinstance(current, ServedProgram), "InferenceModel publishes its program at construction"
         with warnings.catch_warnings():  # torch's own pytree specs warn about a deprecation when copied
             warnings.simplefilter("ignore", FutureWarning)
-            program = copy.deepcopy(current)
+            program = copy.deepcopy(current.module)
         target = program.state_dict()
         for k in self.dense_keys:
             value, into = dense_state[k], target[self.program_prefix + k]
@@ -220,4 +221,4 @@ class InferenceModel:
                 raise ValueError(f"InferenceModel.update: dense weight {k!r} contains NaN or inf")
             with torch.no_grad():
                 into.copy_(value)
-        return program
+        return compile_program(program, self._widths, self.device)

@@ -17,7 +17,9 @@ in the Inference-Header-Content-Length HTTP header). Any problem with a request 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +90,10 @@ def decode_infer_request(
 ) -> tuple[ModelInputs, InferOptions]:
     """An infer request body (JSON, or JSON header + binary tensors) -> validated ModelInputs."""
     header_bytes, blob = _split_body(body, header_length)
+    if blob and len(header_bytes) <= MAX_CACHED_HEADER:
+        layout = _binary_layout(header_bytes, signature)
+        if layout is not None and layout.end == len(blob):
+            return layout.decode(blob, signature), layout.options
     try:
         request = json.loads(header_bytes)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -107,6 +113,98 @@ def decode_infer_request(
     if offset != len(blob):
         raise RequestError(f"request has {len(blob) - offset} bytes of binary data that no input claims")
     return to_model_inputs(tensors, signature), _options(request)
+
+
+@dataclass(frozen=True, eq=False)
+class _BinaryLayout:
+    """Where each input of an all-binary request lies in the binary part, validated once per header.
+
+    Clients send the same header for every request of one shape (tritonclient does), so the JSON
+    parse and the checks of names, types and shapes run once; a request then only slices its bytes.
+    one_id: every sparse feature is one INT64 id per example and the dense input (if any) is FP32
+    [B, Dd], so the slices are the model inputs as they are (only the dense values need a check).
+    """
+
+    names: tuple[str, ...]
+    dtypes: tuple[np.dtype[Any], ...]
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+    end: int
+    options: InferOptions
+    one_id: bool
+    ids_block: tuple[tuple[str, int], ...] | None  # one_id features (name, offset) when back to back in the blob
+
+    def decode(self, blob: bytes, signature: Signature) -> ModelInputs:
+        if not self.one_id:
+            arrays = [
+                np.frombuffer(blob, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
+                for dtype, shape, offset in zip(self.dtypes, self.shapes, self.offsets, strict=True)
+            ]
+            return to_model_inputs(dict(zip(self.names, arrays, strict=True)), signature)
+        b = self.shapes[0][0]
+        dense: np.ndarray = np.zeros((b, 0), np.float32)
+        if "dense" in self.names:
+            at = self.names.index("dense")
+            # np.array: a writable copy (the slice is a read-only view of the body)
+            dense = np.array(np.frombuffer(blob, np.float32, b * signature.num_dense, self.offsets[at]))
+            dense = dense.reshape(b, signature.num_dense)
+            if not np.isfinite(dense).all():
+                raise RequestError("input 'dense' contains NaN or inf (or values too large for float32)")
+        ones = _ones(b)
+        if self.ids_block is not None:  # the ids of all features lie back to back: one slice, a row each
+            block = np.frombuffer(blob, np.int64, len(self.ids_block) * b, self.ids_block[0][1]).reshape(-1, b)
+            return ModelInputs(dense, {name: (block[k], ones) for k, (name, _) in enumerate(self.ids_block)})
+        ids = {
+            name: (np.frombuffer(blob, np.int64, b, offset), ones)
+            for name, offset in zip(self.names, self.offsets, strict=True)
+            if name != "dense"
+        }
+        return ModelInputs(dense, ids)
+
+
+MAX_CACHED_HEADER = 16384  # bytes; bigger headers are parsed every time (and never kept)
+
+
+@functools.lru_cache(maxsize=256)
+def _binary_layout(header: bytes, signature: Signature) -> _BinaryLayout | None:
+    """The layout of an all-binary request header, or None (some input has JSON data, or the header is
+    bad: the uncached path then decodes or reports it)."""
+    try:
+        request = json.loads(header)
+        inputs = request.get("inputs") if isinstance(request, dict) else None
+        if not isinstance(inputs, list) or not inputs:
+            return None
+        options = _options(request)
+        specs = [_tensor_spec(spec, i) for i, spec in enumerate(inputs)]
+    except (json.JSONDecodeError, UnicodeDecodeError, RequestError):
+        return None
+    names = tuple(spec[0] for spec in specs)
+    if len(set(names)) != len(names):
+        return None
+    dtypes, shapes, offsets, offset = [], [], [], 0
+    for _, shape, count, datatype, size in specs:
+        dtype = _DTYPES[datatype]
+        if size is None or size != count * dtype.itemsize:
+            return None
+        dtypes.append(dtype)
+        shapes.append(tuple(shape))
+        offsets.append(offset)
+        offset += size
+    b = shapes[0][0] if shapes[0] else -1
+    one_id = (
+        set(names) == set(signature.features) | ({"dense"} if signature.num_dense else set())
+        and 0 < b <= signature.max_rows
+        and all(
+            (dtype == np.float32 and shape == (b, signature.num_dense))
+            if name == "dense"
+            else (dtype == np.int64 and shape == (b,))
+            for name, dtype, shape in zip(names, dtypes, shapes, strict=True)
+        )
+    )
+    features = tuple((name, at) for name, at in zip(names, offsets, strict=True) if name != "dense")
+    back_to_back = all(y[1] - x[1] == 8 * b for x, y in itertools.pairwise(features))
+    block = features if one_id and back_to_back else None
+    return _BinaryLayout(names, tuple(dtypes), tuple(shapes), tuple(offsets), offset, options, one_id, block)
 
 
 def to_model_inputs(tensors: Mapping[str, np.ndarray], signature: Signature) -> ModelInputs:
@@ -202,34 +300,10 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
 
 
 def _decode_tensor(spec: object, i: int, blob: bytes, offset: int) -> tuple[str, np.ndarray, int]:
-    # `type(x) is int` also refuses bools (JSON true/false); this runs once per tensor of every request
-    if type(spec) is not dict:
-        raise RequestError(f"inputs[{i}] must be an object, got {type(spec).__name__}")
-    name = spec.get("name")
-    if type(name) is not str or not name:
-        raise RequestError(f"inputs[{i}] needs a 'name'")
-    shape = spec.get("shape")
-    count = 1
-    if type(shape) is list:
-        for s in shape:
-            if type(s) is not int or s < 0:
-                count = -1
-                break
-            count *= s
-    if count < 0 or type(shape) is not list:
-        raise RequestError(f"input {name!r}: 'shape' must be a list of non-negative ints, got {shape!r}")
-    datatype = spec.get("datatype")
-    if datatype not in _NUMBER_TYPES:
-        raise RequestError(
-            f"input {name!r}: datatype {datatype!r} is not supported; use one of {sorted(_NUMBER_TYPES)}"
-        )
+    name, shape, count, datatype, size = _tensor_spec(spec, i)
     dtype = _DTYPES[datatype]
-    params = spec.get("parameters")
-    if params is not None and type(params) is not dict:
-        raise RequestError(f"input {name!r}: 'parameters' must be an object")
-    size = params.get("binary_data_size") if params else None
     if size is not None:
-        if type(size) is not int or size < 0 or offset + size > len(blob):
+        if size < 0 or offset + size > len(blob):
             raise RequestError(
                 f"input {name!r}: binary_data_size {size!r} does not fit the {len(blob) - offset} bytes left"
             )
@@ -239,6 +313,7 @@ def _decode_tensor(spec: object, i: int, blob: bytes, offset: int) -> tuple[str,
             )
         array = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).reshape(shape)
         return name, array, offset + size
+    assert type(spec) is dict  # checked by _tensor_spec
     if "data" not in spec:
         raise RequestError(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
     try:
@@ -257,6 +332,38 @@ def _decode_tensor(spec: object, i: int, blob: bytes, offset: int) -> tuple[str,
             raise RequestError(f"input {name!r}: values out of the {datatype} range")
     with np.errstate(over="ignore"):  # floats beyond the declared type become inf; the model inputs refuse them
         return name, array.astype(dtype).reshape(shape), offset
+
+
+def _tensor_spec(spec: object, i: int) -> tuple[str, list[int], int, str, int | None]:
+    """One entry of 'inputs' -> (name, shape, element count, datatype, binary_data_size or None)."""
+    # `type(x) is int` also refuses bools (JSON true/false); this runs once per tensor of every request
+    if type(spec) is not dict:
+        raise RequestError(f"inputs[{i}] must be an object, got {type(spec).__name__}")
+    name = spec.get("name")
+    if type(name) is not str or not name:
+        raise RequestError(f"inputs[{i}] needs a 'name'")
+    shape = spec.get("shape")
+    count = 1
+    if type(shape) is list:
+        for s in shape:
+            if type(s) is not int or s < 0:
+                count = -1
+                break
+            count *= s
+    if count < 0 or type(shape) is not list:
+        raise RequestError(f"input {name!r}: 'shape' must be a list of non-negative ints, got {shape!r}")
+    datatype = spec.get("datatype")
+    if type(datatype) is not str or datatype not in _NUMBER_TYPES:
+        raise RequestError(
+            f"input {name!r}: datatype {datatype!r} is not supported; use one of {sorted(_NUMBER_TYPES)}"
+        )
+    params = spec.get("parameters")
+    if params is not None and type(params) is not dict:
+        raise RequestError(f"input {name!r}: 'parameters' must be an object")
+    size = params.get("binary_data_size") if params else None
+    if size is not None and type(size) is not int:
+        raise RequestError(f"input {name!r}: binary_data_size {size!r} is not a number of bytes")
+    return name, shape, count, datatype, size
 
 
 def _options(request: Mapping[str, Any]) -> InferOptions:

@@ -217,3 +217,65 @@ def test_instances() -> None:
         decode_instances([{"dense": [1, 2], "u": "abc", "i": 4}], SIG)
     with pytest.raises(RequestError, match="non-empty list"):
         decode_instances({"u": 1}, SIG)
+
+
+def _binary_and_json(tensors: list[tuple[str, str, np.ndarray]]) -> tuple[bytes, str, bytes]:
+    """One request as (binary body, header length) and as JSON."""
+    specs = [{"name": n, "datatype": t, "shape": list(a.shape)} for n, t, a in tensors]
+    head = json.dumps(
+        {
+            "inputs": [
+                {**s, "parameters": {"binary_data_size": a.nbytes}} for s, (_, _, a) in zip(specs, tensors, strict=True)
+            ]
+        }
+    ).encode()
+    as_json = body([{**s, "data": a.ravel().tolist()} for s, (_, _, a) in zip(specs, tensors, strict=True)])
+    return head + b"".join(a.tobytes() for _, _, a in tensors), str(len(head)), as_json
+
+
+def _decoded(payload: bytes, header: str | None) -> tuple[str, object]:
+    try:
+        inputs, _ = decode_infer_request(payload, header, SIG)
+    except RequestError as e:
+        return "error", str(e).split(":")[0]
+    return "ok", (inputs.dense.tolist(), {f: (v.tolist(), n.tolist()) for f, (v, n) in inputs.ids.items()})
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    forms=st.lists(st.sampled_from(["one", "one32", "lengths", "padded"]), min_size=2, max_size=2),
+    order=st.permutations(["dense", "u", "i"]),
+    bad_dense=st.booleans(),
+    negative=st.booleans(),
+)
+def test_binary_requests_decode_as_their_json_twin_also_when_the_header_is_cached(
+    b: int, forms: list[str], order: list[str], bad_dense: bool, negative: bool
+) -> None:
+    rng = np.random.default_rng(b)
+    d = rng.standard_normal((b, 2)).astype(np.float32)
+    if bad_dense:
+        d[0, 0] = np.nan
+    tensors: dict[str, list[tuple[str, str, np.ndarray]]] = {"dense": [("dense", "FP32", d)]}
+    for f, form in zip(("u", "i"), forms, strict=True):
+        ids = rng.integers(-1 if negative else 0, 9, b)
+        match form:
+            case "one":
+                tensors[f] = [(f, "INT64", ids.astype(np.int64))]
+            case "one32":
+                tensors[f] = [(f, "INT32", ids.astype(np.int32))]
+            case "lengths":
+                lengths = rng.integers(0, 3, b).astype(np.int32)
+                tensors[f] = [
+                    (f, "INT64", rng.integers(0, 9, int(lengths.sum())).astype(np.int64)),
+                    (f + ".lengths", "INT32", lengths),
+                ]
+            case _:
+                tensors[f] = [(f, "INT64", np.where(rng.random((b, 2)) < 0.3, -1, rng.integers(0, 9, (b, 2))))]
+    request = [t for name in order for t in tensors[name]]
+    binary, header, as_json = _binary_and_json(request)
+    want = _decoded(as_json, None)
+    assert _decoded(binary, header) == want
+    assert _decoded(binary, header) == want  # now from the cached layout
+    assert _decoded(binary + b"\0", header)[0] == "error"  # a blob longer than the header says
+    assert _decoded(binary[:-1], header)[0] == "error"

@@ -123,6 +123,21 @@ class ServerMetrics:
         self.parameter_servers = _ParameterServerCollector()
         self.registry.register(self.parameter_servers)
 
+        self._answered: dict[tuple[str, str, str, int], tuple[Counter, Histogram]] = {}
+
+    def answered(self, model: str, version: str, endpoint: str, code: int, seconds: float) -> None:
+        """Count one request and its latency (the labelled children are looked up once per label set)."""
+        key = (model, version, endpoint, code)
+        children = self._answered.get(key)
+        if children is None:
+            children = (
+                self.requests.labels(model, version, endpoint, str(code)),
+                self.latency.labels(model, endpoint),
+            )
+            self._answered[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
+
     def batch_observer(self, model: str, version: str) -> BatchObserver:
         return BatchObserver(self, model, version)
 

@@ -47,6 +47,7 @@ from hugerec.serving.versions import ModelVersions, ServedModel
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "hugerec"
+_HEADER_LENGTH_KEY = HEADER_LENGTH.lower().encode("latin-1")
 _INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 PLATFORM = "hugerec_pytorch"
 
@@ -91,15 +92,61 @@ class InferenceServer:
         self.app = self._build_app()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The ASGI app uvicorn runs: inference requests go straight to their handler, skipping the
-        framework's middleware layers (a third of the cost of a one-example request); the rest to FastAPI."""
+        """The ASGI app uvicorn runs: inference requests are answered here on raw ASGI messages, skipping
+        the framework's request/response objects and middleware (most of the cost of a one-example
+        request); the rest goes to FastAPI."""
         if scope["type"] == "http" and scope["method"] == "POST":
             match = _INFER_PATH.fullmatch(scope["path"])
             if match is not None:
-                response = await self._infer(match["name"], match["version"], Request(scope, receive))
-                await response(scope, receive, send)
+                await self._infer_asgi(match["name"], match["version"], scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    async def _infer_asgi(self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send) -> None:
+        declared, header_length = None, None
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                declared = value.decode("latin-1")
+            elif key == _HEADER_LENGTH_KEY:
+                header_length = value.decode("latin-1")
+        t0, code, served_version = time.perf_counter(), 200, version or "-"
+        try:
+            served = self._served(name, version)
+            served_version = served.version
+            limit = self.config.max_request_bytes
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise RequestError(f"payload of {declared} bytes exceeds the limit of {limit}", status=413)
+            chunks, size, more = [], 0, True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    code = 499  # the client went away: nobody to answer
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise RequestError(f"payload exceeds the limit of {limit} bytes", status=413)
+                chunks.append(chunk)
+                more = message.get("more_body", False)
+            payload, headers = await self._answer(served, b"".join(chunks), header_length)
+            raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        except Exception as e:
+            code = _status(e)
+            payload, raw = _error_body(e, code), [(b"content-type", b"application/json")]
+        finally:
+            if code != 499:
+                self._observe(name, served_version, "infer", code, t0)
+        raw.append((b"content-length", str(len(payload)).encode("latin-1")))
+        await send({"type": "http.response.start", "status": code, "headers": raw})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def _answer(
+        self, served: ServedModel, body: bytes, header_length: str | None
+    ) -> tuple[bytes, dict[str, str]]:
+        """An infer request's body -> the response's body and headers."""
+        inputs, options = decode_infer_request(body, header_length, served.signature)
+        logits = await served.logits(inputs)
+        return encode_infer_response(served.name, served.version, options, _outputs(logits))
 
     # -- models ------------------------------------------------------------------------------
     def add_model(
@@ -201,8 +248,9 @@ class InferenceServer:
         return value
 
     def _observe(self, model: str, version: str, endpoint: str, code: int, t0: float) -> None:
-        self.metrics.requests.labels(model, version, endpoint, str(code)).inc()
-        self.metrics.latency.labels(model, endpoint).observe(time.perf_counter() - t0)
+        # names of models not served are not kept as labels: any client could add them without end
+        model = model if model in self.models else "-"
+        self.metrics.answered(model, version, endpoint, code, time.perf_counter() - t0)
 
     async def _infer(self, name: str, version: str | None, request: Request) -> Response:
         t0, code, served_version = time.perf_counter(), 200, version or "-"
@@ -210,9 +258,7 @@ class InferenceServer:
             served = self._served(name, version)
             served_version = served.version
             body = await self._body(request)
-            inputs, options = decode_infer_request(body, request.headers.get(HEADER_LENGTH), served.signature)
-            logits = await served.logits(inputs)
-            payload, headers = encode_infer_response(name, served.version, options, _outputs(logits))
+            payload, headers = await self._answer(served, body, request.headers.get(HEADER_LENGTH))
             return Response(payload, headers=headers)
         except Exception as e:
             code = _status(e)
@@ -389,8 +435,12 @@ def _status(e: Exception) -> int:
 
 
 def _error(e: Exception, code: int) -> Response:
+    return Response(_error_body(e, code), status_code=code, media_type="application/json")
+
+
+def _error_body(e: Exception, code: int) -> bytes:
     message = str(e) if code < 500 or isinstance(e, QueueFull) else f"internal error: {type(e).__name__}: {e}"
-    return JSONResponse({"error": message}, status_code=code)
+    return json.dumps({"error": message}).encode()
 
 
 def serve(

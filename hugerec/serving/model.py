@@ -90,24 +90,45 @@ def _groups(layout: CollectionLayout) -> tuple[_Group, ...]:
 
 @dataclass(frozen=True, eq=False)
 class ModelInputs:
-    """B examples: dense [B, Dd] float32; per sparse feature (values [N_f] int64, lengths [B] int32)."""
+    """B examples: dense [B, Dd] float32; per sparse feature (values [N_f] int64, lengths [B] int32).
+
+    one_id [F, B] int64, when every feature has exactly one id per example: row k holds the ids of
+    the k-th feature of `ids` (whose values are views of it). Merging and lookups then work on the
+    block instead of feature by feature (see `from_one_id`).
+    """
 
     dense: np.ndarray
     ids: Mapping[str, tuple[np.ndarray, np.ndarray]]
+    one_id: np.ndarray | None = None
 
     @property
     def batch_size(self) -> int:
         return int(self.dense.shape[0])
 
     @staticmethod
+    def from_one_id(dense: np.ndarray, features: Sequence[str], one_id: np.ndarray) -> ModelInputs:
+        """Inputs whose feature features[k] has the one id one_id[k, b] in example b."""
+        if one_id.ndim != 2 or one_id.shape != (len(features), dense.shape[0]) or one_id.dtype != np.int64:
+            raise ValueError(
+                f"ModelInputs.from_one_id: need int64 ids [{len(features)}, {dense.shape[0]}], got "
+                f"{one_id.dtype} {list(one_id.shape)}"
+            )
+        ones = np.ones(dense.shape[0], np.int32)
+        return ModelInputs(dense, {f: (one_id[k], ones) for k, f in enumerate(features)}, one_id)
+
+    @staticmethod
     def concat(parts: Sequence[ModelInputs]) -> ModelInputs:
-        """Requests -> one batch (rows in order); `split` undoes it on the outputs."""
+        """Requests -> one batch (rows in order)."""
         if len(parts) == 1:
             return parts[0]
         dense = np.concatenate([p.dense for p in parts])
+        features = tuple(parts[0].ids)
+        if all(p.one_id is not None and tuple(p.ids) == features for p in parts):
+            blocks = [p.one_id for p in parts if p.one_id is not None]
+            return ModelInputs.from_one_id(dense, features, np.concatenate(blocks, axis=1))  # [F, sum B]
         ids = {
             f: (np.concatenate([p.ids[f][0] for p in parts]), np.concatenate([p.ids[f][1] for p in parts]))
-            for f in parts[0].ids
+            for f in features
         }
         return ModelInputs(dense, ids)
 
@@ -166,20 +187,29 @@ class InferenceModel:
         """[B, sum D] pooled block of one collection: one parameter-server lookup and one embedding_bag per group."""
         b = inputs.batch_size
         pooled = []
+        row_of = {f: k for k, f in enumerate(inputs.ids)} if inputs.one_id is not None else {}
         for g in groups:
+            if inputs.one_id is not None:  # one id per bag: its sum and its mean are its row
+                keys = inputs.one_id[[row_of[f] for f in g.features]].reshape(-1)  # [F_g, B] -> [F_g * B]
+                bags = snap.lookup_group(g.tables, np.repeat(g.table_index, b), keys)
+                pooled.append(bags.view(len(g.features), b, -1))  # -> [F_g, B, D]
+                continue
             values = [inputs.ids[f][0] for f in g.features]
             keys = np.concatenate(values)  # [N_g], feature-major
             lengths = np.concatenate([inputs.ids[f][1] for f in g.features])  # [F_g * B]
             table_index = np.repeat(g.table_index, [v.shape[0] for v in values])  # [N_g]
             rows = snap.lookup_group(g.tables, table_index, keys)  # [N_g, D]
-            offsets = np.zeros(lengths.shape[0], np.int64)
-            np.cumsum(lengths[:-1], out=offsets[1:])
-            bags = F.embedding_bag(
-                torch.arange(keys.shape[0], device=self.device),
-                rows,
-                torch.from_numpy(offsets).to(self.device),
-                mode=g.mode,
-            )  # [F_g * B, D]
+            if keys.shape[0] == lengths.shape[0] and (lengths == 1).all():
+                bags = rows
+            else:
+                offsets = np.zeros(lengths.shape[0], np.int64)
+                np.cumsum(lengths[:-1], out=offsets[1:])
+                bags = F.embedding_bag(
+                    torch.arange(keys.shape[0], device=self.device),
+                    rows,
+                    torch.from_numpy(offsets).to(self.device),
+                    mode=g.mode,
+                )  # [F_g * B, D]
             pooled.append(bags.view(len(g.features), b, -1))  # -> [F_g, B, D]
         if len(groups) == 1 and groups[0].features == layout.features:
             return pooled[0].transpose(0, 1).reshape(b, -1)  # [F, B, D] -> [B, F * D]

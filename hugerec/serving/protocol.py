@@ -150,10 +150,10 @@ class _BinaryLayout:
             dense = dense.reshape(b, signature.num_dense)
             if not np.isfinite(dense).all():
                 raise RequestError("input 'dense' contains NaN or inf (or values too large for float32)")
-        ones = _ones(b)
         if self.ids_block is not None:  # the ids of all features lie back to back: one slice, a row each
-            block = np.frombuffer(blob, np.int64, len(self.ids_block) * b, self.ids_block[0][1]).reshape(-1, b)
-            return ModelInputs(dense, {name: (block[k], ones) for k, (name, _) in enumerate(self.ids_block)})
+            block = np.frombuffer(blob, np.int64, len(self.ids_block) * b, self.ids_block[0][1])
+            return ModelInputs.from_one_id(dense, [name for name, _ in self.ids_block], block.reshape(-1, b))
+        ones = _ones(b)
         ids = {
             name: (np.frombuffer(blob, np.int64, b, offset), ones)
             for name, offset in zip(self.names, self.offsets, strict=True)

@@ -17,6 +17,7 @@ import pyarrow as pa
 from hugerec.data.preprocess.hashing import combine_hashes, flatten, hash_flat, hash_series
 from hugerec.data.preprocess.lookup import index_of
 from hugerec.data.preprocess.op import as_columns, require_scalar
+from hugerec.data.preprocess.packed import count, pack, unpack
 from hugerec.data.preprocess.stats import Stats, collect_by_name, merge_counts
 
 NULL_ID = 0
@@ -47,6 +48,19 @@ def flat_values(series: pl.Series) -> pl.Series:
     if isinstance(series.dtype, pl.List):
         return series.explode(empty_as_null=False, keep_nulls=False)
     return series
+
+
+def value_counts(values: pl.Series) -> pl.DataFrame:
+    """(value, count) of the non-null values, in no particular order; strings of up to 8 bytes (Criteo's
+    categoricals) are counted packed into integers by a hash-table kernel."""
+    if values.dtype == pl.String:
+        flat = flatten(values)
+        words = pack(flat)
+        if words is not None:
+            distinct, counts = count(words, flat.valid)
+            return pl.DataFrame([unpack(distinct, "value"), pl.Series("count", counts, dtype=pl.Int64)])
+    frame = values.drop_nulls().alias("value").value_counts(name="count")
+    return frame.with_columns(pl.col("count").cast(pl.Int64))
 
 
 @dataclass(frozen=True)
@@ -91,11 +105,7 @@ class Categorify:
 
     def fit(self, frame: pl.DataFrame) -> Stats:
         """Per column: (value, count) over list elements or scalar values, nulls dropped."""
-        out: Stats = {}
-        for c in self.columns:
-            counts = flat_values(frame[c]).drop_nulls().alias("value").value_counts(name="count")
-            out[c] = counts.with_columns(pl.col("count").cast(pl.Int64))
-        return out
+        return {c: value_counts(flat_values(frame[c])) for c in self.columns}
 
     def merge(self, parts: Sequence[Stats]) -> Stats:
         return collect_by_name({c: merge_counts([p[c] for p in parts], ["value"]) for c in self.columns})

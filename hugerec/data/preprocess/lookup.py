@@ -11,6 +11,10 @@ cache-resident); longer strings compare their remaining bytes against the vocabu
       [0] head: first 8 bytes little-endian, zero-padded (strings) or the integer / float bits
       [1] (row + 1) | min(byte length, 2^24 - 1) << 40;  0 = empty
     values = ["b", "a", "c"]:  lookup(["a", None, "z"]) -> [1, null_row, -1]
+
+When every indexed string packs into a uint64 (at most 8 bytes, no NUL: `packed`), the table holds
+the packed values instead and a query string is packed as it is probed (one that does not pack
+cannot be in the table): 3x faster on Criteo's 8-digit hex values than hashing them as strings.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import polars as pl
 from numba import njit
 
 from hugerec.data.preprocess.hashing import flatten, hash_bits, hash_bytes, hash_key
+from hugerec.data.preprocess.packed import NOT_PACKABLE, pack, pack_one
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
@@ -132,13 +137,35 @@ def _lookup_strings_kernel(
     return out
 
 
+@njit(cache=True)
+def _lookup_packed_kernel(q_offsets: I64, q_data: U8, valid: Mask, slots: U64, key: np.uint64, null_row: int) -> I64:
+    mask = np.uint64(slots.shape[0] - 1)
+    out = np.empty(q_offsets.shape[0] - 1, dtype=np.int64)
+    for i in range(q_offsets.shape[0] - 1):
+        if not valid[i]:
+            out[i] = null_row
+            continue
+        word = pack_one(q_data, q_offsets[i], q_offsets[i + 1] - q_offsets[i])
+        found = np.int64(-1)
+        if word != NOT_PACKABLE:
+            slot = hash_bits(word, key) & mask
+            while slots[slot, 1] != 0:
+                if slots[slot, 0] == word:
+                    found = np.int64(slots[slot, 1] & ROW_MASK) - 1
+                    break
+                slot = (slot + np.uint64(1)) & mask
+        out[i] = found
+    return out
+
+
 @dataclass(frozen=True)
 class ValueIndex:
     dtype: pl.DataType  # of the indexed values
     slots: U64  # [S, 2] the hash table (module docstring)
     null_row: int  # row of the null value, -1 if absent
-    offsets: I64  # [V + 1] string values' byte offsets (empty for non-strings)
-    data: U8  # string values' UTF-8 bytes
+    offsets: I64  # [V + 1] string values' byte offsets (empty for non-strings and packed strings)
+    data: U8  # string values' UTF-8 bytes (empty for packed strings)
+    packed: bool = False  # strings indexed by their packed values
 
     @classmethod
     def build(cls, values: pl.Series) -> ValueIndex:
@@ -149,6 +176,10 @@ class ValueIndex:
         num_slots = 1 << max(3, int(2 * max(values.len(), 1) - 1).bit_length())
         key = hash_key(0)
         if flat.is_string:
+            words = pack(flat)
+            if words is not None:
+                slots = _build_bits_kernel(words, flat.valid, key, num_slots)
+                return cls(values.dtype, slots, null_row, flat.offsets[:0], flat.data[:0], packed=True)
             slots = _build_strings_kernel(flat.offsets, flat.data, flat.valid, key, num_slots)
         else:
             slots = _build_bits_kernel(flat.bits, flat.valid, key, num_slots)
@@ -167,6 +198,8 @@ class ValueIndex:
         flat = flatten(query)
         key = hash_key(0)
         null = self.null_row if null_row is None else null_row
+        if flat.is_string and self.packed:
+            return _lookup_packed_kernel(flat.offsets, flat.data, flat.valid, self.slots, key, null)
         if flat.is_string:
             return _lookup_strings_kernel(
                 flat.offsets, flat.data, flat.valid, self.slots, self.offsets, self.data, key, null

@@ -26,6 +26,17 @@ def test_strings_match_dict(values, query):
 
 @settings(max_examples=60, deadline=None)
 @given(
+    st.lists(st.one_of(st.none(), st.text(max_size=4)), unique=True, max_size=50),
+    st.lists(st.one_of(st.none(), st.text(max_size=4), st.just("abc\0"), st.just("123456789")), max_size=50),
+)
+def test_short_strings_are_indexed_packed_and_match_dict(values, query):
+    index = ValueIndex.build(pl.Series(values, dtype=pl.String))
+    assert index.packed == all(v is None or ("\0" not in v and len(v.encode()) <= 8) for v in values)
+    assert index.lookup(pl.Series(query, dtype=pl.String)).tolist() == _reference(values, query)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
     st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), unique=True, max_size=50),
     st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), max_size=50),
 )

@@ -9,7 +9,9 @@ from hugerec.data.preprocess.categorical import value_counts
 from hugerec.data.preprocess.hashing import flatten
 from hugerec.data.preprocess.packed import count, pack, unpack
 
-SHORT = st.text(st.characters(exclude_characters="\0"), max_size=8).filter(lambda s: len(s.encode()) <= 8)
+SHORT = st.text(st.characters(exclude_characters="\0", exclude_categories=["Cs"]), max_size=8).filter(
+    lambda s: len(s.encode()) <= 8
+)
 
 
 def _pack_reference(value: str) -> int | None:

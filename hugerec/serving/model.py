@@ -13,6 +13,7 @@ snapshot, so a live update (new rows and new dense weights together) switches at
 from __future__ import annotations
 
 import copy
+import itertools
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -114,7 +115,7 @@ class ModelInputs:
                 f"{one_id.dtype} {list(one_id.shape)}"
             )
         ones = np.ones(dense.shape[0], np.int32)
-        return ModelInputs(dense, {f: (one_id[k], ones) for k, f in enumerate(features)}, one_id)
+        return ModelInputs(dense, dict(zip(features, zip(one_id, itertools.repeat(ones)), strict=False)), one_id)
 
     @staticmethod
     def concat(parts: Sequence[ModelInputs]) -> ModelInputs:

@@ -41,7 +41,14 @@ from hugerec.serving.loader import ServeOptions, load_model
 from hugerec.serving.metrics import ServerMetrics
 from hugerec.serving.model import InferenceModel
 from hugerec.serving.preprocess import RequestPreprocessor
-from hugerec.serving.protocol import HEADER_LENGTH, RequestError, Signature, decode_infer_request, encode_infer_response
+from hugerec.serving.protocol import (
+    HEADER_LENGTH,
+    OUTPUTS,
+    RequestError,
+    Signature,
+    decode_infer_request,
+    encode_infer_response,
+)
 from hugerec.serving.versions import ModelVersions, ServedModel
 
 log = logging.getLogger(__name__)
@@ -146,7 +153,7 @@ class InferenceServer:
         """An infer request's body -> the response's body and headers."""
         inputs, options = decode_infer_request(body, header_length, served.signature)
         logits = await served.logits(inputs)
-        return encode_infer_response(served.name, served.version, options, _outputs(logits))
+        return encode_infer_response(served.name, served.version, options, _outputs(logits, options.outputs))
 
     # -- models ------------------------------------------------------------------------------
     def add_model(
@@ -386,6 +393,8 @@ class InferenceServer:
             port=self.config.port if port is None else port,
             log_level="warning",
             access_log=False,
+            proxy_headers=False,  # bound to loopback by default; no proxy's X-Forwarded-* is trusted
+            server_header=False,
             timeout_graceful_shutdown=5,
         )
 
@@ -419,8 +428,13 @@ class BackgroundServer:
         self._thread.join(timeout=30)
 
 
-def _outputs(logits: np.ndarray) -> dict[str, np.ndarray]:
-    return {"logits": logits, "scores": torch.sigmoid(torch.from_numpy(logits)).numpy()}
+def _outputs(logits: np.ndarray, names: Sequence[str] = OUTPUTS) -> dict[str, np.ndarray]:
+    """The outputs asked for (scores: the sigmoid of the logits)."""
+    out = {"logits": logits} if "logits" in names else {}
+    if "scores" in names:
+        with np.errstate(over="ignore"):  # exp(-x) overflows to inf for x < -88: the score is then 0
+            out["scores"] = (1.0 / (1.0 + np.exp(-logits))).astype(np.float32, copy=False)
+    return out
 
 
 def _status(e: Exception) -> int:

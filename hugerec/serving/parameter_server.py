@@ -129,6 +129,7 @@ class _View:
         self.defaults = defaults
         self.payload = payload
         self.readers = 0
+        self.overlaid = any(overlays.values())  # readers skip the overlays' step when none has one
 
 
 @dataclass(frozen=True)
@@ -173,10 +174,10 @@ class Snapshot:
 
     def lookup_group(self, tables: Sequence[str], table_index: np.ndarray, keys: np.ndarray) -> torch.Tensor:
         """Tables of one width at once: key i of table tables[table_index[i]] -> rows [N, D]."""
-        return self._server._lookup_group(self._view, tuple(tables), table_index, _as_keys(keys, str(tables)))
+        return self._server._lookup_group(self._view, tuple(tables), table_index, _as_keys(keys, tables))
 
 
-def _as_keys(keys: torch.Tensor | np.ndarray, where: str) -> np.ndarray:
+def _as_keys(keys: torch.Tensor | np.ndarray, where: str | Sequence[str]) -> np.ndarray:
     out = keys.detach().cpu().numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
     if out.ndim != 1 or out.dtype != np.int64:
         raise ValueError(f"ParameterServer.lookup({where}): keys must be [N] int64, got {out.shape} {out.dtype}")
@@ -223,6 +224,7 @@ class ParameterServer:
         self._readers_done = threading.Condition(self._lock)
         self._apply_lock = threading.Lock()
         self._table_id = {t: i for i, t in enumerate(self.tables)}
+        self._group_ids: dict[tuple[str, ...], tuple[int, np.ndarray]] = {}  # see _group
         self._keys = np.zeros((len(TIERS), len(self.tables)), np.int64)
         self._hits = np.zeros((len(TIERS), len(self.tables)), np.int64)
         self._calls = np.zeros(len(TIERS), np.int64)
@@ -259,18 +261,14 @@ class ParameterServer:
     def _lookup_group(
         self, view: _View, tables: tuple[str, ...], table_index: np.ndarray, keys: np.ndarray
     ) -> torch.Tensor:
-        unknown = [t for t in tables if t not in self.tables]
-        if unknown:
-            raise KeyError(f"ParameterServer: unknown tables {unknown}; have {sorted(self.tables)}")
-        dims = {self.tables[t].dim for t in tables}
-        if len(dims) != 1:
-            raise ValueError(
-                f"ParameterServer.lookup_group: tables {list(tables)} have different widths {sorted(dims)}"
-            )
-        ids = np.array([self._table_id[t] for t in tables], np.int64)[table_index]  # [N] global table ids
-        out = np.empty((keys.shape[0], dims.pop()), np.float32)
+        group = self._group_ids.get(tables)
+        if group is None:
+            group = self._group_ids[tables] = self._group(tables)
+        dim, table_ids = group
+        ids = table_ids[table_index]  # [N] global table ids
+        out = np.empty((keys.shape[0], dim), np.float32)
         todo = np.arange(keys.shape[0])  # positions of `out` still to fill
-        for t, table in enumerate(tables):
+        for t, table in enumerate(tables if view.overlaid else ()):
             for overlay in reversed(view.overlays[table]):
                 t0 = time.perf_counter()
                 mine = todo[table_index[todo] == t]
@@ -324,6 +322,18 @@ class ParameterServer:
                     self.caches[table].insert(torch.from_numpy(keys[mine]), torch.from_numpy(out[mine]))
         result = torch.from_numpy(out)
         return result if self.device.type == "cpu" else result.to(self.device)
+
+    def _group(self, tables: tuple[str, ...]) -> tuple[int, np.ndarray]:
+        """(width, global table id [T]) of tables read together, or an error if they cannot be."""
+        unknown = [t for t in tables if t not in self.tables]
+        if unknown:
+            raise KeyError(f"ParameterServer: unknown tables {unknown}; have {sorted(self.tables)}")
+        dims = {self.tables[t].dim for t in tables}
+        if len(dims) != 1:
+            raise ValueError(
+                f"ParameterServer.lookup_group: tables {list(tables)} have different widths {sorted(dims)}"
+            )
+        return dims.pop(), np.array([self._table_id[t] for t in tables], np.int64)
 
     def _promote(self, tables: tuple[str, ...], table_index: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> None:
         """Rows found in the persistent tier go up into tier 2 (once each)."""

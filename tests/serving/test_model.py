@@ -129,3 +129,35 @@ def test_collection_layout_validates() -> None:
         CollectionLayout((TableConfig("s", 10, 4, pooling=Pooling.NONE),), ("s",))
     layout = CollectionLayout((t,), ("g", "f"))
     assert CollectionLayout.from_dict(layout.to_dict()) == layout
+
+
+def test_one_id_blocks_merge_and_score_like_per_feature_inputs(toy: Any, tmp_path: Path) -> None:
+    """Requests carrying an [F, B] id block (one id per feature) give the same scores as the same ids
+    given feature by feature, also merged with each other, with per-feature requests, and with
+    blocks whose features come in another order."""
+    loaded = load_model(toy.bundle, ServeOptions(state_dir=str(tmp_path / "state")))
+    try:
+        model, rng = loaded.model, np.random.default_rng(0)
+        parts, plain = [], []
+        for k, b in enumerate((1, 3, 2, 5)):
+            dense = rng.standard_normal((b, 4)).astype(np.float32)
+            ids = rng.integers(0, 200, (3, b))  # within every table
+            order = toy.features if k % 2 == 0 else toy.features[::-1]
+            block = ids if k % 2 == 0 else ids[::-1].copy()
+            parts.append(ModelInputs.from_one_id(dense, order, block))
+            plain.append(inputs_of({"dense": dense, **dict(zip(toy.features, ids, strict=True))}, 4, toy.features))
+        want = np.concatenate([model.predict(p) for p in plain])
+        for part, expected in zip(parts, plain, strict=True):
+            np.testing.assert_allclose(model.predict(part), model.predict(expected), rtol=1e-6, atol=1e-7)
+        same_order = ModelInputs.concat([parts[0], parts[2]])
+        assert same_order.one_id is not None and same_order.one_id.shape == (3, 3)
+        np.testing.assert_allclose(
+            model.predict(same_order), np.concatenate([want[:1], want[4:6]]), rtol=1e-6, atol=1e-7
+        )
+        for mixed in (ModelInputs.concat(parts), ModelInputs.concat([parts[0], plain[1], parts[2], plain[3]])):
+            assert mixed.one_id is None  # orders or forms differ: merged feature by feature
+            np.testing.assert_allclose(model.predict(mixed), want, rtol=1e-6, atol=1e-7)
+        with pytest.raises(ValueError, match="int64 ids \\[3, 2\\]"):
+            ModelInputs.from_one_id(np.zeros((2, 4), np.float32), toy.features, np.zeros((3, 3), np.int64))
+    finally:
+        loaded.close()

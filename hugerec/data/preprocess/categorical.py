@@ -23,6 +23,7 @@ from hugerec.data.preprocess.stats import Stats, collect_by_name, merge_counts
 NULL_ID = 0
 OOV_ID = 1
 FIRST_VOCAB_ID = 2
+PACKED = "packed"  # partial counts of short strings: their packed values (hugerec.data.preprocess.packed)
 
 
 def map_elements(series: pl.Series, fn: Callable[[pl.Series], npt.NDArray[np.int64]]) -> pl.Series:
@@ -51,16 +52,53 @@ def flat_values(series: pl.Series) -> pl.Series:
 
 
 def value_counts(values: pl.Series) -> pl.DataFrame:
-    """(value, count) of the non-null values, in no particular order; strings of up to 8 bytes (Criteo's
-    categoricals) are counted packed into integers by a hash-table kernel."""
+    """Partial counts of the non-null values, in no particular order: (packed UInt64, count) when they
+    are strings of up to 8 bytes (Criteo's categoricals; counted by a hash-table kernel and kept as
+    integers until `finalize`), else (value, count)."""
     if values.dtype == pl.String:
         flat = flatten(values)
         words = pack(flat)
         if words is not None:
-            distinct, counts = count(words, flat.valid)
-            return pl.DataFrame([unpack(distinct, "value"), pl.Series("count", counts, dtype=pl.Int64)])
+            return _packed_frame(*count(words, flat.valid))
     frame = values.drop_nulls().alias("value").value_counts(name="count")
     return frame.with_columns(pl.col("count").cast(pl.Int64))
+
+
+def _packed_frame(words: npt.NDArray[np.uint64], counts: npt.NDArray[np.int64]) -> pl.DataFrame:
+    return pl.DataFrame([pl.Series(PACKED, words, dtype=pl.UInt64), pl.Series("count", counts, dtype=pl.Int64)])
+
+
+def _as_values(part: pl.DataFrame) -> pl.DataFrame:
+    """A partial count frame with its values as values (packed strings unpacked)."""
+    if PACKED not in part.columns:
+        return part
+    return pl.DataFrame([unpack(part[PACKED].to_numpy(), "value"), part["count"]])
+
+
+def merge_value_counts(parts: Sequence[pl.DataFrame]) -> pl.LazyFrame:
+    """Plan summing partial counts per value: packed parts by the counting kernel, others by Polars."""
+    frames = [p for p in parts if p.height] or list(parts[:1])
+    if all(PACKED in f.columns for f in frames):
+        if len(frames) == 1:
+            return frames[0].lazy()
+        whole = pl.concat(frames)
+        words = whole[PACKED].to_numpy()
+        return _packed_frame(*count(words, np.ones(len(words), np.bool_), whole["count"].to_numpy())).lazy()
+    return merge_counts([_as_values(f) for f in frames], ["value"])
+
+
+def vocabulary(counts: pl.DataFrame, freq_threshold: int, max_size: int | None) -> pl.LazyFrame:
+    """Plan: the (value, count) rows counted at least `freq_threshold` times, most frequent first, ties by
+    value (byte order, which for packed strings is the order of their byte-swapped words), at most
+    `max_size` of them."""
+    if PACKED in counts.columns:
+        kept = counts.filter(pl.col("count") >= freq_threshold)
+        words, n = kept[PACKED].to_numpy(), kept["count"].to_numpy()
+        order = np.lexsort((words.byteswap(), -n))[:max_size]
+        return pl.DataFrame([unpack(words[order], "value"), pl.Series("count", n[order], dtype=pl.Int64)]).lazy()
+    vocab = counts.lazy().filter(pl.col("count") >= freq_threshold)
+    vocab = vocab.sort(["count", "value"], descending=[True, False])
+    return vocab.head(max_size) if max_size is not None else vocab
 
 
 @dataclass(frozen=True)
@@ -104,20 +142,15 @@ class Categorify:
         return self.columns
 
     def fit(self, frame: pl.DataFrame) -> Stats:
-        """Per column: (value, count) over list elements or scalar values, nulls dropped."""
+        """Per column: partial counts over list elements or scalar values, nulls dropped (`value_counts`)."""
         return {c: value_counts(flat_values(frame[c])) for c in self.columns}
 
     def merge(self, parts: Sequence[Stats]) -> Stats:
-        return collect_by_name({c: merge_counts([p[c] for p in parts], ["value"]) for c in self.columns})
+        return collect_by_name({c: merge_value_counts([p[c] for p in parts]) for c in self.columns})
 
     def finalize(self, stats: Stats) -> Stats:
         """Per column: the vocabulary (value, count), in id order (id = FIRST_VOCAB_ID + row)."""
-        plans = {}
-        for c in self.columns:
-            vocab = stats[c].lazy().filter(pl.col("count") >= self.freq_threshold)
-            vocab = vocab.sort(["count", "value"], descending=[True, False])
-            plans[c] = vocab.head(self.max_size) if self.max_size is not None else vocab
-        return collect_by_name(plans)
+        return collect_by_name({c: vocabulary(stats[c], self.freq_threshold, self.max_size) for c in self.columns})
 
     def cardinality(self, stats: Stats, column: str) -> int:
         return FIRST_VOCAB_ID + stats[column].height + self.num_tail_buckets

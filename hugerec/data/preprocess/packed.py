@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
 from numba import njit
 
 from hugerec.data.preprocess.hashing import Flat, hash_bits
@@ -61,13 +62,18 @@ def pack(flat: Flat) -> U64 | None:
 
 
 def unpack(words: U64, name: str) -> pl.Series:
-    """Packed values -> a String column (NumPy's fixed-width bytes drop the zero padding)."""
-    raw = np.ascontiguousarray(words, dtype="<u8").view("S8")
-    return pl.Series(name, raw, dtype=pl.Binary).cast(pl.String)
+    """Packed values -> a String column, built as Arrow buffers: no byte of a packed string is zero but
+    the padding, so the nonzero bytes in order are the strings' bytes."""
+    raw = np.ascontiguousarray(words, dtype="<u8").view(np.uint8).reshape(-1, 8)  # [V, 8]
+    keep = raw != 0
+    offsets = np.zeros(len(words) + 1, dtype=np.int64)
+    np.cumsum(keep.sum(axis=1), out=offsets[1:])
+    strings = pa.LargeStringArray.from_buffers(len(words), pa.py_buffer(offsets), pa.py_buffer(raw[keep]))
+    return pl.Series(name, strings, dtype=pl.String)
 
 
 @njit(cache=True)
-def _count_kernel(words: U64, valid: Mask, key: np.uint64) -> tuple[U64, I64]:
+def _count_kernel(words: U64, valid: Mask, weights: I64, key: np.uint64) -> tuple[U64, I64]:
     n = words.shape[0]
     num_slots = 8
     while num_slots < 2 * n:
@@ -88,10 +94,14 @@ def _count_kernel(words: U64, valid: Mask, key: np.uint64) -> tuple[U64, I64]:
             slot_words[slot] = w
             order[distinct] = slot
             distinct += 1
-        slot_counts[slot] += 1
+        slot_counts[slot] += weights[i] if weights.shape[0] else 1
     return slot_words[order[:distinct]], slot_counts[order[:distinct]]
 
 
-def count(words: U64, valid: Mask) -> tuple[U64, I64]:
-    """(distinct packed values of the valid rows in first-seen order, how often each occurs)."""
-    return _count_kernel(words, valid, np.uint64(0x9E3779B97F4A7C15))
+_NO_WEIGHTS = np.zeros(0, dtype=np.int64)
+
+
+def count(words: U64, valid: Mask, weights: I64 | None = None) -> tuple[U64, I64]:
+    """(distinct packed values of the valid rows in first-seen order, how often each occurs); with
+    `weights` [R] (positive), the sum of their weights instead (merging partial counts)."""
+    return _count_kernel(words, valid, _NO_WEIGHTS if weights is None else weights, np.uint64(0x9E3779B97F4A7C15))

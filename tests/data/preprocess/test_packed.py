@@ -5,7 +5,7 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hugerec.data.preprocess.categorical import value_counts
+from hugerec.data.preprocess.categorical import PACKED, Categorify, _as_values, value_counts
 from hugerec.data.preprocess.hashing import flatten
 from hugerec.data.preprocess.packed import count, pack, unpack
 
@@ -52,4 +52,34 @@ def test_categorify_value_counts_packed_or_not_equal_polars(values: list[str | N
     series = pl.Series(values, dtype=pl.String)
     want = series.drop_nulls().alias("value").value_counts(name="count").cast({"count": pl.Int64}).sort("value")
     got = value_counts(series)
-    assert got.schema == want.schema and got.sort("value").equals(want)
+    packable = all(v is None or _pack_reference(v) is not None for v in values)
+    assert (PACKED in got.columns) == packable
+    assert _as_values(got).sort("value").equals(want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.none(), SHORT, st.text(max_size=12)), max_size=20), min_size=1, max_size=4))
+def test_categorify_merge_sums_counts_packed_or_not(chunks: list[list[str | None]]) -> None:
+    op = Categorify(("c",))
+    parts = [op.fit(pl.DataFrame({"c": pl.Series(chunk, dtype=pl.String)})) for chunk in chunks]
+    merged = _as_values(op.merge(parts)["c"])
+    want = Counter(v for chunk in chunks for v in chunk if v is not None)
+    assert merged.schema == {"value": pl.String, "count": pl.Int64}
+    assert dict(zip(merged["value"].to_list(), merged["count"].to_list(), strict=True)) == want
+    assert merged.height == len(want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.lists(st.one_of(st.none(), SHORT, st.text(max_size=12)), max_size=20), min_size=1, max_size=4),
+    st.integers(1, 3),
+    st.one_of(st.none(), st.integers(0, 5)),
+)
+def test_categorify_vocabulary_orders_by_count_then_bytes(
+    chunks: list[list[str | None]], threshold: int, max_size: int | None
+) -> None:
+    op = Categorify(("c",), freq_threshold=threshold, max_size=max_size)
+    vocab = op.finalize(op.merge([op.fit(pl.DataFrame({"c": pl.Series(c, dtype=pl.String)})) for c in chunks]))["c"]
+    counts = Counter(v for chunk in chunks for v in chunk if v is not None)
+    want = sorted(((v, n) for v, n in counts.items() if n >= threshold), key=lambda vn: (-vn[1], vn[0].encode()))
+    assert list(vocab.iter_rows()) == want[:max_size]

@@ -1,11 +1,24 @@
 """Preprocessing benchmark: hugerec Workflow vs a straightforward pandas implementation, and the peak
 memory of a fit over a dataset four times larger than the memory it is allowed.
 
-Both pipelines turn the same synthetic Criteo-format TSV (label, 13 integers, 26 hex strings, some
-fields empty) into Parquet with the same ops: FillMissing(0) -> LogOp -> Normalize on the integers,
-Categorify (0 = null, 1 = out of vocabulary, 2.. by frequency) on the strings; the outputs are
-checked equal. hugerec fits (one pass) and transforms (a second pass) on the default local pool;
-pandas reads the file once, whole.
+Both pipelines turn the same synthetic Criteo-format TSV (label, 13 integers, 26 8-digit hex strings,
+some fields empty) into Parquet (snappy) with the same ops: FillMissing(0) -> LogOp -> Normalize on the
+integers, Categorify (0 = null, 1 = out of vocabulary, 2.. by frequency, ties by value) on the strings;
+the outputs are checked equal.
+
+    hugerec           Workflow([FillMissing, LogOp, Normalize, Categorify]) on Dataset.criteo(tsv), cut
+                      into >= 16 byte ranges. fit: one pass, each partition parsed by Polars, per column
+                      value counts (Numba hash table on the strings packed into uint64) and moments,
+                      merged; transform: a second pass, parsing again, the ops applied per partition
+                      (Categorify by a Numba hash lookup), one Parquet file per partition. On the default
+                      local pool of 2 worker processes (started before timing: `worker-startup`).
+    hugerec-1-worker  the same in this process (Polars may use both cores while parsing).
+    pandas            pd.read_csv of the whole file (C parser, "string" dtype for the hex columns),
+                      fillna / clip / log1p / mean / std per integer column, value_counts + sort + map
+                      per string column, DataFrame.to_parquet (pyarrow); one pass, all in memory.
+
+The `-per-cpu-second` records divide rows by the process CPU time of hugerec-1-worker and pandas (a
+comparison that other jobs on a shared machine skew less than wall time).
 
     python benchmarks/data_preprocess.py [--quick] [--json PATH]
 """

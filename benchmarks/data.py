@@ -6,8 +6,9 @@ Dataset: the `criteo-like` synthetic preset (label + 13 dense + 26 sparse, Crite
 cardinalities and missing rates), written as Parquet shards by the generator; batch size 8192.
 
 Methods, each timed from construction (file reading included) to the last batch:
-    hugerec           hugerec.data.load(...): Arrow decode + NumPy assembly on two background threads,
-                      yields Batch(dense [B, 13], SparseFeatures, labels [B])
+    hugerec           hugerec.data.load(...): Arrow decode (and, shuffled, the window's permutation:
+                      a Numba scatter of the ids, np.take of the dense rows) and NumPy batch assembly
+                      on two background threads; yields Batch(dense [B, 13], SparseFeatures, labels [B])
     torch-dataloader  the usual user code: pandas.read_parquet, NumPy arrays, a map-style Dataset
                       whose __getitem__ returns one row, torch.utils.data.DataLoader(batch_size=8192)
                       with the default collate (dense, [B, 26] ids with -1 for missing, labels).

@@ -9,9 +9,10 @@ from a Zipf law so that some rows are hot), exported once. Three servers, each i
     baseline         FastAPI + pydantic JSON body; per request: every id looked up in a Python dict of
                      rows, the eager PyTorch model on that request alone (no batching)
 
-A load generator (asyncio streams, closed loop, a fixed number of keep-alive clients, bounded in
-time) sends batches of 1, 64 and 1024 examples; it reports throughput (examples/s) and p50/p99
-latency. The parameter server's lookup throughput per tier (rows/s) is measured in process,
+A load generator (asyncio streams, closed loop, keep-alive clients, bounded in time) sends
+batches of 1, 64 and 1024 examples from 16, 16 and 4 concurrent clients (the same for every server;
+each record and line names its count), plus batch 1 from one client (latency without queueing);
+it reports throughput (examples/s) and p50/p99 latency. The parameter server's lookup throughput per tier (rows/s) is measured in process,
 against a Python dict.
 
     python benchmarks/serving.py [--quick] [--json PATH]
@@ -41,7 +42,8 @@ NUM_DENSE = 13
 NUM_TABLES = 26
 DIM = 16
 FEATURES = tuple(f"C{i}" for i in range(1, NUM_TABLES + 1))
-CONCURRENCY = {1: 32, 64: 16, 1024: 4}
+# closed-loop clients per request size, the same for every server: enough that dynamic batching matters
+CONCURRENCY = {1: 16, 64: 16, 1024: 4}
 OURS = ("hugerec", "hugerec-json")
 ROUNDS = 4
 BASELINE = "baseline"
@@ -106,13 +108,16 @@ class BaselineRequest(BaseModel):
     sparse: dict[str, list[list[int]]]
 
 
-def run_ours(bundle: str, state: str, port: int, max_delay_ms: float) -> None:
+def run_ours(bundle: str, state: str, port: int, max_delay_ms: float, offload_rows: int) -> None:
     from hugerec.serving.batching import BatchingConfig
     from hugerec.serving.loader import ServeOptions
     from hugerec.serving.server import InferenceServer, ServerConfig
 
     server = InferenceServer(
-        ServerConfig(port=port, batching=BatchingConfig(max_batch_size=2048, max_delay_ms=max_delay_ms)),
+        ServerConfig(
+            port=port,
+            batching=BatchingConfig(max_batch_size=2048, max_delay_ms=max_delay_ms, offload_rows=offload_rows),
+        ),
         ServeOptions(state_dir=state),
     )
     server.add_bundle(bundle)
@@ -348,6 +353,8 @@ def _record(config: str, method: str, value: float, unit: str, higher: bool, **e
 
 # -- main ------------------------------------------------------------------------------------------
 def main() -> None:
+    from hugerec.serving.batching import BatchingConfig
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small tables and short runs (< 1 minute)")
     parser.add_argument("--json", type=Path, help="write the records to this JSON file")
@@ -357,10 +364,16 @@ def main() -> None:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rows", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--max-delay-ms", type=float, default=0.0, help="dynamic batching delay of our server")
+    parser.add_argument(
+        "--offload-rows",
+        type=int,
+        default=BatchingConfig().offload_rows,
+        help="our server runs batches of at least this many rows on a worker thread",
+    )
     parser.add_argument("--batch-sizes", default="1,64,1024", help="comma-separated request sizes to drive")
     args = parser.parse_args()
     if args.serve == "ours":
-        return run_ours(args.path, args.state, args.port, args.max_delay_ms)
+        return run_ours(args.path, args.state, args.port, args.max_delay_ms, args.offload_rows)
     if args.serve == "baseline":
         return run_baseline(args.path, args.port, args.rows)
 
@@ -388,6 +401,8 @@ def main() -> None:
                     str(tmp / "state"),
                     "--max-delay-ms",
                     str(args.max_delay_ms),
+                    "--offload-rows",
+                    str(args.offload_rows),
                 ],
                 ours_port,
             )
@@ -437,8 +452,8 @@ def main() -> None:
                 records.append(_record(f"p50 {config}", method, p50, "ms", False, **extra))
                 records.append(_record(f"p99 {config}", method, p99, "ms", False, **extra))
                 print(
-                    f"{config:18s} {method:13s} {throughput:10.0f} examples/s  p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  "
-                    f"server CPU {per_request:6.3f} ms/request",
+                    f"{config:18s} {method:13s} clients {clients:3d} {throughput:10.0f} examples/s  p50 {p50:7.2f} ms  "
+                    f"p99 {p99:7.2f} ms  server CPU {per_request:6.3f} ms/request",
                     flush=True,
                 )
     finally:

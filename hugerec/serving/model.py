@@ -13,9 +13,8 @@ snapshot, so a live update (new rows and new dense weights together) switches at
 from __future__ import annotations
 
 import copy
-import itertools
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,8 +113,7 @@ class ModelInputs:
                 f"ModelInputs.from_one_id: need int64 ids [{len(features)}, {dense.shape[0]}], got "
                 f"{one_id.dtype} {list(one_id.shape)}"
             )
-        ones = np.ones(dense.shape[0], np.int32)
-        return ModelInputs(dense, dict(zip(features, zip(one_id, itertools.repeat(ones)), strict=False)), one_id)
+        return ModelInputs(dense, _OneIdFeatures(tuple(features), one_id), one_id)
 
     @staticmethod
     def concat(parts: Sequence[ModelInputs]) -> ModelInputs:
@@ -124,7 +122,7 @@ class ModelInputs:
             return parts[0]
         dense = np.concatenate([p.dense for p in parts])
         features = tuple(parts[0].ids)
-        if all(p.one_id is not None and tuple(p.ids) == features for p in parts):
+        if all(p.one_id is not None and isinstance(p.ids, _OneIdFeatures) and p.ids.names == features for p in parts):
             blocks = [p.one_id for p in parts if p.one_id is not None]
             return ModelInputs.from_one_id(dense, features, np.concatenate(blocks, axis=1))  # [F, sum B]
         ids = {
@@ -132,6 +130,27 @@ class ModelInputs:
             for f in features
         }
         return ModelInputs(dense, ids)
+
+
+class _OneIdFeatures(Mapping[str, tuple[np.ndarray, np.ndarray]]):
+    """`ids` of ModelInputs.from_one_id: feature names[k] -> (one_id[k], ones [B]), made when asked for
+    (merging and pooling read the block itself: a request's decoding builds no per-feature entries)."""
+
+    def __init__(self, names: tuple[str, ...], one_id: np.ndarray) -> None:
+        self.names = names
+        self._one_id = one_id
+        self._row: dict[str, int] | None = None
+
+    def __getitem__(self, feature: str) -> tuple[np.ndarray, np.ndarray]:
+        if self._row is None:
+            self._row = {f: k for k, f in enumerate(self.names)}
+        return self._one_id[self._row[feature]], np.ones(self._one_id.shape[1], np.int32)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 class InferenceModel:

@@ -394,22 +394,24 @@ def encode_infer_response(
     model: str, version: str, options: InferOptions, outputs: Mapping[str, np.ndarray]
 ) -> tuple[bytes, dict[str, str]]:
     """Outputs -> (body, extra headers): JSON, or JSON header + binary tensors for `options.binary`."""
-    described: list[dict[str, Any]] = []
+    # the JSON is written out directly: output names come from OUTPUTS, the only free strings (model,
+    # version, id) go through json.dumps; a third of the cost of json.dumps on the whole response
+    described: list[str] = []
     blobs: list[bytes] = []
     for name in options.outputs:
         array = np.ascontiguousarray(outputs[name], dtype="<f4")
-        out: dict[str, Any] = {"name": name, "datatype": "FP32", "shape": list(array.shape)}
+        head = f'{{"name":"{name}","datatype":"FP32","shape":[{",".join(map(str, array.shape))}],'
         if name in options.binary:
             raw = array.tobytes()
-            out["parameters"] = {"binary_data_size": len(raw)}
+            described.append(f'{head}"parameters":{{"binary_data_size":{len(raw)}}}}}')
             blobs.append(raw)
         else:
-            out["data"] = array.ravel().tolist()
-        described.append(out)
-    response: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": described}
-    if options.request_id is not None:
-        response["id"] = options.request_id
-    header = json.dumps(response, separators=(",", ":")).encode()
+            described.append(f'{head}"data":{json.dumps(array.ravel().tolist(), separators=(",", ":"))}}}')
+    request_id = "" if options.request_id is None else f',"id":{json.dumps(options.request_id)}'
+    header = (
+        f'{{"model_name":{json.dumps(model)},"model_version":{json.dumps(version)},'
+        f'"outputs":[{",".join(described)}]{request_id}}}'
+    ).encode()
     if not blobs:
         return header, {"content-type": "application/json"}
     return header + b"".join(blobs), {HEADER_LENGTH: str(len(header)), "content-type": "application/octet-stream"}

@@ -132,7 +132,7 @@ class _BinaryLayout:
     end: int
     options: InferOptions
     one_id: bool
-    ids_block: tuple[tuple[str, int], ...] | None  # one_id features (name, offset) when back to back in the blob
+    ids_block: tuple[tuple[str, ...], int] | None  # one_id features (names, offset of the first) when back to back
 
     def decode(self, blob: bytes, signature: Signature) -> ModelInputs:
         if not self.one_id:
@@ -151,8 +151,9 @@ class _BinaryLayout:
             if not np.isfinite(dense).all():
                 raise RequestError("input 'dense' contains NaN or inf (or values too large for float32)")
         if self.ids_block is not None:  # the ids of all features lie back to back: one slice, a row each
-            block = np.frombuffer(blob, np.int64, len(self.ids_block) * b, self.ids_block[0][1])
-            return ModelInputs.from_one_id(dense, [name for name, _ in self.ids_block], block.reshape(-1, b))
+            features, start = self.ids_block
+            block = np.frombuffer(blob, np.int64, len(features) * b, start).reshape(-1, b)  # [F, B]
+            return ModelInputs.from_one_id(dense, features, block)
         ones = _ones(b)
         ids = {
             name: (np.frombuffer(blob, np.int64, b, offset), ones)
@@ -203,7 +204,7 @@ def _binary_layout(header: bytes, signature: Signature) -> _BinaryLayout | None:
     )
     features = tuple((name, at) for name, at in zip(names, offsets, strict=True) if name != "dense")
     back_to_back = all(y[1] - x[1] == 8 * b for x, y in itertools.pairwise(features))
-    block = features if one_id and back_to_back else None
+    block = (tuple(name for name, _ in features), features[0][1]) if one_id and back_to_back and features else None
     return _BinaryLayout(names, tuple(dtypes), tuple(shapes), tuple(offsets), offset, options, one_id, block)
 
 

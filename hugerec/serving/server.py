@@ -432,8 +432,10 @@ def _outputs(logits: np.ndarray, names: Sequence[str] = OUTPUTS) -> dict[str, np
     """The outputs asked for (scores: the sigmoid of the logits)."""
     out = {"logits": logits} if "logits" in names else {}
     if "scores" in names:
-        with np.errstate(over="ignore"):  # exp(-x) overflows to inf for x < -88: the score is then 0
-            out["scores"] = (1.0 / (1.0 + np.exp(-logits))).astype(np.float32, copy=False)
+        # clipped: exp stays finite in float32 (sigmoid(-88) = 6e-39, below that the score is 0 anyway)
+        scores = np.exp(np.clip(logits, -88.0, 88.0, dtype=np.float32) * np.float32(-1.0))
+        scores += np.float32(1.0)
+        out["scores"] = np.reciprocal(scores, out=scores)
     return out
 
 

@@ -28,6 +28,11 @@ import numpy as np
 
 from hugerec.serving.model import ModelInputs
 
+try:
+    import orjson as _orjson
+except ImportError:  # optional: the standard parser does the same, slower
+    _orjson = None  # type: ignore[assignment]
+
 HEADER_LENGTH = "Inference-Header-Content-Length"
 OUTPUTS = ("scores", "logits")
 LENGTHS_SUFFIX = ".lengths"
@@ -95,7 +100,7 @@ def decode_infer_request(
         if layout is not None and layout.end == len(blob):
             return layout.decode(blob, signature), layout.options
     try:
-        request = json.loads(header_bytes)
+        request = parse_json(header_bytes)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RequestError(f"request body is not valid JSON: {e}") from None
     if not isinstance(request, dict):
@@ -171,7 +176,7 @@ def _binary_layout(header: bytes, signature: Signature) -> _BinaryLayout | None:
     """The layout of an all-binary request header, or None (some input has JSON data, or the header is
     bad: the uncached path then decodes or reports it)."""
     try:
-        request = json.loads(header)
+        request = parse_json(header)
         inputs = request.get("inputs") if isinstance(request, dict) else None
         if not isinstance(inputs, list) or not inputs:
             return None
@@ -206,6 +211,21 @@ def _binary_layout(header: bytes, signature: Signature) -> _BinaryLayout | None:
     back_to_back = all(y[1] - x[1] == 8 * b for x, y in itertools.pairwise(features))
     block = (tuple(name for name, _ in features), features[0][1]) if one_id and back_to_back and features else None
     return _BinaryLayout(names, tuple(dtypes), tuple(shapes), tuple(offsets), offset, options, one_id, block)
+
+
+def parse_json(raw: bytes) -> Any:
+    """JSON text -> Python values; raises json.JSONDecodeError (or UnicodeDecodeError).
+
+    orjson when it is installed (3 to 7 times faster on the number lists of tensors); what it refuses
+    (NaN literals, integers beyond 64 bits) goes to the standard parser, so that both give every
+    request the same answer.
+    """
+    if _orjson is not None:
+        try:
+            return _orjson.loads(raw)
+        except _orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
 
 
 def to_model_inputs(tensors: Mapping[str, np.ndarray], signature: Signature) -> ModelInputs:
@@ -323,6 +343,8 @@ def _decode_tensor(spec: object, i: int, blob: bytes, offset: int) -> tuple[str,
         raise RequestError(f"input {name!r}: 'data' is not a regular array: {e}") from None
     if array.size != count:
         raise RequestError(f"input {name!r}: shape {shape} needs {count} values, 'data' has {array.size}")
+    if array.dtype == dtype:  # JSON integers as INT64, floats as FP64: nothing to check or convert
+        return name, array.reshape(shape), offset
     allowed = "iu" if datatype in _INT_TYPES else "iuf"
     if array.size and array.dtype.kind not in allowed:
         kind = "integers" if datatype in _INT_TYPES else "numbers"

@@ -48,6 +48,7 @@ from hugerec.serving.protocol import (
     Signature,
     decode_infer_request,
     encode_infer_response,
+    parse_json,
 )
 from hugerec.serving.versions import ModelVersions, ServedModel
 
@@ -247,7 +248,7 @@ class InferenceServer:
         if not body:
             return {}
         try:
-            value = json.loads(body)
+            value = parse_json(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RequestError(f"request body is not valid JSON: {e}") from None
         if not isinstance(value, dict):

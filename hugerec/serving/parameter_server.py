@@ -266,6 +266,14 @@ class ParameterServer:
             group = self._group_ids[tables] = self._group(tables)
         dim, table_ids = group
         ids = table_ids[table_index]  # [N] global table ids
+        memory_first: tuple[np.ndarray, np.ndarray] | None = None  # tier 2's answer for every key, when asked first
+        if not view.overlaid and not self.caches:  # the common case on the CPU: tier 2 holds every row
+            t0 = time.perf_counter()
+            memory_first = self.memory.get_group(tables, table_index, keys)
+            if memory_first[1].all():
+                self._count("memory", ids, memory_first[1], t0)
+                found_all = torch.from_numpy(memory_first[0])
+                return found_all if self.device.type == "cpu" else found_all.to(self.device)
         out = np.empty((keys.shape[0], dim), np.float32)
         todo = np.arange(keys.shape[0])  # positions of `out` still to fill
         for t, table in enumerate(tables if view.overlaid else ()):
@@ -296,7 +304,11 @@ class ParameterServer:
                 continue
             t0 = time.perf_counter()
             if todo.shape[0] == keys.shape[0]:  # the common case: nothing resolved above
-                rows, found = store.get_group(tables, table_index, keys)
+                rows, found = (
+                    memory_first
+                    if store is self.memory and memory_first is not None
+                    else store.get_group(tables, table_index, keys)
+                )
                 if found.all():
                     out = rows
                 else:
@@ -346,7 +358,7 @@ class ParameterServer:
     def _count(self, tier: str, table_ids: np.ndarray, found: np.ndarray, t0: float) -> None:
         i = TIERS.index(tier)
         asked = np.bincount(table_ids, minlength=len(self.tables))
-        hits = np.bincount(table_ids[found], minlength=len(self.tables))
+        hits = asked if found.all() else np.bincount(table_ids[found], minlength=len(self.tables))
         dt = time.perf_counter() - t0
         with self._stats_lock:
             self._keys[i] += asked

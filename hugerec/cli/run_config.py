@@ -126,18 +126,19 @@ class PredictSection:
 
 # The quickstart, as a config file would spell it (configs/quickstart.toml is this, and a test keeps them equal).
 QUICKSTART: dict[str, Any] = {
-    "synth": {"preset": "criteo-like", "rows": 300_000, "out": "runs/quickstart/raw", "seed": 0},
+    "synth": {"preset": "criteo-like", "rows": 1_000_000, "out": "runs/quickstart/raw", "seed": 0},
     "preprocess": {
         "input": "runs/quickstart/raw",
         "format": "parquet",
         "eval_fraction": 0.1,
         "out": "runs/quickstart/data",
         "log_dense": False,
+        "min_frequency": 10,
     },
-    "data": {"train": "runs/quickstart/data/train", "eval": "runs/quickstart/data/eval", "batch_size": 2048},
-    "embedding": {"dim": 16, "optimizer": {"type": "rowwise_adagrad", "lr": 0.05}},
+    "data": {"train": "runs/quickstart/data/train", "eval": "runs/quickstart/data/eval", "batch_size": 1024},
+    "embedding": {"dim": 16, "optimizer": {"type": "rowwise_adagrad", "lr": 0.03}},
     "model": {"type": "dlrm", "bottom": [64, 16], "top": [64, 32, 1]},
-    "train": {"epochs": 1, "lr": 0.002, "log_every": 20, "out_dir": "runs/quickstart"},
+    "train": {"epochs": 1, "lr": 0.005, "log_every": 20, "out_dir": "runs/quickstart"},
 }
 
 

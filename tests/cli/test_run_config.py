@@ -29,7 +29,7 @@ def test_quickstart_defaults_and_typed_overrides() -> None:
     assert cfg.model_config() == DLRMConfig(bottom=(64, 16), top=(32, 1))  # merged into the quickstart's [model]
     assert cfg.embedding.optimizer == Adam()
     assert cfg.preprocess.format is RawFormat.PARQUET
-    assert load_run_config(None).embedding.optimizer == RowWiseAdagrad(lr=0.05)
+    assert load_run_config(None).embedding.optimizer == RowWiseAdagrad(lr=0.03)
 
 
 def test_a_new_model_type_takes_its_own_fields() -> None:

@@ -156,7 +156,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("bundles", nargs="+", type=Path, metavar="BUNDLE", help="bundle directories to serve")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    serve.add_argument("--threads", type=int, default=None, help="torch threads for scoring (default: torch's)")
+    serve.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads for scoring (default: 1; idle torch threads doubled the CPU per batch-1 request; "
+        "raise it for large batches, or run more replicas)",
+    )
     serve.add_argument("--updates-dir", help="apply the deltas published to this directory while serving")
     serve.add_argument("--redis-url", help="keep tier 2 (all rows) in this Redis server, shared by replicas")
     serve.add_argument("--updates-stream", help="also apply updates from this Redis stream (of --redis-url)")

@@ -41,7 +41,7 @@ COMMANDS = {
         "Runs synth, preprocess, train and evaluate in a row and prints the model's AUC next to the\n"
         "oracle AUC (the best any model can reach on these synthetic labels). Writes everything under\n"
         "runs/quickstart/: the data, model.pt, metrics.jsonl, curves.png and TensorBoard scalars.\n"
-        "example: hugerec quickstart synth.rows=1000000",
+        "example: hugerec quickstart synth.rows=3000000 model.type=dcn_v2",
     ),
     "synth": (
         "generate a synthetic click log ([synth])",

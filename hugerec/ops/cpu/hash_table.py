@@ -119,7 +119,7 @@ def _delete_slot(slots: np.ndarray, i: Int) -> None:
     slots[i, 1] = -1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def lookup(slots: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
     """out[i] = row of keys[i], or -1.
 
@@ -201,7 +201,7 @@ def _score(eviction: Int, info: np.ndarray, r: Int) -> tuple[Int, Int]:
     return info[r, LAST], np.int64(0)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rebuild_heap(
     info: np.ndarray,
     row_state: np.ndarray,
@@ -256,7 +256,7 @@ def _release(slots: np.ndarray, info: np.ndarray, row_state: np.ndarray, r: Int)
     row_state[r] = FREED
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def expire(
     slots: np.ndarray,
     info: np.ndarray,
@@ -378,7 +378,7 @@ def _give_row(
         _push(heap, meta, s1, s2, r, info[r, GEN])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def find_or_insert(
     slots: np.ndarray,
     info: np.ndarray,

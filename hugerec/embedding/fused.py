@@ -218,14 +218,11 @@ class FusedTables:
         state = self.groups[self.slots[table].group].state
         s = self.slots[table]
         block = state[s.row_offset : s.row_offset + c.num_rows]
-        picked = None if rows is None or block.device.type != "cpu" else rows.numpy()
         for f in state_fields(self.optimizers[table], c.dim):
             if rows is None:
                 block[:, f.start : f.start + f.width] = f.initial
-            elif picked is not None:  # NumPy: 50x faster than torch's index_fill_ on a column block
-                block.numpy()[picked, f.start : f.start + f.width] = f.initial
             else:
-                block[rows, f.start : f.start + f.width] = f.initial
+                _fill_rows(block[:, f.start : f.start + f.width], rows, f.initial)
 
     # -- steps -----------------------------------------------------------------------------------
     def advance(self, group: int, tables: Sequence[int]) -> torch.Tensor:
@@ -260,3 +257,12 @@ def _scatter_rows(view: torch.Tensor, rows: torch.Tensor, fresh: torch.Tensor) -
     if view.element_size() == 2:  # bf16 / fp16: NumPy has no bf16; copy the bits
         view, fresh = view.view(torch.int16), fresh.view(torch.int16)
     view.numpy()[rows.numpy()] = fresh.numpy()
+
+
+def _fill_rows(view: torch.Tensor, rows: torch.Tensor, value: float) -> None:
+    """view[rows] = value (fp32 state columns); on the CPU through NumPy, 50x faster than torch's
+    index_fill_ on a column block."""
+    if view.device.type != "cpu":
+        view[rows] = value
+        return
+    view.numpy()[rows.numpy()] = value

@@ -371,7 +371,7 @@ def remap_features(
         ins = table.find_or_insert(keys, steps[name], out=out)
         return (None if single else ins.rows), (ins.reset_rows if ins.reset_rows.numel() else None)
 
-    # the tables are independent and their kernels release the GIL: two cores remap twice as fast
+    # the tables are independent and their kernels release the GIL: they run side by side on the cores
     results = list(_pool().map(remap, *zip(*work, strict=True))) if len(work) > 1 else [remap(*w) for w in work]
     remapped = {f for name, _ in work for f in table_features[name] if f in ranges}
     reset: dict[str, torch.Tensor] = {}

@@ -48,8 +48,13 @@ class Adagrad:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        _check("Adagrad", lr=self.lr, eps=self.eps, initial_accumulator_value=self.initial_accumulator_value,
-               weight_decay=self.weight_decay)
+        _check(
+            "Adagrad",
+            lr=self.lr,
+            eps=self.eps,
+            initial_accumulator_value=self.initial_accumulator_value,
+            weight_decay=self.weight_decay,
+        )
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,13 @@ class RowWiseAdagrad:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        _check("RowWiseAdagrad", lr=self.lr, eps=self.eps,
-               initial_accumulator_value=self.initial_accumulator_value, weight_decay=self.weight_decay)
+        _check(
+            "RowWiseAdagrad",
+            lr=self.lr,
+            eps=self.eps,
+            initial_accumulator_value=self.initial_accumulator_value,
+            weight_decay=self.weight_decay,
+        )
 
 
 @dataclass(frozen=True)
@@ -114,8 +124,13 @@ class Ftrl:
 
 
 Optimizer = SGD | Adagrad | RowWiseAdagrad | Adam | Ftrl
-_BY_NAME: dict[str, type] = {"sgd": SGD, "adagrad": Adagrad, "rowwise_adagrad": RowWiseAdagrad, "adam": Adam,
-                             "ftrl": Ftrl}
+_BY_NAME: dict[str, type] = {
+    "sgd": SGD,
+    "adagrad": Adagrad,
+    "rowwise_adagrad": RowWiseAdagrad,
+    "adam": Adam,
+    "ftrl": Ftrl,
+}
 
 
 def optimizer_name(opt: Optimizer) -> str:

@@ -26,6 +26,7 @@ with step - last_step > ttl. `remove(keys)` frees the rows of the given keys, in
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,10 +62,16 @@ class HashTableArrays:
         meta = np.zeros(_cpu.META_LEN, dtype=np.int64)
         meta[_cpu.N_FREE] = capacity
         meta[_cpu.STEP] = -1
+        # written, not just zero-mapped: the capacity is claimed up front, so that the first touch of
+        # each page (a page fault per 128 rows) is paid here and not by the training steps that insert
+        info = np.empty((capacity, 4), dtype=np.int64)
+        info.fill(0)
+        row_state = np.empty(capacity, dtype=np.int8)
+        row_state.fill(0)
         return HashTableArrays(
             slots=slots,
-            info=np.zeros((capacity, 4), dtype=np.int64),
-            row_state=np.zeros(capacity, dtype=np.int8),
+            info=info,
+            row_state=row_state,
             # stack top is the end: rows come out as 0, 1, 2, ...
             free=np.arange(capacity - 1, -1, -1, dtype=np.int64),
             heap=np.zeros((heap_capacity(capacity) if eviction == EVICT_TTL else 0, 4), dtype=np.int64),
@@ -153,6 +160,63 @@ def find_or_insert(
             f"is {t.capacity}; keys of a step are never evicted for keys of the same step, so raise the capacity"
         )
     return rows, reset[:n_reset]
+
+
+def lookup_tables(
+    tables: Sequence[HashTableArrays], keys: np.ndarray, spans: Sequence[tuple[int, int]], rows: np.ndarray
+) -> None:
+    """`lookup` of several tables in one parallel kernel: rows[a:b] = rows of keys[a:b] in table i, (a, b)
+    = spans[i] (keys: contiguous int64 [N]; the spans do not overlap); -1 where missing."""
+    _cpu.lookup_tables(
+        tuple(t.slots for t in tables),
+        keys,
+        np.asarray([a for a, _ in spans], dtype=np.int64),
+        np.asarray([b for _, b in spans], dtype=np.int64),
+        rows,
+    )
+
+
+def find_or_insert_tables(
+    tables: Sequence[HashTableArrays],
+    keys: np.ndarray,
+    spans: Sequence[tuple[int, int]],
+    rows: np.ndarray,
+    steps: Sequence[int],
+    evictions: Sequence[int],
+    min_counts: Sequence[int],
+    ttls: Sequence[int],
+) -> list[np.ndarray | None]:
+    """Training lookups of several tables in one parallel kernel (`find_or_insert`, after `expire` for
+    the tables with ttls[i] >= 0).
+
+    Table i maps keys[a:b] (keys: contiguous int64 [N]), (a, b) = spans[i], into rows[a:b]; the spans
+    do not overlap and no step goes back. Returns per table its reset rows [E_i] (re-initialise
+    them), or None where the table could not take the keys as they are (it must evict and has no
+    heap yet, or the keys do not fit): that table is unchanged (its span of rows holds scratch), and
+    `find_or_insert` alone handles it (or raises).
+    """
+    reset = np.empty_like(keys)
+    status = np.zeros((len(tables), 4), dtype=np.int64)
+    _cpu.find_or_insert_tables(
+        tuple(t.slots for t in tables),
+        tuple(t.info for t in tables),
+        tuple(t.row_state for t in tables),
+        tuple(t.free for t in tables),
+        tuple(t.heap for t in tables),
+        tuple(t.sketch for t in tables),
+        tuple(t.meta for t in tables),
+        keys,
+        np.asarray([a for a, _ in spans], dtype=np.int64),
+        np.asarray([b for _, b in spans], dtype=np.int64),
+        rows,
+        reset,
+        np.asarray(steps, dtype=np.int64),
+        np.asarray(evictions, dtype=np.int64),
+        np.asarray(min_counts, dtype=np.int64),
+        np.asarray(ttls, dtype=np.int64),
+        status,
+    )
+    return [reset[a : a + int(st[1])] if st[0] == _cpu.OK else None for (a, _), st in zip(spans, status, strict=True)]
 
 
 def remove(t: HashTableArrays, keys: np.ndarray) -> np.ndarray:

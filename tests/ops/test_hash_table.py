@@ -43,6 +43,9 @@ def _check_same(kern: ht.HashTableArrays, ref: ht.DictHashTable) -> None:
         assert kern.counter(index) == ref.stats[name], name
     held = np.flatnonzero(kern.row_state == layout.USED)
     assert sorted(held.tolist()) == sorted(ref.row_of.values())
+    # the rows touched at the last step (never evicted for keys of that same step)
+    touched = int((kern.info[held, layout.LAST] == kern.counter(layout.STEP)).sum())
+    assert kern.counter(layout.TOUCHED) == touched
     for r in held:
         key, last, count, _ = kern.info[r]
         assert (key, last, count) == (ref.key_of[r], ref.last_step[r], ref.count[r])
@@ -163,3 +166,85 @@ def test_count_min_sketch_never_underestimates() -> None:
     est = np.array([ht.sketch_estimate(t, k) for k in range(500)])
     assert (est >= true).all()
     assert t.counter(layout.SIZE) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    eviction=st.sampled_from(POLICIES),
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("insert"), st.lists(st.integers(-30, 30), min_size=17, max_size=80)),
+            st.tuples(st.just("remove"), keys_st),
+        ),
+        max_size=12,
+    ),
+)
+def test_one_pass_insertion_matches_dict_reference(eviction: int, ops: list) -> None:
+    """Batches longer than the kernel's prefetch distance, with repeats of new keys inside it, into a
+    table whose free rows outnumber them (the one-pass path), and removals that free rows for reuse."""
+    kern = ht.HashTableArrays.allocate(200, eviction)
+    ref = ht.DictHashTable(200, eviction, 1)
+    for step, (kind, arg) in enumerate(ops):
+        if kind == "remove":
+            assert ht.remove(kern, _arr(arg)).tolist() == ref.remove(arg)
+        else:
+            rows, reset = ht.find_or_insert(kern, _arr(arg), step, eviction)
+            assert (rows.tolist(), reset.tolist()) == ref.find_or_insert(arg, step)
+        _check_same(kern, ref)
+
+
+def _copy(t: ht.HashTableArrays) -> ht.HashTableArrays:
+    return ht.HashTableArrays(*(np.array(getattr(t, f), copy=True) for f in ht.HashTableArrays.__dataclass_fields__))
+
+
+def test_tables_side_by_side_match_one_table_calls() -> None:
+    """find_or_insert_tables == find_or_insert per table (after expire for TTL), and a table that
+    cannot take its keys as they are comes back unchanged (bar its span of rows), marked None."""
+    rng = np.random.default_rng(3)
+    ttl = 2
+    specs = [  # (capacity, eviction, min_count)
+        (500, ht.EVICT_LRU, 1),
+        (40, ht.EVICT_LRU, 1),  # fills up and evicts: needs a heap on its first eviction
+        (30, ht.EVICT_LFU, 1),
+        (60, ht.EVICT_TTL, 1),
+        (300, ht.EVICT_NONE, 2),
+        (35, ht.EVICT_NONE, 1),  # fills up: every later batch with new keys is refused
+    ]
+    batched = [ht.HashTableArrays.allocate(c, e, 4, 1 << 12) for c, e, _ in specs]
+    alone = [_copy(t) for t in batched]
+    handed_back = 0
+    for step in range(12):
+        sizes = rng.integers(0, 30, size=len(specs))
+        keys = np.concatenate([rng.integers(-60, 60, size=n) for n in sizes]).astype(np.int64)
+        spans = [(int(a), int(a + n)) for a, n in zip(np.cumsum(sizes) - sizes, sizes, strict=True)]
+        rows = np.full_like(keys, -99)
+        resets = ht.find_or_insert_tables(
+            batched,
+            keys,
+            spans,
+            rows,
+            [step] * len(specs),
+            [e for _, e, _ in specs],
+            [m for _, _, m in specs],
+            [ttl if e == ht.EVICT_TTL else -1 for _, e, _ in specs],
+        )
+        for i, ((a, b), (_, eviction, min_count)) in enumerate(zip(spans, specs, strict=True)):
+            if eviction == ht.EVICT_TTL:
+                ht.expire(alone[i], step, ttl)
+            try:
+                expected, expected_reset = ht.find_or_insert(alone[i], keys[a:b], step, eviction, min_count)
+            except ValueError:
+                expected = None
+            if resets[i] is None:
+                handed_back += 1
+                if expected is not None:  # the kernel needed a heap: the one-table call made it and went on
+                    assert eviction != ht.EVICT_NONE
+                    got, got_reset = ht.find_or_insert(batched[i], keys[a:b], step, eviction, min_count)
+                    rows[a:b] = got
+                    resets[i] = got_reset
+            if expected is not None:
+                assert rows[a:b].tolist() == expected.tolist()
+                assert resets[i] is not None and resets[i].tolist() == expected_reset.tolist()
+            for field in ("slots", "info", "row_state", "free", "sketch", "meta"):
+                assert np.array_equal(getattr(batched[i], field), getattr(alone[i], field)), (i, field)
+    assert handed_back >= 3

@@ -26,7 +26,9 @@ therefore costs nothing; the heap is only worked on when rows are evicted or exp
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
+
+from hugerec.ops.cpu.rows import prefetch
 
 # meta indices
 N_FREE = 0
@@ -51,6 +53,10 @@ GEN = 3
 FRESH = 0
 USED = 1
 FREED = 2
+
+# keys between the prefetch of a key's home slot (or row info) and its probe: the probe loop is short,
+# but its data-dependent exit branch stops the CPU from running ahead into the next keys' slots
+AHEAD = 8
 
 # eviction codes (mirrors hugerec.embedding.config.Eviction, which ops may not import)
 EVICT_NONE = 0
@@ -128,7 +134,10 @@ def lookup(slots: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
     it 20x slower in a training step.
     """
     mask = slots.shape[0] - 1
-    for i in range(keys.shape[0]):
+    n = keys.shape[0]
+    for i in range(n):
+        if i + AHEAD < n:
+            prefetch(slots, _home(keys[i + AHEAD], mask) * 2, 2)
         s = _probe(slots, mask, keys[i])
         out[i] = slots[s, 1] if s >= 0 else -1
 
@@ -339,7 +348,10 @@ def _touch_found(info: np.ndarray, meta: np.ndarray, rows: np.ndarray, step: Int
     if meta[STEP] != step:
         meta[STEP] = step
         meta[TOUCHED] = 0
-    for i in range(rows.shape[0]):
+    n = rows.shape[0]
+    for i in range(n):
+        if i + AHEAD < n and rows[i + AHEAD] >= 0:
+            prefetch(info, rows[i + AHEAD] * 4, 4)
         r = rows[i]
         if r >= 0:
             info[r, COUNT] += 1
@@ -378,6 +390,96 @@ def _give_row(
         _push(heap, meta, s1, s2, r, info[r, GEN])
 
 
+@njit(cache=True)
+def _find_or_insert_free(
+    slots: np.ndarray,
+    info: np.ndarray,
+    row_state: np.ndarray,
+    free: np.ndarray,
+    heap: np.ndarray,
+    meta: np.ndarray,
+    keys: np.ndarray,
+    rows: np.ndarray,
+    reset: np.ndarray,
+    step: Int,
+    eviction: Int,
+) -> Int:
+    """find_or_insert when every key is admitted and the free rows outnumber the keys (no eviction can
+    happen): one pass, new keys take rows in order of first occurrence. Returns the number of reset rows.
+
+    The pass is a software pipeline: the home slot of key i + 2 AHEAD is prefetched, key i + AHEAD is
+    probed and its row's info prefetched, key i is touched or inserted. The probe of key i + AHEAD may
+    predate the insertion of an equal key among i .. i + AHEAD - 1, so an insertion re-probes from the
+    empty slot that ended the early probe (the path before it is still full: nothing is deleted here).
+    """
+    n = keys.shape[0]
+    mask = slots.shape[0] - 1
+    if meta[STEP] != step:
+        meta[STEP] = step
+        meta[TOUCHED] = 0
+    if heap.shape[0] and meta[HEAP_SIZE] + n > heap.shape[0]:
+        rebuild_heap(info, row_state, heap, meta, eviction)
+    n_free = meta[N_FREE]
+    touched = meta[TOUCHED]
+    inserted = 0
+    n_reset = 0
+    for i in range(min(AHEAD, n)):
+        s = _probe(slots, mask, keys[i])
+        rows[i] = slots[s, 1] if s >= 0 else s - 1  # -2 - (the empty slot that ended the probe)
+    for i in range(min(2 * AHEAD, n)):
+        if i >= AHEAD:
+            prefetch(slots, _home(keys[i], mask) * 2, 2)
+    for i in range(n):
+        j = i + AHEAD
+        if j < n:
+            if j + AHEAD < n:
+                prefetch(slots, _home(keys[j + AHEAD], mask) * 2, 2)
+            s = _probe(slots, mask, keys[j])
+            if s >= 0:
+                rj = slots[s, 1]
+                rows[j] = rj
+                prefetch(info, rj * 4, 4)
+            else:
+                rows[j] = s - 1
+        r = rows[i]
+        if r >= 0:
+            info[r, COUNT] += 1
+            touched += info[r, LAST] != step
+            info[r, LAST] = step
+            continue
+        key = keys[i]
+        s = -2 - r
+        while slots[s, 1] != -1 and slots[s, 0] != key:
+            s = (s + 1) & mask
+        if slots[s, 1] != -1:  # an earlier key of this batch inserted it
+            r = slots[s, 1]
+            info[r, COUNT] += 1
+        else:
+            n_free -= 1
+            r = free[n_free]
+            if row_state[r] != FRESH:
+                reset[n_reset] = r
+                n_reset += 1
+            slots[s, 0] = key
+            slots[s, 1] = r
+            info[r, KEY] = key
+            info[r, GEN] += 1
+            info[r, LAST] = step
+            info[r, COUNT] = 1
+            row_state[r] = USED
+            inserted += 1
+            touched += 1
+            if heap.shape[0]:
+                s1, s2 = _score(eviction, info, r)
+                _push(heap, meta, s1, s2, r, info[r, GEN])
+        rows[i] = r
+    meta[N_FREE] = n_free
+    meta[TOUCHED] = touched
+    meta[SIZE] += inserted
+    meta[INSERTS] += inserted
+    return n_reset
+
+
 @njit(cache=True, nogil=True)
 def find_or_insert(
     slots: np.ndarray,
@@ -404,15 +506,24 @@ def find_or_insert(
     n = keys.shape[0]
     cap = info.shape[0]
     mask = slots.shape[0] - 1
+    use_sketch = min_count > 1 and not admit_all
+    if not use_sketch and n <= meta[N_FREE]:
+        return (
+            OK,
+            _find_or_insert_free(slots, info, row_state, free, heap, meta, keys, rows, reset, step, eviction),
+            n,
+            0,
+        )
     n_miss = 0
     for i in range(n):
+        if i + AHEAD < n:
+            prefetch(slots, _home(keys[i + AHEAD], mask) * 2, 2)
         s = _probe(slots, mask, keys[i])
         if s >= 0:
             rows[i] = slots[s, 1]
         else:
             rows[i] = s - 1  # -2 - (the empty slot that ended the probe)
             n_miss += 1
-    use_sketch = min_count > 1 and not admit_all
     if not use_sketch and n_miss <= meta[N_FREE]:
         # common case: every key is admitted and free rows suffice (no eviction), so new keys go
         # straight into the slots in order of first occurrence; a repeat finds its first occurrence
@@ -577,3 +688,69 @@ def insert_mapping(slots: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> Non
         s = -1 - _probe(slots, mask, keys[i])
         slots[s, 0] = keys[i]
         slots[s, 1] = rows[i]
+
+
+@njit(cache=True, parallel=True)
+def find_or_insert_tables(
+    slots: tuple[np.ndarray, ...],
+    info: tuple[np.ndarray, ...],
+    row_state: tuple[np.ndarray, ...],
+    free: tuple[np.ndarray, ...],
+    heap: tuple[np.ndarray, ...],
+    sketch: tuple[np.ndarray, ...],
+    meta: tuple[np.ndarray, ...],
+    keys: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    rows: np.ndarray,
+    reset: np.ndarray,
+    steps: np.ndarray,
+    evictions: np.ndarray,
+    min_counts: np.ndarray,
+    ttls: np.ndarray,
+    status: np.ndarray,
+) -> None:
+    """`find_or_insert` (after `expire` where ttls[t] >= 0) of T tables side by side.
+
+    Table t (its arrays the t-th of each tuple) maps keys[starts[t]:ends[t]] into the same span of
+    `rows` at steps[t]; the spans do not overlap. Its (status, E, needed, protected) go to status[t]
+    and its reset rows to reset[starts[t]:starts[t] + E]. A table with a non-OK status is unchanged
+    (apart from the expiry): the caller handles it alone.
+
+    One parallel region on the kernels' own thread team: Python threads calling the serial kernel
+    share the cores with that team's spinning workers, which made them about twice as slow.
+    """
+    for t in prange(len(slots)):
+        a, b = starts[t], ends[t]
+        if ttls[t] >= 0 and steps[t] >= meta[t][STEP]:
+            expire(slots[t], info[t], row_state[t], free[t], heap[t], meta[t], steps[t], ttls[t])
+        code, n_reset, needed, protected = find_or_insert(
+            slots[t],
+            info[t],
+            row_state[t],
+            free[t],
+            heap[t],
+            sketch[t],
+            meta[t],
+            keys[a:b],
+            rows[a:b],
+            reset[a:b],
+            steps[t],
+            evictions[t],
+            min_counts[t],
+            False,
+        )
+        status[t, 0] = code
+        status[t, 1] = n_reset
+        status[t, 2] = needed
+        status[t, 3] = protected
+
+
+@njit(cache=True, parallel=True)
+def lookup_tables(
+    slots: tuple[np.ndarray, ...], keys: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray
+) -> None:
+    """`lookup` of T tables side by side: rows[starts[t]:ends[t]] = rows of keys[starts[t]:ends[t]] in
+    table t (-1 where missing); the spans do not overlap."""
+    for t in prange(len(slots)):
+        lookup(slots[t], keys[starts[t] : ends[t]], rows[starts[t] : ends[t]])

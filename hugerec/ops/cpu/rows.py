@@ -157,7 +157,7 @@ def _prefetch(typingctx: Any, address: Any) -> tuple[Any, Callable[..., Any]]:
 
 
 @njit(cache=True, error_model="numpy")
-def prefetch(array: np.ndarray, index: int, count: int) -> None:
+def prefetch(array: np.ndarray, index: int | np.integer, count: int) -> None:
     """Prefetch elements [index, index + count) of a C-contiguous array (flat indexing).
 
     The kernels' loop bodies between two random row loads are long, so the CPU's out-of-order window

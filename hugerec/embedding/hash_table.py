@@ -21,10 +21,11 @@ lists the keys touched after a step (delta export, `hugerec.embedding.delta`).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -123,6 +124,7 @@ class HashTable:
         self.capacity = capacity
         self.unknown_row: int | None = capacity - 1 if reserved else None
         self._eviction = _eviction_code(self.policy.eviction)
+        self._ttl = self.policy.ttl_steps if self.policy.eviction is Eviction.TTL else -1  # -1: no expiry
         self._arrays = self._allocate()
 
     def _allocate(self) -> ops.HashTableArrays:
@@ -153,10 +155,11 @@ class HashTable:
     def _where(self, method: str) -> str:
         return f"HashTable {self.name!r}.{method}"
 
-    def _default(self, rows: np.ndarray) -> torch.Tensor:
+    def _fill_missing(self, rows: np.ndarray) -> np.ndarray:
+        """rows with -1 (no row) replaced by the unknown row where the table has one (in place)."""
         if self.unknown_row is not None:
-            rows[rows < 0] = self.unknown_row
-        return torch.from_numpy(rows)
+            np.putmask(rows, rows < 0, self.unknown_row)
+        return rows
 
     def _out(self, out: torch.Tensor | None, n: int, where: str) -> np.ndarray | None:
         if out is None:
@@ -182,19 +185,38 @@ class HashTable:
         k = as_keys(keys, where)
         step = _check_step(step, where)
         dest = self._out(out, k.shape[0], where)
+        rows, reset = self._find_or_insert(k, step, admit_all, dest)
+        return Insertion(torch.from_numpy(rows), torch.from_numpy(reset))
+
+    def _find_or_insert(
+        self, keys: np.ndarray, step: int, admit_all: bool = False, out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`find_or_insert` of checked arguments (keys contiguous int64 [N], step an int >= 0): numpy (rows, reset)."""
         if self.policy.eviction is Eviction.TTL and step >= self.step:
             ops.expire(self._arrays, step, self.policy.ttl_steps)
         rows, reset = ops.find_or_insert(
-            self._arrays, k, step, self._eviction, self.policy.min_count, admit_all, where=where, out=dest
+            self._arrays,
+            keys,
+            step,
+            self._eviction,
+            self.policy.min_count,
+            admit_all,
+            where=self._where("find_or_insert"),
+            out=out,
         )
-        return Insertion(self._default(rows), torch.from_numpy(reset))
+        self._fill_missing(rows)
+        return rows, reset
 
     def find(self, keys: torch.Tensor | np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
         """Eval / serving lookup: keys [N] -> rows [N] (into `out` if given); missing keys get -1 or the
         unknown row. Changes nothing: concurrent `find`s are safe, a concurrent writer is not."""
         where = self._where("find")
         k = as_keys(keys, where)
-        return self._default(ops.lookup(self._arrays, k, self._out(out, k.shape[0], where)))
+        return torch.from_numpy(self._find(k, self._out(out, k.shape[0], where)))
+
+    def _find(self, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """`find` of checked keys (contiguous int64 [N]): numpy rows."""
+        return self._fill_missing(ops.lookup(self._arrays, keys, out))
 
     def remove(self, keys: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Drop keys; returns the row each one held (-1 where absent). Freed rows are re-initialised on reuse."""
@@ -351,46 +373,126 @@ def remap_features(
     counts = features.lengths.cpu().numpy().reshape(num_features, batch).sum(axis=1, dtype=np.int64)
     bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
     ranges = {k: (bounds[i], bounds[i + 1]) for i, k in enumerate(features.keys)}
-    rows = torch.empty_like(values)
-    in_place = values.device.type == "cpu"
+    keys_np = np.ascontiguousarray(values.detach().cpu().numpy())  # int64 (SparseFeatures checks it)
+    rows_np = np.empty_like(keys_np)
     work = []  # (table name, its features' value spans) of the tables with features in the batch
     for name in tables:
         spans = [ranges[f] for f in table_features[name] if f in ranges]
         if spans:
             work.append((name, spans))
 
-    def remap(name: str, spans: list[tuple[int, int]]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """One table's keys -> rows (written straight into `rows` for a single span on the CPU)."""
+    def remap(name: str, spans: list[tuple[int, int]]) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """One table's keys -> rows (written straight into `rows_np` when its keys are one span)."""
         table = tables[name]
-        single = len(spans) == 1 and in_place
-        keys = values[spans[0][0] : spans[0][1]] if len(spans) == 1 else torch.cat([values[a:b] for a, b in spans])
-        out = rows[spans[0][0] : spans[0][1]] if single else None
+        single = len(spans) == 1
+        keys = keys_np[spans[0][0] : spans[0][1]] if single else np.concatenate([keys_np[a:b] for a, b in spans])
+        out = rows_np[spans[0][0] : spans[0][1]] if single else None
         if steps is None:
-            found = table.find(keys, out=out)
+            found = table._find(keys, out)
             return (None if single else found), None
-        ins = table.find_or_insert(keys, steps[name], out=out)
-        return (None if single else ins.rows), (ins.reset_rows if ins.reset_rows.numel() else None)
+        found, recycled = table._find_or_insert(keys, steps[name], out=out)
+        return (None if single else found), (recycled if recycled.size else None)
 
-    # the tables are independent and their kernels release the GIL: they run side by side on the cores
-    results = list(_pool().map(remap, *zip(*work, strict=True))) if len(work) > 1 else [remap(*w) for w in work]
-    remapped = {f for name, _ in work for f in table_features[name] if f in ranges}
     reset: dict[str, torch.Tensor] = {}
+    total = sum(b - a for _, spans in work for a, b in spans)
+    if len(work) > 1 and total >= _PARALLEL_MIN_KEYS:
+        # the single-span tables (most are) run side by side in one parallel kernel: on the kernels'
+        # own thread team, whose spinning workers would slow Python threads down about twofold
+        batched = [(name, spans[0]) for name, spans in work if len(spans) == 1]
+        taken = _remap_batched(tables, batched, keys_np, rows_np, steps, reset)
+        work = [w for w in work if w[0] not in taken]
+    results = _run_chunked(remap, work, [sum(b - a for a, b in spans) for _, spans in work])
     for (name, spans), (found, recycled) in zip(work, results, strict=True):
         if recycled is not None:
-            reset[name] = recycled
+            reset[name] = torch.from_numpy(recycled)
         if found is not None:
-            found = found.to(rows.device)
             pos = 0
             for a, b in spans:
-                rows[a:b] = found[pos : pos + b - a]
+                rows_np[a:b] = found[pos : pos + b - a]
                 pos += b - a
+    remapped = {f for name in tables for f in table_features[name] if f in ranges}
     for f, (a, b) in ranges.items():
         if f not in remapped:
-            rows[a:b] = values[a:b]
-    return rows, reset
+            rows_np[a:b] = keys_np[a:b]
+    return torch.from_numpy(rows_np).to(values.device), reset
+
+
+def _remap_batched(
+    tables: Mapping[str, HashTable],
+    batched: list[tuple[str, tuple[int, int]]],
+    keys: np.ndarray,
+    rows: np.ndarray,
+    steps: Mapping[str, int] | None,
+    reset: dict[str, torch.Tensor],
+) -> set[str]:
+    """Remap each (table, span) of `batched` in one parallel kernel, into `rows` and `reset`; returns the
+    tables done. A training table the kernel hands back (its first eviction needs a heap, or the keys
+    do not fit) and one whose step would go back are left to the one-table path (which raises)."""
+    if steps is None:
+        ops.lookup_tables([tables[name]._arrays for name, _ in batched], keys, [span for _, span in batched], rows)
+        for name, (a, b) in batched:
+            tables[name]._fill_missing(rows[a:b])
+        return {name for name, _ in batched}
+    batched = [(name, span) for name, span in batched if steps[name] >= tables[name].step]
+    recycled_rows = ops.find_or_insert_tables(
+        [tables[name]._arrays for name, _ in batched],
+        keys,
+        [span for _, span in batched],
+        rows,
+        [steps[name] for name, _ in batched],
+        [tables[name]._eviction for name, _ in batched],
+        [tables[name].policy.min_count for name, _ in batched],
+        [tables[name]._ttl for name, _ in batched],
+    )
+    taken = set()
+    for (name, (a, b)), recycled in zip(batched, recycled_rows, strict=True):
+        if recycled is not None:
+            taken.add(name)
+            tables[name]._fill_missing(rows[a:b])
+            if recycled.size:
+                reset[name] = torch.from_numpy(recycled.copy())
+    return taken
+
+
+def _run_chunked(
+    fn: Callable[[str, list[tuple[int, int]]], _R], work: list[tuple[str, list[tuple[int, int]]]], sizes: list[int]
+) -> list[_R]:
+    """[fn(*w) for w in work], the tables split into one chunk per core, balanced by key count.
+
+    The tables are independent and their kernels release the GIL, so the chunks run side by side:
+    the calling thread takes the first, pool threads the others. One task per core, not per table: a
+    task's hand-over between threads costs about 100 us (GIL hand-offs), more than remapping a table.
+    """
+    chunks = min(_THREADS, len(work))
+    if chunks <= 1 or sum(sizes) < _PARALLEL_MIN_KEYS:
+        return [fn(*w) for w in work]
+    owner = [0] * len(work)
+    load = [0] * chunks
+    for i in sorted(range(len(work)), key=lambda i: -sizes[i]):  # largest first onto the lightest chunk
+        owner[i] = min(range(chunks), key=load.__getitem__)
+        load[owner[i]] += sizes[i]
+    parts = [[i for i in range(len(work)) if owner[i] == c] for c in range(chunks)]
+
+    def run(part: list[int]) -> list[_R]:
+        return [fn(*work[i]) for i in part]
+
+    futures = [_pool().submit(run, part) for part in parts[1:]]
+    done = {0: run(parts[0])}
+    for c, fut in enumerate(futures, start=1):
+        done[c] = fut.result()
+    results: list[_R | None] = [None] * len(work)
+    for c, part in enumerate(parts):
+        for i, r in zip(part, done[c], strict=True):
+            results[i] = r
+    return results  # type: ignore[return-value]  # every slot was filled
+
+
+_THREADS = max(1, min(os.cpu_count() or 1, 8))
+_PARALLEL_MIN_KEYS = 16_384  # below this many keys per batch the hand-over costs more than it saves
+_R = TypeVar("_R")
 
 
 @cache
 def _pool() -> ThreadPoolExecutor:
     """Threads that remap the tables of a batch side by side (one per core, at most 8)."""
-    return ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, 8)), thread_name_prefix="hugerec-remap")
+    return ThreadPoolExecutor(max(1, _THREADS - 1), thread_name_prefix="hugerec-remap")

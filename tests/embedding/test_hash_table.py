@@ -186,3 +186,51 @@ def test_rows_can_be_written_into_a_given_tensor() -> None:
         table.find(_t(5, 6), out=torch.zeros(3, dtype=torch.int64))
     with pytest.raises(ValueError, match="out must be"):
         table.find(_t(5, 6), out=torch.zeros(2, dtype=torch.int32))
+
+
+def test_remap_features_matches_one_table_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """remap_features (single-span tables side by side in one kernel, the rest one by one) gives the
+    rows, resets and table states that separate find_or_insert calls give, for every policy."""
+    from hugerec.embedding import hash_table
+    from hugerec.embedding.hash_table import remap_features
+    from hugerec.sparse.features import SparseFeatures
+
+    monkeypatch.setattr(hash_table, "_PARALLEL_MIN_KEYS", 0)  # the side-by-side paths even for tiny batches
+
+    policies = {
+        "lru": (60, DynamicConfig(eviction=Eviction.LRU)),
+        "lfu": (40, DynamicConfig(eviction=Eviction.LFU, missing=Missing.UNKNOWN_ROW)),
+        "ttl": (80, DynamicConfig(eviction=Eviction.TTL, ttl_steps=2)),
+        "admit": (500, DynamicConfig(min_count=2, missing=Missing.UNKNOWN_ROW)),
+        "shared": (500, DynamicConfig(eviction=Eviction.LRU)),  # two features: the one-table path
+    }
+    features = {"lru": ("a",), "lfu": ("b",), "ttl": ("c",), "admit": ("d",), "shared": ("e", "f")}
+
+    def make() -> dict[str, HashTable]:
+        return {n: HashTable(cap, policy, n) for n, (cap, policy) in policies.items()}
+
+    together, alone = make(), make()
+    rng = np.random.default_rng(5)
+    for step in range(1, 15):
+        lists = {
+            f: [[int(k) for k in rng.integers(-50, 50, size=rng.integers(0, 4))] for _ in range(8)] for f in "abcdef"
+        }
+        batch = SparseFeatures.from_lists(lists)
+        rows, reset = remap_features(batch, together, features, {n: step for n in policies})
+        for name, feats in features.items():
+            keys = torch.cat([batch[f].values for f in feats])
+            ins = alone[name].find_or_insert(keys, step)
+            got = torch.cat([rows[slice(*_span(batch, f))] for f in feats])
+            assert got.tolist() == ins.rows.tolist(), (name, step)
+            expected_reset = ins.reset_rows.tolist()
+            assert (reset[name].tolist() if name in reset else []) == expected_reset, (name, step)
+            a, b = together[name].state_dict(), alone[name].state_dict()
+            assert all(torch.equal(a[k], b[k]) for k in a), (name, step)
+    assert sum(t.stats().evictions + t.stats().expired for t in together.values()) > 0
+
+
+def _span(batch: object, feature: str) -> tuple[int, int]:
+    keys = list(batch.keys)  # type: ignore[attr-defined]
+    lengths = batch.lengths.view(len(keys), -1).sum(dim=1).tolist()  # type: ignore[attr-defined]
+    start = sum(lengths[: keys.index(feature)])
+    return start, start + lengths[keys.index(feature)]

@@ -18,6 +18,7 @@ import torch
 
 from hugerec.embedding.config import Normal, TableConfig, Uniform, Zeros
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
+from hugerec.ops import memory
 from hugerec.ops.update_rule import RuleKind, UpdateRule
 from hugerec.ops.workspace import OutputPool, Workspace
 
@@ -130,9 +131,10 @@ class FusedTables:
                 self.slots[t.name] = TableSlot(len(self.groups), i, rows)
                 rows += t.num_rows
             d_pad = padded_dim(dim, torch.tensor([], dtype=dtype).element_size())
-            weight = torch.empty(rows, d_pad, dtype=dtype, device=device)  # reset_rows below fills [:, :dim]
+            # rows and state on huge pages (large CPU tables: see hugerec.ops.memory); reset_rows below fills them
+            weight = memory.empty((rows, d_pad), dtype, device)
             weight[:, dim:] = 0
-            state = torch.empty(rows, rule.state_width(dim), dtype=torch.float32, device=device)
+            state = memory.empty((rows, rule.state_width(dim)), torch.float32, device)
             self.groups.append(TableGroup(dim, opt, rule, [t.name for t in members], weight, state))
         for name in self.configs:
             self.reset_rows(name, None)

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hugerec.ops import memory
+
 
 class Workspace:
     """Grow-only named numpy arrays plus the row -> unique-slot map of the backward's deduplication."""
@@ -33,7 +35,8 @@ class Workspace:
     def row_map(self, num_rows: int) -> np.ndarray:
         """[num_rows] int32, -1 everywhere; kernels that write into it restore -1 before returning."""
         if self._row_map is None or self._row_map.shape[0] != num_rows:
-            self._row_map = np.full(num_rows, -1, dtype=np.int32)
+            self._row_map = memory.empty_numpy((num_rows,), np.int32)  # read at random: huge pages
+            self._row_map.fill(-1)
         return self._row_map
 
 

@@ -5,6 +5,8 @@ against plain PyTorch, on the same synthetic Zipf(1.05) and uniform ids.
 
 Methods (built side by side and timed step by step in turn, or one at a time when memory is short):
     hugerec          EmbeddingCollection (fused buffers, Numba lookup, fused sparse optimizer in backward)
+    hugerec-dynamic  the same with dynamic tables (hash-table vocabularies with room for every id, LRU)
+                     fed raw 64-bit keys; reported as its step time over hugerec's (static tables)
     torch-per-table  one nn.EmbeddingBag(sparse=True) per table + torch.optim.SGD / SparseAdam, or for
                      row-wise Adagrad the few lines people write (coalesce, per-row accumulator, index_add_)
     torch-concat     the 26 tables concatenated into one nn.EmbeddingBag(sparse=True), same optimizers
@@ -37,7 +39,7 @@ import torch
 from torch import nn
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import TableConfig, Zeros
+from hugerec.embedding.config import DynamicConfig, Eviction, TableConfig, Zeros
 from hugerec.embedding.optimizers import SGD, Adam, Optimizer, RowWiseAdagrad
 from hugerec.sparse.features import SparseFeatures
 
@@ -136,6 +138,30 @@ class HugeRec(Method):
 
     def step(self, i: int) -> None:
         self.emb(self.features[i]).values.backward(self.grad)
+
+
+class HugeRecDynamic(HugeRec):
+    """The same collection with dynamic tables (hash-table vocabularies, capacity for every row id, LRU),
+    fed raw 64-bit keys: each row id scattered over the int64 range by an odd multiplier (a bijection)."""
+
+    name = "hugerec-dynamic"
+
+    def __init__(self, config: Config, batches: list[Batch], grad: torch.Tensor) -> None:
+        dynamic = DynamicConfig(eviction=Eviction.LRU)
+        tables = [
+            TableConfig(f"t{t}", config.rows + 1, config.dim, init=Zeros(), dynamic=dynamic) for t in range(TABLES)
+        ]
+        self.emb = EmbeddingCollection(tables, OPTIMIZERS[config.optimizer])
+        lengths = torch.full((TABLES * BATCH,), config.hotness, dtype=torch.int32)
+        keys = tuple(f"t{t}" for t in range(TABLES))
+        self.features = [SparseFeatures(keys, raw_keys(b.ids).reshape(-1), lengths) for b in batches]
+        self.grad = grad
+
+
+def raw_keys(ids: torch.Tensor) -> torch.Tensor:
+    """Row ids -> distinct raw int64 keys spread over the whole range (multiplication by an odd constant
+    modulo 2^64 is a bijection), as hashed user or item ids look."""
+    return torch.from_numpy(ids.numpy().astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(torch.int64)
 
 
 def rowwise_adagrad_step(params: list[torch.Tensor], accumulators: list[torch.Tensor], lr: float, eps: float) -> None:
@@ -277,13 +303,15 @@ def time_interleaved(methods: dict[str, Method], batches: int, warmup: int, roun
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def memory_needed(config: Config) -> int:
+def memory_needed(config: Config, method: type[Method]) -> int:
     """Bytes a method holds: weights and optimizer state, plus per-step buffers (torch: the N x D sparse
-    gradient and its coalesced copy; hugerec: pooled outputs and the row -> slot map)."""
+    gradient and its coalesced copy; hugerec: pooled outputs and the row -> slot map), plus the hash
+    tables of dynamic tables (slots at load <= 0.5 and per-row info: about 105 bytes per row at worst)."""
     weights = TABLES * config.rows * config.dim * 4
     state = TABLES * config.rows * 4 * config.state_floats
     step = 2 * TABLES * BATCH * config.hotness * config.dim * 4
-    return weights + state + step
+    hashing = TABLES * config.rows * 105 if method is HugeRecDynamic else 0
+    return weights + state + step + hashing
 
 
 def available_memory() -> int:
@@ -304,7 +332,7 @@ def allocator() -> str:
 
 
 def run(configs: list[Config], quick: bool) -> list[dict[str, Any]]:
-    methods: list[type[Method]] = [HugeRec, TorchPerTable, TorchConcat]
+    methods: list[type[Method]] = [HugeRec, HugeRecDynamic, TorchPerTable, TorchConcat]
     torchrec = torchrec_method()
     if torchrec is not None:
         methods.append(torchrec)
@@ -325,12 +353,13 @@ def run(configs: list[Config], quick: bool) -> list[dict[str, Any]]:
         grad = torch.randn(BATCH, TABLES * config.dim)
         moved = statistics.mean(useful_bytes(config, b) for b in batches)
         kinds = [cls for cls in methods if not (cls.name == "torchrec" and config.optimizer == "adam")]
-        need, free = memory_needed(config), 0.7 * available_memory()  # the machine may be shared: leave room
+        needs = {cls: memory_needed(config, cls) for cls in kinds}
+        need, free = max(needs.values()), 0.7 * available_memory()  # the machine may be shared: leave room
         if need > free:
             print(f"{config.name:42} skipped: needs ~{need / 2**30:.1f} GiB per method, {free / 2**30:.1f} GiB usable")
             continue
         # all methods side by side when they fit, else one at a time; the gather in turn with them
-        groups = [kinds] if need * len(kinds) <= free else [[cls] for cls in kinds]
+        groups = [kinds] if sum(needs.values()) <= free else [[cls] for cls in kinds]
         seconds: dict[str, float] = {}
         gather_gbps: list[float] = []
         for group in groups:
@@ -346,11 +375,14 @@ def run(configs: list[Config], quick: bool) -> list[dict[str, Any]]:
         ratios = {"torch": plain / seconds["hugerec"]}  # against the best plain-PyTorch variant
         if "torchrec" in seconds:
             ratios["torchrec"] = seconds["torchrec"] / seconds["hugerec"]
+        dynamic_cost = seconds["hugerec-dynamic"] / seconds["hugerec"]  # step time of dynamic over static tables
         for name, t in seconds.items():
             gbps = moved / t / 1e9
             shown = ""
             if name == "hugerec":
                 shown = f"{ratios['torch']:10.2f} " + (f"{ratios['torchrec']:9.2f}" if "torchrec" in ratios else "")
+            if name == "hugerec-dynamic":
+                shown = f"{'':10} {'':9} {dynamic_cost:.2f}x static"
             print(f"{config.name:42} {name:16} {BATCH / t:11.0f} {gbps:6.2f} {100 * gbps / machine:7.1f}% {shown}")
             records.append(
                 {
@@ -368,6 +400,15 @@ def run(configs: list[Config], quick: bool) -> list[dict[str, Any]]:
         print(f"{config.name:42} {'gather':16} {'':11} {machine:6.2f}")
         records.append(
             {"config": config.name, "method": "gather", "value": machine, "unit": "GB/s", "higher_is_better": True}
+        )
+        records.append(
+            {
+                "config": config.name,
+                "method": "hugerec-dynamic/hugerec step time",
+                "value": dynamic_cost,
+                "unit": "x",
+                "higher_is_better": False,
+            }
         )
         for against, ratio in ratios.items():
             records.append(

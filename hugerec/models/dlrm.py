@@ -70,6 +70,6 @@ class DLRM(RecModel):
             z = self.interaction_arch(sparse)  # [B, F, D] -> [B, F(F-1)/2]
         else:
             d = self.dense_arch(dense)  # [B, Dd] -> [B, D]
-            x = torch.cat([d.unsqueeze(1), sparse.to(d.dtype)], dim=1)  # -> [B, F+1, D]
-            z = torch.cat([d, self.interaction_arch(x)], dim=1)  # -> [B, D + (F+1)F/2]
+            # the interaction of [d, sparse] as [B, F+1, D], without building it
+            z = torch.cat([d, self.interaction_arch.forward_split(d, sparse.to(d.dtype))], dim=1)  # [B, D + (F+1)F/2]
         return self.over_arch(z).squeeze(1).float()  # [B, 1] -> [B]

@@ -5,12 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hugerec.ops import interaction
+
 
 class DotInteraction(nn.Module):
     """DLRM's interaction arch: the dot product of every pair of the F vectors.
 
     [B, F, D] -> [B, F*(F-1)/2]   (pairs i < j: the strictly upper triangle of x x^T, row-major)
     [B, F, D] -> [B, F*(F+1)/2]   with `self_interaction` (i <= j: the diagonal |x_i|^2 too)
+
+    fp32 on the CPU (eager) runs Numba kernels that compute only the pairs
+    (`hugerec.ops.interaction`); elsewhere a batched x x^T and a gather of its triangle.
     """
 
     def __init__(self, num_features: int, self_interaction: bool = False) -> None:
@@ -30,8 +35,26 @@ class DotInteraction(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 3 or x.shape[1] != self.num_features:
             raise ValueError(f"DotInteraction: expected [B, F={self.num_features}, D], got shape {tuple(x.shape)}")
+        if interaction.kernel_applies(None, x):
+            return interaction.dot_interaction(None, x, self.self_interaction)
         gram = torch.bmm(x, x.transpose(1, 2))  # [B, F, D] x [B, D, F] -> [B, F, F]
         return gram.flatten(1).index_select(1, self.pair_index)  # [B, F*F] -> [B, F*(F-1)/2]
+
+    def forward_split(self, first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+        """forward(cat([first [B, D] as vector 0, rest [B, F-1, D]])) without building the concatenation."""
+        if (
+            first.dim() != 2
+            or rest.dim() != 3
+            or rest.shape[1] + 1 != self.num_features
+            or first.shape[1] != rest.shape[2]
+        ):
+            raise ValueError(
+                f"DotInteraction: expected [B, D] and [B, F-1={self.num_features - 1}, D], got shapes "
+                f"{tuple(first.shape)} and {tuple(rest.shape)}"
+            )
+        if interaction.kernel_applies(first, rest):
+            return interaction.dot_interaction(first, rest, self.self_interaction)
+        return self(torch.cat([first.unsqueeze(1), rest.to(first.dtype)], dim=1))
 
 
 class FMInteraction(nn.Module):

@@ -236,3 +236,15 @@ def per_sample_weight_grad(
         rows = weight[occ.rows, :dim].float()  # [n, D]
         dots = (grad[occ.bags, line[COLUMN] : line[COLUMN] + dim].float() * rows).sum(dim=1) * occ.scale
         out.index_add_(0, start + occ.positions, dots.to(out.dtype))
+
+
+def dot_interaction(first: torch.Tensor | None, rest: torch.Tensor, self_interaction: bool) -> torch.Tensor:
+    """DLRM's pairwise dots of the vectors [first[b]] + rest[b]: [B, D] / None and [B, F, D] -> [B, P].
+
+    Pairs (i, j) with i < j (i <= j with self_interaction), row-major over the upper triangle.
+    """
+    x = rest if first is None else torch.cat([first.unsqueeze(1), rest.to(first.dtype)], dim=1)
+    n = x.shape[1]
+    rows, cols = torch.triu_indices(n, n, offset=0 if self_interaction else 1, device=x.device)
+    gram = torch.bmm(x, x.transpose(1, 2))  # [B, N, D] x [B, D, N] -> [B, N, N]
+    return gram.flatten(1).index_select(1, rows * n + cols)

@@ -63,3 +63,22 @@ def test_fm_trick_matches_naive_pairs(b: int, f: int, d: int) -> None:
 def test_fm_rejects_2d() -> None:
     with pytest.raises(ValueError, match=r"\[B, F, D\]"):
         FMInteraction()(torch.randn(2, 3))
+
+
+@settings(max_examples=20, deadline=None)
+@given(b=st.integers(1, 5), f=st.integers(2, 9), d=st.integers(1, 6), self_interaction=st.booleans())
+def test_forward_split_is_forward_of_the_concatenation(b: int, f: int, d: int, self_interaction: bool) -> None:
+    layer = DotInteraction(f, self_interaction)
+    first = torch.randn(b, d, requires_grad=True)
+    rest = torch.randn(b, f - 1, d, requires_grad=True)
+    out = layer.forward_split(first, rest)  # the Numba kernels (fp32 on the CPU)
+    x = torch.cat([first.detach().unsqueeze(1), rest.detach()], dim=1).double().requires_grad_(True)
+    want = layer(x)  # the torch path (fp64)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    want.sum().backward()
+    assert x.grad is not None and first.grad is not None and rest.grad is not None
+    torch.testing.assert_close(first.grad.double(), x.grad[:, 0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rest.grad.double(), x.grad[:, 1:], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="expected"):
+        layer.forward_split(first, rest[:, :0] if f > 1 else rest)

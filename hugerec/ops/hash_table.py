@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hugerec.ops import memory
 from hugerec.ops.cpu import hash_table as _cpu
 
 EVICT_NONE = _cpu.EVICT_NONE
@@ -57,14 +58,16 @@ class HashTableArrays:
         num_slots = 2
         while num_slots < 2 * capacity:
             num_slots *= 2
-        slots = np.zeros((num_slots, 2), dtype=np.int64)
+        # slots and row info are probed at random: huge pages (see hugerec.ops.memory)
+        slots = memory.empty_numpy((num_slots, 2), np.int64)
+        slots[:, 0] = 0
         slots[:, 1] = -1
         meta = np.zeros(_cpu.META_LEN, dtype=np.int64)
         meta[_cpu.N_FREE] = capacity
         meta[_cpu.STEP] = -1
         # written, not just zero-mapped: the capacity is claimed up front, so that the first touch of
         # each page (a page fault per 128 rows) is paid here and not by the training steps that insert
-        info = np.empty((capacity, 4), dtype=np.int64)
+        info = memory.empty_numpy((capacity, 4), np.int64)
         info.fill(0)
         row_state = np.empty(capacity, dtype=np.int8)
         row_state.fill(0)
@@ -146,7 +149,8 @@ def find_or_insert(
     status, n_reset, needed, protected = call()
     if status == _cpu.NEED_HEAP:
         # the first call that has to evict: from now on the table keeps its eviction order
-        t.heap = np.zeros((heap_capacity(t.capacity), 4), dtype=np.int64)
+        t.heap = memory.empty_numpy((heap_capacity(t.capacity), 4), np.int64)
+        t.heap.fill(0)
         _cpu.rebuild_heap(t.info, t.row_state, t.heap, t.meta, eviction)
         status, n_reset, needed, protected = call()
     if status == _cpu.FULL:

@@ -285,6 +285,8 @@ def expire(
         if info[r, LAST] >= step - ttl:
             _push(heap, meta, info[r, LAST], 0, r, info[r, GEN])  # the exact top is still alive: done
             break
+        if info[r, LAST] == meta[STEP]:  # expiring at a later step a row touched at the last one
+            meta[TOUCHED] -= 1
         _release(slots, info, row_state, r)
         free[meta[N_FREE]] = r
         meta[N_FREE] += 1

@@ -20,12 +20,8 @@ lists the keys touched after a step (delta export, `hugerec.embedding.delta`).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
-from typing import TypeVar
 
 import numpy as np
 import torch
@@ -192,8 +188,8 @@ class HashTable:
         self, keys: np.ndarray, step: int, admit_all: bool = False, out: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """`find_or_insert` of checked arguments (keys contiguous int64 [N], step an int >= 0): numpy (rows, reset)."""
-        if self.policy.eviction is Eviction.TTL and step >= self.step:
-            ops.expire(self._arrays, step, self.policy.ttl_steps)
+        if self._ttl >= 0 and step >= self.step:
+            ops.expire(self._arrays, step, self._ttl)
         rows, reset = ops.find_or_insert(
             self._arrays,
             keys,
@@ -374,42 +370,49 @@ def remap_features(
     bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
     ranges = {k: (bounds[i], bounds[i + 1]) for i, k in enumerate(features.keys)}
     keys_np = np.ascontiguousarray(values.detach().cpu().numpy())  # int64 (SparseFeatures checks it)
-    rows_np = np.empty_like(keys_np)
     work = []  # (table name, its features' value spans) of the tables with features in the batch
     for name in tables:
         spans = [ranges[f] for f in table_features[name] if f in ranges]
         if spans:
             work.append((name, spans))
-
-    def remap(name: str, spans: list[tuple[int, int]]) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """One table's keys -> rows (written straight into `rows_np` when its keys are one span)."""
-        table = tables[name]
-        single = len(spans) == 1
-        keys = keys_np[spans[0][0] : spans[0][1]] if single else np.concatenate([keys_np[a:b] for a, b in spans])
-        out = rows_np[spans[0][0] : spans[0][1]] if single else None
-        if steps is None:
-            found = table._find(keys, out)
-            return (None if single else found), None
-        found, recycled = table._find_or_insert(keys, steps[name], out=out)
-        return (None if single else found), (recycled if recycled.size else None)
+    # every table's keys as one span: a single-span table's in place, the keys of a table shared by
+    # several features copied together after the batch's keys
+    shared = [(name, spans) for name, spans in work if len(spans) > 1]
+    keys_all = keys_np
+    if shared:
+        keys_all = np.concatenate([keys_np, *(keys_np[a:b] for _, spans in shared for a, b in spans)])
+    rows_all = np.empty_like(keys_all)
+    span_of: dict[str, tuple[int, int]] = {}
+    end = keys_np.shape[0]
+    for name, spans in work:
+        if len(spans) == 1:
+            span_of[name] = spans[0]
+        else:
+            size = sum(b - a for a, b in spans)
+            span_of[name] = (end, end + size)
+            end += size
 
     reset: dict[str, torch.Tensor] = {}
-    total = sum(b - a for _, spans in work for a, b in spans)
-    if len(work) > 1 and total >= _PARALLEL_MIN_KEYS:
-        # the single-span tables (most are) run side by side in one parallel kernel: on the kernels'
-        # own thread team, whose spinning workers would slow Python threads down about twofold
-        batched = [(name, spans[0]) for name, spans in work if len(spans) == 1]
-        taken = _remap_batched(tables, batched, keys_np, rows_np, steps, reset)
-        work = [w for w in work if w[0] not in taken]
-    results = _run_chunked(remap, work, [sum(b - a for a, b in spans) for _, spans in work])
-    for (name, spans), (found, recycled) in zip(work, results, strict=True):
-        if recycled is not None:
-            reset[name] = torch.from_numpy(recycled)
-        if found is not None:
-            pos = 0
-            for a, b in spans:
-                rows_np[a:b] = found[pos : pos + b - a]
-                pos += b - a
+    left = list(span_of)
+    if len(left) > 1 and keys_all.shape[0] >= _PARALLEL_MIN_KEYS:
+        # side by side in one parallel kernel, on the kernels' own thread team (Python threads calling
+        # the serial kernel shared the cores with that team's spinning workers: about half as fast)
+        taken = _remap_batched(tables, list(span_of.items()), keys_all, rows_all, steps, reset)
+        left = [name for name in left if name not in taken]
+    for name in left:  # one table at a time: small batches, and tables the kernel handed back
+        a, b = span_of[name]
+        if steps is None:
+            tables[name]._find(keys_all[a:b], rows_all[a:b])
+        else:
+            _, recycled = tables[name]._find_or_insert(keys_all[a:b], steps[name], out=rows_all[a:b])
+            if recycled.size:
+                reset[name] = torch.from_numpy(recycled)
+    for name, spans in shared:
+        pos = span_of[name][0]
+        for a, b in spans:
+            rows_all[a:b] = rows_all[pos : pos + b - a]
+            pos += b - a
+    rows_np = rows_all[: keys_np.shape[0]]
     remapped = {f for name in tables for f in table_features[name] if f in ranges}
     for f, (a, b) in ranges.items():
         if f not in remapped:
@@ -454,45 +457,4 @@ def _remap_batched(
     return taken
 
 
-def _run_chunked(
-    fn: Callable[[str, list[tuple[int, int]]], _R], work: list[tuple[str, list[tuple[int, int]]]], sizes: list[int]
-) -> list[_R]:
-    """[fn(*w) for w in work], the tables split into one chunk per core, balanced by key count.
-
-    The tables are independent and their kernels release the GIL, so the chunks run side by side:
-    the calling thread takes the first, pool threads the others. One task per core, not per table: a
-    task's hand-over between threads costs about 100 us (GIL hand-offs), more than remapping a table.
-    """
-    chunks = min(_THREADS, len(work))
-    if chunks <= 1 or sum(sizes) < _PARALLEL_MIN_KEYS:
-        return [fn(*w) for w in work]
-    owner = [0] * len(work)
-    load = [0] * chunks
-    for i in sorted(range(len(work)), key=lambda i: -sizes[i]):  # largest first onto the lightest chunk
-        owner[i] = min(range(chunks), key=load.__getitem__)
-        load[owner[i]] += sizes[i]
-    parts = [[i for i in range(len(work)) if owner[i] == c] for c in range(chunks)]
-
-    def run(part: list[int]) -> list[_R]:
-        return [fn(*work[i]) for i in part]
-
-    futures = [_pool().submit(run, part) for part in parts[1:]]
-    done = {0: run(parts[0])}
-    for c, fut in enumerate(futures, start=1):
-        done[c] = fut.result()
-    results: list[_R | None] = [None] * len(work)
-    for c, part in enumerate(parts):
-        for i, r in zip(part, done[c], strict=True):
-            results[i] = r
-    return results  # type: ignore[return-value]  # every slot was filled
-
-
-_THREADS = max(1, min(os.cpu_count() or 1, 8))
-_PARALLEL_MIN_KEYS = 16_384  # below this many keys per batch the hand-over costs more than it saves
-_R = TypeVar("_R")
-
-
-@cache
-def _pool() -> ThreadPoolExecutor:
-    """Threads that remap the tables of a batch side by side (one per core, at most 8)."""
-    return ThreadPoolExecutor(max(1, _THREADS - 1), thread_name_prefix="hugerec-remap")
+_PARALLEL_MIN_KEYS = 16_384  # below this many keys per batch a parallel region costs more than it saves

@@ -33,7 +33,8 @@ def draw_case(
     invalid: bool = False,
     mean: bool | None = None,
 ) -> Case:
-    """Tables of 1..12 rows (dim 1..17), 1..2 features each, B = 1..4 bags of 0..4 ids, duplicates likely."""
+    """Tables of 1..12 rows (dim 1..17), 1..2 features each, B = 1..4 bags of 0..4 ids (or of exactly one id
+    for some features), duplicates likely."""
     dim = data.draw(st.sampled_from([1, 3, 4, 8, 17]), "dim")
     batch = data.draw(st.integers(1, 4), "batch")
     num_tables = data.draw(st.integers(1, 3), "tables")
@@ -51,7 +52,12 @@ def draw_case(
     if data.draw(st.booleans(), "shuffle"):
         lines = data.draw(st.permutations(lines), "order")
     num_features = feature
-    lengths = data.draw(st.lists(st.integers(0, 4), min_size=num_features * batch, max_size=num_features * batch))
+    lengths = []
+    for _ in range(num_features):  # some features one id per bag (the kernels' one-hot path), others ragged
+        if data.draw(st.booleans(), "one id per bag"):
+            lengths += [1] * batch
+        else:
+            lengths += data.draw(st.lists(st.integers(0, 4), min_size=batch, max_size=batch), "lengths")
     ids: list[int] = []
     by_feature = {line[0]: line for line in lines}
     for f in range(num_features):

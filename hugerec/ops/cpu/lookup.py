@@ -52,6 +52,17 @@ def _bag_offsets(lengths: np.ndarray, out: np.ndarray) -> None:
         out[i + 1] = total
 
 
+@njit(inline="always", cache=True)
+def one_id_per_bag(offsets: np.ndarray, first: int, last: int) -> bool:
+    """Whether bags first..last - 1 hold exactly one id each (one sequential pass over their offsets)."""
+    if offsets[last] - offsets[first] != last - first:
+        return False
+    for bag in range(first, last):  # noqa: SIM110 (a loop: all() over a generator does not compile in Numba)
+        if offsets[bag + 1] - offsets[bag] != 1:
+            return False
+    return True
+
+
 @njit(parallel=True, cache=True, fastmath=True, error_model="numpy")
 def _pooled_lookup(
     weight: np.ndarray,
@@ -72,7 +83,24 @@ def _pooled_lookup(
         feature, row_offset, num_rows = plan[j, FEATURE], plan[j, ROW_OFFSET], plan[j, NUM_ROWS]
         lowest, col, mean = -plan[j, MISSING_OK], plan[j, COLUMN], plan[j, MEAN]
         first, last = c * batch // chunks, (c + 1) * batch // chunks
-        stop = offsets[feature * batch + last]
+        start, stop = offsets[feature * batch + first], offsets[feature * batch + last]
+        if one_id_per_bag(offsets, feature * batch + first, feature * batch + last):
+            for b in range(first, last):  # the common one-hot case, without the per-bag bookkeeping
+                i = start + b - first
+                if i + AHEAD < stop and 0 <= values[i + AHEAD] < num_rows:
+                    prefetch(weight, (values[i + AHEAD] + row_offset) * weight.shape[1], dim)
+                o = out[b, col : col + dim]
+                v = values[i]
+                if v < 0 or v >= num_rows:
+                    if v < lowest or v >= num_rows:
+                        invalid[t] += 1
+                    o[:] = 0.0
+                    continue
+                s = per_sample_weights[i] if weighted else np.float32(1.0)
+                row = weight[v + row_offset]
+                for k in range(dim):
+                    o[k] = s * get(row, k)
+            continue
         for b in range(first, last):
             bag = feature * batch + b
             o = out[b, col : col + dim]

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from hugerec.ops.cpu.lookup import as_numpy, num_chunks, weights_numpy
+from hugerec.ops.cpu.lookup import as_numpy, num_chunks, one_id_per_bag, weights_numpy
 from hugerec.ops.cpu.rows import get, prefetch, put
 from hugerec.ops.plan import COLUMN, FEATURE, MEAN, NUM_ROWS, ROW_OFFSET, TABLE
 from hugerec.ops.update_rule import RuleKind, UpdateRule
@@ -82,6 +82,24 @@ def _update_row(kind: int, w: np.ndarray, st: np.ndarray, g: np.ndarray, dim: in
                 put(w, k, (math.copysign(l1, z) - z) / ((beta + n_pow) / lr32 + np.float32(2.0) * l2))
 
 
+@njit(inline="always", cache=True)
+def _enter_bag(
+    offsets: np.ndarray, first_bag: int, b: int, i: int, values: np.ndarray, num_rows: int, mean: bool
+) -> tuple[int, np.int64, np.float32]:
+    """Walking a feature's ids in order, id i has just left bag b (bags from offsets[first_bag]): the bag
+    holding i (empty bags skipped), its end, and its gradient scale (1 / its valid ids for MEAN, else 1)."""
+    while offsets[first_bag + b + 1] <= i:
+        b += 1
+    end = offsets[first_bag + b + 1]
+    scale = np.float32(1.0)
+    if mean:
+        count = 0
+        for q in range(i, end):
+            count += 1 if 0 <= values[q] < num_rows else 0
+        scale = np.float32(1.0 / max(count, 1))
+    return b, end, scale
+
+
 @njit(parallel=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
 def _sparse_backward(
     weight: np.ndarray,
@@ -134,36 +152,37 @@ def _sparse_backward(
                 continue
             f, row_offset, num_rows, col = plan[j, FEATURE], plan[j, ROW_OFFSET], plan[j, NUM_ROWS], plan[j, COLUMN]
             feature_start, feature_stop = offsets[f * batch], offsets[(f + 1) * batch]
-            for b in range(batch):
-                start, stop = offsets[f * batch + b], offsets[f * batch + b + 1]
-                bag_scale = np.float32(1.0)
-                if plan[j, MEAN] and not sequence:
-                    count = 0
-                    for i in range(start, stop):
-                        count += 1 if 0 <= values[i] < num_rows else 0
-                    bag_scale = np.float32(1.0 / max(count, 1))
-                for i in range(start, stop):
-                    # row_map spans every row of the group: a cache miss per id unless fetched early
-                    if i + ROWS_AHEAD < feature_stop:
-                        ahead = values[i + ROWS_AHEAD]
-                        if 0 <= ahead < num_rows:
-                            prefetch(row_map, ahead + row_offset, 1)
-                    v = values[i]
-                    if v < 0 or v >= num_rows:
-                        continue
-                    r = v + row_offset
-                    u = row_map[r]
-                    if u < 0:
-                        u = base[t] + n_slots
-                        n_slots += 1
-                        row_map[r] = u
-                        slot_row[u] = r
-                        end[u] = 0
-                    end[u] += 1  # the count, for now
-                    occ_slot[k] = u
-                    tmp_offset[k] = (col + i - feature_start) * dim if sequence else b * columns + col
-                    tmp_scale[k] = bag_scale * per_sample_weights[i] if weighted else bag_scale
-                    k += 1
+            mean = plan[j, MEAN] != 0 and not sequence
+            # ids in order; the bag of id i only matters for pooled outputs: i's own when every bag holds
+            # one id (no per-bag bookkeeping), else tracked as i crosses bag ends
+            flat_ids = sequence or one_id_per_bag(offsets, f * batch, (f + 1) * batch)
+            b, bag_end, bag_scale = 0, np.int64(-1), np.float32(1.0)
+            for i in range(feature_start, feature_stop):
+                if flat_ids:
+                    b = i - feature_start
+                elif i >= bag_end:
+                    b, bag_end, bag_scale = _enter_bag(offsets, f * batch, b, i, values, num_rows, mean)
+                # row_map spans every row of the group: a cache miss per id unless fetched early
+                if i + ROWS_AHEAD < feature_stop:
+                    ahead = values[i + ROWS_AHEAD]
+                    if 0 <= ahead < num_rows:
+                        prefetch(row_map, ahead + row_offset, 1)
+                v = values[i]
+                if v < 0 or v >= num_rows:
+                    continue
+                r = v + row_offset
+                u = row_map[r]
+                if u < 0:
+                    u = base[t] + n_slots
+                    n_slots += 1
+                    row_map[r] = u
+                    slot_row[u] = r
+                    end[u] = 0
+                end[u] += 1  # the count, for now
+                occ_slot[k] = u
+                tmp_offset[k] = (col + i - feature_start) * dim if sequence else b * columns + col
+                tmp_scale[k] = bag_scale * per_sample_weights[i] if weighted else bag_scale
+                k += 1
         unique[t] = n_slots
         position = base[t]  # counting sort of the occurrences by slot
         for u in range(base[t], base[t] + n_slots):
@@ -233,26 +252,25 @@ def _sgd_backward(
                 continue
             f, row_offset, num_rows, col = plan[j, FEATURE], plan[j, ROW_OFFSET], plan[j, NUM_ROWS], plan[j, COLUMN]
             feature_start, stop = offsets[f * batch], offsets[(f + 1) * batch]
-            for b in range(batch):
-                start, end = offsets[f * batch + b], offsets[f * batch + b + 1]
-                step = lr
-                if plan[j, MEAN] and not sequence:
-                    count = 0
-                    for i in range(start, end):
-                        count += 1 if 0 <= values[i] < num_rows else 0
-                    step = lr / np.float32(max(count, 1))
-                for i in range(start, end):
-                    if i + OCCURRENCES_AHEAD < stop and 0 <= values[i + OCCURRENCES_AHEAD] < num_rows:
-                        prefetch(weight, (values[i + OCCURRENCES_AHEAD] + row_offset) * weight.shape[1], dim)
-                    v = values[i]
-                    if v < 0 or v >= num_rows:
-                        continue
-                    s = step * per_sample_weights[i] if weighted else step
-                    o = (col + i - feature_start) * dim if sequence else b * columns + col
-                    g = flat[o : o + dim]
-                    row = weight[v + row_offset]
-                    for k in range(dim):
-                        put(row, k, get(row, k) - s * g[k])
+            mean = plan[j, MEAN] != 0 and not sequence
+            flat_ids = sequence or one_id_per_bag(offsets, f * batch, (f + 1) * batch)
+            b, bag_end, bag_scale = 0, np.int64(-1), np.float32(1.0)
+            for i in range(feature_start, stop):
+                if flat_ids:
+                    b = i - feature_start
+                elif i >= bag_end:
+                    b, bag_end, bag_scale = _enter_bag(offsets, f * batch, b, i, values, num_rows, mean)
+                if i + OCCURRENCES_AHEAD < stop and 0 <= values[i + OCCURRENCES_AHEAD] < num_rows:
+                    prefetch(weight, (values[i + OCCURRENCES_AHEAD] + row_offset) * weight.shape[1], dim)
+                v = values[i]
+                if v < 0 or v >= num_rows:
+                    continue
+                s = lr * bag_scale * per_sample_weights[i] if weighted else lr * bag_scale
+                o = (col + i - feature_start) * dim if sequence else b * columns + col
+                g = flat[o : o + dim]
+                row = weight[v + row_offset]
+                for k in range(dim):
+                    put(row, k, get(row, k) - s * g[k])
 
 
 def sparse_backward(

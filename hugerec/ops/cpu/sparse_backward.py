@@ -3,10 +3,17 @@
 No dense gradient, no [N, D] gradient either:
 
 1. dedupe, in parallel over tables (their rows are disjoint): a row -> slot map (kept at -1 between
-   calls) gives each touched row a slot; each id becomes an occurrence (output-gradient offset,
-   scale), and a counting sort groups the occurrences by slot;
-2. in parallel over the unique rows: sum the row's occurrences of the output gradient into a
-   D-wide local buffer, then apply the update rule to the row and its state in place.
+   calls) gives each touched row a slot; then, in one of two modes:
+   - accumulate (when an [N, D] fp32 buffer is small, at most ACCUMULATE_MAX_BYTES): each id's output
+     gradient is added to its slot's row of the buffer right away, reading the output gradient in order;
+   - occurrences (large N x D): each id becomes an occurrence (output-gradient offset, scale), and a
+     counting sort groups the occurrences by slot;
+2. in parallel over the unique rows: the row's summed gradient (the buffer's row, or its occurrences
+   summed into a D-wide local buffer), then the update rule applied to the row and its state in place.
+
+Both modes sum a row's gradients in id order, so they give the same result. Accumulating saves a
+random read of the output gradient per id in phase 2 (measured ~25% off the backward at 1M rows x
+dim 16 with Zipf ids, where hot rows have many ids).
 
 Plain SGD (no weight decay) skips both: it is linear, so each id updates its row directly.
 """
@@ -29,6 +36,7 @@ _FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}  # no "nnan"/"ninf": a
 # Prefetch distances of phase 2 (software prefetching measured 1.3-1.7x faster there: each unique row is a
 # chain of dependent random loads that the out-of-order window cannot overlap on its own)
 SLOTS_AHEAD, OCCURRENCES_AHEAD, ROWS_AHEAD = 4, 8, 16
+ACCUMULATE_MAX_BYTES = 64 << 20  # largest [N, D] fp32 buffer of the accumulate mode (else: occurrences)
 _SGD, _ADAGRAD, _ROWWISE, _ADAM, _FTRL = (int(k) for k in RuleKind)
 
 
@@ -119,8 +127,10 @@ def _sparse_backward(
     scratch: np.ndarray,
     occ_scale: np.ndarray,
     tmp_scale: np.ndarray,
+    acc: np.ndarray,
     chunks: int,
 ) -> None:
+    # acc [N, D] fp32 (or [0, D]: the occurrence mode): per slot, its summed gradient
     # int64 scratch [7, N]: per slot u: row, count -> begin, end; per occurrence: slot, offset, and the
     # slot-sorted (CSR) offset; the compacted list of slots
     slot_row, begin, end, occ_slot, tmp_offset, occ_offset, slots = (
@@ -144,6 +154,7 @@ def _sparse_backward(
     for t in range(tables):
         base[t + 1] += base[t]
     unique = np.zeros(tables, dtype=np.int64)
+    accumulate = acc.shape[0] > 0
 
     for t in prange(tables):  # 1. dedupe: tables own disjoint rows, so their slots never collide
         n_slots, k = 0, base[t]
@@ -167,23 +178,41 @@ def _sparse_backward(
                     ahead = values[i + ROWS_AHEAD]
                     if 0 <= ahead < num_rows:
                         prefetch(row_map, ahead + row_offset, 1)
+                    if accumulate and flat_ids and not sequence:  # pooled gradients: one line per row of grad
+                        prefetch(flat, (b + ROWS_AHEAD) * columns + col, dim)
                 v = values[i]
                 if v < 0 or v >= num_rows:
                     continue
                 r = v + row_offset
                 u = row_map[r]
-                if u < 0:
+                fresh = u < 0
+                if fresh:
                     u = base[t] + n_slots
                     n_slots += 1
                     row_map[r] = u
                     slot_row[u] = r
                     end[u] = 0
+                o = (col + i - feature_start) * dim if sequence else b * columns + col
+                s = bag_scale * per_sample_weights[i] if weighted else bag_scale
+                if accumulate:  # in id order, as the occurrence mode sums them
+                    a = acc[u]
+                    if fresh:
+                        for d in range(dim):
+                            a[d] = s * flat[o + d]
+                    else:
+                        for d in range(dim):
+                            a[d] += s * flat[o + d]
+                    continue
                 end[u] += 1  # the count, for now
                 occ_slot[k] = u
-                tmp_offset[k] = (col + i - feature_start) * dim if sequence else b * columns + col
-                tmp_scale[k] = bag_scale * per_sample_weights[i] if weighted else bag_scale
+                tmp_offset[k] = o
+                tmp_scale[k] = s
                 k += 1
         unique[t] = n_slots
+        if accumulate:
+            for u in range(base[t], base[t] + n_slots):
+                row_map[slot_row[u]] = -1
+            continue
         position = base[t]  # counting sort of the occurrences by slot
         for u in range(base[t], base[t] + n_slots):
             row_map[slot_row[u]] = -1
@@ -213,8 +242,13 @@ def _sparse_backward(
                 later = slots[q + SLOTS_AHEAD]
                 prefetch(weight, slot_row[later] * weight.shape[1], dim)
                 prefetch(state, slot_row[later] * state.shape[1], state.shape[1])
-                for p in range(begin[later], min(end[later], begin[later] + 2)):
-                    prefetch(flat, occ_offset[p], dim)
+                if not accumulate:
+                    for p in range(begin[later], min(end[later], begin[later] + 2)):
+                        prefetch(flat, occ_offset[p], dim)
+            r = slot_row[u]
+            if accumulate:  # acc[u] is this slot's alone: the update may use it as its scratch
+                _update_row(kind, weight[r], state[r], acc[u], dim, lrs[occ_slot[u]], hp)
+                continue
             g[:] = 0.0
             for p in range(begin[u], end[u]):
                 if p + OCCURRENCES_AHEAD < end[u]:
@@ -223,7 +257,6 @@ def _sparse_backward(
                 rows = flat[occ_offset[p] : occ_offset[p] + dim]
                 for d in range(dim):
                     g[d] += s * rows[d]
-            r = slot_row[u]
             _update_row(kind, weight[r], state[r], g, dim, lrs[occ_slot[u]], hp)
 
 
@@ -304,6 +337,7 @@ def sparse_backward(
         )
         return
     n = values.shape[0]
+    acc_rows = n if n * dim * 4 <= ACCUMULATE_MAX_BYTES else 0
     _sparse_backward(
         as_numpy(weight),
         state.numpy(),
@@ -322,5 +356,6 @@ def sparse_backward(
         workspace.array("scratch", 7 * n, np.int64).reshape(7, n),
         workspace.array("occ_scale", n, np.float32),
         workspace.array("tmp_scale", n, np.float32),
+        workspace.array("acc", acc_rows * dim, np.float32).reshape(acc_rows, dim),
         num_chunks(16),
     )

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import hypothesis.strategies as st
+import pytest
 import torch
 from hypothesis import given, settings
 
@@ -54,7 +55,13 @@ def test_sparse_backward_matches_reference(
     w_got, s_got, w_want, s_want = c.weight.clone(), state.clone(), c.weight.clone(), state.clone()
     workspace = Workspace()
     args = (c.values, c.offsets, c.per_sample_weights, plan, c.dim, c.batch, sequence, grad, rule, lrs, workspace)
-    sparse_backward.sparse_backward(w_got, s_got, *args)
+    limit = sparse_backward.ACCUMULATE_MAX_BYTES
+    if not data.draw(st.booleans(), "accumulate"):  # the occurrence mode, which large batches take
+        sparse_backward.ACCUMULATE_MAX_BYTES = 0
+    try:
+        sparse_backward.sparse_backward(w_got, s_got, *args)
+    finally:
+        sparse_backward.ACCUMULATE_MAX_BYTES = limit
     reference.sparse_backward(w_want, s_want, *args)
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(w_got.float(), w_want.float(), rtol=tol, atol=tol)
@@ -64,8 +71,10 @@ def test_sparse_backward_matches_reference(
     assert torch.equal(w_got[~touched], c.weight[~touched])  # rows no id hit are not written
 
 
-def test_duplicates_accumulate_before_the_update() -> None:
+@pytest.mark.parametrize("limit", [0, sparse_backward.ACCUMULATE_MAX_BYTES])
+def test_duplicates_accumulate_before_the_update(monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
     """Row-wise Adagrad is not linear in g: updating per occurrence would give a different result."""
+    monkeypatch.setattr(sparse_backward, "ACCUMULATE_MAX_BYTES", limit)
     rule = UpdateRule(RuleKind.ROWWISE_ADAGRAD, lr=1.0, eps=0.0)
     weight, state = torch.zeros(3, 4), torch.zeros(3, 1)
     values = torch.tensor([1, 1, 1])  # row 1 three times, in two bags
@@ -80,3 +89,30 @@ def test_duplicates_accumulate_before_the_update() -> None:
     torch.testing.assert_close(state[1], torch.tensor([9.0]))
     torch.testing.assert_close(weight[1], -torch.ones(4))
     assert not weight[[0, 2]].any()
+
+
+@pytest.mark.parametrize("sequence", [False, True])
+def test_modes_agree_bit_for_bit_on_a_large_zipf_batch(monkeypatch: pytest.MonkeyPatch, sequence: bool) -> None:
+    """Accumulate and occurrence modes sum each row's gradients in the same (id) order: identical rows,
+    on a batch long enough for the prefetch distances and for many ids per hot row."""
+    gen = torch.Generator().manual_seed(3)
+    batch, dim, num_rows = 3000, 16, 5000
+    values = (torch.rand(2 * batch, generator=gen) ** 4 * num_rows).long()  # skewed: hot rows repeat
+    offsets = torch.arange(2 * batch + 1)  # two features, one id per bag
+    plan = torch.tensor([[0, 0, 0, num_rows, 0, 0, 0], [1, 1, num_rows, num_rows, dim, 0, 0]])
+    if sequence:
+        plan[1, 4] = batch
+    grad = torch.randn((2 * batch, dim) if sequence else (batch, 2 * dim), generator=gen)
+    rule = UpdateRule(RuleKind.ROWWISE_ADAGRAD, lr=0.1, eps=1e-8)
+    lrs = torch.tensor([0.1, 0.2], dtype=torch.float64)
+    results = []
+    for limit in (0, sparse_backward.ACCUMULATE_MAX_BYTES):
+        monkeypatch.setattr(sparse_backward, "ACCUMULATE_MAX_BYTES", limit)
+        weight = torch.randn(2 * num_rows, dim, generator=torch.Generator().manual_seed(1))
+        state = torch.zeros(2 * num_rows, 1)
+        args = (values, offsets, None, plan, dim, batch, sequence, grad, rule, lrs, Workspace())
+        sparse_backward.sparse_backward(weight, state, *args)
+        results.append((weight, state))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    touched = values[:batch].unique().numel() + values[batch:].unique().numel()
+    assert results[0][1].count_nonzero() == touched  # sanity: every touched row updated

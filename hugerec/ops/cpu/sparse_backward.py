@@ -12,8 +12,8 @@ No dense gradient, no [N, D] gradient either:
    summed into a D-wide local buffer), then the update rule applied to the row and its state in place.
 
 Both modes sum a row's gradients in id order, so they give the same result. Accumulating saves a
-random read of the output gradient per id in phase 2 (measured ~25% off the backward at 1M rows x
-dim 16 with Zipf ids, where hot rows have many ids).
+random read of the output gradient per id in phase 2 (the backward of 26 tables x 1M rows, dim 16,
+one Zipf id per bag, batch 8192: 10.7-14.2 -> 9.4-9.9 ms; hot rows have many ids).
 
 Plain SGD (no weight decay) skips both: it is linear, so each id updates its row directly.
 """

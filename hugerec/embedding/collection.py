@@ -21,13 +21,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from hugerec import ops
 from hugerec.embedding.config import Pooling, TableConfig
 from hugerec.embedding.fused import FusedTables
-from hugerec.embedding.hash_table import HashTable, remap_features
+from hugerec.embedding.hash_table import NEXT, FeatureRemap, HashTable
 from hugerec.embedding.lookup import GroupPlan, pooled_lookup, sequence_lookup
 from hugerec.embedding.optimizers import Adam, Optimizer, RowWiseAdagrad
 from hugerec.ops.plan import COLUMN, WIDTH
@@ -75,6 +76,17 @@ class EmbeddingCollection(nn.Module):
         self._hash_tables = {t.name: HashTable(t.num_rows, t.dynamic, t.name) for t in tables if t.dynamic}
         self._dynamic_features = {t.name: t.features for t in tables if t.dynamic}
         self._zero_missing = frozenset(n for n, h in self._hash_tables.items() if h.unknown_row is None)
+        self._remaps = {  # pooled?: the remap of the (pooled or sequence) dynamic tables
+            pooled: FeatureRemap(
+                {
+                    n: h
+                    for n, h in self._hash_tables.items()
+                    if (self._fused.configs[n].pooling is not Pooling.NONE) == pooled
+                },
+                self._dynamic_features,
+            )
+            for pooled in (True, False)
+        }
 
     # -- description -----------------------------------------------------------------------------
     @property
@@ -129,13 +141,16 @@ class EmbeddingCollection(nn.Module):
         """Pooled embeddings [B, output_dim] of the pooled tables' features (other known features are ignored)."""
         if not self._hash_tables:
             return self.pooled_from_rows(features, features.values)
-        return self.pooled_from_rows(features, self._dynamic_rows(features, True), self._zero_missing)
+        offsets = self._offsets(features)
+        return self._pooled_lookup(features, self._dynamic_rows(features, True, offsets), self._zero_missing, offsets)
 
     def sequences(self, features: SparseFeatures) -> dict[str, JaggedTensor]:
         """Per NONE-pooled feature: JaggedTensor(values [N_f, D] fp32, the feature's lengths and weights)."""
         if not self._hash_tables:
             return self.sequences_from_rows(features, features.values)
-        return self.sequences_from_rows(features, self._dynamic_rows(features, False), self._zero_missing)
+        offsets = self._offsets(features)
+        rows = self._dynamic_rows(features, False, offsets)
+        return self._sequence_lookup(features, rows, self._zero_missing, offsets)
 
     # -- dynamic tables ------------------------------------------------------------------------------
     @property
@@ -143,20 +158,19 @@ class EmbeddingCollection(nn.Module):
         """The HashTable (raw key -> row) of each dynamic table."""
         return MappingProxyType(self._hash_tables)
 
-    def _dynamic_rows(self, features: SparseFeatures, pooled: bool) -> torch.Tensor:
+    def _dynamic_rows(self, features: SparseFeatures, pooled: bool, offsets: torch.Tensor) -> torch.Tensor:
         """features.values with the raw keys of the (pooled or sequence) dynamic tables replaced by rows.
 
         Training (an update will follow) inserts keys, recycling rows by the table's eviction policy
         and re-initialising recycled rows; otherwise keys are only looked up. Training lookups of a
         table are its steps 1, 2, 3, ...: with one backward per forward, the number of the optimizer
-        update that writes the rows (the steps delta export counts in).
+        update that writes the rows (the steps delta export counts in). `offsets` are the batch's bag
+        offsets (`_offsets`), whose every B-th entry bounds a feature's values.
         """
-        configs = self._fused.configs
-        tables = {n: h for n, h in self._hash_tables.items() if (configs[n].pooling is not Pooling.NONE) == pooled}
-        steps = None
-        if self._updates():
-            steps = {n: max(h.step, 0) + 1 for n, h in tables.items()}
-        rows, reset = remap_features(features, tables, self._dynamic_features, steps)
+        batch = features.batch_size
+        cpu_offsets = offsets.cpu().numpy()
+        bounds = cpu_offsets[::batch] if batch else np.zeros(len(features.keys) + 1, dtype=np.int64)
+        rows, reset = self._remaps[pooled](features, NEXT if self._updates() else None, bounds)
         for name, recycled in reset.items():
             self._fused.reset_rows(name, recycled)
         return rows
@@ -169,7 +183,12 @@ class EmbeddingCollection(nn.Module):
         The seam for hash tables and sharding, which map raw keys to rows first. For the tables named in
         `missing_ok`, row -1 means "no row": a zero vector that is not updated (and not counted by MEAN).
         """
-        values, offsets, weights = self._inputs(features, rows, self._pooled, "forward")
+        return self._pooled_lookup(features, rows, missing_ok, None)
+
+    def _pooled_lookup(
+        self, features: SparseFeatures, rows: torch.Tensor, missing_ok: Collection[str], offsets: torch.Tensor | None
+    ) -> PooledEmbeddings:
+        values, offsets, weights = self._inputs(features, rows, self._pooled, "forward", offsets)
         plans = self._plan(features.keys, True, frozenset(missing_ok))
         out = pooled_lookup(
             self._fused, plans, values, offsets, weights, features.batch_size, self.output_dim, self._updates()
@@ -180,7 +199,12 @@ class EmbeddingCollection(nn.Module):
         self, features: SparseFeatures, rows: torch.Tensor, missing_ok: Collection[str] = ()
     ) -> dict[str, JaggedTensor]:
         """`sequences` with table-local `rows` in place of the ids (see `pooled_from_rows`)."""
-        values, offsets, _ = self._inputs(features, rows, self._sequence, "sequences")
+        return self._sequence_lookup(features, rows, missing_ok, None)
+
+    def _sequence_lookup(
+        self, features: SparseFeatures, rows: torch.Tensor, missing_ok: Collection[str], offsets: torch.Tensor | None
+    ) -> dict[str, JaggedTensor]:
+        values, offsets, _ = self._inputs(features, rows, self._sequence, "sequences", offsets)
         batch = features.batch_size
         base = self._plan(features.keys, False, frozenset(missing_ok))
         index = {k: i for i, k in enumerate(features.keys)}
@@ -211,8 +235,19 @@ class EmbeddingCollection(nn.Module):
     def _updates(self) -> bool:
         return self.training and torch.is_grad_enabled()
 
+    def _offsets(self, features: SparseFeatures) -> torch.Tensor:
+        """The batch's bag offsets [F * B + 1] int64, in a recycled buffer."""
+        offsets = self._fused.outputs.empty((features.lengths.numel() + 1,), torch.int64, features.lengths.device)
+        ops.bag_offsets(features.lengths, offsets)
+        return offsets
+
     def _inputs(
-        self, features: SparseFeatures, rows: torch.Tensor, wanted: Sequence[str], where: str
+        self,
+        features: SparseFeatures,
+        rows: torch.Tensor,
+        wanted: Sequence[str],
+        where: str,
+        offsets: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         unknown = [k for k in features.keys if k not in self._table_of]
         if unknown:
@@ -234,8 +269,9 @@ class EmbeddingCollection(nn.Module):
             if not weights.is_floating_point():
                 raise ValueError(f"EmbeddingCollection.{where}: weights must be floating point, got {weights.dtype}")
             weights = weights.to(torch.float32).contiguous()
-        offsets = self._fused.outputs.empty((features.lengths.numel() + 1,), torch.int64, rows.device)
-        ops.bag_offsets(features.lengths, offsets)
+        if offsets is None or offsets.device != rows.device:
+            offsets = self._fused.outputs.empty((features.lengths.numel() + 1,), torch.int64, rows.device)
+            ops.bag_offsets(features.lengths, offsets)
         return rows.contiguous(), offsets, weights
 
     def _plan(self, keys: tuple[str, ...], pooled: bool, missing_ok: frozenset[str]) -> list[GroupPlan]:

@@ -38,6 +38,7 @@ EVICT_NONE = _cpu.EVICT_NONE
 EVICT_LRU = _cpu.EVICT_LRU
 EVICT_LFU = _cpu.EVICT_LFU
 EVICT_TTL = _cpu.EVICT_TTL
+OK = _cpu.OK  # find_or_insert_tables status code of a table that took its keys
 SKETCH_MAX = 65535  # count-min counters are uint16 and saturate here
 
 
@@ -166,61 +167,95 @@ def find_or_insert(
     return rows, reset[:n_reset]
 
 
-def lookup_tables(
-    tables: Sequence[HashTableArrays], keys: np.ndarray, spans: Sequence[tuple[int, int]], rows: np.ndarray
-) -> None:
-    """`lookup` of several tables in one parallel kernel: rows[a:b] = rows of keys[a:b] in table i, (a, b)
-    = spans[i] (keys: contiguous int64 [N]; the spans do not overlap); -1 where missing."""
-    _cpu.lookup_tables(
-        tuple(t.slots for t in tables),
-        keys,
-        np.asarray([a for a, _ in spans], dtype=np.int64),
-        np.asarray([b for _, b in spans], dtype=np.int64),
-        rows,
-    )
+class TablePack:
+    """Several hash tables' arrays as the side-by-side kernels take them: one tuple per field, built
+    once and reused while the tables keep their arrays (`current`). Passing 26 tables' arrays anew
+    costs a few hundred microseconds per call in Python; a pack costs one identity check per table.
+
+    evictions, min_counts, ttls (-1: no expiry) and unknown (the row a key without one gets; -1: none)
+    are per table, int64 [T].
+    """
+
+    FIELDS = ("slots", "info", "row_state", "free", "heap", "sketch", "meta")
+
+    def __init__(
+        self,
+        tables: Sequence[HashTableArrays],
+        evictions: Sequence[int],
+        min_counts: Sequence[int],
+        ttls: Sequence[int],
+        unknown: Sequence[int],
+    ) -> None:
+        self.tables = tuple(tables)
+        self._heaps = tuple(t.heap for t in self.tables)  # the one array a table replaces (`find_or_insert`)
+        self.arrays = tuple(tuple(getattr(t, f) for t in self.tables) for f in self.FIELDS)
+        self.evictions = np.asarray(evictions, dtype=np.int64)
+        self.min_counts = np.asarray(min_counts, dtype=np.int64)
+        self.ttls = np.asarray(ttls, dtype=np.int64)
+        self.unknown = np.asarray(unknown, dtype=np.int64)
+        self.status = np.zeros((len(self.tables), 4), dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.tables)
+
+    def current(self, tables: Sequence[HashTableArrays]) -> bool:
+        """Whether the pack still holds exactly these tables' arrays."""
+        return (
+            len(tables) == len(self.tables)
+            and all(a is b for a, b in zip(tables, self.tables, strict=True))
+            and all(t.heap is h for t, h in zip(self.tables, self._heaps, strict=True))
+        )
+
+
+def lookup_tables(pack: TablePack, keys: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray) -> None:
+    """`lookup` of several tables in one parallel kernel: rows[a:b] = rows of keys[a:b] in table i,
+    (a, b) = (starts[i], ends[i]) (keys: contiguous int64 [N]; int64 bounds; the spans do not
+    overlap); a missing key gets pack.unknown[i] where that is >= 0, else -1."""
+    _cpu.lookup_tables(pack.arrays[0], keys, starts, ends, rows, pack.unknown)
 
 
 def find_or_insert_tables(
-    tables: Sequence[HashTableArrays],
+    pack: TablePack,
     keys: np.ndarray,
-    spans: Sequence[tuple[int, int]],
+    starts: np.ndarray,
+    ends: np.ndarray,
     rows: np.ndarray,
-    steps: Sequence[int],
-    evictions: Sequence[int],
-    min_counts: Sequence[int],
-    ttls: Sequence[int],
-) -> list[np.ndarray | None]:
+    steps: np.ndarray,
+    reset: np.ndarray,
+) -> np.ndarray:
     """Training lookups of several tables in one parallel kernel (`find_or_insert`, after `expire` for
-    the tables with ttls[i] >= 0).
+    the tables with a ttl).
 
-    Table i maps keys[a:b] (keys: contiguous int64 [N]), (a, b) = spans[i], into rows[a:b]; the spans
-    do not overlap and no step goes back. Returns per table its reset rows [E_i] (re-initialise
-    them), or None where the table could not take the keys as they are (it must evict and has no
-    heap yet, or the keys do not fit): that table is unchanged (its span of rows holds scratch), and
-    `find_or_insert` alone handles it (or raises).
+    Table i maps keys[a:b] (keys: contiguous int64 [N]), (a, b) = (starts[i], ends[i]), into rows[a:b]
+    at steps[i] (int64 [T]; a negative entry means the table's next step and is replaced by it); the
+    spans do not overlap and no step goes back. A key without a row gets pack.unknown[i] or -1.
+    Returns the status [T, 4] (a view of pack.status, valid until the next call): per table (code,
+    E, needed, protected). Where code is OK, reset[a:a + E] are the rows to re-initialise; where it
+    is not (the table must evict and has no heap yet, or the keys do not fit), the table is
+    unchanged, its span of rows holds scratch, and `find_or_insert` alone handles it (or raises).
     """
-    reset = np.empty_like(keys)
-    status = np.zeros((len(tables), 4), dtype=np.int64)
+    slots, info, row_state, free, heap, sketch, meta = pack.arrays
     _cpu.find_or_insert_tables(
-        tuple(t.slots for t in tables),
-        tuple(t.info for t in tables),
-        tuple(t.row_state for t in tables),
-        tuple(t.free for t in tables),
-        tuple(t.heap for t in tables),
-        tuple(t.sketch for t in tables),
-        tuple(t.meta for t in tables),
+        slots,
+        info,
+        row_state,
+        free,
+        heap,
+        sketch,
+        meta,
         keys,
-        np.asarray([a for a, _ in spans], dtype=np.int64),
-        np.asarray([b for _, b in spans], dtype=np.int64),
+        starts,
+        ends,
         rows,
         reset,
-        np.asarray(steps, dtype=np.int64),
-        np.asarray(evictions, dtype=np.int64),
-        np.asarray(min_counts, dtype=np.int64),
-        np.asarray(ttls, dtype=np.int64),
-        status,
+        steps,
+        pack.evictions,
+        pack.min_counts,
+        pack.ttls,
+        pack.unknown,
+        pack.status,
     )
-    return [reset[a : a + int(st[1])] if st[0] == _cpu.OK else None for (a, _), st in zip(spans, status, strict=True)]
+    return pack.status
 
 
 def remove(t: HashTableArrays, keys: np.ndarray) -> np.ndarray:

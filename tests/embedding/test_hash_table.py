@@ -226,6 +226,13 @@ def test_remap_features_matches_one_table_at_a_time(monkeypatch: pytest.MonkeyPa
             assert (reset[name].tolist() if name in reset else []) == expected_reset, (name, step)
             a, b = together[name].state_dict(), alone[name].state_dict()
             assert all(torch.equal(a[k], b[k]) for k in a), (name, step)
+        # eval: find only, missing keys get the unknown row or -1, nothing changes
+        rows, reset = remap_features(batch, together, features, None)
+        assert reset == {}
+        for name, feats in features.items():
+            keys = torch.cat([batch[f].values for f in feats])
+            got = torch.cat([rows[slice(*_span(batch, f))] for f in feats])
+            assert got.tolist() == alone[name].find(keys).tolist(), (name, step)
     assert sum(t.stats().evictions + t.stats().expired for t in together.values()) > 0
 
 

@@ -218,16 +218,27 @@ def test_tables_side_by_side_match_one_table_calls() -> None:
         keys = np.concatenate([rng.integers(-60, 60, size=n) for n in sizes]).astype(np.int64)
         spans = [(int(a), int(a + n)) for a, n in zip(np.cumsum(sizes) - sizes, sizes, strict=True)]
         rows = np.full_like(keys, -99)
-        resets = ht.find_or_insert_tables(
+        pack = ht.TablePack(
             batched,
-            keys,
-            spans,
-            rows,
-            [step] * len(specs),
             [e for _, e, _ in specs],
             [m for _, _, m in specs],
             [ttl if e == ht.EVICT_TTL else -1 for _, e, _ in specs],
+            [-1] * len(specs),
         )
+        starts = np.asarray([a for a, _ in spans], dtype=np.int64)
+        ends = np.asarray([b for _, b in spans], dtype=np.int64)
+        # odd steps given; on even ones, tables whose last step was step - 1 are asked for their next step
+        steps = np.asarray(
+            [-1 if step % 2 == 0 and step > 0 and t.meta[layout.STEP] == step - 1 else step for t in batched],
+            dtype=np.int64,
+        )
+        reset = np.empty_like(keys)
+        status = ht.find_or_insert_tables(pack, keys, starts, ends, rows, steps, reset).copy()
+        assert steps.tolist() == [step] * len(specs)  # "next" was written back as the step it means
+        resets: list[np.ndarray | None] = [
+            reset[a : a + n] if code == ht.OK else None
+            for a, (code, n) in zip(starts, status[:, :2].tolist(), strict=True)
+        ]
         for i, ((a, b), (_, eviction, min_count)) in enumerate(zip(spans, specs, strict=True)):
             if eviction == ht.EVICT_TTL:
                 ht.expire(alone[i], step, ttl)

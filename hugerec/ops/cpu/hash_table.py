@@ -710,20 +710,25 @@ def find_or_insert_tables(
     evictions: np.ndarray,
     min_counts: np.ndarray,
     ttls: np.ndarray,
+    unknown: np.ndarray,
     status: np.ndarray,
 ) -> None:
     """`find_or_insert` (after `expire` where ttls[t] >= 0) of T tables side by side.
 
     Table t (its arrays the t-th of each tuple) maps keys[starts[t]:ends[t]] into the same span of
-    `rows` at steps[t]; the spans do not overlap. Its (status, E, needed, protected) go to status[t]
-    and its reset rows to reset[starts[t]:starts[t] + E]. A table with a non-OK status is unchanged
-    (apart from the expiry): the caller handles it alone.
+    `rows` at steps[t]; a negative steps[t] means the table's next step (its last step + 1, 1 for
+    the first), written back into steps[t]. The spans do not overlap. Keys without a row get
+    unknown[t] where that is >= 0 (the table's shared unknown row), else -1. Its (status, E, needed,
+    protected) go to status[t] and its reset rows to reset[starts[t]:starts[t] + E]. A table with a
+    non-OK status is unchanged (apart from the expiry): the caller handles it alone.
 
     One parallel region on the kernels' own thread team: Python threads calling the serial kernel
     share the cores with that team's spinning workers, which made them about twice as slow.
     """
     for t in prange(len(slots)):
         a, b = starts[t], ends[t]
+        if steps[t] < 0:
+            steps[t] = max(meta[t][STEP], 0) + 1
         if ttls[t] >= 0 and steps[t] >= meta[t][STEP]:
             expire(slots[t], info[t], row_state[t], free[t], heap[t], meta[t], steps[t], ttls[t])
         code, n_reset, needed, protected = find_or_insert(
@@ -746,13 +751,29 @@ def find_or_insert_tables(
         status[t, 1] = n_reset
         status[t, 2] = needed
         status[t, 3] = protected
+        if code == OK:
+            _fill_unknown(rows, a, b, unknown[t])
+
+
+@njit(inline="always", cache=True)
+def _fill_unknown(rows: np.ndarray, a: Int, b: Int, unknown: Int) -> None:
+    if unknown >= 0:
+        for i in range(a, b):
+            if rows[i] < 0:
+                rows[i] = unknown
 
 
 @njit(cache=True, parallel=True)
 def lookup_tables(
-    slots: tuple[np.ndarray, ...], keys: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray
+    slots: tuple[np.ndarray, ...],
+    keys: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    rows: np.ndarray,
+    unknown: np.ndarray,
 ) -> None:
     """`lookup` of T tables side by side: rows[starts[t]:ends[t]] = rows of keys[starts[t]:ends[t]] in
-    table t (-1 where missing); the spans do not overlap."""
+    table t, missing keys getting unknown[t] where that is >= 0, else -1; the spans do not overlap."""
     for t in prange(len(slots)):
         lookup(slots[t], keys[starts[t] : ends[t]], rows[starts[t] : ends[t]])
+        _fill_unknown(rows, starts[t], ends[t], unknown[t])

@@ -259,3 +259,15 @@ def test_tables_side_by_side_match_one_table_calls() -> None:
             for field in ("slots", "info", "row_state", "free", "sketch", "meta"):
                 assert np.array_equal(getattr(batched[i], field), getattr(alone[i], field)), (i, field)
     assert handed_back >= 3
+
+
+def test_lru_evicts_several_rows_in_score_order() -> None:
+    """Several evictions in one batch take the least recent rows first, ties by row: not in row order."""
+    t = ht.HashTableArrays.allocate(4, ht.EVICT_LRU)
+    ref = ht.DictHashTable(4, ht.EVICT_LRU, 1)
+    batches = [[10, 11, 12, 13], [10, 11], [10, 13], [20, 21, 22, 10]]  # last steps: rows 0:2, 1:1, 2:0, 3:2
+    for step, keys in enumerate(batches):
+        rows, reset = ht.find_or_insert(t, _arr(keys), step, ht.EVICT_LRU)
+        assert (rows.tolist(), reset.tolist()) == ref.find_or_insert(keys, step)
+    # 20 -> row 2 (step 0), 21 -> row 1 (step 1), 22 -> row 3 (step 2; row 0 is touched by this batch)
+    assert rows.tolist() == [2, 1, 3, 0]

@@ -61,24 +61,31 @@ COMMANDS = {
         "train a model on preprocessed shards ([data], [embedding], [model], [train])",
         "Trains the [model] on data.train, evaluates on data.eval, and writes model.pt, metrics.jsonl,\n"
         "curves.png, tensorboard/ and checkpoints/ to train.out_dir.\n"
+        "Evaluates every train.eval_every steps (default: each epoch) and keeps the best evaluation by\n"
+        "train.early_stopping.metric (auc: higher is better, logloss: lower) as best.pt beside model.pt\n"
+        "(the last weights); stops after train.early_stopping.patience evaluations without a new best\n"
+        "(none: never stops early); train.early_stopping.min_delta is the smallest gain that counts.\n"
         "Continue an interrupted run exactly where it stopped with train.resume=true.\n"
         "example: hugerec train configs/criteo_sample.toml model.type=dcn_v2 train.epochs=2",
     ),
     "evaluate": (
         "AUC, logloss and calibration of a trained model on data.eval",
-        "Loads train.out_dir/model.pt (or --model) and scores data.eval: exact AUC over all rows,\n"
+        "Loads train.out_dir/best.pt (the best evaluation of training; model.pt when there is none)\n"
+        "or --model, and scores data.eval: exact AUC over all rows,\n"
         "logloss and calibration (mean predicted click rate / observed click rate).\n"
         "example: hugerec evaluate configs/criteo_sample.toml data.eval=other/eval",
     ),
     "predict": (
         "score rows into a Parquet file of click probabilities",
-        "Scores predict.input (default: data.eval) with train.out_dir/model.pt (or --model) and writes\n"
+        "Scores predict.input (default: data.eval) with train.out_dir/best.pt (the best evaluation of\n"
+        "training; model.pt when there is none) or --model, and writes\n"
         "predict.out (default: train.out_dir/predictions.parquet): the label and the probability per row.\n"
         "example: hugerec predict configs/criteo_sample.toml predict.out=scores.parquet",
     ),
     "export": (
         "trained model -> serving bundle (dense program, embedding rows, workflow, manifest)",
-        "Exports train.out_dir/model.pt (or --model) to --out (default: train.out_dir/bundle): the dense part\n"
+        "Exports train.out_dir/best.pt (the best evaluation of training; model.pt when there is none)\n"
+        "or --model to --out (default: train.out_dir/bundle): the dense part\n"
         "as a torch.export program, the embedding rows in a RocksDB store, the fitted preprocessing workflow\n"
         "(preprocess.out/workflow, when present, so /predict takes raw rows) and a manifest with checksums.\n"
         "example: hugerec export configs/quickstart.toml && hugerec serve runs/quickstart/bundle",
@@ -144,7 +151,11 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("args", nargs="*", metavar="CONFIG.toml | KEY=VALUE", help="a config file and/or overrides")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         if name in ("evaluate", "predict", "export"):
-            p.add_argument("--model", type=Path, help="model file (default: train.out_dir/model.pt)")
+            p.add_argument(
+                "--model",
+                type=Path,
+                help="model file (default: train.out_dir/best.pt, the best evaluation; model.pt when there is none)",
+            )
         if name == "export":
             p.add_argument("--out", type=Path, help="bundle directory (default: train.out_dir/bundle)")
     serve = sub.add_parser(
@@ -213,7 +224,14 @@ def _train(cfg: RunConfig, args: argparse.Namespace) -> None:
         return
     last = history.final_eval
     result = "" if last is None else f"; eval AUC {last['auc']:.4f} logloss {last['logloss']:.4f}"
-    print(f"train: {history.steps:,} steps in {time.perf_counter() - t0:.1f} s{result}")
+    stopped = " (stopped early)" if history.stopped_early else ""
+    print(f"train: {history.steps:,} steps in {time.perf_counter() - t0:.1f} s{stopped}{result}")
+    best = history.best_eval
+    if best is not None and history.best_checkpoint is not None:
+        print(
+            f"  best eval AUC {best['auc']:.4f} logloss {best['logloss']:.4f} at step {best['step']:.0f} "
+            f"(epoch {best['epoch']:.0f}) -> {cfg.out_dir / 'best.pt'} (what evaluate / predict / export use)"
+        )
     print(f"  model {cfg.out_dir / 'model.pt'}   log {cfg.out_dir / 'metrics.jsonl'}   plot {history.plot}")
 
 

@@ -2,7 +2,8 @@
 
 runs/quickstart/raw/            synth: Parquet shards, schema.json, synthetic.json (oracle AUC)
 runs/quickstart/data/           preprocess: train/, eval/, workflow/, schema.json (cardinalities)
-runs/quickstart/                train: model.pt, metrics.jsonl, curves.png, tensorboard/, checkpoints/
+runs/quickstart/                train: model.pt (last), best.pt (best eval), metrics.jsonl, curves.png,
+                                tensorboard/, checkpoints/
 runs/quickstart/predictions.parquet   predict: one probability per input row, in input order
 
 `torchrun --nproc-per-node W -m hugerec train CONFIG.toml` trains the same config on W ranks: the
@@ -46,9 +47,11 @@ from hugerec.models.config import build_model, model_config_from_dict, model_con
 from hugerec.models.model import RecModel
 from hugerec.sparse.batch import Batch
 from hugerec.training.checkpoint import atomic_save
+from hugerec.training.defaults import auto_batch_size
 from hugerec.training.trainer import History, evaluate, fit, predict, resolve_device, seed_everything
 
 MODEL_FORMAT = 1
+BEST_MODEL = "best.pt"  # beside model.pt: the best evaluation's weights; evaluate / predict / export's default
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,13 @@ def _split(src: Path, train: Path, eval_: Path, fraction: float, seed: int) -> N
             eval_writer.write(table.filter(pa.array(held_out)))
 
 
+def _rows_in(paths: str, where: str) -> int:
+    try:
+        return sum(pq.read_metadata(f).num_rows for f in expand_paths(paths))
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
 def _rows(folder: Path) -> int:
     return sum(pq.read_metadata(f).num_rows for f in folder.glob("*.parquet"))
 
@@ -156,6 +166,7 @@ def train(cfg: RunConfig) -> History:
     eval_data = None if cfg.data.eval is None else open_shards(cfg.data.eval, "data.eval", schema, cfg)
     history = fit(model, train_data, eval_data, cfg.train)
     save_model(cfg.out_dir / "model.pt", model, cfg, schema, tables)
+    _save_best(cfg, history, model, schema, tables)
     (cfg.out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str) + "\n")
     return history
 
@@ -169,7 +180,10 @@ def _train_distributed(cfg: RunConfig, schema: Schema, tables: list[TableConfig]
         seed_everything(0 if cfg.train.seed is None else cfg.train.seed)  # every rank must build the same model
         model = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
         sharding = plan(
-            tables, env.world_size, load=Workload(batch_size=cfg.data.batch_size), optimizer=cfg.embedding.optimizer
+            tables,
+            env.world_size,
+            load=Workload(batch_size=batch_size(cfg, _rows_in(cfg.data.train, "data.train"))),
+            optimizer=cfg.embedding.optimizer,
         )
         if env.rank == 0:
             print(sharding, flush=True)
@@ -187,8 +201,33 @@ def _train_distributed(cfg: RunConfig, schema: Schema, tables: list[TableConfig]
         whole = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
         load_sharded_checkpoint(history.checkpoint, whole)
         save_model(cfg.out_dir / "model.pt", whole, cfg, schema, tables)
+        (cfg.out_dir / BEST_MODEL).unlink(missing_ok=True)  # a sharded run keeps no best.pt yet: none stale
         (cfg.out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str) + "\n")
     return history
+
+
+def _save_best(cfg: RunConfig, history: History, model: RecModel, schema: Schema, tables: list[TableConfig]) -> None:
+    """best.pt beside model.pt: the weights of the best evaluation (train.early_stopping.metric), as a model file.
+
+    Without an evaluation there is no best: a best.pt an earlier run left is removed, so that
+    evaluate / predict / export (which prefer best.pt) never read a stale model."""
+    path = cfg.out_dir / BEST_MODEL
+    if history.best_checkpoint is None:
+        path.unlink(missing_ok=True)
+        return
+    best = torch.load(history.best_checkpoint, map_location="cpu", weights_only=True)["model"]
+    save_model(path, model, cfg, schema, tables, state=best)
+
+
+def default_model(cfg: RunConfig) -> Path:
+    """What evaluate / predict / export read without --model: best.pt when training left one, else model.pt."""
+    best = cfg.out_dir / BEST_MODEL
+    return best if best.is_file() else cfg.out_dir / "model.pt"
+
+
+def batch_size(cfg: RunConfig, rows: int) -> int:
+    """data.batch_size, with "auto" resolved from the number of rows read (auto_batch_size)."""
+    return cfg.data.batch_size if isinstance(cfg.data.batch_size, int) else auto_batch_size(rows)
 
 
 def read_schema(path: str, where: str) -> Schema:
@@ -204,18 +243,26 @@ def open_shards(
     columns) as one-line errors."""
     try:
         files = expand_paths(paths)
-        if sum(pq.read_metadata(f).num_rows for f in files) == 0:
+        rows = sum(pq.read_metadata(f).num_rows for f in files)
+        if rows == 0:
             raise ValueError(f"{paths} holds no rows (empty dataset)")
-        return load(
-            files, schema, cfg.data.batch_size, shuffle=shuffle, seed=cfg.data.seed, rank=rank, world_size=world_size
-        )
+        batch = batch_size(cfg, rows)
+        return load(files, schema, batch, shuffle=shuffle, seed=cfg.data.seed, rank=rank, world_size=world_size)
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(f"{where}: {e}") from None
 
 
 # -- the model file ---------------------------------------------------------------------------
-def save_model(path: Path, model: RecModel, cfg: RunConfig, schema: Schema, tables: list[TableConfig]) -> Path:
-    """model.pt: the weights (embedding rows included) and, as JSON, what rebuilds the model."""
+def save_model(
+    path: Path,
+    model: RecModel,
+    cfg: RunConfig,
+    schema: Schema,
+    tables: list[TableConfig],
+    state: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """model.pt: the weights (embedding rows included; `state` instead of the model's own when given) and,
+    as JSON, what rebuilds the model."""
     spec = {
         "format": MODEL_FORMAT,
         "model": model_config_to_dict(cfg.model_config()),
@@ -224,7 +271,8 @@ def save_model(path: Path, model: RecModel, cfg: RunConfig, schema: Schema, tabl
         "optimizer": optimizer_to_dict(cfg.embedding.optimizer),
         "schema": schema.to_dict(),
     }
-    return atomic_save({"spec": json.dumps(spec), "state": model.state_dict()}, path)
+    weights = model.state_dict() if state is None else state
+    return atomic_save({"spec": json.dumps(spec), "state": weights}, path)
 
 
 def load_model(path: Path) -> tuple[RecModel, Schema]:
@@ -243,7 +291,7 @@ def load_model(path: Path) -> tuple[RecModel, Schema]:
 
 # -- evaluate / predict -------------------------------------------------------------------------
 def evaluate_model(cfg: RunConfig, model_path: Path | None = None) -> dict[str, float]:
-    model, schema = load_model(model_path or cfg.out_dir / "model.pt")
+    model, schema = load_model(model_path or default_model(cfg))
     if cfg.data.eval is None:
         raise ConfigError("data.eval: no evaluation data set; give data.eval=PATH")
     data = open_shards(cfg.data.eval, "data.eval", schema, cfg)
@@ -253,7 +301,7 @@ def evaluate_model(cfg: RunConfig, model_path: Path | None = None) -> dict[str, 
 
 def predict_to_parquet(cfg: RunConfig, model_path: Path | None = None) -> tuple[Path, int]:
     """Scores every row of predict.input (default data.eval) -> Parquet: label column(s) and `probability`."""
-    model, schema = load_model(model_path or cfg.out_dir / "model.pt")
+    model, schema = load_model(model_path or default_model(cfg))
     source, where = (cfg.predict.input, "predict.input") if cfg.predict.input else (cfg.data.eval, "data.eval")
     if source is None:
         raise ConfigError("predict.input: nothing to score; give predict.input=PATH")
@@ -287,7 +335,7 @@ def export_model(cfg: RunConfig, model_path: Path | None = None, out: Path | Non
     """model.pt (+ the fitted workflow next to the preprocessed data, when there is one) -> serving bundle."""
     from hugerec.serving.export import export_bundle  # the serving stack is only needed here
 
-    model, schema = load_model(model_path or cfg.out_dir / "model.pt")
+    model, schema = load_model(model_path or default_model(cfg))
     workflow_dir = Path(cfg.preprocess.out) / "workflow"
     workflow = Workflow.load(workflow_dir) if workflow_dir.is_dir() else None
     target = out or cfg.out_dir / "bundle"

@@ -7,6 +7,11 @@
         loss.backward()                   embedding rows are updated here, by the fused sparse optimizer
         clip + dense optimizer step       any torch.optim optimizer (default Adam)
         log / evaluate / checkpoint       every log_every / eval_every / checkpoint_every steps
+    stop early                            after early_stopping.patience evaluations without a new best
+
+Early stopping: every evaluation is scored by `early_stopping.metric`; the best one's weights are
+written atomically to checkpoints/best.pt (beside the step-N.pt checkpoints, which keep the last
+weights) or, without an out_dir, kept in memory when `restore_best` asks for them back.
 
 Resuming continues exactly: a checkpoint holds the model (with the embedding rows and their
 optimizer state), the dense optimizer, the loss scaler, the loader position, the step and every
@@ -40,6 +45,7 @@ from hugerec.distributed.checkpoint import save_checkpoint as save_sharded_check
 from hugerec.distributed.shard import sharded_collections
 from hugerec.sparse.batch import Batch
 from hugerec.training.checkpoint import (
+    atomic_save,
     latest_checkpoint,
     load_checkpoint,
     remove_checkpoints,
@@ -47,10 +53,13 @@ from hugerec.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from hugerec.training.early_stopping import BestTracker, EarlyStopping
 from hugerec.training.metrics import BinaryMetrics
 from hugerec.training.precision import Precision, autocast, unscale_sparse_gradients
 from hugerec.training.run_log import RunLog, plot_curves
 from hugerec.training.schedule import Schedule
+
+BEST_NAME = "best.pt"  # in out_dir/checkpoints/: {"step", "eval", "model"} of the best evaluation
 
 
 class DenseOptimizer(enum.Enum):
@@ -70,11 +79,14 @@ class TrainConfig:
     optimizer         dense optimizer when `fit` is not given one
     weight_decay      dense optimizer weight decay
     schedule          warmup / decay multiplier on the dense lr (Schedule.mlperf_dlrm(): the MLPerf policy);
-                      the embedding tables keep their sparse optimizer's own lr
+                      the embedding tables keep their sparse optimizer's own lr. Default: linear decay to 0
+                      over the first epoch (see Schedule); Schedule() keeps the lr constant
     precision         fp32, bf16 (autocast, CPU and GPU) or fp16 (autocast + loss scaling, GPU only)
     compile           torch.compile the dense part of the model (the embedding lookups stay eager)
     clip_grad_norm    clip the dense gradients' global norm to this (None: no clipping)
     eval_every        evaluate every this many steps (None: at the end of each epoch); also at the end
+    early_stopping    which evaluation is the best (metric), when to stop (patience), whether `fit` loads
+                      the best weights back at the end (restore_best); see EarlyStopping
     log_every         average the loss and measure samples/s over this many steps
     checkpoint_every  checkpoint every this many steps (None: only the final one); needs out_dir
     keep_checkpoints  keep the newest K checkpoints (0: all)
@@ -93,11 +105,12 @@ class TrainConfig:
     lr: float = 1e-3
     optimizer: DenseOptimizer = DenseOptimizer.ADAM
     weight_decay: float = 0.0
-    schedule: Schedule = field(default_factory=Schedule)
+    schedule: Schedule = field(default_factory=lambda: Schedule(decay_epochs=1.0, power=1.0))
     precision: Precision = Precision.FP32
     compile: bool = False
     clip_grad_norm: float | None = None
     eval_every: int | None = None
+    early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
     log_every: int = 50
     checkpoint_every: int | None = None
     keep_checkpoints: int = 3
@@ -114,6 +127,8 @@ class TrainConfig:
             object.__setattr__(self, "optimizer", DenseOptimizer(self.optimizer))
         if isinstance(self.precision, str):
             object.__setattr__(self, "precision", Precision(self.precision))
+        if not isinstance(self.early_stopping, EarlyStopping):
+            raise ValueError(f"TrainConfig: early_stopping must be an EarlyStopping, got {self.early_stopping!r}")
         if self.epochs < 1:
             raise ValueError(f"TrainConfig: epochs must be >= 1, got {self.epochs}")
         for name in ("max_steps", "eval_every", "checkpoint_every"):
@@ -150,6 +165,9 @@ class History:
     steps: int = 0
     checkpoint: Path | None = None
     plot: Path | None = None
+    best_eval: dict[str, float] | None = None  # the best evaluation by early_stopping.metric (step, epoch, ...)
+    best_checkpoint: Path | None = None  # checkpoints/best.pt: the best evaluation's weights (needs out_dir)
+    stopped_early: bool = False  # stopped by early_stopping.patience before the epochs / max_steps ran out
 
     @property
     def final_eval(self) -> dict[str, float] | None:
@@ -182,6 +200,7 @@ def fit(
     else:
         if run.ckpt_dir is not None and run.rank == 0:
             remove_checkpoints(run.ckpt_dir)  # a fresh run replaces an old run's outputs in out_dir
+            (run.ckpt_dir / BEST_NAME).unlink(missing_ok=True)
             shutil.rmtree(run.ckpt_dir / "sharded", ignore_errors=True)
         if run.world > 1:
             dist.barrier()  # no rank writes a checkpoint before rank 0 has cleared the old ones
@@ -196,10 +215,10 @@ def fit(
     run.log = RunLog(log_dir, tensorboard=cfg.tensorboard, append=resume_from is not None)
     if resume_from is not None:
         run.log.write("resume", run.step, {"epoch": float(run.epoch)})
-    done = cfg.max_steps is not None and run.step >= cfg.max_steps
+    done = (cfg.max_steps is not None and run.step >= cfg.max_steps) or run.tracker.stopped
     hooks = [] if run.scaler is None else unscale_sparse_gradients(model, run.scaler)
     try:
-        while not done and run.epoch < cfg.epochs:
+        while not done and not run.tracker.stopped and run.epoch < cfg.epochs:
             if run.batches_in_epoch and run.batches_in_epoch == _epoch_length(train_data, 1):
                 run.end_epoch()  # resumed from a checkpoint taken after the epoch's last batch
                 continue
@@ -213,6 +232,9 @@ def fit(
                     run.log_window()
                 if cfg.eval_every is not None and run.step % cfg.eval_every == 0:
                     run.evaluate()
+                    done = done or run.tracker.stopped
+                if done and run.batches_in_epoch == _epoch_length(train_data, 1):
+                    run.end_epoch()  # max_steps at an epoch's last batch: that epoch is complete
                 if cfg.checkpoint_every is not None and run.step % cfg.checkpoint_every == 0:
                     run.checkpoint()
                 if done:
@@ -225,6 +247,8 @@ def fit(
             run.log_window()
         run.evaluate()
         run.checkpoint()
+        if cfg.early_stopping.restore_best:
+            run.restore_best()
     finally:
         for hook in hooks:
             hook.remove()
@@ -232,6 +256,10 @@ def fit(
         run.log.close()
     history = run.history
     history.steps = run.step
+    history.best_eval = run.tracker.best
+    history.stopped_early = run.tracker.stopped
+    best_path = None if run.ckpt_dir is None else run.ckpt_dir / BEST_NAME
+    history.best_checkpoint = best_path if best_path is not None and best_path.is_file() else None
     if run.out_dir is not None and cfg.plot and run.rank == 0:
         history.plot = plot_curves(history.train, history.evals, run.out_dir / "curves.png")
     return history
@@ -261,11 +289,14 @@ class _Run:
         self.params = [p for p in dense_parameters() if p.requires_grad]
         self.opt = optimizer or _make_optimizer(cfg, self.params)
         self.base_lrs = [float(g["lr"]) for g in self.opt.param_groups]
+        self.schedule = cfg.schedule.in_steps(_epoch_length(train_data, 1))
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision is Precision.FP16 else None
         self.autocast = autocast(self.device, cfg.precision)
         self.out_dir = None if cfg.out_dir is None else Path(cfg.out_dir)
         self.ckpt_dir = None if self.out_dir is None else self.out_dir / "checkpoints"
         self.history = History()
+        self.tracker = BestTracker(cfg.early_stopping)
+        self.best_state: dict[str, torch.Tensor] | None = None  # without an out_dir: restore_best's copy
         self.step = self.epoch = self.batches_in_epoch = 0
         self.last_eval_step = self.last_checkpoint_step = -1
         self.fast_forward = False  # resuming a plain iterable: skip the batches_in_epoch it already gave
@@ -278,7 +309,7 @@ class _Run:
 
     def train_step(self, batch: Batch) -> None:
         for group, base in zip(self.opt.param_groups, self.base_lrs, strict=True):
-            group["lr"] = base * self.cfg.schedule.factor(self.step)
+            group["lr"] = base * self.schedule.factor(self.step)
         batch = batch.to(self.device, non_blocking=True)
         with self.autocast:
             logits = self.model(batch)
@@ -341,11 +372,39 @@ class _Run:
         started = time.perf_counter()
         with _preserved_rng():  # evaluation must not shift the training run's random stream
             result = evaluate(self.model, self.eval_data, device=self.device, precision=self.cfg.precision)
-        self.history.evals.append({"step": float(self.step), "epoch": float(self.epoch), **result})
+        record = {"step": float(self.step), "epoch": float(self.epoch), **result}
+        self.history.evals.append(record)
         self.log.write("eval", self.step, result)
+        if self.tracker.update(record):
+            self.save_best()
         self.bar.set_postfix_str(_postfix(self.history), refresh=False)
         self.last_eval_step = self.step
         self.window_start += time.perf_counter() - started  # keep evaluation time out of samples/s
+
+    def save_best(self) -> None:
+        """The weights of the evaluation just made, as the best: checkpoints/best.pt, or a copy in memory."""
+        if self.sharded:  # a sharded model's weights live on every rank: best.pt is not written for it yet
+            return
+        if self.ckpt_dir is not None:
+            if self.rank == 0:
+                best = {"step": self.step, "eval": dict(self.tracker.best or {}), "model": self.model.state_dict()}
+                atomic_save(best, self.ckpt_dir / BEST_NAME)
+        elif self.cfg.early_stopping.restore_best:
+            self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def restore_best(self) -> None:
+        """Load the best evaluation's weights back into the model (the last ones are checkpointed already)."""
+        if self.tracker.best is None or self.sharded:
+            return
+        if self.ckpt_dir is not None:
+            path = self.ckpt_dir / BEST_NAME
+            if self.world > 1:
+                dist.barrier()  # rank 0 has written best.pt
+            state = load_checkpoint(path, map_location=self.device)["model"]
+        else:
+            assert self.best_state is not None  # save_best kept it at the best evaluation
+            state = self.best_state
+        self.model.load_state_dict(state)
 
     def checkpoint(self) -> None:
         if self.ckpt_dir is None or self.last_checkpoint_step == self.step:
@@ -383,6 +442,7 @@ class _Run:
             "loader": None if loader is None else loader.state_dict(),
             "rng": rng_state(),
             "history": {"train": self.history.train, "evals": self.history.evals},
+            "early_stopping": self.tracker.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -395,6 +455,8 @@ class _Run:
         self.history.train = list(state["history"]["train"])
         self.history.evals = list(state["history"]["evals"])
         self.last_eval_step = int(self.history.evals[-1]["step"]) if self.history.evals else -1
+        if "early_stopping" in state:  # checkpoints from before early stopping have none
+            self.tracker.load_state_dict(state["early_stopping"])
         self.last_checkpoint_step = self.step
         set_rng_state(state["rng"])
         if state["loader"] is not None:

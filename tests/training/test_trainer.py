@@ -10,6 +10,7 @@ from torch import nn
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 from hugerec.training.checkpoint import list_checkpoints
+from hugerec.training.early_stopping import BestTracker, EarlyStopping
 from hugerec.training.precision import Precision
 from hugerec.training.schedule import Schedule
 from hugerec.training.trainer import DenseOptimizer, TrainConfig, evaluate, fit, predict
@@ -231,3 +232,135 @@ def test_a_fresh_run_replaces_an_old_runs_outputs(tmp_path: Path) -> None:
 def test_mixed_precision_on_cuda(precision: Precision) -> None:
     history = fit(TinyModel(), make_batches(8), make_batches(2, seed=1), quiet(precision=precision, device="cuda"))
     assert history.final_eval is not None and history.final_eval["auc"] > 0.5
+
+
+# -- early stopping and the best checkpoint ------------------------------------------------------------------
+class GetsWorse:
+    """A training stream whose labels flip after the first epoch: epoch 1 learns the truth, every later epoch
+    unlearns it, so the evaluation on the true labels is best after epoch 1 and worse after each later one."""
+
+    def __init__(self, batches: list[Batch]) -> None:
+        self.batches, self.epoch = batches, 0
+
+    def __iter__(self) -> Iterator[Batch]:
+        flip = self.epoch > 0
+        self.epoch += 1
+        for b in self.batches:
+            yield Batch(b.dense, b.sparse, 1.0 - b.labels) if flip else b
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def test_a_run_that_gets_worse_stops_and_keeps_the_best_weights(tmp_path: Path) -> None:
+    train, valid = make_batches(20), make_batches(6, seed=1)
+    constant = Schedule()  # a constant lr: the flipped epochs really unlearn
+    es = EarlyStopping(metric="auc", patience=2, restore_best=True)
+    after_one = TinyModel()
+    fit(after_one, list(train), valid, quiet(epochs=1, lr=0.02, schedule=constant))
+    model = TinyModel()
+    cfg = quiet(epochs=10, lr=0.02, schedule=constant, early_stopping=es, out_dir=str(tmp_path))
+    history = fit(model, GetsWorse(train), valid, cfg)
+    assert [r["epoch"] for r in history.evals] == [1, 2, 3]  # stopped after 2 evaluations without a new best
+    assert history.stopped_early and history.steps == 60
+    assert history.best_eval is not None and history.best_eval["step"] == 20
+    assert history.evals[1]["auc"] < history.evals[0]["auc"] and history.evals[2]["auc"] < history.evals[0]["auc"]
+    # restore_best put epoch 1's weights back: the same as a run of one epoch, bit for bit
+    for k, v in weights(after_one).items():
+        assert torch.equal(model.state_dict()[k], v), k
+    best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)
+    assert best["step"] == 20 and best["eval"]["auc"] == history.evals[0]["auc"]
+    assert all(torch.equal(best["model"][k], v) for k, v in weights(after_one).items())
+    # the last checkpoint holds the last weights, not the best
+    last = torch.load(history.checkpoint, weights_only=True)  # type: ignore[arg-type]
+    assert last["step"] == 60 and not torch.equal(last["model"]["emb.weight"], best["model"]["emb.weight"])
+
+
+def test_without_an_out_dir_restore_best_keeps_the_best_in_memory() -> None:
+    train, valid = make_batches(20), make_batches(6, seed=1)
+    after_one = TinyModel()
+    fit(after_one, list(train), valid, quiet(epochs=1, lr=0.02, schedule=Schedule()))
+    model = TinyModel()
+    es = EarlyStopping(metric="logloss", patience=1, restore_best=True)
+    history = fit(model, GetsWorse(train), valid, quiet(epochs=5, lr=0.02, schedule=Schedule(), early_stopping=es))
+    assert history.steps == 40 and history.best_eval is not None and history.best_eval["step"] == 20
+    assert history.best_checkpoint is None
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in weights(after_one).items())
+
+
+def test_patience_none_never_stops_but_still_tracks_the_best(tmp_path: Path) -> None:
+    train, valid = make_batches(10), make_batches(4, seed=1)
+    es = EarlyStopping(patience=None)
+    history = fit(TinyModel(), GetsWorse(train), valid, quiet(epochs=4, schedule=Schedule(), early_stopping=es))
+    assert history.steps == 40 and not history.stopped_early
+    assert history.best_eval == max(history.evals, key=lambda r: r["auc"])
+
+
+@pytest.mark.parametrize("first_epochs", [1, 2])
+def test_resume_keeps_the_early_stopping_state(tmp_path: Path, first_epochs: int) -> None:
+    """Interrupted at an evaluation (1 epoch: before any bad evaluation, 2: after one) and resumed ==
+    one run: the same stop, best evaluation, best.pt and last weights."""
+    train, valid = make_batches(20), make_batches(6, seed=1)
+    es = EarlyStopping(metric="auc", patience=2)
+    kw: dict[str, Any] = {"epochs": 10, "lr": 0.02, "schedule": Schedule(), "early_stopping": es}
+    whole = TinyModel()
+    expected = fit(whole, GetsWorse(train), valid, quiet(out_dir=str(tmp_path / "whole"), **kw))
+    assert expected.stopped_early and expected.steps == 60  # best after epoch 1, stopped after epoch 3
+
+    run = str(tmp_path / "part")
+    first = fit(TinyModel(), GetsWorse(train), valid, quiet(out_dir=run, max_steps=20 * first_epochs, **kw))
+    assert not first.stopped_early
+    data = GetsWorse(train)
+    data.epoch = first_epochs  # the stream goes on where it was (a plain iterable: the trainer skips nothing)
+    resumed = TinyModel(seed=5)
+    second = fit(resumed, data, valid, quiet(out_dir=run, resume=True, **kw))
+    assert second.stopped_early and second.steps == 60
+    assert second.best_eval == expected.best_eval
+    assert [r["auc"] for r in second.evals] == [r["auc"] for r in expected.evals]
+    a = torch.load(tmp_path / "whole" / "checkpoints" / "best.pt", weights_only=True)["model"]
+    b = torch.load(Path(run) / "checkpoints" / "best.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(torch.equal(v, resumed.state_dict()[k]) for k, v in weights(whole).items())
+    # resuming the finished run does nothing more
+    again = fit(resumed, GetsWorse(train), valid, quiet(out_dir=run, resume=True, **kw))
+    assert again.steps == 60 and again.stopped_early
+
+
+def test_a_fresh_run_removes_an_old_runs_best(tmp_path: Path) -> None:
+    fit(TinyModel(), make_batches(4), make_batches(2, seed=1), quiet(out_dir=str(tmp_path)))
+    assert (tmp_path / "checkpoints" / "best.pt").is_file()
+    history = fit(TinyModel(), make_batches(4), None, quiet(out_dir=str(tmp_path)))
+    assert history.best_checkpoint is None and not (tmp_path / "checkpoints" / "best.pt").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"metric": "accuracy"}, "unknown metric 'accuracy'"),
+        ({"patience": 0}, "patience"),
+        ({"min_delta": -1.0}, "min_delta"),
+    ],
+)
+def test_early_stopping_validation(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        EarlyStopping(**kwargs)
+
+
+def test_min_delta_and_direction() -> None:
+    auc = BestTracker(EarlyStopping(metric="auc", patience=2, min_delta=0.01))
+    assert auc.update({"auc": 0.70}) and not auc.update({"auc": 0.705}) and auc.update({"auc": 0.72})
+    assert not auc.update({"auc": float("nan")}) and not auc.update({"auc": 0.5}) and auc.stopped
+    loss = BestTracker(EarlyStopping(metric="logloss", patience=1))
+    assert loss.update({"logloss": 0.5}) and loss.update({"logloss": 0.4}) and not loss.update({"logloss": 0.45})
+    assert loss.stopped and loss.best == {"logloss": 0.4}
+    with pytest.raises(ValueError, match="no 'auc'"):
+        BestTracker(EarlyStopping()).update({"logloss": 0.3})
+
+
+def test_the_default_schedule_decays_over_the_first_epoch() -> None:
+    model = TinyModel()
+    history = fit(model, make_batches(10), None, quiet(epochs=2, lr=0.1, log_every=1))
+    lrs = [r["lr"] for r in history.train]
+    assert lrs[0] == pytest.approx(0.1) and lrs[5] == pytest.approx(0.05) and lrs[10:] == [0.0] * 10
+    with pytest.raises(ValueError, match="decay_epochs"):
+        fit(TinyModel(), iter(make_batches(2)), None, quiet())

@@ -1,0 +1,116 @@
+"""Early stopping: track the best evaluation by one metric, stop after `patience` evaluations without a gain.
+
+    EarlyStopping(metric="auc", patience=2)      what to watch (a TrainConfig field, plain data)
+    tracker = BestTracker(config)                its state during one `fit`; state_dict() goes into checkpoints
+    tracker.update({"auc": 0.77, ...}, step=120) -> True when this evaluation is the new best
+
+The direction of each metric is known (AUC up, logloss down), so the config only names the metric.
+An evaluation improves on the best when it beats it by more than `min_delta`; a NaN metric (say, an
+AUC on a single-class evaluation set) never improves and counts as a bad evaluation.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+class Direction(enum.Enum):
+    MAX = "max"
+    MIN = "min"
+
+
+# metric name (a key of `evaluate`'s result) -> which way is better
+METRICS: dict[str, Direction] = {"auc": Direction.MAX, "logloss": Direction.MIN}
+
+
+@dataclass(frozen=True)
+class EarlyStopping:
+    """Which evaluation is the best, and when to stop (the [train.early_stopping] section).
+
+    metric        "auc" (higher is better) or "logloss" (lower is better), from the evaluation on eval_data
+    patience      stop after this many evaluations in a row without a new best (None: never stop early,
+                  still keep the best)
+    min_delta     a new best must beat the old one by more than this
+    restore_best  at the end of `fit`, load the best evaluation's weights back into the model (the last
+                  checkpoint keeps the last weights either way)
+    """
+
+    metric: str = "auc"
+    patience: int | None = 2
+    min_delta: float = 0.0
+    restore_best: bool = False
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ValueError(f"metric: unknown metric {self.metric!r}; expected one of {sorted(METRICS)}")
+        if self.patience is not None and (
+            isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1
+        ):
+            raise ValueError(f"patience: must be an int >= 1 or none, got {self.patience!r}")
+        if not (isinstance(self.min_delta, int | float) and self.min_delta >= 0):
+            raise ValueError(f"min_delta: must be a number >= 0, got {self.min_delta!r}")
+
+    @property
+    def direction(self) -> Direction:
+        return METRICS[self.metric]
+
+
+class BestTracker:
+    """The early-stopping state of one run: the best value, its step and the evaluations since it."""
+
+    def __init__(self, config: EarlyStopping) -> None:
+        self.config = config
+        self.best: dict[str, float] | None = None  # the best evaluation's record (step, epoch, metrics)
+        self.bad_evals = 0
+        self.stopped = False
+
+    @property
+    def best_value(self) -> float | None:
+        return None if self.best is None else self.best[self.config.metric]
+
+    def is_better(self, value: float) -> bool:
+        if math.isnan(value):
+            return False
+        best = self.best_value
+        if best is None or math.isnan(best):
+            return True
+        match self.config.direction:
+            case Direction.MAX:
+                return value > best + self.config.min_delta
+            case Direction.MIN:
+                return value < best - self.config.min_delta
+
+    def update(self, record: dict[str, float]) -> bool:
+        """Account for one evaluation `record` (holding the metric); True when it is the new best."""
+        if self.config.metric not in record:
+            raise ValueError(f"early stopping: the evaluation has no {self.config.metric!r}, only {sorted(record)}")
+        if self.is_better(float(record[self.config.metric])):
+            self.best, self.bad_evals = dict(record), 0
+            return True
+        self.bad_evals += 1
+        patience = self.config.patience
+        if patience is not None and self.bad_evals >= patience:
+            self.stopped = True
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "metric": self.config.metric,
+            "best": None if self.best is None else dict(self.best),
+            "bad_evals": self.bad_evals,
+            "stopped": self.stopped,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["metric"] != self.config.metric:
+            raise ValueError(
+                f"early stopping: the checkpoint tracked {state['metric']!r}, this run tracks "
+                f"{self.config.metric!r}; resume with the same early_stopping.metric or start a fresh run"
+            )
+        self.best = None if state["best"] is None else {k: float(v) for k, v in state["best"].items()}
+        self.bad_evals = int(state["bad_evals"])
+        patience = self.config.patience  # a resume with another patience: that patience decides
+        self.stopped = patience is not None and self.bad_evals >= patience

@@ -10,9 +10,17 @@ logistic regression (scikit-learn) on one-hot ids and quantile-bucketed dense fe
 so the generator's pairwise interactions (15% of the logit variance) are out of its reach: a model
 given the true per-id and dense effects but no interactions scores ~92% of the lift.
 
-    python benchmarks/quality.py                     # 2 M training rows, 4 models + logreg: ~5 min on 2 cores
-    python benchmarks/quality.py --quick             # 150 k rows, DLRM and DCN-v2: ~20 s
+Then the real samples (`quality_real.py` states the protocol): the default config's deep models
+with early stopping against a one-hot logistic regression on the same 80/10/10 split, test AUC,
+mean of 3 seeds; configs `real criteo auc` and `real movielens auc`. Target: the best deep model
+within 0.005 AUC of the logistic regression. Skipped with a message without the data folder
+($HUGEREC_DATA, or ../shared/data beside the repository).
+
+    python benchmarks/quality.py                     # synthetic 2 M rows, 4 models + logreg (~5 min), then
+                                                     # the real samples, 3 seeds (~40 min on 2 cores)
+    python benchmarks/quality.py --quick             # synthetic 150 k rows + the Criteo sample, 1 seed: < 2 min
     python benchmarks/quality.py --json out.json --models dlrm,dcn_v2 --train-rows 1000000
+    python benchmarks/quality.py --no-synthetic --real criteo --seeds 5
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import scipy.sparse as sp
+from quality_real import LOADERS, print_real, run_real
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss, roc_auc_score
@@ -191,15 +200,32 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true", help="skip the logistic-regression baseline")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the data and models here")
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
+    parser.add_argument("--no-synthetic", action="store_true", help="only the real samples")
+    parser.add_argument(
+        "--real", default=None, help=f"real samples, comma-separated from {','.join(LOADERS)}, or none (quick: criteo)"
+    )
+    parser.add_argument("--seeds", type=int, default=None, help="seeds (splits and inits) per real sample (default 3)")
     args = parser.parse_args()
     train_rows = args.train_rows or (150_000 if args.quick else 2_000_000)
     models = args.models.split(",") if args.models else (["dlrm", "dcn_v2"] if args.quick else list(MODELS))
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         parser.error(f"unknown models {unknown}; choose from {list(MODELS)}")
+    real = args.real or ("criteo" if args.quick else ",".join(LOADERS))
+    datasets = [] if real == "none" else real.split(",")
+    if sorted(set(datasets) - set(LOADERS)):
+        parser.error(f"unknown real samples {sorted(set(datasets) - set(LOADERS))}; choose from {list(LOADERS)}")
+    seeds = list(range(args.seeds or (1 if args.quick else 3)))
+    records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="hugerec-quality-") as tmp:
-        records = run(train_rows, models, args.workdir or Path(tmp), not args.no_baseline)
-    print_table(records)
+        workdir = args.workdir or Path(tmp)
+        if not args.no_synthetic:
+            records += run(train_rows, models, workdir, not args.no_baseline)
+            print_table(records)
+        if datasets:
+            real_records = run_real(datasets, models, seeds, workdir / "real")
+            print_real(real_records)
+            records += real_records
     if args.json:
         args.json.write_text(json.dumps(records, indent=1) + "\n")
 

@@ -33,14 +33,15 @@ class EarlyStopping:
     metric        "auc" (higher is better) or "logloss" (lower is better), from the evaluation on eval_data
     patience      stop after this many evaluations in a row without a new best (None: never stop early,
                   still keep the best)
-    min_delta     a new best must beat the old one by more than this
+    min_delta     a new best must beat the old one by more than this (0.001: on MovieLens-100K the
+                  valid AUC kept creeping up by ~0.0001 an epoch for 20+ epochs after it had settled)
     restore_best  at the end of `fit`, load the best evaluation's weights back into the model (the last
                   checkpoint keeps the last weights either way)
     """
 
     metric: str = "auc"
     patience: int | None = 2
-    min_delta: float = 0.0
+    min_delta: float = 0.001
     restore_best: bool = False
 
     def __post_init__(self) -> None:

@@ -1,5 +1,6 @@
 """The `hugerec` command as a user meets it: exit codes, one-line errors, help, the quickstart's report."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,19 @@ def test_serve_refuses_what_is_not_a_bundle(tmp_path: Path, capsys: pytest.Captu
         (["evaluate"], "hugerec evaluate: error: no model at runs/quickstart/model.pt"),
         (["preprocess", "preprocess.input=nowhere"], "hugerec preprocess: error: preprocess.input: no schema at"),
         (["train", "train.lr"], "hugerec train: error: 'train.lr' is neither a config file nor a KEY=VALUE override"),
+        (
+            ["train", "train.early_stopping.metric=accuracy"],
+            "hugerec train: error: train.early_stopping: metric: unknown metric 'accuracy'; expected one of",
+        ),
+        (
+            ["train", "train.early_stopping.patiense=3"],
+            "hugerec train: error: unknown key 'train.early_stopping.patiense'; "
+            "did you mean 'train.early_stopping.patience'?",
+        ),
+        (["train", "train.early_stopping.patience=0"], "hugerec train: error: train.early_stopping: patience: must be"),
+        (["train", "train.early_stopping.min_delta=-1"], "hugerec train: error: train.early_stopping: min_delta: must"),
+        (["train", "train.schedule.decay_epochs=-1"], "hugerec train: error: train.schedule: Schedule: decay_epochs"),
+        (["train", "data.batch_size=big"], 'hugerec train: error: data: batch_size must be an int >= 1 or "auto"'),
     ],
 )
 def test_user_mistakes_are_one_line_and_exit_2(
@@ -78,6 +92,20 @@ def test_help(command: str | None, capsys: pytest.CaptureFixture[str]) -> None:
 def test_print_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "--print-config", "train.lr=0.5"]) == 0
     assert '"lr": 0.5' in capsys.readouterr().out
+
+
+def test_print_config_lists_the_early_stopping_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--print-config", "train.early_stopping.metric=logloss"]) == 0
+    train = json.loads(capsys.readouterr().out)["train"]
+    assert train["early_stopping"] == {"metric": "logloss", "patience": 2, "min_delta": 0.001, "restore_best": False}
+    assert train["schedule"]["decay_epochs"] == 1.0
+
+
+@pytest.mark.parametrize("command", ["evaluate", "predict", "export"])
+def test_help_says_the_best_model_is_the_default(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert "best.pt" in capsys.readouterr().out
 
 
 def test_python_dash_m_runs_the_command() -> None:

@@ -8,6 +8,7 @@ import torch
 from hugerec.cli.commands import (
     evaluate_model,
     load_model,
+    open_shards,
     predict_to_parquet,
     preprocess,
     synth,
@@ -16,6 +17,7 @@ from hugerec.cli.commands import (
 from hugerec.cli.config_file import ConfigError
 from hugerec.cli.run_config import load_run_config
 from hugerec.data.schema import Schema
+from hugerec.training.defaults import auto_batch_size
 
 from .conftest import TINY
 
@@ -97,3 +99,34 @@ def test_the_criteo_sample_config_runs_end_to_end(tmp_path: Path, monkeypatch: p
     history = train(cfg)
     assert history.steps == 6
     assert evaluate_model(cfg)["count"] == pre.eval_rows
+
+
+def test_train_keeps_the_best_evaluation_and_evaluate_reads_it(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(prepared)
+    common = [*TINY, "train.out_dir=runs/best", "train.epochs=3", "train.eval_every=3", "train.lr=0.05"]
+    keep_all = ["train.early_stopping.patience=none", "train.early_stopping.min_delta=0"]
+    history = train(load_run_config(None, [*common, *keep_all]))
+    assert len(history.evals) >= 3 and not history.stopped_early
+    best = history.best_eval
+    assert best is not None and best["auc"] == max(r["auc"] for r in history.evals)
+    out = prepared / "runs/best"
+    assert (out / "best.pt").is_file() and (out / "model.pt").is_file()
+    cfg = load_run_config(None, common)
+    assert evaluate_model(cfg)["auc"] == pytest.approx(best["auc"], abs=1e-6)  # best.pt by default
+    final = history.final_eval
+    assert final is not None
+    assert evaluate_model(cfg, out / "model.pt")["auc"] == pytest.approx(final["auc"], abs=1e-6)  # --model wins
+    # a later run without an evaluation leaves no best.pt behind for evaluate to pick up
+    train(load_run_config(None, [*common, "data.eval=none", "train.epochs=1"]))
+    assert not (out / "best.pt").exists()
+
+
+def test_auto_batch_size_follows_the_rows(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(prepared)
+    cfg = load_run_config(None, [*TINY, "data.batch_size=auto", "train.out_dir=runs/auto", "train.max_steps=2"])
+    rows = sum(pq.read_metadata(f).num_rows for f in (prepared / "runs/quickstart/data/train").glob("*.parquet"))
+    history = train(cfg)
+    assert history.train[-1]["samples_per_s"] > 0
+    schema = Schema.load(prepared / "runs/quickstart/data/schema.json")
+    loader = open_shards(cfg.data.train, "data.train", schema, cfg)
+    assert loader.batch_size == auto_batch_size(rows) == 128  # 2 * sqrt(~5,400 rows) = 147 -> 128

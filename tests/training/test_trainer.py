@@ -290,7 +290,7 @@ def test_without_an_out_dir_restore_best_keeps_the_best_in_memory() -> None:
 
 def test_patience_none_never_stops_but_still_tracks_the_best(tmp_path: Path) -> None:
     train, valid = make_batches(10), make_batches(4, seed=1)
-    es = EarlyStopping(patience=None)
+    es = EarlyStopping(patience=None, min_delta=0.0)
     history = fit(TinyModel(), GetsWorse(train), valid, quiet(epochs=4, schedule=Schedule(), early_stopping=es))
     assert history.steps == 40 and not history.stopped_early
     assert history.best_eval == max(history.evals, key=lambda r: r["auc"])

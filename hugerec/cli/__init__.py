@@ -65,6 +65,9 @@ COMMANDS = {
         "train.early_stopping.metric (auc: higher is better, logloss: lower) as best.pt beside model.pt\n"
         "(the last weights); stops after train.early_stopping.patience evaluations without a new best\n"
         "(none: never stops early); train.early_stopping.min_delta is the smallest gain that counts.\n"
+        "Defaults meant for small data too: data.batch_size = \"auto\" (2 * sqrt(train rows), 32 to 2048),\n"
+        "the dense lr (train.lr) decays linearly to 0 over the first epoch (train.schedule.decay_epochs = 1);\n"
+        "on a small set give train.epochs an upper bound (e.g. 20) and let early stopping end the run.\n"
         "Continue an interrupted run exactly where it stopped with train.resume=true.\n"
         "example: hugerec train configs/criteo_sample.toml model.type=dcn_v2 train.epochs=2",
     ),

@@ -11,7 +11,8 @@
 
 Early stopping: every evaluation is scored by `early_stopping.metric`; the best one's weights are
 written atomically to checkpoints/best.pt (beside the step-N.pt checkpoints, which keep the last
-weights) or, without an out_dir, kept in memory when `restore_best` asks for them back.
+weights) or, without an out_dir, kept in memory when `restore_best` asks for them back. A sharded
+model (torchrun) stops early the same way but keeps no best.pt yet (its rows live on every rank).
 
 Resuming continues exactly: a checkpoint holds the model (with the embedding rows and their
 optimizer state), the dense optimizer, the loss scaler, the loader position, the step and every

@@ -18,7 +18,8 @@ within 0.005 AUC of the logistic regression. Skipped with a message without the 
 
     python benchmarks/quality.py                     # synthetic 2 M rows, 4 models + logreg (~5 min), then
                                                      # the real samples, 3 seeds (~40 min on 2 cores)
-    python benchmarks/quality.py --quick             # synthetic 150 k rows + the Criteo sample, 1 seed: < 2 min
+    python benchmarks/quality.py --quick             # synthetic 150 k rows + the Criteo sample, 1 seed: ~1 min
+                                                     # (on a busy machine set OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1)
     python benchmarks/quality.py --json out.json --models dlrm,dcn_v2 --train-rows 1000000
     python benchmarks/quality.py --no-synthetic --real criteo --seeds 5
 """

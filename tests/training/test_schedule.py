@@ -45,3 +45,22 @@ def test_mlperf_preset() -> None:
 def test_validation(kwargs: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Schedule(**kwargs)  # type: ignore[arg-type]
+
+
+def test_decay_epochs_becomes_decay_steps() -> None:
+    s = Schedule(decay_epochs=2.0, power=1.0).in_steps(5)
+    assert (s.decay_steps, s.decay_epochs) == (10, 0.0)
+    assert s.factor(5) == pytest.approx(0.5) and s.factor(10) == 0.0
+    assert Schedule(decay_epochs=0.01).in_steps(5).decay_steps == 1  # never a zero-length decay
+    assert Schedule(decay_steps=7).in_steps(None) == Schedule(decay_steps=7)  # nothing to convert
+    with pytest.raises(ValueError, match="needs training data with a length"):
+        Schedule(decay_epochs=1.0).in_steps(None)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"decay_epochs": -1.0}, "decay_epochs"), ({"decay_epochs": 1.0, "decay_steps": 5}, "not both")],
+)
+def test_decay_epochs_validation(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Schedule(**kwargs)  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ from torch import nn
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 from hugerec.training.checkpoint import list_checkpoints
-from hugerec.training.early_stopping import BestTracker, EarlyStopping
+from hugerec.training.early_stopping import EarlyStopping
 from hugerec.training.precision import Precision
 from hugerec.training.schedule import Schedule
 from hugerec.training.trainer import DenseOptimizer, TrainConfig, evaluate, fit, predict
@@ -331,30 +331,6 @@ def test_a_fresh_run_removes_an_old_runs_best(tmp_path: Path) -> None:
     assert (tmp_path / "checkpoints" / "best.pt").is_file()
     history = fit(TinyModel(), make_batches(4), None, quiet(out_dir=str(tmp_path)))
     assert history.best_checkpoint is None and not (tmp_path / "checkpoints" / "best.pt").exists()
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"metric": "accuracy"}, "unknown metric 'accuracy'"),
-        ({"patience": 0}, "patience"),
-        ({"min_delta": -1.0}, "min_delta"),
-    ],
-)
-def test_early_stopping_validation(kwargs: dict[str, Any], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        EarlyStopping(**kwargs)
-
-
-def test_min_delta_and_direction() -> None:
-    auc = BestTracker(EarlyStopping(metric="auc", patience=2, min_delta=0.01))
-    assert auc.update({"auc": 0.70}) and not auc.update({"auc": 0.705}) and auc.update({"auc": 0.72})
-    assert not auc.update({"auc": float("nan")}) and not auc.update({"auc": 0.5}) and auc.stopped
-    loss = BestTracker(EarlyStopping(metric="logloss", patience=1))
-    assert loss.update({"logloss": 0.5}) and loss.update({"logloss": 0.4}) and not loss.update({"logloss": 0.45})
-    assert loss.stopped and loss.best == {"logloss": 0.4}
-    with pytest.raises(ValueError, match="no 'auc'"):
-        BestTracker(EarlyStopping()).update({"logloss": 0.3})
 
 
 def test_the_default_schedule_decays_over_the_first_epoch() -> None:

@@ -205,6 +205,8 @@ def _preprocess(cfg: RunConfig, args: argparse.Namespace) -> None:
         f"preprocess: {r.train_rows:,} train + {r.eval_rows:,} eval rows -> {cfg.preprocess.out} "
         f"({time.perf_counter() - t0:.1f} s); schema {r.schema}, workflow {r.workflow}"
     )
+    if r.skipped.rows_skipped:
+        print(f"preprocess: {r.skipped}")
 
 
 def _train(cfg: RunConfig, args: argparse.Namespace) -> None:

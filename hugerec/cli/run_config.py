@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hugerec.cli.config_file import ConfigError, apply_overrides, from_dict, parse_value, read_toml, to_dict
+from hugerec.data.preprocess.errors import OnError
 from hugerec.embedding.config import StorageDtype
 from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad, optimizer_from_dict, optimizer_to_dict
 from hugerec.models.config import ModelConfig, model_config_from_dict, model_config_to_dict
@@ -63,6 +64,8 @@ class PreprocessSection:
     min_frequency  sparse values seen fewer times share one out-of-vocabulary id
     max_vocab      keep at most this many values per sparse column (most frequent first)
     log_dense      log1p the dense features first (Criteo's counts; synthetic ones are already logs)
+    on_error       "raise": stop at the first bad row, naming file, line and column; "skip": drop bad rows,
+                   count them and report the count with the first examples
     """
 
     input: str = "runs/quickstart/raw"
@@ -74,6 +77,7 @@ class PreprocessSection:
     min_frequency: int = 1
     max_vocab: int | None = None
     log_dense: bool = False
+    on_error: OnError = OnError.RAISE
     seed: int = 0
 
     def __post_init__(self) -> None:

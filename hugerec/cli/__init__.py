@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hugerec.cli.config_file import ConfigError, to_dict
+from hugerec.cli.config_file import ConfigError
 
 if TYPE_CHECKING:  # the commands import torch and the data stack lazily: `hugerec --help` stays instant
     from hugerec.cli.run_config import RunConfig
@@ -32,7 +32,10 @@ Every command reads a TOML config (sections [synth], [preprocess], [data], [embe
 [train], [predict]; see configs/*.toml). Without a config file the quickstart's settings are used.
 Override any key on the command line with dotted KEY=VALUE pairs, typed like the config:
   train.lr=0.01  train.max_steps=none  model.top=[256,64,1]  train.precision=bf16
-Relative input paths are looked up in the current directory, then next to the config file.
+A config path `configs/NAME.toml` that is not in the current directory is read from the checkout's
+configs/. Relative input paths are looked up in the current directory, then next to the config file;
+`$HUGEREC_DATA` in a path is that environment variable, or else the shared/data folder found above the
+config file or the current directory (where the real data samples sit beside a checkout).
 Set HUGEREC_DEBUG=1 to see a full traceback instead of a one-line error."""
 
 COMMANDS = {
@@ -113,12 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args)
     try:
-        from hugerec.cli.run_config import load_run_config
+        from hugerec.cli.run_config import load_run_config, resolved_dict
 
         config_path, overrides = _split_args(args.args)
         cfg = load_run_config(config_path, overrides)
-        if args.print_config:
-            print(json.dumps(to_dict(cfg), indent=1, default=str))
+        if args.print_config:  # every key, unset ones as null: the full list of what a config may say
+            print(json.dumps(resolved_dict(cfg), indent=1, default=str))
             return 0
         run: Callable[[RunConfig, argparse.Namespace], None] = RUNNERS[args.command]
         run(cfg, args)
@@ -216,6 +219,8 @@ def _preprocess(cfg: RunConfig, args: argparse.Namespace) -> None:
         f"preprocess: {r.train_rows:,} train + {r.eval_rows:,} eval rows -> {cfg.preprocess.out} "
         f"({time.perf_counter() - t0:.1f} s); schema {r.schema}, workflow {r.workflow}"
     )
+    if r.skipped.rows_skipped:
+        print(f"preprocess: {r.skipped}")
 
 
 def _train(cfg: RunConfig, args: argparse.Namespace) -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from hugerec.data.criteo import DENSE_NAMES, SPARSE_NAMES
 from hugerec.data.loader import Loader, load
 from hugerec.data.preprocess.categorical import Categorify
 from hugerec.data.preprocess.dataset import Dataset
+from hugerec.data.preprocess.errors import SkipReport
 from hugerec.data.preprocess.numeric import FillMissing, LogOp, Normalize
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
@@ -60,6 +61,7 @@ class PreprocessReport:
     eval_rows: int
     schema: Path
     workflow: Path
+    skipped: SkipReport = field(default_factory=SkipReport)  # rows dropped as bad input (preprocess.on_error = "skip")
 
 
 # -- synth --------------------------------------------------------------------------------------
@@ -75,8 +77,8 @@ def synth(cfg: RunConfig) -> SyntheticReport:
 def preprocess(cfg: RunConfig) -> PreprocessReport:
     p = cfg.preprocess
     raw = _raw_schema(cfg)
-    train_raw = _dataset(p.input, "preprocess.input", p.format)
     labels, dense, sparse = raw.label_names, raw.dense_names, raw.sparse_names
+    train_raw = _dataset(p.input, "preprocess.input", p.format, labels)
     ops: list[Any] = [FillMissing(dense, 0.0)] if dense else []
     if dense and p.log_dense:
         ops.append(LogOp(dense))
@@ -84,13 +86,17 @@ def preprocess(cfg: RunConfig) -> PreprocessReport:
         ops.append(Normalize(dense))
     ops.append(Categorify(sparse, freq_threshold=p.min_frequency, max_size=p.max_vocab))
     workflow = Workflow(ops, output_columns=(*labels, *dense, *sparse))
-    workflow.fit(train_raw)
+    workflow.fit(train_raw, on_error=p.on_error)
+    fit_report = workflow.fit_report or SkipReport()
+    if fit_report.rows_read - fit_report.rows_skipped == 0:
+        raise ConfigError(f"preprocess.input: no rows to learn from in {p.input!r} ({fit_report.rows_read} read)")
     out = Path(p.out)
     if p.eval_input is not None:
-        workflow.transform(train_raw, out / "train", overwrite=True)
-        workflow.transform(_dataset(p.eval_input, "preprocess.eval_input", p.format), out / "eval", overwrite=True)
+        report = workflow.transform(train_raw, out / "train", overwrite=True, on_error=p.on_error).report
+        eval_raw = _dataset(p.eval_input, "preprocess.eval_input", p.format, labels)
+        report = report.merge(workflow.transform(eval_raw, out / "eval", overwrite=True, on_error=p.on_error).report)
     else:
-        workflow.transform(train_raw, out / "_all", overwrite=True)
+        report = workflow.transform(train_raw, out / "_all", overwrite=True, on_error=p.on_error).report
         _split(out / "_all", out / "train", out / "eval", p.eval_fraction, p.seed)
         shutil.rmtree(out / "_all")
     cards = workflow.cardinalities()
@@ -99,7 +105,7 @@ def preprocess(cfg: RunConfig) -> PreprocessReport:
     schema.save(out / "schema.json")
     shutil.rmtree(out / "workflow", ignore_errors=True)
     workflow.save(out / "workflow")
-    return PreprocessReport(_rows(out / "train"), _rows(out / "eval"), out / "schema.json", out / "workflow")
+    return PreprocessReport(_rows(out / "train"), _rows(out / "eval"), out / "schema.json", out / "workflow", report)
 
 
 def _raw_schema(cfg: RunConfig) -> Schema:
@@ -120,13 +126,15 @@ def _raw_schema(cfg: RunConfig) -> Schema:
             return Schema.load(path)
 
 
-def _dataset(paths: str, where: str, fmt: RawFormat) -> Dataset:
+def _dataset(paths: str, where: str, fmt: RawFormat, labels: Sequence[str]) -> Dataset:
+    """The raw input; its label columns must hold 0 or 1 (anything else is bad input, with its line)."""
     try:
         match fmt:
             case RawFormat.CRITEO:
                 return Dataset.criteo(paths)
             case RawFormat.PARQUET:  # a folder: its Parquet files, not the schema.json beside them
-                return Dataset(str(Path(paths) / "*.parquet") if Path(paths).is_dir() else paths, format="parquet")
+                files = str(Path(paths) / "*.parquet") if Path(paths).is_dir() else paths
+                return Dataset(files, format="parquet", binary=labels)
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(f"{where}: {e}") from None
 

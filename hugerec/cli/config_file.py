@@ -92,21 +92,21 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str = "", readers: R
         raise ConfigError(f"{where or 'config'}: {e}") from None
 
 
-def to_dict(obj: Any) -> Any:
-    """Dataclass -> TOML-ready dict (enums as values, tuples as lists, None left out)."""
+def to_dict(obj: Any, keep_none: bool = False) -> Any:
+    """Dataclass -> TOML-ready dict (enums as values, tuples as lists; None left out unless keep_none)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = {}
         for f in dataclasses.fields(obj):
-            v = to_dict(getattr(obj, f.name))
-            if v is not None:
+            v = to_dict(getattr(obj, f.name), keep_none)
+            if v is not None or keep_none:
                 out[f.name] = v
         return out
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, tuple | list):
-        return [to_dict(v) for v in obj]
+        return [to_dict(v, keep_none) for v in obj]
     if isinstance(obj, dict):
-        return {k: to_dict(v) for k, v in obj.items()}
+        return {k: to_dict(v, keep_none) for k, v in obj.items()}
     return obj
 
 

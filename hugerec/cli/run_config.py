@@ -18,15 +18,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hugerec.cli.config_file import ConfigError, apply_overrides, from_dict, read_toml
+from hugerec.cli.config_file import ConfigError, apply_overrides, from_dict, parse_value, read_toml, to_dict
+from hugerec.data.preprocess.errors import OnError
 from hugerec.embedding.config import StorageDtype
-from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad, optimizer_from_dict
-from hugerec.models.config import ModelConfig, model_config_from_dict
+from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad, optimizer_from_dict, optimizer_to_dict
+from hugerec.models.config import ModelConfig, model_config_from_dict, model_config_to_dict
 from hugerec.training.trainer import TrainConfig
 
 READERS = {Optimizer: optimizer_from_dict}
@@ -61,6 +64,8 @@ class PreprocessSection:
     min_frequency  sparse values seen fewer times share one out-of-vocabulary id
     max_vocab      keep at most this many values per sparse column (most frequent first)
     log_dense      log1p the dense features first (Criteo's counts; synthetic ones are already logs)
+    on_error       "raise": stop at the first bad row, naming file, line and column; "skip": drop bad rows,
+                   count them and report the count with the first examples
     """
 
     input: str = "runs/quickstart/raw"
@@ -72,6 +77,7 @@ class PreprocessSection:
     min_frequency: int = 1
     max_vocab: int | None = None
     log_dense: bool = False
+    on_error: OnError = OnError.RAISE
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -183,8 +189,10 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
 
     Sections and keys left out take their defaults; train.out_dir defaults to runs/<config file name>.
     """
+    if path is not None:
+        path = find_config(path)
     data = read_toml(path) if path is not None else copy.deepcopy(QUICKSTART)
-    data = apply_overrides(data, overrides)
+    data = apply_overrides(_switch_model_type(data, overrides), overrides)
     if path is not None:
         train = data.setdefault("train", {})
         if isinstance(train, dict):
@@ -198,10 +206,66 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     return cfg
 
 
+# The checkout's configs/ folder: `hugerec train configs/quickstart.toml` works from any directory.
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def find_config(path: str | Path) -> Path:
+    """`path` itself when it exists, else a documented `configs/NAME.toml` from the checkout's configs/."""
+    p = Path(path)
+    if p.is_file() or p.is_absolute():
+        return p
+    shipped = SHIPPED_CONFIGS / p.relative_to("configs") if p.parts[:1] == ("configs",) else None
+    if shipped is not None and shipped.is_file():
+        return shipped
+    raise ConfigError(f"config file not found: {p} (looked in the current directory and in {SHIPPED_CONFIGS})")
+
+
+def _switch_model_type(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """`model.type=X` on the command line starts [model] afresh from X's defaults.
+
+    The file's [model] fields describe the file's model type (DLRM's `bottom`, say) and mean nothing
+    to another type; keeping them would make every type switch fail on the first foreign key. Fields
+    the new type also has are kept; the others are named on stderr, so nothing is dropped silently.
+    """
+    new_type = None
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if sep and key.strip() == "model.type":
+            new_type = parse_value(raw.strip())
+    model = data.get("model")
+    if new_type is None or not isinstance(model, dict) or model.get("type", "dlrm") == new_type:
+        return data
+    try:
+        fields = {f.name for f in dataclasses.fields(type(model_config_from_dict({"type": new_type})))}
+    except ValueError as e:
+        raise ConfigError(f"model.type: {e}") from None
+    left_out = sorted(k for k in model if k != "type" and k not in fields)
+    if left_out:
+        names = ", ".join(f"model.{k}" for k in left_out)
+        print(
+            f"note: {names} from the config file do not apply to model.type={new_type} and are left out",
+            file=sys.stderr,
+        )
+    out = dict(data)
+    out["model"] = {k: v for k, v in model.items() if k not in left_out}
+    return out
+
+
+def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
+    """Every key of `cfg` with its value (None included), as `--print-config` shows it."""
+    out: dict[str, Any] = to_dict(cfg, keep_none=True)
+    out["embedding"]["optimizer"] = optimizer_to_dict(cfg.embedding.optimizer)
+    out["model"] = model_config_to_dict(cfg.model_config())
+    return out
+
+
 def _resolve_inputs(cfg: RunConfig, config_dir: Path) -> RunConfig:
     """Relative input paths that do not exist here but do next to the config file point there."""
 
     def find(p: str | None) -> str | None:
+        if p is not None and "HUGEREC_DATA" in p:
+            p = p.replace("${HUGEREC_DATA}", "$HUGEREC_DATA").replace("$HUGEREC_DATA", str(data_root(config_dir)))
         if p is None or Path(p).is_absolute() or _exists(p):
             return p
         beside = config_dir / p
@@ -222,6 +286,26 @@ def _resolve_inputs(cfg: RunConfig, config_dir: Path) -> RunConfig:
             schema=find(cfg.data.schema),
         ),
         predict=dataclasses.replace(cfg.predict, input=find(cfg.predict.input)),
+    )
+
+
+def data_root(config_dir: Path) -> Path:
+    """What `$HUGEREC_DATA` in a config path stands for.
+
+    The environment variable when set; otherwise the first `shared/data` folder found in the config
+    file's folder or one of its parents, then the current directory or one of its parents (the
+    layout where the repository's checkout has the real data samples beside it).
+    """
+    env = os.environ.get("HUGEREC_DATA")
+    if env:
+        return Path(env)
+    for start in (config_dir.resolve(), Path.cwd().resolve()):
+        for d in (start, *start.parents):
+            if (d / "shared" / "data").is_dir():
+                return d / "shared" / "data"
+    raise ConfigError(
+        f"a path in the config uses $HUGEREC_DATA, which is not set, and no shared/data folder was found "
+        f"above {config_dir} or the current directory: set HUGEREC_DATA to the folder holding the data"
     )
 
 

@@ -114,3 +114,45 @@ def test_python_dash_m_runs_the_command() -> None:
     )
     assert result.returncode == 2
     assert result.stderr.strip() == "hugerec train: error: train.lr: expected a number, got 'x'"
+
+
+def _criteo_rows(n: int, label: str = "0") -> str:
+    row = "\t".join([label, *[str(i) for i in range(13)], *(["abcdef01"] * 26)])
+    return "".join(row + "\n" for _ in range(n))
+
+
+def test_preprocess_input_errors_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#20 defects 6 and 7: empty input, labels other than 0/1, a folder without data, each one line naming it."""
+    import gzip
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.tsv").write_text("")
+    (tmp_path / "labels.tsv").write_text(_criteo_rows(5) + _criteo_rows(1, "2") + _criteo_rows(5, "1"))
+    (tmp_path / "cut.gz").write_bytes(gzip.compress(_criteo_rows(5000).encode())[:300])
+    (tmp_path / "folder").mkdir()
+    expected = {
+        "empty.tsv": "no rows to learn from in 'empty.tsv'",
+        "labels.tsv": "labels.tsv, line 6, column 'label': a label must be 0 or 1 (value '2')",
+        "cut.gz": "cut.gz: truncated or damaged gzip file",
+        "folder": "'folder' is a folder with no input files",
+    }
+    for name, message in expected.items():
+        argv = ["preprocess", f"preprocess.input={name}", "preprocess.format=criteo", f"preprocess.out=out_{name}"]
+        assert main(argv) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err, err
+
+
+def test_preprocess_on_error_skip_counts_and_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "labels.tsv").write_text(_criteo_rows(8) + _criteo_rows(2, "-1") + _criteo_rows(8, "1"))
+    argv = ["preprocess", "preprocess.input=labels.tsv", "preprocess.format=criteo", "preprocess.on_error=skip"]
+    assert main([*argv, "preprocess.out=out"]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 18 rows skipped as bad input" in out and "labels.tsv, line 9, column 'label'" in out
+    assert main([*argv, "preprocess.on_error=ignore"]) == 2
+    assert "preprocess.on_error" in capsys.readouterr().err

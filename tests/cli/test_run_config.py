@@ -32,11 +32,15 @@ def test_quickstart_defaults_and_typed_overrides() -> None:
     assert load_run_config(None).embedding.optimizer == RowWiseAdagrad(lr=0.03)
 
 
-def test_a_new_model_type_takes_its_own_fields() -> None:
+def test_a_new_model_type_takes_its_own_fields(capsys: pytest.CaptureFixture[str]) -> None:
     cfg = load_run_config(None, ["model={type='dcn_v2', deep=[64]}"])
     assert cfg.model_config() == DCNv2Config(deep=(64,))
-    with pytest.raises(ConfigError, match=r"unknown key 'model\.bottom'"):
-        load_run_config(None, ["model.type=dcn_v2"])  # the quickstart's DLRM arches do not fit DCN-v2
+    # The quickstart's DLRM arches do not fit DCN-v2: switching the type leaves them out, and says so.
+    assert load_run_config(None, ["model.type=dcn_v2"]).model_config() == DCNv2Config()
+    assert "model.bottom, model.top from the config file do not apply" in capsys.readouterr().err
+    # Fields the new type shares are kept; the switch's own fields still apply.
+    cfg = load_run_config(None, ["model.type=dcn_v2", "model.deep=[32]"])
+    assert cfg.model_config() == DCNv2Config(deep=(32,))
     with pytest.raises(ConfigError, match=r"model\.type: .*unknown type 'dlrn'"):
         load_run_config(None, ["model.type=dlrn"])
 

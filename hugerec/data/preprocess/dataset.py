@@ -14,12 +14,14 @@ Every chunk is parsed with the dataset schema; a bad row raises `BadInputError` 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import glob
 import gzip
 import io
 import os
-from collections.abc import Iterator, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +68,7 @@ class Source:
     schema: dict[str, pl.DataType]
     csv: CsvOptions
     block_bytes: int = DEFAULT_PARTITION_BYTES  # gzip text: decompressed bytes per chunk
+    binary: tuple[str, ...] = ()  # columns whose values must be 0 or 1 (labels)
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,8 @@ def _expand_paths(paths: str | Path | Sequence[str | Path], format: Format | Non
             found = sorted(glob.glob(text))
         else:
             found = [text] if os.path.exists(text) else []
+        if not found and os.path.isdir(text):
+            raise FileNotFoundError(f"Dataset: {text!r} is a folder with no input files in it")
         if not found:
             raise FileNotFoundError(f"Dataset: no input files match {text!r}")
         out.extend(found)
@@ -156,6 +161,7 @@ class Dataset:
         partition_bytes: int = DEFAULT_PARTITION_BYTES,
         partitioned_by: Sequence[str] = (),
         frames: Sequence[pl.DataFrame] = (),
+        binary: Sequence[str] = (),
     ) -> None:
         if partition_bytes <= 0:
             raise ValueError(f"Dataset: partition_bytes must be > 0, got {partition_bytes}")
@@ -182,6 +188,10 @@ class Dataset:
         )
         if not self.schema:
             raise ValueError("Dataset: empty schema")
+        self.binary = tuple(binary)  # label columns: a value other than 0/1 is bad input, with its line
+        unknown = [c for c in self.binary if c not in self.schema]
+        if unknown:
+            raise ValueError(f"Dataset: binary columns {unknown} are not in the schema {list(self.schema)}")
 
     @classmethod
     def from_frames(cls, *frames: pl.DataFrame, partitioned_by: Sequence[str] = ()) -> Dataset:
@@ -207,11 +217,12 @@ class Dataset:
             csv=options,
             partition_bytes=partition_bytes,
             partitioned_by=partitioned_by,
+            binary=("label",),
         )
 
     @property
     def source(self) -> Source:
-        return Source(self.format, self.schema, self.csv, self.partition_bytes)
+        return Source(self.format, self.schema, self.csv, self.partition_bytes, self.binary)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -327,8 +338,12 @@ def _gzip_blocks(path: str, start: int, block_bytes: int) -> Iterator[bytes]:
     with gzip.open(path, "rb") as f:
         f.seek(start)
         rest = b""
+        lines = 0  # complete lines handed out so far, to place a damaged stream in the file
         while True:
-            data = f.read(block_bytes)
+            try:
+                data = f.read(block_bytes)
+            except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+                raise ValueError(f"{path}: truncated or damaged gzip file after line {lines}: {e}") from None
             if not data:
                 if rest:
                     yield rest
@@ -339,6 +354,7 @@ def _gzip_blocks(path: str, start: int, block_bytes: int) -> Iterator[bytes]:
                 rest = data
                 continue
             rest = data[cut:]
+            lines += data.count(b"\n", 0, cut)
             yield data[:cut]
 
 
@@ -387,22 +403,25 @@ def _parse_text(
     starts, counts = scan_lines(buf, ord(source.csv.separator), quote)
     line_index = np.arange(counts.shape[0])  # [R] line of each parsed row, relative to the block
     examples: list[RowError] = []
-    wrong = counts != len(names)
+    invalid = _invalid_utf8_lines(block, starts)  # [R] polars cannot read such lines even as text
+    wrong = (counts != len(names)) | invalid
+
+    def reason(i: int) -> str:
+        return (
+            "invalid UTF-8"
+            if invalid[i]
+            else f"{counts[i]} fields, expected {len(names)} ({', '.join(names[:3])}, ...)"
+        )
+
     if wrong.any():
         first = int(np.argmax(wrong))
-        error = RowError(
-            partition.path,
-            f"{counts[first]} fields, expected {len(names)} ({', '.join(names[:3])}, ...)",
-            line=lines.first() + first,
-        )
+        error = RowError(partition.path, reason(first), line=lines.first() + first)
         if on_error is OnError.RAISE:
             if first:  # a bad value on an earlier line is the first error: parse up to this line
                 _parse_text(block[: starts[first]], partition, lines, on_error)
             raise BadInputError(error)
         for i in np.flatnonzero(wrong)[:MAX_EXAMPLES]:
-            examples.append(
-                RowError(partition.path, f"{counts[i]} fields, expected {len(names)}", line=lines.first() + int(i))
-            )
+            examples.append(RowError(partition.path, reason(int(i)), line=lines.first() + int(i)))
         buf = keep_lines(buf, starts, ~wrong)
         line_index = line_index[~wrong]
     skipped = int(wrong.sum())
@@ -424,10 +443,10 @@ def _parse_text(
         frame, bad, first_error = _cast_errors(raw, source.schema)
         if first_error is None:
             raise
-        column, row, value, reason = first_error
+        column, row, value, why = first_error
         if on_error is OnError.RAISE:
             line = lines.first() + int(line_index[row])
-            raise BadInputError(RowError(partition.path, reason, line=line, column=column, value=value)) from None
+            raise BadInputError(RowError(partition.path, why, line=line, column=column, value=value)) from None
         for r in np.flatnonzero(bad)[: MAX_EXAMPLES - len(examples)]:
             col = next(n for n in names if raw[n][int(r)] is not None and frame[n][int(r)] is None)
             line = lines.first() + int(line_index[r])
@@ -435,8 +454,60 @@ def _parse_text(
                 RowError(partition.path, "cannot convert", line=line, column=col, value=str(raw[col][int(r)]))
             )
         frame = frame.filter(pl.Series(~bad))
+        line_index = line_index[~bad]
         skipped += int(bad.sum())
-    return frame, SkipReport(counts.shape[0], skipped, tuple(examples))
+    frame, labels = _check_binary(
+        frame, partition, on_error, lambda r: RowError(partition.path, "", line=lines.first() + int(line_index[r]))
+    )
+    return frame, SkipReport(counts.shape[0], skipped, tuple(examples)).merge(labels)
+
+
+def _invalid_utf8_lines(block: bytes, starts: np.ndarray) -> np.ndarray:
+    """[R] bool: the lines of `block` (bounded by the [R + 1] `starts`) that are not valid UTF-8.
+
+    ASCII and valid UTF-8 blocks (every well-formed file) cost one C-speed check; only a block that
+    fails it is decoded line by line, to name the bad lines.
+    """
+    none = np.zeros(starts.shape[0] - 1, dtype=bool)
+    if block.isascii():
+        return none
+    try:
+        block.decode("utf-8")
+        return none
+    except UnicodeDecodeError:
+        pass
+    for i, (a, b) in enumerate(zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)):
+        try:
+            block[a:b].decode("utf-8")
+        except UnicodeDecodeError:
+            none[i] = True
+    return none
+
+
+def _check_binary(
+    frame: pl.DataFrame, partition: Partition, on_error: OnError, where: Callable[[int], RowError]
+) -> tuple[pl.DataFrame, SkipReport]:
+    """Rows whose label columns (`Source.binary`) hold anything but 0 or 1 (null is left to the ops).
+
+    `where(r)` locates row r of `frame` in its file (the line for text, the row for Parquet).
+    """
+    bad = np.zeros(frame.height, dtype=bool)
+    errors: list[RowError] = []
+    for column in partition.source.binary:
+        values = frame[column]
+        wrong = ((values != 0) & (values != 1)).fill_null(False).to_numpy()  # ints or floats
+        for r in np.flatnonzero(wrong & ~bad)[: MAX_EXAMPLES - len(errors)]:
+            at = where(int(r))
+            errors.append(
+                dataclasses.replace(at, reason="a label must be 0 or 1", column=column, value=str(values[int(r)]))
+            )
+        bad |= wrong
+    if not bad.any():
+        return frame, SkipReport()
+    if on_error is OnError.RAISE:
+        first = min(errors, key=lambda e: (e.line or 0, e.row or 0))
+        raise BadInputError(first)
+    return frame.filter(pl.Series(~bad)), SkipReport(0, int(bad.sum()), tuple(errors))
 
 
 def _conform(
@@ -450,16 +521,22 @@ def _conform(
             f"{partition.path or '<frame>'}: columns {missing} of the schema are missing (has {frame.columns})"
         )
     frame = frame.select(list(schema))
-    if all(frame.schema[c] == d for c, d in schema.items()):
-        return frame, SkipReport(frame.height)
-    cast, bad, first_error = _cast_errors(frame, schema)
-    if first_error is None:
-        return cast, SkipReport(frame.height)
-    column, row, value, reason = first_error
-    error = RowError(partition.path, reason, row_group=row_group, row=row, column=column, value=value)
-    if on_error is OnError.RAISE:
-        raise BadInputError(error)
-    return cast.filter(pl.Series(~bad)), SkipReport(frame.height, int(bad.sum()), (error,))
+    rows = np.arange(frame.height)  # [R] row of each kept row in the row group / frame
+    report = SkipReport(frame.height)
+    if any(frame.schema[c] != d for c, d in schema.items()):
+        cast, bad, first_error = _cast_errors(frame, schema)
+        frame = cast
+        if first_error is not None:
+            column, row, value, reason = first_error
+            error = RowError(partition.path, reason, row_group=row_group, row=row, column=column, value=value)
+            if on_error is OnError.RAISE:
+                raise BadInputError(error)
+            frame, rows = frame.filter(pl.Series(~bad)), rows[~bad]
+            report = SkipReport(report.rows_read, int(bad.sum()), (error,))
+    frame, labels = _check_binary(
+        frame, partition, on_error, lambda r: RowError(partition.path, "", row_group=row_group, row=int(rows[r]))
+    )
+    return frame, report.merge(labels)
 
 
 def read_chunks(partition: Partition, on_error: OnError, block_bytes: int | None = None) -> Iterator[Chunk]:

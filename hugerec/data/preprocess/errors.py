@@ -49,7 +49,9 @@ class BadInputError(ValueError):
     """A row of the input could not be read as the schema says."""
 
     def __init__(self, error: RowError) -> None:
-        super().__init__(f"bad input at {error}; pass on_error='skip' to drop and count such rows")
+        super().__init__(
+            f"bad input at {error}; on_error='skip' (preprocess.on_error = \"skip\" in a config) drops and counts such rows"
+        )
         self.error = error
 
     def __reduce__(self) -> tuple[type[BadInputError], tuple[RowError]]:

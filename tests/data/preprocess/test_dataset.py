@@ -139,5 +139,71 @@ def test_a_directory_means_its_data_files_not_the_side_files(tmp_path: Path, mak
     tsv(frame, text / "day_0")  # no suffix: taken when the format is given
     (text / "schema.json").write_text("{}")
     assert [Path(p).name for p in Dataset.criteo(text).paths] == ["day_0"]
-    with pytest.raises(FileNotFoundError, match="no input files match"):
+    with pytest.raises(FileNotFoundError, match="is a folder with no input files"):
         Dataset(text, format="parquet")
+
+
+SCHEMA = {"label": pl.Int64(), "x": pl.Int64(), "c": pl.String()}
+TSV = CsvOptions(separator="\t", has_header=False, quote_char=None)
+
+
+def _read(path: Path, on_error: OnError = OnError.RAISE) -> tuple[pl.DataFrame, int]:
+    data = Dataset(str(path), format="csv", schema=SCHEMA, csv=TSV, binary=("label",))
+    frames, skipped = [], 0
+    for partition in data.partitions():
+        frame, report = read_partition(partition, on_error)
+        frames.append(frame)
+        skipped += report.rows_skipped
+    return pl.concat(frames), skipped
+
+
+def test_invalid_utf8_names_file_and_line_or_is_skipped(tmp_path: Path):
+    path = tmp_path / "u.tsv"
+    path.write_bytes(b"0\t1\tab\n1\t2\tc\xffd\n0\t3\tok\n")
+    with pytest.raises(BadInputError, match=r"u\.tsv, line 2: invalid UTF-8"):
+        _read(path)
+    frame, skipped = _read(path, OnError.SKIP)
+    assert skipped == 1 and frame["x"].to_list() == [1, 3]
+    gz = tmp_path / "u.tsv.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    with pytest.raises(BadInputError, match=r"u\.tsv\.gz, line 2: invalid UTF-8"):
+        _read(gz)
+
+
+def test_valid_utf8_beyond_ascii_reads_unchanged(tmp_path: Path):
+    path = tmp_path / "u.tsv"
+    path.write_text("0\t1\tcafé\n1\t2\t東京\n", encoding="utf-8")
+    frame, skipped = _read(path)
+    assert skipped == 0 and frame["c"].to_list() == ["café", "東京"]
+
+
+def test_truncated_gzip_is_one_error_naming_the_file(tmp_path: Path):
+    whole = gzip.compress(b"".join(b"0\t%d\tabc\n" % i for i in range(20_000)))
+    path = tmp_path / "cut.tsv.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=r"cut\.tsv\.gz: truncated or damaged gzip file"):
+        _read(path)
+
+
+@pytest.mark.parametrize("label", [b"2", b"-1"])
+def test_labels_other_than_0_and_1_are_bad_input(tmp_path: Path, label: bytes):
+    path = tmp_path / "l.tsv"
+    path.write_bytes(b"0\t1\ta\n" + label + b"\t2\tb\n1\t3\tc\n")
+    with pytest.raises(BadInputError, match=r"l\.tsv, line 2, column 'label': a label must be 0 or 1"):
+        _read(path)
+    frame, skipped = _read(path, OnError.SKIP)
+    assert skipped == 1 and frame["label"].to_list() == [0, 1]
+
+
+def test_parquet_labels_are_checked_with_their_row(tmp_path: Path):
+    path = tmp_path / "l.parquet"
+    pl.DataFrame({"label": [0, 1, 7], "x": [1, 2, 3], "c": ["a", "b", "c"]}).write_parquet(path)
+    data = Dataset(str(path), format="parquet", schema=SCHEMA, binary=("label",))
+    with pytest.raises(BadInputError, match=r"row group 0, row 2, column 'label'.*\(value '7'\)"):
+        read_partition(data.partitions()[0], OnError.RAISE)
+
+
+def test_an_empty_folder_is_named(tmp_path: Path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="is a folder with no input files"):
+        Dataset(str(tmp_path / "empty"), format="csv", schema=SCHEMA)

@@ -29,7 +29,7 @@ from hugerec.cli.config_file import ConfigError, apply_overrides, from_dict, par
 from hugerec.data.preprocess.errors import OnError
 from hugerec.embedding.config import StorageDtype
 from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad, optimizer_from_dict, optimizer_to_dict
-from hugerec.models.config import ModelConfig, model_config_from_dict, model_config_to_dict
+from hugerec.models.config import DLRMConfig, ModelConfig, model_config_from_dict, model_config_to_dict
 from hugerec.training.trainer import TrainConfig
 
 READERS = {Optimizer: optimizer_from_dict}
@@ -184,6 +184,16 @@ def read_model_config(d: Mapping[str, Any]) -> ModelConfig:
     return config
 
 
+def _check_model_fits_embedding(model: ModelConfig, dim: int) -> None:
+    """DLRM's dense arch feeds the dot interaction beside the embeddings, so it must end at their width."""
+    if isinstance(model, DLRMConfig) and model.bottom and model.bottom[-1] != dim:
+        fixed = [*model.bottom[:-1], dim]
+        raise ConfigError(
+            f"model.bottom must end at embedding.dim = {dim} (DLRM's interaction takes the dense arch's output "
+            f"beside the embeddings), got {list(model.bottom)}; e.g. model.bottom=[{','.join(map(str, fixed))}]"
+        )
+
+
 def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read `path` (None: the quickstart), apply `key=value` overrides, check every key and type.
 
@@ -200,7 +210,7 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     cfg = from_dict(RunConfig, data, "", READERS)
     if cfg.train.out_dir is None:
         raise ConfigError("train.out_dir: give a folder for the model, the log and the plot")
-    cfg.model_config()  # check [model] now, not after the data was read
+    _check_model_fits_embedding(cfg.model_config(), cfg.embedding.dim)  # now, not after the data was read
     if path is not None:
         cfg = _resolve_inputs(cfg, Path(path).resolve().parent)
     return cfg

@@ -83,3 +83,9 @@ def test_mistakes(override: str, message: str) -> None:
     with pytest.raises(ConfigError) as e:
         load_run_config(None, [override])
     assert str(e.value).startswith(message)
+
+
+def test_dlrm_bottom_must_end_at_the_embedding_width() -> None:
+    with pytest.raises(ConfigError, match=r"model\.bottom must end at embedding\.dim = 16 .* e\.g\. model\.bottom=\[512,256,16\]"):
+        load_run_config(None, ["model={type='dlrm'}"])
+    assert load_run_config(None, ["model={type='dlrm'}", "embedding.dim=64"]).model_config().bottom == (512, 256, 64)

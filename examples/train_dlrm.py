@@ -3,7 +3,8 @@
     python examples/train_dlrm.py
 
 The generator draws labels from a hidden model, so it knows the best AUC any model can reach
-(the oracle AUC); the script prints the model's AUC next to it.
+(the oracle AUC); the script prints the model's AUC next to it, then saves the model, loads it back
+and scores it again.
 """
 
 import tempfile
@@ -11,7 +12,6 @@ from pathlib import Path
 
 import hugerec as hr
 from hugerec import data, models, training
-from hugerec.embedding.collection import EmbeddingCollection
 
 with tempfile.TemporaryDirectory() as tmp:
     # 1. Data: 13 dense features and 4 categorical ones, ids already in 0..cardinality-1.
@@ -27,8 +27,9 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # 2. Model: one table per categorical feature, trained by a fused row-wise Adagrad inside backward.
     tables = schema.table_configs(dim=16)
-    embedding = EmbeddingCollection(tables, optimizer=hr.RowWiseAdagrad(lr=0.05))
-    model = models.DLRM(embedding, num_dense=13, bottom=[64, 16], top=[64, 32, 1])
+    optimizer = hr.RowWiseAdagrad(lr=0.05)
+    model_config = models.DLRMConfig(bottom=(64, 16), top=(64, 32, 1))
+    model = models.build_model(model_config, tables, num_dense=13, optimizer=optimizer)
 
     # 3. Train one epoch (dense part: Adam), then evaluate; metrics.jsonl, curves.png, checkpoints in out_dir.
     config = training.TrainConfig(epochs=1, lr=0.002, out_dir=str(Path(tmp) / "run"))
@@ -37,3 +38,9 @@ with tempfile.TemporaryDirectory() as tmp:
     final = history.final_eval
     assert final is not None
     print(f"eval AUC {final['auc']:.4f} (oracle {report.oracle_auc['label']:.4f}), logloss {final['logloss']:.4f}")
+
+    # 4. Save the trained model (config, tables, schema and weights), rebuild it from the file, score again.
+    path = training.save_model(Path(tmp) / "model.pt", model, model_config, tables, optimizer, schema.to_dict())
+    saved = training.load_model(path)
+    again = training.evaluate(saved.model, eval_data)
+    print(f"reloaded from {path.name}: eval AUC {again['auc']:.4f}")

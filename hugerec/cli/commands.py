@@ -38,20 +38,19 @@ from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.data.shards import ShardWriter, expand_paths, iter_row_groups
 from hugerec.data.synthetic import SyntheticReport, generate, preset
-from hugerec.distributed.checkpoint import load_checkpoint as load_sharded_checkpoint
 from hugerec.distributed.launch import init_from_env, launched_by_torchrun
 from hugerec.distributed.planner import Workload, plan
 from hugerec.distributed.shard import shard
 from hugerec.embedding.config import TableConfig
-from hugerec.embedding.optimizers import optimizer_from_dict, optimizer_to_dict
-from hugerec.models.config import build_model, model_config_from_dict, model_config_to_dict
+from hugerec.models.config import build_model
 from hugerec.models.model import RecModel
 from hugerec.sparse.batch import Batch
-from hugerec.training.checkpoint import atomic_save
+from hugerec.training.checkpoint import load_checkpoint, read_weights
 from hugerec.training.defaults import auto_batch_size
+from hugerec.training.model_file import load_model as load_model_file
+from hugerec.training.model_file import save_model as save_model_file
 from hugerec.training.trainer import History, evaluate, fit, predict, resolve_device, seed_everything
 
-MODEL_FORMAT = 1
 BEST_MODEL = "best.pt"  # beside model.pt: the best evaluation's weights; evaluate / predict / export's default
 
 
@@ -181,8 +180,6 @@ def train(cfg: RunConfig) -> History:
 
 def _train_distributed(cfg: RunConfig, schema: Schema, tables: list[TableConfig]) -> History:
     """`train` on this rank of a torchrun job: the same model on every rank (same seed), sharded by the plan."""
-    if cfg.train.resume:
-        raise ConfigError("train.resume: resume under torchrun is not supported yet; start a fresh run")
     env = init_from_env()
     try:
         seed_everything(0 if cfg.train.seed is None else cfg.train.seed)  # every rank must build the same model
@@ -207,7 +204,7 @@ def _train_distributed(cfg: RunConfig, schema: Schema, tables: list[TableConfig]
     if env.rank == 0:  # the final sharded checkpoint, read whole in this one process
         assert history.checkpoint is not None  # fit writes one at the end: the CLI always has an out_dir
         whole = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
-        load_sharded_checkpoint(history.checkpoint, whole)
+        load_checkpoint(history.checkpoint, whole)
         save_model(cfg.out_dir / "model.pt", whole, cfg, schema, tables)
         (cfg.out_dir / BEST_MODEL).unlink(missing_ok=True)  # a sharded run keeps no best.pt yet: none stale
         (cfg.out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str) + "\n")
@@ -223,7 +220,7 @@ def _save_best(cfg: RunConfig, history: History, model: RecModel, schema: Schema
     if history.best_checkpoint is None:
         path.unlink(missing_ok=True)
         return
-    best = torch.load(history.best_checkpoint, map_location="cpu", weights_only=True)["model"]
+    best = read_weights(history.best_checkpoint, "train", "best checkpoint")["model"]
     save_model(path, model, cfg, schema, tables, state=best)
 
 
@@ -269,32 +266,19 @@ def save_model(
     tables: list[TableConfig],
     state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """model.pt: the weights (embedding rows included; `state` instead of the model's own when given) and,
-    as JSON, what rebuilds the model."""
-    spec = {
-        "format": MODEL_FORMAT,
-        "model": model_config_to_dict(cfg.model_config()),
-        "tables": [t.to_dict() for t in tables],
-        "num_dense": len(schema.dense),
-        "optimizer": optimizer_to_dict(cfg.embedding.optimizer),
-        "schema": schema.to_dict(),
-    }
-    weights = model.state_dict() if state is None else state
-    return atomic_save({"spec": json.dumps(spec), "state": weights}, path)
+    """model.pt in the library's model format (hugerec.training.save_model), with the data schema; `state`:
+    weights to write instead of the model's own."""
+    opt = cfg.embedding.optimizer
+    return save_model_file(path, model, cfg.model_config(), tables, opt, schema.to_dict(), state=state)
 
 
 def load_model(path: Path) -> tuple[RecModel, Schema]:
     if not path.is_file():
         raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
-    saved = torch.load(path, map_location="cpu", weights_only=True)
-    spec = json.loads(saved["spec"])
-    if spec.get("format") != MODEL_FORMAT:
-        raise ConfigError(f"{path}: model format {spec.get('format')!r}, this hugerec reads {MODEL_FORMAT}")
-    tables = [TableConfig.from_dict(t) for t in spec["tables"]]
-    optimizer = optimizer_from_dict(spec["optimizer"])
-    model = build_model(model_config_from_dict(spec["model"]), tables, spec["num_dense"], optimizer)
-    model.load_state_dict(saved["state"])
-    return model, Schema.from_dict(spec["schema"])
+    saved = load_model_file(path)
+    if saved.schema is None:
+        raise ConfigError(f"{path}: the model file holds no data schema (it was not written by `hugerec train`)")
+    return saved.model, Schema.from_dict(saved.schema)
 
 
 # -- evaluate / predict -------------------------------------------------------------------------

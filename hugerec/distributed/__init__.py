@@ -5,10 +5,9 @@ env = init_from_env()                            # under torchrun (or spawn(worl
 sharding = plan(tables, env.world_size, memory_per_rank=8 << 30, load=Workload(batch_size=4096))
 model = shard(model, sharding)                   # sharded embeddings, dense part under DDP
 for batch in prefetching(model, loader): ...     # each batch's ids travel a step ahead
-save_checkpoint("ckpt/", model, optimizer)       # load_checkpoint on any number of ranks
+hugerec.training.save_checkpoint("ckpt/", step, model, optimizer)   # load_checkpoint on any number of ranks
 """
 
-from hugerec.distributed.checkpoint import load_checkpoint, save_checkpoint
 from hugerec.distributed.comm import CommStats, all_to_all
 from hugerec.distributed.launch import DistEnv, init_from_env, launched_by_torchrun, spawn
 from hugerec.distributed.plan import ShardingKind, ShardingPlan, TablePlacement
@@ -31,10 +30,8 @@ __all__ = [
     "estimate_bytes_sent",
     "init_from_env",
     "launched_by_torchrun",
-    "load_checkpoint",
     "plan",
     "prefetching",
-    "save_checkpoint",
     "shard",
     "sharded_collections",
     "spawn",

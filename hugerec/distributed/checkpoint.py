@@ -1,20 +1,38 @@
-"""Checkpoints with torch.distributed.checkpoint: save on N ranks, load on M ranks or in one process.
+"""The checkpoint directory: save on N ranks, load on M ranks or in one process; never unpickled on load.
 
-Every rank writes what it holds, as pieces in global coordinates, so that any other layout can find
-what it needs (keys of the DCP state dict):
+hugerec.training.save_checkpoint / load_checkpoint (the public calls, which the trainer uses) keep a
+run's checkpoints in directories of this format; `save_checkpoint_dir` / `load_checkpoint_dir` write
+and read one directory for any model, sharded or not.
 
-    dense/<name>                       dense parameters and buffers (replicated: written once)
-    optimizer/...                      the dense optimizer (torch's get_optimizer_state_dict)
+A checkpoint is a directory:
+
+    step-0000001000/
+      index.json          format, version, the tables, the pieces, the caller's `extra` (JSON), and per
+                          file its sha256 and the keys it holds
+      rank-00000.pt       torch.save of {key: tensor} written by rank 0 (dense weights, dense optimizer, the
+      rank-00001.pt       pieces it owns), ... one file per rank; read back with weights_only=True
+
+Keys, in global coordinates, so that any other layout can find what it needs:
+
+    dense/<name>                       dense parameters and buffers (replicated: rank 0 writes them)
+    rank_state/<r>                     optional, what rank r alone knows (RNG states, loader position)
+    optimizer                          the dense optimizer (torch's get_optimizer_state_dict; rank 0)
     emb/<table>/<r0>-<r1>/<c0>-<c1>/<field>
                                        static tables: rows [r0, r1) x columns [c0, c1) of the weights
                                        and of each optimizer-state field (row-wise state: [n], a column
                                        piece keeps its own), and "step" (Adam)
-    emb/<table>/keys<i>/<field>        dynamic tables, one piece per saved shard: keys [n], the rows'
+    emb/<table>/keys<i>of<k>/<c0>-<c1>/<field>
+                                       dynamic tables, one piece per saved shard: keys [n], the rows'
                                        weights and optimizer state, last_step and count; the unknown row
                                        ("unknown.<field>"), the table's step ("table_step"), the
                                        admission sketch ("sketch")
-    hugerec/index                      JSON: format version, the tables, the pieces
-    hugerec/extra                      the caller's `extra` object
+
+A replicated piece is written once, by the lowest rank holding it. Writing is atomic: the ranks write
+into `.<name>.tmp/`, rank 0 adds index.json last and renames the directory into place, so a crash
+leaves the previous checkpoints and at most a temporary directory, never a partial checkpoint under
+a checkpoint's name. Loading reads index.json as JSON, checks each file's sha256 before opening it
+and opens it with torch.load(weights_only=True, mmap=True): nothing in a checkpoint can run code, a
+damaged file is named, and a rank pages in only the pieces it needs.
 
 Loading cuts the pieces to the loader's layout. A static shard reads the pieces overlapping its rows
 and columns; row-wise state merged from column pieces is their width-weighted mean (exact for
@@ -25,11 +43,11 @@ time, and keeps the keys it owns (hash(key) % k for row-wise shards, all of them
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-import pickle
-import warnings
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+import os
+import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,10 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from hugerec.distributed.plan import Shard, ShardingKind
@@ -50,9 +65,11 @@ from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.config import Missing, TableConfig
 from hugerec.embedding.hash_table import HashTableContents
 
-FORMAT_VERSION = 1
-INDEX_KEY = "hugerec/index"
-EXTRA_KEY = "hugerec/extra"
+FORMAT = "hugerec-checkpoint"
+FORMAT_VERSION = 2
+INDEX = "index.json"
+OPTIMIZER_KEY = "optimizer"
+RANK_STATE_PREFIX = "rank_state/"
 
 
 @dataclass(frozen=True)
@@ -75,22 +92,22 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-@contextmanager
-def _single_process_ok() -> Iterator[None]:
-    """DCP warns when it runs without a process group; in one process that is the intent."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
+def _rank_and_world() -> tuple[int, int]:
+    return (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
 
 
-def _dcp_save(state: dict[str, Any], path: str) -> None:
-    with _single_process_ok():
-        dcp.save(state, checkpoint_id=path, no_dist=not _distributed())
+def _all_gather(obj: Any) -> list[Any]:
+    """Every rank's `obj` (JSON-able metadata only), in rank order."""
+    if not _distributed():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
-def _dcp_load(state: dict[str, Any], path: str) -> None:
-    with _single_process_ok():
-        dcp.load(state, checkpoint_id=path, no_dist=not _distributed())
+def _barrier() -> None:
+    if _distributed():
+        dist.barrier()
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -125,41 +142,180 @@ def _dense_state(model: nn.Module, collections: list[str]) -> dict[str, torch.Te
     }
 
 
-# -- save ------------------------------------------------------------------------------------------
-def save_checkpoint(
-    path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, extra: Any = None
-) -> None:
-    """Write `model` (sharded or not), the dense `optimizer` and a picklable `extra` to directory `path`.
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
-    Collective: every rank of the group calls it with the same path (one shared file system).
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    """Whether `path` is a complete checkpoint directory (its index written), not whether it is intact."""
+    return (Path(path) / INDEX).is_file()
+
+
+class _Reader:
+    """The files of one checkpoint: index.json parsed, each data file checked against its sha256 when
+    first opened, and opened with weights_only (never unpickles code) and mmap (pages read on use)."""
+
+    def __init__(self, path: Path, verified: bool = False) -> None:
+        self.path = path
+        self.verified = verified  # every file's sha256 already checked (verify_checkpoint): not again
+        index_path = path / INDEX
+        if not index_path.is_file():
+            raise FileNotFoundError(f"load_checkpoint: {path} is not a checkpoint (no {INDEX})")
+        try:
+            index = json.loads(index_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise ValueError(f"load_checkpoint: {index_path} is damaged (not valid JSON: {e})") from None
+        if not isinstance(index, dict) or index.get("format") != FORMAT:
+            raise ValueError(f"load_checkpoint: {index_path} is not a hugerec checkpoint index")
+        if index.get("version") != FORMAT_VERSION:
+            raise ValueError(
+                f"load_checkpoint: {path} has checkpoint format {index.get('version')}, this hugerec reads {FORMAT_VERSION}"
+            )
+        try:
+            self.tables = {n: TableConfig.from_dict(d) for n, d in index["tables"].items()}
+            self.pieces = [Piece(**d) for d in index["pieces"]]
+            self.files: dict[str, str] = {str(k): str(v) for k, v in index["files"].items()}
+            self.where: dict[str, str] = {str(k): str(v) for k, v in index["keys"].items()}
+            self.extra = index["extra"]
+            self.world_size = int(index["world_size"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"load_checkpoint: {index_path} is damaged (missing or mistyped {e})") from None
+        for name in (*self.files, *self.where.values()):
+            if name not in self.files or "/" in name or "\\" in name or name.startswith("."):
+                raise ValueError(f"load_checkpoint: {index_path} names file {name!r}, not one of its own files")
+        self._open: dict[str, dict[str, Any]] = {}
+
+    def with_prefix(self, prefix: str) -> list[str]:
+        return [k for k in self.where if k.startswith(prefix)]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.where
+
+    def __getitem__(self, key: str) -> Any:
+        name = self.where[key]
+        if name not in self._open:
+            self._open[name] = self._load(name)
+        try:
+            return self._open[name][key]
+        except KeyError:
+            raise ValueError(f"load_checkpoint: {self.path / name} lacks {key!r} that {INDEX} places there") from None
+
+    def check(self, name: str) -> None:
+        p = self.path / name
+        if not p.is_file():
+            raise ValueError(f"load_checkpoint: {p} is missing")
+        got = _sha256(p)
+        if got != self.files[name]:
+            raise ValueError(
+                f"load_checkpoint: {p} is damaged (sha256 {got[:16]}..., {INDEX} says {self.files[name][:16]}...)"
+            )
+
+    def _load(self, name: str) -> dict[str, Any]:
+        if not self.verified:
+            self.check(name)
+        p = self.path / name
+        try:
+            data = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as e:  # torch raises many types for foreign files; weights_only refuses code
+            raise ValueError(f"load_checkpoint: cannot read {p}: {type(e).__name__}: {e}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"load_checkpoint: {p} holds a {type(data).__name__}, not a dict of tensors")
+        return data
+
+
+# -- save ------------------------------------------------------------------------------------------
+def save_checkpoint_dir(
+    path: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    extra: Any = None,
+    rank_state: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write `model` (sharded or not), the dense `optimizer` and a JSON-able `extra` to directory `path`.
+
+    rank_state: what only this rank knows (its RNG states, its loader's position), tensors and plain
+    containers of primitives; `load_rank_state` gives it back to the same rank of a group of the same size.
+    Collective: every rank of the group calls it with the same path (one shared file system). Atomic: a
+    crash leaves `path` as it was (absent, or the previous checkpoint), never half written.
     """
-    path = str(path)
+    final = Path(path)
+    rank, world = _rank_and_world()
+    try:
+        extra_json = json.dumps(extra)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"save_checkpoint: extra must be JSON-able (numbers, strings, lists, dicts): {e}") from None
     collections, placed = holdings(model)
-    state: dict[str, Any] = _dense_state(model, collections)
+    state: dict[str, Any] = _dense_state(model, collections) if rank == 0 else {}
     if optimizer is not None:
-        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+        opt_state = get_optimizer_state_dict(model, optimizer)  # collective under some wrappers: every rank
+        if rank == 0:
+            state[OPTIMIZER_KEY] = opt_state
     pieces: list[Piece] = []
+    tensors: dict[str, Any] = {}
     for p in placed:
-        pieces.append(_save_static(p, state) if p.table.dynamic is None else _save_dynamic(p, state))
-    everyone: list[list[Piece]] = [pieces]
-    if _distributed():
-        everyone = [[] for _ in range(dist.get_world_size())]
-        dist.all_gather_object(everyone, pieces)
-    unique = {piece.prefix: piece for rank_pieces in everyone for piece in rank_pieces}  # replicas: once
-    tables = {p.table.name: p.table.to_dict() for p in placed}
-    if _distributed():
-        gathered: list[dict[str, Any]] = [{} for _ in range(dist.get_world_size())]
-        dist.all_gather_object(gathered, tables)
-        tables = {k: v for d in gathered for k, v in d.items()}
-    state[INDEX_KEY] = json.dumps(
-        {
+        pieces.append(_save_static(p, tensors) if p.table.dynamic is None else _save_dynamic(p, tensors))
+    everyone: list[list[dict[str, Any]]] = _all_gather([dataclasses.asdict(x) for x in pieces])
+    owner: dict[str, int] = {}
+    for r, rank_pieces in enumerate(everyone):
+        for d in rank_pieces:
+            owner.setdefault(d["prefix"], r)  # a replicated piece: the lowest rank holding it writes it
+    mine = {x.prefix for x in pieces if owner[x.prefix] == rank}
+    state.update({k: v for k, v in tensors.items() if k.rsplit("/", 1)[0] in mine})
+    if rank_state is not None:
+        state[f"{RANK_STATE_PREFIX}{rank}"] = dict(rank_state)
+    tables: dict[str, Any] = {}
+    for d in _all_gather({p.table.name: p.table.to_dict() for p in placed}):
+        tables.update(d)
+
+    tmp = final.parent / f".{final.name}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a crash mid-write
+        tmp.mkdir(parents=True)
+    _barrier()
+    name = f"rank-{rank:05d}.pt"
+    with open(tmp / name, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    written = _all_gather((name, _sha256(tmp / name), sorted(state)))
+    if rank == 0:
+        unique = {d["prefix"]: d for rank_pieces in everyone for d in rank_pieces}
+        index = {
+            "format": FORMAT,
             "version": FORMAT_VERSION,
+            "world_size": world,
             "tables": tables,
-            "pieces": [dataclasses.asdict(x) for x in sorted(unique.values(), key=lambda x: x.prefix)],
+            "pieces": [unique[k] for k in sorted(unique)],
+            "files": {n: digest for n, digest, _ in written},
+            "keys": {k: n for n, _, keys in written for k in keys},
+            "extra": json.loads(extra_json),
         }
-    )
-    state[EXTRA_KEY] = pickle.dumps(extra)  # bytes: DCP would flatten a dict into keys of its own
-    _dcp_save(state, path)
+        with open(tmp / INDEX, "w", encoding="utf-8") as f:
+            json.dump(index, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync(tmp)
+        old = final.parent / f".{final.name}.old"
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        _fsync(final.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return final
 
 
 def _save_static(p: Placed, state: dict[str, Any]) -> Piece:
@@ -187,43 +343,65 @@ def _save_dynamic(p: Placed, state: dict[str, Any]) -> Piece:
 
 
 # -- load ------------------------------------------------------------------------------------------
-def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> Any:
-    """Read a checkpoint written by `save_checkpoint` (with any number of ranks) into `model` (sharded any way, or
-    not at all) and the dense `optimizer`; returns the saved `extra`. Collective like `save_checkpoint`.
+def verify_checkpoint(path: str | Path) -> None:
+    """Check every file of the checkpoint at `path` against its sha256 in index.json (ValueError naming
+    the first damaged or missing one; FileNotFoundError when `path` is not a checkpoint)."""
+    reader = _Reader(Path(path))
+    for name in reader.files:
+        reader.check(name)
 
-    Raises ValueError when the checkpoint's tables differ from the model's (rows, dim, optimizer) or
-    lack part of a table.
+
+def load_rank_state(path: str | Path) -> dict[str, Any] | None:
+    """The `rank_state` this rank saved, when the checkpoint was written by a group of this size (None
+    otherwise, or when none was saved)."""
+    reader = _Reader(Path(path))
+    rank, world = _rank_and_world()
+    key = f"{RANK_STATE_PREFIX}{rank}"
+    if reader.world_size != world or key not in reader:
+        return None
+    state = reader[key]
+    if not isinstance(state, dict):
+        raise ValueError(f"load_checkpoint: {path}: {key} is a {type(state).__name__}, not a dict")
+    return state
+
+
+def load_checkpoint_dir(
+    path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, verified: bool = False
+) -> Any:
+    """Read a checkpoint written by `save_checkpoint_dir` (with any number of ranks) into `model` (sharded any way, or
+    not at all) and the dense `optimizer`; returns the saved `extra`. Not collective: each rank reads what it holds.
+
+    verified: the caller has just run verify_checkpoint on it (the files' sha256 are not computed again).
+    Raises ValueError when a file is damaged (named), or the checkpoint's tables differ from the model's
+    (rows, dim, optimizer) or lack part of a table; FileNotFoundError when `path` is not a checkpoint.
     """
-    path = str(path)
-    head: dict[str, Any] = {INDEX_KEY: "", EXTRA_KEY: b""}
-    _dcp_load(head, path)
-    index = json.loads(head[INDEX_KEY])
-    if index.get("version") != FORMAT_VERSION:
-        raise ValueError(
-            f"load_checkpoint: {path} has checkpoint format {index.get('version')}, this hugerec reads {FORMAT_VERSION}"
-        )
-    saved_tables = {n: TableConfig.from_dict(d) for n, d in index["tables"].items()}
-    pieces = [Piece(**d) for d in index["pieces"]]
-    metadata = FileSystemReader(path).read_metadata().state_dict_metadata
+    reader = _Reader(Path(path), verified)
+    where = str(path)
     collections, placed = holdings(model)
     for p in placed:
-        _check_table(p.table, saved_tables.get(p.table.name), path)
-    state: dict[str, Any] = _dense_state(model, collections)
-    if optimizer is not None:
-        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
-    wanted: list[tuple[Placed, list[Piece]]] = []
+        _check_table(p.table, reader.tables.get(p.table.name), where)
+    dense = _dense_state(model, collections)
+    absent = sorted(k for k in dense if k not in reader)
+    if absent:
+        raise ValueError(f"load_checkpoint: {where} lacks the dense weights {[k[6:] for k in absent[:5]]}")
+    if optimizer is not None and OPTIMIZER_KEY not in reader:
+        raise ValueError(f"load_checkpoint: {where} holds no dense optimizer state")
+    with torch.no_grad():
+        for k, v in dense.items():
+            saved = reader[k]
+            if not isinstance(saved, torch.Tensor) or saved.shape != v.shape:
+                raise ValueError(
+                    f"load_checkpoint: {where}: {k[6:]} has shape {getattr(saved, 'shape', None)}, the model {tuple(v.shape)}"
+                )
+            v.copy_(saved)
     for p in placed:
         if p.table.dynamic is None:
-            mine = [x for x in pieces if x.table == p.table.name and _overlap(x, p.shard)]
-            _request(state, mine, metadata)
-            wanted.append((p, mine))
-    _dcp_load(state, path)
-    for p, mine in wanted:
-        _install_static(p, mine, state, path)
-    _load_dynamic(path, placed, pieces, metadata)
+            mine = [x for x in reader.pieces if x.table == p.table.name and _overlap(x, p.shard)]
+            _install_static(p, mine, reader, where)
+    _load_dynamic(reader, placed)
     if optimizer is not None:
-        set_optimizer_state_dict(model, optimizer, state["optimizer"])
-    return pickle.loads(head[EXTRA_KEY])
+        set_optimizer_state_dict(model, optimizer, reader[OPTIMIZER_KEY])
+    return reader.extra
 
 
 def _check_table(t: TableConfig, saved: TableConfig | None, path: str) -> None:
@@ -242,21 +420,12 @@ def _overlap(x: Piece, s: Shard) -> bool:
     return rows and cols
 
 
-def _fields(x: Piece, metadata: Mapping[str, Any]) -> dict[str, str]:
+def _fields(x: Piece, reader: _Reader) -> dict[str, str]:
     """field name -> checkpoint key of every field saved under piece x."""
-    return {k[len(x.prefix) + 1 :]: k for k in metadata if k.startswith(x.prefix + "/")}
+    return {k[len(x.prefix) + 1 :]: k for k in reader.with_prefix(x.prefix + "/")}
 
 
-def _request(state: dict[str, Any], pieces: list[Piece], metadata: Mapping[str, Any]) -> None:
-    """Empty tensors shaped like the saved ones, for DCP to fill."""
-    for x in pieces:
-        for key in _fields(x, metadata).values():
-            m = metadata[key]
-            assert isinstance(m, TensorStorageMetadata), key
-            state[key] = torch.empty(m.size, dtype=m.properties.dtype)
-
-
-def _install_static(p: Placed, pieces: list[Piece], state: dict[str, Any], path: str) -> None:
+def _install_static(p: Placed, pieces: list[Piece], state: _Reader, path: str) -> None:
     """Assemble this shard's rows x columns of every field from the overlapping pieces and load them."""
     s = p.shard
     r0, r1, c0, c1 = s.row_start, s.row_start + s.num_rows, s.col_start, s.col_start + s.dim
@@ -298,29 +467,25 @@ def _install_static(p: Placed, pieces: list[Piece], state: dict[str, Any], path:
         p.local.load_state_dict({f"tables.{p.table.name}.step": out["step"]}, strict=False)
 
 
-def _load_dynamic(path: str, placed: list[Placed], pieces: list[Piece], metadata: Mapping[str, Any]) -> None:
-    """Dynamic tables, one collective read per saved piece (the ranks read different subsets, the same
-    number of times). A shard whose layout was saved as it is (same shard of the same number, same
-    columns and capacity) restores it verbatim; any other collects its keys from every piece."""
-    mine = {p.table.name: p for p in placed if p.table.dynamic is not None}
-    for name in sorted({x.table for x in pieces if x.keys >= 0}):
-        saved = sorted((x for x in pieces if x.table == name), key=lambda x: (x.c0, x.keys))
-        p = mine.get(name)
-        same = None if p is None else next((x for x in saved if _same_layout(x, p)), None)
+def _load_dynamic(reader: _Reader, placed: list[Placed]) -> None:
+    """Dynamic tables, one saved piece at a time. A shard whose layout was saved as it is (same shard of
+    the same number, same columns and capacity) restores it verbatim; any other collects its keys from
+    every piece."""
+    path = str(reader.path)
+    for p in placed:
+        if p.table.dynamic is None:
+            continue
+        name = p.table.name
+        saved = sorted((x for x in reader.pieces if x.table == name), key=lambda x: (x.c0, x.keys))
+        same = next((x for x in saved if _same_layout(x, p)), None)
         by_columns: dict[tuple[int, int], list[dict[str, torch.Tensor]]] = {}
-        for x in saved:
-            state: dict[str, Any] = {}
-            if p is not None and (same is None or x is same):
-                _request(state, [x], metadata)
-            _dcp_load(state, path)
-            if not state or p is None:
-                continue
-            fields = {k[len(x.prefix) + 1 :]: v for k, v in state.items()}
+        for x in [same] if same is not None else saved:
+            fields = {f: reader[k] for f, k in _fields(x, reader).items()}
             if same is not None:
                 _restore_dynamic(p, fields)
             else:
                 by_columns.setdefault((x.c0, x.c1), []).append(_held(fields, p))
-        if p is not None and same is None:
+        if same is None:
             _install_dynamic(p, by_columns, path)
 
 

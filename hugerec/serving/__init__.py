@@ -12,7 +12,7 @@ from hugerec.serving.batching import BatchingConfig
 from hugerec.serving.bundle import Bundle
 from hugerec.serving.cache import CacheConfig, CachePolicy
 from hugerec.serving.export import export_bundle, export_checkpoint
-from hugerec.serving.loader import ServeOptions, load_model
+from hugerec.serving.loader import ServeOptions, load_bundle
 from hugerec.serving.model import InferenceModel
 from hugerec.serving.parameter_server import ParameterServer, TableSpec, TableUpdate
 from hugerec.serving.server import InferenceServer, ServerConfig, serve
@@ -32,7 +32,7 @@ __all__ = [
     "TableUpdate",
     "export_bundle",
     "export_checkpoint",
-    "load_model",
+    "load_bundle",
     "publish_to_directory",
     "publish_to_stream",
     "serve",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 
-from hugerec.serving.protocol import RequestError
+from hugerec.serving.protocol import RequestError, parse_json
 
 if TYPE_CHECKING:
     from hugerec.serving.server import InferenceServer
@@ -123,8 +123,8 @@ def _load_parameters(body: dict[str, Any]) -> dict[str, Any]:
         config = params.get("config")
         if isinstance(config, str):
             try:
-                parsed = json.loads(config)
-            except json.JSONDecodeError as e:
+                parsed = parse_json(config.encode())
+            except (json.JSONDecodeError, UnicodeEncodeError) as e:
                 raise RequestError(f"parameters.config is not valid JSON: {e}") from None
             if not isinstance(parsed, dict):
                 raise RequestError("parameters.config must be a JSON object")

@@ -21,7 +21,7 @@ import json
 import os
 import zipfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import torch
@@ -101,11 +101,26 @@ class Manifest:
                     for t in d["tables"]
                 ),
                 dense_keys=tuple(d["dense_keys"]),
-                files={str(k): str(v) for k, v in d["files"].items()},
+                files={_inside(str(k), where): str(v) for k, v in d["files"].items()},
                 info=dict(d.get("info") or {}),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"{where}: manifest is missing or mistypes {e}") from None
+
+
+def _inside(rel: str, where: str) -> str:
+    """A manifest's file name, refused unless it is a plain relative path inside the bundle (a crafted
+    manifest naming ../../etc/passwd or /etc/hostname would otherwise be opened and hashed)."""
+    p = PurePosixPath(rel)
+    if (
+        not rel
+        or "\\" in rel
+        or p.is_absolute()
+        or PureWindowsPath(rel).drive
+        or any(part in ("..", "") for part in rel.split("/"))
+    ):
+        raise ValueError(f"{where}: file {rel!r} is not a relative path inside the bundle; refusing it")
+    return rel
 
 
 def sha256_file(path: Path) -> str:
@@ -140,8 +155,8 @@ class Bundle:
             raise FileNotFoundError(f"Bundle: {root} has no {MANIFEST} (is it an exported bundle?)")
         try:
             raw = json.loads(manifest_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"Bundle: {manifest_path} is not valid JSON: {e}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise ValueError(f"Bundle: {manifest_path} is not valid JSON: {type(e).__name__}: {e}") from None
         if not isinstance(raw, dict):
             raise ValueError(f"Bundle: {manifest_path} must hold a JSON object")
         manifest = Manifest.from_dict(raw, str(manifest_path))
@@ -157,8 +172,11 @@ class Bundle:
 
     def verify(self) -> None:
         """ValueError naming the first file that is missing or whose sha256 differs from the manifest."""
+        root = self.path.resolve()
         for rel, expected in self.manifest.files.items():
             p = self.path / rel
+            if not p.resolve().is_relative_to(root):  # a link inside the bundle pointing out of it
+                raise ValueError(f"Bundle {self.path}: file {rel} listed in the manifest lies outside the bundle")
             if not p.is_file():
                 raise ValueError(f"Bundle {self.path}: file {rel} listed in the manifest is missing")
             got = sha256_file(p)
@@ -215,3 +233,5 @@ def _refuse_pickles(path: Path) -> None:
                         )
     except zipfile.BadZipFile as e:
         raise ValueError(f"the dense program {path} is not a PT2 archive: {e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ValueError(f"the dense program {path} holds a damaged JSON config: {type(e).__name__}: {e}") from None

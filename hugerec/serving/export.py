@@ -27,7 +27,6 @@ from torch import nn
 
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
-from hugerec.distributed.checkpoint import load_checkpoint as load_distributed_checkpoint
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.delta import collect_delta
 from hugerec.models.model import RecModel
@@ -195,22 +194,10 @@ def _export_bundle(
 def export_checkpoint(checkpoint: str | Path, model: RecModel, out: str | Path, **kwargs: Any) -> Path:
     """Load a training checkpoint into `model` (built with the run's config) and export it.
 
-    checkpoint  a file written by hugerec.training.checkpoint (its "model" entry), or a directory written by
-                hugerec.distributed.checkpoint.save_checkpoint (torch.distributed.checkpoint, any number of ranks)
+    checkpoint  a directory written by hugerec.training.save_checkpoint (by any number of ranks)
     kwargs      as export_bundle
     """
-    path = Path(checkpoint)
-    if path.is_dir():
-        if not (path / ".metadata").is_file():
-            raise FileNotFoundError(
-                f"export_checkpoint: {path} is a directory without torch.distributed.checkpoint .metadata"
-            )
-        load_distributed_checkpoint(path, model)  # any number of ranks, into this unsharded model
-    else:
-        state = load_checkpoint(path)
-        if "model" not in state:
-            raise ValueError(f"export_checkpoint: {path} has no 'model' entry; keys: {sorted(state)}")
-        model.load_state_dict(state["model"])
+    load_checkpoint(checkpoint, model)  # into this unsharded model, whatever the layout that wrote it
     return export_bundle(model, out, **kwargs)
 
 

@@ -1,4 +1,4 @@
-"""load_model: a verified bundle -> a running model version (parameter server, program, updates).
+"""load_bundle: a verified bundle -> a running model version (parameter server, program, updates).
 
     bundle/embeddings  --copied once-->  state_dir/rocksdb   (tier 3: live updates land here)
     state_dir/rocksdb  --preload------>  tier 2 (in process, or Redis)
@@ -99,7 +99,7 @@ class LoadedModel:
         self.model.ps.close()
 
 
-def load_model(path: str | Path, options: ServeOptions | None = None, max_request_rows: int = 65536) -> LoadedModel:
+def load_bundle(path: str | Path, options: ServeOptions | None = None, max_request_rows: int = 65536) -> LoadedModel:
     """Open, verify and load the bundle at `path` (updates are not started: see LoadedModel.start_updates)."""
     options = options or ServeOptions()
     bundle = Bundle.open(path, verify=options.verify)

@@ -43,6 +43,10 @@ class RequestPreprocessor:
             self.dense_names = schema.dense_names
         self.signature = signature
         self.workflow = workflow
+        # the target columns the workflow passes through: a serving row has no label, so they are given
+        # as missing (null) rather than refused by the workflow's output selection
+        fitted = {} if workflow is None or workflow.input_schema is None else workflow.input_schema
+        self.labels = tuple(c for c in (schema.label_names if schema else ()) if c in fitted)
 
     def __call__(self, instances: Sequence[Mapping[str, Any]]) -> ModelInputs:
         if not isinstance(instances, list) or not instances or not all(isinstance(i, dict) for i in instances):
@@ -53,6 +57,8 @@ class RequestPreprocessor:
             )
         if self.workflow is None:
             return decode_instances(instances, self.signature, self.dense_names)
+        if self.labels:
+            instances = [dict.fromkeys(self.labels) | row for row in instances]
         try:
             frame = self.workflow.transform_request(instances)
         except (ValueError, TypeError, pl.exceptions.PolarsError) as e:

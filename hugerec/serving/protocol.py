@@ -111,7 +111,7 @@ def decode_infer_request(
     tensors: dict[str, np.ndarray] = {}
     offset = 0
     for i, spec in enumerate(inputs):
-        name, array, offset = _decode_tensor(spec, i, blob, offset)
+        name, array, offset = _decode_tensor(spec, i, blob, offset, signature.max_rows)
         if name in tensors:
             raise RequestError(f"input {name!r} is given twice")
         tensors[name] = array
@@ -181,7 +181,7 @@ def _binary_layout(header: bytes, signature: Signature) -> _BinaryLayout | None:
         if not isinstance(inputs, list) or not inputs:
             return None
         options = _options(request)
-        specs = [_tensor_spec(spec, i) for i, spec in enumerate(inputs)]
+        specs = [_tensor_spec(spec, i, signature.max_rows) for i, spec in enumerate(inputs)]
     except (json.JSONDecodeError, UnicodeDecodeError, RequestError):
         return None
     names = tuple(spec[0] for spec in specs)
@@ -218,14 +218,18 @@ def parse_json(raw: bytes) -> Any:
 
     orjson when it is installed (3 to 7 times faster on the number lists of tensors); what it refuses
     (NaN literals, integers beyond 64 bits) goes to the standard parser, so that both give every
-    request the same answer.
+    request the same answer. Nesting deeper than the standard parser's recursion allows is a
+    JSONDecodeError too (a request, not a server fault).
     """
     if _orjson is not None:
         try:
             return _orjson.loads(raw)
         except _orjson.JSONDecodeError:
             pass
-    return json.loads(raw)
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise json.JSONDecodeError("arrays or objects nested too deeply", "", 0) from None
 
 
 def to_model_inputs(tensors: Mapping[str, np.ndarray], signature: Signature) -> ModelInputs:
@@ -320,8 +324,8 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     return body[:n], body[n:]
 
 
-def _decode_tensor(spec: object, i: int, blob: bytes, offset: int) -> tuple[str, np.ndarray, int]:
-    name, shape, count, datatype, size = _tensor_spec(spec, i)
+def _decode_tensor(spec: object, i: int, blob: bytes, offset: int, max_rows: int) -> tuple[str, np.ndarray, int]:
+    name, shape, count, datatype, size = _tensor_spec(spec, i, max_rows)
     dtype = _DTYPES[datatype]
     if size is not None:
         if size < 0 or offset + size > len(blob):
@@ -357,8 +361,13 @@ def _decode_tensor(spec: object, i: int, blob: bytes, offset: int) -> tuple[str,
         return name, array.astype(dtype).reshape(shape), offset
 
 
-def _tensor_spec(spec: object, i: int) -> tuple[str, list[int], int, str, int | None]:
-    """One entry of 'inputs' -> (name, shape, element count, datatype, binary_data_size or None)."""
+def _tensor_spec(spec: object, i: int, max_rows: int) -> tuple[str, list[int], int, str, int | None]:
+    """One entry of 'inputs' -> (name, shape, element count, datatype, binary_data_size or None).
+
+    The element count is paid for by the body (JSON values or binary bytes), but a shape with a zero
+    in it is not: [2^40, 0] holds nothing yet its lengths would be 2^40 ints. So no dimension may
+    exceed max(max_rows, element count), checked here, before anything is allocated.
+    """
     # `type(x) is int` also refuses bools (JSON true/false); this runs once per tensor of every request
     if type(spec) is not dict:
         raise RequestError(f"inputs[{i}] must be an object, got {type(spec).__name__}")
@@ -375,6 +384,11 @@ def _tensor_spec(spec: object, i: int) -> tuple[str, list[int], int, str, int | 
             count *= s
     if count < 0 or type(shape) is not list:
         raise RequestError(f"input {name!r}: 'shape' must be a list of non-negative ints, got {shape!r}")
+    if shape and max(shape) > max(max_rows, count):
+        raise RequestError(
+            f"input {name!r}: shape {shape} has a dimension above {max(max_rows, count)} (the server takes at most "
+            f"{max_rows} examples and the tensor holds {count} values)"
+        )
     datatype = spec.get("datatype")
     if type(datatype) is not str or datatype not in _NUMBER_TYPES:
         raise RequestError(

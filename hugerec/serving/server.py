@@ -21,11 +21,11 @@ import logging
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ from starlette.types import Receive, Scope, Send
 
 from hugerec.serving.admin import admin_router
 from hugerec.serving.batching import BatchingConfig, DynamicBatcher, QueueFull
-from hugerec.serving.loader import ServeOptions, load_model
+from hugerec.serving.loader import ServeOptions, load_bundle
 from hugerec.serving.metrics import ServerMetrics
 from hugerec.serving.model import InferenceModel
 from hugerec.serving.preprocess import RequestPreprocessor
@@ -53,6 +53,7 @@ from hugerec.serving.protocol import (
 from hugerec.serving.versions import ModelVersions, ServedModel
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SERVER_NAME = "hugerec"
 _HEADER_LENGTH_KEY = HEADER_LENGTH.lower().encode("latin-1")
@@ -62,7 +63,12 @@ PLATFORM = "hugerec_pytorch"
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """host/port to bind (loopback by default); limits on requests; admin_token enables the admin API."""
+    """host/port to bind (loopback by default); limits on requests; admin_token enables the admin API.
+
+    body_timeout_s: the longest wait for the next part of a request body; a client that sends fewer
+    bytes than its Content-Length gets 408 and the connection is closed. keep_alive_s: how long an
+    idle kept-alive connection stays open (uvicorn's timeout_keep_alive).
+    """
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -71,8 +77,15 @@ class ServerConfig:
     max_request_rows: int = 65536
     admin_token: str | None = None
     seed: int | None = None  # canary routing; None: random
+    body_timeout_s: float = 30.0
+    keep_alive_s: int = 5
 
     def __post_init__(self) -> None:
+        if not (0 < self.body_timeout_s <= 3600 and 0 < self.keep_alive_s <= 3600):
+            raise ValueError(
+                f"ServerConfig: body_timeout_s and keep_alive_s must be in (0, 3600] seconds, got "
+                f"{self.body_timeout_s}, {self.keep_alive_s}"
+            )
         if not 0 <= self.port < 65536:
             raise ValueError(f"ServerConfig: port must be in 0..65535, got {self.port}")
         if self.max_request_bytes < 1024 or self.max_request_rows < 1:
@@ -126,7 +139,7 @@ class InferenceServer:
                 raise RequestError(f"payload of {declared} bytes exceeds the limit of {limit}", status=413)
             chunks, size, more = [], 0, True
             while more:
-                message = await receive()
+                message = await self._next_part(receive())
                 if message["type"] == "http.disconnect":
                     code = 499  # the client went away: nobody to answer
                     return
@@ -141,6 +154,8 @@ class InferenceServer:
         except Exception as e:
             code = _status(e)
             payload, raw = _error_body(e, code), [(b"content-type", b"application/json")]
+            if code == 408:
+                raw.append((b"connection", b"close"))
         finally:
             if code != 499:
                 self._observe(name, served_version, "infer", code, t0)
@@ -193,7 +208,7 @@ class InferenceServer:
 
     def add_bundle(self, path: str | Path, name: str | None = None, version: str | None = None) -> ServedModel:
         """Load an exported bundle and serve it (name and version default to the bundle's manifest)."""
-        loaded = load_model(path, self.options, self.config.max_request_rows)
+        loaded = load_bundle(path, self.options, self.config.max_request_rows)
         m = loaded.bundle.manifest
         name, version = name or m.name, version or m.version
         info = {"bundle": str(loaded.bundle.path), "bundle_id": loaded.bundle.id, **m.info}
@@ -236,12 +251,27 @@ class InferenceServer:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise RequestError(f"payload of {declared} bytes exceeds the limit of {limit}", status=413)
         chunks, size = [], 0
-        async for chunk in request.stream():
+        stream = request.stream()
+        while True:
+            try:
+                chunk = await self._next_part(anext(stream))
+            except StopAsyncIteration:
+                break
             size += len(chunk)
             if size > limit:
                 raise RequestError(f"payload exceeds the limit of {limit} bytes", status=413)
             chunks.append(chunk)
         return b"".join(chunks)
+
+    async def _next_part(self, part: Awaitable[T]) -> T:
+        """The next message of a request body, or 408 after body_timeout_s without one."""
+        try:
+            return await asyncio.wait_for(part, self.config.body_timeout_s)
+        except TimeoutError:
+            raise RequestError(
+                f"the request body did not arrive within {self.config.body_timeout_s} s (fewer bytes than Content-Length?)",
+                status=408,
+            ) from None
 
     async def json_body(self, request: Request) -> dict[str, Any]:
         body = await self._body(request)
@@ -397,6 +427,7 @@ class InferenceServer:
             proxy_headers=False,  # bound to loopback by default; no proxy's X-Forwarded-* is trusted
             server_header=False,
             timeout_graceful_shutdown=5,
+            timeout_keep_alive=self.config.keep_alive_s,
         )
 
     def run(self) -> None:
@@ -452,7 +483,8 @@ def _status(e: Exception) -> int:
 
 
 def _error(e: Exception, code: int) -> Response:
-    return Response(_error_body(e, code), status_code=code, media_type="application/json")
+    headers = {"connection": "close"} if code == 408 else None  # the rest of that body is not read
+    return Response(_error_body(e, code), status_code=code, media_type="application/json", headers=headers)
 
 
 def _error_body(e: Exception, code: int) -> bytes:

@@ -213,8 +213,8 @@ class RedisStreamSource:
                 raw_default = fields.get(f"default:{name}".encode())
                 default = None if raw_default is None else np.frombuffer(raw_default, dtype="<f4")
                 tables.append(TableUpdate(name, keys, rows, default=default))
-        except (KeyError, ValueError, TypeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{where}: malformed update: {e}") from None
+        except (KeyError, ValueError, TypeError, RecursionError) as e:  # RecursionError: JSON nested too deeply
+            raise ValueError(f"{where}: malformed update: {type(e).__name__}: {e}") from None
         raw_dense = fields.get(b"dense")
         return Update(entry_id, tables, None if raw_dense is None else load_dense(raw_dense, where))
 

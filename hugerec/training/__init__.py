@@ -1,7 +1,8 @@
-"""Training: `fit`, `evaluate`, `predict`, metrics, checkpoints and the learning-rate schedule."""
+"""Training: `fit`, `evaluate`, `predict`, metrics, checkpoints, the model file and the learning-rate schedule."""
 
 from hugerec.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hugerec.training.metrics import BinaryMetrics, auc, calibration, logloss, ndcg_at_k, recall_at_k
+from hugerec.training.model_file import SavedModel, load_model, save_model
 from hugerec.training.precision import Precision
 from hugerec.training.schedule import Schedule
 from hugerec.training.trainer import DenseOptimizer, History, TrainConfig, evaluate, fit, predict
@@ -11,6 +12,7 @@ __all__ = [
     "DenseOptimizer",
     "History",
     "Precision",
+    "SavedModel",
     "Schedule",
     "TrainConfig",
     "auc",
@@ -19,9 +21,11 @@ __all__ = [
     "fit",
     "latest_checkpoint",
     "load_checkpoint",
+    "load_model",
     "logloss",
     "ndcg_at_k",
     "predict",
     "recall_at_k",
     "save_checkpoint",
+    "save_model",
 ]

@@ -1,33 +1,58 @@
-"""Atomic checkpoints in a directory, and the RNG states a run needs to resume exactly.
+"""Checkpoints of a run, one format for one process and for W sharded ranks, resumable on any number of ranks.
 
     run/checkpoints/
-      step-0000001000.pt      complete checkpoints, the highest step is the latest
-      step-0000002000.pt
-      .step-0000003000.tmp    a write in progress (or one a crash interrupted): never read
+      step-0000001000/            complete checkpoints, the highest step is the latest; each one is
+      step-0000002000/            hugerec.distributed.checkpoint's directory: index.json + rank-R.pt
+      .step-0000003000.tmp/       a write in progress (or one a crash interrupted): never read
+      step-0000000900.damaged/    a checkpoint that failed its checksums, set aside on resume
 
-A checkpoint is written to a temporary file in the same directory, flushed and fsync'ed, then
-renamed over its final name with os.replace (atomic on POSIX), and the directory is fsync'ed. A
-crash at any point leaves either the previous checkpoints or the new complete one, never a
-truncated file under a checkpoint name. It holds only tensors and plain containers of primitives,
-so it loads with torch.load(weights_only=True): loading a checkpoint cannot run code.
+`save_checkpoint` is collective (every rank calls it; one process is a group of one) and atomic: the
+ranks write into the temporary directory, rank 0 renames it into place once every file and the index
+are on disk. A checkpoint holds the model (embedding tables in global coordinates, so that a group
+of another size, or one process, can read it), the dense optimizer, the caller's JSON `extra`, and
+per rank its `rank_state` (RNG states, loader position): a group of the same size resumes exactly.
+Every file is checked against its sha256 and read with torch.load(weights_only=True): loading a
+checkpoint cannot run code, and a damaged one is named instead of loading as wrong weights.
+
+`atomic_save` / `read_weights` are the single-file versions (the model file uses them): torch.save
+behind an atomic rename, and a read that checks every zip member's CRC-32 first.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
+import shutil
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch import nn
 
-_NAME = re.compile(r"^step-(\d{10})\.pt$")
+from hugerec.distributed import checkpoint as directory_format
+
+log = logging.getLogger(__name__)
+_NAME = re.compile(r"^step-(\d{10})$")
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What `load_checkpoint` read besides the model and optimizer (which it loaded in place)."""
+
+    path: Path
+    extra: Any  # the JSON given to save_checkpoint
+    rank_state: dict[str, Any] | None  # this rank's, when saved by a group of this size; else None
 
 
 def checkpoint_path(directory: str | Path, step: int) -> Path:
-    return Path(directory) / f"step-{step:010d}.pt"
+    return Path(directory) / f"step-{step:010d}"
 
 
 def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
@@ -38,7 +63,7 @@ def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
     found = []
     for p in d.iterdir():
         m = _NAME.match(p.name)
-        if m:
+        if m and directory_format.is_checkpoint(p):
             found.append((int(m.group(1)), p))
     return sorted(found)
 
@@ -48,20 +73,99 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def save_checkpoint(directory: str | Path, step: int, state: dict[str, Any], keep_last: int = 3) -> Path:
-    """Write `state` atomically as the checkpoint of `step`; keep the `keep_last` newest (0: keep all)."""
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def save_checkpoint(
+    directory: str | Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    extra: Any = None,
+    rank_state: Mapping[str, Any] | None = None,
+    keep_last: int = 3,
+) -> Path:
+    """Write the checkpoint of `step` (collective, atomic); keep the `keep_last` newest (0: keep all).
+
+    model: sharded or not; extra: JSON-able; rank_state: this rank's tensors and plain data.
+    """
     if step < 0:
         raise ValueError(f"save_checkpoint: step must be >= 0, got {step}")
     if keep_last < 0:
         raise ValueError(f"save_checkpoint: keep_last must be >= 0, got {keep_last}")
     d = Path(directory)
-    final = atomic_save(state, checkpoint_path(d, step))
-    if keep_last:
-        for _, old in list_checkpoints(d)[:-keep_last]:
-            old.unlink()
-    for stale in d.glob(".step-*.tmp"):  # left behind by a crash mid-write
-        stale.unlink(missing_ok=True)
+    final = directory_format.save_checkpoint_dir(checkpoint_path(d, step), model, optimizer, extra, rank_state)
+    if _rank() == 0:
+        if keep_last:
+            for _, old in list_checkpoints(d)[:-keep_last]:
+                shutil.rmtree(old)
+        for stale in d.glob(".step-*.tmp"):  # left behind by a crash mid-write
+            shutil.rmtree(stale, ignore_errors=True)
+    _barrier()  # nobody lists the directory while rank 0 prunes it
     return final
+
+
+def load_checkpoint(
+    path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, verified: bool = False
+) -> Resumed:
+    """Load the checkpoint at `path` into `model` (sharded any way, or not) and `optimizer`.
+
+    FileNotFoundError when there is none; ValueError (one line, naming the file) when it is damaged or
+    does not fit the model. verified: its checksums were just checked (verify_checkpoint); not again.
+    """
+    p = Path(path)
+    extra = directory_format.load_checkpoint_dir(p, model, optimizer, verified)
+    return Resumed(p, extra, directory_format.load_rank_state(p))
+
+
+def load_latest_checkpoint(
+    directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> Resumed | None:
+    """Load the newest intact checkpoint in `directory` (None when there is none at all).
+
+    Every rank checks the candidates' checksums (all of them get the same answer); a damaged one is
+    reported in one line (a logged warning), renamed `<name>.damaged` by rank 0 so that it no longer
+    poses as a checkpoint, and the next older one is tried. ValueError if none is intact.
+    """
+    found = list_checkpoints(directory)
+    damaged: list[tuple[Path, str]] = []
+    chosen = None
+    for _, path in reversed(found):
+        try:
+            directory_format.verify_checkpoint(path)
+        except ValueError as e:
+            damaged.append((path, str(e)))
+            continue
+        chosen = path
+        break
+    _barrier()  # every rank has verified before any checkpoint is renamed
+    if _rank() == 0:
+        for path, message in damaged:
+            aside = path.with_name(path.name + ".damaged")
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(path, aside)
+            log.warning("%s; moved to %s, resuming from the checkpoint before it", message, aside.name)
+    if chosen is None:
+        if found:
+            raise ValueError(f"load_latest_checkpoint: none of the {len(found)} checkpoints in {directory} is intact")
+        return None
+    return load_checkpoint(chosen, model, optimizer, verified=True)
+
+
+def remove_checkpoints(directory: str | Path) -> None:
+    """Delete every checkpoint in `directory`, set-aside damaged ones included (a fresh run replacing an old one's)."""
+    d = Path(directory)
+    if not d.is_dir():
+        return
+    for p in d.iterdir():
+        if p.is_dir() and (_NAME.match(p.name) or p.name.endswith(".damaged") or p.name.startswith(".step-")):
+            shutil.rmtree(p)
 
 
 def atomic_save(obj: Any, path: str | Path) -> Path:
@@ -78,23 +182,26 @@ def atomic_save(obj: Any, path: str | Path) -> Path:
     return final
 
 
-def remove_checkpoints(directory: str | Path) -> None:
-    """Delete every checkpoint in `directory` (a fresh run replacing an old one's)."""
-    for _, p in list_checkpoints(directory):
-        p.unlink()
-
-
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint written by `save_checkpoint` (weights_only: tensors and primitives only)."""
+def read_weights(path: str | Path, caller: str, what: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """A dict written by torch.save, checked and read without running code: the zip CRC-32 of every
+    member, then torch.load(weights_only=True). Errors name `caller`, the file and what it should be."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"load_checkpoint: no checkpoint at {p}")
+        raise FileNotFoundError(f"{caller}: no {what} at {p}")
+    try:
+        with zipfile.ZipFile(p) as archive:
+            bad = archive.testzip()  # reads every member, compares its CRC-32 with the directory's
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise ValueError(f"{caller}: {p} is damaged or not a {what} ({e})") from None
+    if bad is not None:
+        raise ValueError(f"{caller}: {p} is damaged (checksum mismatch in {bad})")
     try:
         state = torch.load(p, map_location=map_location, weights_only=True)
-    except Exception as e:  # a corrupt or foreign file: say which one
-        raise ValueError(f"load_checkpoint: cannot read {p}: {e}") from e
+    except Exception as e:  # a foreign file, or a pickle that is not plain data: say which one
+        message = " ".join(str(e).split())[:300]
+        raise ValueError(f"{caller}: cannot read {p} as a {what}: {type(e).__name__}: {message}") from None
     if not isinstance(state, dict):
-        raise ValueError(f"load_checkpoint: {p} holds a {type(state).__name__}, not a checkpoint dict")
+        raise ValueError(f"{caller}: {p} holds a {type(state).__name__}, not a {what}")
     return state
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,8 +20,14 @@ from typing import Any
 class RunLog:
     """Appends records to metrics.jsonl and TensorBoard; both optional (out_dir None: keeps nothing)."""
 
-    def __init__(self, out_dir: str | Path | None, tensorboard: bool = True, append: bool = False) -> None:
-        """append=False starts the log afresh (metrics.jsonl and TensorBoard scalars of an old run are removed)."""
+    def __init__(
+        self, out_dir: str | Path | None, tensorboard: bool = True, append: bool = False, resume_step: int | None = None
+    ) -> None:
+        """append=False starts the log afresh (metrics.jsonl and TensorBoard scalars of an old run are removed).
+
+        resume_step (with append): the step of the checkpoint a run resumes from; what the interrupted
+        run logged after it (its steps are run again) is removed from metrics.jsonl and TensorBoard.
+        """
         self.out_dir = None if out_dir is None else Path(out_dir)
         self._file = None
         self._tb: Any = None
@@ -28,12 +35,15 @@ class RunLog:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             if not append:
                 shutil.rmtree(self.out_dir / "tensorboard", ignore_errors=True)
+            elif resume_step is not None:
+                truncate_log(self.out_dir / "metrics.jsonl", resume_step)
             mode = "a" if append else "w"
             self._file = open(self.out_dir / "metrics.jsonl", mode, encoding="utf-8")  # noqa: SIM115 (closed in close())
             if tensorboard:
                 from tensorboardX import SummaryWriter  # imported lazily: it pulls in protobuf
 
-                self._tb = SummaryWriter(str(self.out_dir / "tensorboard"))
+                purge = None if not append or resume_step is None else resume_step + 1
+                self._tb = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=purge)
 
     def write(self, split: str, step: int, values: dict[str, float]) -> None:
         if self._file is not None:
@@ -60,6 +70,26 @@ class RunLog:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def truncate_log(path: Path, step: int) -> None:
+    """Keep the records of metrics.jsonl up to `step` (and none torn by a crash mid-line); atomically."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the last line of a run killed while writing it
+        if isinstance(record, dict) and isinstance(record.get("step"), int | float) and record["step"] <= step:
+            kept.append(line + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def plot_curves(train: Sequence[dict[str, float]], evals: Sequence[dict[str, float]], path: str | Path) -> Path:

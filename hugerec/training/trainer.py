@@ -10,17 +10,20 @@
     stop early                            after early_stopping.patience evaluations without a new best
 
 Early stopping: every evaluation is scored by `early_stopping.metric`; the best one's weights are
-written atomically to checkpoints/best.pt (beside the step-N.pt checkpoints, which keep the last
+written atomically to checkpoints/best.pt (beside the step-N/ checkpoints, which keep the last
 weights) or, without an out_dir, kept in memory when `restore_best` asks for them back. A sharded
 model (torchrun) stops early the same way but keeps no best.pt yet (its rows live on every rank).
 
 Resuming continues exactly: a checkpoint holds the model (with the embedding rows and their
-optimizer state), the dense optimizer, the loss scaler, the loader position, the step and every
-RNG state, and the learning-rate schedule is a pure function of the step.
+optimizer state), the dense optimizer, the step and history, and per rank the loss scaler, the loader
+position and every RNG state; the learning-rate schedule is a pure function of the step.
 
 Under torch.distributed (torchrun) every rank calls `fit` with its own part of the data: rank 0 alone
 shows progress and writes logs, TensorBoard and the plot; logged losses and eval metrics are over all
-ranks; a sharded model is checkpointed collectively into checkpoints/sharded/step-N/ (not resumable yet).
+ranks. Checkpoints are collective, in one format for one process and W ranks (training/checkpoint.py):
+a run resumes exactly on as many ranks as wrote the checkpoint; on another number (or sharded another
+way) the model, optimizer, step and history are restored, while the data order and random streams
+start afresh at that step (the per-rank loader positions and RNG states do not carry over).
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from __future__ import annotations
 import enum
 import itertools
 import math
-import shutil
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -42,13 +44,13 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from hugerec.distributed.checkpoint import save_checkpoint as save_sharded_checkpoint
 from hugerec.distributed.shard import sharded_collections
 from hugerec.sparse.batch import Batch
 from hugerec.training.checkpoint import (
+    Resumed,
     atomic_save,
-    latest_checkpoint,
-    load_checkpoint,
+    load_latest_checkpoint,
+    read_weights,
     remove_checkpoints,
     rng_state,
     save_checkpoint,
@@ -195,16 +197,14 @@ def fit(
     """
     cfg = config or TrainConfig()
     run = _Run(model, train_data, eval_data, cfg, optimizer)
-    if cfg.resume and run.world > 1:
-        raise ValueError("fit: resume under torchrun (world_size > 1) is not supported yet; start a fresh run")
-    resume_from = latest_checkpoint(run.ckpt_dir) if cfg.resume and run.ckpt_dir is not None else None
-    if resume_from is not None:
-        run.load_state_dict(load_checkpoint(resume_from, map_location=run.device))
+    found = load_latest_checkpoint(run.ckpt_dir, model, run.opt) if cfg.resume and run.ckpt_dir is not None else None
+    resume_from = None if found is None else found.path
+    if found is not None:
+        run.resume(found)
     else:
         if run.ckpt_dir is not None and run.rank == 0:
             remove_checkpoints(run.ckpt_dir)  # a fresh run replaces an old run's outputs in out_dir
             (run.ckpt_dir / BEST_NAME).unlink(missing_ok=True)
-            shutil.rmtree(run.ckpt_dir / "sharded", ignore_errors=True)
         if run.world > 1:
             dist.barrier()  # no rank writes a checkpoint before rank 0 has cleared the old ones
         if cfg.seed is not None:
@@ -215,7 +215,8 @@ def fit(
     show = cfg.progress and run.rank == 0
     run.bar = tqdm(total=total, initial=run.step, disable=not show, unit="step", dynamic_ncols=True)
     log_dir = run.out_dir if run.rank == 0 else None
-    run.log = RunLog(log_dir, tensorboard=cfg.tensorboard, append=resume_from is not None)
+    resume_step = None if resume_from is None else run.step
+    run.log = RunLog(log_dir, tensorboard=cfg.tensorboard, append=resume_from is not None, resume_step=resume_step)
     if resume_from is not None:
         run.log.write("resume", run.step, {"epoch": float(run.epoch)})
     done = (cfg.max_steps is not None and run.step >= cfg.max_steps) or run.tracker.stopped
@@ -281,7 +282,7 @@ class _Run:
     ) -> None:
         self.model, self.train_data, self.eval_data, self.cfg = model, train_data, eval_data, cfg
         self.rank, self.world = _rank_and_world()
-        self.sharded = bool(sharded_collections(model))
+        self.sharded = bool(sharded_collections(model))  # best.pt is kept for unsharded models only
         self.device = resolve_device(cfg.device)
         if cfg.precision is Precision.FP16 and self.device.type != "cuda":
             raise ValueError(f"fit: precision fp16 needs a CUDA device (got {self.device}); use bf16 on CPU")
@@ -403,64 +404,57 @@ class _Run:
             path = self.ckpt_dir / BEST_NAME
             if self.world > 1:
                 dist.barrier()  # rank 0 has written best.pt
-            state = load_checkpoint(path, map_location=self.device)["model"]
+            state = read_weights(path, "fit", "best checkpoint", self.device)["model"]
         else:
             assert self.best_state is not None  # save_best kept it at the best evaluation
             state = self.best_state
         self.model.load_state_dict(state)
 
     def checkpoint(self) -> None:
+        """Collective: every rank writes its part of checkpoints/step-N/ (rank 0 keeps the newest keep_checkpoints)."""
         if self.ckpt_dir is None or self.last_checkpoint_step == self.step:
             return
-        if self.sharded:
-            self.history.checkpoint = self.sharded_checkpoint(self.ckpt_dir / "sharded")
-        elif self.rank == 0:
-            self.history.checkpoint = save_checkpoint(
-                self.ckpt_dir, self.step, self.state_dict(), keep_last=self.cfg.keep_checkpoints
-            )
-        self.last_checkpoint_step = self.step
-
-    def sharded_checkpoint(self, directory: Path) -> Path:
-        """Collective: every rank writes its shards to directory/step-N/ (hugerec.distributed's format, readable
-        on any number of ranks or in one process); rank 0 then keeps the keep_checkpoints newest."""
-        target = directory / f"step-{self.step:010d}"
-        history = {"train": self.history.train, "evals": self.history.evals}
-        extra = {"step": self.step, "epoch": self.epoch, "history": history}
-        save_sharded_checkpoint(target, self.model, self.opt, extra=extra)
-        keep = self.cfg.keep_checkpoints
-        if self.rank == 0 and keep:
-            for old in sorted(p for p in directory.glob("step-*") if p.is_dir())[:-keep]:
-                shutil.rmtree(old)
-        return target
-
-    def state_dict(self) -> dict[str, Any]:
         loader = _stateful(self.train_data, "state_dict")
-        return {
+        extra = {
             "step": self.step,
             "epoch": self.epoch,
             "batches_in_epoch": self.batches_in_epoch,
-            "model": self.model.state_dict(),
-            "optimizer": self.opt.state_dict(),
-            "scaler": None if self.scaler is None else self.scaler.state_dict(),
-            "loader": None if loader is None else loader.state_dict(),
-            "rng": rng_state(),
             "history": {"train": self.history.train, "evals": self.history.evals},
             "early_stopping": self.tracker.state_dict(),
         }
+        rank_state = {
+            "scaler": None if self.scaler is None else self.scaler.state_dict(),
+            "loader": None if loader is None else loader.state_dict(),
+            "rng": rng_state(),
+        }
+        self.history.checkpoint = save_checkpoint(
+            self.ckpt_dir, self.step, self.model, self.opt, extra, rank_state, keep_last=self.cfg.keep_checkpoints
+        )
+        self.last_checkpoint_step = self.step
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
+    def resume(self, resumed: Resumed) -> None:
+        """The rest of the run's state, after load_checkpoint has loaded the model and the optimizer."""
+        extra = resumed.extra
+        if not isinstance(extra, dict) or not {"step", "epoch", "batches_in_epoch", "history"} <= extra.keys():
+            raise ValueError(
+                f"fit: {resumed.path} is a checkpoint, but not one written by fit (its extra: {extra!r:.80})"
+            )
+        self.step, self.epoch = int(extra["step"]), int(extra["epoch"])
+        self.batches_in_epoch = int(extra["batches_in_epoch"])
+        self.history.train = list(extra["history"]["train"])
+        self.history.evals = list(extra["history"]["evals"])
+        self.last_eval_step = int(self.history.evals[-1]["step"]) if self.history.evals else -1
+        if "early_stopping" in extra:  # checkpoints from before early stopping have none
+            self.tracker.load_state_dict(extra["early_stopping"])
+        self.last_checkpoint_step = self.step
+        state = resumed.rank_state
+        if state is None:  # written by a group of another size: no rank's stream is ours, start anew here
+            if self.cfg.seed is not None:
+                seed_everything(self.cfg.seed + self.step)
+            self.fast_forward = True
+            return
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
-        self.step, self.epoch = int(state["step"]), int(state["epoch"])
-        self.batches_in_epoch = int(state["batches_in_epoch"])
-        self.history.train = list(state["history"]["train"])
-        self.history.evals = list(state["history"]["evals"])
-        self.last_eval_step = int(self.history.evals[-1]["step"]) if self.history.evals else -1
-        if "early_stopping" in state:  # checkpoints from before early stopping have none
-            self.tracker.load_state_dict(state["early_stopping"])
-        self.last_checkpoint_step = self.step
         set_rng_state(state["rng"])
         if state["loader"] is not None:
             _stateful(self.train_data, "load_state_dict").load_state_dict(state["loader"])

@@ -156,3 +156,18 @@ def test_preprocess_on_error_skip_counts_and_reports(
     assert "2 of 18 rows skipped as bad input" in out and "labels.tsv, line 9, column 'label'" in out
     assert main([*argv, "preprocess.on_error=ignore"]) == 2
     assert "preprocess.on_error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["evaluate", "export", "predict"])
+def test_a_damaged_model_file_is_one_line_naming_it(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#20 defect 8: a damaged model.pt gave a 22-line traceback."""
+    monkeypatch.chdir(tmp_path)
+    model = Path("runs/quickstart/model.pt")
+    model.parent.mkdir(parents=True)
+    model.write_bytes(b"PK\x03\x04" + bytes(200))
+    assert main([command]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hugerec {command}: error: load_model: {model} is damaged")
+    assert err.count("\n") == 1 and "Traceback" not in err

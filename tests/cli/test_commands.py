@@ -1,3 +1,4 @@
+import os
 import shutil
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from hugerec.training.defaults import auto_batch_size
 
 from .conftest import TINY
 
-CRITEO = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "criteo" / "train_examples.txt.gz"
+DATA = Path(os.environ.get("HUGEREC_DATA", Path(__file__).resolve().parents[2] / ".." / "shared" / "data"))
+CRITEO = DATA / "criteo" / "train_examples.txt.gz"
 
 
 def test_synth_and_preprocess_write_trainable_shards(tiny_run: object, tmp_path: Path) -> None:
@@ -89,7 +91,7 @@ def test_dataset_mistakes_are_config_errors(prepared: Path, monkeypatch: pytest.
         evaluate_model(load_run_config(None, [*TINY, "train.out_dir=runs/never"]))
 
 
-@pytest.mark.skipif(not CRITEO.is_file(), reason="the Criteo sample is not in ../shared/data")
+@pytest.mark.skipif(not CRITEO.is_file(), reason="the Criteo sample is not in ../shared/data ($HUGEREC_DATA)")
 def test_the_criteo_sample_config_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = Path(__file__).resolve().parents[2] / "configs" / "criteo_sample.toml"
     monkeypatch.chdir(tmp_path)

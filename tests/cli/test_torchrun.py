@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 
 from hugerec.cli.commands import evaluate_model, load_model
 from hugerec.cli.run_config import load_run_config
+from hugerec.training.checkpoint import list_checkpoints
 
 from .conftest import TINY
 
@@ -45,4 +46,4 @@ def test_torchrun_two_ranks_train_and_write_model(prepared: Path, tmp_path: Path
     # model.pt holds the whole trained model: one process scoring every eval row finds the AUC the ranks agreed on
     assert f"{evaluate_model(load_run_config(None, overrides))['auc']:.4f}" == aucs[0]
     assert (out / "metrics.jsonl").is_file()
-    assert sorted(p.name for p in (out / "checkpoints" / "sharded").iterdir())  # the final sharded checkpoint
+    assert list_checkpoints(out / "checkpoints")  # the final checkpoint, written by both ranks

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import pickle
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-from hugerec.distributed.checkpoint import holdings, load_checkpoint, save_checkpoint
+from hugerec.distributed.checkpoint import INDEX, holdings, is_checkpoint, load_checkpoint_dir, save_checkpoint_dir
 from hugerec.distributed.launch import spawn
 from hugerec.distributed.plan import ShardingPlan, TablePlacement
 from hugerec.distributed.shard import shard
@@ -108,16 +114,16 @@ def _first_part(rank: int, world: int, path: str) -> None:
     model = shard(Small(), PLAN_3)
     opt = dense_optimizer(model)
     train(model, opt, [local(b, rank, world) for b in batches()[:SAVED_AT]])
-    save_checkpoint(path, model, opt, extra={"step": SAVED_AT})
+    save_checkpoint_dir(path, model, opt, extra={"step": SAVED_AT})
 
 
 def _second_part(rank: int, world: int, path: str, out: str) -> int:
     torch.manual_seed(123)  # other initial weights: everything must come from the checkpoint
     model = shard(Small(), PLAN_2)
     opt = dense_optimizer(model)
-    extra = load_checkpoint(path, model, opt)
+    extra = load_checkpoint_dir(path, model, opt)
     train(model, opt, [local(b, rank, world) for b in batches()[extra["step"] :]])
-    save_checkpoint(out, model, opt)
+    save_checkpoint_dir(out, model, opt)
     return int(extra["step"])
 
 
@@ -154,14 +160,14 @@ def test_save_on_3_load_on_2_and_1(tmp_path: Path) -> None:
     torch.manual_seed(5)
     one = Small()
     opt = dense_optimizer(one)
-    assert load_checkpoint(first, one, opt) == {"step": SAVED_AT}
+    assert load_checkpoint_dir(first, one, opt) == {"step": SAVED_AT}
     train(one, opt, batches()[SAVED_AT:])
     assert_same(one, want)
 
     # 3 ranks -> 2 ranks (trained on) -> one process
     torch.manual_seed(6)
     final = Small()
-    load_checkpoint(second, final)
+    load_checkpoint_dir(second, final)
     assert_same(final, want)
 
 
@@ -170,19 +176,87 @@ def test_unsharded_round_trip_and_errors(tmp_path: Path) -> None:
     model = Small()
     opt = dense_optimizer(model)
     train(model, opt, batches()[:1])
-    save_checkpoint(tmp_path / "ck", model, opt, extra=[1, "x"])
+    save_checkpoint_dir(tmp_path / "ck", model, opt, extra=[1, "x"])
     names, placed = holdings(model)
     assert names == ["emb"] and [p.table.name for p in placed] == [t.name for t in TABLES]
 
     fresh = Small()
-    assert load_checkpoint(tmp_path / "ck", fresh) == [1, "x"]
+    assert load_checkpoint_dir(tmp_path / "ck", fresh) == [1, "x"]
     for k, v in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[k], v), k
 
     other = nn.Module()
     other.emb = EmbeddingCollection([TableConfig("a", 21, 4, optimizer=RowWiseAdagrad(lr=0.2))], Adagrad(lr=0.2))
     with pytest.raises(ValueError, match=r"table 'a' has num_rows=21 but .* saved 20"):
-        load_checkpoint(tmp_path / "ck", other)
+        load_checkpoint_dir(tmp_path / "ck", other)
     other.emb = EmbeddingCollection([TableConfig("zz", 3, 4)])
     with pytest.raises(ValueError, match="holds no table 'zz'"):
-        load_checkpoint(tmp_path / "ck", other)
+        load_checkpoint_dir(tmp_path / "ck", other)
+
+
+class _RunsCode:
+    """Unpickling this runs `touch <marker>`: what a crafted checkpoint would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return os.system, (f"touch {self.marker}",)
+
+
+def _saved(tmp_path: Path) -> tuple[Path, Small]:
+    torch.manual_seed(0)
+    model = Small()
+    opt = dense_optimizer(model)
+    train(model, opt, batches()[:1])
+    return save_checkpoint_dir(tmp_path / "ck", model, opt, extra={"step": 1}), model
+
+
+def test_a_crafted_checkpoint_never_runs_code(tmp_path: Path) -> None:
+    """#20 defect 1: DCP's .metadata and the `extra` blob were unpickled; a crafted checkpoint ran os.system."""
+    path, _ = _saved(tmp_path)
+    marker = tmp_path / "pwned"
+    # a leftover DCP metadata pickle is never read
+    (path / ".metadata").write_bytes(pickle.dumps(_RunsCode(marker)))
+    assert load_checkpoint_dir(path, Small()) == {"step": 1}
+    # a data file replaced by a pickle that runs code, its checksum updated to match: refused, nothing ran
+    evil = path / "rank-00000.pt"
+    torch.save({"dense/top.weight": _RunsCode(marker)}, evil)
+    index = json.loads((path / INDEX).read_text())
+    index["files"]["rank-00000.pt"] = hashlib.sha256(evil.read_bytes()).hexdigest()
+    (path / INDEX).write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"cannot read .*rank-00000\.pt: UnpicklingError"):
+        load_checkpoint_dir(path, Small())
+    assert not marker.exists()
+    # an index pointing outside the checkpoint
+    index["keys"]["dense/top.weight"] = "../elsewhere.pt"
+    (path / INDEX).write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"names file '\.\./elsewhere\.pt', not one of its own files"):
+        load_checkpoint_dir(path, Small())
+    with pytest.raises(ValueError, match="extra must be JSON-able"):
+        save_checkpoint_dir(tmp_path / "other", Small(), extra=_RunsCode(marker))
+    assert not (tmp_path / "other").exists() and not marker.exists()
+
+
+def test_damage_is_named_and_a_torn_write_is_not_a_checkpoint(tmp_path: Path) -> None:
+    path, model = _saved(tmp_path)
+    data = path / "rank-00000.pt"
+    raw = bytearray(data.read_bytes())
+    for i in range(len(raw) // 2, len(raw) // 2 + 64):
+        raw[i] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"rank-00000\.pt is damaged \(sha256"):
+        load_checkpoint_dir(path, Small())
+    (path / INDEX).write_text("{")
+    with pytest.raises(ValueError, match=r"index\.json is damaged"):
+        load_checkpoint_dir(path, Small())
+    # a save interrupted before its index: the temporary directory is no checkpoint, the next save sweeps it
+    save_checkpoint_dir(tmp_path / "again", model)
+    torn = tmp_path / ".again.tmp"
+    shutil.copytree(tmp_path / "again", torn)
+    (torn / INDEX).unlink()
+    assert is_checkpoint(tmp_path / "again") and not is_checkpoint(torn)
+    with pytest.raises(FileNotFoundError, match="is not a checkpoint"):
+        load_checkpoint_dir(torn, Small())
+    save_checkpoint_dir(tmp_path / "again", model)  # overwriting a checkpoint in place
+    assert not torn.exists() and load_checkpoint_dir(tmp_path / "again", Small()) is None

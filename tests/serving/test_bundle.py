@@ -58,6 +58,9 @@ def test_manifest_errors(toy: Any, tmp_path: Path) -> None:
     (root / MANIFEST).write_text("{")
     with pytest.raises(ValueError, match="not valid JSON"):
         Bundle.open(root)
+    (root / MANIFEST).write_text("[" * 100_000 + "]" * 100_000)  # nested past the parser's recursion limit
+    with pytest.raises(ValueError, match="not valid JSON: RecursionError"):
+        Bundle.open(root)
 
 
 def _rewrite(src: Path, dst: Path, edit: dict[str, bytes]) -> None:
@@ -94,3 +97,30 @@ def test_programs_with_pickles_are_refused(toy: Any, tmp_path: Path) -> None:
         load_program(tmp_path / "junk.pt2")
     module = load_program(src)
     assert sum(p.numel() for p in module.parameters()) > 0
+
+
+@pytest.mark.parametrize(
+    "name", ["../../etc/passwd", "/etc/hostname", "embeddings/../../x", "a//b", "C:/x", "a\\..\\b"]
+)
+def test_manifests_naming_files_outside_the_bundle_are_refused_before_reading(
+    toy: Any, tmp_path: Path, name: str
+) -> None:
+    """#20 defect 9: verification hashed whatever path the manifest named."""
+    root = copy_bundle(toy, tmp_path)
+    manifest = json.loads((root / MANIFEST).read_text())
+    manifest["files"][name] = "0" * 64
+    (root / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="not a relative path inside the bundle"):
+        Bundle.open(root, verify=False)  # refused when the manifest is read, before any file is
+
+
+def test_a_link_out_of_the_bundle_is_refused(toy: Any, tmp_path: Path) -> None:
+    root = copy_bundle(toy, tmp_path)
+    outside = tmp_path / "secret"
+    outside.write_text("s")
+    (root / "link").symlink_to(outside)
+    manifest = json.loads((root / MANIFEST).read_text())
+    manifest["files"]["link"] = "0" * 64
+    (root / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="file link listed in the manifest lies outside the bundle"):
+        Bundle.open(root)

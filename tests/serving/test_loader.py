@@ -1,4 +1,4 @@
-"""load_model: the state directory belongs to one bundle; tier 2 in process or in Redis; lazy promotion."""
+"""load_bundle: the state directory belongs to one bundle; tier 2 in process or in Redis; lazy promotion."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from hugerec.serving.cache import CacheConfig
 from hugerec.serving.export import export_bundle
-from hugerec.serving.loader import ServeOptions, load_model
+from hugerec.serving.loader import ServeOptions, load_bundle
 from hugerec.serving.protocol import Signature, to_model_inputs
 
 
@@ -24,17 +24,17 @@ def scores(loaded: Any, toy: Any, batch: Any) -> np.ndarray:
 
 def test_state_directory_belongs_to_one_bundle(toy: Any, tmp_path: Path) -> None:
     state = str(tmp_path / "state")
-    load_model(toy.bundle, ServeOptions(state_dir=state)).close()
+    load_bundle(toy.bundle, ServeOptions(state_dir=state)).close()
     other = export_bundle(copy.deepcopy(toy.model), tmp_path / "other", version="2")
     with pytest.raises(ValueError, match="belongs to another bundle"):
-        load_model(other, ServeOptions(state_dir=state))
+        load_bundle(other, ServeOptions(state_dir=state))
 
 
 @pytest.mark.parametrize("tier2", ["memory", "redis"])
 def test_tier2_choice_and_lazy_promotion(toy: Any, tmp_path: Path, tier2: str, request: pytest.FixtureRequest) -> None:
     redis_url = request.getfixturevalue("redis_url") if tier2 == "redis" else None
     options = ServeOptions(state_dir=str(tmp_path / "state"), redis_url=redis_url, preload=False)
-    loaded = load_model(toy.bundle, options)
+    loaded = load_bundle(toy.bundle, options)
     try:
         ps = loaded.model.ps
         assert ps.memory.name == tier2
@@ -51,7 +51,7 @@ def test_tier2_choice_and_lazy_promotion(toy: Any, tmp_path: Path, tier2: str, r
 
 
 def test_explicit_cache_config_and_option_checks(toy: Any, tmp_path: Path) -> None:
-    loaded = load_model(toy.bundle, ServeOptions(state_dir=str(tmp_path / "s"), cache=CacheConfig(rows=16)))
+    loaded = load_bundle(toy.bundle, ServeOptions(state_dir=str(tmp_path / "s"), cache=CacheConfig(rows=16)))
     try:
         assert set(loaded.model.ps.caches) == {"user", "item"}
     finally:

@@ -17,7 +17,7 @@ from hugerec.models.model import RecModel
 from hugerec.models.wide import wide_tables
 from hugerec.models.wide_deep import WideAndDeep
 from hugerec.serving.export import export_bundle
-from hugerec.serving.loader import ServeOptions, load_model
+from hugerec.serving.loader import ServeOptions, load_bundle
 from hugerec.serving.model import CollectionLayout, ModelInputs
 from hugerec.serving.protocol import Signature, to_model_inputs
 from hugerec.sparse.batch import Batch
@@ -30,7 +30,7 @@ def inputs_of(tensors: dict[str, np.ndarray], num_dense: int, features: tuple[st
 
 @pytest.mark.parametrize("b", [1, 7, 64])
 def test_predictions_equal_the_trained_model(toy: Any, tmp_path: Path, b: int) -> None:
-    loaded = load_model(toy.bundle, ServeOptions(state_dir=str(tmp_path / "state")))
+    loaded = load_bundle(toy.bundle, ServeOptions(state_dir=str(tmp_path / "state")))
     try:
         batch = toy.batch(b, seed=b)
         logits = loaded.model.predict(inputs_of(toy.tensors(batch), 4, toy.features))
@@ -72,7 +72,7 @@ def test_every_model_family_exports_and_serves_exactly(tmp_path: Path, index: in
         for table in t.tables:
             t.table_weight(table.name).copy_(torch.randn(table.num_rows, table.dim))
     bundle = export_bundle(model, tmp_path / "bundle")
-    loaded = load_model(bundle, ServeOptions(state_dir=str(tmp_path / "state")))
+    loaded = load_bundle(bundle, ServeOptions(state_dir=str(tmp_path / "state")))
     try:
         sparse = _features(9, index)
         dense = torch.randn(9, 3)
@@ -90,7 +90,7 @@ def test_every_model_family_exports_and_serves_exactly(tmp_path: Path, index: in
 
 
 def test_dense_update_switches_weights_and_checks_them(toy: Any, tmp_path: Path) -> None:
-    loaded = load_model(toy.bundle, ServeOptions(state_dir=str(tmp_path / "state")))
+    loaded = load_bundle(toy.bundle, ServeOptions(state_dir=str(tmp_path / "state")))
     try:
         other = _perturbed_copy(toy.model)  # same rows, other dense weights
         loaded.model.update([], other.state_dict())
@@ -135,7 +135,7 @@ def test_one_id_blocks_merge_and_score_like_per_feature_inputs(toy: Any, tmp_pat
     """Requests carrying an [F, B] id block (one id per feature) give the same scores as the same ids
     given feature by feature, also merged with each other, with per-feature requests, and with
     blocks whose features come in another order."""
-    loaded = load_model(toy.bundle, ServeOptions(state_dir=str(tmp_path / "state")))
+    loaded = load_bundle(toy.bundle, ServeOptions(state_dir=str(tmp_path / "state")))
     try:
         model, rng = loaded.model, np.random.default_rng(0)
         parts, plain = [], []

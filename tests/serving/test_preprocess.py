@@ -117,3 +117,15 @@ def test_multi_hot_columns_become_jagged_ids() -> None:
         pre([{"a": 2.0, "tags": [4]}])
     with pytest.raises(RequestError, match="missing or null in 1 instances"):
         pre([{"a": 2.0, "u": 1, "tags": [4]}, {"a": 2.0, "tags": [4]}])
+
+
+def test_raw_rows_without_the_label_are_scored_when_the_workflow_keeps_it() -> None:
+    """#20 defect 5: the CLI's workflow keeps the label among its output columns; a serving row has none."""
+    workflow = Workflow([Normalize(["a"]), Categorify(["u"])], output_columns=("label", "a", "u"))
+    workflow.fit(pl.DataFrame({"label": [0, 1, 1], "a": [1.0, 3.0, 2.0], "u": ["x", "y", "x"]}))
+    schema = Schema.build(["label"], dense=["a"], sparse={"u": workflow.cardinalities()["u"]})
+    pre = RequestPreprocessor(Signature(1, ("u",)), schema, workflow)
+    inputs = pre([{"a": 3.0, "u": "y"}, {"a": 1.0, "u": "x"}])
+    np.testing.assert_allclose(inputs.dense[:, 0], [1.5**0.5, -(1.5**0.5)], rtol=1e-5)  # (x - 2) / std([1, 3, 2])
+    labelled = pre([{"a": 3.0, "u": "y", "label": 1}, {"a": 1.0, "u": "x"}])  # a label, when sent, is ignored
+    np.testing.assert_array_equal(labelled.dense, inputs.dense)

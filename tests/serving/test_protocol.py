@@ -279,3 +279,47 @@ def test_binary_requests_decode_as_their_json_twin_also_when_the_header_is_cache
     assert _decoded(binary, header) == want  # now from the cached layout
     assert _decoded(binary + b"\0", header)[0] == "error"  # a blob longer than the header says
     assert _decoded(binary[:-1], header)[0] == "error"
+
+
+@pytest.mark.parametrize("shape", [[2**26, 0], [2**40, 0], [0, 2**40], [2**62, 0, 2**62]])
+@pytest.mark.parametrize("binary", [False, True])
+def test_huge_declared_shapes_of_empty_tensors_are_refused_before_allocating(shape: list[int], binary: bool) -> None:
+    """#20 defect 2: a zero in the shape made [2^26, 0] cost 443 MB and [2^40, 0] a MemoryError (500)."""
+    import tracemalloc
+
+    spec: dict[str, object] = {"name": "u", "datatype": "INT64", "shape": shape}
+    if binary:
+        spec["parameters"] = {"binary_data_size": 0}
+        raw = json.dumps({"inputs": [dense(), spec, IDS[1]]}).encode()
+        header_length: str | None = str(len(raw))
+        raw += b"\0"  # one byte so that the binary path is taken; no input claims it
+    else:
+        spec["data"] = []
+        raw, header_length = body([dense(), spec, IDS[1]]), None
+    tracemalloc.start()
+    try:
+        with pytest.raises(RequestError, match="has a dimension above") as e:
+            decode_infer_request(raw, header_length, SIG)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert e.value.status == 400 and peak < 1 << 20
+
+
+def test_a_wide_jagged_tensor_within_its_values_is_accepted() -> None:
+    """The shape bound is max(max_rows, values): [N] ids with lengths may hold more ids than max_rows."""
+    n = 3 * SIG.max_rows
+    jagged = [
+        {"name": "i", "datatype": "INT64", "shape": [n], "data": list(range(n))},
+        {"name": "i.lengths", "datatype": "INT32", "shape": [2], "data": [1, n - 1]},
+    ]
+    inputs, _ = decode_infer_request(body([dense(), IDS[0], *jagged]), None, SIG)
+    np.testing.assert_array_equal(inputs.ids["i"][1], [1, n - 1])
+
+
+def test_deeply_nested_json_is_a_400_not_a_recursion_error() -> None:
+    """#20 defect 3: orjson refuses it, the fallback parser raised RecursionError (500)."""
+    deep = b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(RequestError, match=r"not valid JSON.*nested too deeply") as e:
+        decode_infer_request(deep, None, SIG)
+    assert e.value.status == 400

@@ -311,3 +311,30 @@ def test_scores_are_the_sigmoid_of_the_logits_over_the_whole_float32_range() -> 
     assert out["scores"].dtype == np.float32 and out["logits"] is logits
     np.testing.assert_allclose(out["scores"], torch.sigmoid(torch.from_numpy(logits)).numpy(), rtol=1e-6, atol=1e-38)
     assert list(_outputs(logits, ("scores",))) == ["scores"]
+
+
+def test_a_body_shorter_than_its_content_length_gets_408_and_the_connection_closes(toy: Any, tmp_path: Path) -> None:
+    """#20 defect 11: a client sending fewer bytes than Content-Length held its connection forever."""
+    import socket
+    import time
+
+    srv = InferenceServer(ServerConfig(body_timeout_s=0.5), ServeOptions(state_dir=str(tmp_path / "state")))
+    srv.add_bundle(toy.bundle)
+    try:
+        with BackgroundServer(srv) as url:
+            host, port = url.removeprefix("http://").split(":")
+            for path in ("/v2/models/toy/infer", "/predict"):
+                with socket.create_connection((host, int(port)), timeout=10) as s:
+                    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{".encode())
+                    t0, got = time.monotonic(), b""
+                    while chunk := s.recv(4096):  # b"" once the server closes the connection
+                        got += chunk
+                    assert time.monotonic() - t0 < 8, path
+                head, _, payload = got.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 408"), (path, got)
+                assert b"did not arrive within 0.5 s" in payload
+            assert httpx.get(f"{url}/v2/health/live").status_code == 200  # and it serves on
+    finally:
+        srv.close()
+    with pytest.raises(ValueError, match="body_timeout_s"):
+        ServerConfig(body_timeout_s=0)

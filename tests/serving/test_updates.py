@@ -17,7 +17,7 @@ import torch
 from hugerec.embedding.delta import TableDelta, UnknownRow, write_delta
 from hugerec.models.dlrm import DLRM
 from hugerec.serving.batching import BatchingConfig
-from hugerec.serving.loader import ServeOptions, load_model
+from hugerec.serving.loader import ServeOptions, load_bundle
 from hugerec.serving.parameter_server import TableUpdate
 from hugerec.serving.protocol import Signature, to_model_inputs
 from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
@@ -77,7 +77,7 @@ def test_directory_updates_apply_in_order_and_survive_restarts(toy: Any, tmp_pat
     options = ServeOptions(state_dir=str(tmp_path / "state"))
     new = retrained(toy, 1)
     batch = toy.batch(10, seed=1)
-    loaded = load_model(toy.bundle, options)
+    loaded = load_bundle(toy.bundle, options)
     results: list[str] = []
     watcher = UpdateWatcher(
         loaded.model, DirectorySource(updates), loaded.model.ps.persistent, loaded.state_dir, 0.05, results.append
@@ -91,7 +91,7 @@ def test_directory_updates_apply_in_order_and_survive_restarts(toy: Any, tmp_pat
     assert loaded.model.ps.versions() == {"user": 2, "item": 1}
     loaded.close()
 
-    loaded = load_model(toy.bundle, options)  # restart: rows from RocksDB, dense weights kept in the state dir
+    loaded = load_bundle(toy.bundle, options)  # restart: rows from RocksDB, dense weights kept in the state dir
     try:
         np.testing.assert_allclose(scores(loaded, toy, batch), toy.offline(batch, new), rtol=1e-5, atol=1e-6)
         again = UpdateWatcher(loaded.model, DirectorySource(updates), loaded.model.ps.persistent, loaded.state_dir)
@@ -103,7 +103,7 @@ def test_directory_updates_apply_in_order_and_survive_restarts(toy: Any, tmp_pat
 
 def test_bad_updates_are_refused_whole_and_the_next_one_applies(toy: Any, tmp_path: Path) -> None:
     updates = tmp_path / "updates"
-    loaded = load_model(toy.bundle, ServeOptions(state_dir=str(tmp_path / "state")))
+    loaded = load_bundle(toy.bundle, ServeOptions(state_dir=str(tmp_path / "state")))
     try:
         results: list[str] = []
         watcher = UpdateWatcher(
@@ -136,7 +136,7 @@ def test_bad_updates_are_refused_whole_and_the_next_one_applies(toy: Any, tmp_pa
 
 def test_redis_stream_source(toy: Any, tmp_path: Path, redis_url: str) -> None:
     stream = f"updates-{uuid.uuid4().hex}"
-    loaded = load_model(toy.bundle, ServeOptions(state_dir=str(tmp_path / "state")))
+    loaded = load_bundle(toy.bundle, ServeOptions(state_dir=str(tmp_path / "state")))
     try:
         source = RedisStreamSource(redis_url, stream)
         watcher = UpdateWatcher(loaded.model, source, loaded.model.ps.persistent, loaded.state_dir)
@@ -146,7 +146,9 @@ def test_redis_stream_source(toy: Any, tmp_path: Path, redis_url: str) -> None:
         import redis
 
         redis.Redis.from_url(redis_url).xadd(stream, {"tables": "not json"})
-        assert watcher.poll_once() == 1 and len(watcher.errors) == 1 and "malformed" in watcher.errors[0]
+        redis.Redis.from_url(redis_url).xadd(stream, {"tables": "[" * 100_000 + "]" * 100_000})  # too deep
+        assert watcher.poll_once() == 1 and len(watcher.errors) == 2 and "malformed" in watcher.errors[0]
+        assert "malformed update: RecursionError" in watcher.errors[1]
         batch = toy.batch(6, seed=3)
         np.testing.assert_allclose(scores(loaded, toy, batch), toy.offline(batch, new), rtol=1e-5, atol=1e-6)
         assert loaded.model.ps.persistent is not None

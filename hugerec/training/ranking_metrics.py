@@ -80,7 +80,7 @@ def evaluate_ranking(
     if exclude is not None:
         if len(exclude[0]) != len(offsets):
             raise ValueError(f"evaluate_ranking: exclude has {len(exclude[0]) - 1} users, held_out {len(offsets) - 1}")
-        exclude = _minus(exclude, held_out)
+        exclude = csr_minus(exclude, held_out)
     _, top = top_k(score_block, len(offsets) - 1, num_items, max(ks), exclude, user_block, item_block)
     return list_metrics(top, held_out, num_items, ks)
 
@@ -95,7 +95,7 @@ def subset_csr(csr: CSR, rows: np.ndarray) -> CSR:
     return new_offsets, items[pos]
 
 
-def _minus(a: CSR, b: CSR) -> CSR:
+def csr_minus(a: CSR, b: CSR) -> CSR:
     """Per row, the items of a that are not in b (vectorised anti-join)."""
     def frame(csr: CSR) -> pl.DataFrame:
         return pl.DataFrame({"row": np.repeat(np.arange(len(csr[0]) - 1), np.diff(csr[0])), "item": csr[1]})

@@ -52,11 +52,9 @@ class Interactions:
             if self.frame[c].null_count():
                 raise ValueError(f"Interactions: column {c!r} has {self.frame[c].null_count()} nulls")
         for c, n in (("user", self.num_users), ("item", self.num_items)):
-            if self.frame.height and (int(self.frame[c].min()) < 0 or int(self.frame[c].max()) >= n):  # type: ignore[arg-type]  # polars min/max of Int64 are ints
-                raise ValueError(
-                    f"Interactions: {c} ids must be in 0..{n - 1}, got range "
-                    f"{self.frame[c].min()}..{self.frame[c].max()}"
-                )
+            ids = self.frame[c].to_numpy()
+            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n):
+                raise ValueError(f"Interactions: {c} ids must be in 0..{n - 1}, got range {int(ids.min())}..{int(ids.max())}")
         u, t = self.frame["user"].to_numpy(), self.frame["timestamp"].to_numpy()
         if np.any((u[1:] < u[:-1]) | ((u[1:] == u[:-1]) & (t[1:] < t[:-1]))):
             object.__setattr__(self, "frame", self.frame.sort(["user", "timestamp"], maintain_order=True))

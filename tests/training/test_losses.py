@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from hugerec.training.losses import BPR, NegativeSampler, Negatives, SampledSoftmax, bpr, sampled_softmax
+from hugerec.training.losses import BPR, Negatives, NegativeSampler, SampledSoftmax, bpr, sampled_softmax
 
 
 def test_hand_computed_mixed_with_logq() -> None:

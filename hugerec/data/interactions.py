@@ -21,9 +21,10 @@ import numpy as np
 import polars as pl
 import torch
 
-from hugerec.data.preprocess.dataset import CsvOptions
-from hugerec.data.readers import read
-from hugerec.data.schema import Column, ColumnKind, Schema, ValueType
+from hugerec.data.preprocess.dataset import CsvOptions, Dataset, read_partition
+from hugerec.data.preprocess.errors import OnError
+from hugerec.data.readers import polars_dtype
+from hugerec.data.schema import Column, ColumnKind, ValueType
 from hugerec.sparse.jagged import JaggedTensor
 
 _REQUIRED = ("user", "item", "timestamp")
@@ -99,20 +100,21 @@ def read_interactions(
 ) -> pl.DataFrame:
     """Raw interactions from Parquet or delimited text (plain or .gz); `columns` names the fields in file order.
 
-    Single-byte separators go through the project's readers (errors name file, line and column);
+    Single-byte separators go through the preprocessing Dataset (errors name file, line and column);
     multi-byte separators such as MovieLens' `::` are split in polars and checked the same way.
     Columns default to INT (user/item ids may be STRING, then `categorify` maps them).
     """
     types = types or {}
-    schema = Schema(tuple(Column(c, ColumnKind.SPARSE, types.get(c, ValueType.INT)) for c in columns))
+    cols = [Column(c, ColumnKind.SPARSE, types.get(c, ValueType.INT)) for c in columns]
     path_list = [paths] if isinstance(paths, str | Path) else list(paths)
     if len(separator.encode()) == 1 or str(path_list[0]).endswith(".parquet"):
-        frame, _ = read(path_list, schema, CsvOptions(separator=separator, has_header=has_header))
-        return frame
-    return pl.concat([_read_multibyte(Path(p), schema, separator, has_header) for p in path_list])
+        ds = Dataset(path_list, schema={c.name: polars_dtype(c) for c in cols}, csv=CsvOptions(separator=separator, has_header=has_header))
+        frames = [read_partition(p, OnError.RAISE)[0] for p in ds.partitions()]
+        return pl.concat(frames) if frames else pl.DataFrame(schema={c.name: polars_dtype(c) for c in cols})
+    return pl.concat([_read_multibyte(Path(p), cols, separator, has_header) for p in path_list])
 
 
-def _read_multibyte(path: Path, schema: Schema, separator: str, has_header: bool) -> pl.DataFrame:
+def _read_multibyte(path: Path, columns: list[Column], separator: str, has_header: bool) -> pl.DataFrame:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         lines = pl.Series("line", f.read().splitlines())
@@ -120,7 +122,7 @@ def _read_multibyte(path: Path, schema: Schema, separator: str, has_header: bool
     lines = lines[first:]
     parts = lines.str.split(separator)
     n_fields = parts.list.len()
-    names = [c.name for c in schema.columns]
+    names = [c.name for c in columns]
     bad = (n_fields != len(names)).arg_true()
     if len(bad):
         i = int(bad[0])
@@ -129,7 +131,7 @@ def _read_multibyte(path: Path, schema: Schema, separator: str, has_header: bool
             f"separated by {separator!r}"
         )
     out = {}
-    for j, col in enumerate(schema.columns):
+    for j, col in enumerate(columns):
         raw = parts.list.get(j)
         dtype = pl.Int64 if col.dtype is ValueType.INT else pl.Float32 if col.dtype is ValueType.FLOAT else pl.String
         typed = raw.cast(dtype, strict=False)

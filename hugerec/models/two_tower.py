@@ -5,8 +5,9 @@
     v = model.item_vectors(items)             # [N] ids -> [N, D]
     score = (u * v).sum(-1) / config.temperature
 
-User tower: concat[user-id embedding, mean of the last `max_history` items, mean of the last `recent`
-items, pooled user-feature embeddings] -> MLP -> D. Item tower: concat[item-id embedding, pooled
+User tower: concat[user-id embedding, mean of the last `max_history` items, mean of the last r items
+for each window r in `recent` (the last item alone, the last five: what item-kNN scores from),
+pooled user-feature embeddings] -> MLP -> D. Item tower: concat[item-id embedding, pooled
 item-feature embeddings] -> MLP -> D (no MLP when the item id alone already has width D).
 With COSINE similarity both outputs are L2-normalised, so an inner-product index serves either kind.
 
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, Pooling, TableConfig
+from hugerec.embedding.config import DynamicConfig, Normal, Pooling, TableConfig
 from hugerec.embedding.optimizers import Adam, Optimizer
 from hugerec.models.mlp import MLP
 from hugerec.sparse.features import SparseFeatures
@@ -48,7 +49,8 @@ class TwoTowerConfig:
     item_layers         hidden widths of the item tower's MLP (likewise; none and no item features: no MLP)
     use_user_id         embed the user id (off: the user is their history and features only, no cold ids)
     max_history         items pooled into the long-history feature
-    recent              items pooled into the recent feature (0: no recent feature)
+    recent              window sizes: one pooled feature per window over the last n items (() for none)
+    init_std            embedding rows start as N(0, init_std^2)
     similarity          DOT or COSINE
     temperature         logits are similarity / temperature (in the losses)
     user_features       (name, cardinality) of static user side features
@@ -61,14 +63,17 @@ class TwoTowerConfig:
     item_layers: tuple[int, ...] = ()
     use_user_id: bool = True
     max_history: int = 50
-    recent: int = 5
+    recent: tuple[int, ...] = (1, 5)
     similarity: Similarity = Similarity.DOT
     temperature: float = 1.0
+    init_std: float = 0.05
     user_features: tuple[tuple[str, int], ...] = field(default=())
     item_features: tuple[tuple[str, int], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        for name in ("user_layers", "item_layers", "user_features", "item_features"):
+        if isinstance(self.recent, int):
+            object.__setattr__(self, "recent", (self.recent,) if self.recent else ())
+        for name in ("user_layers", "item_layers", "recent", "user_features", "item_features"):
             object.__setattr__(self, name, tuple(tuple(x) if isinstance(x, list) else x for x in getattr(self, name)))
         if isinstance(self.similarity, str):
             try:
@@ -82,12 +87,16 @@ class TwoTowerConfig:
                 raise ValueError(f"TwoTowerConfig: {name} must be >= 1, got {getattr(self, name)}")
         if any(w < 1 for w in (*self.user_layers, *self.item_layers)):
             raise ValueError(f"TwoTowerConfig: layer widths must be >= 1, got {self.user_layers}, {self.item_layers}")
-        if self.max_history < 0 or self.recent < 0 or self.recent > max(self.max_history, 0):
-            raise ValueError(f"TwoTowerConfig: need 0 <= recent <= max_history, got recent={self.recent}, max_history={self.max_history}")
+        if self.max_history < 0 or any(not 1 <= r <= self.max_history for r in self.recent) or len(set(self.recent)) != len(self.recent):
+            raise ValueError(
+                f"TwoTowerConfig: need distinct windows 1 <= recent <= max_history, got recent={self.recent}, max_history={self.max_history}"
+            )
+        if not self.init_std > 0:
+            raise ValueError(f"TwoTowerConfig: init_std must be > 0, got {self.init_std}")
         if not self.temperature > 0:
             raise ValueError(f"TwoTowerConfig: temperature must be > 0, got {self.temperature}")
         names = [n for n, _ in (*self.user_features, *self.item_features)]
-        reserved = {"user_id", "item_id", "history", "recent"}
+        reserved = {"user_id", "item_id", "history", *(f"recent{r}" for r in self.recent)}
         if len(set(names)) != len(names) or reserved & set(names):
             raise ValueError(f"TwoTowerConfig: side feature names must be unique and not in {sorted(reserved)}, got {names}")
         if any(c < 1 for _, c in (*self.user_features, *self.item_features)):
@@ -165,16 +174,16 @@ class TwoTower(nn.Module):
         if dynamic_users is not None and config.user_features:
             raise ValueError("TwoTower: user side features are indexed by dense user id; they cannot go with dynamic_users")
         self.config, self.num_users, self.num_items = config, num_users, num_items
-        e = config.embedding_dim
+        e, init = config.embedding_dim, Normal(0.0, config.init_std)
         user_tables = []
         if config.use_user_id:
-            user_tables.append(TableConfig("user_id", num_users, e, dynamic=dynamic_users))
+            user_tables.append(TableConfig("user_id", num_users, e, init=init, dynamic=dynamic_users))
         if config.max_history:
-            hist = ("history", "recent") if config.recent else ("history",)
-            user_tables.append(TableConfig("history", num_items, e, features=hist, pooling=Pooling.MEAN))
-        user_tables += [TableConfig(n, c, e, pooling=Pooling.MEAN) for n, c in config.user_features]
-        item_tables = [TableConfig("item_id", num_items, e)]
-        item_tables += [TableConfig(n, c, e, pooling=Pooling.MEAN) for n, c in config.item_features]
+            hist = ("history", *(f"recent{r}" for r in config.recent))
+            user_tables.append(TableConfig("history", num_items, e, features=hist, pooling=Pooling.MEAN, init=init))
+        user_tables += [TableConfig(n, c, e, pooling=Pooling.MEAN, init=init) for n, c in config.user_features]
+        item_tables = [TableConfig("item_id", num_items, e, init=init)]
+        item_tables += [TableConfig(n, c, e, pooling=Pooling.MEAN, init=init) for n, c in config.item_features]
         self.user_embedding = EmbeddingCollection(user_tables, optimizer)
         self.item_embedding = EmbeddingCollection(item_tables, optimizer)
         self.user_side = SideFeatures(user_features or {}, tuple(n for n, _ in config.user_features), num_users, "TwoTower users")
@@ -205,10 +214,8 @@ class TwoTower(nn.Module):
         if cfg.use_user_id:
             parts.append(("user_id", users, ones))
         if cfg.max_history:
-            long_values, long_lengths = recent_tail(history, cfg.max_history)
-            parts.append(("history", long_values, long_lengths))
-            if cfg.recent:
-                parts.append(("recent", *recent_tail(history, cfg.recent)))
+            parts.append(("history", *recent_tail(history, cfg.max_history)))
+            parts += [(f"recent{r}", *recent_tail(history, r)) for r in cfg.recent]
         if self.user_side.names:
             parts += [(n, v, ln) for n, (v, ln) in zip(self.user_side.names, self.user_side.gather(users), strict=True)]
         pooled = self.user_embedding(sparse_features(parts)).values  # [B, sum E]

@@ -157,18 +157,15 @@ def sampled_softmax(
         if log_q is not None:
             logits = logits - log_q[None, :]
         target = torch.arange(b)
-        own = torch.zeros(b, cand_ids.numel(), dtype=torch.bool)
-        own[target, target] = True
+        hits = cand_ids[None, :] == pos_ids[:, None]  # [B, B + M]
+        hits[target, target] = False  # the row's own positive is not an accidental hit
     else:
         pos_logit = (query * pos).sum(dim=1, keepdim=True) / temperature  # [B, 1]
-        cand_ids = torch.cat([pos_ids[:, None], neg_ids[None, :].expand(b, -1)], dim=1)  # [B, 1 + M]
         logits = torch.cat([pos_logit, neg_logits], dim=1)  # [B, 1 + M]
         if log_q is not None:
             logits = logits - torch.cat([log_q[:b, None], log_q[None, b:].expand(b, -1)], dim=1)
         target = torch.zeros(b, dtype=torch.int64)
-        own = torch.zeros_like(logits, dtype=torch.bool)
-        own[:, 0] = True
-    hits = (cand_ids.expand(b, -1) == pos_ids[:, None]) & ~own  # [B, C] accidental hits
+        hits = torch.cat([torch.zeros(b, 1, dtype=torch.bool), neg_ids[None, :] == pos_ids[:, None]], dim=1)  # [B, 1 + M]
     logits = logits.masked_fill(hits, float("-inf"))
     return F.cross_entropy(logits, target)
 

@@ -33,7 +33,7 @@ def _offsets(lengths: torch.Tensor) -> torch.Tensor:
 def test_forward_and_sgd_step_match_plain_torch(similarity: Similarity) -> None:
     torch.manual_seed(0)
     lr = 0.5
-    cfg = TwoTowerConfig(dim=4, embedding_dim=3, user_layers=(5,), max_history=3, recent=1, similarity=similarity,
+    cfg = TwoTowerConfig(dim=4, embedding_dim=3, user_layers=(5,), max_history=3, recent=(1,), similarity=similarity,
                          temperature=0.7, user_features=(("age", 4),), item_features=(("genre", 6),))
     ages = _jagged([[1], [3], [0], [2], [1]])
     genres = _jagged([[0, 1], [2], [], [5, 4, 3], [1], [0], [2]])
@@ -59,7 +59,7 @@ def test_forward_and_sgd_step_match_plain_torch(similarity: Similarity) -> None:
     x_user = torch.cat([
         ref["user_id"](users, torch.arange(3)),
         ref["history"](long_v, _offsets(long_l)),
-        ref["history"](rec_v, _offsets(rec_l)),
+        ref["history"](rec_v, _offsets(rec_l)),  # recent1
         ref["age"](torch.stack(age_rows), torch.arange(3)),
     ], dim=1)
     g_off = torch.cat([torch.zeros(1, dtype=torch.int64), genres.lengths.cumsum(0)])
@@ -99,10 +99,11 @@ def test_dynamic_user_table_takes_raw_ids() -> None:
     ("kwargs", "match"),
     [
         ({"similarity": "euclid"}, "similarity must be one of"),
-        ({"recent": 10, "max_history": 5}, "recent <= max_history"),
+        ({"recent": (10,), "max_history": 5}, "recent <= max_history"),
+        ({"recent": (2, 2)}, "distinct windows"),
         ({"temperature": 0.0}, "temperature"),
         ({"user_features": (("history", 3),)}, "side feature names"),
-        ({"use_user_id": False, "max_history": 0, "recent": 0}, "no input"),
+        ({"use_user_id": False, "max_history": 0, "recent": ()}, "no input"),
     ],
 )
 def test_config_errors(kwargs: dict[str, object], match: str) -> None:

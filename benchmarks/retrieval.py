@@ -279,36 +279,28 @@ def train_throughput(quick: bool, log: Callable[[str], None]) -> list[Record]:
     counts = np.bincount(np.concatenate([b[1].numpy() for b in batches]), minlength=items) + 1.0
     loss_cfg = SampledSoftmax(num_negatives=negs)
     sampler = NegativeSampler(loss_cfg, counts)
-    results = {}
-
-    # hugerec
+    # both models live side by side and their steps alternate, so load changes on the shared VM hit both alike
     torch.manual_seed(0)
     cfg = TwoTowerConfig(
         dim=dim, embedding_dim=dim, user_layers=(hidden,), max_history=hist, recent=(1, 5), similarity=Similarity.COSINE, temperature=0.05
     )
     ours = TwoTower(cfg, users, items, hr.Adam(lr=1e-3))
     opt = torch.optim.Adam(ours.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(0)
-    for i, b in enumerate(batches):
-        if i == warm:
-            start = time.perf_counter()
-        loss = train_step(ours, b, sampler, g)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    results["hugerec-two-tower"] = steps / (time.perf_counter() - start)
-    del ours, opt
-
-    # plain PyTorch
-    torch.manual_seed(0)
     ref = TorchTwoTower(users, items, dim, hidden)
     sparse_opt = torch.optim.SparseAdam([ref.user.weight, ref.history.weight, ref.item.weight], lr=1e-3)
     dense_opt = torch.optim.Adam(ref.mlp.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(0)
-    for i, (u, it, h) in enumerate(batches):
-        if i == warm:
-            start = time.perf_counter()
-        neg = sampler.sample(batch, g)
+    g_ours, g_ref = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    seconds = {"hugerec-two-tower": 0.0, "torch-two-tower": 0.0}
+
+    def ours_step(b: tuple[torch.Tensor, torch.Tensor, JaggedTensor]) -> None:
+        loss = train_step(ours, b, sampler, g_ours)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    def ref_step(b: tuple[torch.Tensor, torch.Tensor, JaggedTensor]) -> None:
+        u, it, h = b
+        neg = sampler.sample(batch, g_ref)
         q = ref.user_vectors(u, h)
         cand = ref.item_vectors(torch.cat([it, neg]))
         log_q = sampler.log_q(torch.cat([it, neg]), batch)
@@ -318,8 +310,14 @@ def train_throughput(quick: bool, log: Callable[[str], None]) -> list[Record]:
         loss.backward()
         sparse_opt.step()
         dense_opt.step()
-    results["torch-two-tower"] = steps / (time.perf_counter() - start)
-    del ref, sparse_opt, dense_opt
+
+    for i, b in enumerate(batches):
+        for method, step in (("hugerec-two-tower", ours_step), ("torch-two-tower", ref_step)):
+            start = time.perf_counter()
+            step(b)
+            if i >= warm:
+                seconds[method] += time.perf_counter() - start
+    results = {m: steps / s for m, s in seconds.items()}
     ratio = results["hugerec-two-tower"] / results["torch-two-tower"]
     log(
         f"  train {shape}, batch {batch}, {negs} negatives, history {hist}: hugerec {results['hugerec-two-tower'] * batch:,.0f} "

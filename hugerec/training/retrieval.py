@@ -122,18 +122,61 @@ def user_vectors(model: RetrievalModel, users: torch.Tensor, history: JaggedTens
     return torch.cat(parts).float() if parts else torch.empty(0, model.dim)
 
 
+@dataclass(frozen=True)
+class Recommendations:
+    """Top-k per user: scores [U, k], items [U, k] (-1 where fewer than k items were left), and
+    cold [U]: True where the user was unknown to the model and got the popularity ranking instead."""
+
+    scores: torch.Tensor
+    items: torch.Tensor
+    cold: torch.Tensor
+
+
 def recommend(
     model: RetrievalModel,
     users: torch.Tensor,
     history: JaggedTensor,
     k: int,
     exclude: CSR | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact top-k items per user: (scores [U, k], item ids [U, k]); exclude: CSR of items not to return per user."""
-    if k > model.num_items:
-        raise ValueError(f"recommend: k = {k} is larger than the catalogue ({model.num_items} items)")
-    q, v = user_vectors(model, users, history), all_item_vectors(model)
-    return top_k(lambda u0, u1, i0, i1: q[u0:u1] @ v[i0:i1].T, users.numel(), model.num_items, k, exclude)
+    item_counts: np.ndarray | None = None,
+) -> Recommendations:
+    """Exact top-k items per user by the model's inner product; exclude: CSR of items not to return per user.
+
+    A user id outside 0..num_users-1 (never seen in training) is a cold start: with `item_counts` it
+    gets the most popular items (marked in `cold`), without them it is an error naming the id.
+    An empty history is an error when the model has nothing else to go on (no user-id embedding).
+    """
+    if k < 1 or k > model.num_items:
+        raise ValueError(f"recommend: k = {k} must be in 1..{model.num_items} (the catalogue's size)")
+    if history.lengths.numel() != users.numel():
+        raise ValueError(f"recommend: {users.numel()} users but {history.lengths.numel()} histories")
+    if history.values.numel() and (int(history.values.min()) < 0 or int(history.values.max()) >= model.num_items):
+        bad = int(history.values[(history.values < 0) | (history.values >= model.num_items)][0])
+        raise ValueError(f"recommend: history item id {bad} is not in the catalogue 0..{model.num_items - 1}")
+    cold = (users < 0) | (users >= model.num_users)
+    if bool(cold.any()) and item_counts is None:
+        raise ValueError(f"recommend: user id {int(users[cold][0])} was never seen in training (0..{model.num_users - 1}) and no item counts were given for a popularity fallback")
+    uses_id = not isinstance(model, TwoTower) or model.config.use_user_id
+    if not uses_id and not (isinstance(model, TwoTower) and model.config.user_features):
+        empty = history.lengths == 0
+        if bool(empty.any()):
+            raise ValueError(f"recommend: user {int(users[empty][0])} has an empty history, and the model has no user-id embedding or user features to go on")
+    warm = ~cold
+    q = torch.zeros(users.numel(), model.dim)
+    if bool(warm.any()):
+        lengths = history.lengths.to(torch.int64)
+        keep_ids = torch.repeat_interleave(warm, lengths)
+        q[warm] = user_vectors(model, users[warm], JaggedTensor(history.values[keep_ids], history.lengths[warm]))
+    v = all_item_vectors(model)
+    pop = torch.from_numpy(np.asarray(item_counts, dtype=np.float32)) if item_counts is not None else torch.zeros(model.num_items)
+
+    def score(u0: int, u1: int, i0: int, i1: int) -> torch.Tensor:
+        s = q[u0:u1] @ v[i0:i1].T  # [b, n]
+        c = cold[u0:u1]
+        return torch.where(c[:, None], pop[i0:i1].expand(u1 - u0, -1), s) if bool(c.any()) else s
+
+    scores, pos = top_k(score, users.numel(), model.num_items, k, exclude)
+    return Recommendations(scores, pos, cold)
 
 
 def evaluate_retrieval(

@@ -149,6 +149,8 @@ def sparse_features(parts: list[tuple[str, torch.Tensor, torch.Tensor]]) -> Spar
 def recent_tail(history: JaggedTensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The last n ids of each bag: (values [N'], lengths [B])."""
     lengths = history.lengths.to(torch.int64)
+    if not lengths.numel() or int(lengths.max()) <= n:  # every bag already fits: nothing to cut
+        return history.values, lengths
     keep = lengths.clamp(max=n)
     ends = lengths_to_offsets(lengths)[1:]
     out_offsets = lengths_to_offsets(keep)

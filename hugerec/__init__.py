@@ -30,7 +30,7 @@ from hugerec.sparse import Batch, JaggedTensor, PooledEmbeddings, SparseFeatures
 
 __version__ = "0.1.0"
 
-_SUBPACKAGES = ("data", "distributed", "models", "serving", "training")
+_SUBPACKAGES = ("data", "distributed", "index", "models", "serving", "training")
 
 __all__ = [
     "SGD",
@@ -52,6 +52,7 @@ __all__ = [
     "__version__",
     "data",
     "distributed",
+    "index",
     "models",
     "serving",
     "training",

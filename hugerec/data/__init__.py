@@ -2,6 +2,18 @@
 
 from hugerec.data import preprocess
 from hugerec.data.criteo import criteo_to_parquet, read_criteo
+from hugerec.data.interactions import (
+    Interactions,
+    Vocabulary,
+    categorify,
+    held_out_csr,
+    histories,
+    iter_examples,
+    last_items,
+    leave_last_out,
+    read_interactions,
+    time_split,
+)
 from hugerec.data.loader import Loader, load
 from hugerec.data.preprocess import Dataset, Workflow
 from hugerec.data.readers import ConvertReport, read, to_parquet
@@ -16,6 +28,7 @@ from hugerec.data.synthetic import (
     iter_tables,
     preset,
 )
+from hugerec.data.synthetic_interactions import InteractionConfig, SyntheticInteractions, generate_interactions
 
 __all__ = [
     "Column",
@@ -25,21 +38,34 @@ __all__ = [
     "DimRule",
     "Hotness",
     "IdDistribution",
+    "InteractionConfig",
+    "Interactions",
     "Loader",
     "Schema",
     "ShardWriter",
     "SyntheticConfig",
+    "SyntheticInteractions",
     "SyntheticReport",
     "ValueType",
+    "Vocabulary",
     "Workflow",
+    "categorify",
     "criteo_to_parquet",
     "generate",
+    "generate_interactions",
+    "held_out_csr",
+    "histories",
+    "iter_examples",
     "iter_tables",
+    "last_items",
+    "leave_last_out",
     "load",
     "prebatch",
     "preprocess",
     "preset",
     "read",
     "read_criteo",
+    "read_interactions",
+    "time_split",
     "to_parquet",
 ]

@@ -20,8 +20,10 @@ from hugerec.models.dcn import CrossStructure, DCNv2
 from hugerec.models.deepfm import DeepFM
 from hugerec.models.dlrm import DLRM
 from hugerec.models.interactions import DotInteraction, FMInteraction
+from hugerec.models.mf import MatrixFactorization
 from hugerec.models.mlp import MLP, Activation
 from hugerec.models.model import RecModel
+from hugerec.models.two_tower import Similarity, TwoTower, TwoTowerConfig
 from hugerec.models.wide import WideArch, wide_tables
 from hugerec.models.wide_deep import WideAndDeep
 
@@ -38,8 +40,12 @@ __all__ = [
     "DeepFMConfig",
     "DotInteraction",
     "FMInteraction",
+    "MatrixFactorization",
     "ModelConfig",
     "RecModel",
+    "Similarity",
+    "TwoTower",
+    "TwoTowerConfig",
     "WideAndDeep",
     "WideAndDeepConfig",
     "WideArch",

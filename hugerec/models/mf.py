@@ -1,0 +1,58 @@
+"""Matrix factorisation: score(u, i) = p_u . q_i, the simplest retrieval baseline, on one EmbeddingCollection.
+
+    model = MatrixFactorization(num_users=U, num_items=I, dim=64, optimizer=hr.Adam(lr=1e-2))
+    model.user_vectors(users, history)   # [B, D]  (history is accepted for the common interface, unused)
+    model.item_vectors(items)            # [N, D]
+
+The same interface as `TwoTower`, so losses, metrics, the index and recommend work for both.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.config import DynamicConfig, Normal, TableConfig
+from hugerec.embedding.optimizers import Adam, Optimizer
+from hugerec.sparse.features import SparseFeatures
+from hugerec.sparse.jagged import JaggedTensor
+
+
+class MatrixFactorization(nn.Module):
+    def __init__(
+        self,
+        num_users: int,
+        num_items: int,
+        dim: int = 64,
+        optimizer: Optimizer = Adam(lr=1e-2),  # noqa: B008  # frozen dataclass: immutable default
+        temperature: float = 1.0,
+        init_std: float = 0.1,
+        dynamic_users: DynamicConfig | None = None,
+    ) -> None:
+        super().__init__()
+        if num_users < 1 or num_items < 1 or dim < 1:
+            raise ValueError(f"MatrixFactorization: num_users, num_items and dim must be >= 1, got {num_users}, {num_items}, {dim}")
+        if not temperature > 0:
+            raise ValueError(f"MatrixFactorization: temperature must be > 0, got {temperature}")
+        self.num_users, self.num_items, self._dim, self._temperature = num_users, num_items, dim, temperature
+        init = Normal(0.0, init_std)
+        # two collections: one lookup (one optimizer step) per table per training step
+        self.user_embedding = EmbeddingCollection([TableConfig("user_id", num_users, dim, init=init, dynamic=dynamic_users)], optimizer)
+        self.item_embedding = EmbeddingCollection([TableConfig("item_id", num_items, dim, init=init)], optimizer)
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def temperature(self) -> float:
+        return self._temperature
+
+    def user_vectors(self, users: torch.Tensor, history: JaggedTensor | None = None) -> torch.Tensor:
+        """users [B] int64 -> [B, D]."""
+        return self.user_embedding(SparseFeatures(("user_id",), users, torch.ones_like(users, dtype=torch.int32))).values
+
+    def item_vectors(self, items: torch.Tensor) -> torch.Tensor:
+        """items [N] int64 -> [N, D]."""
+        return self.item_embedding(SparseFeatures(("item_id",), items, torch.ones_like(items, dtype=torch.int32))).values

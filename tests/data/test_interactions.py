@@ -1,0 +1,128 @@
+"""Interaction logs: reading (incl. `::`), categorify, splits, histories and examples vs plain-Python references."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hugerec.data.interactions import (
+    Interactions,
+    categorify,
+    held_out_csr,
+    histories,
+    iter_examples,
+    last_items,
+    leave_last_out,
+    read_interactions,
+    time_split,
+)
+
+DATA = Path(os.environ.get("HUGEREC_DATA", Path(__file__).resolve().parents[2] / ".." / "shared" / "data"))
+ML1M = DATA / "movielens" / "ml-1m" / "ratings.dat.gz"
+
+
+def _frame(rows: list[tuple[int, int, int]]) -> pl.DataFrame:
+    return pl.DataFrame({"user": [r[0] for r in rows], "item": [r[1] for r in rows], "timestamp": [r[2] for r in rows]},
+                        schema={"user": pl.Int64, "item": pl.Int64, "timestamp": pl.Int64})
+
+
+_rows = st.lists(st.tuples(st.integers(0, 5), st.integers(0, 7), st.integers(0, 4)), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_rows)
+def test_leave_last_out_and_examples_match_reference(rows: list[tuple[int, int, int]]) -> None:
+    data = Interactions(_frame(rows), 6, 8)
+    train, test = leave_last_out(data)
+    # reference: per user, stable sort by timestamp, last one held out when the user has >= 2 events
+    per_user: dict[int, list[tuple[int, int]]] = {}
+    for u, i, t in rows:
+        per_user.setdefault(u, []).append((t, i))
+    want_train, want_test = [], []
+    for u, ev in sorted(per_user.items()):
+        ev = sorted(ev, key=lambda x: x[0])  # stable: ties keep row order
+        items = [i for _, i in ev]
+        (want_train.extend((u, i) for i in items[:-1]), want_test.append((u, items[-1]))) if len(items) > 1 else want_train.extend((u, i) for i in items)
+    assert list(zip(train.frame["user"], train.frame["item"], strict=True)) == want_train
+    assert list(zip(test.frame["user"], test.frame["item"], strict=True)) == want_test
+    offsets, items = histories(train)
+    for u in range(6):
+        assert items[offsets[u] : offsets[u + 1]].tolist() == [i for uu, i in want_train if uu == u]
+    # every example's history is the user's previous (at most 3) items
+    seen = 0
+    for users, targets, hist in iter_examples(train, batch_size=4, max_history=3, seed=1):
+        ends = np.cumsum(hist.lengths.numpy())
+        for b in range(users.numel()):
+            h = hist.values[ends[b] - int(hist.lengths[b]) : ends[b]].tolist()
+            u_items = [i for uu, i in want_train if uu == int(users[b])]
+            assert len(h) <= 3 and u_items  # the user has events
+            # h followed by the target is a contiguous window of the user's list ending at the target
+            window = [*h, int(targets[b])]
+            assert any(u_items[s : s + len(window)] == window and (s == 0 or len(h) == 3) for s in range(len(u_items)))
+            seen += 1
+    assert seen == train.num_events
+
+
+def test_time_split_and_categorify() -> None:
+    raw = pl.DataFrame({"user": ["b", "a", "b", "c"], "item": [30, 10, 10, 20], "timestamp": [5, 1, 3, 9]})
+    data, vocab = categorify(raw)
+    assert vocab.users.tolist() == ["a", "b", "c"] and vocab.items.tolist() == [10, 20, 30]
+    assert data.frame.rows() == [(0, 0, 1), (1, 0, 3), (1, 2, 5), (2, 1, 9)]
+    train, test = time_split(data, cutoff=5)
+    assert train.frame["timestamp"].to_list() == [1, 3] and test.frame["timestamp"].to_list() == [5, 9]
+    train, test = time_split(data, fraction=0.5)
+    assert train.num_events + test.num_events == 4 and test.frame["timestamp"].min() >= train.frame["timestamp"].max()  # type: ignore[operator]  # ints
+    with pytest.raises(ValueError, match="exactly one"):
+        time_split(data)
+    offsets, _ = held_out_csr(test)
+    assert offsets.tolist()[-1] == test.num_events
+
+
+def test_last_items_empty_and_errors() -> None:
+    jt = last_items(np.array([0, 0, 2]), np.array([5, 6]), np.array([0, 1]), max_len=5)
+    assert jt.lengths.tolist() == [0, 2] and jt.values.tolist() == [5, 6]
+    with pytest.raises(ValueError, match=r"item ids must be in 0\.\.2"):
+        Interactions(_frame([(0, 3, 0)]), 1, 3)
+    with pytest.raises(ValueError, match="must be Int64"):
+        Interactions(pl.DataFrame({"user": [0.5], "item": [0], "timestamp": [0]}), 1, 1)
+
+
+def test_read_multibyte_separator(tmp_path: Path) -> None:
+    path = tmp_path / "r.dat.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("1::10::5::100\n2::11::3::50\n")
+    frame = read_interactions(path, ("user", "item", "rating", "timestamp"), separator="::")
+    assert frame.rows() == [(1, 10, 5, 100), (2, 11, 3, 50)]
+    bad = tmp_path / "bad.dat"
+    bad.write_text("1::10::5::100\n2::x::3::50\n")
+    with pytest.raises(ValueError, match=r"bad.dat: line 2, column 'item': 'x'"):
+        read_interactions(bad, ("user", "item", "rating", "timestamp"), separator="::")
+    bad.write_text("1::10::5\n")
+    with pytest.raises(ValueError, match="line 1: 3 fields, expected 4"):
+        read_interactions(bad, ("user", "item", "rating", "timestamp"), separator="::")
+
+
+def test_read_csv_through_project_readers(tmp_path: Path) -> None:
+    path = tmp_path / "log.csv"
+    path.write_text("user,item,timestamp\n1,2,3\n4,5,6\n")
+    frame = read_interactions(path, has_header=True)
+    assert frame.rows() == [(1, 2, 3), (4, 5, 6)]
+
+
+@pytest.mark.skipif(not ML1M.exists(), reason="MovieLens-1M sample not present")
+def test_movielens_1m_leave_last_out() -> None:
+    raw = read_interactions(ML1M, ("user", "item", "rating", "timestamp"), separator="::")
+    data, _ = categorify(raw)
+    train, test = leave_last_out(data)
+    assert test.num_events == data.num_users and train.num_events + test.num_events == raw.height
+    last = data.frame.group_by("user").agg(pl.col("timestamp").max()).sort("user")["timestamp"]
+    assert (test.frame.sort("user")["timestamp"] == last).all()
+    assert torch.is_tensor(last_items(*histories(train), np.array([0]), 5).values)

@@ -1,0 +1,193 @@
+"""Retrieval losses: sampled softmax (in-batch, sampled from the catalogue, or both) with logQ correction, and BPR.
+
+    sampler = NegativeSampler(SampledSoftmax(), item_counts)          # the default: mixed negatives
+    neg_ids = sampler.sample(generator)                                # [M] catalogue negatives
+    loss = sampled_softmax(query, pos, pos_ids, neg, neg_ids, sampler.log_q(...), cfg)
+
+Sampled softmax approximates the full softmax over the catalogue with a candidate set: the batch's
+positives (in-batch negatives), M items drawn from the catalogue (uniformly or by popularity^alpha),
+or both (mixed negative sampling, Yang et al. 2020). A candidate set drawn non-uniformly favours
+popular items, and an uncorrected model learns to push them down: logQ correction (Bengio & Senecal
+2008; Yi et al. 2019) subtracts log E[count of item j in the candidate set] from every logit,
+
+    log_q[j] = log(B * p_data(j) [in-batch] + M * p_neg(j) [sampled]),
+
+which makes the sampled softmax a consistent estimate of the full one. In-batch negatives alone
+collapse on popular items (the default is therefore MIXED). Accidental hits, a candidate equal to the
+row's own positive item but in another column, are masked out of the softmax.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+class Negatives(enum.Enum):
+    IN_BATCH = "in_batch"  # the other rows' positives
+    UNIFORM = "uniform"  # M items uniform over the catalogue
+    POPULARITY = "popularity"  # M items ~ count^alpha
+    MIXED = "mixed"  # in-batch plus M items ~ count^alpha (alpha = 0: uniform)
+
+
+@dataclass(frozen=True)
+class SampledSoftmax:
+    """negatives       which candidate set (MIXED: in-batch plus M sampled)
+    num_negatives      M sampled items per batch (shared by all rows); ignored for IN_BATCH
+    alpha              sampling distribution count^alpha for POPULARITY / MIXED (0 = uniform)
+    logq               subtract log expected candidate count (on by default)
+    """
+
+    negatives: Negatives = Negatives.MIXED
+    num_negatives: int = 1024
+    alpha: float = 0.0
+    logq: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.negatives, str):
+            object.__setattr__(self, "negatives", _enum(self.negatives))
+        if self.negatives is not Negatives.IN_BATCH and self.num_negatives < 1:
+            raise ValueError(f"SampledSoftmax: num_negatives must be >= 1 for {self.negatives.value}, got {self.num_negatives}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"SampledSoftmax: alpha must be in [0, 1], got {self.alpha}")
+
+
+@dataclass(frozen=True)
+class BPR:
+    """Bayesian personalised ranking: -log sigmoid(s(u, pos) - s(u, neg)), one uniform negative per row."""
+
+
+RetrievalLoss = SampledSoftmax | BPR
+
+
+def _enum(value: str) -> Negatives:
+    try:
+        return Negatives(value)
+    except ValueError:
+        raise ValueError(f"SampledSoftmax: negatives must be one of {[n.value for n in Negatives]}, got {value!r}") from None
+
+
+class NegativeSampler:
+    """Draws catalogue negatives and gives each candidate's log expected count (the logQ term).
+
+    item_counts [I]: training events per item (p_data for the in-batch term, count^alpha for sampling).
+    """
+
+    def __init__(self, loss: RetrievalLoss, item_counts: np.ndarray) -> None:
+        counts = torch.as_tensor(np.asarray(item_counts), dtype=torch.float64)
+        if counts.dim() != 1 or counts.numel() == 0 or bool((counts < 0).any()) or float(counts.sum()) <= 0:
+            raise ValueError(f"NegativeSampler: item_counts must be a non-empty [I] vector of counts >= 0 with a positive sum, got shape {tuple(counts.shape)}")
+        self.loss = loss
+        self.num_items = counts.numel()
+        self.p_data = counts / counts.sum()  # [I]
+        match loss:
+            case SampledSoftmax(negatives=Negatives.UNIFORM) | BPR():
+                weights = torch.ones_like(counts)
+            case SampledSoftmax(negatives=Negatives.POPULARITY | Negatives.MIXED, alpha=alpha):
+                weights = counts.pow(alpha) if alpha > 0 else torch.ones_like(counts)
+            case SampledSoftmax(negatives=Negatives.IN_BATCH):
+                weights = torch.zeros_like(counts)
+        self.p_neg = weights / weights.sum() if float(weights.sum()) > 0 else weights  # [I]
+
+    @property
+    def uses_in_batch(self) -> bool:
+        return isinstance(self.loss, SampledSoftmax) and self.loss.negatives in (Negatives.IN_BATCH, Negatives.MIXED)
+
+    def num_samples(self, batch_size: int) -> int:
+        match self.loss:
+            case BPR():
+                return batch_size
+            case SampledSoftmax(negatives=Negatives.IN_BATCH):
+                return 0
+            case SampledSoftmax(num_negatives=m):
+                return m
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """[M] int64 negatives drawn with replacement (M = num_samples(batch_size))."""
+        m = self.num_samples(batch_size)
+        if m == 0:
+            return torch.empty(0, dtype=torch.int64)
+        if isinstance(self.loss, BPR) or (isinstance(self.loss, SampledSoftmax) and self.loss.negatives is Negatives.UNIFORM):
+            return torch.randint(0, self.num_items, (m,), generator=generator)
+        return torch.multinomial(self.p_neg.float(), m, replacement=True, generator=generator)
+
+    def log_q(self, ids: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """[N] candidate ids -> [N] float32 log expected count in a candidate set of this batch size."""
+        expected = torch.zeros(ids.shape, dtype=torch.float64)
+        if self.uses_in_batch:
+            expected += batch_size * self.p_data[ids]
+        m = self.num_samples(batch_size)
+        if m and isinstance(self.loss, SampledSoftmax):
+            expected += m * self.p_neg[ids]
+        return torch.log(expected.clamp_min(1e-30)).float()
+
+
+def sampled_softmax(
+    query: torch.Tensor,
+    pos: torch.Tensor,
+    pos_ids: torch.Tensor,
+    neg: torch.Tensor,
+    neg_ids: torch.Tensor,
+    log_q: torch.Tensor | None,
+    in_batch: bool,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Mean sampled-softmax cross entropy of each row's positive against the candidate set.
+
+    query [B, D] user vectors, pos [B, D] their positive items' vectors (ids pos_ids [B]),
+    neg [M, D] sampled items' vectors (ids neg_ids [M]); log_q [B + M] (positives, then negatives)
+    or None for no correction. Candidates: the B positives (in_batch) or just each row's own, then the M.
+    logits = query . candidate / temperature - log_q[candidate]; accidental hits masked to -inf.
+    """
+    b = query.shape[0]
+    if pos.shape[0] != b or pos_ids.shape != (b,) or neg.shape[0] != neg_ids.shape[0]:
+        raise ValueError(
+            f"sampled_softmax: shapes query {tuple(query.shape)}, pos {tuple(pos.shape)}, pos_ids {tuple(pos_ids.shape)}, "
+            f"neg {tuple(neg.shape)}, neg_ids {tuple(neg_ids.shape)} do not fit"
+        )
+    neg_logits = query @ neg.T / temperature  # [B, M]
+    if in_batch:
+        pos_logits = query @ pos.T / temperature  # [B, B]; row i's positive on the diagonal
+        cand_ids = torch.cat([pos_ids, neg_ids])  # [B + M]
+        logits = torch.cat([pos_logits, neg_logits], dim=1)  # [B, B + M]
+        if log_q is not None:
+            logits = logits - log_q[None, :]
+        target = torch.arange(b)
+        own = torch.zeros(b, cand_ids.numel(), dtype=torch.bool)
+        own[target, target] = True
+    else:
+        pos_logit = (query * pos).sum(dim=1, keepdim=True) / temperature  # [B, 1]
+        cand_ids = torch.cat([pos_ids[:, None], neg_ids[None, :].expand(b, -1)], dim=1)  # [B, 1 + M]
+        logits = torch.cat([pos_logit, neg_logits], dim=1)  # [B, 1 + M]
+        if log_q is not None:
+            logits = logits - torch.cat([log_q[:b, None], log_q[None, b:].expand(b, -1)], dim=1)
+        target = torch.zeros(b, dtype=torch.int64)
+        own = torch.zeros_like(logits, dtype=torch.bool)
+        own[:, 0] = True
+    hits = (cand_ids.expand(b, -1) == pos_ids[:, None]) & ~own  # [B, C] accidental hits
+    logits = logits.masked_fill(hits, float("-inf"))
+    return F.cross_entropy(logits, target)
+
+
+def bpr(
+    query: torch.Tensor,
+    pos: torch.Tensor,
+    pos_ids: torch.Tensor,
+    neg: torch.Tensor,
+    neg_ids: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Mean -log sigmoid((q . pos - q . neg) / temperature) over the rows whose negative is not their positive.
+
+    query/pos/neg [B, D], one negative per row (ids pos_ids, neg_ids [B]); accidental hits are left out.
+    """
+    if not query.shape == pos.shape == neg.shape or not pos_ids.shape == neg_ids.shape == (query.shape[0],):
+        raise ValueError(f"bpr: query {tuple(query.shape)}, pos {tuple(pos.shape)} and neg {tuple(neg.shape)} must match")
+    diff = ((query * pos).sum(1) - (query * neg).sum(1)) / temperature  # [B]
+    keep = (neg_ids != pos_ids).to(diff.dtype)
+    return -(F.logsigmoid(diff) * keep).sum() / keep.sum().clamp_min(1.0)
+

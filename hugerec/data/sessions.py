@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-PAD = 0  # the padding item id in dense sequences
+from hugerec.models.sequence import PAD  # the padding item id in dense sequences
 
 _DAY = 86_400
 

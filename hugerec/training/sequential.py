@@ -1,7 +1,7 @@
 """Training, scoring and recommending with the sequential models (SASRec, MaskedTransformer, GRU4Rec).
 
     model = SASRec(SequenceConfig(num_items=I, max_len=50))
-    fit_sequential(model, train, SequentialTrainConfig(loss=FullSoftmax(), epochs=20))
+    fit_sequential(model, last_n(train, window_width(model)), SequentialTrainConfig(loss=FullSoftmax(), epochs=20))
     metrics = evaluate_next_item(model, histories, targets, exclude=None, ks=(10, 20))
     top_items = recommend_next(model, [np.array([5, 17, 3])], k=10)
 
@@ -29,9 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hugerec.data.sessions import PAD, Sequences, last_n
 from hugerec.models.masked import mask_items
-from hugerec.models.sequence import Objective, SequenceConfig
+from hugerec.models.sequence import PAD, Objective, SequenceConfig
 from hugerec.training.losses import NegativeSampler, SampledSoftmax, sampled_softmax
 from hugerec.training.next_item import CSR, rank_metrics, target_ranks
 
@@ -106,26 +105,30 @@ class TrainReport:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
 
-def training_windows(model: SequenceModel, train: Sequences) -> torch.Tensor:
-    """[S, W] the last W items of each training sequence (W = max_len + 1 for next-item models, max_len for masked)."""
-    width = model.cfg.max_len + (1 if model.objective is Objective.NEXT else 0)
-    seqs = train.select(train.lengths >= 2)
-    if not len(seqs):
-        raise ValueError("fit_sequential: no training sequence has 2 or more items")
-    return torch.from_numpy(last_n(seqs, width))
+def window_width(model: SequenceModel) -> int:
+    """W, the training window: the last max_len + 1 items for next-item models (inputs and shifted targets), max_len for masked."""
+    return model.cfg.max_len + (1 if model.objective is Objective.NEXT else 0)
 
 
 def fit_sequential(
-    model: SequenceModel, train: Sequences, cfg: SequentialTrainConfig, item_counts: np.ndarray | None = None
+    model: SequenceModel, windows: np.ndarray | torch.Tensor, cfg: SequentialTrainConfig, item_counts: np.ndarray | None = None
 ) -> TrainReport:
-    """Train on the sequences (dense item ids 1..I) and report steps, samples, time and per-epoch losses.
+    """Train on windows [S, W] (dense item ids 1..I, left-padded with PAD; `hugerec.data.sessions.last_n`
+    of the training sequences with W = window_width(model)) and report steps, samples, time and losses.
 
     item_counts [I + 1] (index = item id) sets the popularity negatives and logQ of SampledSoftmax
-    (default: counted from `train`).
+    (default: counted from the windows).
     """
-    windows = training_windows(model, train)
+    windows = torch.as_tensor(windows, dtype=torch.int64)
+    if windows.dim() != 2 or windows.shape[1] != window_width(model):
+        raise ValueError(f"fit_sequential: windows must be [S, {window_width(model)}], got shape {tuple(windows.shape)}")
+    windows = windows[(windows != PAD).sum(dim=1) >= 2]  # a window needs an input and a target
+    if not len(windows):
+        raise ValueError("fit_sequential: no training sequence has 2 or more items")
     num_items = model.cfg.num_items
-    counts = np.bincount(train.items, minlength=num_items + 1)[: num_items + 1] if item_counts is None else item_counts
+    if int(windows.max()) > num_items:
+        raise ValueError(f"fit_sequential: item ids must be in 1..{num_items}, got {int(windows.max())}")
+    counts = np.bincount(windows.reshape(-1).numpy(), minlength=num_items + 1) if item_counts is None else item_counts
     counts = counts.astype(np.float64).copy()
     counts[PAD] = 0.0
     sampler = NegativeSampler(cfg.loss, counts) if isinstance(cfg.loss, SampledSoftmax) else None
@@ -232,17 +235,16 @@ def recommend_next(
     for i, h in enumerate(histories):
         if len(h) == 0:
             raise ValueError(f"recommend_next: history {i} is empty (no known item); nothing to predict from")
-    lengths = np.array([len(h) for h in histories], dtype=np.int64)
-    seqs = Sequences(np.arange(len(histories)), np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-                     np.concatenate([np.asarray(h, dtype=np.int64) for h in histories]) if len(histories) else np.empty(0, np.int64),
-                     np.zeros(int(lengths.sum()), dtype=np.int64))
-    num_items = model.cfg.num_items
-    if len(seqs.items) and (int(seqs.items.min()) < 1 or int(seqs.items.max()) > num_items):
-        raise ValueError(f"recommend_next: history item ids must be in 1..{num_items}, got range {int(seqs.items.min())}..{int(seqs.items.max())}")
-    padded = torch.from_numpy(last_n(seqs, model.cfg.max_len))
-    scores = query_vectors(model, padded) @ all_item_vectors(model).T  # [Q, I]
+    num_items, max_len = model.cfg.num_items, model.cfg.max_len
+    padded = np.full((len(histories), max_len), PAD, dtype=np.int64)  # [Q, L], left-padded, the last max_len items
+    for i, h in enumerate(histories):  # one row copy per history (not per item)
+        tail = np.asarray(h, dtype=np.int64)[-max_len:]
+        if int(tail.min()) < 1 or int(tail.max()) > num_items:
+            raise ValueError(f"recommend_next: history {i}: item ids must be in 1..{num_items}, got range {int(tail.min())}..{int(tail.max())}")
+        padded[i, max_len - len(tail) :] = tail
+    scores = query_vectors(model, torch.from_numpy(padded)) @ all_item_vectors(model).T  # [Q, I]
     if exclude_history:
-        rows = torch.from_numpy(seqs.sequence_ids())
-        scores[rows, torch.from_numpy(seqs.items - 1)] = float("-inf")
+        for i, h in enumerate(histories):
+            scores[i, torch.as_tensor(np.asarray(h, dtype=np.int64) - 1)] = float("-inf")
     top = torch.topk(scores, min(k, num_items), dim=1)
     return (top.indices + 1).numpy(), top.values.numpy()

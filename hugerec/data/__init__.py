@@ -6,6 +6,7 @@ from hugerec.data.loader import Loader, load
 from hugerec.data.preprocess import Dataset, Workflow
 from hugerec.data.readers import ConvertReport, read, to_parquet
 from hugerec.data.schema import Column, ColumnKind, DimRule, Schema, ValueType
+from hugerec.data.sessions import ItemVocabulary, Sequences, group_sequences, last_n, read_movielens, read_yoochoose
 from hugerec.data.shards import ShardWriter, prebatch
 from hugerec.data.synthetic import (
     Hotness,
@@ -25,8 +26,10 @@ __all__ = [
     "DimRule",
     "Hotness",
     "IdDistribution",
+    "ItemVocabulary",
     "Loader",
     "Schema",
+    "Sequences",
     "ShardWriter",
     "SyntheticConfig",
     "SyntheticReport",
@@ -34,12 +37,16 @@ __all__ = [
     "Workflow",
     "criteo_to_parquet",
     "generate",
+    "group_sequences",
     "iter_tables",
+    "last_n",
     "load",
     "prebatch",
     "preprocess",
     "preset",
     "read",
     "read_criteo",
+    "read_movielens",
+    "read_yoochoose",
     "to_parquet",
 ]

@@ -183,7 +183,7 @@ def movielens(records: Records, quick: bool, seed: int) -> None:
         "item-knn": item_knn(train, num_items, histories),
         "item-transitions": transitions(train, num_items, counts, histories[:, -1]),
     }
-    epochs = 1 if quick else 6
+    epochs = 1 if quick else 2
     for name in MODELS:
         model = train_model(name, num_items, train, max_len, epochs, seed, lr=3e-3, batch=128)
         scores[name] = model_scores(model, histories)
@@ -215,7 +215,7 @@ def yoochoose(records: Records, quick: bool, seed: int) -> None:
         "item-transitions": transitions(train, num_items, counts, histories[:, -1]),
         "vsknn": vsknn(train, num_items, histories),
     }
-    epochs = 1 if quick else 3
+    epochs = 1 if quick else 2
     for name in MODELS:
         model = train_model(name, num_items, train, max_len, epochs, seed, lr=3e-3, batch=256)
         scores[name] = model_scores(model, histories)

@@ -144,11 +144,13 @@ def model_scores(model: Any, histories: np.ndarray) -> Callable[[int, int], torc
 
 
 # -- quality ----------------------------------------------------------------------------------------------
-def train_model(name: str, num_items: int, train: Sequences, max_len: int, epochs: int, seed: int, lr: float, batch: int) -> Any:
+def train_model(
+    name: str, num_items: int, train: Sequences, max_len: int, epochs: int, seed: int, lr: float, batch: int, max_steps: int | None = None
+) -> Any:
     torch.manual_seed(seed)
     cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=2, num_heads=1, dropout=0.2)
     model = MODELS[name](cfg, optimizer=Adam(lr=lr))
-    tc = SequentialTrainConfig(loss=FullSoftmax(), epochs=epochs, batch_size=batch, lr=lr, mask_prob=0.2, seed=seed)
+    tc = SequentialTrainConfig(loss=FullSoftmax(), epochs=epochs, batch_size=batch, lr=lr, mask_prob=0.2, seed=seed, max_steps=max_steps)
     report = fit_sequential(model, last_n(train, window_width(model)), tc)
     print(f"  {name}: {report.steps} steps in {report.seconds:.0f} s, loss {report.losses[0]:.3f} -> {report.losses[-1]:.3f}", flush=True)
     return model
@@ -217,7 +219,7 @@ def yoochoose(records: Records, quick: bool, seed: int) -> None:
     }
     epochs = 1 if quick else 2
     for name in MODELS:
-        model = train_model(name, num_items, train, max_len, epochs, seed, lr=3e-3, batch=256)
+        model = train_model(name, num_items, train, max_len, epochs, seed, lr=3e-3, batch=256, max_steps=40 if quick else None)
         scores[name] = model_scores(model, histories)
     res = evaluate(records, "yoochoose", scores, targets, num_items, None, ("recall@20", "mrr@20"), 20)
     best = max(MODELS, key=lambda m: res[m]["recall@20"])

@@ -170,7 +170,7 @@ def evaluate(
     return out
 
 
-def movielens(records: Records, quick: bool, seed: int) -> None:
+def movielens(records: Records, quick: bool, seed: int, epochs_override: int | None = None) -> None:
     print("quality movielens (leave-last-out, history excluded, full ranking)", flush=True)
     events = read_movielens(DATA / "movielens" / "ml-1m" / "ratings.dat.gz")
     users = group_sequences(events, key="user", drop_repeats=False)
@@ -185,7 +185,7 @@ def movielens(records: Records, quick: bool, seed: int) -> None:
         "item-knn": item_knn(train, num_items, histories),
         "item-transitions": transitions(train, num_items, counts, histories[:, -1]),
     }
-    epochs = 1 if quick else 2
+    epochs = epochs_override or (1 if quick else 2)
     for name in MODELS:
         model = train_model(name, num_items, train, max_len, epochs, seed, lr=3e-3, batch=128)
         scores[name] = model_scores(model, histories)
@@ -197,7 +197,7 @@ def movielens(records: Records, quick: bool, seed: int) -> None:
         print(f"  SASRec / best baseline {metric}: {ratio:.2f}x (target >= 1.25x)", flush=True)
 
 
-def yoochoose(records: Records, quick: bool, seed: int) -> None:
+def yoochoose(records: Records, quick: bool, seed: int, epochs_override: int | None = None) -> None:
     print("quality yoochoose (every prefix, unseen test items removed, full ranking)", flush=True)
     root = DATA / "yoochoose"
     train_raw = group_sequences(read_yoochoose(root / "yoochoose-clicks-100k_train_full.txt.gz"), drop_repeats=False, min_length=2)
@@ -217,7 +217,7 @@ def yoochoose(records: Records, quick: bool, seed: int) -> None:
         "item-transitions": transitions(train, num_items, counts, histories[:, -1]),
         "vsknn": vsknn(train, num_items, histories),
     }
-    epochs = 1 if quick else 3
+    epochs = epochs_override or (1 if quick else 3)
     for name in MODELS:
         model = train_model(name, num_items, train, max_len, epochs, seed, lr=3e-3, batch=256, max_steps=40 if quick else None)
         scores[name] = model_scores(model, histories)
@@ -350,6 +350,7 @@ def main() -> None:
     parser.add_argument("--json", help="write every figure to this JSON file")
     parser.add_argument("--only", default="movielens,yoochoose,train", help="comma-separated parts to run")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated hugerec models to train")
+    parser.add_argument("--epochs", type=int, help="epochs per hugerec model (default: 1 with --quick; 2 MovieLens, 3 YOOCHOOSE)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -361,9 +362,9 @@ def main() -> None:
     if ("movielens" in parts or "yoochoose" in parts) and not DATA.exists():
         raise SystemExit(f"benchmarks/sequential.py: data folder {DATA} not found; set HUGEREC_DATA")
     if "yoochoose" in parts:
-        yoochoose(records, args.quick, args.seed)
+        yoochoose(records, args.quick, args.seed, args.epochs)
     if "movielens" in parts:
-        movielens(records, args.quick, args.seed)
+        movielens(records, args.quick, args.seed, args.epochs)
     if "train" in parts:
         throughput(records, args.quick, args.seed)
     if args.json:

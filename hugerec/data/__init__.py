@@ -18,6 +18,7 @@ from hugerec.data.loader import Loader, load
 from hugerec.data.preprocess import Dataset, Workflow
 from hugerec.data.readers import ConvertReport, read, to_parquet
 from hugerec.data.schema import Column, ColumnKind, DimRule, Schema, ValueType
+from hugerec.data.sessions import ItemVocabulary, Sequences, group_sequences, last_n, read_movielens, read_yoochoose
 from hugerec.data.shards import ShardWriter, prebatch
 from hugerec.data.synthetic import (
     Hotness,
@@ -40,8 +41,10 @@ __all__ = [
     "IdDistribution",
     "InteractionConfig",
     "Interactions",
+    "ItemVocabulary",
     "Loader",
     "Schema",
+    "Sequences",
     "ShardWriter",
     "SyntheticConfig",
     "SyntheticInteractions",
@@ -53,11 +56,13 @@ __all__ = [
     "criteo_to_parquet",
     "generate",
     "generate_interactions",
+    "group_sequences",
     "held_out_csr",
     "histories",
     "iter_examples",
     "iter_tables",
     "last_items",
+    "last_n",
     "leave_last_out",
     "load",
     "prebatch",
@@ -66,6 +71,8 @@ __all__ = [
     "read",
     "read_criteo",
     "read_interactions",
+    "read_movielens",
+    "read_yoochoose",
     "time_split",
     "to_parquet",
 ]

@@ -1,4 +1,5 @@
-"""Layers (MLP, interactions, cross network, wide part) and models (DLRM, DCNv2, DeepFM, WideAndDeep).
+"""Layers (MLP, interactions, cross network, wide part) and models (DLRM, DCNv2, DeepFM, WideAndDeep;
+sequential: SASRec, MaskedTransformer, GRU4Rec over [B, L] item sequences).
 
 Every model takes a Batch and returns logits [B]; `build_model(config, tables, num_dense, optimizer)`
 builds one from plain data (`model_config_from_dict({"type": "dlrm", ...})`).
@@ -19,10 +20,14 @@ from hugerec.models.crossnet import CrossNet
 from hugerec.models.dcn import CrossStructure, DCNv2
 from hugerec.models.deepfm import DeepFM
 from hugerec.models.dlrm import DLRM
+from hugerec.models.gru4rec import GRU4Rec
 from hugerec.models.interactions import DotInteraction, FMInteraction
+from hugerec.models.masked import MaskedTransformer
 from hugerec.models.mf import MatrixFactorization
 from hugerec.models.mlp import MLP, Activation
 from hugerec.models.model import RecModel
+from hugerec.models.sasrec import SASRec
+from hugerec.models.sequence import SequenceConfig
 from hugerec.models.two_tower import Similarity, TwoTower, TwoTowerConfig
 from hugerec.models.wide import WideArch, wide_tables
 from hugerec.models.wide_deep import WideAndDeep
@@ -40,9 +45,13 @@ __all__ = [
     "DeepFMConfig",
     "DotInteraction",
     "FMInteraction",
+    "GRU4Rec",
+    "MaskedTransformer",
     "MatrixFactorization",
     "ModelConfig",
     "RecModel",
+    "SASRec",
+    "SequenceConfig",
     "Similarity",
     "TwoTower",
     "TwoTowerConfig",

@@ -1,0 +1,184 @@
+"""What the sequential models share: their config, the item table lookup and a pre-LN transformer block.
+
+Sequences come in as [B, L] dense item ids, left-padded with 0 (the most recent item in column L - 1).
+The item table is one `EmbeddingCollection` table (Pooling.NONE) with two features looked up in ONE
+call per step: `item_seq` (the input sequence) and `item_cand` (the items to score: targets and
+negatives). The output layer is tied to it: the score of item j for a hidden state h is h . e_j, so
+no [B, L, items] tensor exists unless the caller asks for the full catalogue.
+
+Rows: 0 = padding, 1..I = items, I + 1 = the [MASK] token of the masked model. A dynamic table
+(`DynamicConfig`) takes raw item keys instead; PAD and MASK are then keys like any other.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.config import DynamicConfig, Normal, Pooling, TableConfig
+from hugerec.embedding.optimizers import Adam, Optimizer
+from hugerec.sparse.features import SparseFeatures
+
+PAD = 0
+SEQ_FEATURE = "item_seq"
+CAND_FEATURE = "item_cand"
+
+
+class Objective(enum.Enum):
+    NEXT = "next"  # causal: position t predicts the item at t + 1 (SASRec, GRU4Rec)
+    MASKED = "masked"  # bidirectional: masked positions predict their own item (BERT4Rec / MLM)
+
+
+@dataclass(frozen=True)
+class SequenceConfig:
+    """num_items  I: dense item ids 1..I (0 = padding; row I + 1 = [MASK])
+    max_len      L: the model sees the last L items of a history (longer ones are truncated)
+    dim          D: item, position and hidden width
+    num_layers   transformer blocks (or GRU layers)
+    num_heads    attention heads (dim % num_heads == 0)
+    dropout      on embeddings, attention and feed-forward outputs
+    dynamic      None: dense rows; a DynamicConfig: the item table is a hash table over raw keys
+    """
+
+    num_items: int
+    max_len: int = 50
+    dim: int = 64
+    num_layers: int = 2
+    num_heads: int = 1
+    dropout: float = 0.2
+    dynamic: DynamicConfig | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_items", "max_len", "dim", "num_layers", "num_heads"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"SequenceConfig: {name} must be an int >= 1, got {v!r}")
+        if self.dim % self.num_heads:
+            raise ValueError(f"SequenceConfig: dim {self.dim} is not divisible by num_heads {self.num_heads}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"SequenceConfig: dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def mask_id(self) -> int:
+        return self.num_items + 1
+
+
+def item_table(cfg: SequenceConfig) -> TableConfig:
+    """The item table: I + 2 rows (padding, items, [MASK]), looked up by the sequence and candidate features."""
+    return TableConfig(
+        "item",
+        num_rows=cfg.num_items + 2,
+        dim=cfg.dim,
+        features=(SEQ_FEATURE, CAND_FEATURE),
+        pooling=Pooling.NONE,
+        init=Normal(std=1.0 / math.sqrt(cfg.dim)),
+        dynamic=cfg.dynamic,
+    )
+
+
+class ItemLookup(nn.Module):
+    """Sequence and candidate rows of the item table in one lookup (one sparse optimizer step per backward)."""
+
+    def __init__(self, cfg: SequenceConfig, optimizer: Optimizer) -> None:
+        super().__init__()
+        self.items = EmbeddingCollection([item_table(cfg)], optimizer=optimizer)
+        self.dim = cfg.dim
+
+    def forward(self, seq: torch.Tensor, candidates: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """seq [B, L], candidates [M] -> ([B, L, D] sequence rows, [M, D] candidate rows)."""
+        b, length = seq.shape
+        cand = candidates if candidates is not None else seq.new_empty(0)
+        lengths = torch.zeros(2 * b, dtype=torch.int64)
+        lengths[:b] = length
+        if b:
+            lengths[b] = cand.numel()  # all candidates ride on example 0 of the candidate feature
+        feats = SparseFeatures((SEQ_FEATURE, CAND_FEATURE), torch.cat([seq.reshape(-1), cand]), lengths)
+        out = self.items.sequences(feats)
+        return out[SEQ_FEATURE].values.view(b, length, self.dim), out[CAND_FEATURE].values  # [B*L, D] -> [B, L, D]
+
+    def candidates(self, ids: torch.Tensor) -> torch.Tensor:
+        """[M] ids -> [M, D] rows (the tied output layer's weights for these items)."""
+        return self(ids.new_zeros(1, 0), ids)[1]
+
+
+def padding_mask(seq: torch.Tensor) -> torch.Tensor:
+    """[B, L] True where the position holds an item."""
+    return seq != PAD
+
+
+def attention_mask(seq: torch.Tensor, causal: bool) -> torch.Tensor:
+    """[B, 1, L, L] bool, True = may attend: key j is an item (and j <= i when causal).
+
+    Every position may attend to itself, so a padding row is never fully masked (no NaN); what a padding
+    position computes is never read.
+    """
+    length = seq.shape[1]
+    keys = padding_mask(seq)[:, None, None, :]  # [B, 1, 1, L]
+    allowed = keys.expand(-1, 1, length, -1)
+    if causal:
+        allowed = allowed & torch.ones(length, length, dtype=torch.bool).tril()
+    return allowed | torch.eye(length, dtype=torch.bool)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN self-attention (scaled_dot_product_attention) + GELU feed-forward, each with dropout and a residual."""
+
+    def __init__(self, dim: int, num_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x [B, L, D], mask [B, 1, L, L] -> [B, L, D]"""
+        b, length, d = x.shape
+        h = self.num_heads
+        q, k, v = self.qkv(self.norm1(x)).view(b, length, 3, h, d // h).permute(2, 0, 3, 1, 4)  # 3 x [B, H, L, D/H]
+        p = self.dropout if self.training else 0.0
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # [B, H, L, D/H]
+        x = x + self.drop(self.proj(att.transpose(1, 2).reshape(b, length, d)))
+        return x + self.drop(self.ff(self.norm2(x)))
+
+
+class TransformerEncoder(nn.Module):
+    """Item rows + learned positions -> blocks -> final LayerNorm. Shared by SASRec (causal) and the masked model."""
+
+    def __init__(self, cfg: SequenceConfig, causal: bool) -> None:
+        super().__init__()
+        self.causal = causal
+        self.positions = nn.Embedding(cfg.max_len, cfg.dim)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(TransformerBlock(cfg.dim, cfg.num_heads, cfg.dropout) for _ in range(cfg.num_layers))
+        self.norm = nn.LayerNorm(cfg.dim)
+        self.scale = math.sqrt(cfg.dim)
+
+    def forward(self, seq: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """seq [B, L] ids, rows [B, L, D] their item rows -> [B, L, D] hidden states."""
+        length = seq.shape[1]
+        keep = padding_mask(seq)[..., None].to(rows.dtype)  # [B, L, 1]
+        # positions count back from the most recent item: a history's last item always has position max_len - 1
+        pos = self.positions.weight[self.positions.num_embeddings - length :]  # [L, D]
+        x = self.drop((rows * self.scale + pos[None]) * keep)
+        mask = attention_mask(seq, self.causal)
+        for block in self.blocks:
+            x = block(x, mask) * keep
+        return self.norm(x)
+
+
+def last_position(hidden: torch.Tensor) -> torch.Tensor:
+    """[B, L, D] -> [B, D]: the state after the most recent item (sequences are left-padded)."""
+    return hidden[:, -1]
+
+
+DEFAULT_OPTIMIZER = Adam(lr=1e-3)

@@ -228,7 +228,11 @@ class EmbeddingCollection(nn.Module):
             if not feats:
                 continue
             spans = [(int(bounds[f]), int(bounds[f + 1])) for f in feats]
-            ids = rows_np[spans[0][0] : spans[0][1]] if len(spans) == 1 else np.concatenate([rows_np[a:b] for a, b in spans])
+            ids = (
+                rows_np[spans[0][0] : spans[0][1]]
+                if len(spans) == 1
+                else np.concatenate([rows_np[a:b] for a, b in spans])
+            )
             try:
                 slots = tier.prepare(np.ascontiguousarray(ids), name in missing_ok, update)
             except ValueError as e:

@@ -79,10 +79,10 @@ class DiskTier:
         self.counters = np.zeros(4, dtype=np.int64)
         self.prepare_seconds = 0.0
         self.needs_restore: str | None = None  # why the live file may not be used
-        self._reset_cache()
         if not self.path.exists():
             self._create(fill)
         self._open()
+        self._reset_cache()
 
     # -- the file ----------------------------------------------------------------------------------
     def _header(self, clean: bool) -> bytes:
@@ -111,7 +111,9 @@ class DiskTier:
                     f"table {self.table!r}: path {str(self.path)!r}: cannot reserve {size:,} bytes: {e.strerror}"
                 ) from None
             os.pwrite(fd, self._header(True), 0)
-            records = np.memmap(tmp, dtype=np.uint8, mode="r+", offset=HEADER_BYTES, shape=(self.num_rows, self.record_bytes))
+            records = np.memmap(
+                tmp, dtype=np.uint8, mode="r+", offset=HEADER_BYTES, shape=(self.num_rows, self.record_bytes)
+            )
             for start in range(0, self.num_rows, _INIT_CHUNK):
                 n = min(_INIT_CHUNK, self.num_rows - start)
                 records[start : start + n] = self._records(*fill(start, n))
@@ -155,14 +157,18 @@ class DiskTier:
                 )
         expected = HEADER_BYTES + self.num_rows * self.record_bytes
         if size != expected:
-            raise ValueError(f"table {self.table!r}: {str(self.path)!r} is {size:,} bytes, its layout needs {expected:,}")
+            raise ValueError(
+                f"table {self.table!r}: {str(self.path)!r} is {size:,} bytes, its layout needs {expected:,}"
+            )
         self.needs_restore = None
         if header.get("clean") is not True:
             self.needs_restore = (
                 f"table {self.table!r}: {str(self.path)!r} was not closed cleanly (a crash during a write-back?); "
                 "load a checkpoint (it restores the file from its snapshot) or delete the file to start afresh"
             )
-        self.file = np.memmap(self.path, dtype=np.uint8, mode="r+", offset=HEADER_BYTES, shape=(self.num_rows, self.record_bytes))
+        self.file = np.memmap(
+            self.path, dtype=np.uint8, mode="r+", offset=HEADER_BYTES, shape=(self.num_rows, self.record_bytes)
+        )
         self.file_clean = header.get("clean") is True
 
     def _set_clean(self, clean: bool) -> None:
@@ -226,7 +232,9 @@ class DiskTier:
             )  # fmt: skip
         self.prepare_seconds += time.perf_counter() - started
         if code == row_cache.BAD_ID:
-            raise ValueError(f"table {self.table!r}: id {int(ids[out[0]])} is outside [0, {self.num_rows})", int(out[0]))
+            raise ValueError(
+                f"table {self.table!r}: id {int(ids[out[0]])} is outside [0, {self.num_rows})", int(out[0])
+            )
         if code == row_cache.CACHE_FULL:
             raise ValueError(
                 f"table {self.table!r}: cache of {self.slots} rows is too small for the rows of the last {PINNED} "
@@ -330,4 +338,3 @@ def _fsync_dir(d: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-

@@ -268,7 +268,7 @@ class FusedTables:
         n = rows.numel()
         if tuple(weights.shape) != (n, c.dim):
             raise ValueError(f"write_rows({table!r}): weights shape {tuple(weights.shape)} != ({n}, {c.dim})")
-        old_weights, old_state = self._split(table, tier.read(rows.numpy()))
+        _, old_state = self._split(table, tier.read(rows.numpy()))
         new_state = old_state if state is None else dict(state)
         if set(new_state) != set(old_state):
             raise ValueError(f"write_rows({table!r}): state keys {sorted(new_state)} != {sorted(old_state)}")

@@ -51,7 +51,7 @@ class ReferenceCache:
         self.wb = weight_bytes
         self.records = np.zeros((slots, file.shape[1]), dtype=np.uint8)
         self.lru: OrderedDict[int, int] = OrderedDict((s, -1) for s in range(slots))  # slot -> row, LRU first
-        self.stamp = [0] * slots
+        self.stamp = [-(1 << 40)] * slots  # older than any prepare
         self.dirty = [False] * slots
         self.where: dict[int, int] = {}  # row -> slot
         self.clock = 0

@@ -76,7 +76,8 @@ class EmbeddingCollection(nn.Module):
         self._hash_tables = {t.name: HashTable(t.num_rows, t.dynamic, t.name) for t in tables if t.dynamic}
         self._dynamic_features = {t.name: t.features for t in tables if t.dynamic}
         self._zero_missing = frozenset(n for n, h in self._hash_tables.items() if h.unknown_row is None)
-        self._staged: tuple[SparseFeatures, dict[bool, tuple[torch.Tensor, torch.Tensor]]] | None = None
+        # batches staged for the lookup, oldest first (the one in use and the next, under the pipeline)
+        self._staged: list[tuple[SparseFeatures, dict[bool, tuple[torch.Tensor, torch.Tensor]]]] = []
         self._remaps = {  # pooled?: the remap of the (pooled or sequence) dynamic tables
             pooled: FeatureRemap(
                 {
@@ -169,8 +170,8 @@ class EmbeddingCollection(nn.Module):
         """Does the lookup's preparation of a batch now: the dynamic tables' remap (inserting keys when
         `update`) and the disk tier's loading of its rows into cache slots, pinned until the batch after
         the next is staged. The next `forward` / `sequences` of this very `features` object uses the
-        result; the training pipeline calls this for batch i + 1 while step i computes. One batch is
-        staged at a time beyond the one in use."""
+        result; the training pipeline calls this for batch i + 1 while step i computes (at most one
+        batch beyond the one in use: the disk tier pins the rows of two)."""
         offsets = self._offsets(features)
         staged: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
         for pooled, wanted in ((True, self._pooled), (False, self._sequence)):
@@ -181,15 +182,29 @@ class EmbeddingCollection(nn.Module):
                 rows = self._dynamic_rows(features, pooled, offsets, update)
             values, offsets, _ = self._inputs(features, rows, wanted, "stage", offsets)
             staged[pooled] = (self._to_slots(features, values, offsets, wanted, self._zero_missing, update), offsets)
-        self._staged = (features, staged)
+        self._staged.append((features, staged))
+
+    def unstage(self) -> None:
+        """Forgets staged batches that will not be looked up (their remap inserts stay)."""
+        self._staged.clear()
 
     def _take_staged(self, features: SparseFeatures, pooled: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if self._staged is None or self._staged[0] is not features:
+        if not self._staged:
             return None
-        found = self._staged[1].pop(pooled, None)
-        if not self._staged[1]:
-            self._staged = None
-        return found
+        for i, (staged, parts) in enumerate(self._staged):  # the same tensors (Batch.to the same device keeps them)
+            if staged.values is features.values and staged.lengths is features.lengths:
+                found = parts.pop(pooled, None)
+                if not parts:
+                    del self._staged[i]
+                return found
+        raise ValueError(
+            "EmbeddingCollection: a batch was staged (the training pipeline) but another one is looked up; "
+            "a model that looks up other features than batch.sparse needs TrainConfig(pipeline=False)"
+        )
+
+    @property
+    def has_disk_tables(self) -> bool:
+        return bool(self._fused.tiers)
 
     def disk_stats(self) -> dict[str, float]:
         """Totals since construction over the disk-tier tables: hits, misses (unique rows per batch),
@@ -518,7 +533,7 @@ class EmbeddingCollection(nn.Module):
                 self._fused.tiers[name].restore(int(state_dict[key]))
             except ValueError as e:
                 error_msgs.append(str(e))
-        self._staged = None
+        self._staged.clear()
         known = set(targets) | set(steps) | set(snapshots)
         known |= self._load_hash_tables(state_dict, prefix, missing_keys, error_msgs)
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in known)

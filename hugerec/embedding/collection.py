@@ -169,8 +169,8 @@ class EmbeddingCollection(nn.Module):
     def stage(self, features: SparseFeatures, update: bool) -> None:
         """Does the lookup's preparation of a batch now: the dynamic tables' remap (inserting keys when
         `update`) and the disk tier's loading of its rows into cache slots, pinned until the batch after
-        the next is staged. The next `forward` / `sequences` of this very `features` object uses the
-        result; the training pipeline calls this for batch i + 1 while step i computes (at most one
+        the next is staged. The next `forward` / `sequences` of these features (the same value and length
+        tensors) uses the result; the training pipeline calls this for batch i + 1 while step i computes (at most one
         batch beyond the one in use: the disk tier pins the rows of two)."""
         offsets = self._offsets(features)
         staged: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -183,6 +183,7 @@ class EmbeddingCollection(nn.Module):
             values, offsets, _ = self._inputs(features, rows, wanted, "stage", offsets)
             staged[pooled] = (self._to_slots(features, values, offsets, wanted, self._zero_missing, update), offsets)
         self._staged.append((features, staged))
+        del self._staged[:-2]  # parts a model never looked up (sequences it does not use) go with the batch
 
     def unstage(self) -> None:
         """Forgets staged batches that will not be looked up (their remap inserts stay)."""

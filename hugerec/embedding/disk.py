@@ -79,6 +79,8 @@ class DiskTier:
         self.counters = np.zeros(4, dtype=np.int64)
         self.prepare_seconds = 0.0
         self.needs_restore: str | None = None  # why the live file may not be used
+        self._snapshot: int | None = None  # the newest snapshot, and whether rows changed since
+        self._changed = True
         if not self.path.exists():
             self._create(fill)
         self._open()
@@ -226,6 +228,7 @@ class DiskTier:
             if update or self._maybe_dirty:  # evictions write dirty rows back
                 self._writable()
             self._maybe_dirty |= update
+            self._changed |= update
             code = row_cache.prepare(
                 ids, missing_ok, update, PINNED, self.slot_of_row, self.row_of_slot, self.prev, self.nxt,
                 self.stamp, self.dirty, self.state, self.file, self.wcache, self.scache, out, self.counters,
@@ -255,7 +258,7 @@ class DiskTier:
     def write(self, rows: np.ndarray, records: np.ndarray) -> None:
         with self.lock:
             self._writable()
-            self._maybe_dirty = True
+            self._maybe_dirty = self._changed = True
             row_cache.scatter(rows, records, self.slot_of_row, self.dirty, self.file, self.wcache, self.scache)
 
     def fill_all(self, fill: Fill) -> None:
@@ -263,6 +266,7 @@ class DiskTier:
         with self.lock:
             self._writable()
             self._reset_cache()
+            self._changed = True
             for start in range(0, self.num_rows, _INIT_CHUNK):
                 n = min(_INIT_CHUNK, self.num_rows - start)
                 self.file[start : start + n] = self._records(*fill(start, n))
@@ -277,6 +281,8 @@ class DiskTier:
         self.flush()
         if self.needs_restore is not None:
             raise ValueError(self.needs_restore)
+        if self._snapshot is not None and not self._changed and (self.snapshot_dir / str(self._snapshot)).is_file():
+            return self._snapshot  # nothing written since: one snapshot however often state_dict() is called
         d = self.snapshot_dir
         d.mkdir(exist_ok=True)
         taken = sorted(int(p.name) for p in d.iterdir() if p.name.isdigit())
@@ -285,6 +291,7 @@ class DiskTier:
             _clone(self.path, d / str(n))
         for old in taken[: max(0, len(taken) + 1 - KEEP_SNAPSHOTS)]:
             (d / str(old)).unlink(missing_ok=True)
+        self._snapshot, self._changed = n, False
         return n
 
     def restore(self, n: int) -> None:
@@ -300,6 +307,7 @@ class DiskTier:
             _fsync_dir(self.path.parent)
             self._reset_cache()
             self._open()
+            self._snapshot, self._changed = n, False
         if self.needs_restore is not None:
             raise ValueError(f"table {self.table!r}: snapshot {str(source)!r} is not clean")
 

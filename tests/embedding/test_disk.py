@@ -164,8 +164,9 @@ def test_checkpoint_snapshot_resumes_exactly(tmp_path: Path) -> None:
 
 def test_snapshots_kept(tmp_path: Path) -> None:
     emb = collection(tables(tmp_path, 18), SGD(lr=0.1))
-    for _ in range(5):
-        emb.state_dict()
+    for f in batches(5):
+        step(emb, f)
+        assert emb.state_dict()["tables.a.disk_snapshot"] == emb.state_dict()["tables.a.disk_snapshot"]  # no change
     assert sorted(p.name for p in (tmp_path / "a.rows.snapshots").iterdir()) == ["3", "4", "5"]
     with pytest.raises(RuntimeError, match=r"snapshot .*1' does not exist"):
         emb.load_state_dict({**emb.state_dict(), "tables.a.disk_snapshot": torch.tensor(1)})

@@ -443,7 +443,7 @@ def _install_static(p: Placed, pieces: list[Piece], state: _Reader, path: str) -
                     f"load_checkpoint: {path} lacks {key!r} (is the optimizer of table {p.table.name!r} the same?)"
                 )
             saved = state[key].to(target.device)
-            if field == "step":
+            if field in _SCALARS:
                 target.copy_(saved)
             elif target.dim() == 2:
                 target[a - r0 : b - r0, lo - c0 : hi - c0] = saved[a - x.r0 : b - x.r0, lo - x.c0 : hi - x.c0]
@@ -457,14 +457,13 @@ def _install_static(p: Placed, pieces: list[Piece], state: _Reader, path: str) -
             f"load_checkpoint: {path} lacks row {missing[0] + r0}, column {missing[1] + c0} of table {p.table.name!r}"
         )
     for field, target in out.items():
-        if field != "step" and target.dim() == 1:
+        if field not in _SCALARS and target.dim() == 1:
             target /= row_weight
     with torch.no_grad():
         for field, target in out.items():
-            if field != "step":
+            if field not in _SCALARS:
                 current[field].copy_(target)
-    if "step" in out:
-        p.local.load_state_dict({f"tables.{p.table.name}.step": out["step"]}, strict=False)
+    _load_scalars(p.local, p.table.name, out)
 
 
 def _load_dynamic(reader: _Reader, placed: list[Placed]) -> None:
@@ -503,10 +502,20 @@ def _restore_dynamic(p: Placed, fields: dict[str, torch.Tensor]) -> None:
     current = table_state(p.local, name)
     with torch.no_grad():
         for field, view in current.items():
-            if field != "step":
+            if field not in _SCALARS:
                 view.copy_(fields[field])
-    if "step" in current:
-        p.local.load_state_dict({f"tables.{name}.step": fields["step"]}, strict=False)
+    _load_scalars(p.local, name, {f: fields[f] for f in current})
+
+
+# per-table scalars of a table's state: Adam's step, a disk-tier table's snapshot number (its rows stay
+# in the snapshot file beside the table's file: hugerec.embedding.disk)
+_SCALARS = ("step", "disk_snapshot")
+
+
+def _load_scalars(local: nn.Module, table: str, fields: dict[str, torch.Tensor]) -> None:
+    scalars = {f"tables.{table}.{f}": fields[f] for f in _SCALARS if f in fields}
+    if scalars:
+        local.load_state_dict(scalars, strict=False)
 
 
 def _held(fields: dict[str, torch.Tensor], p: Placed) -> dict[str, torch.Tensor]:

@@ -76,6 +76,8 @@ class EmbeddingCollection(nn.Module):
         self._hash_tables = {t.name: HashTable(t.num_rows, t.dynamic, t.name) for t in tables if t.dynamic}
         self._dynamic_features = {t.name: t.features for t in tables if t.dynamic}
         self._zero_missing = frozenset(n for n, h in self._hash_tables.items() if h.unknown_row is None)
+        # batches staged for the lookup, oldest first (the one in use and the next, under the pipeline)
+        self._staged: list[tuple[SparseFeatures, dict[bool, tuple[torch.Tensor, torch.Tensor]]]] = []
         self._remaps = {  # pooled?: the remap of the (pooled or sequence) dynamic tables
             pooled: FeatureRemap(
                 {
@@ -139,6 +141,9 @@ class EmbeddingCollection(nn.Module):
     # -- lookups -----------------------------------------------------------------------------------
     def forward(self, features: SparseFeatures) -> PooledEmbeddings:
         """Pooled embeddings [B, output_dim] of the pooled tables' features (other known features are ignored)."""
+        staged = self._take_staged(features, True)
+        if staged is not None:
+            return self._pooled_lookup(features, staged[0], self._zero_missing, staged[1], mapped=True)
         if not self._hash_tables:
             return self.pooled_from_rows(features, features.values)
         offsets = self._offsets(features)
@@ -146,11 +151,134 @@ class EmbeddingCollection(nn.Module):
 
     def sequences(self, features: SparseFeatures) -> dict[str, JaggedTensor]:
         """Per NONE-pooled feature: JaggedTensor(values [N_f, D] fp32, the feature's lengths and weights)."""
+        staged = self._take_staged(features, False)
+        if staged is not None:
+            return self._sequence_lookup(features, staged[0], self._zero_missing, staged[1], mapped=True)
         if not self._hash_tables:
             return self.sequences_from_rows(features, features.values)
         offsets = self._offsets(features)
         rows = self._dynamic_rows(features, False, offsets)
         return self._sequence_lookup(features, rows, self._zero_missing, offsets)
+
+    # -- the training pipeline's seam ------------------------------------------------------------------
+    @property
+    def needs_staging(self) -> bool:
+        """Whether `stage` does work ahead of the lookup (dynamic or disk-tier tables)."""
+        return bool(self._hash_tables or self._fused.tiers)
+
+    def stage(self, features: SparseFeatures, update: bool) -> None:
+        """Does the lookup's preparation of a batch now: the dynamic tables' remap (inserting keys when
+        `update`) and the disk tier's loading of its rows into cache slots, pinned until the batch after
+        the next is staged. The next `forward` / `sequences` of these features (the same value and length
+        tensors) uses the result; the training pipeline calls this for batch i + 1 while step i computes (at most one
+        batch beyond the one in use: the disk tier pins the rows of two)."""
+        offsets = self._offsets(features)
+        staged: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
+        for pooled, wanted in ((True, self._pooled), (False, self._sequence)):
+            if not any(f in features.keys for f in wanted):
+                continue
+            rows = features.values
+            if self._hash_tables:
+                rows = self._dynamic_rows(features, pooled, offsets, update)
+            values, offsets, _ = self._inputs(features, rows, wanted, "stage", offsets)
+            staged[pooled] = (self._to_slots(features, values, offsets, wanted, self._zero_missing, update), offsets)
+        self._staged.append((features, staged))
+        del self._staged[:-2]  # parts a model never looked up (sequences it does not use) go with the batch
+
+    def unstage(self) -> None:
+        """Forgets staged batches that will not be looked up (their remap inserts stay)."""
+        self._staged.clear()
+
+    def _take_staged(self, features: SparseFeatures, pooled: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not self._staged:
+            return None
+        for i, (staged, parts) in enumerate(self._staged):  # the same tensors (Batch.to the same device keeps them)
+            if staged.values is features.values and staged.lengths is features.lengths:
+                found = parts.pop(pooled, None)
+                if not parts:
+                    del self._staged[i]
+                return found
+        raise ValueError(
+            "EmbeddingCollection: a batch was staged (the training pipeline) but another one is looked up; "
+            "a model that looks up other features than batch.sparse needs TrainConfig(pipeline=False)"
+        )
+
+    @property
+    def has_disk_tables(self) -> bool:
+        return bool(self._fused.tiers)
+
+    def disk_stats(self) -> dict[str, float]:
+        """Totals since construction over the disk-tier tables: hits, misses (unique rows per batch),
+        rows_read, rows_written (disk records) and prepare_s (seconds spent mapping rows to slots)."""
+        total = {"hits": 0.0, "misses": 0.0, "rows_read": 0.0, "rows_written": 0.0, "prepare_s": 0.0}
+        for tier in self._fused.tiers.values():
+            for k, v in tier.stats().items():
+                total[k] += v
+        return total
+
+    def flush(self) -> None:
+        """Writes the disk-tier tables' dirty cached rows back and marks their files clean."""
+        for tier in self._fused.tiers.values():
+            tier.flush()
+
+    def _to_slots(
+        self,
+        features: SparseFeatures,
+        rows: torch.Tensor,
+        offsets: torch.Tensor,
+        wanted: Sequence[str],
+        missing_ok: Collection[str],
+        update: bool,
+    ) -> torch.Tensor:
+        """rows [N] with the disk-tier tables' rows replaced by their cache slots (rows loaded as needed)."""
+        tiers = self._fused.tiers
+        if not tiers:
+            return rows
+        batch = features.batch_size
+        index = {k: i for i, k in enumerate(features.keys)}
+        bounds = offsets[::batch].numpy() if batch else np.zeros(len(features.keys) + 1, dtype=np.int64)
+        out: np.ndarray | None = None
+        rows_np = rows.numpy()
+        for name, tier in tiers.items():
+            feats = [index[f] for f in self._fused.configs[name].features if f in index and f in wanted]
+            if not feats:
+                continue
+            spans = [(int(bounds[f]), int(bounds[f + 1])) for f in feats]
+            ids = (
+                rows_np[spans[0][0] : spans[0][1]]
+                if len(spans) == 1
+                else np.concatenate([rows_np[a:b] for a, b in spans])
+            )
+            try:
+                slots = tier.prepare(np.ascontiguousarray(ids), name in missing_ok, update)
+            except ValueError as e:
+                if len(e.args) < 2:
+                    raise
+                raise ValueError(self._bad_id(features, feats, spans, int(e.args[1]), rows_np)) from None
+            if out is None:
+                out = rows_np.copy()
+            done = 0
+            for a, b in spans:
+                out[a:b] = slots[done : done + b - a]
+                done += b - a
+        return rows if out is None else torch.from_numpy(out)
+
+    def _bad_id(
+        self, features: SparseFeatures, feats: list[int], spans: list[tuple[int, int]], i: int, rows: np.ndarray
+    ) -> str:
+        """The lookup's message for the i-th id of the concatenated spans."""
+        for f, (a, b) in zip(feats, spans, strict=True):
+            if i < b - a:
+                name = features.keys[f]
+                t = self._table_of[name]
+                lengths = features.lengths[f * features.batch_size : (f + 1) * features.batch_size]
+                example = int(np.searchsorted(np.cumsum(lengths.numpy()), i, side="right"))
+                return (
+                    f"feature {name!r} (table {t.name!r}, num_rows {t.num_rows}): id {int(rows[a + i])} of example "
+                    f"{example} is outside [0, {t.num_rows})"
+                )
+            i -= b - a
+        raise AssertionError("the bad id lies in the spans")
 
     # -- dynamic tables ------------------------------------------------------------------------------
     @property
@@ -158,7 +286,9 @@ class EmbeddingCollection(nn.Module):
         """The HashTable (raw key -> row) of each dynamic table."""
         return MappingProxyType(self._hash_tables)
 
-    def _dynamic_rows(self, features: SparseFeatures, pooled: bool, offsets: torch.Tensor) -> torch.Tensor:
+    def _dynamic_rows(
+        self, features: SparseFeatures, pooled: bool, offsets: torch.Tensor, update: bool | None = None
+    ) -> torch.Tensor:
         """features.values with the raw keys of the (pooled or sequence) dynamic tables replaced by rows.
 
         Training (an update will follow) inserts keys, recycling rows by the table's eviction policy
@@ -170,7 +300,8 @@ class EmbeddingCollection(nn.Module):
         batch = features.batch_size
         cpu_offsets = offsets.cpu().numpy()
         bounds = cpu_offsets[::batch] if batch else np.zeros(len(features.keys) + 1, dtype=np.int64)
-        rows, reset = self._remaps[pooled](features, NEXT if self._updates() else None, bounds)
+        update = self._updates() if update is None else update
+        rows, reset = self._remaps[pooled](features, NEXT if update else None, bounds)
         for name, recycled in reset.items():
             self._fused.reset_rows(name, recycled)
         return rows
@@ -186,9 +317,16 @@ class EmbeddingCollection(nn.Module):
         return self._pooled_lookup(features, rows, missing_ok, None)
 
     def _pooled_lookup(
-        self, features: SparseFeatures, rows: torch.Tensor, missing_ok: Collection[str], offsets: torch.Tensor | None
+        self,
+        features: SparseFeatures,
+        rows: torch.Tensor,
+        missing_ok: Collection[str],
+        offsets: torch.Tensor | None,
+        mapped: bool = False,
     ) -> PooledEmbeddings:
         values, offsets, weights = self._inputs(features, rows, self._pooled, "forward", offsets)
+        if not mapped:  # mapped: `stage` already put the disk-tier tables' cache slots in place of their rows
+            values = self._to_slots(features, values, offsets, self._pooled, missing_ok, self._updates())
         plans = self._plan(features.keys, True, frozenset(missing_ok))
         out = pooled_lookup(
             self._fused, plans, values, offsets, weights, features.batch_size, self.output_dim, self._updates()
@@ -202,9 +340,16 @@ class EmbeddingCollection(nn.Module):
         return self._sequence_lookup(features, rows, missing_ok, None)
 
     def _sequence_lookup(
-        self, features: SparseFeatures, rows: torch.Tensor, missing_ok: Collection[str], offsets: torch.Tensor | None
+        self,
+        features: SparseFeatures,
+        rows: torch.Tensor,
+        missing_ok: Collection[str],
+        offsets: torch.Tensor | None,
+        mapped: bool = False,
     ) -> dict[str, JaggedTensor]:
         values, offsets, _ = self._inputs(features, rows, self._sequence, "sequences", offsets)
+        if not mapped:
+            values = self._to_slots(features, values, offsets, self._sequence, missing_ok, self._updates())
         batch = features.batch_size
         base = self._plan(features.keys, False, frozenset(missing_ok))
         index = {k: i for i, k in enumerate(features.keys)}
@@ -292,7 +437,7 @@ class EmbeddingCollection(nn.Module):
                         index[f],
                         slot.index,
                         slot.row_offset,
-                        t.num_rows,
+                        self._fused.resident[t.name],  # a disk-tier table's ids are cache slots here
                         self._columns.get(f, 0),
                         int(t.pooling is Pooling.MEAN),
                         int(t.name in missing_ok),
@@ -331,6 +476,8 @@ class EmbeddingCollection(nn.Module):
     def _table_tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         out = {}
         for t in self._tables:
+            if t.name in self._fused.tiers:  # its rows stay on disk: the state dict names a snapshot
+                continue
             out[f"{prefix}tables.{t.name}.weight"] = self._fused.table_weight(t.name)
             for name, view in self._fused.table_state(t.name).items():
                 out[f"{prefix}tables.{t.name}.{name}"] = view
@@ -341,6 +488,8 @@ class EmbeddingCollection(nn.Module):
 
     def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
         destination.update(self._table_tensors(prefix))
+        for name, tier in self._fused.tiers.items():  # a clone of the file, not a copy through RAM
+            destination[f"{prefix}tables.{name}.disk_snapshot"] = torch.tensor(tier.snapshot(), dtype=torch.int64)
         for name, h in self._hash_tables.items():
             destination.update({f"{prefix}tables.{name}.hash_table.{k}": v for k, v in h.state_dict().items()})
         for name in self._adam_tables():
@@ -376,7 +525,18 @@ class EmbeddingCollection(nn.Module):
                 self._fused.steps[name] = int(state_dict[key])
             else:
                 missing_keys.append(key)
-        known = set(targets) | set(steps) | self._load_hash_tables(state_dict, prefix, missing_keys, error_msgs)
+        snapshots = {f"{prefix}tables.{name}.disk_snapshot": name for name in self._fused.tiers}
+        for key, name in snapshots.items():
+            if key not in state_dict:
+                missing_keys.append(key)
+                continue
+            try:
+                self._fused.tiers[name].restore(int(state_dict[key]))
+            except ValueError as e:
+                error_msgs.append(str(e))
+        self._staged.clear()
+        known = set(targets) | set(steps) | set(snapshots)
+        known |= self._load_hash_tables(state_dict, prefix, missing_keys, error_msgs)
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in known)
 
     def _load_hash_tables(

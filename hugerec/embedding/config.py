@@ -104,6 +104,13 @@ class DynamicConfig:
             )
 
 
+class Storage(enum.Enum):
+    """Where a table's rows and optimizer state live."""
+
+    MEMORY = "memory"
+    DISK = "disk"  # a file at `path`, hot rows in a RAM cache of cache_rows / cache_bytes (hugerec.embedding.disk)
+
+
 @dataclass(frozen=True)
 class TableConfig:
     """One embedding table, looked up by one or more features that share it.
@@ -117,6 +124,8 @@ class TableConfig:
     dtype     storage dtype of the rows (optimizer state is always fp32)
     optimizer per-table override of the collection's optimizer
     dynamic   DynamicConfig for raw-key tables, None for ids in 0..num_rows-1
+    storage   MEMORY, or DISK: rows + optimizer state in the file `path`, the hot rows in an LRU cache of
+              `cache_rows` rows or `cache_bytes` bytes (one of the two; rows x (padded row + state bytes))
     """
 
     name: str
@@ -128,6 +137,10 @@ class TableConfig:
     dtype: StorageDtype = StorageDtype.FP32
     optimizer: Optimizer | None = None
     dynamic: DynamicConfig | None = None
+    storage: Storage = Storage.MEMORY
+    cache_rows: int | None = None
+    cache_bytes: int | None = None
+    path: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -144,6 +157,32 @@ class TableConfig:
             object.__setattr__(self, "pooling", Pooling(self.pooling))
         if isinstance(self.dtype, str):
             object.__setattr__(self, "dtype", StorageDtype(self.dtype))
+        if isinstance(self.storage, str):
+            object.__setattr__(self, "storage", Storage(self.storage))
+        self._check_storage()
+
+    def _check_storage(self) -> None:
+        where = f"TableConfig {self.name!r}"
+        if self.storage is Storage.MEMORY:
+            for key in ("cache_rows", "cache_bytes", "path"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{where}: {key} = {getattr(self, key)!r} needs storage = 'disk'")
+            return
+        if not self.path or not isinstance(self.path, str):
+            raise ValueError(f"{where}: storage 'disk' needs a path (the table's file), got {self.path!r}")
+        if (self.cache_rows is None) == (self.cache_bytes is None):
+            raise ValueError(
+                f"{where}: storage 'disk' needs exactly one of cache_rows and cache_bytes, "
+                f"got cache_rows = {self.cache_rows!r}, cache_bytes = {self.cache_bytes!r}"
+            )
+        for key in ("cache_rows", "cache_bytes"):
+            v = getattr(self, key)
+            if v is not None and (not isinstance(v, int) or v <= 0):
+                raise ValueError(f"{where}: {key} must be a positive int, got {v!r}")
+        if self.cache_rows is not None and self.cache_rows > self.num_rows:
+            raise ValueError(
+                f"{where}: cache_rows = {self.cache_rows} is larger than the table (num_rows = {self.num_rows})"
+            )
 
     @property
     def init_bounds(self) -> tuple[float, float]:
@@ -167,12 +206,17 @@ class TableConfig:
             "dtype": self.dtype.value,
             "optimizer": None if self.optimizer is None else optimizer_to_dict(self.optimizer),
             "dynamic": None if self.dynamic is None else _dynamic_to_dict(self.dynamic),
+            "storage": self.storage.value,
+            "cache_rows": self.cache_rows,
+            "cache_bytes": self.cache_bytes,
+            "path": self.path,
         }
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> TableConfig:
         d = dict(d)
-        unknown = set(d) - {"name", "num_rows", "dim", "features", "pooling", "init", "dtype", "optimizer", "dynamic"}
+        known = {"name", "num_rows", "dim", "features", "pooling", "init", "dtype", "optimizer", "dynamic"}
+        unknown = set(d) - known - {"storage", "cache_rows", "cache_bytes", "path"}
         if unknown:
             raise ValueError(f"TableConfig.from_dict: unknown keys {sorted(unknown)}")
         init_d = dict(d.get("init") or {"type": "uniform"})
@@ -192,6 +236,10 @@ class TableConfig:
             dtype=StorageDtype(d.get("dtype", "fp32")),
             optimizer=None if opt is None else optimizer_from_dict(opt),
             dynamic=None if dyn is None else _dynamic_from_dict(dyn),
+            storage=Storage(d.get("storage", "memory")),
+            cache_rows=d.get("cache_rows"),
+            cache_bytes=d.get("cache_bytes"),
+            path=d.get("path"),
         )
 
     def to_json(self) -> str:

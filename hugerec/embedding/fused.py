@@ -14,10 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from hugerec.embedding.config import Normal, TableConfig, Uniform, Zeros
-from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
+from hugerec.embedding.config import Normal, Storage, TableConfig, Uniform, Zeros
+from hugerec.embedding.disk import DiskTier
+from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad, optimizer_name
 from hugerec.ops import memory
 from hugerec.ops.update_rule import RuleKind, UpdateRule
 from hugerec.ops.workspace import OutputPool, Workspace
@@ -124,20 +126,55 @@ class FusedTables:
         self.slots: dict[str, TableSlot] = {}
         self.steps: dict[str, int] = {t.name: 0 for t in tables}
         self.outputs = OutputPool()  # lookup outputs, recycled across steps
+        self.resident: dict[str, int] = {}  # rows a table holds in its group: num_rows, or its cache slots
+        self.tiers: dict[str, DiskTier] = {}  # the disk tier of each storage = DISK table
         for (dim, dtype, opt), members in keys.items():
             rule = update_rule(opt)
             rows = 0
+            d_pad = padded_dim(dim, torch.tensor([], dtype=dtype).element_size())
+            record = d_pad * torch.tensor([], dtype=dtype).element_size() + 4 * rule.state_width(dim)
             for i, t in enumerate(members):
                 self.slots[t.name] = TableSlot(len(self.groups), i, rows)
-                rows += t.num_rows
-            d_pad = padded_dim(dim, torch.tensor([], dtype=dtype).element_size())
+                self.resident[t.name] = _resident_rows(t, record, device)
+                rows += self.resident[t.name]
             # rows and state on huge pages (large CPU tables: see hugerec.ops.memory); reset_rows below fills them
             weight = memory.empty((rows, d_pad), dtype, device)
             weight[:, dim:] = 0
             state = memory.empty((rows, rule.state_width(dim)), torch.float32, device)
             self.groups.append(TableGroup(dim, opt, rule, [t.name for t in members], weight, state))
-        for name in self.configs:
-            self.reset_rows(name, None)
+        for name, t in self.configs.items():  # in table order: the random init is the in-memory tables'
+            if t.storage is Storage.DISK:
+                self.tiers[name] = self._disk_tier(t)
+            else:
+                self.reset_rows(name, None)
+
+    def _disk_tier(self, t: TableConfig) -> DiskTier:
+        """Opens (or creates and initialises) table t's file; its cache slots are its rows of the group."""
+        s = self.slots[t.name]
+        g = self.groups[s.group]
+        slots = slice(s.row_offset, s.row_offset + self.resident[t.name])
+        weight, state = g.weight[slots], g.state[slots]
+        layout = {
+            "table": t.name,
+            "num_rows": t.num_rows,
+            "dim": t.dim,
+            "dtype": t.dtype.value,
+            "optimizer": optimizer_name(self.optimizers[t.name]),
+            "row_bytes": weight.shape[1] * weight.element_size(),
+            "state_bytes": state.shape[1] * 4,
+        }
+        assert t.path is not None  # TableConfig checks
+        return DiskTier(t.path, layout, weight, state, lambda start, n: self._fresh(t.name, n))
+
+    def _fresh(self, table: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """n freshly initialised rows (weights [n, dim], state [n, S] fp32), drawn as reset_rows draws them."""
+        c = self.configs[table]
+        weights = torch.empty(n, c.dim, dtype=c.dtype.torch_dtype)
+        _init(c, weights)
+        state = torch.empty(n, self.groups[self.slots[table].group].state.shape[1], dtype=torch.float32)
+        for f in state_fields(self.optimizers[table], c.dim):
+            state[:, f.start : f.start + f.width] = f.initial
+        return weights, state
 
     # -- per-table views ------------------------------------------------------------------------
     def _config(self, table: str) -> TableConfig:
@@ -146,13 +183,19 @@ class FusedTables:
         except KeyError:
             raise ValueError(f"unknown table {table!r}; have {list(self.configs)}") from None
 
+    def _in_memory(self, table: str, where: str) -> None:
+        if table in self.tiers:
+            raise ValueError(f"{where}({table!r}): the table lives on disk ({self.configs[table].path}); use read_rows")
+
     def table_weight(self, table: str) -> torch.Tensor:
         """[num_rows, dim] view of the table's rows (storage dtype; writes go to the table)."""
+        self._in_memory(table, "table_weight")
         c, s = self._config(table), self.slots[table]
         return self.groups[s.group].weight[s.row_offset : s.row_offset + c.num_rows, : c.dim]
 
     def table_state(self, table: str) -> dict[str, torch.Tensor]:
         """Optimizer state views, fp32: name -> [num_rows, dim] (or [num_rows] for row-wise state)."""
+        self._in_memory(table, "table_state")
         c, s = self._config(table), self.slots[table]
         state = self.groups[s.group].state[s.row_offset : s.row_offset + c.num_rows]
         out = {}
@@ -175,13 +218,30 @@ class FusedTables:
     def read_rows(self, table: str, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Copies of rows [n] of a table: (weights [n, dim] in the storage dtype, {state name: [n, ...] fp32})."""
         rows = self._rows(table, rows, "read_rows")
+        if table in self.tiers:
+            return self._split(table, self.tiers[table].read(rows.numpy()))
         return self.table_weight(table)[rows], {k: v[rows] for k, v in self.table_state(table).items()}
+
+    def _split(self, table: str, records: np.ndarray) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Disk records [n, W + S] uint8 -> (weights [n, dim], {state name: [n, ...] fp32}), copies."""
+        c, tier = self.configs[table], self.tiers[table]
+        n = records.shape[0]
+        raw = torch.from_numpy(np.ascontiguousarray(records[:, : tier.row_bytes]))
+        weights = raw.view(c.dtype.torch_dtype).view(n, -1)[:, : c.dim].clone()
+        state = torch.from_numpy(np.ascontiguousarray(records[:, tier.row_bytes :])).view(torch.float32).view(n, -1)
+        out = {}
+        for f in state_fields(self.optimizers[table], c.dim):
+            out[f.name] = state[:, f.start].clone() if f.width == 1 else state[:, f.start : f.start + f.width].clone()
+        return weights, out
 
     def write_rows(
         self, table: str, rows: torch.Tensor, weights: torch.Tensor, state: Mapping[str, torch.Tensor] | None = None
     ) -> None:
         """Overwrites rows [n] with weights [n, dim] and, if given, every state tensor (else the state is kept)."""
         rows = self._rows(table, rows, "write_rows")
+        if table in self.tiers:
+            self._write_disk(table, rows, weights, state)
+            return
         view = self.table_weight(table)
         if tuple(weights.shape) != (rows.numel(), view.shape[1]):
             raise ValueError(
@@ -201,19 +261,42 @@ class FusedTables:
                 )
             _scatter_rows(v, rows, state[k].to(device=v.device, dtype=v.dtype).contiguous())
 
+    def _write_disk(
+        self, table: str, rows: torch.Tensor, weights: torch.Tensor, state: Mapping[str, torch.Tensor] | None
+    ) -> None:
+        c, tier = self.configs[table], self.tiers[table]
+        n = rows.numel()
+        if tuple(weights.shape) != (n, c.dim):
+            raise ValueError(f"write_rows({table!r}): weights shape {tuple(weights.shape)} != ({n}, {c.dim})")
+        _, old_state = self._split(table, tier.read(rows.numpy()))
+        new_state = old_state if state is None else dict(state)
+        if set(new_state) != set(old_state):
+            raise ValueError(f"write_rows({table!r}): state keys {sorted(new_state)} != {sorted(old_state)}")
+        packed = torch.zeros(n, self.groups[self.slots[table].group].state.shape[1], dtype=torch.float32)
+        for f in state_fields(self.optimizers[table], c.dim):
+            v = new_state[f.name].to(torch.float32)
+            if tuple(v.shape) != tuple(old_state[f.name].shape):
+                raise ValueError(
+                    f"write_rows({table!r}): state {f.name!r} shape {tuple(v.shape)} != {tuple(old_state[f.name].shape)}"
+                )
+            packed[:, f.start : f.start + f.width] = v.view(n, f.width)
+        tier.write(rows.numpy(), tier._records(weights.to(c.dtype.torch_dtype), packed))
+
     def reset_rows(self, table: str, rows: torch.Tensor | None) -> None:
         """Re-initialises rows [n] (None: the whole table) with the table's initializer and fresh optimizer state."""
         c = self._config(table)
+        if table in self.tiers:
+            tier = self.tiers[table]
+            if rows is None:
+                tier.fill_all(lambda start, n: self._fresh(table, n))
+            else:
+                rows = self._rows(table, rows, "reset_rows")
+                tier.write(rows.numpy(), tier._records(*self._fresh(table, rows.numel())))
+            return
         view = self.table_weight(table)
         n = c.num_rows if rows is None else int(rows.numel())
         fresh = torch.empty(n, c.dim, dtype=view.dtype, device=view.device) if rows is not None else view
-        match c.init:
-            case Uniform():
-                fresh.uniform_(*c.init_bounds)
-            case Normal():
-                fresh.normal_(c.init.mean, c.init.std)
-            case Zeros():
-                fresh.zero_()
+        _init(c, fresh)
         if rows is not None:
             rows = self._rows(table, rows, "reset_rows")
             _scatter_rows(view, rows, fresh)
@@ -241,12 +324,44 @@ class FusedTables:
     def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Applies a Module._apply function (a device move) to every buffer, keeping the dtypes."""
         for g in self.groups:
+            if self.tiers and fn(g.weight[:0]).device.type != "cpu":
+                raise ValueError(f"disk-tier tables {sorted(self.tiers)} stay on the CPU")
             g.weight = fn(g.weight).to(g.weight.dtype)
             g.state = fn(g.state).to(torch.float32)
 
     @property
     def device(self) -> torch.device:
         return self.groups[0].weight.device if self.groups else torch.device("cpu")
+
+
+def _init(c: TableConfig, fresh: torch.Tensor) -> None:
+    match c.init:
+        case Uniform():
+            fresh.uniform_(*c.init_bounds)
+        case Normal():
+            fresh.normal_(c.init.mean, c.init.std)
+        case Zeros():
+            fresh.zero_()
+
+
+def _resident_rows(t: TableConfig, record_bytes: int, device: torch.device | str | None) -> int:
+    """Rows table t holds in its group's buffers: num_rows, or the cache slots of a disk table."""
+    if t.storage is Storage.MEMORY:
+        return t.num_rows
+    if device is not None and torch.device(device).type != "cpu":
+        raise ValueError(f"table {t.name!r}: storage 'disk' needs the CPU, got device {device!r}")
+    if t.cache_rows is not None:
+        return t.cache_rows
+    assert t.cache_bytes is not None  # TableConfig checks one of the two is set
+    rows = t.cache_bytes // record_bytes
+    if rows < 1:
+        raise ValueError(f"table {t.name!r}: cache_bytes = {t.cache_bytes} holds no row of {record_bytes} bytes")
+    if rows > t.num_rows:
+        raise ValueError(
+            f"table {t.name!r}: cache_bytes = {t.cache_bytes} is larger than the table "
+            f"({t.num_rows} rows x {record_bytes} bytes = {t.num_rows * record_bytes})"
+        )
+    return rows
 
 
 def _scatter_rows(view: torch.Tensor, rows: torch.Tensor, fresh: torch.Tensor) -> None:

@@ -58,6 +58,7 @@ from hugerec.training.checkpoint import (
 )
 from hugerec.training.early_stopping import BestTracker, EarlyStopping
 from hugerec.training.metrics import BinaryMetrics
+from hugerec.training.pipeline import Pipeline, TieredStats
 from hugerec.training.precision import Precision, autocast, unscale_sparse_gradients
 from hugerec.training.run_log import RunLog, plot_curves
 from hugerec.training.schedule import Schedule
@@ -103,6 +104,8 @@ class TrainConfig:
     progress          show a progress bar
     tensorboard       write TensorBoard scalars (needs out_dir)
     plot              write curves.png at the end (needs out_dir)
+    pipeline          prepare batch i + 1 (decode, dynamic-table remap, disk-tier prefetch) in a worker thread
+                      while step i runs (hugerec.training.pipeline); single-process runs only
     """
 
     epochs: int = 1
@@ -126,6 +129,7 @@ class TrainConfig:
     progress: bool = True
     tensorboard: bool = True
     plot: bool = True
+    pipeline: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.optimizer, str):
@@ -229,6 +233,8 @@ def fit(
             batches: Iterator[Batch] = iter(train_data)
             if run.batches_in_epoch and run.fast_forward:  # a resumed plain iterable: skip the used batches
                 batches = itertools.islice(batches, run.batches_in_epoch, None)
+            if run.pipeline is not None:
+                batches = run.pipeline(batches)
             for batch in batches:
                 run.train_step(batch)
                 done = cfg.max_steps is not None and run.step >= cfg.max_steps
@@ -310,6 +316,15 @@ class _Run:
         self.window_loss = torch.zeros((), device=self.device)
         self.window_steps = self.window_samples = 0
         self.window_start = time.perf_counter()
+        self.pipeline = None if not cfg.pipeline or self.sharded else Pipeline(model, self.device, self._boundary)
+        self.tiered = TieredStats(model, self.pipeline)
+
+    def _boundary(self) -> bool:
+        """Whether the trainer evaluates, checkpoints or stops after the step it is about to take."""
+        cfg, step = self.cfg, self.step + 1
+        return any(every is not None and step % every == 0 for every in (cfg.eval_every, cfg.checkpoint_every)) or (
+            cfg.max_steps is not None and step >= cfg.max_steps
+        )
 
     def train_step(self, batch: Batch) -> None:
         for group, base in zip(self.opt.param_groups, self.base_lrs, strict=True):
@@ -363,6 +378,7 @@ class _Run:
             "lr": float(self.opt.param_groups[0]["lr"]),
             "samples_per_s": samples / max(elapsed, 1e-9),
         }
+        record.update(self.tiered.window(self.window_steps))
         self.history.train.append({"step": float(self.step), **record})
         self.log.write("train", self.step, record)
         self.bar.set_postfix_str(_postfix(self.history), refresh=False)
@@ -613,6 +629,7 @@ def _postfix(history: History) -> str:
     if history.train:
         last = history.train[-1]
         parts += [f"loss={last['loss']:.4f}", f"{last['samples_per_s']:,.0f} samples/s"]
+        parts += [f"{k}={last[k]:.0%}" for k in ("cache_hit_rate", "prefetch_hidden") if k in last]
     if history.evals:
         parts.append(f"auc={history.evals[-1]['auc']:.4f}")
     return " ".join(parts)

@@ -1,0 +1,248 @@
+"""Disk-tier tables: bit for bit the in-memory tables, checkpoints by snapshot, bad input, crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.config import DynamicConfig, Pooling, StorageDtype, TableConfig
+from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
+from hugerec.sparse.features import SparseFeatures
+
+OPTIMIZERS = [SGD(lr=0.1), Adagrad(lr=0.1), RowWiseAdagrad(lr=0.1), Adam(lr=0.05), Ftrl(lr=0.1)]
+
+
+def tables(
+    tmp: Path | None, cache: int, dtype: StorageDtype = StorageDtype.FP32, dynamic: bool = False
+) -> list[TableConfig]:
+    """a (disk when tmp is given; features a and a2), b (memory), s (disk, sequence)."""
+
+    def disk(name: str) -> dict[str, object]:
+        return {} if tmp is None else {"storage": "disk", "cache_rows": cache, "path": str(tmp / f"{name}.rows")}
+
+    dyn = DynamicConfig() if dynamic else None
+    return [
+        TableConfig("a", num_rows=40, dim=5, features=("a", "a2"), dtype=dtype, dynamic=dyn, **disk("a")),  # type: ignore[arg-type]
+        TableConfig("b", num_rows=30, dim=4),
+        TableConfig("s", num_rows=20, dim=3, pooling=Pooling.NONE, **disk("s")),  # type: ignore[arg-type]
+    ]
+
+
+def collection(ts: list[TableConfig], opt: Optimizer) -> EmbeddingCollection:
+    torch.manual_seed(0)
+    return EmbeddingCollection(ts, optimizer=opt)
+
+
+def batches(n: int, seed: int = 1, dynamic: bool = False) -> list[SparseFeatures]:
+    """Table a's ids: rows, or (dynamic) raw keys of 60 values for 40 rows: the hash map evicts."""
+    rng = np.random.default_rng(seed)
+
+    def key(x: int) -> int:
+        return x * 1_000_003 + 7 if dynamic else x
+
+    out = []
+    for _ in range(n):
+        ids = rng.integers(0, 60 if dynamic else 40, size=(3, 3))
+        out.append(
+            SparseFeatures.from_lists(
+                {
+                    "a": [[key(int(x)) for x in ids[b, : rng.integers(0, 3)]] for b in range(3)],
+                    "a2": [[key(int(ids[b, 2]))] for b in range(3)],
+                    "b": [[int(rng.integers(0, 30))] for _ in range(3)],
+                    "s": [[int(x) for x in rng.integers(0, 20, 2)] for _ in range(3)],
+                }
+            )
+        )
+    return out
+
+
+def step(emb: EmbeddingCollection, f: SparseFeatures) -> torch.Tensor:
+    pooled = emb(f).values
+    seq = emb.sequences(f)["s"].values
+    loss = (pooled * torch.linspace(-1, 1, pooled.shape[1])).square().sum() + seq.sin().sum()
+    loss.backward()
+    return torch.cat([pooled.detach().flatten(), seq.detach().flatten()])
+
+
+def rows_of(emb: EmbeddingCollection, name: str, num_rows: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    return emb.read_rows(name, torch.arange(num_rows))
+
+
+def assert_same_tables(x: EmbeddingCollection, y: EmbeddingCollection) -> None:
+    for t in x.tables:
+        (wx, sx), (wy, sy) = rows_of(x, t.name, t.num_rows), rows_of(y, t.name, t.num_rows)
+        assert torch.equal(wx, wy), t.name
+        assert sx.keys() == sy.keys() and all(torch.equal(sx[k], sy[k]) for k in sx), t.name
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: type(o).__name__)
+@pytest.mark.parametrize("cache", [18, 40])
+def test_bit_for_bit_with_memory(tmp_path: Path, opt: Optimizer, cache: int) -> None:
+    """Every optimizer, a cache of a few rows (every batch evicts) and one as large as the table."""
+    cache = min(cache, 20)  # table s has 20 rows
+    mem, disk = collection(tables(None, cache), opt), collection(tables(tmp_path, cache), opt)
+    assert_same_tables(mem, disk)
+    for f in batches(25):
+        assert torch.equal(step(mem, f), step(disk, f))
+    assert_same_tables(mem, disk)
+    stats = disk.disk_stats()
+    assert stats["misses"] > 0 and stats["rows_read"] == stats["misses"]
+    if cache == 18:
+        assert stats["rows_written"] > 0  # dirty rows went back to the file on eviction
+    disk.flush()
+    assert_same_tables(mem, disk)
+
+
+def test_bf16_and_dynamic_tables(tmp_path: Path) -> None:
+    """bf16 storage; a dynamic table whose hash map points into the disk tier (recycled rows reset on disk)."""
+    for dtype, dynamic in ((StorageDtype.BF16, False), (StorageDtype.FP32, True)):
+        d = tmp_path / f"{dtype.value}{dynamic}"
+        d.mkdir()
+        data = batches(20, dynamic=dynamic)
+        mem = collection(tables(None, 18, dtype, dynamic), Adam(lr=0.05))
+        want = [step(mem, f) for f in data]  # one collection at a time: recycled rows draw from the global RNG
+        disk = collection(tables(d, 18, dtype, dynamic), Adam(lr=0.05))
+        assert all(torch.equal(step(disk, f), w) for f, w in zip(data, want, strict=True))
+        assert_same_tables(mem, disk)
+        if dynamic:
+            assert disk.hash_tables["a"].stats().evictions > 0
+
+
+def test_eval_reads_without_dirtying(tmp_path: Path) -> None:
+    disk = collection(tables(tmp_path, 18), RowWiseAdagrad(lr=0.1))
+    mem = collection(tables(None, 18), RowWiseAdagrad(lr=0.1))
+    disk.eval()
+    mem.eval()
+    for f in batches(8):
+        assert torch.equal(disk(f).values, mem(f).values)
+    assert disk.disk_stats()["rows_written"] == 0
+
+
+def test_read_write_reset_rows(tmp_path: Path) -> None:
+    disk = collection(tables(tmp_path, 18), Adagrad(lr=0.1))
+    mem = collection(tables(None, 18), Adagrad(lr=0.1))
+    for f in batches(5):
+        step(disk, f), step(mem, f)
+    rows = torch.tensor([0, 3, 39, 3])
+    for e in (disk, mem):
+        e.write_rows("a", rows[:3], torch.full((3, 5), 2.0))
+        e.write_rows("a", torch.tensor([7]), torch.ones(1, 5), {"sum": torch.full((1, 5), 0.5)})
+        torch.manual_seed(3)
+        e.reset_rows("a", torch.tensor([8, 9]))
+    assert_same_tables(disk, mem)
+    assert torch.equal(disk.read_rows("a", rows)[0], mem.read_rows("a", rows)[0])
+    with pytest.raises(ValueError, match="lives on disk"):
+        disk.table_weight("a")
+
+
+def test_checkpoint_snapshot_resumes_exactly(tmp_path: Path) -> None:
+    emb = collection(tables(tmp_path, 18), Adam(lr=0.05))
+    data = batches(20)
+    for f in data[:10]:
+        step(emb, f)
+    state = {k: v.clone() for k, v in emb.state_dict().items()}  # in-memory tables' entries are views
+    assert "tables.a.weight" not in state and int(state["tables.a.disk_snapshot"]) == 1
+    snap = tmp_path / "a.rows.snapshots" / "1"
+    assert snap.is_file() and snap.stat().st_ino != (tmp_path / "a.rows").stat().st_ino
+    after = [step(emb, f) for f in data[10:]]
+    emb.load_state_dict(state)
+    assert [torch.equal(step(emb, f), want) for f, want in zip(data[10:], after, strict=True)] == [True] * 10
+    # a fresh collection on the same files resumes from the state dict too
+    other = collection(tables(tmp_path, 18), Adam(lr=0.05))
+    other.load_state_dict(state)
+    assert torch.equal(step(other, data[10]), after[0])
+
+
+def test_snapshots_kept(tmp_path: Path) -> None:
+    emb = collection(tables(tmp_path, 18), SGD(lr=0.1))
+    for f in batches(5):
+        step(emb, f)
+        assert emb.state_dict()["tables.a.disk_snapshot"] == emb.state_dict()["tables.a.disk_snapshot"]  # no change
+    assert sorted(p.name for p in (tmp_path / "a.rows.snapshots").iterdir()) == ["3", "4", "5"]
+    with pytest.raises(RuntimeError, match=r"snapshot .*1' does not exist"):
+        emb.load_state_dict({**emb.state_dict(), "tables.a.disk_snapshot": torch.tensor(1)})
+
+
+def test_bad_config_and_files(tmp_path: Path) -> None:
+    p = str(tmp_path / "t.rows")
+    with pytest.raises(ValueError, match="cache_rows = 11 is larger than the table"):
+        TableConfig("t", num_rows=10, dim=4, storage="disk", cache_rows=11, path=p)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cache_bytes = 100000 is larger than the table"):
+        EmbeddingCollection([TableConfig("t", num_rows=10, dim=4, storage="disk", cache_bytes=100_000, path=p)])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="exactly one of cache_rows and cache_bytes"):
+        TableConfig("t", num_rows=10, dim=4, storage="disk", path=p)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"path = .* needs storage = 'disk'"):
+        TableConfig("t", num_rows=10, dim=4, path=p)
+    big = TableConfig("t", num_rows=10**13, dim=64, storage="disk", cache_rows=4, path=p)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"t.rows' needs [\d,]+ bytes on disk .* free"):
+        EmbeddingCollection([big])
+    assert not Path(p).exists()
+    t = TableConfig("t", num_rows=10, dim=4, storage="disk", cache_rows=4, path=p)  # type: ignore[arg-type]
+    EmbeddingCollection([t], optimizer=SGD())
+    with pytest.raises(ValueError, match="holds another layout: dim = 4, this table has 5"):
+        EmbeddingCollection([TableConfig("t", num_rows=10, dim=5, storage="disk", cache_rows=4, path=p)])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="holds another layout: optimizer = 'sgd', this table has 'adam'"):
+        EmbeddingCollection([t], optimizer=Adam())
+    Path(p).write_bytes(b"\x00" * 5000)
+    with pytest.raises(ValueError, match="is not a hugerec disk-tier file"):
+        EmbeddingCollection([t])
+    ok = TableConfig("t", num_rows=10, dim=4, storage="disk", cache_rows=4, path=str(tmp_path / "u.rows"))  # type: ignore[arg-type]
+    emb = EmbeddingCollection([ok])
+    with pytest.raises(ValueError, match=r"feature 't' \(table 't', num_rows 10\): id 10 of example 1 is outside"):
+        emb(SparseFeatures.from_lists({"t": [[1], [10]]}))
+    with pytest.raises(ValueError, match="cache of 4 rows is too small"):
+        emb(SparseFeatures.from_lists({"t": [[0, 1, 2], [3, 4]]}))
+    assert TableConfig.from_json(ok.to_json()) == ok
+
+
+_CRASH = textwrap.dedent(
+    """
+    import os, sys, torch
+    sys.path.insert(0, {tests!r})
+    from embedding.test_disk import batches, collection, step, tables
+    from hugerec.embedding.optimizers import Adam
+    from pathlib import Path
+    emb = collection(tables(Path({tmp!r}), 18), Adam(lr=0.05))
+    data = batches(400)
+    for f in data[:10]:
+        step(emb, f)
+    torch.save(emb.state_dict(), {ckpt!r})
+    print("go", flush=True)
+    while True:  # write-backs on every batch until killed
+        for f in data[10:]:
+            step(emb, f)
+    """
+)
+
+
+def test_kill_mid_write_back_then_reload(tmp_path: Path) -> None:
+    """kill -9 while rows are written back: the live file is refused (never read torn), the checkpoint restores it."""
+    ckpt = tmp_path / "ckpt.pt"
+    code = _CRASH.format(tests=str(Path(__file__).parents[1]), tmp=str(tmp_path), ckpt=str(ckpt))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "go"
+    import time
+
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    emb = collection(tables(tmp_path, 18), Adam(lr=0.05))
+    data = batches(400)
+    with pytest.raises(ValueError, match=r"a\.rows' was not closed cleanly"):
+        step(emb, data[10])
+    emb.load_state_dict(torch.load(ckpt, weights_only=True))
+    ref = collection(tables(None, 18), Adam(lr=0.05))
+    for f in data[:10]:
+        step(ref, f)
+    assert_same_tables(emb, ref)
+    for f in data[10:30]:
+        assert torch.equal(step(emb, f), step(ref, f))

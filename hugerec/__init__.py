@@ -11,6 +11,7 @@ so `import hugerec` stays light (serving pulls in the HTTP stack).
 
 import importlib
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from hugerec.embedding import (
     SGD,
@@ -27,6 +28,9 @@ from hugerec.embedding import (
     TableConfig,
 )
 from hugerec.sparse import Batch, JaggedTensor, PooledEmbeddings, SparseFeatures
+
+if TYPE_CHECKING:  # type checkers see the lazily imported subpackages (`hr.models.DLRM` is typed, not Any)
+    from hugerec import data, distributed, index, models, serving, training
 
 __version__ = "0.1.0"
 

@@ -177,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=1,
-        help="torch threads for scoring (default: 1; idle torch threads doubled the CPU per batch-1 request; "
+        help="torch threads for scoring (default: 1; idle torch threads spin and cost CPU on every batch-1 request; "
         "raise it for large batches, or run more replicas)",
     )
     serve.add_argument("--updates-dir", help="apply the deltas published to this directory while serving")

@@ -111,8 +111,7 @@ def _trusted_features(keys: tuple[str, ...], values: torch.Tensor, lengths: torc
     """SparseFeatures without re-running its checks: `_assemble` built values and lengths consistent.
 
     The checks reduce over all F * B lengths with torch; from a loader thread, torch's OpenMP team
-    for those reductions stalls on a busy machine (measured 8-27 ms per 8192-row batch, more than
-    the rest of the batch's work). The tests compare these batches against checked ones.
+    for those reductions stalls on a busy machine, for longer than the rest of the batch's work. The tests compare these batches against checked ones.
     """
     features = object.__new__(SparseFeatures)
     for name, value in (("keys", keys), ("values", values), ("lengths", lengths), ("weights", None)):
@@ -231,7 +230,7 @@ def decode(table: pa.Table, schema: Schema, order: np.ndarray | None) -> Columns
     dense = np.empty((r, len(schema.dense)), np.float32)  # [R, Dd]
     for j, name in enumerate(schema.dense_names):
         _fill(dense[:, j], table[name])
-    if order is not None:  # np.take: ~20x faster than dense[order] for a narrow [R, Dd]
+    if order is not None:  # np.take: much faster than dense[order] for a narrow [R, Dd]
         labels, dense = np.take(labels, order, axis=0), np.take(dense, order, axis=0)
     if len(schema.labels) == 1:
         labels = labels[:, 0]  # [R]

@@ -11,10 +11,9 @@ with the kernels of in-memory tables. Memory is known up front: C * (W + S) byte
 
 Why a memory-mapped file and not RocksDB (rocksdict): rows are fixed-size records addressed by a
 dense row number, so the file offset is the index; the cache kernels copy records straight from
-and to the mapping with no Python per row. `benchmarks/tiered.py` (its `record store` case) read 20k
-random 260-byte records in 4-5 ms from the mapping and in 90-135 ms through rocksdict's batched
-`get` (25-30x; 2-core VM under load, benchmarks/README.md), and RocksDB's compaction would compete
-for the same cores.
+and to the mapping with no Python per row. `benchmarks/tiered.py` (its `record store` case) compares random
+record reads from the mapping with rocksdict's batched `get` (figures in benchmarks/README.md), and
+RocksDB's compaction would compete for the same cores.
 
 Crash safety: the header's `clean` flag is cleared (and fsync'ed) before the first write into the
 records after an open or a flush, and set again by `flush` after the records are msync'ed. A file

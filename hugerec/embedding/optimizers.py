@@ -160,16 +160,6 @@ def state_width(opt: Optimizer, dim: int) -> int:
             return 2 * dim
 
 
-def initial_state_value(opt: Optimizer) -> float:
-    match opt:
-        case Adagrad() | RowWiseAdagrad():
-            return opt.initial_accumulator_value
-        case SGD() | Adam():
-            return 0.0
-        case Ftrl():
-            return 0.0  # z starts at 0; n's initial value is written by the collection
-
-
 def optimizer_to_dict(opt: Optimizer) -> dict[str, Any]:
     return {"type": optimizer_name(opt), **asdict(opt)}
 

@@ -9,7 +9,7 @@ run as one autograd node whose activations and gradients live in storages the ML
 steps (`hugerec.ops.workspace.OutputPool`), the bias and ReLU applied in place. Plain nn.Linear +
 nn.ReLU allocate fresh [B, width] tensors for the output, the ReLU, and both of their gradients at
 every step; at B = 8192 and width 1024 each is 32 MiB, above glibc's mmap threshold, so each one
-is mapped and page-faulted anew (about 5 ms apiece). The numbers are the same: the backward computes
+is mapped and page-faulted anew. The numbers are the same: the backward computes
 the same products. Parameters and state_dict are those of the plain layers.
 """
 

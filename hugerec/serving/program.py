@@ -4,8 +4,8 @@
     run     the same function as a TorchScript trace of `module`, or `module` itself
 
 torch.export's unlifted module runs every aten op through Python (OpOverload calls, pytree
-flattening, input guards): about 340 us for a Criteo-shaped DLRM at batch 1, 2.7x the eager model.
-A frozen TorchScript trace of the same graph runs in torch's C++ interpreter: about 60 us. A trace records
+flattening, input guards), slower than the eager model at batch 1. A frozen TorchScript trace of the
+same graph runs in torch's C++ interpreter instead. A trace records
 one execution, at one batch size. An exported graph has no data-dependent control flow, so the
 trace is the same program at every batch size unless a shape or value was baked in as a constant:
 tracing refuses a value taken out of a tensor by the model's code (TracerWarning as an error; the

@@ -83,9 +83,6 @@ class Partition:
     frame: pl.DataFrame | None = field(default=None, compare=False)
     first_line: int | None = None  # 1-based line number of the first line, when known without a scan
 
-    def describe(self) -> str:
-        return f"{self.path or '<frame>'}[{self.start}:{self.end}]"
-
 
 @dataclass(frozen=True)
 class Chunk:

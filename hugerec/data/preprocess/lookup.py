@@ -14,7 +14,7 @@ cache-resident); longer strings compare their remaining bytes against the vocabu
 
 When every indexed string packs into a uint64 (at most 8 bytes, no NUL: `packed`), the table holds
 the packed values instead and a query string is packed as it is probed (one that does not pack
-cannot be in the table): 3x faster on Criteo's 8-digit hex values than hashing them as strings.
+cannot be in the table), which is faster on Criteo's 8-digit hex values than hashing them as strings.
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@ One call serves every feature of a table group and writes straight into the outp
 at their feature's columns of out [B, C], sequence rows at their feature's rows of out [N_g, D].
 Work is split by (feature, chunk of examples), so each piece reads a contiguous run of ids, and the
 row of the id AHEAD positions later is prefetched: the loop body between two random row loads is
-long enough that the out-of-order window alone keeps few rows in flight (prefetching measured up to
-1.7x faster on 10-id bags). Measured against torch.index_select gathering the same rows: about 1.3x
-its time with 10 ids per bag, about 2x with one id per bag (the per-bag bookkeeping shows).
+long enough that the out-of-order window alone keeps few rows in flight. Per-bag bookkeeping is what this costs
+over a bare torch.index_select of the same rows (figures in benchmarks/README.md).
 """
 
 from __future__ import annotations

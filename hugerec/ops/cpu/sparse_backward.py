@@ -12,8 +12,7 @@ No dense gradient, no [N, D] gradient either:
    summed into a D-wide local buffer), then the update rule applied to the row and its state in place.
 
 Both modes sum a row's gradients in id order, so they give the same result. Accumulating saves a
-random read of the output gradient per id in phase 2 (the backward of 26 tables x 1M rows, dim 16,
-one Zipf id per bag, batch 8192: 10.7-14.2 -> 9.4-9.9 ms; hot rows have many ids).
+random read of the output gradient per id in phase 2 (hot rows have many ids).
 
 Plain SGD (no weight decay) skips both: it is linear, so each id updates its row directly.
 """
@@ -33,8 +32,8 @@ from hugerec.ops.update_rule import RuleKind, UpdateRule
 from hugerec.ops.workspace import Workspace
 
 _FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}  # no "nnan"/"ninf": a NaN must stay visible
-# Prefetch distances of phase 2 (software prefetching measured 1.3-1.7x faster there: each unique row is a
-# chain of dependent random loads that the out-of-order window cannot overlap on its own)
+# Prefetch distances of phase 2 (software prefetching pays there: each unique row is a chain of dependent
+# random loads that the out-of-order window cannot overlap on its own)
 SLOTS_AHEAD, OCCURRENCES_AHEAD, ROWS_AHEAD = 4, 8, 16
 ACCUMULATE_MAX_BYTES = 64 << 20  # largest [N, D] fp32 buffer of the accumulate mode (else: occurrences)
 _SGD, _ADAGRAD, _ROWWISE, _ADAM, _FTRL = (int(k) for k in RuleKind)

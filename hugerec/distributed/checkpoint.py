@@ -613,13 +613,8 @@ def _install_dynamic(p: Placed, by_columns: dict[tuple[int, int], list[dict[str,
             f"load_checkpoint: {path} holds {n} keys of dynamic table {name!r} for a shard of capacity {table.key_capacity}"
         )
     rows = torch.arange(n, dtype=torch.int64)
-    table.load(HashTableContents(fields["keys"], rows, fields["last_step"], fields["count"]))
-    state = table.state_dict()
-    state["sketch"] = fields["sketch"]
-    table.load_state_dict(state)
-    step = int(fields["table_step"])
-    if step > table.step:
-        table.find_or_insert(torch.zeros(0, dtype=torch.int64), step=step)
+    table.load(HashTableContents(fields["keys"], rows, fields["last_step"], fields["count"]), sketch=fields["sketch"])
+    table.advance_to(max(int(fields["table_step"]), 0))
     cols = slice(s.col_start, s.col_start + s.dim)
     per_row = [f for f in fields if f not in ("keys", "last_step", "count", "weight", *PER_TABLE_FIELDS)]
     opt = {

@@ -245,12 +245,10 @@ class ShardedEmbeddingCollection(nn.Module):
                     f"more than its capacity {target.key_capacity}"
                 )
             rows = torch.arange(n, dtype=torch.int64)
-            target.load(HashTableContents(held.keys[mine], rows, held.last_step[mine], held.count[mine]))
-            state = target.state_dict()
-            state["sketch"] = source.state_dict()["sketch"]  # admission counts so far, as the whole table saw them
-            target.load_state_dict(state)
-            if source.step > target.step:
-                target.find_or_insert(torch.zeros(0, dtype=torch.int64), step=source.step)
+            # the admission counts so far, as the whole table saw them, and the whole table's clock
+            contents = HashTableContents(held.keys[mine], rows, held.last_step[mine], held.count[mine])
+            target.load(contents, sketch=source.state_dict()["sketch"])
+            target.advance_to(max(source.step, 0))
             weights, opt_state = collection.read_rows(t.name, held.rows[mine])
             self.shards.write_rows(t.name, rows, weights, opt_state)
         step = table_state(collection, t.name).get("step")

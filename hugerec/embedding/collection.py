@@ -27,8 +27,9 @@ from torch import nn
 
 from hugerec import ops
 from hugerec.embedding.config import Pooling, TableConfig
+from hugerec.embedding.feature_remap import NEXT, FeatureRemap
 from hugerec.embedding.fused import FusedTables
-from hugerec.embedding.hash_table import NEXT, FeatureRemap, HashTable
+from hugerec.embedding.hash_table import HashTable
 from hugerec.embedding.lookup import GroupPlan, pooled_lookup, sequence_lookup
 from hugerec.embedding.optimizers import Adam, Optimizer, RowWiseAdagrad
 from hugerec.ops.plan import COLUMN, WIDTH

@@ -20,9 +20,7 @@ lists the keys touched after a step (delta export, `hugerec.embedding.delta`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
@@ -30,7 +28,6 @@ import torch
 from hugerec.embedding.config import DynamicConfig, Eviction, Missing
 from hugerec.ops import hash_table as ops
 from hugerec.ops.cpu import hash_table as layout
-from hugerec.sparse.features import SparseFeatures
 
 
 def _eviction_code(eviction: Eviction) -> int:
@@ -99,6 +96,19 @@ class HashTableContents:
     rows: torch.Tensor
     last_step: torch.Tensor
     count: torch.Tensor
+
+
+@dataclass(frozen=True)
+class KernelView:
+    """What the multi-table kernels (`hugerec.ops.hash_table.TablePack`) take from one table: its
+    arrays (replaced on load, so a holder compares them by identity before reusing a pack) and its
+    policy as the kernels' integer codes."""
+
+    arrays: ops.HashTableArrays
+    eviction: int
+    min_count: int
+    ttl: int  # -1: no expiry
+    unknown_row: int  # -1: none
 
 
 class HashTable:
@@ -182,13 +192,14 @@ class HashTable:
         k = as_keys(keys, where)
         step = _check_step(step, where)
         dest = self._out(out, k.shape[0], where)
-        rows, reset = self._find_or_insert(k, step, admit_all, dest)
+        rows, reset = self.find_or_insert_numpy(k, step, admit_all, dest)
         return Insertion(torch.from_numpy(rows), torch.from_numpy(reset))
 
-    def _find_or_insert(
+    def find_or_insert_numpy(
         self, keys: np.ndarray, step: int, admit_all: bool = False, out: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """`find_or_insert` of checked arguments (keys contiguous int64 [N], step an int >= 0): numpy (rows, reset)."""
+        """`find_or_insert` without argument checks, for callers that already hold contiguous int64 keys
+        [N] and an int step >= 0 (the per-batch remap): numpy (rows, reset rows)."""
         if self._ttl >= 0 and step >= self.step:
             ops.expire(self._arrays, step, self._ttl)
         rows, reset = ops.find_or_insert(
@@ -209,11 +220,23 @@ class HashTable:
         unknown row. Changes nothing: concurrent `find`s are safe, a concurrent writer is not."""
         where = self._where("find")
         k = as_keys(keys, where)
-        return torch.from_numpy(self._find(k, self._out(out, k.shape[0], where)))
+        return torch.from_numpy(self.find_numpy(k, self._out(out, k.shape[0], where)))
 
-    def _find(self, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """`find` of checked keys (contiguous int64 [N]): numpy rows."""
+    def find_numpy(self, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """`find` without argument checks, for contiguous int64 keys [N]: numpy rows (into `out` if given)."""
         return self._fill_missing(ops.lookup(self._arrays, keys, out))
+
+    def advance_to(self, step: int) -> None:
+        """Move the table's clock forward to `step` without touching a key (TTL rows past their time
+        expire, as at a training step); nothing happens when the table is at `step` or later."""
+        step = _check_step(step, self._where("advance_to"))
+        if step > self.step:
+            self.find_or_insert_numpy(np.empty(0, dtype=np.int64), step)
+
+    def kernel_view(self) -> KernelView:
+        """The arrays and policy codes the multi-table kernels take (see `KernelView`)."""
+        unknown = -1 if self.unknown_row is None else self.unknown_row
+        return KernelView(self._arrays, self._eviction, self.policy.min_count, self._ttl, unknown)
 
     def remove(self, keys: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Drop keys; returns the row each one held (-1 where absent). Freed rows are re-initialised on reuse."""
@@ -288,8 +311,10 @@ class HashTable:
             where,
         )
 
-    def load(self, contents: HashTableContents) -> None:
-        """Replace the mapping by `contents` (e.g. another table's `export()`), keeping sketch and counters.
+    def load(self, contents: HashTableContents, sketch: torch.Tensor | None = None) -> None:
+        """Replace the mapping by `contents` (e.g. another table's `export()`), keeping the counters and,
+        unless `sketch` (another table's `state_dict()["sketch"]`, same policy) is given, the admission
+        sketch.
 
         Rows not in `contents` become free and are handed out lowest first; those that held a key
         before are re-initialised when reused.
@@ -302,7 +327,8 @@ class HashTable:
         meta = a.meta.copy()
         last = as_keys(contents.last_step, self._where("load"))
         meta[layout.STEP] = max(self.step, int(last.max()) if last.size else -1)
-        self._install(contents, row_state, free, a.sketch.copy(), meta, self._where("load"))
+        counts = a.sketch.copy() if sketch is None else sketch.detach().cpu().numpy().view(np.uint16).copy()
+        self._install(contents, row_state, free, counts, meta, self._where("load"))
 
     def _install(
         self,
@@ -349,172 +375,3 @@ class HashTable:
         ops.insert_mapping(fresh, keys, rows)
         ops.rebuild_heap(fresh, self._eviction)
         self._arrays = fresh
-
-
-NEXT: Literal["next"] = "next"  # `FeatureRemap` steps: every table at its next step (its last step + 1)
-Steps = Mapping[str, int] | Literal["next"] | None
-
-
-@dataclass
-class _Layout:
-    """Where a batch with one key order puts each dynamic table's keys (see `FeatureRemap`)."""
-
-    single: tuple[str, ...]  # tables looked up by exactly one feature of the batch
-    single_feature: np.ndarray  # int64 [len(single)]: that feature's index in the batch
-    shared: tuple[tuple[str, tuple[int, ...]], ...]  # tables looked up by several features: their indices
-    plain: tuple[int, ...]  # features of no dynamic table (their ids pass through)
-    pack: ops.TablePack | None = None  # the single tables' arrays for the side-by-side kernels
-
-
-class FeatureRemap:
-    """Raw keys -> rows for the features of dynamic tables, batch after batch.
-
-    Called with a batch, it returns rows [N] int64 aligned with features.values and {table: reset
-    rows [E]} of the tables that recycled rows (their weights and optimizer state must be
-    re-initialised before use). The keys of all features of one table (those present in the batch)
-    go through its HashTable in one call: with find_or_insert at the given steps (`NEXT`: each
-    table's next step; or a mapping table -> step), or with find when steps is None (eval). The ids
-    of other features are copied unchanged.
-
-    A table looked up by one feature maps that feature's span of the values in place, side by side
-    with the other such tables in one parallel kernel (on batches of at least _PARALLEL_MIN_KEYS
-    keys); a table shared by several features gets their keys concatenated, one table at a time, as
-    does a table the kernel hands back (its first eviction needs a heap, or the keys do not fit: the
-    one-table call then raises). What does not change between batches is kept: per key order, which
-    span belongs to which table, and the tables' arrays as the kernel takes them, so a step spends
-    no Python per table.
-    """
-
-    def __init__(self, tables: Mapping[str, HashTable], table_features: Mapping[str, Sequence[str]]) -> None:
-        self._tables = dict(tables)
-        self._features = {name: tuple(table_features[name]) for name in self._tables}
-        self._layouts: dict[tuple[str, ...], _Layout] = {}
-        self._reset = np.empty(0, dtype=np.int64)  # the kernel's reset rows, reused across batches
-
-    def _layout(self, keys: tuple[str, ...]) -> _Layout:
-        found = self._layouts.get(keys)
-        if found is None:
-            index = {k: i for i, k in enumerate(keys)}
-            present = {name: tuple(index[f] for f in fs if f in index) for name, fs in self._features.items()}
-            single = tuple(name for name, fs in present.items() if len(fs) == 1)
-            covered = {f for fs in present.values() for f in fs}
-            found = _Layout(
-                single=single,
-                single_feature=np.asarray([present[name][0] for name in single], dtype=np.int64),
-                shared=tuple((name, fs) for name, fs in present.items() if len(fs) > 1),
-                plain=tuple(i for i in range(len(keys)) if i not in covered),
-            )
-            self._layouts[keys] = found
-        return found
-
-    def __call__(
-        self, features: SparseFeatures, steps: Steps = NEXT, bounds: np.ndarray | None = None
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(rows [N], reset rows per table) of a batch; `bounds` [F + 1] int64, where the caller has them,
-        are the features' value ranges in features.values (else they are summed from the lengths)."""
-        values = features.values
-        if bounds is None:
-            num_features, batch = len(features.keys), features.batch_size
-            counts = features.lengths.cpu().numpy().reshape(num_features, batch).sum(axis=1, dtype=np.int64)
-            bounds = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(counts)])
-        layout = self._layout(features.keys)
-        keys_np = np.ascontiguousarray(values.detach().cpu().numpy())  # int64 (SparseFeatures checks it)
-        n = keys_np.shape[0]
-        # the keys of a table shared by several features are copied together after the batch's keys
-        shared_spans = [[(int(bounds[f]), int(bounds[f + 1])) for f in fs] for _, fs in layout.shared]
-        keys_all = keys_np
-        if layout.shared:
-            keys_all = np.concatenate([keys_np, *(keys_np[a:b] for spans in shared_spans for a, b in spans)])
-        rows_all = np.empty_like(keys_all)
-        reset: dict[str, torch.Tensor] = {}
-        left = list(range(len(layout.single)))
-        if len(layout.single) > 1 and n >= _PARALLEL_MIN_KEYS:
-            left = self._side_by_side(layout, keys_all, rows_all, bounds, steps, reset)
-        for i in left:  # one table at a time: small batches, and tables the kernel handed back
-            f = int(layout.single_feature[i])
-            self._one_table(layout.single[i], keys_all, rows_all, int(bounds[f]), int(bounds[f + 1]), steps, reset)
-        end = n
-        for (name, _), spans in zip(layout.shared, shared_spans, strict=True):
-            size = sum(b - a for a, b in spans)
-            self._one_table(name, keys_all, rows_all, end, end + size, steps, reset)
-            for a, b in spans:
-                rows_all[a:b] = rows_all[end : end + b - a]
-                end += b - a
-        rows_np = rows_all[:n]
-        for f in layout.plain:
-            a, b = int(bounds[f]), int(bounds[f + 1])
-            rows_np[a:b] = keys_np[a:b]
-        return torch.from_numpy(rows_np).to(values.device), reset
-
-    def _one_table(
-        self,
-        name: str,
-        keys: np.ndarray,
-        rows: np.ndarray,
-        a: int,
-        b: int,
-        steps: Steps,
-        reset: dict[str, torch.Tensor],
-    ) -> None:
-        table = self._tables[name]
-        if steps is None:
-            table._find(keys[a:b], rows[a:b])
-            return
-        step = max(table.step, 0) + 1 if isinstance(steps, str) else steps[name]
-        _, recycled = table._find_or_insert(keys[a:b], step, out=rows[a:b])
-        if recycled.size:
-            reset[name] = torch.from_numpy(recycled)
-
-    def _side_by_side(
-        self,
-        layout: _Layout,
-        keys: np.ndarray,
-        rows: np.ndarray,
-        bounds: np.ndarray,
-        steps: Steps,
-        reset: dict[str, torch.Tensor],
-    ) -> list[int]:
-        """The single-feature tables of `layout` in one parallel kernel; returns the indices (into
-        layout.single) of the tables left to the one-table path."""
-        tables = [self._tables[name] for name in layout.single]
-        arrays = [t._arrays for t in tables]
-        if layout.pack is None or not layout.pack.current(arrays):
-            layout.pack = ops.TablePack(
-                arrays,
-                [t._eviction for t in tables],
-                [t.policy.min_count for t in tables],
-                [t._ttl for t in tables],
-                [-1 if t.unknown_row is None else t.unknown_row for t in tables],
-            )
-        starts = bounds[layout.single_feature]
-        ends = bounds[layout.single_feature + 1]
-        if steps is None:
-            ops.lookup_tables(layout.pack, keys, starts, ends, rows)
-            return []
-        if isinstance(steps, str):
-            step = np.full(len(tables), -1, dtype=np.int64)
-        else:
-            step = np.asarray([steps[name] for name in layout.single], dtype=np.int64)
-            if any(s < t.step for s, t in zip(step.tolist(), tables, strict=True)):
-                return list(range(len(tables)))  # a step goes back: the one-table path raises
-        if self._reset.shape[0] < keys.shape[0]:
-            self._reset = np.empty(keys.shape[0], dtype=np.int64)
-        status = ops.find_or_insert_tables(layout.pack, keys, starts, ends, rows, step, self._reset)
-        for i in np.flatnonzero(status[:, 1] > 0).tolist():
-            if status[i, 0] == ops.OK:
-                a = int(starts[i])
-                reset[layout.single[i]] = torch.from_numpy(self._reset[a : a + int(status[i, 1])].copy())
-        return np.flatnonzero(status[:, 0] != ops.OK).tolist()
-
-
-def remap_features(
-    features: SparseFeatures,
-    tables: Mapping[str, HashTable],
-    table_features: Mapping[str, Sequence[str]],
-    steps: Mapping[str, int] | None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """`FeatureRemap` of one batch: rows [N] int64 aligned with features.values and {table: reset rows}."""
-    return FeatureRemap(tables, table_features)(features, steps)
-
-
-_PARALLEL_MIN_KEYS = 16_384  # below this many keys per batch a parallel region costs more than it saves

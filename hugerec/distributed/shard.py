@@ -132,7 +132,7 @@ def shard(
         sharded = ShardedEmbeddingCollection(collection, sub, emb_group)
         if parent is None:
             return sharded
-        setattr(parent, name, sharded)
+        parent.register_module(name, sharded)  # the model annotates it as an EmbeddingModule: both fit
     if not any(p.requires_grad for p in model.parameters()):
         return model
     device = device or found[0][2].device

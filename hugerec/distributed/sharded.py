@@ -40,6 +40,7 @@ from hugerec.distributed.routing import Bucketed, Route, Routing, bucketize, key
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.config import Pooling, TableConfig, Uniform
 from hugerec.embedding.hash_table import HashTableContents
+from hugerec.embedding.interface import EmbeddingModule
 from hugerec.embedding.optimizers import Optimizer
 from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import JaggedTensor
@@ -523,3 +524,7 @@ class ShardedEmbeddingCollection(nn.Module):
                 case ShardingKind.DATA_PARALLEL:
                     raise AssertionError("data-parallel tables have no routes")
         return out
+
+
+# mypy proves here that the sharded collection is a drop-in for the interface models annotate
+_SHARDED_IS_EMBEDDING_MODULE: type[EmbeddingModule] = ShardedEmbeddingCollection

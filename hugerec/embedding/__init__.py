@@ -16,6 +16,7 @@ from hugerec.embedding.config import (
 )
 from hugerec.embedding.delta import TableDelta, export_delta, import_delta, read_delta, write_delta
 from hugerec.embedding.hash_table import HashTable, HashTableStats
+from hugerec.embedding.interface import EmbeddingModule
 from hugerec.embedding.layers import Embedding, EmbeddingBag
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
 
@@ -27,6 +28,7 @@ __all__ = [
     "Embedding",
     "EmbeddingBag",
     "EmbeddingCollection",
+    "EmbeddingModule",
     "Eviction",
     "Ftrl",
     "HashTable",

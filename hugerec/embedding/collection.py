@@ -30,6 +30,7 @@ from hugerec.embedding.config import Pooling, TableConfig
 from hugerec.embedding.feature_remap import NEXT, FeatureRemap
 from hugerec.embedding.fused import FusedTables
 from hugerec.embedding.hash_table import HashTable
+from hugerec.embedding.interface import EmbeddingModule
 from hugerec.embedding.lookup import GroupPlan, pooled_lookup, sequence_lookup
 from hugerec.embedding.optimizers import Adam, Optimizer, RowWiseAdagrad
 from hugerec.ops.plan import COLUMN, WIDTH
@@ -563,3 +564,7 @@ class EmbeddingCollection(nn.Module):
         super()._apply(fn, recurse)
         self._fused.apply(fn)
         return self
+
+
+# mypy proves here that the collection satisfies the interface models annotate (as the sharded one does)
+_COLLECTION_IS_EMBEDDING_MODULE: type[EmbeddingModule] = EmbeddingCollection

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.interface import EmbeddingModule
 from hugerec.models.crossnet import CrossNet
 from hugerec.models.mlp import MLP, Activation, check_dims
 from hugerec.models.model import RecModel, lookup
@@ -39,7 +39,7 @@ class DCNv2(RecModel):
 
     def __init__(
         self,
-        embedding: EmbeddingCollection,
+        embedding: EmbeddingModule,
         num_dense: int,
         num_cross_layers: int,
         low_rank: int | None = None,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.interface import EmbeddingModule
 from hugerec.models.interactions import FMInteraction
 from hugerec.models.mlp import MLP, Activation, check_dims
 from hugerec.models.model import RecModel, common_dim, lookup
@@ -33,10 +33,10 @@ class DeepFM(RecModel):
 
     def __init__(
         self,
-        embedding: EmbeddingCollection,
+        embedding: EmbeddingModule,
         num_dense: int,
         deep: Sequence[int] = (400, 400, 400),
-        wide: EmbeddingCollection | None = None,
+        wide: EmbeddingModule | None = None,
         activation: Activation = Activation.RELU,
         dropout: float = 0.0,
     ) -> None:

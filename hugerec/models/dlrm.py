@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.interface import EmbeddingModule
 from hugerec.models.interactions import DotInteraction
 from hugerec.models.mlp import MLP, Activation, check_dims
 from hugerec.models.model import RecModel, common_dim, lookup
@@ -34,7 +34,7 @@ class DLRM(RecModel):
 
     def __init__(
         self,
-        embedding: EmbeddingCollection,
+        embedding: EmbeddingModule,
         num_dense: int,
         bottom: Sequence[int],
         top: Sequence[int],

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.interface import EmbeddingModule
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 
@@ -62,7 +63,7 @@ class RecModel(nn.Module):
         return [p for p in self.parameters() if id(p) not in inside]
 
 
-def common_dim(embedding: EmbeddingCollection, where: str) -> int:
+def common_dim(embedding: EmbeddingModule, where: str) -> int:
     """The one D shared by every feature of `embedding` (needed to stack them as [B, F, D])."""
     dims = dict(zip(embedding.feature_names, embedding.feature_dims, strict=True))
     if not dims:
@@ -72,7 +73,7 @@ def common_dim(embedding: EmbeddingCollection, where: str) -> int:
     return next(iter(dims.values()))
 
 
-def lookup(embedding: EmbeddingCollection, sparse: SparseFeatures) -> torch.Tensor:
+def lookup(embedding: EmbeddingModule, sparse: SparseFeatures) -> torch.Tensor:
     """Pooled [B, sum D] of `embedding`'s features, from a batch that may also carry other features.
 
     A model with two collections (deep and wide) may read different features in each; the batch's

@@ -14,8 +14,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.config import Pooling, TableConfig, Zeros
+from hugerec.embedding.interface import EmbeddingModule
 from hugerec.embedding.optimizers import Ftrl, Optimizer
 
 
@@ -33,7 +33,7 @@ def wide_tables(tables: Sequence[TableConfig], optimizer: Optimizer | None = Non
     ]
 
 
-def check_wide(embedding: EmbeddingCollection, where: str) -> None:
+def check_wide(embedding: EmbeddingModule, where: str) -> None:
     """ValueError unless every pooled feature of `embedding` has dim 1."""
     wrong = {k: d for k, d in zip(embedding.feature_names, embedding.feature_dims, strict=True) if d != 1}
     if wrong:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.interface import EmbeddingModule
 from hugerec.models.mlp import MLP, Activation, check_dims
 from hugerec.models.model import RecModel, lookup
 from hugerec.models.wide import WideArch, check_wide
@@ -31,8 +31,8 @@ class WideAndDeep(RecModel):
 
     def __init__(
         self,
-        deep_embedding: EmbeddingCollection,
-        wide_embedding: EmbeddingCollection,
+        deep_embedding: EmbeddingModule,
+        wide_embedding: EmbeddingModule,
         num_dense: int,
         deep: Sequence[int] = (1024, 512, 256),
         activation: Activation = Activation.RELU,

@@ -87,6 +87,10 @@ class HashTableArrays:
     def capacity(self) -> int:
         return int(self.info.shape[0])
 
+    def kernel(self) -> _cpu.Arrays:
+        """The arrays as the kernels take them (one typed tuple)."""
+        return _cpu.Arrays(self.slots, self.info, self.row_state, self.free, self.heap, self.sketch, self.meta)
+
     def counter(self, index: int) -> int:
         return int(self.meta[index])
 
@@ -106,7 +110,7 @@ def lookup(t: HashTableArrays, keys: np.ndarray, out: np.ndarray | None = None) 
 
 def expire(t: HashTableArrays, step: int, ttl: int) -> int:
     """Free every row with step - last_step > ttl; returns how many."""
-    return int(_cpu.expire(t.slots, t.info, t.row_state, t.free, t.heap, t.meta, step, ttl))
+    return int(_cpu.expire(t.kernel(), step, ttl))
 
 
 def find_or_insert(
@@ -130,29 +134,14 @@ def find_or_insert(
     reset = np.empty(keys.shape[0], dtype=np.int64)
 
     def call() -> tuple[_cpu.Int, _cpu.Int, _cpu.Int, _cpu.Int]:
-        return _cpu.find_or_insert(
-            t.slots,
-            t.info,
-            t.row_state,
-            t.free,
-            t.heap,
-            t.sketch,
-            t.meta,
-            keys,
-            rows,
-            reset,
-            step,
-            eviction,
-            min_count,
-            admit_all,
-        )
+        return _cpu.find_or_insert(t.kernel(), keys, rows, reset, step, eviction, min_count, admit_all)
 
     status, n_reset, needed, protected = call()
     if status == _cpu.NEED_HEAP:
         # the first call that has to evict: from now on the table keeps its eviction order
         t.heap = memory.empty_numpy((heap_capacity(t.capacity), 4), np.int64)
         t.heap.fill(0)
-        _cpu.rebuild_heap(t.info, t.row_state, t.heap, t.meta, eviction)
+        _cpu.rebuild_heap(t.kernel(), eviction)
         status, n_reset, needed, protected = call()
     if status == _cpu.FULL:
         raise ValueError(
@@ -173,10 +162,8 @@ class TablePack:
     costs a few hundred microseconds per call in Python; a pack costs one identity check per table.
 
     evictions, min_counts, ttls (-1: no expiry) and unknown (the row a key without one gets; -1: none)
-    are per table, int64 [T].
+    are per table; they form the group's policy array [T, 4] (columns `_cpu.POLICY_*`).
     """
-
-    FIELDS = ("slots", "info", "row_state", "free", "heap", "sketch", "meta")
 
     def __init__(
         self,
@@ -188,11 +175,22 @@ class TablePack:
     ) -> None:
         self.tables = tuple(tables)
         self._heaps = tuple(t.heap for t in self.tables)  # the one array a table replaces (`find_or_insert`)
-        self.arrays = tuple(tuple(getattr(t, f) for t in self.tables) for f in self.FIELDS)
-        self.evictions = np.asarray(evictions, dtype=np.int64)
-        self.min_counts = np.asarray(min_counts, dtype=np.int64)
-        self.ttls = np.asarray(ttls, dtype=np.int64)
-        self.unknown = np.asarray(unknown, dtype=np.int64)
+        policy = np.zeros((len(self.tables), 4), dtype=np.int64)
+        policy[:, _cpu.POLICY_EVICTION] = evictions
+        policy[:, _cpu.POLICY_MIN_COUNT] = min_counts
+        policy[:, _cpu.POLICY_TTL] = ttls
+        policy[:, _cpu.POLICY_UNKNOWN] = unknown
+        ts = self.tables
+        self.group = _cpu.TableGroup(
+            slots=tuple(t.slots for t in ts),
+            info=tuple(t.info for t in ts),
+            row_state=tuple(t.row_state for t in ts),
+            free=tuple(t.free for t in ts),
+            heap=tuple(t.heap for t in ts),
+            sketch=tuple(t.sketch for t in ts),
+            meta=tuple(t.meta for t in ts),
+            policy=policy,
+        )
         self.status = np.zeros((len(self.tables), 4), dtype=np.int64)
 
     def __len__(self) -> int:
@@ -210,8 +208,8 @@ class TablePack:
 def lookup_tables(pack: TablePack, keys: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray) -> None:
     """`lookup` of several tables in one parallel kernel: rows[a:b] = rows of keys[a:b] in table i,
     (a, b) = (starts[i], ends[i]) (keys: contiguous int64 [N]; int64 bounds; the spans do not
-    overlap); a missing key gets pack.unknown[i] where that is >= 0, else -1."""
-    _cpu.lookup_tables(pack.arrays[0], keys, starts, ends, rows, pack.unknown)
+    overlap); a missing key gets the table's unknown row where it has one, else -1."""
+    _cpu.lookup_tables(pack.group, keys, starts, ends, rows)
 
 
 def find_or_insert_tables(
@@ -228,47 +226,27 @@ def find_or_insert_tables(
 
     Table i maps keys[a:b] (keys: contiguous int64 [N]), (a, b) = (starts[i], ends[i]), into rows[a:b]
     at steps[i] (int64 [T]; a negative entry means the table's next step and is replaced by it); the
-    spans do not overlap and no step goes back. A key without a row gets pack.unknown[i] or -1.
+    spans do not overlap and no step goes back. A key without a row gets the table's unknown row or -1.
     Returns the status [T, 4] (a view of pack.status, valid until the next call): per table (code,
     E, needed, protected). Where code is OK, reset[a:a + E] are the rows to re-initialise; where it
     is not (the table must evict and has no heap yet, or the keys do not fit), the table is
     unchanged, its span of rows holds scratch, and `find_or_insert` alone handles it (or raises).
     """
-    slots, info, row_state, free, heap, sketch, meta = pack.arrays
-    _cpu.find_or_insert_tables(
-        slots,
-        info,
-        row_state,
-        free,
-        heap,
-        sketch,
-        meta,
-        keys,
-        starts,
-        ends,
-        rows,
-        reset,
-        steps,
-        pack.evictions,
-        pack.min_counts,
-        pack.ttls,
-        pack.unknown,
-        pack.status,
-    )
+    _cpu.find_or_insert_tables(pack.group, keys, starts, ends, rows, reset, steps, pack.status)
     return pack.status
 
 
 def remove(t: HashTableArrays, keys: np.ndarray) -> np.ndarray:
     """Drop keys; returns the freed row per key (-1 where absent)."""
     out = np.empty(keys.shape[0], dtype=np.int64)
-    _cpu.remove(t.slots, t.info, t.row_state, t.free, t.meta, keys, out)
+    _cpu.remove(t.kernel(), keys, out)
     return out
 
 
 def rebuild_heap(t: HashTableArrays, eviction: int) -> None:
     """Recompute the eviction heap, if the table keeps one, from the rows (after loading a saved table)."""
     if t.heap.shape[0]:
-        _cpu.rebuild_heap(t.info, t.row_state, t.heap, t.meta, eviction)
+        _cpu.rebuild_heap(t.kernel(), eviction)
 
 
 def insert_mapping(t: HashTableArrays, keys: np.ndarray, rows: np.ndarray) -> None:

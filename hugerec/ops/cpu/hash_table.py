@@ -25,6 +25,8 @@ therefore costs nothing; the heap is only worked on when rows are evicted or exp
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, prange
 
@@ -72,6 +74,39 @@ NEED_HEAP = 3  # eviction must run and the heap is not allocated yet: allocate, 
 
 # scalars are Python ints at the call sites and np.int64 inside the kernels
 Int = int | np.int64
+
+
+class Arrays(NamedTuple):
+    """One table's arrays as every kernel takes them (layout above): one typed tuple, not seven arguments."""
+
+    slots: np.ndarray
+    info: np.ndarray
+    row_state: np.ndarray
+    free: np.ndarray
+    heap: np.ndarray
+    sketch: np.ndarray
+    meta: np.ndarray
+
+
+class TableGroup(NamedTuple):
+    """Several tables as the side-by-side kernels take them: per field of `Arrays`, one array per table
+    (a parallel loop cannot take a tuple of tuples), and their policies, int64 [T, 4] (POLICY_*)."""
+
+    slots: tuple[np.ndarray, ...]
+    info: tuple[np.ndarray, ...]
+    row_state: tuple[np.ndarray, ...]
+    free: tuple[np.ndarray, ...]
+    heap: tuple[np.ndarray, ...]
+    sketch: tuple[np.ndarray, ...]
+    meta: tuple[np.ndarray, ...]
+    policy: np.ndarray
+
+
+# per-table policy columns of TableGroup.policy
+POLICY_EVICTION = 0
+POLICY_MIN_COUNT = 1
+POLICY_TTL = 2  # -1: no expiry
+POLICY_UNKNOWN = 3  # the row a key without one gets; -1: none
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -211,14 +246,9 @@ def _score(eviction: Int, info: np.ndarray, r: Int) -> tuple[Int, Int]:
 
 
 @njit(cache=True, nogil=True)
-def rebuild_heap(
-    info: np.ndarray,
-    row_state: np.ndarray,
-    heap: np.ndarray,
-    meta: np.ndarray,
-    eviction: Int,
-) -> None:
+def rebuild_heap(t: Arrays, eviction: Int) -> None:
     """One exact entry per held row; drops every stale entry."""
+    info, row_state, heap, meta = t.info, t.row_state, t.heap, t.meta
     n = 0
     for r in range(row_state.shape[0]):
         if row_state[r] == USED:
@@ -234,13 +264,7 @@ def rebuild_heap(
 
 
 @njit(cache=True)
-def _pop_exact(
-    info: np.ndarray,
-    row_state: np.ndarray,
-    heap: np.ndarray,
-    meta: np.ndarray,
-    eviction: Int,
-) -> Int:
+def _pop_exact(info: np.ndarray, row_state: np.ndarray, heap: np.ndarray, meta: np.ndarray, eviction: Int) -> Int:
     """Pop until the top entry is exact for a held row and return that row (-1: heap empty)."""
     while meta[HEAP_SIZE] > 0:
         r = heap[0, 2]
@@ -260,23 +284,16 @@ def _pop_exact(
 
 @njit(cache=True)
 def _release(slots: np.ndarray, info: np.ndarray, row_state: np.ndarray, r: Int) -> None:
+    """Row r gives up its key: its slot is deleted, the row is marked for re-initialisation."""
     mask = slots.shape[0] - 1
     _delete_slot(slots, _probe(slots, mask, info[r, KEY]))
     row_state[r] = FREED
 
 
 @njit(cache=True, nogil=True)
-def expire(
-    slots: np.ndarray,
-    info: np.ndarray,
-    row_state: np.ndarray,
-    free: np.ndarray,
-    heap: np.ndarray,
-    meta: np.ndarray,
-    step: Int,
-    ttl: Int,
-) -> Int:
+def expire(t: Arrays, step: Int, ttl: Int) -> Int:
     """TTL: free every row not seen for more than `ttl` steps (step - last_step > ttl), oldest first."""
+    slots, info, row_state, free, heap, meta = t.slots, t.info, t.row_state, t.free, t.heap, t.meta
     n = 0
     while meta[HEAP_SIZE] > 0 and heap[0, 0] < step - ttl:
         r = _pop_exact(info, row_state, heap, meta, EVICT_TTL)
@@ -320,6 +337,14 @@ def _sketch_add(sketch: np.ndarray, key: Int, occ: Int) -> None:
 
 
 # -- find_or_insert ----------------------------------------------------------------------------------
+#
+# find_or_insert runs as named steps. Two fast paths need no eviction and no admission:
+#   _insert_pipelined  fewer keys than free rows: one software-pipelined pass over the batch
+#   _probe_batch + _insert_missing   the batch's new keys fit the free rows
+# otherwise the general path, where nothing changes until the batch is known to fit:
+#   _probe_batch -> _distinct_missing -> _admission -> _room -> _insert_admitted
+# A missing key's entry in `rows` is -2 - (the empty slot that ended its probe) after _probe_batch,
+# then -2 - (its index among the distinct missing keys) after _distinct_missing.
 
 
 @njit(cache=True)
@@ -362,75 +387,69 @@ def _touch_found(info: np.ndarray, meta: np.ndarray, rows: np.ndarray, step: Int
                 meta[TOUCHED] += 1
 
 
-@njit(cache=True)
-def _give_row(
-    slots: np.ndarray,
-    info: np.ndarray,
-    row_state: np.ndarray,
-    heap: np.ndarray,
-    meta: np.ndarray,
-    empty: Int,
-    r: Int,
-    key: Int,
-    occ: Int,
-    step: Int,
-    eviction: Int,
+@njit(inline="always", cache=True)
+def _bind(
+    slots: np.ndarray, info: np.ndarray, row_state: np.ndarray, s: Int, r: Int, key: Int, occ: Int, step: Int
 ) -> None:
-    """Free row r now holds `key`, seen `occ` times at `step`; `empty` is the empty slot ending the key's probe."""
-    slots[empty, 0] = key
-    slots[empty, 1] = r
+    """Row r now holds `key` at the empty slot s, seen `occ` times at `step` (the counters in meta are
+    the caller's: the pipelined path keeps them in locals)."""
+    slots[s, 0] = key
+    slots[s, 1] = r
     info[r, KEY] = key
     info[r, GEN] += 1
     info[r, LAST] = step
     info[r, COUNT] = occ
     row_state[r] = USED
-    meta[SIZE] += 1
-    meta[INSERTS] += 1
-    meta[TOUCHED] += 1
-    if heap.shape[0]:
-        s1, s2 = _score(eviction, info, r)
-        _push(heap, meta, s1, s2, r, info[r, GEN])
 
 
 @njit(cache=True)
-def _find_or_insert_free(
-    slots: np.ndarray,
-    info: np.ndarray,
-    row_state: np.ndarray,
-    free: np.ndarray,
-    heap: np.ndarray,
-    meta: np.ndarray,
-    keys: np.ndarray,
-    rows: np.ndarray,
-    reset: np.ndarray,
-    step: Int,
-    eviction: Int,
+def _push_scored(heap: np.ndarray, meta: np.ndarray, info: np.ndarray, r: Int, eviction: Int) -> None:
+    """Row r enters the eviction heap with its current score (callers check that the table keeps a heap).
+
+    The loops below pop a free row with four written-out lines and call this only under `if
+    heap.shape[0]`: an inlined helper that returns the updated reset counter, or one that holds the
+    heap test, made the insert loops markedly slower (benchmarks/README.md, hash-table kernels)."""
+    s1, s2 = _score(eviction, info, r)
+    _push(heap, meta, s1, s2, r, info[r, GEN])
+
+
+@njit(inline="always", cache=True)
+def _room_in_heap(t: Arrays, pushes: Int, eviction: Int) -> None:
+    """Compact the heap (drop stale entries) when `pushes` more entries would overflow it."""
+    if t.heap.shape[0] and t.meta[HEAP_SIZE] + pushes > t.heap.shape[0]:
+        rebuild_heap(t, eviction)
+
+
+@njit(cache=True)
+def _insert_pipelined(
+    t: Arrays, keys: np.ndarray, rows: np.ndarray, reset: np.ndarray, step: Int, eviction: Int
 ) -> Int:
-    """find_or_insert when every key is admitted and the free rows outnumber the keys (no eviction can
-    happen): one pass, new keys take rows in order of first occurrence. Returns the number of reset rows.
+    """Every key admitted and more free rows than keys (no eviction can happen): one pass, new keys take
+    rows in order of first occurrence. Returns the number of reset rows.
 
     The pass is a software pipeline: the home slot of key i + 2 AHEAD is prefetched, key i + AHEAD is
     probed and its row's info prefetched, key i is touched or inserted. The probe of key i + AHEAD may
     predate the insertion of an equal key among i .. i + AHEAD - 1, so an insertion re-probes from the
     empty slot that ended the early probe (the path before it is still full: nothing is deleted here).
+    The table's counters stay in locals until the end.
     """
+    _room_in_heap(t, keys.shape[0], eviction)
+    # the arrays as locals: an array taken out of the tuple inside the loop costs a reference count
+    slots, info, row_state, free, heap, meta = t.slots, t.info, t.row_state, t.free, t.heap, t.meta
     n = keys.shape[0]
     mask = slots.shape[0] - 1
     if meta[STEP] != step:
         meta[STEP] = step
         meta[TOUCHED] = 0
-    if heap.shape[0] and meta[HEAP_SIZE] + n > heap.shape[0]:
-        rebuild_heap(info, row_state, heap, meta, eviction)
     n_free = meta[N_FREE]
     touched = meta[TOUCHED]
     inserted = 0
-    n_reset = 0
+    n_reset: Int = 0
     for i in range(min(AHEAD, n)):
         s = _probe(slots, mask, keys[i])
-        rows[i] = slots[s, 1] if s >= 0 else s - 1  # -2 - (the empty slot that ended the probe)
-    for i in range(min(2 * AHEAD, n)):
-        if i >= AHEAD:
-            prefetch(slots, _home(keys[i], mask) * 2, 2)
+        rows[i] = slots[s, 1] if s >= 0 else s - 1
+    for i in range(AHEAD, min(2 * AHEAD, n)):
+        prefetch(slots, _home(keys[i], mask) * 2, 2)
     for i in range(n):
         j = i + AHEAD
         if j < n:
@@ -450,30 +469,21 @@ def _find_or_insert_free(
             info[r, LAST] = step
             continue
         key = keys[i]
-        s = -2 - r
-        while slots[s, 1] != -1 and slots[s, 0] != key:
-            s = (s + 1) & mask
+        s = _resume_probe(slots, mask, -2 - r, key)
         if slots[s, 1] != -1:  # an earlier key of this batch inserted it
             r = slots[s, 1]
             info[r, COUNT] += 1
-        else:  # `_give_row` written out, its three counters kept in locals until the end
+        else:
             n_free -= 1
             r = free[n_free]
-            if row_state[r] != FRESH:
+            if row_state[r] != FRESH:  # it held a key before: re-initialise it
                 reset[n_reset] = r
                 n_reset += 1
-            slots[s, 0] = key
-            slots[s, 1] = r
-            info[r, KEY] = key
-            info[r, GEN] += 1
-            info[r, LAST] = step
-            info[r, COUNT] = 1
-            row_state[r] = USED
+            _bind(slots, info, row_state, s, r, key, 1, step)
             inserted += 1
             touched += 1
             if heap.shape[0]:
-                s1, s2 = _score(eviction, info, r)
-                _push(heap, meta, s1, s2, r, info[r, GEN])
+                _push_scored(heap, meta, info, r, eviction)
         rows[i] = r
     meta[N_FREE] = n_free
     meta[TOUCHED] = touched
@@ -482,15 +492,221 @@ def _find_or_insert_free(
     return n_reset
 
 
-@njit(cache=True, nogil=True)
-def find_or_insert(
+@njit(inline="always", cache=True)
+def _resume_probe(slots: np.ndarray, mask: Int, s: Int, key: Int) -> Int:
+    """Continue a probe for `key` from slot s (the empty slot that ended an earlier probe): inserts
+    since then may have filled it and the slots after it; the path before it is unchanged (nothing
+    was deleted). Returns the slot holding `key` or the next empty one."""
+    while slots[s, 1] != -1 and slots[s, 0] != key:
+        s = (s + 1) & mask
+    return s
+
+
+@njit(cache=True)
+def _probe_batch(t: Arrays, keys: np.ndarray, rows: np.ndarray) -> Int:
+    """rows[i] = the row of keys[i], or -2 - (the empty slot that ended its probe); returns the number
+    of missing occurrences. Changes nothing in the table."""
+    slots = t.slots
+    n = keys.shape[0]
+    mask = slots.shape[0] - 1
+    n_miss = 0
+    for i in range(n):
+        if i + AHEAD < n:
+            prefetch(slots, _home(keys[i + AHEAD], mask) * 2, 2)
+        s = _probe(slots, mask, keys[i])
+        if s >= 0:
+            rows[i] = slots[s, 1]
+        else:
+            rows[i] = s - 1
+            n_miss += 1
+    return n_miss
+
+
+@njit(cache=True)
+def _insert_missing(
+    t: Arrays, keys: np.ndarray, rows: np.ndarray, reset: np.ndarray, step: Int, eviction: Int, n_miss: Int
+) -> Int:
+    """After _probe_batch, when every key is admitted and the free rows suffice: touch the found rows,
+    then new keys take free rows in order of first occurrence (a repeat finds its first occurrence).
+    Returns the number of reset rows."""
+    _room_in_heap(t, n_miss, eviction)
+    slots, info, row_state, free, heap, meta = t.slots, t.info, t.row_state, t.free, t.heap, t.meta
+    mask = slots.shape[0] - 1
+    _touch_found(info, meta, rows, step)
+    n_reset: Int = 0
+    for i in range(keys.shape[0]):
+        if rows[i] >= 0:
+            continue
+        key = keys[i]
+        s = _resume_probe(slots, mask, -2 - rows[i], key)
+        if slots[s, 1] != -1:
+            r = slots[s, 1]
+            info[r, COUNT] += 1
+        else:
+            meta[N_FREE] -= 1
+            r = free[meta[N_FREE]]
+            if row_state[r] != FRESH:
+                reset[n_reset] = r
+                n_reset += 1
+            _give_row(slots, info, row_state, heap, meta, s, r, key, 1, step, eviction)
+        rows[i] = r
+    return n_reset
+
+
+@njit(inline="always", cache=True)
+def _give_row(
     slots: np.ndarray,
     info: np.ndarray,
     row_state: np.ndarray,
-    free: np.ndarray,
     heap: np.ndarray,
-    sketch: np.ndarray,
     meta: np.ndarray,
+    s: Int,
+    r: Int,
+    key: Int,
+    occ: Int,
+    step: Int,
+    eviction: Int,
+) -> None:
+    """_bind with the table's counters and the heap kept up to date."""
+    _bind(slots, info, row_state, s, r, key, occ, step)
+    meta[SIZE] += 1
+    meta[INSERTS] += 1
+    meta[TOUCHED] += 1
+    if heap.shape[0]:
+        _push_scored(heap, meta, info, r, eviction)
+
+
+@njit(cache=True)
+def _distinct_missing(keys: np.ndarray, rows: np.ndarray, n_miss: Int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct missing keys in order of first occurrence and their occurrences in the batch;
+    rows[i] of a missing key becomes -2 - (its index among them)."""
+    size = 2
+    while size < 2 * n_miss:
+        size *= 2
+    mask = size - 1
+    seen_key = np.empty(size, dtype=np.int64)
+    seen_index = np.full(size, -1, dtype=np.int64)
+    ukeys = np.empty(n_miss, dtype=np.int64)
+    uocc = np.zeros(n_miss, dtype=np.int64)
+    n_u = 0
+    for i in range(keys.shape[0]):
+        if rows[i] >= 0:
+            continue
+        key = keys[i]
+        s = _home(key, mask)
+        while seen_index[s] != -1 and seen_key[s] != key:
+            s = (s + 1) & mask
+        if seen_index[s] == -1:
+            seen_index[s] = n_u
+            seen_key[s] = key
+            ukeys[n_u] = key
+            n_u += 1
+        u = seen_index[s]
+        uocc[u] += 1
+        rows[i] = -2 - u
+    return ukeys[:n_u], uocc[:n_u]
+
+
+@njit(cache=True)
+def _admission(sketch: np.ndarray, ukeys: np.ndarray, uocc: np.ndarray, use_sketch: bool, min_count: Int) -> np.ndarray:
+    """Which distinct new keys are admitted: all, or those whose count-min estimate plus their
+    occurrences in this batch reaches min_count (decided before the sketch counts this batch)."""
+    admitted = np.ones(ukeys.shape[0], dtype=np.bool_)
+    if use_sketch:
+        for u in range(ukeys.shape[0]):
+            admitted[u] = sketch_estimate(sketch, ukeys[u]) + uocc[u] >= min_count
+    return admitted
+
+
+@njit(cache=True)
+def _room(t: Arrays, rows: np.ndarray, needed: Int, step: Int, eviction: Int) -> tuple[Int, Int]:
+    """Whether `needed` new rows can be had at `step`: (status, protected rows). Rows touched at this
+    step (by this batch or an earlier call at the same step) are never evicted for this step's keys."""
+    protected: Int = 0
+    if needed == 0:
+        return OK, protected
+    if eviction == EVICT_NONE:
+        if t.meta[SIZE] + needed > t.info.shape[0]:
+            return FULL, protected
+    elif needed > t.meta[N_FREE]:
+        protected = _protected_rows(t.info, t.meta, rows, step)
+        if protected + needed > t.info.shape[0]:
+            return BATCH_TOO_LARGE, protected
+        if t.heap.shape[0] == 0:
+            return NEED_HEAP, protected
+    # rows taken from the free stack push without popping; evictions pop before they push
+    _room_in_heap(t, min(needed, t.meta[N_FREE]), eviction)
+    return OK, protected
+
+
+@njit(cache=True)
+def _insert_admitted(
+    t: Arrays,
+    rows: np.ndarray,
+    reset: np.ndarray,
+    ukeys: np.ndarray,
+    uocc: np.ndarray,
+    admitted: np.ndarray,
+    use_sketch: bool,
+    step: Int,
+    eviction: Int,
+) -> Int:
+    """The general path's changes, once the batch is known to fit: the sketch counts the batch, found
+    rows are touched, admitted keys take a free row or evict one (refused keys map to -1), and rows[]
+    gets each missing occurrence's row. Returns the number of reset rows.
+
+    Eviction frees the held row with the smallest exact score; rows touched at this step that come
+    off the heap first are kept aside (`deferred`) and pushed back at the end."""
+    slots, info, row_state, free, heap, meta = t.slots, t.info, t.row_state, t.free, t.heap, t.meta
+    n_u = ukeys.shape[0]
+    mask = slots.shape[0] - 1
+    if use_sketch:
+        for u in range(n_u):
+            _sketch_add(t.sketch, ukeys[u], uocc[u])
+    _touch_found(info, meta, rows, step)
+    n_reset: Int = 0
+    new_row = np.empty(n_u, dtype=np.int64)
+    deferred = np.empty(0, dtype=np.int64)
+    n_def = 0
+    for u in range(n_u):
+        if not admitted[u]:
+            new_row[u] = -1
+            meta[REFUSED] += 1
+            continue
+        if meta[N_FREE] > 0:
+            meta[N_FREE] -= 1
+            r = free[meta[N_FREE]]
+        else:
+            if deferred.shape[0] == 0:
+                deferred = np.empty(info.shape[0], dtype=np.int64)
+            while True:
+                r = _pop_exact(info, row_state, heap, meta, eviction)
+                if r < 0:
+                    raise RuntimeError("hash table: eviction heap ran empty (internal invariant broken)")
+                if info[r, LAST] != step:
+                    break
+                deferred[n_def] = r
+                n_def += 1
+            _release(slots, info, row_state, r)
+            meta[SIZE] -= 1
+            meta[EVICTIONS] += 1
+        if row_state[r] != FRESH:
+            reset[n_reset] = r
+            n_reset += 1
+        empty = -1 - _probe(slots, mask, ukeys[u])  # probed after the eviction: deletion moves entries
+        _give_row(slots, info, row_state, heap, meta, empty, r, ukeys[u], uocc[u], step, eviction)
+        new_row[u] = r
+    for k in range(n_def):
+        _push_scored(heap, meta, info, deferred[k], eviction)
+    for i in range(rows.shape[0]):
+        if rows[i] <= -2:
+            rows[i] = new_row[-2 - rows[i]]
+    return n_reset
+
+
+@njit(cache=True, nogil=True)
+def find_or_insert(
+    t: Arrays,
     keys: np.ndarray,
     rows: np.ndarray,
     reset: np.ndarray,
@@ -506,147 +722,19 @@ def find_or_insert(
     Only ints are returned: boxing a returned array costs a pickle round trip per call.
     """
     n = keys.shape[0]
-    cap = info.shape[0]
-    mask = slots.shape[0] - 1
-    use_sketch = min_count > 1 and not admit_all
-    if not use_sketch and n <= meta[N_FREE]:
-        return (
-            OK,
-            _find_or_insert_free(slots, info, row_state, free, heap, meta, keys, rows, reset, step, eviction),
-            n,
-            0,
-        )
-    n_miss = 0
-    for i in range(n):
-        if i + AHEAD < n:
-            prefetch(slots, _home(keys[i + AHEAD], mask) * 2, 2)
-        s = _probe(slots, mask, keys[i])
-        if s >= 0:
-            rows[i] = slots[s, 1]
-        else:
-            rows[i] = s - 1  # -2 - (the empty slot that ended the probe)
-            n_miss += 1
-    if not use_sketch and n_miss <= meta[N_FREE]:
-        # common case: every key is admitted and free rows suffice (no eviction), so new keys go
-        # straight into the slots in order of first occurrence; a repeat finds its first occurrence
-        if heap.shape[0] and meta[HEAP_SIZE] + n_miss > heap.shape[0]:
-            rebuild_heap(info, row_state, heap, meta, eviction)
-        _touch_found(info, meta, rows, step)
-        n_reset = 0
-        for i in range(n):
-            if rows[i] >= 0:
-                continue
-            key = keys[i]
-            # the probe path up to the remembered empty slot is still full (nothing was deleted since);
-            # inserts of this batch may have filled that slot and the ones after it
-            s = -2 - rows[i]
-            while slots[s, 1] != -1 and slots[s, 0] != key:
-                s = (s + 1) & mask
-            if slots[s, 1] != -1:
-                r = slots[s, 1]
-                info[r, COUNT] += 1
-            else:
-                meta[N_FREE] -= 1
-                r = free[meta[N_FREE]]
-                if row_state[r] != FRESH:
-                    reset[n_reset] = r
-                    n_reset += 1
-                _give_row(slots, info, row_state, heap, meta, s, r, key, 1, step, eviction)
-            rows[i] = r
-        return OK, n_reset, n_miss, 0
-    # 1. distinct missing keys in order of first occurrence; rows[i] = -2 - u marks "distinct key u"
-    tsize = 2
-    while tsize < 2 * n_miss:
-        tsize *= 2
-    tmask = tsize - 1
-    tkey = np.empty(tsize, dtype=np.int64)
-    tidx = np.full(tsize, -1, dtype=np.int64)
-    ukeys = np.empty(n_miss, dtype=np.int64)
-    uocc = np.zeros(n_miss, dtype=np.int64)
-    n_u = 0
-    for i in range(n):
-        if rows[i] >= 0:
-            continue
-        key = keys[i]
-        s = _home(key, tmask)
-        while tidx[s] != -1 and tkey[s] != key:
-            s = (s + 1) & tmask
-        if tidx[s] == -1:
-            tidx[s] = n_u
-            tkey[s] = key
-            ukeys[n_u] = key
-            n_u += 1
-        u = tidx[s]
-        uocc[u] += 1
-        rows[i] = -2 - u
-    # 2. admission, decided before any state changes (count-min estimate after this batch's adds)
-    admitted = np.ones(n_u, dtype=np.bool_)
-    needed = n_u
-    if use_sketch:
-        needed = 0
-        for u in range(n_u):
-            admitted[u] = sketch_estimate(sketch, ukeys[u]) + uocc[u] >= min_count
-            needed += admitted[u]
-    # 3. capacity: rows touched at this step (by this batch or an earlier call at the same step) are
-    # never evicted to make room for this step's new keys
-    protected: Int = 0
-    if needed > 0:
-        if eviction == EVICT_NONE:
-            if meta[SIZE] + needed > cap:
-                return FULL, 0, needed, protected
-        elif needed > meta[N_FREE]:
-            protected = _protected_rows(info, meta, rows, step)
-            if protected + needed > cap:
-                return BATCH_TOO_LARGE, 0, needed, protected
-            if heap.shape[0] == 0:
-                return NEED_HEAP, 0, needed, protected
-        # rows taken from the free stack push without popping; evictions pop before they push
-        if heap.shape[0] and meta[HEAP_SIZE] + min(needed, meta[N_FREE]) > heap.shape[0]:
-            rebuild_heap(info, row_state, heap, meta, eviction)
-    # 4. mutate: sketch, touches, new rows
-    if use_sketch:
-        for u in range(n_u):
-            _sketch_add(sketch, ukeys[u], uocc[u])
-    _touch_found(info, meta, rows, step)
-    n_reset = 0
-    new_row = np.empty(n_u, dtype=np.int64)
-    deferred = np.empty(0, dtype=np.int64)
-    n_def = 0
-    for u in range(n_u):
-        if not admitted[u]:
-            new_row[u] = -1
-            meta[REFUSED] += 1
-            continue
-        if meta[N_FREE] > 0:
-            meta[N_FREE] -= 1
-            r = free[meta[N_FREE]]
-        else:
-            if deferred.shape[0] == 0:
-                deferred = np.empty(cap, dtype=np.int64)
-            while True:
-                r = _pop_exact(info, row_state, heap, meta, eviction)
-                if r < 0:
-                    raise RuntimeError("hash table: eviction heap ran empty (internal invariant broken)")
-                if info[r, LAST] != step:
-                    break
-                deferred[n_def] = r  # protected by this batch: back into the heap afterwards
-                n_def += 1
-            _release(slots, info, row_state, r)
-            meta[SIZE] -= 1
-            meta[EVICTIONS] += 1
-        if row_state[r] != FRESH:
-            reset[n_reset] = r
-            n_reset += 1
-        empty = -1 - _probe(slots, mask, ukeys[u])  # probed after the eviction: deletion moves entries
-        _give_row(slots, info, row_state, heap, meta, empty, r, ukeys[u], uocc[u], step, eviction)
-        new_row[u] = r
-    for k in range(n_def):
-        r = deferred[k]
-        s1, s2 = _score(eviction, info, r)
-        _push(heap, meta, s1, s2, r, info[r, GEN])
-    for i in range(n):
-        if rows[i] <= -2:
-            rows[i] = new_row[-2 - rows[i]]
+    use_sketch = bool(min_count > 1 and not admit_all)
+    if not use_sketch and n <= t.meta[N_FREE]:
+        return OK, _insert_pipelined(t, keys, rows, reset, step, eviction), n, 0
+    n_miss = _probe_batch(t, keys, rows)
+    if not use_sketch and n_miss <= t.meta[N_FREE]:
+        return OK, _insert_missing(t, keys, rows, reset, step, eviction, n_miss), n_miss, 0
+    ukeys, uocc = _distinct_missing(keys, rows, n_miss)
+    admitted = _admission(t.sketch, ukeys, uocc, use_sketch, min_count)
+    needed = np.int64(admitted.sum())
+    status, protected = _room(t, rows, needed, step, eviction)
+    if status != OK:
+        return status, 0, needed, protected
+    n_reset = _insert_admitted(t, rows, reset, ukeys, uocc, admitted, use_sketch, step, eviction)
     return OK, n_reset, needed, protected
 
 
@@ -654,16 +742,9 @@ def find_or_insert(
 
 
 @njit(cache=True)
-def remove(
-    slots: np.ndarray,
-    info: np.ndarray,
-    row_state: np.ndarray,
-    free: np.ndarray,
-    meta: np.ndarray,
-    keys: np.ndarray,
-    out: np.ndarray,
-) -> None:
+def remove(t: Arrays, keys: np.ndarray, out: np.ndarray) -> None:
     """Drop keys (absent ones are skipped); out[i] = freed row or -1. Freed rows go on the free stack."""
+    slots, info, row_state, free, meta = t.slots, t.info, t.row_state, t.free, t.meta
     mask = slots.shape[0] - 1
     for i in range(keys.shape[0]):
         s = _probe(slots, mask, keys[i])
@@ -694,65 +775,46 @@ def insert_mapping(slots: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> Non
 
 @njit(cache=True, parallel=True)
 def find_or_insert_tables(
-    slots: tuple[np.ndarray, ...],
-    info: tuple[np.ndarray, ...],
-    row_state: tuple[np.ndarray, ...],
-    free: tuple[np.ndarray, ...],
-    heap: tuple[np.ndarray, ...],
-    sketch: tuple[np.ndarray, ...],
-    meta: tuple[np.ndarray, ...],
+    group: TableGroup,
     keys: np.ndarray,
     starts: np.ndarray,
     ends: np.ndarray,
     rows: np.ndarray,
     reset: np.ndarray,
     steps: np.ndarray,
-    evictions: np.ndarray,
-    min_counts: np.ndarray,
-    ttls: np.ndarray,
-    unknown: np.ndarray,
     status: np.ndarray,
 ) -> None:
-    """`find_or_insert` (after `expire` where ttls[t] >= 0) of T tables side by side.
+    """`find_or_insert` (after `expire` where the table has a ttl) of T tables side by side.
 
-    Table t (its arrays the t-th of each tuple) maps keys[starts[t]:ends[t]] into the same span of
-    `rows` at steps[t]; a negative steps[t] means the table's next step (its last step + 1, 1 for
-    the first), written back into steps[t]. The spans do not overlap. Keys without a row get
-    unknown[t] where that is >= 0 (the table's shared unknown row), else -1. Its (status, E, needed,
-    protected) go to status[t] and its reset rows to reset[starts[t]:starts[t] + E]. A table with a
-    non-OK status is unchanged (apart from the expiry): the caller handles it alone.
+    Table t maps keys[starts[t]:ends[t]] into the same span of `rows` at steps[t]; a negative
+    steps[t] means the table's next step (its last step + 1, 1 for the first), written back into
+    steps[t]. The spans do not overlap. Keys without a row get the table's unknown row where it has
+    one, else -1. Its (status, E, needed, protected) go to status[t] and its reset rows to
+    reset[starts[t]:starts[t] + E]. A table with a non-OK status is unchanged (apart from the
+    expiry): the caller handles it alone.
 
     One parallel region on the kernels' own thread team: Python threads calling the serial kernel
     share the cores with that team's spinning workers, which made them about twice as slow.
     """
+    slots, info, row_state, free, heap, sketch, meta, policy = group
     for t in prange(len(slots)):
+        table = Arrays(slots[t], info[t], row_state[t], free[t], heap[t], sketch[t], meta[t])
         a, b = starts[t], ends[t]
         if steps[t] < 0:
-            steps[t] = max(meta[t][STEP], 0) + 1
-        if ttls[t] >= 0 and steps[t] >= meta[t][STEP]:
-            expire(slots[t], info[t], row_state[t], free[t], heap[t], meta[t], steps[t], ttls[t])
+            steps[t] = max(table.meta[STEP], 0) + 1
+        ttl = policy[t, POLICY_TTL]
+        if ttl >= 0 and steps[t] >= table.meta[STEP]:
+            expire(table, steps[t], ttl)
+        eviction, min_count = policy[t, POLICY_EVICTION], policy[t, POLICY_MIN_COUNT]
         code, n_reset, needed, protected = find_or_insert(
-            slots[t],
-            info[t],
-            row_state[t],
-            free[t],
-            heap[t],
-            sketch[t],
-            meta[t],
-            keys[a:b],
-            rows[a:b],
-            reset[a:b],
-            steps[t],
-            evictions[t],
-            min_counts[t],
-            False,
+            table, keys[a:b], rows[a:b], reset[a:b], steps[t], eviction, min_count, False
         )
         status[t, 0] = code
         status[t, 1] = n_reset
         status[t, 2] = needed
         status[t, 3] = protected
         if code == OK:
-            _fill_unknown(rows, a, b, unknown[t])
+            _fill_unknown(rows, a, b, policy[t, POLICY_UNKNOWN])
 
 
 @njit(inline="always", cache=True)
@@ -764,16 +826,11 @@ def _fill_unknown(rows: np.ndarray, a: Int, b: Int, unknown: Int) -> None:
 
 
 @njit(cache=True, parallel=True)
-def lookup_tables(
-    slots: tuple[np.ndarray, ...],
-    keys: np.ndarray,
-    starts: np.ndarray,
-    ends: np.ndarray,
-    rows: np.ndarray,
-    unknown: np.ndarray,
-) -> None:
+def lookup_tables(group: TableGroup, keys: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray) -> None:
     """`lookup` of T tables side by side: rows[starts[t]:ends[t]] = rows of keys[starts[t]:ends[t]] in
-    table t, missing keys getting unknown[t] where that is >= 0, else -1; the spans do not overlap."""
+    table t, missing keys getting the table's unknown row where it has one, else -1; the spans do
+    not overlap."""
+    slots, policy = group.slots, group.policy
     for t in prange(len(slots)):
         lookup(slots[t], keys[starts[t] : ends[t]], rows[starts[t] : ends[t]])
-        _fill_unknown(rows, starts[t], ends[t], unknown[t])
+        _fill_unknown(rows, starts[t], ends[t], policy[t, POLICY_UNKNOWN])

@@ -23,9 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from torch import nn
 
 from hugerec.data.preprocess.categorical import Categorify, HashBucket
 from hugerec.data.preprocess.workflow import Workflow
+from hugerec.models.vectors import VectorArch
 
 MISSING_FLAG = 1.0  # the flag column of an aligned row whose id has no vector
 
@@ -191,3 +193,37 @@ def encode_ids(workflow: Workflow, column: str, ids: pl.Series) -> np.ndarray:
                 return one.transform(frame, {column: stats[column]})[column].to_numpy().astype(np.int64)
             return one.transform(frame, {})[column].to_numpy().astype(np.int64)
     raise ValueError(f"encode_ids: no Categorify or HashBucket op of the workflow writes column {column!r}")
+
+
+def load_vectors(model: nn.Module, workflow: Workflow | None) -> list[str]:
+    """Fill every vector feature of `model` that names a side table (`VectorFeature.path`): read it,
+    L2-normalise it unless `normalize = "none"`, encode its ids as `workflow` encodes the id feature
+    (without a workflow the ids are the feature's row ids already), and load the aligned rows.
+    Returns one line per feature saying how many of the feature's rows got a vector."""
+    lines = []
+    for arch in (m for m in model.modules() if isinstance(m, VectorArch)):
+        for f in arch.features:
+            if not f.path:
+                continue
+            table = VectorTable.read(f.path, id_column=f.id_column, vector_column=f.vector_column, dim=f.dim)
+            if f.normalize == "l2":
+                table = table.l2_normalized()
+            if workflow is not None:
+                codes = encode_ids(workflow, f.feature, table.ids)
+            else:
+                try:
+                    codes = table.ids.cast(pl.Int64, strict=True).to_numpy()
+                except pl.exceptions.InvalidOperationError:
+                    raise ValueError(
+                        f"vector table {f.path}: ids in {f.id_column!r} are not integers and there is no fitted "
+                        f"workflow to encode them as feature {f.feature!r}"
+                    ) from None
+            num_rows = int(arch.collection.table_weight(f.table).shape[0])
+            rows = table.aligned(codes, num_rows)
+            arch.load_rows(f.name, rows)
+            have = int((rows[:, -1] == 0).sum())
+            lines.append(
+                f"vectors {f.name}: {have:,} of the {num_rows:,} rows of feature {f.feature!r} have a vector "
+                f"({len(table):,} in {f.path}, {f.normalize} normalised)"
+            )
+    return lines

@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 from torch import nn
 
-from hugerec.data.preprocess.categorical import Categorify, HashBucket
+from hugerec.data.preprocess.categorical import FIRST_VOCAB_ID, Categorify, HashBucket
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.models.vectors import VectorArch
 
@@ -126,11 +126,12 @@ class VectorTable:
         """[num_rows, D + 1] float32: row c = [the vector of the id encoded as c, 0]; rows without a
         vector, and rows that several ids share (an out-of-vocabulary or hashed id), are [0, ..., 0, 1].
 
-        codes [K]: each side-table id as the model's feature sees it (`encode_ids`)."""
+        codes [K]: each side-table id as the model's feature sees it (`encode_ids`); -1 for an id the
+        feature has no row of its own for (out of vocabulary), whose vector is left out."""
         codes = np.asarray(codes, dtype=np.int64)
         if codes.shape != (len(self),):
             raise ValueError(f"VectorTable {self.source}: {codes.shape[0]} codes for {len(self)} ids")
-        out_of_range = (codes < 0) | (codes >= num_rows)
+        out_of_range = codes >= num_rows
         if out_of_range.any():
             row = int(np.flatnonzero(out_of_range)[0])
             raise ValueError(
@@ -139,8 +140,8 @@ class VectorTable:
             )
         out = np.zeros((num_rows, self.dim + 1), dtype=np.float32)
         out[:, -1] = MISSING_FLAG
-        counts = np.bincount(codes, minlength=num_rows)
-        alone = counts[codes] == 1  # a code that one id alone maps to
+        counts = np.bincount(codes[codes >= 0], minlength=num_rows)
+        alone = (codes >= 0) & (counts[np.maximum(codes, 0)] == 1)  # a code that one id alone maps to
         out[codes[alone], : self.dim] = self.vectors[alone]
         out[codes[alone], -1] = 0.0
         return out
@@ -190,7 +191,10 @@ def encode_ids(workflow: Workflow, column: str, ids: pl.Series) -> np.ndarray:
                         f"encode_ids: id {ids[row]!r} (row {row}) does not convert to the type of column "
                         f"{column!r} in the workflow ({stats[column]['value'].dtype})"
                     )
-                return one.transform(frame, {column: stats[column]})[column].to_numpy().astype(np.int64)
+                codes = one.transform(frame, {column: stats[column]})[column].to_numpy().astype(np.int64)
+                # null, out-of-vocabulary and tail-bucket ids stand for many values: no vector of their own
+                in_vocab = (codes >= FIRST_VOCAB_ID) & (codes < FIRST_VOCAB_ID + stats[column].height)
+                return np.where(in_vocab, codes, -1)
             return one.transform(frame, {})[column].to_numpy().astype(np.int64)
     raise ValueError(f"encode_ids: no Categorify or HashBucket op of the workflow writes column {column!r}")
 

@@ -91,12 +91,12 @@ def test_pca_keeps_the_variance_of_the_fit_rows() -> None:
 
 @settings(max_examples=50, deadline=None)
 @given(
-    codes=st.lists(st.integers(0, 9), min_size=0, max_size=12),
+    codes=st.lists(st.integers(-1, 9), min_size=0, max_size=12),  # -1: an id without a row of its own
     num_rows=st.integers(10, 14),
 )
 def test_aligned_rows_against_a_loop(codes: list[int], num_rows: int) -> None:
     """Row c holds the vector of the only id encoded as c; rows without one or shared by several ids
-    are zeros with the missing flag."""
+    are zeros with the missing flag; ids encoded -1 are left out."""
     vectors = np.arange(len(codes) * 3, dtype=np.float32).reshape(len(codes), 3) + 1
     table = VectorTable(pl.Series("id", list(range(len(codes))), dtype=pl.Int64), vectors, "t")
     rows = table.aligned(np.asarray(codes, dtype=np.int64), num_rows)
@@ -120,10 +120,58 @@ def test_encode_ids_uses_the_fitted_vocabulary() -> None:
     workflow.fit(frame)
     encoded = workflow.transform_frame(frame)["item"].to_list()
     codes = encode_ids(workflow, "item", pl.Series(["z", "x", "unseen"]))
-    assert codes.tolist() == [encoded[3], encoded[0], 1]  # 1: out of vocabulary, as in the data
+    assert codes.tolist() == [encoded[3], encoded[0], -1]  # -1: out of vocabulary, no row of its own
     with pytest.raises(ValueError, match="no Categorify or HashBucket op of the workflow writes column 'nope'"):
         encode_ids(workflow, "nope", pl.Series(["z"]))
     ints = Workflow([Categorify(["item"])])
     ints.fit(pl.DataFrame({"item": [10, 20, 20]}))
     with pytest.raises(ValueError, match="id 'abc' \\(row 0\\) does not convert to the type of column 'item'"):
         encode_ids(ints, "item", pl.Series(["abc"]))
+
+
+def test_load_vectors_fills_the_models_tables(tmp_path: Path) -> None:
+    """load_vectors: the side table read, L2-normalised, encoded by the workflow and loaded, so that an
+    item's looked-up row is its normalised vector; without a workflow integer ids are row ids."""
+    from hugerec.data.vectors import load_vectors
+    from hugerec.embedding.config import TableConfig
+    from hugerec.embedding.optimizers import RowWiseAdagrad
+    from hugerec.models.config import DLRMConfig, build_model
+    from hugerec.models.vectors import VectorFeature
+    from hugerec.sparse.features import SparseFeatures
+
+    frame = pl.DataFrame({"item": ["x", "y", "y", "z", "z", "z"]})
+    workflow = Workflow([Categorify(["item"])])
+    workflow.fit(frame)
+    codes = workflow.transform_frame(frame)["item"].to_list()  # x, y, y, z, z, z
+    path = tmp_path / "v.parquet"
+    pl.DataFrame({"item": ["z", "x", "w"], "vec": [[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]]}).write_parquet(path)
+    feature = VectorFeature("text", "item", 2, path=str(path), id_column="item", vector_column="vec")
+    tables = [TableConfig("item", 5, 4, features=("item",))]
+    model = build_model(DLRMConfig(bottom=(4,), top=(1,), vectors=(feature,)), tables, 1, RowWiseAdagrad())
+    lines = load_vectors(model, workflow)
+    assert lines == [f"vectors text: 2 of the 5 rows of feature 'item' have a vector (3 in {path}, l2 normalised)"]
+    arch = model.vector_arch
+    assert arch is not None
+    rows = arch.lookup(SparseFeatures.from_lists({"item": [[codes[3]], [codes[0]], [codes[1]], [1]]}))
+    expected = [[0.6, 0.8, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 1.0]]  # z, x, y (none), OOV ("w")
+    torch.testing.assert_close(rows, torch.tensor(expected))
+    with pytest.raises(ValueError, match="ids in 'item' are not integers and there is no fitted workflow"):
+        load_vectors(model, None)
+    ints = tmp_path / "ints.parquet"
+    pl.DataFrame({"item": [4, 2], "vec": [[0.0, 1.0], [2.0, 0.0]]}).write_parquet(ints)
+    model2 = build_model(
+        DLRMConfig(bottom=(4,), top=(1,), vectors=(dataclasses_replace(feature, path=str(ints)),)),
+        tables,
+        1,
+        RowWiseAdagrad(),
+    )
+    load_vectors(model2, None)
+    assert model2.vector_arch is not None
+    got = model2.vector_arch.lookup(SparseFeatures.from_lists({"item": [[4], [2], [0]]}))
+    torch.testing.assert_close(got, torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]))
+
+
+def dataclasses_replace(obj: object, **changes: object) -> object:
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)  # type: ignore[type-var]

@@ -140,3 +140,58 @@ def test_served_bundle_equals_the_offline_model(tmp_path: Path) -> None:
         np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
     finally:
         loaded.close()
+
+
+def test_inline_vectors_in_requests(tmp_path: Path) -> None:
+    """A request's `vector.text` replaces the looked-up rows (normalised as the table's were); merged
+    with a request without one, each keeps its own; a bad inline vector is a 400 naming the input."""
+    import dataclasses
+
+    from hugerec.serving.model import ModelInputs
+    from hugerec.serving.protocol import RequestError
+
+    feature = dataclasses.replace(FEATURE, normalize="l2")
+    model = build_model(DLRMConfig(bottom=(8, DIM), top=(8, 1), vectors=(feature,)), TABLES, 2, RowWiseAdagrad())
+    assert model.vector_arch is not None
+    rows = _rows()
+    model.vector_arch.load_rows("text", rows)
+    model.eval()
+    loaded = load_bundle(export_bundle(model, tmp_path / "bundle"), ServeOptions(state_dir=str(tmp_path / "s")))
+    try:
+        signature = Signature(2, ("user", "item"), vectors=(("text", VDIM),))
+        batch = _batch(5, seed=7)
+        tensors: dict[str, np.ndarray] = {"dense": batch.dense.numpy()}
+        for f in ("user", "item"):
+            tensors[f] = batch.sparse[f].values.numpy()
+            tensors[f + ".lengths"] = batch.sparse[f].lengths.numpy().astype(np.int32)
+        inline = np.random.default_rng(3).normal(size=(5, VDIM)).astype(np.float32) * 4.0
+        with_vectors = to_model_inputs({**tensors, "vector.text": inline}, signature)
+        got = loaded.model.predict(with_vectors)
+        # offline: the same model with those items' rows set to the L2-normalised inline vectors
+        normalised = inline / np.linalg.norm(inline, axis=1, keepdims=True)
+        expected = []
+        for b in range(5):
+            item = int(batch.sparse["item"].values[b])
+            patched = rows.copy()
+            patched[item] = [*normalised[b], 0.0]
+            model.vector_arch.load_rows("text", patched)
+            one = Batch(batch.dense[b : b + 1], _slice(batch.sparse, b), batch.labels[b : b + 1])
+            with torch.no_grad():
+                expected.append(float(model(one)[0]))
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        plain = to_model_inputs(tensors, signature)
+        merged = loaded.model.predict(ModelInputs.concat([with_vectors, plain]))
+        np.testing.assert_allclose(merged[:5], got, rtol=1e-6)
+        np.testing.assert_allclose(merged[5:], loaded.model.predict(plain), rtol=1e-6)
+        bad = inline.copy()
+        bad[2, 1] = np.nan
+        with pytest.raises(RequestError, match=r"input 'vector.text' row 2 contains NaN"):
+            to_model_inputs({**tensors, "vector.text": bad}, signature)
+        with pytest.raises(RequestError, match=r"input 'vector.text' must have shape \[B, 5\], got \[5, 4\]"):
+            to_model_inputs({**tensors, "vector.text": inline[:, :4]}, signature)
+    finally:
+        loaded.close()
+
+
+def _slice(sparse: SparseFeatures, b: int) -> SparseFeatures:
+    return SparseFeatures.from_lists({f: [sparse[f].to_lists()[b]] for f in sparse.keys})

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -175,3 +178,27 @@ def dataclasses_replace(obj: object, **changes: object) -> object:
     import dataclasses
 
     return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
+
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = Path(os.environ.get("HUGEREC_DATA", REPO / ".." / "shared" / "data"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (DATA / "movielens" / "ml-100k").is_dir(), reason="MovieLens-100K is not in ../shared/data ($HUGEREC_DATA)"
+)
+def test_the_movielens_vectors_example_runs(tmp_path: Path) -> None:
+    """examples/movielens_vectors.py as documented, one epoch, from another directory."""
+    env = {**os.environ, "HUGEREC_DATA": str(DATA.resolve())}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "movielens_vectors.py"), "--epochs", "1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "with item vectors: test AUC" in done.stdout and "without item vectors: test AUC" in done.stdout
+    assert "have a vector" in done.stdout

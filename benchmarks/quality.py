@@ -22,6 +22,7 @@ within 0.005 AUC of the logistic regression. Skipped with a message without the 
                                                      # (on a busy machine set OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1)
     python benchmarks/quality.py --json out.json --models dlrm,dcn_v2 --train-rows 1000000
     python benchmarks/quality.py --no-synthetic --real criteo --seeds 5
+    python benchmarks/quality.py --no-synthetic --real none --vectors   # item text vectors on MovieLens
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import scipy.sparse as sp
-from quality_real import LOADERS, print_real, run_real
+from quality_real import LOADERS, print_real, run_real, run_vectors
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss, roc_auc_score
@@ -205,6 +206,11 @@ def main() -> None:
     parser.add_argument(
         "--real", default=None, help=f"real samples, comma-separated from {','.join(LOADERS)}, or none (quick: criteo)"
     )
+    parser.add_argument(
+        "--vectors",
+        action="store_true",
+        help="also `real movielens vectors auc`: DLRM with / without MovieLens item text vectors (raw, L2 + LayerNorm)",
+    )
     parser.add_argument("--seeds", type=int, default=None, help="seeds (splits and inits) per real sample (default 3)")
     args = parser.parse_args()
     train_rows = args.train_rows or (150_000 if args.quick else 2_000_000)
@@ -227,6 +233,8 @@ def main() -> None:
             real_records = run_real(datasets, models, seeds, workdir / "real")
             print_real(real_records)
             records += real_records
+        if args.vectors:
+            records += run_vectors(seeds, workdir / "real")
     if args.json:
         args.json.write_text(json.dumps(records, indent=1) + "\n")
 

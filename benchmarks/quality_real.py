@@ -150,6 +150,7 @@ def prepare(data: RealData, seed: int, out: Path) -> Schema:
     cards = workflow.cardinalities()
     schema = Schema.build(["label"], dense, {c: cards[c] for c in sparse})
     schema.save(out / "schema.json")
+    workflow.save(out / "workflow")  # beside schema.json, where `hugerec train` finds it (e.g. for vector tables)
     return schema
 
 
@@ -181,15 +182,19 @@ def logistic_regression(schema: Schema, folder: Path) -> tuple[float, float]:
     return test_auc, best[1]
 
 
-def deep_model(model: str, folder: Path, seed: int, overrides: list[str]) -> dict[str, float]:
-    """`hugerec train` with the default config on train (early stopping on valid), then test AUC of best.pt."""
-    config = folder / f"{model}.toml"
+def deep_model(
+    model: str, folder: Path, seed: int, overrides: list[str], extra_toml: str = "", name: str = ""
+) -> dict[str, float]:
+    """`hugerec train` with the default config on train (early stopping on valid), then test AUC of best.pt.
+    `extra_toml` is appended to the config (e.g. [[model.vectors]] tables); `name` names the run (default: model)."""
+    name = name or model
+    config = folder / f"{name}.toml"
     # no [model] section is the default model (DLRM); another type takes that model's default fields
     section = "" if model == "dlrm" else f'[model]\ntype = "{model}"\n'
     config.write_text(
         f'[data]\ntrain = "{folder / "train"}"\neval = "{folder / "valid"}"\n{section}'
-        f'[train]\nepochs = {MAX_EPOCHS}\nout_dir = "{folder / model}"\nseed = {seed}\n'
-        "progress = false\ntensorboard = false\nplot = false\n"
+        f'[train]\nepochs = {MAX_EPOCHS}\nout_dir = "{folder / name}"\nseed = {seed}\n'
+        f"progress = false\ntensorboard = false\nplot = false\n{extra_toml}"
     )
     cfg = load_run_config(config, [f"data.seed={seed}", *overrides])
     t0 = time.perf_counter()
@@ -249,6 +254,88 @@ def run_real(
                     "per_seed": values,
                 }
             )
+    return records
+
+
+VECTOR_DIM = 32
+VECTOR_METHODS = {  # method -> the [[model.vectors]] keys that differ (no entry: no vector feature)
+    "hugerec-no-vectors": None,
+    "hugerec-vectors-raw": {"normalize": "none", "layer_norm": False},
+    "hugerec-vectors-l2ln": {"normalize": "l2", "layer_norm": True},
+}
+
+
+def movielens_item_vectors(folder: Path, out: Path) -> Path:
+    """Item text vectors for MovieLens-100K, built offline as a pretrained encoder would: TF-IDF of the
+    title words and genre names, reduced to VECTOR_DIM by truncated SVD (scikit-learn). Unsupervised
+    (no label is read), so fitting it on every item leaks nothing. Written as Parquet (item_id, vector)."""
+    from sklearn.decomposition import TruncatedSVD
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    items = pd.read_csv(
+        folder / "movielens" / "ml-100k" / "u.item.gz",
+        sep="|",
+        header=None,
+        encoding="latin-1",
+        names=["item_id", "title", "release", "video", "url", *GENRES],
+    )
+    genres = items[list(GENRES)].to_numpy()
+    text = [
+        f"{title} " + " ".join(f"genre_{g}" for g, on in zip(GENRES, flags, strict=True) if on)
+        for title, flags in zip(items["title"].fillna(""), genres, strict=True)
+    ]
+    tfidf = TfidfVectorizer(min_df=2, token_pattern=r"(?u)\b\w+\b").fit_transform(text)
+    vectors = TruncatedSVD(VECTOR_DIM, random_state=0).fit_transform(tfidf).astype(np.float32)
+    path = out / "item_vectors.parquet"
+    pl.DataFrame({"item_id": items["item_id"].astype(str).tolist(), "vector": vectors.tolist()}).write_parquet(path)
+    return path
+
+
+def run_vectors(seeds: list[int], workdir: Path) -> list[dict[str, Any]]:
+    """`real movielens vectors auc`: DLRM on MovieLens-100K CTR, without item vectors, with raw vectors,
+    and with L2-normalised vectors + LayerNorm, on the same split per seed (test AUC, mean of seeds)."""
+    folder = data_folder()
+    if folder is None:
+        print("real movielens vectors: skipped, no data folder")
+        return []
+    data = movielens(folder)
+    config = "real movielens vectors auc"
+    per_method: dict[str, list[float]] = {}
+    print(f"{config}: {data.frame.height:,} rows, item vectors TF-IDF + SVD({VECTOR_DIM}), seeds {seeds}", flush=True)
+    for seed in seeds:
+        out = workdir / "movielens-vectors" / f"seed{seed}"
+        shutil.rmtree(out, ignore_errors=True)
+        prepare(data, seed, out)
+        vectors = movielens_item_vectors(folder, out)
+        for method, keys in VECTOR_METHODS.items():
+            extra = ""
+            if keys is not None:
+                extra = (
+                    f'[[model.vectors]]\nname = "item_text"\nfeature = "item_id"\ndim = {VECTOR_DIM}\n'
+                    f'path = "{vectors}"\nid_column = "item_id"\nvector_column = "vector"\n'
+                    f'normalize = "{keys["normalize"]}"\nlayer_norm = {str(keys["layer_norm"]).lower()}\n'
+                )
+            r = deep_model("dlrm", out, seed, [], extra_toml=extra, name=method)
+            per_method.setdefault(method, []).append(r["auc"])
+            print(
+                f"  seed {seed} {method:22s} test AUC {r['auc']:.4f} (valid {r['valid_auc']:.4f} at epoch "
+                f"{r['best_epoch']:.0f}, {r['train_seconds']:.0f} s)",
+                flush=True,
+            )
+    records = [
+        {
+            "config": config,
+            "method": method,
+            "value": float(np.mean(values)),
+            "unit": "AUC",
+            "higher_is_better": True,
+            "per_seed": values,
+        }
+        for method, values in per_method.items()
+    ]
+    base = float(np.mean(per_method["hugerec-no-vectors"]))
+    for r in records:
+        print(f"  {r['method']:22s} mean test AUC {r['value']:.4f} ({r['value'] - base:+.4f} vs no vectors)")
     return records
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,6 +39,7 @@ from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.data.shards import ShardWriter, expand_paths, iter_row_groups
 from hugerec.data.synthetic import SyntheticReport, generate, preset
+from hugerec.data.vectors import load_vectors
 from hugerec.distributed.launch import init_from_env, launched_by_torchrun
 from hugerec.distributed.planner import Workload, plan
 from hugerec.distributed.shard import shard
@@ -169,6 +171,7 @@ def train(cfg: RunConfig) -> History:
     if cfg.train.seed is not None:  # the same seed, the same initial weights
         seed_everything(cfg.train.seed)
     model = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
+    _load_vectors(cfg, model)
     train_data = open_shards(cfg.data.train, "data.train", schema, cfg, shuffle=cfg.data.shuffle)
     eval_data = None if cfg.data.eval is None else open_shards(cfg.data.eval, "data.eval", schema, cfg)
     history = fit(model, train_data, eval_data, cfg.train)
@@ -176,6 +179,16 @@ def train(cfg: RunConfig) -> History:
     _save_best(cfg, history, model, schema, tables)
     (cfg.out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str) + "\n")
     return history
+
+
+def _load_vectors(cfg: RunConfig, model: RecModel) -> None:
+    """[[model.vectors]] side tables into the model's vector features, encoded by the data's workflow."""
+    if not getattr(cfg.model_config(), "vectors", ()):
+        return
+    folder = Path(cfg.data.schema_path).parent / "workflow"
+    workflow = Workflow.load(folder) if folder.is_dir() else None
+    for line in load_vectors(model, workflow):
+        print(line, file=sys.stderr, flush=True)
 
 
 def _train_distributed(cfg: RunConfig, schema: Schema, tables: list[TableConfig]) -> History:

@@ -202,6 +202,9 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     if path is not None:
         path = find_config(path)
     data = read_toml(path) if path is not None else copy.deepcopy(QUICKSTART)
+    model = data.get("model")
+    if isinstance(model, dict) and "type" not in model:  # [model] without a type: the default model, amended
+        data["model"] = {**QUICKSTART["model"], **model}
     data = apply_overrides(_switch_model_type(data, overrides), overrides)
     if path is not None:
         train = data.setdefault("train", {})
@@ -281,8 +284,16 @@ def _resolve_inputs(cfg: RunConfig, config_dir: Path) -> RunConfig:
         beside = config_dir / p
         return str(beside) if _exists(str(beside)) else p
 
+    model = cfg.model
+    if isinstance(model.get("vectors"), list):  # [[model.vectors]] side tables: path resolved like the data's
+        model = dict(model)
+        model["vectors"] = [
+            {**v, "path": find(v["path"])} if isinstance(v, dict) and isinstance(v.get("path"), str) else v
+            for v in cfg.model["vectors"]
+        ]
     return dataclasses.replace(
         cfg,
+        model=model,
         preprocess=dataclasses.replace(
             cfg.preprocess,
             input=find(cfg.preprocess.input) or cfg.preprocess.input,

@@ -29,6 +29,7 @@ from hugerec.models.model import RecModel
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SequenceConfig
 from hugerec.models.two_tower import Similarity, TwoTower, TwoTowerConfig
+from hugerec.models.vectors import VectorArch, VectorFeature
 from hugerec.models.wide import WideArch, wide_tables
 from hugerec.models.wide_deep import WideAndDeep
 
@@ -55,6 +56,8 @@ __all__ = [
     "Similarity",
     "TwoTower",
     "TwoTowerConfig",
+    "VectorArch",
+    "VectorFeature",
     "WideAndDeep",
     "WideAndDeepConfig",
     "WideArch",

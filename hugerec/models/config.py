@@ -20,6 +20,7 @@ from hugerec.models.deepfm import DeepFM
 from hugerec.models.dlrm import DLRM
 from hugerec.models.mlp import Activation, check_dims
 from hugerec.models.model import RecModel
+from hugerec.models.vectors import VectorArch, VectorFeature
 from hugerec.models.wide import wide_tables
 from hugerec.models.wide_deep import WideAndDeep
 
@@ -38,6 +39,26 @@ def _normalize(config: Any, where: str, dims: dict[str, bool]) -> None:
         raise ValueError(f"{where}: dropout must be in [0, 1), got {config.dropout!r}")
 
 
+def _vectors(config: Any, where: str) -> None:
+    """vectors: a list of VectorFeature or of their dicts (TOML's [[model.vectors]]) -> a tuple."""
+    out = []
+    for i, v in enumerate(config.vectors):
+        if isinstance(v, VectorFeature):
+            out.append(v)
+            continue
+        if not isinstance(v, dict):
+            raise ValueError(f"{where}: vectors[{i}] must be a table of keys (name, feature, dim, ...), got {v!r}")
+        known = [f.name for f in dataclasses.fields(VectorFeature)]
+        unknown = sorted(set(v) - set(known))
+        if unknown:
+            raise ValueError(f"{where}: vectors[{i}]: unknown keys {unknown}; valid keys are {known}")
+        try:
+            out.append(VectorFeature(**v))
+        except TypeError as e:
+            raise ValueError(f"{where}: vectors[{i}]: {e}") from None
+    object.__setattr__(config, "vectors", tuple(out))
+
+
 def _check_optimizer(opt: Any, where: str) -> None:
     if not isinstance(opt, Optimizer):
         raise ValueError(f"{where}: wide_optimizer must be a sparse optimizer (SGD, Adagrad, ..., Ftrl), got {opt!r}")
@@ -50,9 +71,11 @@ class DLRMConfig:
     self_interaction: bool = False
     activation: Activation = Activation.RELU
     dropout: float = 0.0
+    vectors: tuple[VectorFeature, ...] = ()  # each projected to the embedding dim, one more interaction input
 
     def __post_init__(self) -> None:
         _normalize(self, "DLRMConfig", {"bottom": True, "top": False})
+        _vectors(self, "DLRMConfig")
         if self.top[-1] != 1:
             raise ValueError(f"DLRMConfig: top must end at 1 (the logit), got {list(self.top)}")
 
@@ -66,9 +89,14 @@ class DCNv2Config:
     deep: tuple[int, ...] = (1024, 1024)
     activation: Activation = Activation.RELU
     dropout: float = 0.0
+    vectors: tuple[VectorFeature, ...] = ()
+    vector_dim: int = 16  # each vector feature's projection width in the input x0
 
     def __post_init__(self) -> None:
         _normalize(self, "DCNv2Config", {"deep": True})
+        _vectors(self, "DCNv2Config")
+        if isinstance(self.vector_dim, bool) or not isinstance(self.vector_dim, int) or self.vector_dim < 1:
+            raise ValueError(f"DCNv2Config: vector_dim must be a positive int, got {self.vector_dim!r}")
         if isinstance(self.structure, str):
             try:
                 object.__setattr__(self, "structure", CrossStructure(self.structure))
@@ -143,6 +171,8 @@ def model_config_to_dict(config: ModelConfig) -> dict[str, Any]:
         match v:
             case Activation() | CrossStructure():
                 out[f.name] = v.value
+            case tuple() if f.name == "vectors":
+                out[f.name] = [dataclasses.asdict(x) for x in v]
             case tuple():
                 out[f.name] = list(v)
             case _ if f.name == "wide_optimizer":
@@ -178,6 +208,7 @@ def build_model(config: ModelConfig, tables: Sequence[TableConfig], num_dense: i
     embedding = EmbeddingCollection(list(tables), optimizer)
     match config:
         case DLRMConfig():
+            vectors = _vector_arch(config.vectors, tables, embedding.feature_dims[0] if tables else 1, optimizer)
             return DLRM(
                 embedding,
                 num_dense,
@@ -186,6 +217,7 @@ def build_model(config: ModelConfig, tables: Sequence[TableConfig], num_dense: i
                 config.activation,
                 config.dropout,
                 config.self_interaction,
+                vectors,
             )
         case DCNv2Config():
             return DCNv2(
@@ -198,6 +230,7 @@ def build_model(config: ModelConfig, tables: Sequence[TableConfig], num_dense: i
                 config.deep,
                 config.activation,
                 config.dropout,
+                _vector_arch(config.vectors, tables, config.vector_dim, optimizer),
             )
         case DeepFMConfig():
             wide = (
@@ -209,3 +242,13 @@ def build_model(config: ModelConfig, tables: Sequence[TableConfig], num_dense: i
         case WideAndDeepConfig():
             wide = EmbeddingCollection(wide_tables(tables, config.wide_optimizer), optimizer)
             return WideAndDeep(embedding, wide, num_dense, config.deep, config.activation, config.dropout)
+
+
+def _vector_arch(
+    vectors: Sequence[VectorFeature], tables: Sequence[TableConfig], out_dim: int, optimizer: Optimizer
+) -> VectorArch | None:
+    """The model's VectorArch (zero rows until the vectors are loaded), or None without vector features."""
+    if not vectors:
+        return None
+    num_rows = {f: t.num_rows for t in tables for f in t.features}
+    return VectorArch(vectors, num_rows, out_dim, optimizer)

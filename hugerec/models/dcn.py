@@ -17,6 +17,7 @@ from hugerec.embedding.interface import EmbeddingModule
 from hugerec.models.crossnet import CrossNet
 from hugerec.models.mlp import MLP, Activation, check_dims
 from hugerec.models.model import RecModel, lookup
+from hugerec.models.vectors import VectorArch
 from hugerec.sparse.features import SparseFeatures
 
 
@@ -35,6 +36,8 @@ class DCNv2(RecModel):
     num_experts       > 1: mixture of low-rank experts per cross layer
     structure         STACKED or PARALLEL
     deep              deep arch widths (may be empty: cross network only); the over arch is one Linear to 1
+    vectors           vector features (`hugerec.models.vectors`), each projected to its out_dim and
+                      concatenated into x0
     """
 
     def __init__(
@@ -48,16 +51,20 @@ class DCNv2(RecModel):
         deep: Sequence[int] = (1024, 1024),
         activation: Activation = Activation.RELU,
         dropout: float = 0.0,
+        vectors: VectorArch | None = None,
     ) -> None:
         super().__init__(num_dense)
         if not isinstance(structure, CrossStructure):
             raise ValueError(f"DCNv2: structure must be a CrossStructure, got {structure!r}")
         deep = check_dims("DCNv2 deep", deep, allow_empty=True)
         in_dim = num_dense + sum(embedding.feature_dims)
+        if vectors is not None:
+            in_dim += vectors.out_dim * len(vectors.features)
         if in_dim == 0:
             raise ValueError("DCNv2: no input: num_dense=0 and the embedding collection has no pooled features")
         self.structure = structure
         self.sparse_arch = embedding
+        self.vector_arch = vectors
         self.cross_arch = CrossNet(in_dim, num_cross_layers, low_rank, num_experts)
         self.deep_arch = MLP(in_dim, deep, activation, dropout) if deep else None
         deep_out = deep[-1] if deep else 0
@@ -69,11 +76,14 @@ class DCNv2(RecModel):
         self.over_arch = nn.Linear(over_in, 1)
 
     def embed(self, sparse: SparseFeatures) -> tuple[torch.Tensor, ...]:
-        return (lookup(self.sparse_arch, sparse),)
+        pooled = lookup(self.sparse_arch, sparse)
+        return (pooled,) if self.vector_arch is None else (pooled, self.vector_arch.lookup(sparse))
 
     def dense_forward(self, dense: torch.Tensor, embedded: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        (pooled,) = embedded
-        x0 = torch.cat([dense, pooled], dim=1)  # [B, Dd] + [B, sum D] -> [B, Dd + sum D]
+        parts = [dense, embedded[0]]
+        if self.vector_arch is not None:
+            parts += [v.to(dense.dtype) for v in self.vector_arch(embedded[1])]  # V x [B, out_dim]
+        x0 = torch.cat(parts, dim=1)  # [B, Dd + sum D (+ V out_dim)]
         cross = self.cross_arch(x0)
         match self.structure:
             case CrossStructure.STACKED:

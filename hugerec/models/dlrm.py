@@ -19,6 +19,7 @@ from hugerec.embedding.interface import EmbeddingModule
 from hugerec.models.interactions import DotInteraction
 from hugerec.models.mlp import MLP, Activation, check_dims
 from hugerec.models.model import RecModel, common_dim, lookup
+from hugerec.models.vectors import VectorArch
 from hugerec.sparse.features import SparseFeatures
 
 
@@ -30,6 +31,8 @@ class DLRM(RecModel):
     bottom            dense arch widths, ending at D (ReLU after every layer, as in MLPerf)
     top               over arch widths, ending at 1 (the logit; no activation after it)
     self_interaction  also feed each vector's dot with itself to the over arch
+    vectors           vector features (`hugerec.models.vectors`), each projected to D and taking part in
+                      the interaction like one more sparse feature (its out_dim must be D)
     """
 
     def __init__(
@@ -41,9 +44,12 @@ class DLRM(RecModel):
         activation: Activation = Activation.RELU,
         dropout: float = 0.0,
         self_interaction: bool = False,
+        vectors: VectorArch | None = None,
     ) -> None:
         super().__init__(num_dense)
         dim = common_dim(embedding, "DLRM")
+        if vectors is not None and vectors.out_dim != dim:
+            raise ValueError(f"DLRM: the vector features project to {vectors.out_dim}, the embedding dim is {dim}")
         bottom = check_dims("DLRM bottom", bottom, allow_empty=True)
         top = check_dims("DLRM top", top)
         if num_dense > 0 and (not bottom or bottom[-1] != dim):
@@ -55,17 +61,23 @@ class DLRM(RecModel):
         self.dim = dim
         self.num_sparse = len(embedding.feature_names)
         self.sparse_arch = embedding
+        self.vector_arch = vectors
         self.dense_arch = MLP(num_dense, bottom, activation) if num_dense > 0 else None
-        self.interaction_arch = DotInteraction(self.num_sparse + int(num_dense > 0), self_interaction)
+        num_vectors = 0 if vectors is None else len(vectors.features)
+        self.interaction_arch = DotInteraction(self.num_sparse + num_vectors + int(num_dense > 0), self_interaction)
         over_in = self.interaction_arch.out_dim + (dim if num_dense > 0 else 0)
         self.over_arch = MLP(over_in, top, activation, dropout, final_activation=False)
 
     def embed(self, sparse: SparseFeatures) -> tuple[torch.Tensor, ...]:
-        return (lookup(self.sparse_arch, sparse),)
+        pooled = lookup(self.sparse_arch, sparse)
+        return (pooled,) if self.vector_arch is None else (pooled, self.vector_arch.lookup(sparse))
 
     def dense_forward(self, dense: torch.Tensor, embedded: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        (pooled,) = embedded
+        pooled = embedded[0]
         sparse = pooled.view(-1, self.num_sparse, self.dim)  # [B, F*D] -> [B, F, D]
+        if self.vector_arch is not None:
+            projected = torch.stack(self.vector_arch(embedded[1]), dim=1).to(sparse.dtype)  # [B, V, D]
+            sparse = torch.cat([sparse, projected], dim=1)  # [B, F + V, D]
         if self.dense_arch is None:
             z = self.interaction_arch(sparse)  # [B, F, D] -> [B, F(F-1)/2]
         else:

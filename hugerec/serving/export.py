@@ -30,6 +30,7 @@ from hugerec.data.schema import Schema
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.delta import collect_delta
 from hugerec.models.model import RecModel
+from hugerec.models.vectors import VectorArch
 from hugerec.serving.bundle import (
     EMBEDDINGS,
     MANIFEST,
@@ -160,6 +161,12 @@ def _export_bundle(
             "model": type(model).__name__,
             "torch": torch.__version__,
         }
+        info["vectors"] = [
+            {"name": f.name, "table": f.table, "feature": f.feature, "dim": f.dim, "normalize": f.normalize}
+            for arch in model.modules()
+            if isinstance(arch, VectorArch)
+            for f in arch.features
+        ]  # vector features a request may send inline (hugerec.serving.model.VectorInput)
         program_keys = _export_program(program, model, collections, tmp, onnx, info)
         model_keys = set(model.state_dict())
         dense_keys = tuple(k[len(PROGRAM_PREFIX) :] for k in program_keys if k[len(PROGRAM_PREFIX) :] in model_keys)

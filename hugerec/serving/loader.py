@@ -23,7 +23,7 @@ import torch
 from hugerec.serving.bundle import EMBEDDINGS, PROGRAM_PREFIX, Bundle
 from hugerec.serving.cache import CacheConfig
 from hugerec.serving.memory import MemoryStore
-from hugerec.serving.model import InferenceModel
+from hugerec.serving.model import InferenceModel, VectorInput
 from hugerec.serving.parameter_server import ParameterServer
 from hugerec.serving.persistent import PersistentStore
 from hugerec.serving.preprocess import RequestPreprocessor
@@ -118,11 +118,14 @@ def load_bundle(path: str | Path, options: ServeOptions | None = None, max_reque
     try:
         if options.preload and all(memory.count(t) == 0 for t in dims):
             ps.preload()
-        model = InferenceModel(bundle.program(), m.collections, ps, m.num_dense, m.dense_keys, PROGRAM_PREFIX)
+        vectors = [VectorInput(**v) for v in m.info.get("vectors", [])]
+        model = InferenceModel(
+            bundle.program(), m.collections, ps, m.num_dense, m.dense_keys, PROGRAM_PREFIX, vectors=vectors
+        )
         kept = persistent.get_meta(DENSE_STATE_META)
         if kept is not None:  # dense weights of the last update applied before a restart
             model.update([], load_dense(state_dir / kept, str(state_dir / kept)))
-        signature = Signature(m.num_dense, model.features, max_request_rows)
+        signature = Signature(m.num_dense, model.features, max_request_rows, vectors=model.vector_signature)
         preprocess = RequestPreprocessor(signature, bundle.schema(), bundle.workflow())
     except BaseException:
         ps.close()

@@ -13,9 +13,10 @@ snapshot, so a live update (new rows and new dense weights together) switches at
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -100,6 +101,8 @@ class ModelInputs:
     dense: np.ndarray
     ids: Mapping[str, tuple[np.ndarray, np.ndarray]]
     one_id: np.ndarray | None = None
+    # inline vector features: name -> [B, dim] float32; a row of NaN means "look it up by its id"
+    vectors: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -121,15 +124,40 @@ class ModelInputs:
         if len(parts) == 1:
             return parts[0]
         dense = np.concatenate([p.dense for p in parts])
+        vectors = _concat_vectors(parts)
         features = tuple(parts[0].ids)
         if all(p.one_id is not None and isinstance(p.ids, _OneIdFeatures) and p.ids.names == features for p in parts):
             blocks = [p.one_id for p in parts if p.one_id is not None]
-            return ModelInputs.from_one_id(dense, features, np.concatenate(blocks, axis=1))  # [F, sum B]
+            merged = ModelInputs.from_one_id(dense, features, np.concatenate(blocks, axis=1))  # [F, sum B]
+            return dataclasses.replace(merged, vectors=vectors)
         ids = {
             f: (np.concatenate([p.ids[f][0] for p in parts]), np.concatenate([p.ids[f][1] for p in parts]))
             for f in features
         }
-        return ModelInputs(dense, ids)
+        return ModelInputs(dense, ids, vectors=vectors)
+
+
+def _concat_vectors(parts: Sequence[ModelInputs]) -> dict[str, np.ndarray]:
+    """Inline vectors of merged requests: a request without one gets NaN rows (looked up by id)."""
+    out = {}
+    for name in dict.fromkeys(n for p in parts for n in p.vectors):
+        dim = next(p.vectors[name].shape[1] for p in parts if name in p.vectors)
+        out[name] = np.concatenate(
+            [p.vectors[name] if name in p.vectors else np.full((p.batch_size, dim), np.nan, np.float32) for p in parts]
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class VectorInput:
+    """A vector feature the model reads from a frozen table (`hugerec.models.vectors`), which a request
+    may also send inline as `vector.<name>` FP32 [B, dim]; normalised as the table's rows were."""
+
+    name: str
+    table: str
+    feature: str
+    dim: int
+    normalize: str = "l2"
 
 
 class _OneIdFeatures(Mapping[str, tuple[np.ndarray, np.ndarray]]):
@@ -171,8 +199,19 @@ class InferenceModel:
         num_dense: int,
         dense_keys: Sequence[str] | None = None,
         program_prefix: str = "",
+        vectors: Sequence[VectorInput] = (),
     ) -> None:
         self.layouts = tuple(layouts)
+        self.vectors = tuple(vectors)
+        # per inline vector: (its collection's index, the column of its block in that collection's pooled output)
+        self._vector_at: dict[str, tuple[int, int]] = {}
+        for v in self.vectors:
+            at = [(i, layout) for i, layout in enumerate(self.layouts) if v.table in {t.name for t in layout.tables}]
+            if len(at) != 1 or at[0][1].table_of(v.feature).name != v.table:
+                raise ValueError(f"InferenceModel: vector input {v.name!r}: no collection holds table {v.table!r}")
+            i, layout = at[0]
+            column = sum(layout.table_of(f).dim for f in layout.features[: layout.features.index(v.feature)])
+            self._vector_at[v.name] = (i, column)
         self.dense_keys = tuple(program.state_dict()) if dense_keys is None else tuple(dense_keys)
         self.program_prefix = program_prefix
         self.ps = ps
@@ -197,9 +236,31 @@ class InferenceModel:
                 self._pool(snap, groups, layout, inputs)
                 for groups, layout in zip(self._groups, self.layouts, strict=True)
             ]
+            if inputs.vectors:
+                self._inline_vectors(pooled, inputs.vectors)
             dense = torch.from_numpy(inputs.dense).to(self.device)
             logits = program.run(dense, *pooled)
         return logits.float().cpu().numpy()
+
+    @property
+    def vector_signature(self) -> tuple[tuple[str, int], ...]:
+        """(name, dim) of the vectors a request may send inline."""
+        return tuple((v.name, v.dim) for v in self.vectors)
+
+    def _inline_vectors(self, pooled: list[torch.Tensor], vectors: Mapping[str, np.ndarray]) -> None:
+        """Rows of `vectors` that are not NaN replace the looked-up rows: [vector (normalised), flag 0]."""
+        for v in self.vectors:
+            given = vectors.get(v.name)
+            if given is None:
+                continue
+            rows = ~np.isnan(given[:, 0])
+            values = given[rows]
+            if v.normalize == "l2":
+                values = values / np.maximum(np.linalg.norm(values, axis=1, keepdims=True), 1e-12)
+            i, column = self._vector_at[v.name]
+            index = torch.from_numpy(np.flatnonzero(rows)).to(self.device)
+            block = torch.cat([torch.from_numpy(values), torch.zeros(values.shape[0], 1)], dim=1)  # [n, dim + 1]
+            pooled[i][index, column : column + v.dim + 1] = block.to(self.device, pooled[i].dtype)
 
     def _pool(
         self, snap: Snapshot, groups: tuple[_Group, ...], layout: CollectionLayout, inputs: ModelInputs

@@ -71,10 +71,15 @@ class Signature:
     num_dense: int
     features: tuple[str, ...]
     max_rows: int = 65536
+    vectors: tuple[tuple[str, int], ...] = ()  # (name, dim): optional inline inputs `vector.<name>` FP32 [B, dim]
 
     def inputs_metadata(self) -> list[dict[str, Any]]:
         meta = [{"name": "dense", "datatype": "FP32", "shape": [-1, self.num_dense]}] if self.num_dense else []
-        return meta + [{"name": f, "datatype": "INT64", "shape": [-1, -1]} for f in self.features]
+        meta += [{"name": f, "datatype": "INT64", "shape": [-1, -1]} for f in self.features]
+        return meta + [
+            {"name": VECTOR_PREFIX + name, "datatype": "FP32", "shape": [-1, dim], "optional": True}
+            for name, dim in self.vectors
+        ]
 
     @staticmethod
     def outputs_metadata() -> list[dict[str, Any]]:
@@ -234,7 +239,8 @@ def parse_json(raw: bytes) -> Any:
 
 def to_model_inputs(tensors: Mapping[str, np.ndarray], signature: Signature) -> ModelInputs:
     """Named tensors (see the module docstring) -> ModelInputs, or RequestError."""
-    known = {"dense"} | set(signature.features) | {f + LENGTHS_SUFFIX for f in signature.features}
+    inline = {VECTOR_PREFIX + name: dim for name, dim in signature.vectors}
+    known = {"dense"} | set(signature.features) | {f + LENGTHS_SUFFIX for f in signature.features} | set(inline)
     unknown = sorted(set(tensors) - known)
     if unknown:
         raise RequestError(f"unknown inputs {unknown}; the model takes {_expected(signature)}")
@@ -261,6 +267,11 @@ def to_model_inputs(tensors: Mapping[str, np.ndarray], signature: Signature) -> 
         values, lengths = _jagged(f, tensors[f], tensors.get(f + LENGTHS_SUFFIX))
         ids[f] = (values, lengths)
         sizes[f] = lengths.shape[0]
+    vectors = {}
+    for key, dim in inline.items():
+        if key in tensors:
+            vectors[key[len(VECTOR_PREFIX) :]] = _inline_vector(key, tensors[key], dim)
+            sizes[key] = tensors[key].shape[0]
     if len(set(sizes.values())) > 1:
         raise RequestError(f"inputs disagree on the batch size: {sizes}")
     b = next(iter(sizes.values()))
@@ -270,7 +281,24 @@ def to_model_inputs(tensors: Mapping[str, np.ndarray], signature: Signature) -> 
         raise RequestError(f"the request has {b} examples; this server takes at most {signature.max_rows}", status=413)
     if dense is None:
         dense = np.zeros((b, 0), np.float32)
-    return ModelInputs(dense, ids)
+    return ModelInputs(dense, ids, vectors=vectors)
+
+
+VECTOR_PREFIX = "vector."  # inline vector inputs: `vector.<name>` FP32 [B, dim]
+
+
+def _inline_vector(key: str, t: np.ndarray, dim: int) -> np.ndarray:
+    """An inline vector input [B, dim] of finite numbers -> float32, or RequestError naming it."""
+    if t.ndim != 2 or t.shape[1] != dim:
+        raise RequestError(f"input {key!r} must have shape [B, {dim}], got {list(t.shape)}")
+    if t.dtype.kind not in "iuf":
+        raise RequestError(f"input {key!r} must be numbers, got {t.dtype}")
+    with np.errstate(over="ignore"):
+        out = np.array(t, dtype=np.float32)
+    if not np.isfinite(out).all():
+        row = int(np.flatnonzero(~np.isfinite(out).all(axis=1))[0])
+        raise RequestError(f"input {key!r} row {row} contains NaN or inf (or values too large for float32)")
+    return out
 
 
 def _jagged(name: str, ids: np.ndarray, lengths: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

@@ -182,7 +182,9 @@ class InferenceServer:
         info: dict[str, Any] | None = None,
     ) -> ServedModel:
         """Serve `model` as version `version` of `name` (the first version of a model becomes stable)."""
-        signature = Signature(model.num_dense, model.features, self.config.max_request_rows)
+        signature = Signature(
+            model.num_dense, model.features, self.config.max_request_rows, vectors=model.vector_signature
+        )
         batcher = DynamicBatcher(
             model.predict, self.config.batching, self.metrics.batch_observer(name, version), name=f"{name}:{version}"
         )

@@ -89,3 +89,23 @@ def test_dlrm_bottom_must_end_at_the_embedding_width() -> None:
     with pytest.raises(ConfigError, match=r"model\.bottom must end at embedding\.dim = 16 .* e\.g\. model\.bottom=\[512,256,16\]"):
         load_run_config(None, ["model={type='dlrm'}"])
     assert load_run_config(None, ["model={type='dlrm'}", "embedding.dim=64"]).model_config().bottom == (512, 256, 64)
+
+
+def test_vector_features_in_the_config(tmp_path: Path) -> None:
+    """[[model.vectors]] without a model type amends the default model; its relative path is found
+    beside the config; a bad key is named."""
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "items.parquet").write_bytes(b"")
+    config = tmp_path / "cfg" / "run.toml"
+    config.write_text(
+        '[[model.vectors]]\nname = "item_text"\nfeature = "item_id"\ndim = 8\npath = "items.parquet"\n'
+    )
+    cfg = load_run_config(config)
+    model = cfg.model_config()
+    assert type(model).__name__ == "DLRMConfig" and model.bottom == (64, 16)  # the default model's fields
+    (feature,) = model.vectors  # type: ignore[union-attr]
+    assert (feature.name, feature.feature, feature.dim) == ("item_text", "item_id", 8)
+    assert feature.path == str(tmp_path / "cfg" / "items.parquet")
+    config.write_text('[[model.vectors]]\nname = "t"\nfeature = "item_id"\ndim = 8\nsize = 3\n')
+    with pytest.raises(ConfigError, match=r"unknown key 'model.vectors\[0\].size'; known keys: dim, feature"):
+        load_run_config(config).model_config()

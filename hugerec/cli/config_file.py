@@ -111,37 +111,21 @@ def to_dict(obj: Any, keep_none: bool = False) -> Any:
 
 
 def _convert(tp: Any, value: Any, where: str, readers: Readers) -> Any:
+    """`value` as field type `tp`: a reader of its own, else by the kind of type (one small function each)."""
     if tp in readers:
         try:
             return readers[tp](value)
         except (ValueError, TypeError) as e:
             raise ConfigError(f"{where}: {e}") from None
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    origin = typing.get_origin(tp)
     if origin is typing.Union or origin is types.UnionType:
-        if value is None:
-            if type(None) in args:
-                return None
-            raise ConfigError(f"{where}: a value is required, got none")
-        options = [a for a in args if a is not type(None)]
-        if len(options) == 1:
-            return _convert(options[0], value, where, readers)
-        errors = []
-        for option in options:
-            try:
-                return _convert(option, value, where, readers)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0])
+        return _convert_union(typing.get_args(tp), value, where, readers)
     if value is None:
         raise ConfigError(f"{where}: a value is required, got none")
     if tp is Any:
         return value
     if origin in (tuple, list):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where}: expected a list like [1, 2], got {value!r}")
-        item = args[0] if args else Any
-        items = [_convert(item, v, f"{where}[{i}]", readers) for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
+        return _convert_sequence(origin, typing.get_args(tp), value, where, readers)
     if origin is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected a table of keys, got {value!r}")
@@ -149,29 +133,54 @@ def _convert(tp: Any, value: Any, where: str, readers: Readers) -> Any:
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where, readers)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        choices = [m.value for m in tp]
-        if value not in choices:
-            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.5)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{where}: {value!r} is not one of {choices}{hint}")
-        return tp(value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
+        return _convert_enum(tp, value, where)
+    if tp in _SCALARS:
+        accepts, expected, make = _SCALARS[tp]
+        if not accepts(value):
+            raise ConfigError(f"{where}: expected {expected}, got {value!r}")
+        return make(value)
     raise TypeError(f"config field {where} has a type the config reader does not handle: {tp!r}")
+
+
+def _convert_union(args: tuple[Any, ...], value: Any, where: str, readers: Readers) -> Any:
+    """X | None takes None; otherwise the first option that converts (the first option's error if none does)."""
+    if value is None:
+        if type(None) in args:
+            return None
+        raise ConfigError(f"{where}: a value is required, got none")
+    errors = []
+    for option in (a for a in args if a is not type(None)):
+        try:
+            return _convert(option, value, where, readers)
+        except ConfigError as e:
+            errors.append(str(e))
+    raise ConfigError(errors[0])
+
+
+def _convert_sequence(origin: Any, args: tuple[Any, ...], value: Any, where: str, readers: Readers) -> Any:
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"{where}: expected a list like [1, 2], got {value!r}")
+    item = args[0] if args else Any
+    items = [_convert(item, v, f"{where}[{i}]", readers) for i, v in enumerate(value)]
+    return tuple(items) if origin is tuple else items
+
+
+def _convert_enum(tp: type[enum.Enum], value: Any, where: str) -> enum.Enum:
+    choices = [m.value for m in tp]
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{where}: {value!r} is not one of {choices}{hint}")
+    return tp(value)
+
+
+# scalar field type -> (accepts the TOML value?, what the message says it expected, conversion)
+_SCALARS: dict[type, tuple[Callable[[Any], bool], str, Callable[[Any], Any]]] = {
+    bool: (lambda v: isinstance(v, bool), "true or false", lambda v: v),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer", lambda v: v),
+    float: (lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number", float),
+    str: (lambda v: isinstance(v, str), "a string", lambda v: v),
+}
 
 
 def _join(where: str, key: str) -> str:

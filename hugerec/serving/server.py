@@ -116,10 +116,13 @@ class InferenceServer:
         """The ASGI app uvicorn runs: inference requests are answered here on raw ASGI messages, skipping
         the framework's request/response objects and middleware (most of the cost of a one-example
         request); the rest goes to FastAPI."""
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] == "http":
             match = _INFER_PATH.fullmatch(scope["path"])
-            if match is not None:
+            if match is not None and scope["method"] == "POST":
                 await self._infer_asgi(match["name"], match["version"], scope, receive, send)
+                return
+            if match is not None:  # the infer path takes POST only
+                await JSONResponse({"error": "method not allowed: use POST"}, status_code=405)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -292,20 +295,6 @@ class InferenceServer:
         model = model if model in self.models else "-"
         self.metrics.answered(model, version, endpoint, code, time.perf_counter() - t0)
 
-    async def _infer(self, name: str, version: str | None, request: Request) -> Response:
-        t0, code, served_version = time.perf_counter(), 200, version or "-"
-        try:
-            served = self._served(name, version)
-            served_version = served.version
-            body = await self._body(request)
-            payload, headers = await self._answer(served, body, request.headers.get(HEADER_LENGTH))
-            return Response(payload, headers=headers)
-        except Exception as e:
-            code = _status(e)
-            return _error(e, code)
-        finally:
-            self._observe(name, served_version, "infer", code, t0)
-
     async def _predict(self, request: Request) -> Response:
         t0, code, name, served_version = time.perf_counter(), 200, "-", "-"
         try:
@@ -402,12 +391,7 @@ class InferenceServer:
                 "dynamic_batching": {"max_queue_delay_microseconds": int(batching.max_delay_ms * 1000)},
             }
 
-        # also reachable through FastAPI (tests with ASGI transports); served by `_hot_path` over HTTP
-        async def infer(request: Request) -> Response:
-            return await self._infer(request.path_params["name"], request.path_params.get("version"), request)
-
-        app.add_route("/v2/models/{name}/infer", infer, methods=["POST"])
-        app.add_route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"])
+        # /v2/models/.../infer never reaches the app: `__call__` answers it on raw ASGI messages
         app.add_route("/predict", self._predict, methods=["POST"])
 
         @app.get("/metrics")

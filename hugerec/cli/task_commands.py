@@ -54,10 +54,7 @@ from hugerec.data.sessions import leave_last_out as sequences_leave_last_out
 from hugerec.data.shards import expand_paths
 from hugerec.embedding.optimizers import optimizer_from_dict, optimizer_to_dict
 from hugerec.index.vector_index import load_index
-from hugerec.models.gru4rec import GRU4Rec
-from hugerec.models.masked import MaskedTransformer
 from hugerec.models.mf import MatrixFactorization
-from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import PAD
 from hugerec.models.two_tower import TwoTower
 from hugerec.sparse.jagged import JaggedTensor
@@ -71,6 +68,7 @@ from hugerec.training.retrieval import (
     recommend,
     user_vectors,
 )
+from hugerec.training.sequence_file import build_sequence_model, load_sequence_model, save_sequence_model
 from hugerec.training.sequential import (
     SequenceModel,
     SequentialTrainConfig,
@@ -257,17 +255,6 @@ def sequence_data(cfg: RunConfig, max_len: int) -> SequenceData:
             return SequenceData(vocab, train, last_n(test, max_len, rows=seq, ends=end), targets, None, report.unknown_items)
 
 
-def build_sequence_model(kind: SequentialModel, model_type: str, num_items: int, cfg: RunConfig) -> nn.Module:
-    sc = kind.sequence_config(num_items)
-    match model_type:
-        case "sasrec":
-            return SASRec(sc, cfg.embedding.optimizer)
-        case "mlm":
-            return MaskedTransformer(sc, cfg.embedding.optimizer)
-        case _:
-            return GRU4Rec(sc, cfg.embedding.optimizer)
-
-
 def train_sequential(cfg: RunConfig) -> dict[str, float]:
     kind = read_task_model(cfg.model)
     assert isinstance(kind, SequentialModel)
@@ -279,7 +266,7 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
     )
     if cfg.train.seed is not None:
         seed_everything(cfg.train.seed)
-    model = build_sequence_model(kind, str(cfg.model["type"]), d.vocab.num_items, cfg)
+    model = build_sequence_model(str(cfg.model["type"]), kind.sequence_config(d.vocab.num_items), cfg.embedding.optimizer)
     seq_model: SequenceModel = model  # type: ignore[assignment]  # SASRec / MaskedTransformer / GRU4Rec
     counts = np.bincount(d.train.items, minlength=d.vocab.num_items + 1)
     tc = SequentialTrainConfig(
@@ -296,7 +283,7 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
     print(f"  {report.steps:,} steps, {report.samples_per_second:,.0f} sequences/s; loss per epoch {losses}", flush=True)
     metrics = evaluate_next_item(seq_model, d.histories, d.targets, d.exclude, cfg.sequences.ks)
     metrics["queries"] = float(len(d.targets))
-    save_task_model(cfg, model, None, d.vocab.raw, counts, None)
+    save_sequence_model(cfg.out_dir / "model.pt", model, str(cfg.model["type"]), d.vocab.raw, counts, cfg.embedding.optimizer, {"model": dict(cfg.model)})
     _write_metrics(cfg, metrics)
     return metrics
 
@@ -305,17 +292,18 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
 def save_task_model(
     cfg: RunConfig,
     model: nn.Module,
-    users_raw: np.ndarray | None,
+    users_raw: np.ndarray,
     items_raw: np.ndarray,
     item_counts: np.ndarray,
-    train_csr: tuple[np.ndarray, np.ndarray] | None,
+    train_csr: tuple[np.ndarray, np.ndarray],
 ) -> Path:
-    """model.pt: {"spec": JSON (format, [model], sizes, sparse optimizer), "state", "items_raw", "item_counts",
-    and for retrieval "users_raw", "train_offsets", "train_items"}; tensors only (read with weights_only=True)."""
-    num_users = 0 if users_raw is None else len(users_raw)
+    """A retrieval model.pt: {"spec": JSON (format, [model], sizes, sparse optimizer), "state", "items_raw",
+    "item_counts", "users_raw", "train_offsets", "train_items"}; tensors only (read with weights_only=True).
+    Sequential models use hugerec.training.sequence_file's format (what the server loads)."""
+    num_users = len(users_raw)
     spec = {
         "format": TASK_FORMAT,
-        "task": "retrieval" if users_raw is not None else "sequential",
+        "task": "retrieval",
         "model": dict(cfg.model),
         "num_users": num_users,
         "num_items": len(items_raw),
@@ -327,10 +315,9 @@ def save_task_model(
         "items_raw": torch.from_numpy(np.array(items_raw, dtype=np.int64)),
         "item_counts": torch.from_numpy(np.array(item_counts, dtype=np.int64)),
     }
-    if users_raw is not None and train_csr is not None:
-        obj["users_raw"] = torch.from_numpy(np.array(users_raw, dtype=np.int64))
-        obj["train_offsets"] = torch.from_numpy(train_csr[0].astype(np.int64))
-        obj["train_items"] = torch.from_numpy(train_csr[1].astype(np.int64))
+    obj["users_raw"] = torch.from_numpy(np.array(users_raw, dtype=np.int64))
+    obj["train_offsets"] = torch.from_numpy(train_csr[0].astype(np.int64))
+    obj["train_items"] = torch.from_numpy(train_csr[1].astype(np.int64))
     return atomic_save(obj, cfg.out_dir / "model.pt")
 
 
@@ -356,29 +343,31 @@ def load_task_model(cfg: RunConfig, path: Path | None) -> TaskModelFile:
     saved = read_weights(path, "load", "hugerec model file")
     try:
         spec = json.loads(saved["spec"])
-        if spec.get("format") != TASK_FORMAT or spec.get("task") not in ("retrieval", "sequential"):
-            raise ValueError(f"not a retrieval / sequential model file (format {spec.get('format')!r}, task {spec.get('task')!r})")
+        task = spec.get("task") if isinstance(spec, dict) else None
+        if task == "sequential":
+            seq = load_sequence_model(path)
+            return TaskModelFile(path, seq.model_type, seq.model, seq.items_raw, seq.item_counts)
+        if spec.get("format") != TASK_FORMAT or task != "retrieval":
+            raise ValueError(f"not a retrieval / sequential model file (format {spec.get('format')!r}, task {task!r})")
         model_dict = spec["model"]
         kind = read_task_model(model_dict)
         opt = optimizer_from_dict(spec["optimizer"])
-        items_raw = saved["items_raw"].numpy()
-        counts = saved["item_counts"].numpy()
         model: nn.Module
         if isinstance(kind, TwoTowerModel):
             model = TwoTower(kind.tower_config(), int(spec["num_users"]), int(spec["num_items"]), opt)
         elif isinstance(kind, MFModel):
             model = MatrixFactorization(int(spec["num_users"]), int(spec["num_items"]), kind.dim, opt, kind.temperature, kind.init_std)
         else:
-            sc = kind.sequence_config(int(spec["num_items"]))
-            model = {"sasrec": SASRec, "mlm": MaskedTransformer}.get(model_dict["type"], GRU4Rec)(sc, opt)
+            raise ValueError(f"model.type {model_dict.get('type')!r} is not a retrieval model")
         model.load_state_dict(saved["state"])
-    except (KeyError, TypeError, ValueError, RuntimeError, json.JSONDecodeError) as e:
+        csr = (saved["train_offsets"].numpy(), saved["train_items"].numpy())
+        out = TaskModelFile(
+            path, model_dict["type"], model, saved["items_raw"].numpy(), saved["item_counts"].numpy(), saved["users_raw"].numpy(), csr
+        )
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{path}: not a model file `hugerec train` wrote for a retrieval or sequential model: {' '.join(str(e).split())[:300]}") from None
     model.eval()
-    if spec["task"] == "retrieval":
-        csr = (saved["train_offsets"].numpy(), saved["train_items"].numpy())
-        return TaskModelFile(path, model_dict["type"], model, items_raw, counts, saved["users_raw"].numpy(), csr)
-    return TaskModelFile(path, model_dict["type"], model, items_raw, counts)
+    return out
 
 
 def _write_metrics(cfg: RunConfig, metrics: dict[str, float]) -> None:

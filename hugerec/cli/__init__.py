@@ -105,7 +105,11 @@ COMMANDS = {
         "or --model to --out (default: train.out_dir/bundle): the dense part\n"
         "as a torch.export program, the embedding rows in a RocksDB store, the fitted preprocessing workflow\n"
         "(preprocess.out/workflow, when present, so /predict takes raw rows) and a manifest with checksums.\n"
-        "example: hugerec export configs/quickstart.toml && hugerec serve runs/quickstart/bundle",
+        "Sequential models (sasrec, mlm, gru4rec) export a next-items bundle instead: the server answers\n"
+        "KServe v2 requests with an INT64 item list (\"items\" [N] + \"items.lengths\" [B]) by the top\n"
+        "recommend.k next items (\"items\", \"scores\", \"unknown_items\"), scored exactly over the catalogue.\n"
+        "example: hugerec export configs/quickstart.toml && hugerec serve runs/quickstart/bundle\n"
+        "example: hugerec export configs/yoochoose_sasrec.toml && hugerec serve runs/yoochoose_sasrec/bundle",
     ),
 }
 
@@ -350,6 +354,12 @@ def _predict(cfg: RunConfig, args: argparse.Namespace) -> None:
 def _export(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.commands import export_model
 
+    if _is_task(cfg):
+        from hugerec.cli.task_commands import export_task_model
+
+        out = export_task_model(cfg, args.model, args.out)
+        print(f"export: next-items bundle -> {out}   (serve it: hugerec serve {out})")
+        return
     out = export_model(cfg, args.model, args.out)
     print(f"export: bundle -> {out}   (serve it: hugerec serve {out})")
 

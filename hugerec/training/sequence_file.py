@@ -60,6 +60,11 @@ class SavedSequenceModel:
     def num_items(self) -> int:
         return len(self.items_raw)
 
+    @property
+    def max_len(self) -> int:
+        """The longest history the model reads (longer ones keep their last max_len items)."""
+        return int(self.spec["sequence_config"]["max_len"])
+
     def lookup(self, raw: np.ndarray) -> np.ndarray:
         """[N] raw item ids -> [N] dense ids, PAD (0) where the model does not know the id."""
         raw = np.asarray(raw, dtype=np.int64)

@@ -363,3 +363,25 @@ def test_yoochoose_sasrec_config_runs(tmp_path: Path, monkeypatch: pytest.Monkey
     assert main(["train", "configs/yoochoose_sasrec.toml", *FAST, "sequences.max_sequences=2000"]) == 0
     metrics = _last_json(capsys.readouterr().out)
     assert metrics["queries"] > 1000 and 0.0 <= metrics["mrr@20"] <= metrics["recall@20"] <= 1.0
+
+
+def test_export_sequential_model_to_a_next_items_bundle(sequential_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hugerec.serving.next_items import load_next_items
+
+    assert main(["train", "sasrec.toml"]) == 0
+    assert main(["export", "sasrec.toml", "recommend.k=4"]) == 0
+    assert "next-items bundle -> run/bundle" in capsys.readouterr().out
+    served = load_next_items(sequential_dir / "run" / "bundle")
+    assert served.name == "sasrec" and served.k == 4
+    out = served.next_items(np.array([5001, 5002, 77]), np.array([3]))
+    assert out["items"].shape == (1, 4) and out["unknown_items"].tolist() == [1]
+    assert main(["recommend", "sasrec.toml", "--history", "5001,5002,77", "--k", "4"]) == 0
+    capsys.readouterr()
+    assert pl.read_parquet(sequential_dir / "run" / "recommendations.parquet")["item"].to_list() == out["items"][0].tolist()
+
+
+def test_export_of_a_retrieval_model_says_what_to_use(retrieval_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "two_tower.toml"]) == 0
+    capsys.readouterr()
+    assert main(["export", "two_tower.toml"]) == 2
+    assert "use `hugerec index` and `hugerec recommend`" in _one_line_error(capsys, "export")

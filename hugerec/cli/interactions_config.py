@@ -36,6 +36,11 @@ class Split(enum.Enum):
     TIME = "time"  # events at or after a global time cutoff are the test set
 
 
+class Windows(enum.Enum):
+    LAST = "last"  # each sequence's last max_len (+ 1) items
+    SLIDING = "sliding"  # windows over the whole of each sequence
+
+
 class Protocol(enum.Enum):
     LEAVE_LAST_OUT = "leave_last_out"  # one query per sequence: all but its last item predict the last
     EVERY_PREFIX = "every_prefix"  # every prefix of every test sequence predicts its next item
@@ -113,7 +118,10 @@ class SequencesSection:
     test_files      every_prefix: the test sequences' files (same format); none: the sequences ending
                     in the last `test_days` days of `files`
     max_sequences   keep only the first N training sequences (a quick look); none: all
-    batch_size      sequences per training step
+    windows         "last": train on each sequence's last max_len items; "sliding": on windows covering
+                    all of each sequence (consecutive windows share one item; long user histories give
+                    several windows, so every transition is trained)
+    batch_size      training windows per step
     ks              the K of Recall/MRR/NDCG@K in train's and evaluate's report
     """
 
@@ -131,6 +139,7 @@ class SequencesSection:
     test_files: str | None = None
     test_days: int = 1
     max_sequences: int | None = None
+    windows: Windows = Windows.LAST
     batch_size: int = 128
     ks: tuple[int, ...] = (10, 20)
 

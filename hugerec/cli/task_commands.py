@@ -34,6 +34,7 @@ from hugerec.cli.interactions_config import (
     SequentialModel,
     Split,
     TwoTowerModel,
+    Windows,
     read_task_model,
 )
 from hugerec.cli.run_config import RunConfig
@@ -49,7 +50,15 @@ from hugerec.data.interactions import (
 )
 from hugerec.data.interactions import leave_last_out as interactions_leave_last_out
 from hugerec.data.schema import ValueType
-from hugerec.data.sessions import ItemVocabulary, Sequences, group_sequences, last_n, prefixes, split_by_day
+from hugerec.data.sessions import (
+    ItemVocabulary,
+    Sequences,
+    group_sequences,
+    last_n,
+    prefixes,
+    sliding_windows,
+    split_by_day,
+)
 from hugerec.data.sessions import leave_last_out as sequences_leave_last_out
 from hugerec.data.shards import expand_paths
 from hugerec.embedding.optimizers import optimizer_from_dict, optimizer_to_dict
@@ -278,7 +287,13 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
         max_steps=cfg.train.max_steps,
         seed=cfg.train.seed or 0,
     )
-    report = fit_sequential(seq_model, last_n(d.train, window_width(seq_model)), tc, item_counts=counts)
+    width = window_width(seq_model)
+    match cfg.sequences.windows:
+        case Windows.LAST:
+            windows = last_n(d.train, width)
+        case Windows.SLIDING:
+            windows = sliding_windows(d.train, width)
+    report = fit_sequential(seq_model, windows, tc, item_counts=counts)
     losses = ", ".join(f"{x:.4f}" for x in report.losses)
     print(f"  {report.steps:,} steps, {report.samples_per_second:,.0f} sequences/s; loss per epoch {losses}", flush=True)
     metrics = evaluate_next_item(seq_model, d.histories, d.targets, d.exclude, cfg.sequences.ks)

@@ -321,6 +321,15 @@ def test_sampled_softmax_and_bce_train(sequential_dir: Path, capsys: pytest.Capt
         assert "recall@10" in _last_json(capsys.readouterr().out)
 
 
+def test_sliding_windows_train_on_more_windows(sequential_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Sessions of up to 6 items, max_len 2: "last" trains one window per session, "sliding" several."""
+    seen = {}
+    for windows in ("last", "sliding"):
+        assert main(["train", "sasrec.toml", "model.max_len=2", f"sequences.windows={windows}", "train.max_steps=none"]) == 0
+        seen[windows] = int(capsys.readouterr().out.split(" steps,")[0].split()[-1].replace(",", ""))
+    assert seen["sliding"] > seen["last"] >= 1
+
+
 # -- the shipped configs on the real samples -----------------------------------------------------------
 def _data_root() -> Path | None:
     env = os.environ.get("HUGEREC_DATA")

@@ -197,12 +197,15 @@ def _parser() -> argparse.ArgumentParser:
         )
         p.add_argument("args", nargs="*", metavar="CONFIG.toml | KEY=VALUE", help="a config file and/or overrides")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-        if name in ("evaluate", "predict", "export", "index", "recommend"):
+        if name in ("evaluate", "predict", "export"):
             p.add_argument(
                 "--model",
                 type=Path,
-                help="model file (default: train.out_dir/best.pt, the best evaluation; model.pt when there is none)",
+                help="model file (default: train.out_dir/best.pt, the best evaluation; model.pt when there is none; "
+                "retrieval and sequential models: train.out_dir/model.pt)",
             )
+        if name in ("index", "recommend"):
+            p.add_argument("--model", type=Path, help="model file (default: train.out_dir/model.pt)")
         if name == "export":
             p.add_argument("--out", type=Path, help="bundle directory (default: train.out_dir/bundle)")
         if name == "index":

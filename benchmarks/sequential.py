@@ -52,6 +52,7 @@ from hugerec.data.sessions import (
     prefixes,
     read_movielens,
     read_yoochoose,
+    sliding_windows,
 )
 from hugerec.embedding.optimizers import Adam
 from hugerec.models.gru4rec import GRU4Rec
@@ -145,13 +146,17 @@ def model_scores(model: Any, histories: np.ndarray) -> Callable[[int, int], torc
 
 # -- quality ----------------------------------------------------------------------------------------------
 def train_model(
-    name: str, num_items: int, train: Sequences, max_len: int, epochs: int, seed: int, lr: float, batch: int, max_steps: int | None = None
+    name: str, num_items: int, train: Sequences, max_len: int, epochs: int, seed: int, lr: float, batch: int, max_steps: int | None = None,
+    windows: str = "last", dropout: float = 0.2,
 ) -> Any:
     torch.manual_seed(seed)
-    cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=2, num_heads=1, dropout=0.2)
+    cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=2, num_heads=1, dropout=dropout)
     model = MODELS[name](cfg, optimizer=Adam(lr=lr))
     tc = SequentialTrainConfig(loss=FullSoftmax(), epochs=epochs, batch_size=batch, lr=lr, mask_prob=0.2, seed=seed, max_steps=max_steps)
-    report = fit_sequential(model, last_n(train, window_width(model)), tc)
+    width = window_width(model)
+    # "last": each sequence's last max_len (+ 1) items; "sliding": windows over the whole of each sequence
+    data = last_n(train, width) if windows == "last" else sliding_windows(train, width)
+    report = fit_sequential(model, data, tc)
     print(f"  {name}: {report.steps} steps in {report.seconds:.0f} s, loss {report.losses[0]:.3f} -> {report.losses[-1]:.3f}", flush=True)
     return model
 
@@ -170,14 +175,16 @@ def evaluate(
     return out
 
 
-def movielens(records: Records, quick: bool, seed: int, epochs_override: int | None = None) -> None:
+def movielens(
+    records: Records, quick: bool, seed: int, epochs_override: int | None = None, max_len: int = 50, windows: str = "last", dropout: float = 0.2
+) -> None:
     print("quality movielens (leave-last-out, history excluded, full ranking)", flush=True)
     events = read_movielens(DATA / "movielens" / "ml-1m" / "ratings.dat.gz")
     users = group_sequences(events, key="user", drop_repeats=False)
     vocab = ItemVocabulary.fit(users.items)
     seqs, _ = vocab.encode(users)
     train, targets = leave_last_out(seqs)
-    num_items, max_len = vocab.num_items, 50
+    num_items = vocab.num_items
     histories = last_n(train, max_len)
     counts = np.bincount(train.items, minlength=num_items + 1)
     scores = {
@@ -187,7 +194,7 @@ def movielens(records: Records, quick: bool, seed: int, epochs_override: int | N
     }
     epochs = epochs_override or (1 if quick else 2)
     for name in MODELS:
-        model = train_model(name, num_items, train, max_len, epochs, seed, lr=3e-3, batch=128)
+        model = train_model(name, num_items, train, max_len, epochs, seed, lr=3e-3, batch=128, windows=windows, dropout=dropout)
         scores[name] = model_scores(model, histories)
     res = evaluate(records, "movielens", scores, targets, num_items, (train.offsets, train.items), ("recall@10", "ndcg@10"), 10)
     for metric in ("recall@10", "ndcg@10"):
@@ -352,6 +359,9 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated hugerec models to train")
     parser.add_argument("--epochs", type=int, help="epochs per hugerec model (default: 1 with --quick; 2 MovieLens, 3 YOOCHOOSE)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-len", type=int, default=50, help="MovieLens: the models' max_len (histories read)")
+    parser.add_argument("--windows", choices=("last", "sliding"), default="last", help="MovieLens training windows: each user's last max_len + 1 items, or windows over the whole history")
+    parser.add_argument("--dropout", type=float, default=0.2, help="MovieLens: the models' dropout")
     args = parser.parse_args()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     records: Records = []
@@ -364,7 +374,7 @@ def main() -> None:
     if "yoochoose" in parts:
         yoochoose(records, args.quick, args.seed, args.epochs)
     if "movielens" in parts:
-        movielens(records, args.quick, args.seed, args.epochs)
+        movielens(records, args.quick, args.seed, args.epochs, args.max_len, args.windows, args.dropout)
     if "train" in parts:
         throughput(records, args.quick, args.seed)
     if args.json:

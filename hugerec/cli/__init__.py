@@ -29,7 +29,8 @@ Then copy configs/quickstart.toml and point it at your own data.
 
 CONFIG_HELP = """\
 Every command reads a TOML config (sections [synth], [preprocess], [data], [embedding], [model],
-[train], [predict]; see configs/*.toml). Without a config file the quickstart's settings are used.
+[train], [predict]; for retrieval and sequential models [interactions] or [sequences], [index],
+[recommend]; see configs/*.toml). Without a config file the quickstart's settings are used.
 Override any key on the command line with dotted KEY=VALUE pairs, typed like the config:
   train.lr=0.01  train.max_steps=none  model.top=[256,64,1]  train.precision=bf16
 A config path `configs/NAME.toml` that is not in the current directory is read from the checkout's
@@ -72,14 +73,24 @@ COMMANDS = {
         "the dense lr (train.lr) decays linearly to 0 over the first epoch (train.schedule.decay_epochs = 1);\n"
         "on a small set give train.epochs an upper bound (e.g. 20) and let early stopping end the run.\n"
         "Continue an interrupted run exactly where it stopped with train.resume=true.\n"
-        "example: hugerec train configs/criteo_sample.toml model.type=dcn_v2 train.epochs=2",
+        "Retrieval (model.type = two_tower | mf) reads the event log of [interactions], splits it\n"
+        "(leave-last-out per user or a global time split), trains with sampled softmax and reports\n"
+        "Recall/NDCG/MRR/HitRate/coverage@K over the full catalogue (training items excluded).\n"
+        "Sequential (model.type = sasrec | mlm | gru4rec) reads [sequences]: events grouped by a session\n"
+        "or user column (or an inactivity gap), evaluated leave-last-out or on every prefix of the test\n"
+        "sessions. Both write model.pt and metrics.json to train.out_dir.\n"
+        "example: hugerec train configs/criteo_sample.toml model.type=dcn_v2 train.epochs=2\n"
+        "example: hugerec train configs/movielens_two_tower.toml train.epochs=2",
     ),
     "evaluate": (
         "AUC, logloss and calibration of a trained model on data.eval",
         "Loads train.out_dir/best.pt (the best evaluation of training; model.pt when there is none)\n"
         "or --model, and scores data.eval: exact AUC over all rows,\n"
         "logloss and calibration (mean predicted click rate / observed click rate).\n"
-        "example: hugerec evaluate configs/criteo_sample.toml data.eval=other/eval",
+        "Retrieval and sequential models: the held-out part of [interactions] / [sequences], split as in\n"
+        "training, ranked over the whole catalogue: Recall, NDCG, MRR, HitRate and coverage at each K.\n"
+        "example: hugerec evaluate configs/criteo_sample.toml data.eval=other/eval\n"
+        "example: hugerec evaluate configs/movielens_sasrec.toml",
     ),
     "predict": (
         "score rows into a Parquet file of click probabilities",
@@ -94,9 +105,34 @@ COMMANDS = {
         "or --model to --out (default: train.out_dir/bundle): the dense part\n"
         "as a torch.export program, the embedding rows in a RocksDB store, the fitted preprocessing workflow\n"
         "(preprocess.out/workflow, when present, so /predict takes raw rows) and a manifest with checksums.\n"
-        "example: hugerec export configs/quickstart.toml && hugerec serve runs/quickstart/bundle",
+        "Sequential models (sasrec, mlm, gru4rec) export a next-items bundle instead: the server answers\n"
+        "KServe v2 requests with an INT64 item list (\"items\" [N] + \"items.lengths\" [B]) by the top\n"
+        "recommend.k next items (\"items\", \"scores\", \"unknown_items\"), scored exactly over the catalogue.\n"
+        "example: hugerec export configs/quickstart.toml && hugerec serve runs/quickstart/bundle\n"
+        "example: hugerec export configs/yoochoose_sasrec.toml && hugerec serve runs/yoochoose_sasrec/bundle",
     ),
 }
+
+COMMANDS["index"] = (
+    "item vectors of a retrieval / sequential model -> an exact or HNSW index ([index])",
+    "Reads train.out_dir/model.pt (or --model), embeds every item of the catalogue and builds\n"
+    'index.kind = "exact" (blocked matmul + top-k) or "hnsw" (usearch graph for the inner product) into\n'
+    "--out (default: index.out, else train.out_dir/index). The ids in the index are the model's dense\n"
+    "item ids; `hugerec recommend ... recommend.use_index=true` answers from it.\n"
+    "example: hugerec index configs/movielens_two_tower.toml index.kind=hnsw",
+)
+COMMANDS["recommend"] = (
+    "top-K items for given users or histories -> Parquet ([recommend])",
+    "Retrieval models: --users 1,2,3 (raw user ids; recommend.users_file for a file of ids), each\n"
+    "user's training items excluded; a user the model never saw gets the most popular items, marked\n"
+    "source = popularity in the output and counted on stderr. Sequential models: --history 1,2,3\n"
+    "(raw item ids, oldest first; recommend.history_file for one history per line): unknown items are\n"
+    "skipped and counted (column unknown_items); histories longer than model.max_len keep their last\n"
+    "max_len items. k larger than the catalogue is an error. Writes --out (default recommend.out, else\n"
+    "train.out_dir/recommendations.parquet): user or history, rank, item, score, source.\n"
+    "example: hugerec recommend configs/movielens_two_tower.toml --users 1,2,3 --k 10\n"
+    "example: hugerec recommend configs/movielens_sasrec.toml --history 1193,661,914 --k 10",
+)
 
 SERVE_HELP = """\
 Serves exported bundles (`hugerec export`) over HTTP until Ctrl-C: the Open Inference Protocol v2
@@ -109,7 +145,12 @@ example: hugerec serve runs/quickstart/bundle --port 8000"""
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    # config and KEY=VALUE words may also follow options (`recommend CONFIG --users 1,2 k=v`)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "args") or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.args = [*args.args, *extra]
     if args.command is None:
         parser.print_help()
         return 2
@@ -119,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hugerec.cli.run_config import load_run_config, resolved_dict
 
         config_path, overrides = _split_args(args.args)
-        cfg = load_run_config(config_path, overrides)
+        cfg = load_run_config(config_path, [*overrides, *_recommend_overrides(args)])
         if args.print_config:  # every key, unset ones as null: the full list of what a config may say
             print(json.dumps(resolved_dict(cfg), indent=1, default=str))
             return 0
@@ -160,10 +201,20 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument(
                 "--model",
                 type=Path,
-                help="model file (default: train.out_dir/best.pt, the best evaluation; model.pt when there is none)",
+                help="model file (default: train.out_dir/best.pt, the best evaluation; model.pt when there is none; "
+                "retrieval and sequential models: train.out_dir/model.pt)",
             )
+        if name in ("index", "recommend"):
+            p.add_argument("--model", type=Path, help="model file (default: train.out_dir/model.pt)")
         if name == "export":
             p.add_argument("--out", type=Path, help="bundle directory (default: train.out_dir/bundle)")
+        if name == "index":
+            p.add_argument("--out", type=Path, help="index folder (default: index.out, else train.out_dir/index)")
+        if name == "recommend":
+            p.add_argument("--users", help="comma-separated raw user ids (retrieval models)")
+            p.add_argument("--history", help="comma-separated raw item ids, oldest first (sequential models)")
+            p.add_argument("--k", type=int, help="items per user / history (default: recommend.k)")
+            p.add_argument("--out", help="Parquet file (default: recommend.out, else train.out_dir/recommendations.parquet)")
     serve = sub.add_parser(
         "serve",
         help="serve exported bundles over HTTP (KServe v2 / Triton protocol)",
@@ -187,6 +238,26 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-delay-ms", type=float, default=None, help="dynamic batching: wait this long to merge")
     serve.add_argument("--admin-token", default=os.environ.get("HUGEREC_ADMIN_TOKEN"), help=argparse.SUPPRESS)
     return parser
+
+
+def _recommend_overrides(args: argparse.Namespace) -> list[str]:
+    """recommend's --users / --history / --k / --out as the [recommend] overrides they stand for."""
+    if args.command != "recommend":
+        return []
+    out = []
+    for flag, key in (("users", "users"), ("history", "history")):
+        value = getattr(args, flag)
+        if value is not None:
+            ids = [v.strip() for v in value.split(",") if v.strip()]
+            for v in ids:
+                if not v.lstrip("-").isdigit():
+                    raise ConfigError(f"--{flag}: {v!r} is not an integer id (give comma-separated ids, e.g. 1,2,3)")
+            out.append(f"recommend.{key}=[{','.join(ids)}]")
+    if args.k is not None:
+        out.append(f"recommend.k={args.k}")
+    if args.out is not None:
+        out.append(f"recommend.out={json.dumps(args.out)}")
+    return out
 
 
 def _split_args(items: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -223,8 +294,28 @@ def _preprocess(cfg: RunConfig, args: argparse.Namespace) -> None:
         print(f"preprocess: {r.skipped}")
 
 
+def _is_task(cfg: RunConfig) -> bool:
+    from hugerec.cli.interactions_config import is_task_model
+
+    return is_task_model(cfg.model)
+
+
+def _print_metrics(prefix: str, metrics: dict[str, float]) -> None:
+    print(f"{prefix}{json.dumps({k: _finite(round(v, 6)) for k, v in metrics.items()})}")
+
+
 def _train(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.commands import train
+
+    if _is_task(cfg):
+        from hugerec.cli.task_commands import is_retrieval, train_retrieval, train_sequential
+
+        t0 = time.perf_counter()
+        metrics = train_retrieval(cfg) if is_retrieval(cfg) else train_sequential(cfg)
+        print(f"train: done in {time.perf_counter() - t0:.1f} s; held-out metrics (full ranking):")
+        _print_metrics("  ", metrics)
+        print(f"  model {cfg.out_dir / 'model.pt'}   metrics {cfg.out_dir / 'metrics.json'}")
+        return
 
     t0 = time.perf_counter()
     history = train(cfg)
@@ -246,6 +337,12 @@ def _train(cfg: RunConfig, args: argparse.Namespace) -> None:
 def _evaluate(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.commands import evaluate_model
 
+    if _is_task(cfg):
+        from hugerec.cli.task_commands import evaluate_task
+
+        _print_metrics("", evaluate_task(cfg, args.model))
+        return
+
     metrics = evaluate_model(cfg, args.model)
     print(json.dumps({k: _finite(v) for k, v in metrics.items()}))
 
@@ -260,8 +357,34 @@ def _predict(cfg: RunConfig, args: argparse.Namespace) -> None:
 def _export(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.commands import export_model
 
+    if _is_task(cfg):
+        from hugerec.cli.task_commands import export_task_model
+
+        out = export_task_model(cfg, args.model, args.out)
+        print(f"export: next-items bundle -> {out}   (serve it: hugerec serve {out})")
+        return
     out = export_model(cfg, args.model, args.out)
     print(f"export: bundle -> {out}   (serve it: hugerec serve {out})")
+
+
+def _index(cfg: RunConfig, args: argparse.Namespace) -> None:
+    from hugerec.cli.task_commands import build_item_index
+
+    if not _is_task(cfg):
+        raise ConfigError(f"index: model.type = {cfg.model.get('type')!r} has no item vectors; use a two_tower, mf, sasrec, mlm or gru4rec config")
+    t0 = time.perf_counter()
+    folder, n, dim = build_item_index(cfg, args.model, args.out)
+    print(f"index: {cfg.index.kind.value} index of {n:,} items x {dim} -> {folder} ({time.perf_counter() - t0:.1f} s)")
+
+
+def _recommend(cfg: RunConfig, args: argparse.Namespace) -> None:
+    from hugerec.cli.task_commands import recommend_to_parquet, warn
+
+    if not _is_task(cfg):
+        raise ConfigError(f"recommend: model.type = {cfg.model.get('type')!r} is a ranking model; use `hugerec predict`")
+    out, rows, notes = recommend_to_parquet(cfg, args.model)
+    warn(notes, "recommend")
+    print(f"recommend: {rows:,} rows -> {out}")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -330,4 +453,6 @@ RUNNERS: dict[str, Callable[[RunConfig, argparse.Namespace], None]] = {
     "evaluate": _evaluate,
     "predict": _predict,
     "export": _export,
+    "index": _index,
+    "recommend": _recommend,
 }

@@ -7,6 +7,8 @@
     [model]       train               type = "dlrm" | "dcn_v2" | "deepfm" | "wide_and_deep", then its fields
     [train]       train               hugerec.training.TrainConfig (epochs, lr, precision, out_dir, ...)
     [predict]     predict             rows to score and where the Parquet of probabilities goes
+    [interactions], [sequences], [index], [recommend]: the retrieval and sequential tasks
+                  (model.type = "two_tower" | "mf" | "sasrec" | "mlm" | "gru4rec"; see interactions_config)
 
 The defaults are the quickstart (configs/quickstart.toml spells them out). Relative input paths
 are looked up in the current directory, then next to the config file; outputs go under the
@@ -26,6 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from hugerec.cli.config_file import ConfigError, apply_overrides, from_dict, parse_value, read_toml, to_dict
+from hugerec.cli.interactions_config import (
+    IndexSection,
+    InteractionsSection,
+    RecommendSection,
+    SequencesSection,
+    is_task_model,
+    read_task_model,
+    resolve_task_inputs,
+    task_model_fields,
+    task_model_to_dict,
+)
 from hugerec.data.preprocess.errors import OnError
 from hugerec.embedding.config import StorageDtype
 from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad, optimizer_from_dict, optimizer_to_dict
@@ -164,6 +177,10 @@ class RunConfig:
     model: dict[str, Any] = field(default_factory=lambda: dict(QUICKSTART["model"]))
     train: TrainConfig = field(default_factory=TrainConfig)
     predict: PredictSection = field(default_factory=PredictSection)
+    interactions: InteractionsSection = field(default_factory=InteractionsSection)
+    sequences: SequencesSection = field(default_factory=SequencesSection)
+    index: IndexSection = field(default_factory=IndexSection)
+    recommend: RecommendSection = field(default_factory=RecommendSection)
 
     def model_config(self) -> ModelConfig:
         return read_model_config(self.model)
@@ -213,9 +230,13 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     cfg = from_dict(RunConfig, data, "", READERS)
     if cfg.train.out_dir is None:
         raise ConfigError("train.out_dir: give a folder for the model, the log and the plot")
-    _check_model_fits_embedding(cfg.model_config(), cfg.embedding.dim)  # now, not after the data was read
+    if is_task_model(cfg.model):  # a retrieval / sequential model: its own fields, checked now
+        read_task_model(cfg.model)
+    else:
+        _check_model_fits_embedding(cfg.model_config(), cfg.embedding.dim)  # now, not after the data was read
     if path is not None:
         cfg = _resolve_inputs(cfg, Path(path).resolve().parent)
+        cfg = resolve_task_inputs(cfg, lambda p: _find_input(p, Path(path).resolve().parent))
     return cfg
 
 
@@ -250,7 +271,8 @@ def _switch_model_type(data: dict[str, Any], overrides: Sequence[str]) -> dict[s
     if new_type is None or not isinstance(model, dict) or model.get("type", "dlrm") == new_type:
         return data
     try:
-        fields = {f.name for f in dataclasses.fields(type(model_config_from_dict({"type": new_type})))}
+        task_fields = task_model_fields(str(new_type))
+        fields = task_fields or {f.name for f in dataclasses.fields(type(model_config_from_dict({"type": new_type})))}
     except ValueError as e:
         raise ConfigError(f"model.type: {e}") from None
     left_out = sorted(k for k in model if k != "type" and k not in fields)
@@ -269,7 +291,7 @@ def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
     """Every key of `cfg` with its value (None included), as `--print-config` shows it."""
     out: dict[str, Any] = to_dict(cfg, keep_none=True)
     out["embedding"]["optimizer"] = optimizer_to_dict(cfg.embedding.optimizer)
-    out["model"] = model_config_to_dict(cfg.model_config())
+    out["model"] = task_model_to_dict(cfg.model) if is_task_model(cfg.model) else model_config_to_dict(cfg.model_config())
     return out
 
 
@@ -308,6 +330,16 @@ def _resolve_inputs(cfg: RunConfig, config_dir: Path) -> RunConfig:
         ),
         predict=dataclasses.replace(cfg.predict, input=find(cfg.predict.input)),
     )
+
+
+def _find_input(p: str | None, config_dir: Path) -> str | None:
+    """An input path with $HUGEREC_DATA expanded; relative and absent here: the one next to the config file."""
+    if p is not None and "HUGEREC_DATA" in p:
+        p = p.replace("${HUGEREC_DATA}", "$HUGEREC_DATA").replace("$HUGEREC_DATA", str(data_root(config_dir)))
+    if p is None or Path(p).is_absolute() or _exists(p):
+        return p
+    beside = config_dir / p
+    return str(beside) if _exists(str(beside)) else p
 
 
 def data_root(config_dir: Path) -> Path:

@@ -18,7 +18,15 @@ from hugerec.data.loader import Loader, load
 from hugerec.data.preprocess import Dataset, Workflow
 from hugerec.data.readers import ConvertReport, read, to_parquet
 from hugerec.data.schema import Column, ColumnKind, DimRule, Schema, ValueType
-from hugerec.data.sessions import ItemVocabulary, Sequences, group_sequences, last_n, read_movielens, read_yoochoose
+from hugerec.data.sessions import (
+    ItemVocabulary,
+    Sequences,
+    group_sequences,
+    last_n,
+    read_movielens,
+    read_yoochoose,
+    sliding_windows,
+)
 from hugerec.data.shards import ShardWriter, prebatch
 from hugerec.data.synthetic import (
     Hotness,
@@ -73,6 +81,7 @@ __all__ = [
     "read_interactions",
     "read_movielens",
     "read_yoochoose",
+    "sliding_windows",
     "time_split",
     "to_parquet",
 ]

@@ -227,6 +227,26 @@ def last_n(seqs: Sequences, max_len: int, rows: np.ndarray | None = None, ends: 
     return np.where(valid, seqs.items[np.where(valid, pos, 0)] if len(seqs.items) else PAD, PAD).astype(np.int64)
 
 
+def sliding_windows(seqs: Sequences, width: int, stride: int | None = None) -> np.ndarray:
+    """[W, width] training windows covering every sequence, not only its end: windows end at n, n - stride,
+    n - 2 * stride, ... (while >= 2 items remain), each the last `width` items before its end, left-padded.
+
+    stride defaults to width - 1 (consecutive windows share one item, so every transition is trained
+    once). `last_n(seqs, width)` is the first window of each sequence; long histories add more.
+    """
+    if width < 2:
+        raise ValueError(f"sliding_windows: width must be >= 2, got {width}")
+    stride = width - 1 if stride is None else stride
+    if stride < 1:
+        raise ValueError(f"sliding_windows: stride must be >= 1, got {stride}")
+    n = seqs.lengths
+    count = np.where(n >= 2, (np.maximum(n, 2) - 2) // stride + 1, 0)  # [S] windows per sequence
+    rows = np.repeat(np.arange(len(seqs), dtype=np.int64), count)
+    j = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)  # window index inside its sequence
+    ends = seqs.offsets[rows] + n[rows] - j * stride
+    return last_n(seqs, width, rows=rows, ends=ends)
+
+
 def read_yoochoose(path: str | Path) -> pl.DataFrame:
     """A YOOCHOOSE clicks file as prepared for GRU4Rec (`SessionId \\t ItemId \\t Time`, header, optional .gz).
 

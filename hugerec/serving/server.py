@@ -40,6 +40,7 @@ from hugerec.serving.batching import BatchingConfig, DynamicBatcher, QueueFull
 from hugerec.serving.loader import ServeOptions, load_bundle
 from hugerec.serving.metrics import ServerMetrics
 from hugerec.serving.model import InferenceModel
+from hugerec.serving.next_items import NextItemsModel, is_next_items_bundle, load_next_items
 from hugerec.serving.preprocess import RequestPreprocessor
 from hugerec.serving.protocol import (
     HEADER_LENGTH,
@@ -107,6 +108,7 @@ class InferenceServer:
         self.config = config or ServerConfig()
         self.options = options or ServeOptions()
         self.models: dict[str, ModelVersions] = {}
+        self.next_item_models: dict[str, NextItemsModel] = {}  # sequential models: "next items for this sequence"
         self.metrics = ServerMetrics()
         self._lock = threading.Lock()
         self._close_on_shutdown = False
@@ -135,7 +137,7 @@ class InferenceServer:
                 header_length = value.decode("latin-1")
         t0, code, served_version = time.perf_counter(), 200, version or "-"
         try:
-            served = self._served(name, version)
+            served = self._target(name, version)
             served_version = served.version
             limit = self.config.max_request_bytes
             if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -167,9 +169,11 @@ class InferenceServer:
         await send({"type": "http.response.body", "body": payload})
 
     async def _answer(
-        self, served: ServedModel, body: bytes, header_length: str | None
+        self, served: ServedModel | NextItemsModel, body: bytes, header_length: str | None
     ) -> tuple[bytes, dict[str, str]]:
         """An infer request's body -> the response's body and headers."""
+        if isinstance(served, NextItemsModel):  # one [B, I] matmul: off the event loop
+            return await asyncio.to_thread(served.answer, body, header_length)
         inputs, options = decode_infer_request(body, header_length, served.signature)
         logits = await served.logits(inputs)
         return encode_infer_response(served.name, served.version, options, _outputs(logits, options.outputs))
@@ -226,6 +230,24 @@ class InferenceServer:
         loaded.start_updates(lambda result: updates.labels(name, version, result).inc())
         served.info["watchers"] = loaded.watchers
         return served
+
+    def add_next_items_bundle(self, path: str | Path, name: str | None = None, version: str | None = None) -> NextItemsModel:
+        """Serve a next-items bundle (`hugerec export` of a sequential model; see serving/next_items.py)."""
+        model = load_next_items(path, name, version, self.config.max_request_rows)
+        with self._lock:
+            if model.name in self.models or model.name in self.next_item_models:
+                raise ValueError(f"a model named {model.name!r} is already served")
+            self.next_item_models[model.name] = model
+        return model
+
+    def _target(self, name: str, version: str | None) -> ServedModel | NextItemsModel:
+        """The model an infer request names: a next-items model, or a version of a scoring model."""
+        nxt = self.next_item_models.get(name)
+        if nxt is None:
+            return self._served(name, version)
+        if version is not None and version != nxt.version:
+            raise RequestError(f"model {name!r} has no version {version!r}; it serves {nxt.version!r}", status=404)
+        return nxt
 
     def unload(self, name: str, version: str) -> None:
         served = self.model_versions(name).remove(version)
@@ -292,7 +314,7 @@ class InferenceServer:
 
     def _observe(self, model: str, version: str, endpoint: str, code: int, t0: float) -> None:
         # names of models not served are not kept as labels: any client could add them without end
-        model = model if model in self.models else "-"
+        model = model if model in self.models or model in self.next_item_models else "-"
         self.metrics.answered(model, version, endpoint, code, time.perf_counter() - t0)
 
     async def _predict(self, request: Request) -> Response:
@@ -318,6 +340,9 @@ class InferenceServer:
             self._observe(name, served_version, "predict", code, t0)
 
     def _metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        nxt = self._target(name, version) if name in self.next_item_models else None
+        if isinstance(nxt, NextItemsModel):
+            return nxt.metadata()
         served = self._served(name, version)
         versions = [served.version] if version is not None else self.model_versions(name).versions()
         return {
@@ -357,7 +382,7 @@ class InferenceServer:
 
         @app.get("/v2/health/ready")
         async def ready() -> Response:
-            ok = bool(self.models) and all(v.stable is not None for v in self.models.values())
+            ok = bool(self.models or self.next_item_models) and all(v.stable is not None for v in self.models.values())
             return Response(status_code=200 if ok else 503)
 
         @app.get("/v2/models/{name}")
@@ -370,12 +395,12 @@ class InferenceServer:
 
         @app.get("/v2/models/{name}/ready")
         async def model_ready(name: str) -> Response:
-            self._served(name, None)
+            self._target(name, None)
             return Response(status_code=200)
 
         @app.get("/v2/models/{name}/versions/{version}/ready")
         async def version_ready(name: str, version: str) -> Response:
-            self._served(name, version)
+            self._target(name, version)
             return Response(status_code=200)
 
         @app.get("/v2/models/{name}/config")
@@ -502,7 +527,9 @@ def serve(
         torch.set_num_threads(threads)
     try:
         for path in paths:
-            served = server.add_bundle(path)
+            served: ServedModel | NextItemsModel = (
+                server.add_next_items_bundle(path) if is_next_items_bundle(path) else server.add_bundle(path)
+            )
             log.info("serving %s version %s from %s on http://%s:%d", served.name, served.version, path, host, port)
         server.run()
     finally:

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hugerec.data.sessions import (
     PAD,
@@ -18,6 +21,7 @@ from hugerec.data.sessions import (
     prefixes,
     read_movielens,
     read_yoochoose,
+    sliding_windows,
     split_by_day,
 )
 
@@ -133,3 +137,43 @@ def test_real_data_loads() -> None:
     ml = read_movielens(DATA / "movielens" / "ml-1m" / "ratings.dat.gz")
     users = group_sequences(ml, key="user", drop_repeats=False)
     assert len(users) == 2999 and int(users.lengths.min()) >= 20 and len(users.items) == 487_650
+
+
+def _windows_reference(seqs: Sequences, width: int, stride: int) -> list[list[int]]:
+    out = []
+    for s in range(len(seqs)):
+        items = seqs.items[seqs.offsets[s] : seqs.offsets[s + 1]].tolist()
+        end = len(items)
+        while end >= 2:
+            window = items[max(0, end - width) : end]
+            out.append([PAD] * (width - len(window)) + window)
+            end -= stride
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=0, max_size=8),
+    width=st.integers(2, 9),
+    stride=st.one_of(st.none(), st.integers(1, 10)),
+)
+def test_sliding_windows_match_the_reference_and_cover_every_transition(lengths: list[int], width: int, stride: int | None) -> None:
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    items = np.arange(1, int(offsets[-1]) + 1, dtype=np.int64)  # distinct ids: a pair names its transition
+    seqs = Sequences(np.arange(len(lengths)), offsets, items, np.zeros(len(items), np.int64))
+    got = sliding_windows(seqs, width, stride)
+    step = width - 1 if stride is None else stride
+    assert got.shape == (len(_windows_reference(seqs, width, step)), width)
+    assert got.tolist() == _windows_reference(seqs, width, step)
+    if stride is None:  # every transition (a, a + 1) inside a sequence trained exactly once
+        pairs = [(a, b) for w in got.tolist() for a, b in itertools.pairwise(w) if a != PAD]
+        expected = [(int(items[i]), int(items[i + 1])) for s in range(len(lengths)) for i in range(offsets[s], offsets[s + 1] - 1)]
+        assert sorted(pairs) == sorted(expected)
+
+
+def test_sliding_windows_bad_arguments() -> None:
+    seqs = Sequences(np.arange(1), np.array([0, 3]), np.arange(1, 4), np.zeros(3, np.int64))
+    with pytest.raises(ValueError, match="width must be >= 2"):
+        sliding_windows(seqs, 1)
+    with pytest.raises(ValueError, match="stride must be >= 1"):
+        sliding_windows(seqs, 3, 0)

@@ -1,0 +1,641 @@
+"""train / evaluate / index / recommend for the retrieval (two_tower, mf) and sequential (sasrec, mlm, gru4rec) models.
+
+<train.out_dir>/model.pt                 train: the model, its raw-id vocabulary, item counts and (retrieval)
+                                         the users' training histories, in one weights-only file
+<train.out_dir>/metrics.json             train: the held-out metrics at the end of training
+<train.out_dir>/index/                   index: the exact or HNSW index over the item vectors
+<train.out_dir>/recommendations.parquet  recommend: one row per (user or history, rank)
+
+Data come from [interactions] (retrieval) or [sequences] (sequential) and are read, id-mapped and
+split the same way by every command, so `evaluate` scores exactly the held-out part `train` left out
+(it checks that the data still give the model's vocabulary).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import nn
+
+from hugerec.cli.config_file import ConfigError
+from hugerec.cli.interactions_config import (
+    RETRIEVAL_TYPES,
+    MFModel,
+    Protocol,
+    SequentialModel,
+    Split,
+    TwoTowerModel,
+    Windows,
+    read_task_model,
+)
+from hugerec.cli.run_config import RunConfig
+from hugerec.data.interactions import (
+    Interactions,
+    categorify,
+    held_out_csr,
+    histories,
+    iter_examples,
+    last_items,
+    read_interactions,
+    time_split,
+)
+from hugerec.data.interactions import leave_last_out as interactions_leave_last_out
+from hugerec.data.schema import ValueType
+from hugerec.data.sessions import (
+    ItemVocabulary,
+    Sequences,
+    group_sequences,
+    last_n,
+    prefixes,
+    sliding_windows,
+    split_by_day,
+)
+from hugerec.data.sessions import leave_last_out as sequences_leave_last_out
+from hugerec.data.shards import expand_paths
+from hugerec.embedding.optimizers import optimizer_from_dict, optimizer_to_dict
+from hugerec.index.vector_index import load_index
+from hugerec.models.mf import MatrixFactorization
+from hugerec.models.sequence import PAD
+from hugerec.models.two_tower import TwoTower
+from hugerec.sparse.jagged import JaggedTensor
+from hugerec.training.checkpoint import atomic_save, read_weights
+from hugerec.training.retrieval import (
+    RetrievalModel,
+    RetrievalTrainConfig,
+    all_item_vectors,
+    evaluate_retrieval,
+    fit_retrieval,
+    recommend,
+    user_vectors,
+)
+from hugerec.training.sequence_file import build_sequence_model, load_sequence_model, save_sequence_model
+from hugerec.training.sequential import (
+    SequenceModel,
+    SequentialTrainConfig,
+    evaluate_next_item,
+    fit_sequential,
+    query_vectors,
+    window_width,
+)
+from hugerec.training.sequential import all_item_vectors as sequence_item_vectors
+from hugerec.training.trainer import seed_everything
+
+TASK_FORMAT = 1
+
+
+def is_retrieval(cfg: RunConfig) -> bool:
+    return cfg.model.get("type") in RETRIEVAL_TYPES
+
+
+# -- reading events ------------------------------------------------------------------------------
+def read_events(
+    files: str | None, where: str, columns: tuple[str, ...], separator: str, header: bool, ids: dict[str, str], timestamp: str
+) -> pl.DataFrame:
+    """The id columns (renamed to ids' keys, Int64) and `timestamp` (Int64 seconds, fractions floored) of every file.
+
+    A bad value is one line naming the file, the line and the column.
+    """
+    if files is None:
+        raise ConfigError(f"{where}.files: no data given; set {where}.files to the event log (a file, folder or glob)")
+    try:
+        paths = expand_paths(files)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"{where}.files: {e}") from None
+    types = {c: (ValueType.INT if c in ids.values() else ValueType.STRING) for c in columns}
+    frames = []
+    for p in paths:
+        try:
+            raw = read_interactions(p, columns, separator=separator, has_header=header, types=types)
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"{where}.files: {' '.join(str(e).split())}") from None
+        ts = raw[timestamp].cast(pl.String).cast(pl.Float64, strict=False)
+        bad = (ts.is_null() | ts.is_nan()).arg_true()
+        if len(bad):
+            i = int(bad[0])
+            raise ConfigError(f"{p}: line {i + 1 + int(header)}, column {timestamp!r}: {raw[timestamp][i]!r} is not a time in seconds")
+        frames.append(raw.select(*(pl.col(c).alias(k) for k, c in ids.items()), ts.floor().cast(pl.Int64).alias("timestamp")))
+    out = pl.concat(frames)
+    if out.height == 0:
+        raise ConfigError(f"{where}.files: {files!r} holds no events")
+    return out
+
+
+# -- retrieval data ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RetrievalData:
+    data: Interactions
+    users_raw: np.ndarray
+    items_raw: np.ndarray
+    train: Interactions
+    test: Interactions
+
+
+def retrieval_data(cfg: RunConfig) -> RetrievalData:
+    s = cfg.interactions
+    raw = read_events(s.files, "interactions", s.columns, s.separator, s.header, {"user": s.user, "item": s.item}, s.timestamp)
+    if s.max_users is not None:
+        keep = raw["user"].unique().sort()[: s.max_users]
+        raw = raw.filter(pl.col("user").is_in(keep.implode()))
+    data, vocab = categorify(raw, min_item_count=s.min_item_count)
+    if data.num_events == 0:
+        raise ConfigError(f"interactions.min_item_count = {s.min_item_count} leaves no events")
+    match s.split:
+        case Split.LEAVE_LAST_OUT:
+            train, test = interactions_leave_last_out(data, s.holdout)
+        case Split.TIME:
+            train, test = time_split(data, cutoff=s.time_cutoff) if s.time_cutoff is not None else time_split(data, fraction=s.time_fraction)
+    if train.num_events == 0 or test.num_events == 0:
+        raise ConfigError(
+            f"interactions.split = {s.split.value!r} gives {train.num_events} training and {test.num_events} test events; both must be > 0"
+        )
+    return RetrievalData(data, vocab.users, vocab.items, train, test)
+
+
+def build_retrieval_model(kind: TwoTowerModel | MFModel, num_users: int, num_items: int, cfg: RunConfig) -> RetrievalModel:
+    match kind:
+        case TwoTowerModel():
+            return TwoTower(kind.tower_config(), num_users, num_items, cfg.embedding.optimizer)
+        case MFModel(dim=dim, temperature=temperature, init_std=init_std):
+            return MatrixFactorization(num_users, num_items, dim, cfg.embedding.optimizer, temperature, init_std)
+
+
+def _max_history(model: RetrievalModel) -> int:
+    return model.config.max_history if isinstance(model, TwoTower) else 0
+
+
+def train_retrieval(cfg: RunConfig) -> dict[str, float]:
+    """Read, split, train, evaluate on the held-out part, save model.pt and metrics.json; returns the metrics."""
+    kind = read_task_model(cfg.model)
+    assert isinstance(kind, TwoTowerModel | MFModel)
+    d = retrieval_data(cfg)
+    print(
+        f"train: {d.data.num_users:,} users, {d.data.num_items:,} items, {d.train.num_events:,} training / "
+        f"{d.test.num_events:,} test events ({cfg.interactions.split.value})",
+        flush=True,
+    )
+    if cfg.train.seed is not None:
+        seed_everything(cfg.train.seed)
+    model = build_retrieval_model(kind, d.data.num_users, d.data.num_items, cfg)
+    seed = cfg.train.seed or 0
+    steps = [0]
+    max_steps = cfg.train.max_steps
+
+    def batches(epoch: int) -> Any:
+        for batch in iter_examples(d.train, cfg.interactions.batch_size, _max_history(model), seed=seed + epoch):
+            if max_steps is not None and steps[0] >= max_steps:
+                return
+            steps[0] += 1
+            yield batch
+
+    fit_retrieval(
+        model,
+        batches,
+        d.train.item_counts(),
+        RetrievalTrainConfig(epochs=cfg.train.epochs, lr=cfg.train.lr, loss=kind.loss_config(), seed=seed),
+        on_epoch=lambda e, loss, sec: print(f"  epoch {e + 1}: loss {loss:.4f} ({sec:.1f} s)", flush=True),
+    )
+    metrics = retrieval_metrics(model, d, cfg.interactions.ks)
+    save_task_model(cfg, model, d.users_raw, d.items_raw, d.train.item_counts(), histories(d.train))
+    _write_metrics(cfg, metrics)
+    return metrics
+
+
+def retrieval_metrics(model: RetrievalModel, d: RetrievalData, ks: tuple[int, ...]) -> dict[str, float]:
+    """Full ranking over the catalogue, each user's training items excluded (their held-out items kept)."""
+    offsets, items = histories(d.train)
+    users = torch.arange(d.data.num_users)
+    history = last_items(offsets, items, users.numpy(), _max_history(model))
+    return evaluate_retrieval(model, users, history, held_out_csr(d.test), (offsets, items), ks=tuple(ks))
+
+
+# -- sequential data -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SequenceData:
+    vocab: ItemVocabulary
+    train: Sequences
+    histories: np.ndarray  # [Q, max_len] left-padded dense ids of the test queries
+    targets: np.ndarray  # [Q]
+    exclude: tuple[np.ndarray, np.ndarray] | None
+    unknown_test_items: int
+
+
+def _sequences(cfg: RunConfig, files: str | None, where: str) -> Sequences:
+    s = cfg.sequences
+    events = read_events(files, where, s.columns, s.separator, s.header, {"key": s.sequence, "item": s.item}, s.timestamp)
+    seqs = group_sequences(events, key="key", gap_seconds=s.gap_seconds, drop_repeats=s.drop_repeats, min_length=s.min_length)
+    if not len(seqs):
+        raise ConfigError(f"{where}: no sequence has sequences.min_length = {s.min_length} items or more")
+    return seqs
+
+
+def sequence_data(cfg: RunConfig, max_len: int) -> SequenceData:
+    s = cfg.sequences
+    seqs = _sequences(cfg, s.files, "sequences")
+    if s.max_sequences is not None:
+        seqs = seqs.select(np.arange(min(s.max_sequences, len(seqs))))
+    match s.protocol:
+        case Protocol.LEAVE_LAST_OUT:
+            vocab = ItemVocabulary.fit(seqs.items)
+            encoded, _ = vocab.encode(seqs, min_length=2)
+            train, targets = sequences_leave_last_out(encoded)
+            return SequenceData(vocab, train, last_n(train, max_len), targets, (train.offsets, train.items), 0)
+        case Protocol.EVERY_PREFIX:
+            if s.test_files is not None:
+                train_raw, test_raw = seqs, _sequences(cfg, s.test_files, "sequences.test_files")
+            else:
+                train_raw, test_raw = split_by_day(seqs, s.test_days)
+            if not len(train_raw) or not len(test_raw):
+                raise ConfigError(f"sequences: the split leaves {len(train_raw)} training and {len(test_raw)} test sequences; both must be > 0")
+            vocab = ItemVocabulary.fit(train_raw.items)
+            train, _ = vocab.encode(train_raw, min_length=2)
+            test, report = vocab.encode(test_raw, min_length=2)
+            seq, end, targets = prefixes(test)
+            if not len(targets):
+                raise ConfigError("sequences: no test sequence keeps 2 items the training data knows")
+            return SequenceData(vocab, train, last_n(test, max_len, rows=seq, ends=end), targets, None, report.unknown_items)
+
+
+def train_sequential(cfg: RunConfig) -> dict[str, float]:
+    kind = read_task_model(cfg.model)
+    assert isinstance(kind, SequentialModel)
+    d = sequence_data(cfg, kind.max_len)
+    print(
+        f"train: {len(d.train):,} training sequences, {d.vocab.num_items:,} items, {len(d.targets):,} test queries "
+        f"({cfg.sequences.protocol.value}" + (f"; {d.unknown_test_items:,} test items unseen in training skipped)" if d.unknown_test_items else ")"),
+        flush=True,
+    )
+    if cfg.train.seed is not None:
+        seed_everything(cfg.train.seed)
+    model = build_sequence_model(str(cfg.model["type"]), kind.sequence_config(d.vocab.num_items), cfg.embedding.optimizer)
+    seq_model: SequenceModel = model  # type: ignore[assignment]  # SASRec / MaskedTransformer / GRU4Rec
+    counts = np.bincount(d.train.items, minlength=d.vocab.num_items + 1)
+    tc = SequentialTrainConfig(
+        loss=kind.loss_config(),
+        epochs=cfg.train.epochs,
+        batch_size=cfg.sequences.batch_size,
+        lr=cfg.train.lr,
+        mask_prob=kind.mask_prob,
+        max_steps=cfg.train.max_steps,
+        seed=cfg.train.seed or 0,
+    )
+    width = window_width(seq_model)
+    match cfg.sequences.windows:
+        case Windows.LAST:
+            windows = last_n(d.train, width)
+        case Windows.SLIDING:
+            windows = sliding_windows(d.train, width)
+    report = fit_sequential(seq_model, windows, tc, item_counts=counts)
+    losses = ", ".join(f"{x:.4f}" for x in report.losses)
+    print(f"  {report.steps:,} steps, {report.samples_per_second:,.0f} sequences/s; loss per epoch {losses}", flush=True)
+    metrics = evaluate_next_item(seq_model, d.histories, d.targets, d.exclude, cfg.sequences.ks)
+    metrics["queries"] = float(len(d.targets))
+    save_sequence_model(cfg.out_dir / "model.pt", model, str(cfg.model["type"]), d.vocab.raw, counts, cfg.embedding.optimizer, {"model": dict(cfg.model)})
+    _write_metrics(cfg, metrics)
+    return metrics
+
+
+# -- the model file --------------------------------------------------------------------------------
+def save_task_model(
+    cfg: RunConfig,
+    model: nn.Module,
+    users_raw: np.ndarray,
+    items_raw: np.ndarray,
+    item_counts: np.ndarray,
+    train_csr: tuple[np.ndarray, np.ndarray],
+) -> Path:
+    """A retrieval model.pt: {"spec": JSON (format, [model], sizes, sparse optimizer), "state", "items_raw",
+    "item_counts", "users_raw", "train_offsets", "train_items"}; tensors only (read with weights_only=True).
+    Sequential models use hugerec.training.sequence_file's format (what the server loads)."""
+    num_users = len(users_raw)
+    spec = {
+        "format": TASK_FORMAT,
+        "task": "retrieval",
+        "model": dict(cfg.model),
+        "num_users": num_users,
+        "num_items": len(items_raw),
+        "optimizer": optimizer_to_dict(cfg.embedding.optimizer),
+    }
+    obj: dict[str, Any] = {
+        "spec": json.dumps(spec),
+        "state": model.state_dict(),
+        "items_raw": torch.from_numpy(np.array(items_raw, dtype=np.int64)),
+        "item_counts": torch.from_numpy(np.array(item_counts, dtype=np.int64)),
+    }
+    obj["users_raw"] = torch.from_numpy(np.array(users_raw, dtype=np.int64))
+    obj["train_offsets"] = torch.from_numpy(train_csr[0].astype(np.int64))
+    obj["train_items"] = torch.from_numpy(train_csr[1].astype(np.int64))
+    return atomic_save(obj, cfg.out_dir / "model.pt")
+
+
+@dataclass(frozen=True)
+class TaskModelFile:
+    path: Path
+    model_type: str
+    model: nn.Module
+    items_raw: np.ndarray  # retrieval: dense item i is items_raw[i]; sequential: dense item i is items_raw[i - 1]
+    item_counts: np.ndarray
+    users_raw: np.ndarray | None = None
+    train_csr: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def retrieval(self) -> bool:
+        return self.model_type in RETRIEVAL_TYPES
+
+
+def load_task_model(cfg: RunConfig, path: Path | None) -> TaskModelFile:
+    path = path or cfg.out_dir / "model.pt"
+    if not path.is_file():
+        raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
+    saved = read_weights(path, "load", "hugerec model file")
+    try:
+        spec = json.loads(saved["spec"])
+        task = spec.get("task") if isinstance(spec, dict) else None
+        if task == "sequential":
+            seq = load_sequence_model(path)
+            return TaskModelFile(path, seq.model_type, seq.model, seq.items_raw, seq.item_counts)
+        if spec.get("format") != TASK_FORMAT or task != "retrieval":
+            raise ValueError(f"not a retrieval / sequential model file (format {spec.get('format')!r}, task {task!r})")
+        model_dict = spec["model"]
+        kind = read_task_model(model_dict)
+        opt = optimizer_from_dict(spec["optimizer"])
+        model: nn.Module
+        if isinstance(kind, TwoTowerModel):
+            model = TwoTower(kind.tower_config(), int(spec["num_users"]), int(spec["num_items"]), opt)
+        elif isinstance(kind, MFModel):
+            model = MatrixFactorization(int(spec["num_users"]), int(spec["num_items"]), kind.dim, opt, kind.temperature, kind.init_std)
+        else:
+            raise ValueError(f"model.type {model_dict.get('type')!r} is not a retrieval model")
+        model.load_state_dict(saved["state"])
+        csr = (saved["train_offsets"].numpy(), saved["train_items"].numpy())
+        out = TaskModelFile(
+            path, model_dict["type"], model, saved["items_raw"].numpy(), saved["item_counts"].numpy(), saved["users_raw"].numpy(), csr
+        )
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: not a model file `hugerec train` wrote for a retrieval or sequential model: {' '.join(str(e).split())[:300]}") from None
+    model.eval()
+    return out
+
+
+def _write_metrics(cfg: RunConfig, metrics: dict[str, float]) -> None:
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+
+
+# -- evaluate ------------------------------------------------------------------------------------
+def evaluate_task(cfg: RunConfig, model_path: Path | None) -> dict[str, float]:
+    """The held-out metrics of a trained model on the config's data, split as in training."""
+    saved = load_task_model(cfg, model_path)
+    if saved.model_type != cfg.model.get("type"):
+        raise ConfigError(f"{saved.path} holds a {saved.model_type!r} model, the config's model.type is {cfg.model.get('type')!r}")
+    if saved.retrieval:
+        d = retrieval_data(cfg)
+        assert saved.users_raw is not None
+        if not (np.array_equal(d.users_raw, saved.users_raw) and np.array_equal(d.items_raw, saved.items_raw)):
+            raise ConfigError(
+                f"[interactions] gives {len(d.users_raw):,} users / {len(d.items_raw):,} items, not the {len(saved.users_raw):,} / "
+                f"{len(saved.items_raw):,} {saved.path} was trained on: evaluate with the training config"
+            )
+        return retrieval_metrics(saved.model, d, cfg.interactions.ks)  # type: ignore[arg-type]  # a retrieval model
+    seq_model: SequenceModel = saved.model  # type: ignore[assignment]
+    d2 = sequence_data(cfg, seq_model.cfg.max_len)
+    if not np.array_equal(d2.vocab.raw, saved.items_raw):
+        raise ConfigError(
+            f"[sequences] gives {d2.vocab.num_items:,} items, not the {len(saved.items_raw):,} {saved.path} was trained on: "
+            "evaluate with the training config"
+        )
+    metrics = evaluate_next_item(seq_model, d2.histories, d2.targets, d2.exclude, cfg.sequences.ks)
+    metrics["queries"] = float(len(d2.targets))
+    return metrics
+
+
+# -- index ---------------------------------------------------------------------------------------
+def index_dir(cfg: RunConfig, out: Path | None = None) -> Path:
+    return out or (Path(cfg.index.out) if cfg.index.out else cfg.out_dir / "index")
+
+
+def build_item_index(cfg: RunConfig, model_path: Path | None, out: Path | None) -> tuple[Path, int, int]:
+    """The index over every item vector of the model -> (folder, items, dim). Ids in the index are dense ids."""
+    from hugerec.index.vector_index import build_index
+
+    saved = load_task_model(cfg, model_path)
+    vectors, ids = _item_vectors(saved)
+    folder = index_dir(cfg, out)
+    if folder.exists() and not (folder / "index.json").is_file() and any(folder.iterdir()):
+        raise ConfigError(f"index.out: {folder} exists and is not an index folder; give an empty or new folder")
+    build_index(vectors, ids, cfg.index.index_config()).save(folder)
+    return folder, vectors.shape[0], vectors.shape[1]
+
+
+def _item_vectors(saved: TaskModelFile) -> tuple[torch.Tensor, torch.Tensor]:
+    if saved.retrieval:
+        v = all_item_vectors(saved.model)  # type: ignore[arg-type]
+        return v, torch.arange(v.shape[0])
+    v = sequence_item_vectors(saved.model).float()  # type: ignore[arg-type]
+    return v, torch.arange(1, v.shape[0] + 1)
+
+
+# -- export --------------------------------------------------------------------------------------
+def export_task_model(cfg: RunConfig, model_path: Path | None, out: Path | None) -> Path:
+    """A sequential model -> a next-items serving bundle (default <train.out_dir>/bundle), named after model.type."""
+    from hugerec.serving.next_items import export_next_items
+
+    if is_retrieval(cfg):
+        raise ConfigError(
+            f"export: model.type = {cfg.model.get('type')!r}: serving bundles of retrieval models are not built yet; "
+            "use `hugerec index` and `hugerec recommend`"
+        )
+    path = model_path or cfg.out_dir / "model.pt"
+    if not path.is_file():
+        raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
+    saved = load_sequence_model(path)
+    k = min(cfg.recommend.k, saved.num_items)
+    return export_next_items(path, out or cfg.out_dir / "bundle", str(cfg.model["type"]), "1", k, cfg.recommend.exclude_seen)
+
+
+# -- recommend -----------------------------------------------------------------------------------
+def _ints(text: str, where: str) -> list[int]:
+    out = []
+    for part in text.replace(",", " ").split():
+        try:
+            out.append(int(part))
+        except ValueError:
+            raise ConfigError(f"{where}: {part!r} is not an integer id") from None
+    return out
+
+
+def _read_lines(path: str, where: str) -> list[str]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{where}: no file at {p}")
+    return p.read_text().splitlines()
+
+
+def recommend_to_parquet(cfg: RunConfig, model_path: Path | None) -> tuple[Path, int, list[str]]:
+    """Top-k per user (retrieval) or per history (sequential) -> Parquet; returns (file, rows, notes for stderr)."""
+    saved = load_task_model(cfg, model_path)
+    r = cfg.recommend
+    num_items = len(saved.items_raw)
+    if r.k > num_items:
+        raise ConfigError(f"recommend.k = {r.k} is larger than the catalogue ({num_items:,} items)")
+    index = None
+    if r.use_index:
+        folder = index_dir(cfg)
+        try:
+            index = load_index(folder)
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"recommend.use_index: {e}; build it with `hugerec index`") from None
+        dim = _item_vectors(saved)[0].shape[1]
+        if index.dim != dim or len(index) != num_items:
+            raise ConfigError(
+                f"index {folder} holds {len(index):,} vectors of dim {index.dim}, the model {saved.path} has {num_items:,} items "
+                f"of dim {dim}: rebuild it with `hugerec index`"
+            )
+    table, notes = _recommend_retrieval(saved, cfg, index) if saved.retrieval else _recommend_sequential(saved, cfg, index)
+    out = Path(r.out) if r.out else cfg.out_dir / "recommendations.parquet"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(out)
+    return out, table.num_rows, notes
+
+
+def _top(
+    queries: torch.Tensor, vectors: torch.Tensor, k: int, exclude: list[np.ndarray], index: Any, first_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k dense ids [Q, k] (-1 where fewer remain) and scores of queries [Q, D] over vectors (ids first_id..),
+    leaving out each query's `exclude` ids; exact blocked scoring, or the index asked for k + |exclude| items."""
+    from hugerec.index.topk import top_k
+
+    q = len(exclude)
+    lengths = np.array([len(e) for e in exclude], dtype=np.int64)
+    if index is None:
+        csr = (np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), np.concatenate([*exclude, np.empty(0, np.int64)]) - first_id)
+        scores, pos = top_k(lambda u0, u1, i0, i1: queries[u0:u1] @ vectors[i0:i1].T, q, vectors.shape[0], k, csr)
+        ids = pos.numpy().astype(np.int64)
+        return np.where(ids >= 0, ids + first_id, -1), scores.numpy()
+    want = min(k + int(lengths.max(initial=0)), len(index))
+    scores, ids = index.query(queries, want)
+    ids_np, s_np = ids.numpy().astype(np.int64), scores.numpy()
+    out_ids, out_s = np.full((q, k), -1, dtype=np.int64), np.zeros((q, k), dtype=np.float32)
+    for i in range(q):  # one vectorised mask per query (a handful of queries per call)
+        keep = ~np.isin(ids_np[i], exclude[i]) & (ids_np[i] >= 0)
+        got = ids_np[i][keep][:k]
+        out_ids[i, : len(got)], out_s[i, : len(got)] = got, s_np[i][keep][:k]
+    return out_ids, out_s
+
+
+def _rows(keys: np.ndarray, key_name: str, ids: np.ndarray, scores: np.ndarray, items_raw: np.ndarray, source: np.ndarray) -> pa.Table:
+    """[Q, k] dense ids (-1: none) -> long table: key, rank (1-based), item (raw id), score, source."""
+    q, k = ids.shape
+    valid = ids >= 0
+    rank = np.broadcast_to(np.arange(1, k + 1), (q, k))[valid]
+    return pa.table(
+        {
+            key_name: np.repeat(keys, valid.sum(axis=1)),
+            "rank": rank.astype(np.int32),
+            "item": items_raw[ids[valid]],
+            "score": scores[valid].astype(np.float32),
+            "source": np.repeat(source, valid.sum(axis=1)),
+        }
+    )
+
+
+def _recommend_retrieval(saved: TaskModelFile, cfg: RunConfig, index: Any) -> tuple[pa.Table, list[str]]:
+    r = cfg.recommend
+    users = list(r.users) + (_ints(" ".join(_read_lines(r.users_file, "recommend.users_file")), "recommend.users_file") if r.users_file else [])
+    if not users:
+        raise ConfigError("recommend: no users given; pass --users 1,2,3 or set recommend.users / recommend.users_file")
+    assert saved.users_raw is not None and saved.train_csr is not None
+    model: RetrievalModel = saved.model  # type: ignore[assignment]
+    raw = np.asarray(users, dtype=np.int64)
+    pos = np.clip(np.searchsorted(saved.users_raw, raw), 0, len(saved.users_raw) - 1)
+    known = saved.users_raw[pos] == raw
+    dense = np.where(known, pos, -1).astype(np.int64)
+    offsets, items = saved.train_csr
+    seen = [items[offsets[u] : offsets[u + 1]] if u >= 0 and r.exclude_seen else np.empty(0, np.int64) for u in dense]
+    notes = []
+    n_cold = int((~known).sum())
+    if n_cold:
+        shown = ", ".join(map(str, raw[~known][:5])) + (" ..." if n_cold > 5 else "")
+        notes.append(f"{n_cold} of {len(raw)} users unknown to the model ({shown}) got the most popular items (source = popularity)")
+    if index is None:
+        hist = last_items(offsets, items, np.where(known, dense, 0), _max_history(model))
+        lengths = torch.where(torch.from_numpy(known), hist.lengths, torch.zeros_like(hist.lengths))
+        keep_vals = torch.repeat_interleave(torch.from_numpy(known), hist.lengths.to(torch.int64))
+        hist = JaggedTensor(hist.values[keep_vals], lengths)
+        csr_lengths = np.array([len(s) for s in seen], dtype=np.int64)
+        csr = (np.concatenate([[0], np.cumsum(csr_lengths)]).astype(np.int64), np.concatenate([*seen, np.empty(0, np.int64)]))
+        recs = recommend(model, torch.from_numpy(dense), hist, r.k, exclude=csr, item_counts=saved.item_counts)
+        ids, scores = recs.items.numpy().astype(np.int64), recs.scores.numpy()
+    else:
+        ids = np.full((len(raw), r.k), -1, dtype=np.int64)
+        scores = np.zeros((len(raw), r.k), dtype=np.float32)
+        warm = np.flatnonzero(known)
+        if len(warm):
+            hist = last_items(offsets, items, dense[warm], _max_history(model))
+            q = user_vectors(model, torch.from_numpy(dense[warm]), hist)
+            ids[warm], scores[warm] = _top(q, torch.empty(0), r.k, [seen[i] for i in warm], index, 0)
+        cold = np.flatnonzero(~known)
+        if len(cold):
+            order = np.argsort(-saved.item_counts, kind="stable")[: r.k]
+            ids[cold], scores[cold] = order, saved.item_counts[order].astype(np.float32)
+    short = int(((ids < 0).any(axis=1)).sum())
+    if short:
+        notes.append(f"{short} users have fewer than k = {r.k} items left after excluding their training items")
+    source = np.where(known, "model", "popularity")
+    return _rows(raw, "user", ids, scores, saved.items_raw, source), notes
+
+
+def _recommend_sequential(saved: TaskModelFile, cfg: RunConfig, index: Any) -> tuple[pa.Table, list[str]]:
+    r = cfg.recommend
+    raw_histories: list[list[int]] = [list(r.history)] if r.history else []
+    if r.history_file:
+        lines = _read_lines(r.history_file, "recommend.history_file")
+        raw_histories += [_ints(line, f"{r.history_file}: line {n + 1}") for n, line in enumerate(lines) if line.strip()]
+    if not raw_histories:
+        raise ConfigError("recommend: no history given; pass --history 1,2,3 or set recommend.history / recommend.history_file")
+    model: SequenceModel = saved.model  # type: ignore[assignment]
+    vocab = ItemVocabulary(saved.items_raw)
+    max_len = model.cfg.max_len
+    dense = [vocab.lookup(np.asarray(h, dtype=np.int64)) for h in raw_histories]
+    unknown = np.array([int((d == PAD).sum()) for d in dense])
+    dense = [d[d != PAD] for d in dense]
+    empty = np.array([len(d) == 0 for d in dense])
+    padded = np.stack([last_n(Sequences(np.zeros(1), np.array([0, len(d)]), d, np.zeros(len(d), np.int64)), max_len)[0] for d in dense])
+    seen = [np.unique(d) if r.exclude_seen else np.empty(0, np.int64) for d in dense]
+    notes = []
+    if unknown.sum():
+        notes.append(f"{int(unknown.sum())} unknown item(s) skipped in {int((unknown > 0).sum())} of {len(dense)} histories (column unknown_items)")
+    if empty.any():
+        notes.append(f"{int(empty.sum())} histories have no item the model knows and got the most popular items (source = popularity)")
+    ids = np.full((len(dense), r.k), -1, dtype=np.int64)
+    scores = np.zeros((len(dense), r.k), dtype=np.float32)
+    warm = np.flatnonzero(~empty)
+    if len(warm):
+        q = query_vectors(model, torch.from_numpy(padded[warm])).float()
+        vectors = sequence_item_vectors(model).float() if index is None else torch.empty(0)
+        ids[warm], scores[warm] = _top(q, vectors, r.k, [seen[i] for i in warm], index, 1)
+    cold = np.flatnonzero(empty)
+    if len(cold):
+        counts = saved.item_counts[1:]
+        order = np.argsort(-counts, kind="stable")[: r.k]
+        ids[cold], scores[cold] = order + 1, counts[order].astype(np.float32)
+    # sequential dense id i is items_raw[i - 1]: shift so _rows can index items_raw directly
+    shifted = np.where(ids >= 0, ids - 1, -1)
+    table = _rows(np.arange(len(dense)), "history", shifted, scores, saved.items_raw, np.where(empty, "popularity", "model"))
+    per_row = np.repeat(unknown, (shifted >= 0).sum(axis=1))
+    return table.append_column("unknown_items", pa.array(per_row.astype(np.int32))), notes
+
+
+def warn(notes: list[str], command: str) -> None:
+    for n in notes:
+        print(f"hugerec {command}: note: {n}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """The contract of the parameter server's lower tiers (2: volatile memory or Redis, 3: RocksDB).
 
     tier 1  RowCache          bounded hot rows, in process, on the GPU when present (cache.py)
-    tier 2  MemoryStore       every row, in process (memory.py)           } both satisfy `Store`
+    tier 2  MemoryStore       every row, in process (memory_store.py)         } both satisfy `Store`
             RedisStore        every row, shared by many replicas (redis_store.py)
     tier 3  PersistentStore   every row, RocksDB, survives restarts (persistent.py)
 

@@ -86,6 +86,13 @@ class Publisher:
                 return None
             raise PublishError(f"server {self.target.url}: status of {self.target.model!r} refused: {e}") from None
 
+    def flush_logs(self) -> None:
+        """Ask the server to write its buffered request log and feedback to Parquet now."""
+        try:
+            self._call("POST", "/admin/logs/flush")
+        except _Refused as e:
+            raise PublishError(f"server {self.target.url}: flushing the request log refused: {e}") from None
+
     def publish(self, bundle: str | Path, version: str, share: float) -> dict[str, Any]:
         """Load `bundle` as `version` and make it the canary with `share` of the traffic (the first version
         of a model becomes stable instead). Returns the model's status afterwards."""

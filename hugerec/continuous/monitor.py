@@ -1,8 +1,13 @@
 """The monitor: per window, logged requests and feedback against the training reference.
 
     drift        per feature: PSI and Jensen-Shannon distance (base 2) between the reference's and the
-                 window's bucket shares. Numeric features: buckets between the reference's deciles;
-                 categorical: the reference's `top_k` most frequent ids, "other", "missing"
+                 window's bucket shares. Numeric features: buckets between the reference's deciles.
+                 Categorical, by `categorical` (a CategoricalDrift):
+                   IDENTITY  buckets: the reference's `top_k` most frequent ids, "other", "missing"
+                   PROFILE   buckets: each side's own 1st, 2nd, ... `top_k`-th most frequent id, "other",
+                             "missing": the shape of the popularity curve, blind to which ids hold it.
+                             The default: ids churn every day (new items replace old ones at every
+                             popularity level), and identity PSI then alarms on every ordinary day
     predictions  mean and deciles of the window's predictions, PSI against the reference predictions
     KPIs         per role (stable, canary) on the labelled rows: count, AUC, CTR, mean prediction
 
@@ -13,6 +18,7 @@ Figures go to a Prometheus text file (write_prometheus) and a PNG per window (wr
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,12 +34,25 @@ from hugerec.continuous.decisions import Kpis, Observation
 _EPS = 1e-4  # floor of a bucket share in PSI (an empty bucket would make it infinite)
 
 
+class CategoricalDrift(enum.Enum):
+    IDENTITY = "identity"
+    PROFILE = "profile"
+
+
 @dataclass(frozen=True)
 class MonitorConfig:
     numeric_buckets: int = 10
     top_k: int = 50
+    categorical: CategoricalDrift = CategoricalDrift.PROFILE
 
     def __post_init__(self) -> None:
+        if isinstance(self.categorical, str):
+            try:
+                object.__setattr__(self, "categorical", CategoricalDrift(self.categorical))
+            except ValueError:
+                raise ValueError(
+                    f"MonitorConfig: categorical must be 'identity' or 'profile', got {self.categorical!r}"
+                ) from None
         if self.numeric_buckets < 2 or self.top_k < 1:
             raise ValueError(
                 f"MonitorConfig: numeric_buckets must be >= 2 and top_k >= 1, got {self.numeric_buckets}, {self.top_k}"
@@ -72,6 +91,16 @@ def categorical_counts(values: np.ndarray, valid: np.ndarray, top: np.ndarray) -
     hit[hit] = top[pos[hit]] == v[hit]
     counts = np.bincount(np.where(hit, pos, top.size), minlength=top.size + 1)
     return np.append(counts, (~valid).sum())
+
+
+def profile_counts(values: np.ndarray, valid: np.ndarray, k: int) -> np.ndarray:
+    """[n] ids -> [k + 2] counts: of the most frequent id, the 2nd, ... the k-th (0 past the distinct ids),
+    then all other ids, then "missing"."""
+    _, counts = np.unique(values[valid], return_counts=True)
+    ordered = -np.sort(-counts)
+    head = np.zeros(k, np.int64)
+    head[: min(k, ordered.size)] = ordered[:k]
+    return np.concatenate([head, [ordered[k:].sum(), (~valid).sum()]])
 
 
 def psi(reference: np.ndarray, current: np.ndarray) -> np.ndarray:
@@ -114,6 +143,7 @@ class Reference:
 
     numeric: tuple[str, ...]
     categorical: tuple[str, ...]
+    mode: CategoricalDrift
     edges: tuple[np.ndarray, ...]
     tops: tuple[np.ndarray, ...]
     counts: tuple[np.ndarray, ...]  # per feature, numeric then categorical
@@ -135,14 +165,26 @@ class Reference:
             counts.append(numeric_counts(x, edges[-1]))
         for name in categorical:
             ids, valid = _ids(table, name)
-            tops.append(top_ids(ids, valid, config.top_k))
-            counts.append(categorical_counts(ids, valid, tops[-1]))
+            match config.categorical:
+                case CategoricalDrift.IDENTITY:
+                    tops.append(top_ids(ids, valid, config.top_k))
+                    counts.append(categorical_counts(ids, valid, tops[-1]))
+                case CategoricalDrift.PROFILE:
+                    tops.append(np.zeros(0, np.int64))  # unused: each side ranks its own ids
+                    counts.append(profile_counts(ids, valid, config.top_k))
         p_edges = p_counts = None
         if predictions is not None:
             p_edges = numeric_edges(predictions, config.numeric_buckets)
             p_counts = numeric_counts(predictions, p_edges)
         return Reference(
-            tuple(numeric), tuple(categorical), tuple(edges), tuple(tops), tuple(counts), p_edges, p_counts
+            tuple(numeric),
+            tuple(categorical),
+            config.categorical,
+            tuple(edges),
+            tuple(tops),
+            tuple(counts),
+            p_edges,
+            p_counts,
         )
 
 
@@ -165,9 +207,15 @@ class Report:
 def drift(reference: Reference, table: pa.Table) -> tuple[dict[str, float], dict[str, float]]:
     """(PSI, JS distance) per feature of `table` against `reference`."""
     current = [numeric_counts(_floats(table, n), e) for n, e in zip(reference.numeric, reference.edges, strict=True)]
-    current += [
-        categorical_counts(*_ids(table, n), t) for n, t in zip(reference.categorical, reference.tops, strict=True)
-    ]
+    for name, top, ref_counts in zip(
+        reference.categorical, reference.tops, reference.counts[len(reference.numeric) :], strict=True
+    ):
+        ids, valid = _ids(table, name)
+        match reference.mode:
+            case CategoricalDrift.IDENTITY:
+                current.append(categorical_counts(ids, valid, top))
+            case CategoricalDrift.PROFILE:
+                current.append(profile_counts(ids, valid, ref_counts.size - 2))
     ref, cur = _pad(reference.counts), _pad(current)
     names = (*reference.numeric, *reference.categorical)
     if not names:

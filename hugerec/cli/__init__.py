@@ -69,7 +69,7 @@ COMMANDS = {
         "train.early_stopping.metric (auc: higher is better, logloss: lower) as best.pt beside model.pt\n"
         "(the last weights); stops after train.early_stopping.patience evaluations without a new best\n"
         "(none: never stops early); train.early_stopping.min_delta is the smallest gain that counts.\n"
-        'Defaults meant for small data too: data.batch_size = "auto" (2 * sqrt(train rows), 32 to 2048),\n'
+        "Defaults meant for small data too: data.batch_size = \"auto\" (2 * sqrt(train rows), 32 to 2048),\n"
         "the dense lr (train.lr) decays linearly to 0 over the first epoch (train.schedule.decay_epochs = 1);\n"
         "on a small set give train.epochs an upper bound (e.g. 20) and let early stopping end the run.\n"
         "Continue an interrupted run exactly where it stopped with train.resume=true.\n"
@@ -106,8 +106,8 @@ COMMANDS = {
         "as a torch.export program, the embedding rows in a RocksDB store, the fitted preprocessing workflow\n"
         "(preprocess.out/workflow, when present, so /predict takes raw rows) and a manifest with checksums.\n"
         "Sequential models (sasrec, mlm, gru4rec) export a next-items bundle instead: the server answers\n"
-        'KServe v2 requests with an INT64 item list ("items" [N] + "items.lengths" [B]) by the top\n'
-        'recommend.k next items ("items", "scores", "unknown_items"), scored exactly over the catalogue.\n'
+        "KServe v2 requests with an INT64 item list (\"items\" [N] + \"items.lengths\" [B]) by the top\n"
+        "recommend.k next items (\"items\", \"scores\", \"unknown_items\"), scored exactly over the catalogue.\n"
         "example: hugerec export configs/quickstart.toml && hugerec serve runs/quickstart/bundle\n"
         "example: hugerec export configs/yoochoose_sasrec.toml && hugerec serve runs/yoochoose_sasrec/bundle",
     ),
@@ -214,9 +214,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--users", help="comma-separated raw user ids (retrieval models)")
             p.add_argument("--history", help="comma-separated raw item ids, oldest first (sequential models)")
             p.add_argument("--k", type=int, help="items per user / history (default: recommend.k)")
-            p.add_argument(
-                "--out", help="Parquet file (default: recommend.out, else train.out_dir/recommendations.parquet)"
-            )
+            p.add_argument("--out", help="Parquet file (default: recommend.out, else train.out_dir/recommendations.parquet)")
     serve = sub.add_parser(
         "serve",
         help="serve exported bundles over HTTP (KServe v2 / Triton protocol)",
@@ -373,9 +371,7 @@ def _index(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.task_commands import build_item_index
 
     if not _is_task(cfg):
-        raise ConfigError(
-            f"index: model.type = {cfg.model.get('type')!r} has no item vectors; use a two_tower, mf, sasrec, mlm or gru4rec config"
-        )
+        raise ConfigError(f"index: model.type = {cfg.model.get('type')!r} has no item vectors; use a two_tower, mf, sasrec, mlm or gru4rec config")
     t0 = time.perf_counter()
     folder, n, dim = build_item_index(cfg, args.model, args.out)
     print(f"index: {cfg.index.kind.value} index of {n:,} items x {dim} -> {folder} ({time.perf_counter() - t0:.1f} s)")
@@ -385,9 +381,7 @@ def _recommend(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.task_commands import recommend_to_parquet, warn
 
     if not _is_task(cfg):
-        raise ConfigError(
-            f"recommend: model.type = {cfg.model.get('type')!r} is a ranking model; use `hugerec predict`"
-        )
+        raise ConfigError(f"recommend: model.type = {cfg.model.get('type')!r} is a ranking model; use `hugerec predict`")
     out, rows, notes = recommend_to_parquet(cfg, args.model)
     warn(notes, "recommend")
     print(f"recommend: {rows:,} rows -> {out}")

@@ -310,9 +310,7 @@ class SequentialModel:
             case "bce":
                 return BCE()
             case _:
-                loss = retrieval_loss(
-                    self.loss, self.negatives, self.num_negatives, self.alpha, self.logq, ("full_softmax", "bce")
-                )
+                loss = retrieval_loss(self.loss, self.negatives, self.num_negatives, self.alpha, self.logq, ("full_softmax", "bce"))
                 assert isinstance(loss, SampledSoftmax)  # "bpr" is refused above for sequences
                 return loss
 

@@ -291,9 +291,7 @@ def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
     """Every key of `cfg` with its value (None included), as `--print-config` shows it."""
     out: dict[str, Any] = to_dict(cfg, keep_none=True)
     out["embedding"]["optimizer"] = optimizer_to_dict(cfg.embedding.optimizer)
-    out["model"] = (
-        task_model_to_dict(cfg.model) if is_task_model(cfg.model) else model_config_to_dict(cfg.model_config())
-    )
+    out["model"] = task_model_to_dict(cfg.model) if is_task_model(cfg.model) else model_config_to_dict(cfg.model_config())
     return out
 
 

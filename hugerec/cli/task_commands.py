@@ -98,13 +98,7 @@ def is_retrieval(cfg: RunConfig) -> bool:
 
 # -- reading events ------------------------------------------------------------------------------
 def read_events(
-    files: str | None,
-    where: str,
-    columns: tuple[str, ...],
-    separator: str,
-    header: bool,
-    ids: dict[str, str],
-    timestamp: str,
+    files: str | None, where: str, columns: tuple[str, ...], separator: str, header: bool, ids: dict[str, str], timestamp: str
 ) -> pl.DataFrame:
     """The id columns (renamed to ids' keys, Int64) and `timestamp` (Int64 seconds, fractions floored) of every file.
 
@@ -127,12 +121,8 @@ def read_events(
         bad = (ts.is_null() | ts.is_nan()).arg_true()
         if len(bad):
             i = int(bad[0])
-            raise ConfigError(
-                f"{p}: line {i + 1 + int(header)}, column {timestamp!r}: {raw[timestamp][i]!r} is not a time in seconds"
-            )
-        frames.append(
-            raw.select(*(pl.col(c).alias(k) for k, c in ids.items()), ts.floor().cast(pl.Int64).alias("timestamp"))
-        )
+            raise ConfigError(f"{p}: line {i + 1 + int(header)}, column {timestamp!r}: {raw[timestamp][i]!r} is not a time in seconds")
+        frames.append(raw.select(*(pl.col(c).alias(k) for k, c in ids.items()), ts.floor().cast(pl.Int64).alias("timestamp")))
     out = pl.concat(frames)
     if out.height == 0:
         raise ConfigError(f"{where}.files: {files!r} holds no events")
@@ -151,9 +141,7 @@ class RetrievalData:
 
 def retrieval_data(cfg: RunConfig) -> RetrievalData:
     s = cfg.interactions
-    raw = read_events(
-        s.files, "interactions", s.columns, s.separator, s.header, {"user": s.user, "item": s.item}, s.timestamp
-    )
+    raw = read_events(s.files, "interactions", s.columns, s.separator, s.header, {"user": s.user, "item": s.item}, s.timestamp)
     if s.max_users is not None:
         keep = raw["user"].unique().sort()[: s.max_users]
         raw = raw.filter(pl.col("user").is_in(keep.implode()))
@@ -164,11 +152,7 @@ def retrieval_data(cfg: RunConfig) -> RetrievalData:
         case Split.LEAVE_LAST_OUT:
             train, test = interactions_leave_last_out(data, s.holdout)
         case Split.TIME:
-            train, test = (
-                time_split(data, cutoff=s.time_cutoff)
-                if s.time_cutoff is not None
-                else time_split(data, fraction=s.time_fraction)
-            )
+            train, test = time_split(data, cutoff=s.time_cutoff) if s.time_cutoff is not None else time_split(data, fraction=s.time_fraction)
     if train.num_events == 0 or test.num_events == 0:
         raise ConfigError(
             f"interactions.split = {s.split.value!r} gives {train.num_events} training and {test.num_events} test events; both must be > 0"
@@ -176,9 +160,7 @@ def retrieval_data(cfg: RunConfig) -> RetrievalData:
     return RetrievalData(data, vocab.users, vocab.items, train, test)
 
 
-def build_retrieval_model(
-    kind: TwoTowerModel | MFModel, num_users: int, num_items: int, cfg: RunConfig
-) -> RetrievalModel:
+def build_retrieval_model(kind: TwoTowerModel | MFModel, num_users: int, num_items: int, cfg: RunConfig) -> RetrievalModel:
     match kind:
         case TwoTowerModel():
             return TwoTower(kind.tower_config(), num_users, num_items, cfg.embedding.optimizer)
@@ -248,12 +230,8 @@ class SequenceData:
 
 def _sequences(cfg: RunConfig, files: str | None, where: str) -> Sequences:
     s = cfg.sequences
-    events = read_events(
-        files, where, s.columns, s.separator, s.header, {"key": s.sequence, "item": s.item}, s.timestamp
-    )
-    seqs = group_sequences(
-        events, key="key", gap_seconds=s.gap_seconds, drop_repeats=s.drop_repeats, min_length=s.min_length
-    )
+    events = read_events(files, where, s.columns, s.separator, s.header, {"key": s.sequence, "item": s.item}, s.timestamp)
+    seqs = group_sequences(events, key="key", gap_seconds=s.gap_seconds, drop_repeats=s.drop_repeats, min_length=s.min_length)
     if not len(seqs):
         raise ConfigError(f"{where}: no sequence has sequences.min_length = {s.min_length} items or more")
     return seqs
@@ -276,18 +254,14 @@ def sequence_data(cfg: RunConfig, max_len: int) -> SequenceData:
             else:
                 train_raw, test_raw = split_by_day(seqs, s.test_days)
             if not len(train_raw) or not len(test_raw):
-                raise ConfigError(
-                    f"sequences: the split leaves {len(train_raw)} training and {len(test_raw)} test sequences; both must be > 0"
-                )
+                raise ConfigError(f"sequences: the split leaves {len(train_raw)} training and {len(test_raw)} test sequences; both must be > 0")
             vocab = ItemVocabulary.fit(train_raw.items)
             train, _ = vocab.encode(train_raw, min_length=2)
             test, report = vocab.encode(test_raw, min_length=2)
             seq, end, targets = prefixes(test)
             if not len(targets):
                 raise ConfigError("sequences: no test sequence keeps 2 items the training data knows")
-            return SequenceData(
-                vocab, train, last_n(test, max_len, rows=seq, ends=end), targets, None, report.unknown_items
-            )
+            return SequenceData(vocab, train, last_n(test, max_len, rows=seq, ends=end), targets, None, report.unknown_items)
 
 
 def train_sequential(cfg: RunConfig) -> dict[str, float]:
@@ -296,15 +270,12 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
     d = sequence_data(cfg, kind.max_len)
     print(
         f"train: {len(d.train):,} training sequences, {d.vocab.num_items:,} items, {len(d.targets):,} test queries "
-        f"({cfg.sequences.protocol.value}"
-        + (f"; {d.unknown_test_items:,} test items unseen in training skipped)" if d.unknown_test_items else ")"),
+        f"({cfg.sequences.protocol.value}" + (f"; {d.unknown_test_items:,} test items unseen in training skipped)" if d.unknown_test_items else ")"),
         flush=True,
     )
     if cfg.train.seed is not None:
         seed_everything(cfg.train.seed)
-    model = build_sequence_model(
-        str(cfg.model["type"]), kind.sequence_config(d.vocab.num_items), cfg.embedding.optimizer
-    )
+    model = build_sequence_model(str(cfg.model["type"]), kind.sequence_config(d.vocab.num_items), cfg.embedding.optimizer)
     seq_model: SequenceModel = model  # type: ignore[assignment]  # SASRec / MaskedTransformer / GRU4Rec
     counts = np.bincount(d.train.items, minlength=d.vocab.num_items + 1)
     tc = SequentialTrainConfig(
@@ -324,20 +295,10 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
             windows = sliding_windows(d.train, width)
     report = fit_sequential(seq_model, windows, tc, item_counts=counts)
     losses = ", ".join(f"{x:.4f}" for x in report.losses)
-    print(
-        f"  {report.steps:,} steps, {report.samples_per_second:,.0f} sequences/s; loss per epoch {losses}", flush=True
-    )
+    print(f"  {report.steps:,} steps, {report.samples_per_second:,.0f} sequences/s; loss per epoch {losses}", flush=True)
     metrics = evaluate_next_item(seq_model, d.histories, d.targets, d.exclude, cfg.sequences.ks)
     metrics["queries"] = float(len(d.targets))
-    save_sequence_model(
-        cfg.out_dir / "model.pt",
-        model,
-        str(cfg.model["type"]),
-        d.vocab.raw,
-        counts,
-        cfg.embedding.optimizer,
-        {"model": dict(cfg.model)},
-    )
+    save_sequence_model(cfg.out_dir / "model.pt", model, str(cfg.model["type"]), d.vocab.raw, counts, cfg.embedding.optimizer, {"model": dict(cfg.model)})
     _write_metrics(cfg, metrics)
     return metrics
 
@@ -410,26 +371,16 @@ def load_task_model(cfg: RunConfig, path: Path | None) -> TaskModelFile:
         if isinstance(kind, TwoTowerModel):
             model = TwoTower(kind.tower_config(), int(spec["num_users"]), int(spec["num_items"]), opt)
         elif isinstance(kind, MFModel):
-            model = MatrixFactorization(
-                int(spec["num_users"]), int(spec["num_items"]), kind.dim, opt, kind.temperature, kind.init_std
-            )
+            model = MatrixFactorization(int(spec["num_users"]), int(spec["num_items"]), kind.dim, opt, kind.temperature, kind.init_std)
         else:
             raise ValueError(f"model.type {model_dict.get('type')!r} is not a retrieval model")
         model.load_state_dict(saved["state"])
         csr = (saved["train_offsets"].numpy(), saved["train_items"].numpy())
         out = TaskModelFile(
-            path,
-            model_dict["type"],
-            model,
-            saved["items_raw"].numpy(),
-            saved["item_counts"].numpy(),
-            saved["users_raw"].numpy(),
-            csr,
+            path, model_dict["type"], model, saved["items_raw"].numpy(), saved["item_counts"].numpy(), saved["users_raw"].numpy(), csr
         )
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, json.JSONDecodeError) as e:
-        raise ConfigError(
-            f"{path}: not a model file `hugerec train` wrote for a retrieval or sequential model: {' '.join(str(e).split())[:300]}"
-        ) from None
+        raise ConfigError(f"{path}: not a model file `hugerec train` wrote for a retrieval or sequential model: {' '.join(str(e).split())[:300]}") from None
     model.eval()
     return out
 
@@ -444,9 +395,7 @@ def evaluate_task(cfg: RunConfig, model_path: Path | None) -> dict[str, float]:
     """The held-out metrics of a trained model on the config's data, split as in training."""
     saved = load_task_model(cfg, model_path)
     if saved.model_type != cfg.model.get("type"):
-        raise ConfigError(
-            f"{saved.path} holds a {saved.model_type!r} model, the config's model.type is {cfg.model.get('type')!r}"
-        )
+        raise ConfigError(f"{saved.path} holds a {saved.model_type!r} model, the config's model.type is {cfg.model.get('type')!r}")
     if saved.retrieval:
         d = retrieval_data(cfg)
         assert saved.users_raw is not None
@@ -509,9 +458,7 @@ def export_task_model(cfg: RunConfig, model_path: Path | None, out: Path | None)
         raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
     saved = load_sequence_model(path)
     k = min(cfg.recommend.k, saved.num_items)
-    return export_next_items(
-        path, out or cfg.out_dir / "bundle", str(cfg.model["type"]), "1", k, cfg.recommend.exclude_seen
-    )
+    return export_next_items(path, out or cfg.out_dir / "bundle", str(cfg.model["type"]), "1", k, cfg.recommend.exclude_seen)
 
 
 # -- recommend -----------------------------------------------------------------------------------
@@ -552,9 +499,7 @@ def recommend_to_parquet(cfg: RunConfig, model_path: Path | None) -> tuple[Path,
                 f"index {folder} holds {len(index):,} vectors of dim {index.dim}, the model {saved.path} has {num_items:,} items "
                 f"of dim {dim}: rebuild it with `hugerec index`"
             )
-    table, notes = (
-        _recommend_retrieval(saved, cfg, index) if saved.retrieval else _recommend_sequential(saved, cfg, index)
-    )
+    table, notes = _recommend_retrieval(saved, cfg, index) if saved.retrieval else _recommend_sequential(saved, cfg, index)
     out = Path(r.out) if r.out else cfg.out_dir / "recommendations.parquet"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -573,10 +518,7 @@ def _top(
     q = len(exclude)
     lengths = np.array([len(e) for e in exclude], dtype=np.int64)
     if index is None:
-        csr = (
-            np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-            np.concatenate([*exclude, np.empty(0, np.int64)]) - first_id,
-        )
+        csr = (np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), np.concatenate([*exclude, np.empty(0, np.int64)]) - first_id)
         scores, pos = top_k(lambda u0, u1, i0, i1: queries[u0:u1] @ vectors[i0:i1].T, q, vectors.shape[0], k, csr)
         ids = pos.numpy().astype(np.int64)
         return np.where(ids >= 0, ids + first_id, -1), scores.numpy()
@@ -591,9 +533,7 @@ def _top(
     return out_ids, out_s
 
 
-def _rows(
-    keys: np.ndarray, key_name: str, ids: np.ndarray, scores: np.ndarray, items_raw: np.ndarray, source: np.ndarray
-) -> pa.Table:
+def _rows(keys: np.ndarray, key_name: str, ids: np.ndarray, scores: np.ndarray, items_raw: np.ndarray, source: np.ndarray) -> pa.Table:
     """[Q, k] dense ids (-1: none) -> long table: key, rank (1-based), item (raw id), score, source."""
     q, k = ids.shape
     valid = ids >= 0
@@ -611,11 +551,7 @@ def _rows(
 
 def _recommend_retrieval(saved: TaskModelFile, cfg: RunConfig, index: Any) -> tuple[pa.Table, list[str]]:
     r = cfg.recommend
-    users = list(r.users) + (
-        _ints(" ".join(_read_lines(r.users_file, "recommend.users_file")), "recommend.users_file")
-        if r.users_file
-        else []
-    )
+    users = list(r.users) + (_ints(" ".join(_read_lines(r.users_file, "recommend.users_file")), "recommend.users_file") if r.users_file else [])
     if not users:
         raise ConfigError("recommend: no users given; pass --users 1,2,3 or set recommend.users / recommend.users_file")
     assert saved.users_raw is not None and saved.train_csr is not None
@@ -630,19 +566,14 @@ def _recommend_retrieval(saved: TaskModelFile, cfg: RunConfig, index: Any) -> tu
     n_cold = int((~known).sum())
     if n_cold:
         shown = ", ".join(map(str, raw[~known][:5])) + (" ..." if n_cold > 5 else "")
-        notes.append(
-            f"{n_cold} of {len(raw)} users unknown to the model ({shown}) got the most popular items (source = popularity)"
-        )
+        notes.append(f"{n_cold} of {len(raw)} users unknown to the model ({shown}) got the most popular items (source = popularity)")
     if index is None:
         hist = last_items(offsets, items, np.where(known, dense, 0), _max_history(model))
         lengths = torch.where(torch.from_numpy(known), hist.lengths, torch.zeros_like(hist.lengths))
         keep_vals = torch.repeat_interleave(torch.from_numpy(known), hist.lengths.to(torch.int64))
         hist = JaggedTensor(hist.values[keep_vals], lengths)
         csr_lengths = np.array([len(s) for s in seen], dtype=np.int64)
-        csr = (
-            np.concatenate([[0], np.cumsum(csr_lengths)]).astype(np.int64),
-            np.concatenate([*seen, np.empty(0, np.int64)]),
-        )
+        csr = (np.concatenate([[0], np.cumsum(csr_lengths)]).astype(np.int64), np.concatenate([*seen, np.empty(0, np.int64)]))
         recs = recommend(model, torch.from_numpy(dense), hist, r.k, exclude=csr, item_counts=saved.item_counts)
         ids, scores = recs.items.numpy().astype(np.int64), recs.scores.numpy()
     else:
@@ -669,13 +600,9 @@ def _recommend_sequential(saved: TaskModelFile, cfg: RunConfig, index: Any) -> t
     raw_histories: list[list[int]] = [list(r.history)] if r.history else []
     if r.history_file:
         lines = _read_lines(r.history_file, "recommend.history_file")
-        raw_histories += [
-            _ints(line, f"{r.history_file}: line {n + 1}") for n, line in enumerate(lines) if line.strip()
-        ]
+        raw_histories += [_ints(line, f"{r.history_file}: line {n + 1}") for n, line in enumerate(lines) if line.strip()]
     if not raw_histories:
-        raise ConfigError(
-            "recommend: no history given; pass --history 1,2,3 or set recommend.history / recommend.history_file"
-        )
+        raise ConfigError("recommend: no history given; pass --history 1,2,3 or set recommend.history / recommend.history_file")
     model: SequenceModel = saved.model  # type: ignore[assignment]
     vocab = ItemVocabulary(saved.items_raw)
     max_len = model.cfg.max_len
@@ -683,22 +610,13 @@ def _recommend_sequential(saved: TaskModelFile, cfg: RunConfig, index: Any) -> t
     unknown = np.array([int((d == PAD).sum()) for d in dense])
     dense = [d[d != PAD] for d in dense]
     empty = np.array([len(d) == 0 for d in dense])
-    padded = np.stack(
-        [
-            last_n(Sequences(np.zeros(1), np.array([0, len(d)]), d, np.zeros(len(d), np.int64)), max_len)[0]
-            for d in dense
-        ]
-    )
+    padded = np.stack([last_n(Sequences(np.zeros(1), np.array([0, len(d)]), d, np.zeros(len(d), np.int64)), max_len)[0] for d in dense])
     seen = [np.unique(d) if r.exclude_seen else np.empty(0, np.int64) for d in dense]
     notes = []
     if unknown.sum():
-        notes.append(
-            f"{int(unknown.sum())} unknown item(s) skipped in {int((unknown > 0).sum())} of {len(dense)} histories (column unknown_items)"
-        )
+        notes.append(f"{int(unknown.sum())} unknown item(s) skipped in {int((unknown > 0).sum())} of {len(dense)} histories (column unknown_items)")
     if empty.any():
-        notes.append(
-            f"{int(empty.sum())} histories have no item the model knows and got the most popular items (source = popularity)"
-        )
+        notes.append(f"{int(empty.sum())} histories have no item the model knows and got the most popular items (source = popularity)")
     ids = np.full((len(dense), r.k), -1, dtype=np.int64)
     scores = np.zeros((len(dense), r.k), dtype=np.float32)
     warm = np.flatnonzero(~empty)
@@ -713,9 +631,7 @@ def _recommend_sequential(saved: TaskModelFile, cfg: RunConfig, index: Any) -> t
         ids[cold], scores[cold] = order + 1, counts[order].astype(np.float32)
     # sequential dense id i is items_raw[i - 1]: shift so _rows can index items_raw directly
     shifted = np.where(ids >= 0, ids - 1, -1)
-    table = _rows(
-        np.arange(len(dense)), "history", shifted, scores, saved.items_raw, np.where(empty, "popularity", "model")
-    )
+    table = _rows(np.arange(len(dense)), "history", shifted, scores, saved.items_raw, np.where(empty, "popularity", "model"))
     per_row = np.repeat(unknown, (shifted >= 0).sum(axis=1))
     return table.append_column("unknown_items", pa.array(per_row.astype(np.int32))), notes
 

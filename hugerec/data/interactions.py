@@ -55,9 +55,7 @@ class Interactions:
         for c, n in (("user", self.num_users), ("item", self.num_items)):
             ids = self.frame[c].to_numpy()
             if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n):
-                raise ValueError(
-                    f"Interactions: {c} ids must be in 0..{n - 1}, got range {int(ids.min())}..{int(ids.max())}"
-                )
+                raise ValueError(f"Interactions: {c} ids must be in 0..{n - 1}, got range {int(ids.min())}..{int(ids.max())}")
         u, t = self.frame["user"].to_numpy(), self.frame["timestamp"].to_numpy()
         if np.any((u[1:] < u[:-1]) | ((u[1:] == u[:-1]) & (t[1:] < t[:-1]))):
             object.__setattr__(self, "frame", self.frame.sort(["user", "timestamp"], maintain_order=True))
@@ -110,11 +108,7 @@ def read_interactions(
     cols = [Column(c, ColumnKind.SPARSE, types.get(c, ValueType.INT)) for c in columns]
     path_list = [paths] if isinstance(paths, str | Path) else list(paths)
     if len(separator.encode()) == 1 or str(path_list[0]).endswith(".parquet"):
-        ds = Dataset(
-            path_list,
-            schema={c.name: polars_dtype(c) for c in cols},
-            csv=CsvOptions(separator=separator, has_header=has_header),
-        )
+        ds = Dataset(path_list, schema={c.name: polars_dtype(c) for c in cols}, csv=CsvOptions(separator=separator, has_header=has_header))
         frames = [read_partition(p, OnError.RAISE)[0] for p in ds.partitions()]
         return pl.concat(frames) if frames else pl.DataFrame(schema={c.name: polars_dtype(c) for c in cols})
     return pl.concat([_read_multibyte(Path(p), cols, separator, has_header) for p in path_list])
@@ -179,15 +173,15 @@ def leave_last_out(data: Interactions, n: int = 1) -> tuple[Interactions, Intera
     """
     if n < 1:
         raise ValueError(f"leave_last_out: n must be >= 1, got {n}")
-    f = data.frame.with_columns(pl.int_range(pl.len()).over("user").alias("_pos"), pl.len().over("user").alias("_len"))
+    f = data.frame.with_columns(
+        pl.int_range(pl.len()).over("user").alias("_pos"), pl.len().over("user").alias("_len")
+    )
     held = (f["_len"] > n) & (f["_pos"] >= f["_len"] - n)
     drop = ["_pos", "_len"]
     return data.with_frame(f.filter(~held).drop(drop)), data.with_frame(f.filter(held).drop(drop))
 
 
-def time_split(
-    data: Interactions, cutoff: int | None = None, fraction: float | None = None
-) -> tuple[Interactions, Interactions]:
+def time_split(data: Interactions, cutoff: int | None = None, fraction: float | None = None) -> tuple[Interactions, Interactions]:
     """Global time split: events with timestamp < cutoff train, the rest test.
 
     Give `cutoff`, or `fraction` (the cutoff is the timestamp quantile so ~fraction of events train).
@@ -207,9 +201,7 @@ def histories(data: Interactions) -> tuple[np.ndarray, np.ndarray]:
     return data.user_offsets(), data.items().astype(np.int64)
 
 
-def last_items(
-    offsets: np.ndarray, items: np.ndarray, users: np.ndarray, max_len: int, end: np.ndarray | None = None
-) -> JaggedTensor:
+def last_items(offsets: np.ndarray, items: np.ndarray, users: np.ndarray, max_len: int, end: np.ndarray | None = None) -> JaggedTensor:
     """For each of the B `users`, their last `max_len` items before position `end` (default: the whole history).
 
     offsets/items: CSR from `histories`; end [B]: absolute positions in `items` (exclusive).
@@ -234,9 +226,7 @@ def iter_examples(
     the time-ordered list ending just before it), so nothing from the future leaks into an example.
     """
     if batch_size < 1 or max_history < 0:
-        raise ValueError(
-            f"iter_examples: batch_size must be >= 1 and max_history >= 0, got {batch_size}, {max_history}"
-        )
+        raise ValueError(f"iter_examples: batch_size must be >= 1 and max_history >= 0, got {batch_size}, {max_history}")
     offsets, items = histories(train)
     users = train.users()
     order = np.random.default_rng(seed).permutation(train.num_events)

@@ -50,9 +50,7 @@ class Sequences:
     def __post_init__(self) -> None:
         off = self.offsets
         if off.ndim != 1 or len(off) != len(self.keys) + 1 or (len(off) and off[0] != 0):
-            raise ValueError(
-                f"Sequences: offsets must be [S + 1] from 0, got shape {off.shape} for {len(self.keys)} keys"
-            )
+            raise ValueError(f"Sequences: offsets must be [S + 1] from 0, got shape {off.shape} for {len(self.keys)} keys")
         if np.any(np.diff(off) < 0) or int(off[-1]) != len(self.items) or len(self.items) != len(self.timestamps):
             raise ValueError(
                 f"Sequences: offsets end at {int(off[-1])} but there are {len(self.items)} items and {len(self.timestamps)} timestamps"
@@ -258,11 +256,7 @@ def read_yoochoose(path: str | Path) -> pl.DataFrame:
     expected = ["SessionId", "ItemId", "Time"]
     if frame.columns[:3] != expected:
         raise ValueError(f"{path}: header must start with {expected}, got {frame.columns}")
-    return _typed(
-        frame.select(session="SessionId", item="ItemId", timestamp="Time"),
-        path,
-        {"session": 1, "item": 2, "timestamp": 3},
-    )
+    return _typed(frame.select(session="SessionId", item="ItemId", timestamp="Time"), path, {"session": 1, "item": 2, "timestamp": 3})
 
 
 def read_movielens(path: str | Path) -> pl.DataFrame:
@@ -281,7 +275,7 @@ def read_movielens(path: str | Path) -> pl.DataFrame:
 def _open_bytes(path: Path) -> bytes:
     if not path.exists():
         raise ValueError(f"{path}: no such file")
-    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
         return f.read()
 
 

@@ -51,9 +51,7 @@ class InteractionConfig:
                 f"{self.min_events}, {self.max_events}, {self.num_items}"
             )
         if self.affinity < 0 or self.popularity < 0:
-            raise ValueError(
-                f"InteractionConfig: affinity and popularity must be >= 0, got {self.affinity}, {self.popularity}"
-            )
+            raise ValueError(f"InteractionConfig: affinity and popularity must be >= 0, got {self.affinity}, {self.popularity}")
 
 
 @dataclass(frozen=True)
@@ -80,9 +78,7 @@ def generate_interactions(cfg: InteractionConfig, user_block: int = 1024) -> Syn
     item_bias = (-cfg.popularity * np.log(zipf_rank)).astype(np.float32)
     item_bias -= item_bias.mean()
     n_events = rng.integers(cfg.min_events, cfg.max_events + 1, size=cfg.num_users)
-    synth = SyntheticInteractions(
-        cfg, Interactions(_empty(), cfg.num_users, cfg.num_items), user_factors, item_factors, item_bias
-    )
+    synth = SyntheticInteractions(cfg, Interactions(_empty(), cfg.num_users, cfg.num_items), user_factors, item_factors, item_bias)
     users, items, steps = [], [], []
     for lo in range(0, cfg.num_users, user_block):
         u = np.arange(lo, min(lo + user_block, cfg.num_users))
@@ -97,9 +93,7 @@ def generate_interactions(cfg: InteractionConfig, user_block: int = 1024) -> Syn
     start = rng.integers(0, 10_000_000, size=cfg.num_users)  # users start at different times
     timestamp = start[user_col] + 60 * np.concatenate(steps).astype(np.int64)
     frame = pl.DataFrame({"user": user_col, "item": np.concatenate(items).astype(np.int64), "timestamp": timestamp})
-    return SyntheticInteractions(
-        cfg, Interactions(frame, cfg.num_users, cfg.num_items), user_factors, item_factors, item_bias
-    )
+    return SyntheticInteractions(cfg, Interactions(frame, cfg.num_users, cfg.num_items), user_factors, item_factors, item_bias)
 
 
 def _empty() -> pl.DataFrame:

@@ -76,9 +76,7 @@ def top_k(
             i1 = min(i0 + item_block, num_items)
             scores = score_block(q0, q1, i0, i1).to(torch.float32)  # [b, i1 - i0]
             if scores.shape != (q1 - q0, i1 - i0):
-                raise ValueError(
-                    f"top_k: score_block returned shape {tuple(scores.shape)}, expected {(q1 - q0, i1 - i0)}"
-                )
+                raise ValueError(f"top_k: score_block returned shape {tuple(scores.shape)}, expected {(q1 - q0, i1 - i0)}")
             inside = (cols >= i0) & (cols < i1)
             if inside.any():
                 scores = scores.clone()

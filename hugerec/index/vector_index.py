@@ -58,9 +58,7 @@ class IndexConfig:
             try:
                 object.__setattr__(self, "kind", IndexKind(self.kind))
             except ValueError:
-                raise ValueError(
-                    f"IndexConfig: kind must be one of {[k.value for k in IndexKind]}, got {self.kind!r}"
-                ) from None
+                raise ValueError(f"IndexConfig: kind must be one of {[k.value for k in IndexKind]}, got {self.kind!r}") from None
         for name in ("connectivity", "expansion_add", "expansion_search"):
             if getattr(self, name) < 2:
                 raise ValueError(f"IndexConfig: {name} must be >= 2, got {getattr(self, name)}")
@@ -101,9 +99,7 @@ class ExactIndex:
         """queries [Q, D] -> (scores [Q, k] float32 inner products, ids [Q, k] int64), best first."""
         q = _check_query(self, queries, k)
         vectors = self._vectors
-        scores, pos = top_k(
-            lambda q0, q1, i0, i1: q[q0:q1] @ vectors[i0:i1].T, q.shape[0], len(self), k, query_block=256
-        )
+        scores, pos = top_k(lambda q0, q1, i0, i1: q[q0:q1] @ vectors[i0:i1].T, q.shape[0], len(self), k, query_block=256)
         return scores, self._ids[pos]
 
     def save(self, path: str | Path) -> Path:
@@ -118,9 +114,7 @@ class ExactIndex:
         vectors = np.load(folder / "vectors.npy", allow_pickle=False)
         ids = np.load(folder / "ids.npy", allow_pickle=False)
         if vectors.shape != (meta["count"], meta["dim"]) or ids.shape != (meta["count"],):
-            raise ValueError(
-                f"{folder}: vectors {vectors.shape} / ids {ids.shape} do not match index.json ({meta['count']} x {meta['dim']})"
-            )
+            raise ValueError(f"{folder}: vectors {vectors.shape} / ids {ids.shape} do not match index.json ({meta['count']} x {meta['dim']})")
         index.add(ids, vectors)
         return index
 
@@ -202,9 +196,7 @@ class HnswIndex:
         index._index.expansion_search = config.expansion_search  # type: ignore[misc]  # the stub omits the setter usearch has
         index.max_norm = meta["max_norm"]
         if len(index) != meta["count"] or index._index.ndim != meta["dim"] + 1:
-            raise ValueError(
-                f"{folder}: hnsw.usearch holds {len(index)} x {index._index.ndim - 1}, index.json says {meta['count']} x {meta['dim']}"
-            )
+            raise ValueError(f"{folder}: hnsw.usearch holds {len(index)} x {index._index.ndim - 1}, index.json says {meta['count']} x {meta['dim']}")
         return index
 
 
@@ -237,9 +229,7 @@ def load_index(path: str | Path, expansion_search: int | None = None) -> VectorI
         raise ValueError(f"load_index: {meta_path} does not exist (not a saved index folder)")
     meta = json.loads(meta_path.read_text())
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(
-            f"{meta_path}: format_version {meta.get('format_version')!r}, this hugerec reads {FORMAT_VERSION}"
-        )
+        raise ValueError(f"{meta_path}: format_version {meta.get('format_version')!r}, this hugerec reads {FORMAT_VERSION}")
     cfg = dict(meta["config"])
     if expansion_search is not None:
         cfg["expansion_search"] = expansion_search
@@ -267,9 +257,7 @@ def _vectors(index: VectorIndex, vectors: np.ndarray | torch.Tensor, what: str) 
     return v.contiguous()
 
 
-def _check_add(
-    index: VectorIndex, ids: np.ndarray | torch.Tensor, vectors: np.ndarray | torch.Tensor, have: np.ndarray
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_add(index: VectorIndex, ids: np.ndarray | torch.Tensor, vectors: np.ndarray | torch.Tensor, have: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     ids_t = torch.as_tensor(ids).to(torch.int64).reshape(-1)
     vec = _vectors(index, vectors, "added vectors")
     if vec.shape[0] != ids_t.numel():

@@ -41,11 +41,7 @@ class MaskedTransformer(nn.Module):
     def query(self, history: torch.Tensor) -> torch.Tensor:
         """[B, L] -> [B, D]: the state at a [MASK] appended after the history (its oldest item drops if it is full)."""
         mask = torch.full_like(history[:, :1], self.cfg.mask_id)
-        seq = (
-            torch.cat([history[:, 1:], mask], dim=1)
-            if history.shape[1] >= self.cfg.max_len
-            else torch.cat([history, mask], 1)
-        )
+        seq = torch.cat([history[:, 1:], mask], dim=1) if history.shape[1] >= self.cfg.max_len else torch.cat([history, mask], 1)
         return last_position(self(seq)[0])
 
     def item_vectors(self, ids: torch.Tensor) -> torch.Tensor:

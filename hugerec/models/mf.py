@@ -32,17 +32,13 @@ class MatrixFactorization(nn.Module):
     ) -> None:
         super().__init__()
         if num_users < 1 or num_items < 1 or dim < 1:
-            raise ValueError(
-                f"MatrixFactorization: num_users, num_items and dim must be >= 1, got {num_users}, {num_items}, {dim}"
-            )
+            raise ValueError(f"MatrixFactorization: num_users, num_items and dim must be >= 1, got {num_users}, {num_items}, {dim}")
         if not temperature > 0:
             raise ValueError(f"MatrixFactorization: temperature must be > 0, got {temperature}")
         self.num_users, self.num_items, self._dim, self._temperature = num_users, num_items, dim, temperature
         init = Normal(0.0, init_std)
         # two collections: one lookup (one optimizer step) per table per training step
-        self.user_embedding = EmbeddingCollection(
-            [TableConfig("user_id", num_users, dim, init=init, dynamic=dynamic_users)], optimizer
-        )
+        self.user_embedding = EmbeddingCollection([TableConfig("user_id", num_users, dim, init=init, dynamic=dynamic_users)], optimizer)
         self.item_embedding = EmbeddingCollection([TableConfig("item_id", num_items, dim, init=init)], optimizer)
 
     @property
@@ -55,12 +51,8 @@ class MatrixFactorization(nn.Module):
 
     def user_vectors(self, users: torch.Tensor, history: JaggedTensor | None = None) -> torch.Tensor:
         """users [B] int64 -> [B, D]."""
-        return self.user_embedding(
-            SparseFeatures(("user_id",), users, torch.ones_like(users, dtype=torch.int32))
-        ).values
+        return self.user_embedding(SparseFeatures(("user_id",), users, torch.ones_like(users, dtype=torch.int32))).values
 
     def item_vectors(self, items: torch.Tensor) -> torch.Tensor:
         """items [N] int64 -> [N, D]."""
-        return self.item_embedding(
-            SparseFeatures(("item_id",), items, torch.ones_like(items, dtype=torch.int32))
-        ).values
+        return self.item_embedding(SparseFeatures(("item_id",), items, torch.ones_like(items, dtype=torch.int32))).values

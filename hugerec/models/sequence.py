@@ -159,9 +159,7 @@ class TransformerEncoder(nn.Module):
         self.causal = causal
         self.positions = nn.Embedding(cfg.max_len, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(cfg.dim, cfg.num_heads, cfg.dropout) for _ in range(cfg.num_layers)
-        )
+        self.blocks = nn.ModuleList(TransformerBlock(cfg.dim, cfg.num_heads, cfg.dropout) for _ in range(cfg.num_layers))
         self.norm = nn.LayerNorm(cfg.dim)
         self.scale = math.sqrt(cfg.dim)
 

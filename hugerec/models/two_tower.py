@@ -87,11 +87,7 @@ class TwoTowerConfig:
                 raise ValueError(f"TwoTowerConfig: {name} must be >= 1, got {getattr(self, name)}")
         if any(w < 1 for w in (*self.user_layers, *self.item_layers)):
             raise ValueError(f"TwoTowerConfig: layer widths must be >= 1, got {self.user_layers}, {self.item_layers}")
-        if (
-            self.max_history < 0
-            or any(not 1 <= r <= self.max_history for r in self.recent)
-            or len(set(self.recent)) != len(self.recent)
-        ):
+        if self.max_history < 0 or any(not 1 <= r <= self.max_history for r in self.recent) or len(set(self.recent)) != len(self.recent):
             raise ValueError(
                 f"TwoTowerConfig: need distinct windows 1 <= recent <= max_history, got recent={self.recent}, max_history={self.max_history}"
             )
@@ -102,17 +98,11 @@ class TwoTowerConfig:
         names = [n for n, _ in (*self.user_features, *self.item_features)]
         reserved = {"user_id", "item_id", "history", *(f"recent{r}" for r in self.recent)}
         if len(set(names)) != len(names) or reserved & set(names):
-            raise ValueError(
-                f"TwoTowerConfig: side feature names must be unique and not in {sorted(reserved)}, got {names}"
-            )
+            raise ValueError(f"TwoTowerConfig: side feature names must be unique and not in {sorted(reserved)}, got {names}")
         if any(c < 1 for _, c in (*self.user_features, *self.item_features)):
-            raise ValueError(
-                f"TwoTowerConfig: side feature cardinalities must be >= 1, got {self.user_features}, {self.item_features}"
-            )
+            raise ValueError(f"TwoTowerConfig: side feature cardinalities must be >= 1, got {self.user_features}, {self.item_features}")
         if not self.use_user_id and self.max_history == 0 and not self.user_features:
-            raise ValueError(
-                "TwoTowerConfig: the user tower has no input (use_user_id off, max_history 0, no user features)"
-            )
+            raise ValueError("TwoTowerConfig: the user tower has no input (use_user_id off, max_history 0, no user features)")
 
 
 class SideFeatures(nn.Module):
@@ -184,9 +174,7 @@ class TwoTower(nn.Module):
         if num_users < 1 or num_items < 1:
             raise ValueError(f"TwoTower: num_users and num_items must be >= 1, got {num_users}, {num_items}")
         if dynamic_users is not None and config.user_features:
-            raise ValueError(
-                "TwoTower: user side features are indexed by dense user id; they cannot go with dynamic_users"
-            )
+            raise ValueError("TwoTower: user side features are indexed by dense user id; they cannot go with dynamic_users")
         self.config, self.num_users, self.num_items = config, num_users, num_items
         e, init = config.embedding_dim, Normal(0.0, config.init_std)
         user_tables = []
@@ -200,12 +188,8 @@ class TwoTower(nn.Module):
         item_tables += [TableConfig(n, c, e, pooling=Pooling.MEAN, init=init) for n, c in config.item_features]
         self.user_embedding = EmbeddingCollection(user_tables, optimizer)
         self.item_embedding = EmbeddingCollection(item_tables, optimizer)
-        self.user_side = SideFeatures(
-            user_features or {}, tuple(n for n, _ in config.user_features), num_users, "TwoTower users"
-        )
-        self.item_side = SideFeatures(
-            item_features or {}, tuple(n for n, _ in config.item_features), num_items, "TwoTower items"
-        )
+        self.user_side = SideFeatures(user_features or {}, tuple(n for n, _ in config.user_features), num_users, "TwoTower users")
+        self.item_side = SideFeatures(item_features or {}, tuple(n for n, _ in config.item_features), num_items, "TwoTower items")
         self.user_mlp = MLP(self.user_embedding.output_dim, (*config.user_layers, config.dim), final_activation=False)
         needs_item_mlp = config.item_layers or config.item_features or e != config.dim
         self.item_mlp = (

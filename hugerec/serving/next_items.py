@@ -76,12 +76,7 @@ def is_next_items_bundle(path: str | Path) -> bool:
 
 
 def export_next_items(
-    model_path: str | Path,
-    out: str | Path,
-    name: str = "model",
-    version: str = "1",
-    k: int = 10,
-    exclude_seen: bool = True,
+    model_path: str | Path, out: str | Path, name: str = "model", version: str = "1", k: int = 10, exclude_seen: bool = True
 ) -> Path:
     """A sequential model file -> a next-items bundle at `out` (replaced if it is one already)."""
     saved = load_sequence_model(model_path)  # refuses anything else, before anything is written
@@ -166,9 +161,7 @@ class NextItemsModel:
             scores[torch.from_numpy(row), torch.from_numpy(dense - 1)] = float("-inf")
         top = torch.topk(scores, k, dim=1)
         found = torch.isfinite(top.values)
-        items = torch.where(
-            found, torch.from_numpy(self.saved.items_raw)[top.indices], torch.full_like(top.indices, -1)
-        )
+        items = torch.where(found, torch.from_numpy(self.saved.items_raw)[top.indices], torch.full_like(top.indices, -1))
         return {
             "items": items.numpy().astype(np.int64),
             "scores": torch.where(found, top.values, torch.zeros_like(top.values)).numpy().astype(np.float32),
@@ -222,9 +215,7 @@ class NextItemsModel:
         }
 
 
-def encode(
-    model: str, version: str, request: Mapping[str, Any], outputs: Mapping[str, np.ndarray]
-) -> tuple[bytes, dict[str, str]]:
+def encode(model: str, version: str, request: Mapping[str, Any], outputs: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
     """The response: JSON data, or the binary extension for outputs asked for as binary."""
     params = request.get("parameters") or {}
     binary_all = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
@@ -263,18 +254,14 @@ def encode(
     return header + b"".join(blobs), {HEADER_LENGTH: str(len(header)), "content-type": "application/octet-stream"}
 
 
-def load_next_items(
-    path: str | Path, name: str | None = None, version: str | None = None, max_rows: int = 65536
-) -> NextItemsModel:
+def load_next_items(path: str | Path, name: str | None = None, version: str | None = None, max_rows: int = 65536) -> NextItemsModel:
     """Open a next-items bundle: checksums verified, the model rebuilt (weights only), item vectors computed once."""
     folder = Path(path)
     if not is_next_items_bundle(folder):
         raise ValueError(f"load_next_items: {folder} is not a next-items bundle (no {MANIFEST} of kind {KIND!r})")
     manifest = json.loads((folder / MANIFEST).read_text())
     if manifest.get("format") != FORMAT:
-        raise ValueError(
-            f"load_next_items: {folder / MANIFEST} has format {manifest.get('format')!r}, this hugerec reads {FORMAT}"
-        )
+        raise ValueError(f"load_next_items: {folder / MANIFEST} has format {manifest.get('format')!r}, this hugerec reads {FORMAT}")
     expected = (manifest.get("sha256") or {}).get(MODEL)
     if not (folder / MODEL).is_file() or _sha256(folder / MODEL) != expected:
         raise ValueError(f"load_next_items: {folder / MODEL} is missing or does not match its checksum in the manifest")

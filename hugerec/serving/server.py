@@ -240,9 +240,7 @@ class InferenceServer:
         served.info["watchers"] = loaded.watchers
         return served
 
-    def add_next_items_bundle(
-        self, path: str | Path, name: str | None = None, version: str | None = None
-    ) -> NextItemsModel:
+    def add_next_items_bundle(self, path: str | Path, name: str | None = None, version: str | None = None) -> NextItemsModel:
         """Serve a next-items bundle (`hugerec export` of a sequential model; see serving/next_items.py)."""
         model = load_next_items(path, name, version, self.config.max_request_rows)
         with self._lock:

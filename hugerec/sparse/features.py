@@ -1,9 +1,9 @@
 """SparseFeatures: F named id-list features over B examples, stored feature-major.
 
-keys ("user", "item"), B = 2:   user: [[7, 3], []]    item: [[1], [4, 5, 9]]
-  values  = [7, 3, 1, 4, 5, 9]   # [N] int64
-  lengths = [2, 0, 1, 3]         # [F * B] int32; offsets are derived, not stored twice
-  weights = None or [N] float32  # per-id weights for weighted pooling
+    keys ("user", "item"), B = 2:   user: [[7, 3], []]    item: [[1], [4, 5, 9]]
+      values  = [7, 3, 1, 4, 5, 9]   # [N] int64
+      lengths = [2, 0, 1, 3]         # [F * B] int32; offsets are derived, not stored twice
+      weights = None or [N] float32  # per-id weights for weighted pooling
 """
 
 from __future__ import annotations
@@ -125,7 +125,9 @@ class SparseFeatures:
             raise ValueError(
                 f"SparseFeatures.from_lists: weights given for {sorted(weights)} but features are {sorted(features)}"
             )
-        jagged = {k: JaggedTensor.from_lists(v, None if weights is None else weights[k]) for k, v in features.items()}
+        jagged = {
+            k: JaggedTensor.from_lists(v, None if weights is None else weights[k]) for k, v in features.items()
+        }
         return SparseFeatures.from_jagged(jagged, batch_size=next(iter(sizes.values()), 0))
 
     @staticmethod

@@ -1,9 +1,9 @@
 """JaggedTensor: one variable-length id list (or vector list) per example.
 
-B = 3:   [[7, 3], [], [5]]
-  values  = [7, 3, 5]      # [N] (or [N, D] for embedded sequences)
-  lengths = [2, 0, 1]      # [B] int32
-  offsets = [0, 2, 2, 3]   # [B + 1] int64, derived from lengths
+    B = 3:   [[7, 3], [], [5]]
+      values  = [7, 3, 5]      # [N] (or [N, D] for embedded sequences)
+      lengths = [2, 0, 1]      # [B] int32
+      offsets = [0, 2, 2, 3]   # [B + 1] int64, derived from lengths
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ def offsets_to_lengths(offsets: torch.Tensor, where: str = "offsets") -> torch.T
     lengths = offsets[1:] - offsets[:-1]
     if lengths.numel() and int(lengths.min()) < 0:
         bad = int(torch.nonzero(lengths < 0)[0])
-        raise ValueError(
-            f"{where}: offsets decrease at position {bad} ({int(offsets[bad])} -> {int(offsets[bad + 1])})"
-        )
+        raise ValueError(f"{where}: offsets decrease at position {bad} ({int(offsets[bad])} -> {int(offsets[bad + 1])})")
     return lengths.to(torch.int32)
 
 
@@ -52,7 +50,9 @@ class JaggedTensor:
         if total != self.values.shape[0]:
             raise ValueError(f"JaggedTensor: lengths sum to {total} but there are {self.values.shape[0]} values")
         if self.weights is not None and self.weights.shape[0] != self.values.shape[0]:
-            raise ValueError(f"JaggedTensor: {self.weights.shape[0]} weights for {self.values.shape[0]} values")
+            raise ValueError(
+                f"JaggedTensor: {self.weights.shape[0]} weights for {self.values.shape[0]} values"
+            )
 
     @property
     def batch_size(self) -> int:
@@ -87,9 +87,7 @@ class JaggedTensor:
         b = self.batch_size
         lmax = int(self.lengths.max()) if b and self.values.shape[0] else 0
         length = lmax if max_len is None else max_len
-        out = torch.full(
-            (b, length, *self.values.shape[1:]), padding_value, dtype=self.values.dtype, device=self.values.device
-        )
+        out = torch.full((b, length, *self.values.shape[1:]), padding_value, dtype=self.values.dtype, device=self.values.device)
         if b == 0 or length == 0:
             return out
         offsets = self.offsets()

@@ -52,8 +52,6 @@ class PooledEmbeddings:
     def stacked(self) -> torch.Tensor:
         """[B, F, D] when every feature has the same D (DLRM's interaction input)."""
         if len(set(self.dims)) > 1:
-            raise ValueError(
-                f"PooledEmbeddings.stacked: features have different dims {dict(zip(self.keys, self.dims, strict=True))}"
-            )
+            raise ValueError(f"PooledEmbeddings.stacked: features have different dims {dict(zip(self.keys, self.dims, strict=True))}")
         d = self.dims[0] if self.dims else 0
         return self.values.view(self.batch_size, len(self.keys), d)  # [B, sum D] -> [B, F, D]

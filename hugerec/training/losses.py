@@ -51,9 +51,7 @@ class SampledSoftmax:
         if isinstance(self.negatives, str):
             object.__setattr__(self, "negatives", _enum(self.negatives))
         if self.negatives is not Negatives.IN_BATCH and self.num_negatives < 1:
-            raise ValueError(
-                f"SampledSoftmax: num_negatives must be >= 1 for {self.negatives.value}, got {self.num_negatives}"
-            )
+            raise ValueError(f"SampledSoftmax: num_negatives must be >= 1 for {self.negatives.value}, got {self.num_negatives}")
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"SampledSoftmax: alpha must be in [0, 1], got {self.alpha}")
 
@@ -70,9 +68,7 @@ def _enum(value: str) -> Negatives:
     try:
         return Negatives(value)
     except ValueError:
-        raise ValueError(
-            f"SampledSoftmax: negatives must be one of {[n.value for n in Negatives]}, got {value!r}"
-        ) from None
+        raise ValueError(f"SampledSoftmax: negatives must be one of {[n.value for n in Negatives]}, got {value!r}") from None
 
 
 class NegativeSampler:
@@ -84,9 +80,7 @@ class NegativeSampler:
     def __init__(self, loss: RetrievalLoss, item_counts: np.ndarray) -> None:
         counts = torch.as_tensor(np.asarray(item_counts), dtype=torch.float64)
         if counts.dim() != 1 or counts.numel() == 0 or bool((counts < 0).any()) or float(counts.sum()) <= 0:
-            raise ValueError(
-                f"NegativeSampler: item_counts must be a non-empty [I] vector of counts >= 0 with a positive sum, got shape {tuple(counts.shape)}"
-            )
+            raise ValueError(f"NegativeSampler: item_counts must be a non-empty [I] vector of counts >= 0 with a positive sum, got shape {tuple(counts.shape)}")
         self.loss = loss
         self.num_items = counts.numel()
         self.p_data = counts / counts.sum()  # [I]
@@ -117,9 +111,7 @@ class NegativeSampler:
         m = self.num_samples(batch_size)
         if m == 0:
             return torch.empty(0, dtype=torch.int64)
-        if isinstance(self.loss, BPR) or (
-            isinstance(self.loss, SampledSoftmax) and self.loss.negatives is Negatives.UNIFORM
-        ):
+        if isinstance(self.loss, BPR) or (isinstance(self.loss, SampledSoftmax) and self.loss.negatives is Negatives.UNIFORM):
             return torch.randint(0, self.num_items, (m,), generator=generator)
         return torch.multinomial(self.p_neg.float(), m, replacement=True, generator=generator)
 
@@ -173,9 +165,7 @@ def sampled_softmax(
         if log_q is not None:
             logits = logits - torch.cat([log_q[:b, None], log_q[None, b:].expand(b, -1)], dim=1)
         target = torch.zeros(b, dtype=torch.int64)
-        hits = torch.cat(
-            [torch.zeros(b, 1, dtype=torch.bool), neg_ids[None, :] == pos_ids[:, None]], dim=1
-        )  # [B, 1 + M]
+        hits = torch.cat([torch.zeros(b, 1, dtype=torch.bool), neg_ids[None, :] == pos_ids[:, None]], dim=1)  # [B, 1 + M]
     logits = logits.masked_fill(hits, float("-inf"))
     return F.cross_entropy(logits, target)
 
@@ -193,9 +183,8 @@ def bpr(
     query/pos/neg [B, D], one negative per row (ids pos_ids, neg_ids [B]); accidental hits are left out.
     """
     if not query.shape == pos.shape == neg.shape or not pos_ids.shape == neg_ids.shape == (query.shape[0],):
-        raise ValueError(
-            f"bpr: query {tuple(query.shape)}, pos {tuple(pos.shape)} and neg {tuple(neg.shape)} must match"
-        )
+        raise ValueError(f"bpr: query {tuple(query.shape)}, pos {tuple(pos.shape)} and neg {tuple(neg.shape)} must match")
     diff = ((query * pos).sum(1) - (query * neg).sum(1)) / temperature  # [B]
     keep = (neg_ids != pos_ids).to(diff.dtype)
     return -(F.logsigmoid(diff) * keep).sum() / keep.sum().clamp_min(1.0)
+

@@ -38,9 +38,7 @@ def target_ranks(
     """[Q] 0-based rank of each target (dense ids 1..I) among items 1..I under score_block's scores."""
     targets = np.asarray(targets, dtype=np.int64)
     if len(targets) and (int(targets.min()) < 1 or int(targets.max()) > num_items):
-        raise ValueError(
-            f"target_ranks: targets must be item ids in 1..{num_items}, got range {int(targets.min())}..{int(targets.max())}"
-        )
+        raise ValueError(f"target_ranks: targets must be item ids in 1..{num_items}, got range {int(targets.min())}..{int(targets.max())}")
     if exclude is not None and len(exclude[0]) != len(targets) + 1:
         raise ValueError(f"target_ranks: exclude has {len(exclude[0]) - 1} rows for {len(targets)} queries")
     ranks = np.empty(len(targets), dtype=np.int64)
@@ -49,9 +47,7 @@ def target_ranks(
         q1 = min(q0 + block, len(targets))
         scores = score_block(q0, q1).to(torch.float32).clone()  # [q, I]
         if scores.shape != (q1 - q0, num_items):
-            raise ValueError(
-                f"target_ranks: score_block({q0}, {q1}) gave shape {tuple(scores.shape)}, expected {(q1 - q0, num_items)}"
-            )
+            raise ValueError(f"target_ranks: score_block({q0}, {q1}) gave shape {tuple(scores.shape)}, expected {(q1 - q0, num_items)}")
         t = torch.from_numpy(targets[q0:q1])
         if exclude is not None:
             offsets, items = exclude

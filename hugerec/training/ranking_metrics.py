@@ -54,9 +54,7 @@ def list_metrics(top: torch.Tensor, held_out: CSR, num_items: int, ks: Sequence[
     for k in ks:
         h = hit[:, :k]
         n_hits = h.sum(axis=1)
-        ideal = (
-            np.cumsum(1.0 / np.log2(np.arange(2, k + 2)))[np.minimum(n_h, k).astype(np.int64) - 1] if len(n_h) else n_h
-        )
+        ideal = np.cumsum(1.0 / np.log2(np.arange(2, k + 2)))[np.minimum(n_h, k).astype(np.int64) - 1] if len(n_h) else n_h
         first = np.where(h.any(axis=1), h.argmax(axis=1), -1)
         out[f"recall@{k}"] = _mean(n_hits / np.minimum(n_h, k))
         out[f"ndcg@{k}"] = _mean((h * discount[: h.shape[1]]).sum(axis=1) / ideal)
@@ -99,7 +97,6 @@ def subset_csr(csr: CSR, rows: np.ndarray) -> CSR:
 
 def csr_minus(a: CSR, b: CSR) -> CSR:
     """Per row, the items of a that are not in b (vectorised anti-join)."""
-
     def frame(csr: CSR) -> pl.DataFrame:
         return pl.DataFrame({"row": np.repeat(np.arange(len(csr[0]) - 1), np.diff(csr[0])), "item": csr[1]})
 

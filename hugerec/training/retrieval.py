@@ -47,9 +47,7 @@ class RetrievalTrainConfig:
             raise ValueError(f"RetrievalTrainConfig: lr must be > 0, got {self.lr}")
 
 
-def train_step(
-    model: RetrievalModel, batch: Example, sampler: NegativeSampler, generator: torch.Generator
-) -> torch.Tensor:
+def train_step(model: RetrievalModel, batch: Example, sampler: NegativeSampler, generator: torch.Generator) -> torch.Tensor:
     """Forward and loss of one batch (the caller runs backward and the dense optimizer step)."""
     users, items, history = batch
     b = users.numel()
@@ -104,9 +102,7 @@ def all_item_vectors(model: RetrievalModel, block: int = 65536) -> torch.Tensor:
     """[I, D] float32 vectors of every item id 0..I-1 (what the index is built from)."""
     was = model.training
     model.eval()
-    out = torch.cat(
-        [model.item_vectors(torch.arange(i, min(i + block, model.num_items))) for i in range(0, model.num_items, block)]
-    )
+    out = torch.cat([model.item_vectors(torch.arange(i, min(i + block, model.num_items))) for i in range(0, model.num_items, block)])
     model.train(was)
     return out.float()
 
@@ -159,16 +155,12 @@ def recommend(
         raise ValueError(f"recommend: history item id {bad} is not in the catalogue 0..{model.num_items - 1}")
     cold = (users < 0) | (users >= model.num_users)
     if bool(cold.any()) and item_counts is None:
-        raise ValueError(
-            f"recommend: user id {int(users[cold][0])} was never seen in training (0..{model.num_users - 1}) and no item counts were given for a popularity fallback"
-        )
+        raise ValueError(f"recommend: user id {int(users[cold][0])} was never seen in training (0..{model.num_users - 1}) and no item counts were given for a popularity fallback")
     uses_id = not isinstance(model, TwoTower) or model.config.use_user_id
     if not uses_id and not (isinstance(model, TwoTower) and model.config.user_features):
         empty = history.lengths == 0
         if bool(empty.any()):
-            raise ValueError(
-                f"recommend: user {int(users[empty][0])} has an empty history, and the model has no user-id embedding or user features to go on"
-            )
+            raise ValueError(f"recommend: user {int(users[empty][0])} has an empty history, and the model has no user-id embedding or user features to go on")
     warm = ~cold
     q = torch.zeros(users.numel(), model.dim)
     if bool(warm.any()):
@@ -176,11 +168,7 @@ def recommend(
         keep_ids = torch.repeat_interleave(warm, lengths)
         q[warm] = user_vectors(model, users[warm], JaggedTensor(history.values[keep_ids], history.lengths[warm]))
     v = all_item_vectors(model)
-    pop = (
-        torch.from_numpy(np.asarray(item_counts, dtype=np.float32))
-        if item_counts is not None
-        else torch.zeros(model.num_items)
-    )
+    pop = torch.from_numpy(np.asarray(item_counts, dtype=np.float32)) if item_counts is not None else torch.zeros(model.num_items)
 
     def score(u0: int, u1: int, i0: int, i1: int) -> torch.Tensor:
         s = q[u0:u1] @ v[i0:i1].T  # [b, n]

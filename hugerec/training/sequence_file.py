@@ -85,9 +85,7 @@ def save_sequence_model(
 ) -> Path:
     cfg = getattr(model, "cfg", None)
     if not isinstance(cfg, SequenceConfig) or model_type not in SEQUENCE_MODELS:
-        raise ValueError(
-            f"save_sequence_model: need a SASRec / MaskedTransformer / GRU4Rec and its type, got {type(model).__name__}, {model_type!r}"
-        )
+        raise ValueError(f"save_sequence_model: need a SASRec / MaskedTransformer / GRU4Rec and its type, got {type(model).__name__}, {model_type!r}")
     if cfg.dynamic is not None:
         raise ValueError("save_sequence_model: models with a dynamic item table are not saved in this format")
     if len(items_raw) != cfg.num_items or len(item_counts) != cfg.num_items + 1:
@@ -128,8 +126,6 @@ def load_sequence_model(path: str | Path) -> SavedSequenceModel:
         if len(items_raw) != cfg.num_items or len(counts) != cfg.num_items + 1:
             raise ValueError(f"{len(items_raw)} raw ids and {len(counts)} counts for {cfg.num_items} items")
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, json.JSONDecodeError) as e:
-        raise ValueError(
-            f"load_sequence_model: {p} is not a hugerec sequential model file: {' '.join(str(e).split())[:300]}"
-        ) from None
+        raise ValueError(f"load_sequence_model: {p} is not a hugerec sequential model file: {' '.join(str(e).split())[:300]}") from None
     model.eval()
     return SavedSequenceModel(model, str(spec["model_type"]), items_raw, counts, spec)

@@ -54,9 +54,7 @@ class SequenceModel(Protocol):
     cfg: SequenceConfig
     objective: Objective
 
-    def __call__(
-        self, seq: torch.Tensor, candidates: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def __call__(self, seq: torch.Tensor, candidates: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
     def query(self, history: torch.Tensor) -> torch.Tensor: ...
     def item_vectors(self, ids: torch.Tensor) -> torch.Tensor: ...
     def parameters(self) -> object: ...
@@ -113,10 +111,7 @@ def window_width(model: SequenceModel) -> int:
 
 
 def fit_sequential(
-    model: SequenceModel,
-    windows: np.ndarray | torch.Tensor,
-    cfg: SequentialTrainConfig,
-    item_counts: np.ndarray | None = None,
+    model: SequenceModel, windows: np.ndarray | torch.Tensor, cfg: SequentialTrainConfig, item_counts: np.ndarray | None = None
 ) -> TrainReport:
     """Train on windows [S, W] (dense item ids 1..I, left-padded with PAD; `hugerec.data.sessions.last_n`
     of the training sequences with W = window_width(model)) and report steps, samples, time and losses.
@@ -126,9 +121,7 @@ def fit_sequential(
     """
     windows = torch.as_tensor(windows, dtype=torch.int64)
     if windows.dim() != 2 or windows.shape[1] != window_width(model):
-        raise ValueError(
-            f"fit_sequential: windows must be [S, {window_width(model)}], got shape {tuple(windows.shape)}"
-        )
+        raise ValueError(f"fit_sequential: windows must be [S, {window_width(model)}], got shape {tuple(windows.shape)}")
     windows = windows[(windows != PAD).sum(dim=1) >= 2]  # a window needs an input and a target
     if not len(windows):
         raise ValueError("fit_sequential: no training sequence has 2 or more items")
@@ -165,11 +158,7 @@ def fit_sequential(
 
 
 def step_loss(
-    model: SequenceModel,
-    batch: torch.Tensor,
-    cfg: SequentialTrainConfig,
-    sampler: NegativeSampler | None,
-    gen: torch.Generator,
+    model: SequenceModel, batch: torch.Tensor, cfg: SequentialTrainConfig, sampler: NegativeSampler | None, gen: torch.Generator
 ) -> torch.Tensor:
     """The loss of one batch of windows [B, W] (left-padded dense ids)."""
     match model.objective:
@@ -213,9 +202,7 @@ def query_vectors(model: SequenceModel, histories: torch.Tensor, block: int = 10
     """[Q, L] left-padded histories -> [Q, D] next-item query vectors (eval mode, no gradient)."""
     model.train(False)
     with torch.no_grad():
-        return torch.cat(
-            [model.query(histories[i : i + block]) for i in range(0, len(histories), block)] or [torch.empty(0)]
-        )
+        return torch.cat([model.query(histories[i : i + block]) for i in range(0, len(histories), block)] or [torch.empty(0)])
 
 
 def evaluate_next_item(
@@ -253,9 +240,7 @@ def recommend_next(
     for i, h in enumerate(histories):  # one row copy per history (not per item)
         tail = np.asarray(h, dtype=np.int64)[-max_len:]
         if int(tail.min()) < 1 or int(tail.max()) > num_items:
-            raise ValueError(
-                f"recommend_next: history {i}: item ids must be in 1..{num_items}, got range {int(tail.min())}..{int(tail.max())}"
-            )
+            raise ValueError(f"recommend_next: history {i}: item ids must be in 1..{num_items}, got range {int(tail.min())}..{int(tail.max())}")
         padded[i, max_len - len(tail) :] = tail
     scores = query_vectors(model, torch.from_numpy(padded)) @ all_item_vectors(model).T  # [Q, I]
     if exclude_history:

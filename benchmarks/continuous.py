@@ -54,7 +54,14 @@ SPEC = ModelSpec(dim=8, capacity=50_000, bottom=(32, 8), top=(32, 1), sparse_lr=
 
 
 def _record(config: str, method: str, value: float, unit: str, higher_is_better: bool, **extra: Any) -> dict[str, Any]:
-    return {"config": config, "method": method, "value": value, "unit": unit, "higher_is_better": higher_is_better, **extra}
+    return {
+        "config": config,
+        "method": method,
+        "value": value,
+        "unit": unit,
+        "higher_is_better": higher_is_better,
+        **extra,
+    }
 
 
 def _scores(model: torch.nn.Module, table: pa.Table, cfg: StreamConfig) -> np.ndarray:
@@ -73,8 +80,9 @@ def run(rows_per_day: int, monitor_rows: int, epochs: int) -> list[dict[str, Any
     work = tempfile.mkdtemp(prefix="hugerec-continuous-")
     lc = LoopConfig(work, cfg.schema, model=SPEC, batch_size=512, lr=3e-3, epochs=epochs)
     loop = Loop(lc, tables.__getitem__)
-    train_cfg = TrainConfig(epochs=epochs, lr=3e-3, progress=False, tensorboard=False, plot=False, device="cpu",
-                            pipeline=False, seed=0)
+    train_cfg = TrainConfig(
+        epochs=epochs, lr=3e-3, progress=False, tensorboard=False, plot=False, device="cpu", pipeline=False, seed=0
+    )
     records: list[dict[str, Any]] = []
     unseen = [~holdout_mask(t.num_rows, lc.holdout_share, lc.seed) for t in tables]  # day d's training part
     serving_after: dict[int, str | None] = {}
@@ -97,11 +105,27 @@ def run(rows_per_day: int, monitor_rows: int, epochs: int) -> list[dict[str, Any
         served = loop.load(version)
         p_loop = _scores(served, eval_rows, cfg)
         fresh = SPEC.build(cfg.schema, 0)
-        fit(fresh, table_batches(tables[d - 1].filter(pa.array(unseen[d - 1])), cfg.schema, 512, True, d), config=train_cfg)
-        for method, p in (("hugerec-loop", p_loop), ("frozen", _scores(frozen, eval_rows, cfg)),
-                          ("retrain-daily", _scores(fresh.eval(), eval_rows, cfg))):
-            records.append(_record(f"day {d} lift", method, _lift(p, y, oracle), "share of oracle lift", True,
-                                   auc=auc(p, y), oracle_auc=auc(oracle, y)))
+        fit(
+            fresh,
+            table_batches(tables[d - 1].filter(pa.array(unseen[d - 1])), cfg.schema, 512, True, d),
+            config=train_cfg,
+        )
+        for method, p in (
+            ("hugerec-loop", p_loop),
+            ("frozen", _scores(frozen, eval_rows, cfg)),
+            ("retrain-daily", _scores(fresh.eval(), eval_rows, cfg)),
+        ):
+            records.append(
+                _record(
+                    f"day {d} lift",
+                    method,
+                    _lift(p, y, oracle),
+                    "share of oracle lift",
+                    True,
+                    auc=auc(p, y),
+                    oracle_auc=auc(oracle, y),
+                )
+            )
         # drift when day d arrives: the monitor on day d against day d-1, and the KPIs on day d's labels of the
         # model serving then (published at step d-2, gated on day d-1: its gate AUC is the baseline)
         ref = Reference.of(tables[d - 1], cfg.dense_names, cfg.sparse_names, mcfg)
@@ -118,20 +142,36 @@ def run(rows_per_day: int, monitor_rows: int, epochs: int) -> list[dict[str, Any
     injected = {4, 6}
     detected = sum(1 for d, why in alarms if why is not None and d in injected) / len(injected)
     false = sum(1 for d, why in alarms if why is not None and d not in injected)
-    records.append(_record("drift detection", "hugerec-loop", detected, "share of injected days", True,
-                           alarms={str(d): why for d, why in alarms}))
+    records.append(
+        _record(
+            "drift detection",
+            "hugerec-loop",
+            detected,
+            "share of injected days",
+            True,
+            alarms={str(d): why for d, why in alarms},
+        )
+    )
     records.append(_record("drift false alarms", "hugerec-loop", float(false), "drift-free days alarmed", False))
     # one loop iteration (step 5 above, plus exporting the bundle a publish sends) vs a full retrain on days 0..5
     t0 = time.perf_counter()
-    export_bundle(loop.load("w5") if serving_after[5] == "w5" else loop.load(serving_after[5] or "w0"),
-                  Path(work) / "bench-bundle", name="model", version="b", schema=cfg.schema, overwrite=True)
+    export_bundle(
+        loop.load("w5") if serving_after[5] == "w5" else loop.load(serving_after[5] or "w0"),
+        Path(work) / "bench-bundle",
+        name="model",
+        version="b",
+        schema=cfg.schema,
+        overwrite=True,
+    )
     iteration = step_seconds[5] + time.perf_counter() - t0
     history = pa.concat_tables([tables[j].filter(pa.array(unseen[j])) for j in range(6)])
     t0 = time.perf_counter()
     full = SPEC.build(cfg.schema, 0)
     fit(full, table_batches(history, cfg.schema, 512, True, 0), config=train_cfg)
     retrain = time.perf_counter() - t0
-    records.append(_record("iteration time", "hugerec-loop", iteration, "s", False, ratio_to_full_retrain=iteration / retrain))
+    records.append(
+        _record("iteration time", "hugerec-loop", iteration, "s", False, ratio_to_full_retrain=iteration / retrain)
+    )
     records.append(_record("iteration time", "full-retrain", retrain, "s", False))
     records += monitor_time(monitor_rows)
     return records

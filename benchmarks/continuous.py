@@ -13,7 +13,9 @@ on days < d is scored on day d's rows that no method has seen: the training part
 holdout gated the loop's day-(d-1) candidate, so it is left out). Value: (AUC - 0.5) / (oracle AUC -
 0.5) on those rows, the oracle being the stream's true probabilities: 1.0 is the best possible.
     hugerec-loop   hugerec.continuous.Loop (offline): warm start from the last published checkpoint,
-                   1 epoch on day d-1, gated on day d's holdout; the model serving after that step
+                   1 epoch on day d-1, gated on day d's holdout; the model serving after that step.
+                   When the gate saw the serving model fall below its baseline AUC (the concept drift),
+                   the next day trains from scratch on that day alone (the loop's retrain decision)
     frozen         the day-0 model, never retrained
     retrain-daily  a fresh model trained on day d-1 only (same epochs)
 `drift detection` (hugerec-loop): when day d arrives, the monitor on day d's rows against day d-1's
@@ -137,8 +139,8 @@ def run(rows_per_day: int, monitor_rows: int, epochs: int) -> list[dict[str, Any
             kpis_then["stable"] = Kpis(int(y.size), auc(p_live, y), float(y.mean()), float(p_live.mean()))
         obs = Observation(kpis_then, rep.observation().drift)
         why = retrain_reason(obs, None if live is None else loop.baseline_auc(live), decisions)
-        alarms.append((d, why))
-        print(f"day {d}: serving {live} when the day arrives, alarm: {why}", flush=True)
+        alarms.append((d, None if why is None else why.reason))
+        print(f"day {d}: serving {live} when the day arrives, alarm: {alarms[-1][1]}", flush=True)
     injected = {4, 6}
     detected = sum(1 for d, why in alarms if why is not None and d in injected) / len(injected)
     false = sum(1 for d, why in alarms if why is not None and d not in injected)

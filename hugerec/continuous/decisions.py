@@ -4,7 +4,9 @@ Thresholds are data (DecisionConfig):
     canary      both versions have >= min_feedback labelled requests: canary AUC >= stable AUC - kpi_margin
                 and canary CTR >= stable CTR * (1 - ctr_margin) -> promote, else rollback; fewer -> wait
     retrain     any feature drifts (PSI >= psi_alarm) or the predictions do, or the stable version's
-                feedback AUC falls below its gate AUC (its baseline) by more than baseline_margin
+                feedback AUC falls below its gate AUC (its baseline) by more than baseline_margin (the
+                loop then trains from scratch on the last `retrain_windows` windows, or on the latest
+                window alone when only a KPI fell: a concept drift, where older windows mislead)
 """
 
 from __future__ import annotations
@@ -77,13 +79,23 @@ def decide_canary(obs: Observation, config: DecisionConfig) -> tuple[Action, str
     return Action.PROMOTE, f"canary AUC {canary.auc:.4f} >= stable {stable.auc:.4f} - {config.kpi_margin}"
 
 
-def retrain_reason(obs: Observation, baseline_auc: float | None, config: DecisionConfig) -> str | None:
+@dataclass(frozen=True)
+class Retrain:
+    """Why to retrain from scratch; `concept`: only a KPI fell (no feature drifted), so the hidden relation
+    changed and windows before the change would teach the old one: retrain on the latest window alone."""
+
+    reason: str
+    concept: bool
+
+
+def retrain_reason(obs: Observation, baseline_auc: float | None, config: DecisionConfig) -> Retrain | None:
     """Why the stable model needs a full retraining, or None."""
-    reasons = [
+    drifted = [
         f"drift in {name} (PSI {psi:.3f} >= {config.psi_alarm})"
         for name, psi in obs.drift.items()
         if psi >= config.psi_alarm
     ]
+    reasons = list(drifted)
     stable = obs.kpis.get("stable")
     if (
         stable is not None
@@ -92,4 +104,4 @@ def retrain_reason(obs: Observation, baseline_auc: float | None, config: Decisio
         and stable.auc < baseline_auc - config.baseline_margin
     ):
         reasons.append(f"stable AUC {stable.auc:.4f} below its baseline {baseline_auc:.4f} - {config.baseline_margin}")
-    return "; ".join(reasons) or None
+    return Retrain("; ".join(reasons), not drifted) if reasons else None

@@ -10,8 +10,10 @@ window):
     2. train    warm-start from the checkpoint of the last published version that was not rolled back
                 (its dynamic tables admit the window's new ids and evict stale ones), train on window
                 k's training rows -> checkpoints/w<k>.pt; a full retraining instead starts from scratch
-                on windows k - retrain_windows + 1 .. k. An empty window is skipped (logged).
-    3. gate     candidate and serving model on window k + 1's holdout (gate.check)
+                on windows k - retrain_windows + 1 .. k (on window k alone after a concept drift). An
+                empty window is skipped (logged).
+    3. gate     candidate and serving model on window k + 1's holdout (gate.check); the serving model
+                below its baseline there asks window k + 1 to retrain from scratch (no server needed)
     4. publish  export bundles/w<k> and publish it to the server as the canary (publish.Publisher), or,
                 without a server, make it the serving model directly
 
@@ -199,9 +201,10 @@ class Loop:
         done = {r.action for r in self.log.of_window(k)}
         if done & {"publish", "refuse", "skip"}:
             return  # finished before (a restart): nothing to redo
-        retrain = "retrain" in done
         if self.observe is not None and self.publisher is not None and not done & {"promote", "rollback", "wait"}:
-            retrain = self._decide(k) or retrain
+            self._decide(k)
+        retrains = [r for r in self.log.of_window(k) if r.action == "retrain"]
+        retrain = int(retrains[-1].extra.get("windows", self.config.retrain_windows)) if retrains else 0
         version = version_of(k)
         if "trained" not in done or not self.checkpoint(version).is_file():
             rows = self.source(k)
@@ -215,11 +218,12 @@ class Loop:
                 Record(
                     k,
                     "trained",
-                    "from scratch" if retrain else "warm start",
+                    f"from scratch on {retrain} window(s)" if retrain else "warm start",
                     extra={"rows": rows.num_rows, "base": None if retrain else self.base_version()},
                 )
             )
         result = self._gate(k, self.load(version))
+        self._check_serving(k, result)
         if not result.passed:
             self.log.append(Record(k, "refuse", result.reason, result.figures, version))
             return
@@ -242,11 +246,12 @@ class Loop:
         mask = holdout_mask(rows.num_rows, self.config.holdout_share, self.config.seed)
         return rows.filter(pa.array(~mask))
 
-    def _train(self, k: int, rows: pa.Table, from_scratch: bool) -> DLRM:
+    def _train(self, k: int, rows: pa.Table, from_scratch: int) -> DLRM:
+        """Warm start (from_scratch 0) or a fresh model on the last `from_scratch` windows up to k."""
         cfg = self.config
         base = None if from_scratch else self.base_version()
         if from_scratch:
-            first = max(0, k - cfg.retrain_windows + 1)
+            first = max(0, k - from_scratch + 1)
             rows = pa.concat_tables([self.source(j) for j in range(first, k)] + [rows]) if first < k else rows
             rows = rows.sort_by(cfg.windows.time_column)
         model = self.load(base) if base is not None else cfg.model.build(cfg.schema, cfg.seed)
@@ -273,6 +278,22 @@ class Loop:
         ref = None if serving is None else evaluate(self.load(serving), data, device="cpu")
         return check(figures, ref, cfg.gate)
 
+    def _check_serving(self, k: int, result: GateResult) -> None:
+        """The serving model on window k + 1's holdout (a gate figure) below its own baseline: a concept drift
+        seen without a server; window k + 1 then trains from scratch on itself alone."""
+        serving = self.serving_version()
+        now = result.figures.get("serving_auc")
+        base = None if serving is None else self.baseline_auc(serving)
+        margin = self.config.decisions.baseline_margin
+        if now is None or base is None or not now < base - margin:
+            return
+        if any(r.action == "retrain" for r in self.log.of_window(k + 1)):
+            return  # already decided before a restart
+        reason = f"serving {serving} AUC {now:.4f} on window {k + 1}'s holdout below its baseline {base:.4f} - {margin}"
+        self.log.append(
+            Record(k + 1, "retrain", reason, {"serving_auc": now, "baseline_auc": base}, serving, extra={"windows": 1})
+        )
+
     def _publish(self, k: int, version: str, result: GateResult) -> None:
         if self.publisher is None:
             self.log.append(Record(k, "publish", "gate passed (offline: serving now)", result.figures, version))
@@ -293,12 +314,12 @@ class Loop:
             Record(k, "publish", f"gate passed; {role}", result.figures, version, extra={"stable": after.get("stable")})
         )
 
-    def _decide(self, k: int) -> bool:
-        """Canary decision and retrain check for window k; returns whether to retrain from scratch."""
+    def _decide(self, k: int) -> None:
+        """Canary decision and retrain check for window k (a retrain is a record of window k)."""
         assert self.publisher is not None and self.observe is not None
         status = self.publisher.status()
         if status is None:
-            return False
+            return
         stable, canary = status["stable"], status["canary"]
         reference = None
         trained = [r for r in self.log.records if r.action == "trained" and version_of(r.window) == stable]
@@ -322,6 +343,6 @@ class Loop:
             self.log.append(Record(k, action.value, reason, figures, canary, extra={"stable": stable}))
         why = retrain_reason(obs, None if stable is None else self.baseline_auc(stable), self.config.decisions)
         if why is not None:
-            self.log.append(Record(k, "retrain", why, {k2: float(v) for k2, v in obs.drift.items()}, stable))
-            return True
-        return False
+            windows = 1 if why.concept else self.config.retrain_windows
+            drift = {name: float(v) for name, v in obs.drift.items()}
+            self.log.append(Record(k, "retrain", why.reason, drift, stable, extra={"windows": windows}))

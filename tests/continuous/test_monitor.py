@@ -139,7 +139,8 @@ def test_stream_drift_is_found_on_the_shift_day_only_and_kpis_per_role(tmp_path:
         rep = report(d, ref, days[d].table)
         fired = retrain_reason(rep.observation(), None, alarm)
         assert (fired is not None) == (d == 3), (d, rep.psi)
-    assert fired is not None and "d0" in fired and "c0" in fired and "c2" not in fired
+    assert fired is not None and "d0" in fired.reason and "c0" in fired.reason and "c2" not in fired.reason
+    assert not fired.concept
     # KPIs per role: the oracle's probabilities as the stable, noise as the canary (rows carry their label)
     t = days[2].table
     half = t.num_rows // 2

@@ -89,7 +89,7 @@ def test_worse_canary_is_rolled_back_and_requests_never_fail(
     config = loop_config(
         tmp_path / "work",
         gate=GateConfig(auc_margin=1.0, calibration_low=0.01, calibration_high=100.0),
-        decisions=DecisionConfig(min_feedback=100, psi_alarm=10.0),
+        decisions=DecisionConfig(min_feedback=100, psi_alarm=10.0, baseline_margin=0.1),
         canary_share=0.5,
     )
     days = {d: small_day(d) for d in range(5)}

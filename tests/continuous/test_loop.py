@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -132,3 +133,21 @@ def test_kill_9_at_any_point_resumes_without_double_publish_or_skip(tmp_path: Pa
     assert len(published) == len(set(published))
     for line in log.read_text().splitlines():
         json.loads(line)  # whole records only
+
+
+def test_dynamic_tables_admit_new_ids_and_evict_stale_ones(
+    tmp_path: Path, small_day: Day, loop_config: MakeConfig
+) -> None:
+    config = loop_config(tmp_path)
+    loop = Loop(dataclasses.replace(config, model=dataclasses.replace(config.model, capacity=150)), small_day)
+    loop.run(0, 3)
+    assert [r.version for r in loop.log.records if r.action == "publish"] == ["w0", "w1", "w2"]
+    held = []
+    for version in ("w0", "w2"):
+        table = loop.load(version).sparse_arch.hash_tables["c0"]
+        assert len(table) == 150  # full: the window had more distinct ids than rows
+        held.append(set(table.export().keys.tolist()))
+    vocabulary = 500  # the stream's (conftest.SMALL): keys >= 500 are ids born after day 0
+    assert not any(k >= vocabulary for k in held[0])  # day 0 knows only first-generation ids
+    assert any(k >= vocabulary for k in held[1])  # ids born on days 1-2 got rows in the warm-started table
+    assert held[0] - held[1]  # and some of day 0's ids lost theirs

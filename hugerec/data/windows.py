@@ -4,7 +4,9 @@ A window is [k * length, (k + 1) * length) seconds of the time column (int64 epo
 of days is day k. Reading a window filters Parquet by the column (row groups whose statistics miss
 the window are skipped) and orders its rows by time. A window's holdout is a fixed, seeded share of
 its rows (the same rows every time it is read): the loop trains on the rest of window k and gates the
-candidate on window k + 1's holdout.
+candidate on window k + 1's holdout. Preprocessing per window: fit a Workflow on
+`polars.from_arrow(windows.select(table, k))` and transform window k + 1 with it (ids born since
+then map to Categorify's out-of-vocabulary id).
 """
 
 from __future__ import annotations

@@ -121,3 +121,24 @@ def test_decision_log_ignores_and_cuts_a_torn_last_line(tmp_path: Path) -> None:
         read_log(path)
     with pytest.raises(ValueError, match="action must be one of"):
         Record(0, "deploy", "x")
+
+
+def test_workflow_fits_on_one_window_and_transforms_the_next() -> None:
+    """Preprocessing per window: statistics from window k (its vocabulary, its means) applied to window k + 1;
+    ids born after window k fall into Categorify's out-of-vocabulary id."""
+    import polars as pl
+
+    from hugerec.data.preprocess import Categorify, Normalize, Workflow
+
+    s = Stream(CFG)
+    table = pa.concat_tables([s.day(d).table for d in range(3)])
+    w = Windows("ts", "day")
+    fit_on = pl.from_arrow(w.select(table, 1))
+    assert isinstance(fit_on, pl.DataFrame)
+    wf = Workflow([Normalize(("d0", "d1")), Categorify(("c1",))]).fit(fit_on)
+    nxt = w.select(table, 2)
+    out = wf.transform_frame(pl.from_arrow(nxt))  # type: ignore[arg-type]
+    assert out.height == nxt.num_rows and abs(float(out["d0"].mean())) < 0.1
+    seen = set(fit_on["c1"].to_list())
+    unseen = np.array([k not in seen for k in nxt["c1"].to_pylist()])
+    assert unseen.any() and (out["c1"].to_numpy()[unseen] == 1).all()  # out of vocabulary

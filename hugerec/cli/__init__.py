@@ -259,6 +259,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--state-dir", help="RocksDB tier and kept dense weights (default: BUNDLE/state)")
     serve.add_argument("--max-delay-ms", type=float, default=None, help="dynamic batching: wait this long to merge")
     serve.add_argument("--admin-token", default=os.environ.get("HUGEREC_ADMIN_TOKEN"), help=argparse.SUPPRESS)
+    serve.add_argument(
+        "--request-log",
+        help="log /predict rows and their feedback (POST /feedback) as Parquet in this folder (for `hugerec loop`)",
+    )
     return parser
 
 
@@ -427,7 +431,18 @@ def _serve(args: argparse.Namespace) -> int:
             updates_dir=args.updates_dir,
             updates_stream=args.updates_stream,
         )
-        serve(args.bundles, host=args.host, port=args.port, options=options, config=config, threads=args.threads)
+        from hugerec.serving.request_log import RequestLogConfig
+
+        request_log = None if args.request_log is None else RequestLogConfig(args.request_log)
+        serve(
+            args.bundles,
+            host=args.host,
+            port=args.port,
+            options=options,
+            config=config,
+            threads=args.threads,
+            request_log=request_log,
+        )
         return 0
     except (ValueError, FileNotFoundError) as e:
         if os.environ.get("HUGEREC_DEBUG"):

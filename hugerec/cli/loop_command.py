@@ -9,7 +9,8 @@
     [server]     mode: "offline" (no server: a published candidate serves at once), "embedded" (a
                  server in this process on 127.0.0.1, with simulated traffic: `replay_rows` rows of
                  each next window sent to /predict with their labels as feedback), "remote" (url,
-                 model, the admin token from the environment variable `token_env`)
+                 model, the admin token from the environment variable `token_env`, and `log_dir`: the
+                 folder of that server's `hugerec serve --request-log DIR`, for the canary decisions)
 
 The decision log (work_dir/decisions.jsonl) is printed as a table at the end; `--log` prints it
 without running. A loop stopped at any point (Ctrl-C, kill -9) continues where it stopped when the
@@ -76,6 +77,7 @@ class ServerSection:
     url: str = ""
     model: str = "model"
     token_env: str = "HUGEREC_ADMIN_TOKEN"
+    log_dir: str = ""  # remote: the folder of the server's `hugerec serve --request-log` (same machine)
     replay_rows: int = 2000
 
     def __post_init__(self) -> None:
@@ -220,8 +222,12 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
             if not token:
                 raise ConfigError(f"server.mode = 'remote': the environment variable {cfg.server.token_env} is not set")
             publisher = Publisher(ServerTarget(cfg.server.url, cfg.server.model, token))
-            # a remote server's request log is read where it writes it: only offline decisions without one
-            return Loop(config, source, publisher), None
+            if not cfg.server.log_dir:  # no request log to read: the gate decides, nothing watches the canary
+                return Loop(config, source, publisher), None
+            observer = ServerObserver(
+                publisher, cfg.server.log_dir, config.work_dir, schema.dense_names, schema.sparse_names, cfg.monitor
+            )
+            return Loop(config, source, publisher, observer), None
         case _:
             from hugerec.serving.request_log import RequestLogConfig
             from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig

@@ -525,14 +525,18 @@ def serve(
     options: ServeOptions | None = None,
     config: ServerConfig | None = None,
     threads: int | None = None,
+    request_log: RequestLogConfig | None = None,
 ) -> None:
     """Serve exported bundles over HTTP until SIGINT/SIGTERM (what `hugerec serve BUNDLE...` runs).
 
     host/port override `config`'s (binding anything but loopback exposes the server to the network);
-    threads: torch intra-op threads of this process (None: torch's default).
+    threads: torch intra-op threads of this process (None: torch's default);
+    request_log: log a sample of /predict rows and take /feedback (serving/request_log.py).
     """
     base = config or ServerConfig()
     server = InferenceServer(replace(base, host=host, port=port), options)
+    if request_log is not None:
+        server.enable_request_log(request_log)
     paths = [bundles] if isinstance(bundles, str | Path) else list(bundles)
     if not paths:
         raise ValueError("serve: no bundle given")

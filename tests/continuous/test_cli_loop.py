@@ -54,3 +54,16 @@ def test_loop_config_mistakes_are_one_line(
     assert "exactly one of data.paths" in capsys.readouterr().err
     cfg, _ = load_loop_file("configs/loop_synthetic.toml", [])
     assert cfg.data.stream is not None and cfg.data.stream.concept_drift_day == 4
+
+
+def test_serve_takes_a_request_log_and_remote_needs_its_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hugerec.cli import _parser
+
+    assert _parser().parse_args(["serve", "b", "--request-log", "logs"]).request_log == "logs"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NO_SUCH_TOKEN_VAR", raising=False)
+    argv = ["loop", "configs/loop_synthetic.toml", "server.mode=remote", "server.url=http://127.0.0.1:9"]
+    assert main([*argv, "server.token_env=NO_SUCH_TOKEN_VAR", "data.stream.rows_per_day=500"]) == 2
+    assert "the environment variable NO_SUCH_TOKEN_VAR is not set" in capsys.readouterr().err

@@ -87,11 +87,11 @@ import sys
 sys.path.insert(0, {root!r})
 from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec
 from hugerec.data.synthetic_stream import Stream, StreamConfig
-small = StreamConfig(days=6, rows_per_day=6000, num_sparse=4, num_dense=2, vocabulary=500, seed=3)
+small = StreamConfig(days=5, rows_per_day=6000, num_sparse=4, num_dense=2, vocabulary=500, seed=3)
 stream = Stream(small)
 spec = ModelSpec(dim=4, capacity=4000, bottom=(8, 4), top=(8, 1), sparse_lr=0.1)
 config = LoopConfig({work!r}, small.schema, model=spec, batch_size=128, lr=1e-2, epochs=2)
-Loop(config, lambda k: stream.day(k).table).run(0, 5)
+Loop(config, lambda k: stream.day(k).table).run(0, 4)
 print("done")
 """
 
@@ -102,7 +102,7 @@ def _lines(path: Path) -> int:
 
 @pytest.mark.slow
 def test_kill_9_at_any_point_resumes_without_double_publish_or_skip(tmp_path: Path) -> None:
-    """The loop is killed (SIGKILL) a short random time after each new log line, four times, then runs to
+    """The loop is killed (SIGKILL) a short random time after each new log line, three times, then runs to
     the end: every window has exactly one outcome, in order, and no version is published twice."""
     root = str(Path(__file__).resolve().parents[2])
     script = tmp_path / "child.py"
@@ -112,7 +112,7 @@ def test_kill_9_at_any_point_resumes_without_double_publish_or_skip(tmp_path: Pa
     log = work / "decisions.jsonl"
     rng = np.random.default_rng(7)
     kills = 0
-    for _ in range(4):
+    for _ in range(3):
         seen = _lines(log)
         proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 120
@@ -125,10 +125,10 @@ def test_kill_9_at_any_point_resumes_without_double_publish_or_skip(tmp_path: Pa
         proc.communicate()
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, timeout=240)
     assert out.returncode == 0, out.stderr.decode()[-2000:]
-    assert kills >= 3
+    assert kills >= 2
     records = read_log(log)
     terminal = [r.window for r in records if r.action in ("publish", "refuse", "skip")]
-    assert terminal == [0, 1, 2, 3, 4]  # one outcome per window, none skipped, in order
+    assert terminal == [0, 1, 2, 3]  # one outcome per window, none skipped, in order
     published = [r.version for r in records if r.action == "publish"]
     assert len(published) == len(set(published))
     for line in log.read_text().splitlines():

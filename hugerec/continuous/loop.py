@@ -37,8 +37,8 @@ from hugerec.continuous.publish import Publisher
 from hugerec.data.schema import Schema
 from hugerec.data.windows import Windows, holdout_mask, table_batches
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, Eviction, Missing, TableConfig
 from hugerec.embedding.optimizers import Adagrad
+from hugerec.embedding.table_config import DynamicConfig, Eviction, Missing, TableConfig
 from hugerec.models.dlrm import DLRM
 from hugerec.serving.export import export_bundle
 from hugerec.training.checkpoint import atomic_save, read_weights

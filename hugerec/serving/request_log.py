@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from prometheus_client import CollectorRegistry, Counter
 
-from hugerec.serving.model import ModelInputs
+from hugerec.serving.inference_model import ModelInputs
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from hugerec.serving.model import ModelInputs
+from hugerec.serving.inference_model import ModelInputs
 from hugerec.serving.request_log import RequestLog, RequestLogConfig
 
 

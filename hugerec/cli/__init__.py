@@ -134,6 +134,16 @@ COMMANDS["recommend"] = (
     "example: hugerec recommend configs/movielens_sasrec.toml --history 1193,661,914 --k 10",
 )
 
+LOOP_HELP = """\
+Runs the continuous-training loop of a TOML config ([loop], [data], [windows], [model], [gate],
+[decisions], [monitor], [server]; see configs/loop_synthetic.toml): for each time window it
+warm-starts from the last published checkpoint, trains on the window, gates the candidate on the
+next window's holdout against the serving model, publishes it as a canary, and promotes, rolls back
+or retrains from scratch on what the monitor sees. Prints the decision log (work_dir/decisions.jsonl)
+as a table; --log prints it without running. Run the same command again after a stop to continue.
+example: hugerec loop configs/loop_synthetic.toml
+example: hugerec loop configs/loop_synthetic.toml --log"""
+
 SERVE_HELP = """\
 Serves exported bundles (`hugerec export`) over HTTP until Ctrl-C: the Open Inference Protocol v2
 used by KServe and Triton (/v2/health/live, /v2/models/NAME, /v2/models/NAME/infer; the official
@@ -156,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "serve":
         return _serve(args)
+    if args.command == "loop":
+        return _loop(args)
     try:
         from hugerec.cli.run_config import load_run_config, resolved_dict
 
@@ -215,6 +227,16 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--history", help="comma-separated raw item ids, oldest first (sequential models)")
             p.add_argument("--k", type=int, help="items per user / history (default: recommend.k)")
             p.add_argument("--out", help="Parquet file (default: recommend.out, else train.out_dir/recommendations.parquet)")
+    loop = sub.add_parser(
+        "loop",
+        help="continuous training: windows -> train -> gate -> canary -> promote / roll back",
+        description=LOOP_HELP,
+        usage=f"hugerec loop {USAGE_ARGS}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    loop.add_argument("args", nargs="*", metavar="CONFIG.toml | KEY=VALUE", help="a config file and/or overrides")
+    loop.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    loop.add_argument("--log", action="store_true", help="print the decision log as a table and exit")
     serve = sub.add_parser(
         "serve",
         help="serve exported bundles over HTTP (KServe v2 / Triton protocol)",
@@ -237,6 +259,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--state-dir", help="RocksDB tier and kept dense weights (default: BUNDLE/state)")
     serve.add_argument("--max-delay-ms", type=float, default=None, help="dynamic batching: wait this long to merge")
     serve.add_argument("--admin-token", default=os.environ.get("HUGEREC_ADMIN_TOKEN"), help=argparse.SUPPRESS)
+    serve.add_argument(
+        "--request-log",
+        help="log /predict rows and their feedback (POST /feedback) as Parquet in this folder (for `hugerec loop`)",
+    )
     return parser
 
 
@@ -405,7 +431,18 @@ def _serve(args: argparse.Namespace) -> int:
             updates_dir=args.updates_dir,
             updates_stream=args.updates_stream,
         )
-        serve(args.bundles, host=args.host, port=args.port, options=options, config=config, threads=args.threads)
+        from hugerec.serving.request_log import RequestLogConfig
+
+        request_log = None if args.request_log is None else RequestLogConfig(args.request_log)
+        serve(
+            args.bundles,
+            host=args.host,
+            port=args.port,
+            options=options,
+            config=config,
+            threads=args.threads,
+            request_log=request_log,
+        )
         return 0
     except (ValueError, FileNotFoundError) as e:
         if os.environ.get("HUGEREC_DEBUG"):
@@ -414,6 +451,23 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:
         return 0
+
+
+def _loop(args: argparse.Namespace) -> int:
+    """`hugerec loop` reads its own config (hugerec.cli.loop_command), not a training run's."""
+    try:
+        from hugerec.cli.loop_command import run_loop
+
+        config_path, overrides = _split_args(args.args)
+        return run_loop(config_path, overrides, args.print_config, args.log)
+    except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:
+        if os.environ.get("HUGEREC_DEBUG"):
+            raise
+        print(f"hugerec loop: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hugerec loop: interrupted (run the same command again to continue)", file=sys.stderr)
+        return 130
 
 
 def _quickstart(cfg: RunConfig, args: argparse.Namespace) -> None:

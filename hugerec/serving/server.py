@@ -9,6 +9,7 @@
     POST /predict                              {"instances": [raw feature dicts], "model"?: m} -> scores
     GET  /metrics                              Prometheus
   admin (load/unload versions, canary, promote, rollback): see admin.py
+  request log and feedback (when enable_request_log was called): see feedback.py
 
 Bad requests get a 4xx JSON {"error": message}; the server never answers 500 to bad input.
 """
@@ -38,6 +39,7 @@ from starlette.types import Receive, Scope, Send
 from hugerec.serving.admin import admin_router
 from hugerec.serving.batching import BatchingConfig, DynamicBatcher, QueueFull
 from hugerec.serving.bundle_loader import ServeOptions, load_bundle
+from hugerec.serving.feedback import feedback_router
 from hugerec.serving.inference_model import InferenceModel
 from hugerec.serving.next_items import NextItemsModel, is_next_items_bundle, load_next_items
 from hugerec.serving.preprocess import RequestPreprocessor
@@ -51,6 +53,7 @@ from hugerec.serving.protocol import (
     encode_infer_response,
     parse_json,
 )
+from hugerec.serving.request_log import RequestLog, RequestLogConfig
 from hugerec.serving.versions import ModelVersions, ServedModel
 
 log = logging.getLogger(__name__)
@@ -112,7 +115,13 @@ class InferenceServer:
         self.metrics = ServerMetrics()
         self._lock = threading.Lock()
         self._close_on_shutdown = False
+        self.request_log: RequestLog | None = None  # enable_request_log: /predict rows logged, /feedback taken
         self.app = self._build_app()
+
+    def enable_request_log(self, config: RequestLogConfig) -> RequestLog:
+        """Log a sample of /predict rows and take feedback for them (serving/request_log.py)."""
+        self.request_log = RequestLog(config, self.metrics.registry)
+        return self.request_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI app uvicorn runs: inference requests are answered here on raw ASGI messages, skipping
@@ -332,7 +341,12 @@ class InferenceServer:
             else:  # polars releases the GIL: keep the event loop free while the workflow runs
                 inputs = await asyncio.to_thread(served.preprocess, body.get("instances"))  # type: ignore[arg-type]
             scores = _outputs(await served.logits(inputs))["scores"]
-            return JSONResponse({"model_name": name, "model_version": served.version, "predictions": scores.tolist()})
+            answer = {"model_name": name, "model_version": served.version, "predictions": scores.tolist()}
+            if self.request_log is not None:
+                answer["request_ids"] = self.request_log.record(
+                    name, served.version, inputs, scores, served.preprocess.dense_names
+                )
+            return JSONResponse(answer)
         except Exception as e:
             code = _status(e)
             return _error(e, code)
@@ -425,6 +439,7 @@ class InferenceServer:
             return Response(body, media_type=content_type)
 
         app.include_router(admin_router(self))
+        app.include_router(feedback_router(self))
         return app
 
     # -- running -----------------------------------------------------------------------------
@@ -510,14 +525,18 @@ def serve(
     options: ServeOptions | None = None,
     config: ServerConfig | None = None,
     threads: int | None = None,
+    request_log: RequestLogConfig | None = None,
 ) -> None:
     """Serve exported bundles over HTTP until SIGINT/SIGTERM (what `hugerec serve BUNDLE...` runs).
 
     host/port override `config`'s (binding anything but loopback exposes the server to the network);
-    threads: torch intra-op threads of this process (None: torch's default).
+    threads: torch intra-op threads of this process (None: torch's default);
+    request_log: log a sample of /predict rows and take /feedback (serving/request_log.py).
     """
     base = config or ServerConfig()
     server = InferenceServer(replace(base, host=host, port=port), options)
+    if request_log is not None:
+        server.enable_request_log(request_log)
     paths = [bundles] if isinstance(bundles, str | Path) else list(bundles)
     if not paths:
         raise ValueError("serve: no bundle given")

@@ -1,0 +1,233 @@
+"""Continuous training: the loop against a frozen model and a daily retrain, drift detection, iteration and
+monitor time.
+
+    python benchmarks/continuous.py [--quick] [--json PATH] [--rows-per-day N] [--monitor-rows N]
+
+Stream: hugerec.data.synthetic_stream, 7 days (0..6), 6 sparse features (vocabulary 2,000, 2% of the
+ids of every popularity rank replaced by new ids each day) + 4 dense, concept drift on day 4 (half
+the per-id effects redrawn, dense coefficients flipped), feature shift on day 6 (dense d0, d1 moved by
+1.5 std, c0's Zipf exponent 1.1 -> 0.6). Every model is the same DLRM (dim 8, dynamic tables).
+
+Protocol, per day d = 1..6 (config `day <d> lift`): each method's model as it stands after training
+on days < d is scored on day d's rows that no method has seen: the training part of day d (its 10%
+holdout gated the loop's day-(d-1) candidate, so it is left out). Value: (AUC - 0.5) / (oracle AUC -
+0.5) on those rows, the oracle being the stream's true probabilities: 1.0 is the best possible.
+    hugerec-loop   hugerec.continuous.Loop (offline): warm start from the last published checkpoint,
+                   1 epoch on day d-1, gated on day d's holdout; the model serving after that step.
+                   When the gate saw the serving model fall below its baseline AUC (the concept drift),
+                   the next day trains from scratch on that day alone (the loop's retrain decision)
+    frozen         the day-0 model, never retrained
+    retrain-daily  a fresh model trained on day d-1 only (same epochs)
+`drift detection` (hugerec-loop): when day d arrives, the monitor on day d's rows against day d-1's
+(the reference the serving model was trained on) plus the KPIs on day d's labels of the model serving
+at that moment (published at step d-2) against its gate AUC (decisions.retrain_reason, defaults). Value: share of the injected days (4, 6) that
+alarm; `drift false alarms`: alarms on the other days (1, 2, 3, 5).
+`iteration time`: one loop step on day 5 (warm start, train a day, gate, export the bundle a publish
+sends) against a full retrain from scratch on days 0..5 (same epochs, same rows per day).
+`monitor time`: one window's monitor report over N logged rows x 40 features (20 numeric, 20
+categorical, with predictions and labels) against a reference of N rows; baseline `scipy-ks`: the
+two-sample KS test (scipy.stats.ks_2samp) on each of the 40 columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from scipy.stats import ks_2samp
+
+from hugerec.continuous.decisions import DecisionConfig, Kpis, Observation, retrain_reason
+from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec
+from hugerec.continuous.monitor import MonitorConfig, Reference, auc, report
+from hugerec.data.synthetic_stream import Stream, StreamConfig
+from hugerec.data.windows import holdout_mask, table_batches
+from hugerec.serving.export import export_bundle
+from hugerec.training.trainer import TrainConfig, fit, predict
+
+SPEC = ModelSpec(dim=8, capacity=50_000, bottom=(32, 8), top=(32, 1), sparse_lr=0.05)
+
+
+def _record(config: str, method: str, value: float, unit: str, higher_is_better: bool, **extra: Any) -> dict[str, Any]:
+    return {
+        "config": config,
+        "method": method,
+        "value": value,
+        "unit": unit,
+        "higher_is_better": higher_is_better,
+        **extra,
+    }
+
+
+def _scores(model: torch.nn.Module, table: pa.Table, cfg: StreamConfig) -> np.ndarray:
+    return torch.cat(list(predict(model, table_batches(table, cfg.schema, 8192), device="cpu"))).numpy()
+
+
+def _lift(p: np.ndarray, y: np.ndarray, oracle: np.ndarray) -> float:
+    return (auc(p, y) - 0.5) / (auc(oracle, y) - 0.5)
+
+
+def run(rows_per_day: int, monitor_rows: int, epochs: int) -> list[dict[str, Any]]:
+    cfg = StreamConfig(days=7, rows_per_day=rows_per_day, concept_drift_day=4, feature_shift_day=6)
+    stream = Stream(cfg)
+    days = [stream.day(d) for d in range(7)]
+    tables = [d.table for d in days]
+    work = tempfile.mkdtemp(prefix="hugerec-continuous-")
+    lc = LoopConfig(work, cfg.schema, model=SPEC, batch_size=512, lr=3e-3, epochs=epochs)
+    loop = Loop(lc, tables.__getitem__)
+    train_cfg = TrainConfig(
+        epochs=epochs, lr=3e-3, progress=False, tensorboard=False, plot=False, device="cpu", pipeline=False, seed=0
+    )
+    records: list[dict[str, Any]] = []
+    unseen = [~holdout_mask(t.num_rows, lc.holdout_share, lc.seed) for t in tables]  # day d's training part
+    serving_after: dict[int, str | None] = {}
+    step_seconds: dict[int, float] = {}
+    for d in range(6):
+        t0 = time.perf_counter()
+        loop.step(d)
+        step_seconds[d] = time.perf_counter() - t0
+        serving_after[d] = loop.serving_version()
+    frozen = loop.load("w0")
+    alarms = []
+    decisions = DecisionConfig()
+    mcfg = MonitorConfig()
+    for d in range(1, 7):
+        eval_rows = tables[d].filter(pa.array(unseen[d]))
+        y = eval_rows["label"].to_numpy()
+        oracle = days[d].probability[unseen[d]]
+        version = serving_after[d - 1]
+        assert version is not None
+        served = loop.load(version)
+        p_loop = _scores(served, eval_rows, cfg)
+        fresh = SPEC.build(cfg.schema, 0)
+        fit(
+            fresh,
+            table_batches(tables[d - 1].filter(pa.array(unseen[d - 1])), cfg.schema, 512, True, d),
+            config=train_cfg,
+        )
+        for method, p in (
+            ("hugerec-loop", p_loop),
+            ("frozen", _scores(frozen, eval_rows, cfg)),
+            ("retrain-daily", _scores(fresh.eval(), eval_rows, cfg)),
+        ):
+            records.append(
+                _record(
+                    f"day {d} lift",
+                    method,
+                    _lift(p, y, oracle),
+                    "share of oracle lift",
+                    True,
+                    auc=auc(p, y),
+                    oracle_auc=auc(oracle, y),
+                )
+            )
+        # drift when day d arrives: the monitor on day d against day d-1, and the KPIs on day d's labels of the
+        # model serving then (published at step d-2, gated on day d-1: its gate AUC is the baseline)
+        ref = Reference.of(tables[d - 1], cfg.dense_names, cfg.sparse_names, mcfg)
+        rep = report(d, ref, tables[d])
+        live = serving_after.get(d - 2)
+        kpis_then: dict[str, Kpis] = {}
+        if live is not None:
+            p_live = _scores(loop.load(live), eval_rows, cfg)
+            kpis_then["stable"] = Kpis(int(y.size), auc(p_live, y), float(y.mean()), float(p_live.mean()))
+        obs = Observation(kpis_then, rep.observation().drift)
+        why = retrain_reason(obs, None if live is None else loop.baseline_auc(live), decisions)
+        alarms.append((d, None if why is None else why.reason))
+        print(f"day {d}: serving {live} when the day arrives, alarm: {alarms[-1][1]}", flush=True)
+    injected = {4, 6}
+    detected = sum(1 for d, why in alarms if why is not None and d in injected) / len(injected)
+    false = sum(1 for d, why in alarms if why is not None and d not in injected)
+    records.append(
+        _record(
+            "drift detection",
+            "hugerec-loop",
+            detected,
+            "share of injected days",
+            True,
+            alarms={str(d): why for d, why in alarms},
+        )
+    )
+    records.append(_record("drift false alarms", "hugerec-loop", float(false), "drift-free days alarmed", False))
+    # one loop iteration (step 5 above, plus exporting the bundle a publish sends) vs a full retrain on days 0..5
+    t0 = time.perf_counter()
+    export_bundle(
+        loop.load("w5") if serving_after[5] == "w5" else loop.load(serving_after[5] or "w0"),
+        Path(work) / "bench-bundle",
+        name="model",
+        version="b",
+        schema=cfg.schema,
+        overwrite=True,
+    )
+    iteration = step_seconds[5] + time.perf_counter() - t0
+    history = pa.concat_tables([tables[j].filter(pa.array(unseen[j])) for j in range(6)])
+    t0 = time.perf_counter()
+    full = SPEC.build(cfg.schema, 0)
+    fit(full, table_batches(history, cfg.schema, 512, True, 0), config=train_cfg)
+    retrain = time.perf_counter() - t0
+    records.append(
+        _record("iteration time", "hugerec-loop", iteration, "s", False, ratio_to_full_retrain=iteration / retrain)
+    )
+    records.append(_record("iteration time", "full-retrain", retrain, "s", False))
+    records += monitor_time(monitor_rows)
+    return records
+
+
+def monitor_time(n: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(0)
+    cols: dict[str, Any] = {}
+    numeric = [f"n{j}" for j in range(20)]
+    categorical = [f"c{j}" for j in range(20)]
+    ref_cols: dict[str, Any] = {}
+    for j, name in enumerate(numeric):
+        ref_cols[name] = rng.standard_normal(n).astype(np.float32)
+        cols[name] = (rng.standard_normal(n) + (0.5 if j == 0 else 0.0)).astype(np.float32)
+    for name in categorical:
+        ref_cols[name] = (rng.zipf(1.3, n) % 100_000).astype(np.int64)
+        cols[name] = (rng.zipf(1.3, n) % 100_000).astype(np.int64)
+    cols["prediction"] = rng.random(n).astype(np.float32)
+    cols["label"] = (rng.random(n) < cols["prediction"]).astype(np.float32)
+    cols["version"] = np.where(rng.random(n) < 0.1, "canary", "stable")
+    reference, current = pa.table(ref_cols), pa.table(cols)
+    t0 = time.perf_counter()
+    ref = Reference.of(reference, numeric, categorical, MonitorConfig(), rng.random(n))
+    rep = report(0, ref, current, {"stable": "stable", "canary": "canary"}, current)
+    ours = time.perf_counter() - t0
+    assert rep.psi["n0"] > 0.1 and len(rep.kpis) == 2
+    t0 = time.perf_counter()
+    for name in (*numeric, *categorical):
+        ks_2samp(reference[name].to_numpy(), current[name].to_numpy())
+    ks = time.perf_counter() - t0
+    return [
+        _record("monitor time", "hugerec-monitor", ours, "s", False, rows=n, features=40, ratio_to_scipy_ks=ours / ks),
+        _record("monitor time", "scipy-ks", ks, "s", False, rows=n, features=40),
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="30,000 rows a day, 200,000 monitor rows")
+    ap.add_argument("--json", type=Path, help="write the records here")
+    ap.add_argument("--rows-per-day", type=int, default=None)
+    ap.add_argument("--monitor-rows", type=int, default=None)
+    ap.add_argument("--epochs", type=int, default=1)
+    args = ap.parse_args()
+    rows = args.rows_per_day or (30_000 if args.quick else 250_000)
+    mrows = args.monitor_rows or (200_000 if args.quick else 1_000_000)
+    records = run(rows, mrows, args.epochs)
+    print(f"\nrows per day {rows:,}, epochs {args.epochs}, monitor rows {mrows:,}; load {os.getloadavg()[0]:.1f}")
+    print(f"{'config':<20} {'method':<16} {'value':>10}  unit")
+    for r in records:
+        print(f"{r['config']:<20} {r['method']:<16} {r['value']:>10.4f}  {r['unit']}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(records, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""`hugerec loop CONFIG.toml [KEY=VALUE ...]`: the continuous-training loop from a TOML config.
+
+    [loop]       work_dir, first, last (windows first..last-1 are trained; window `last` is the final
+                 holdout), batch_size, lr, epochs, holdout_share, canary_share, retrain_windows, seed, name
+    [data]       paths (Parquet with the time column) + label, dense, sparse column names;
+                 or, instead of paths, [data.stream]: a synthetic drifting stream (StreamConfig)
+    [windows]    time_column, unit ("day" | "hour"), size
+    [model] [gate] [decisions] [monitor]   ModelSpec, GateConfig, DecisionConfig, MonitorConfig
+    [server]     mode: "offline" (no server: a published candidate serves at once), "embedded" (a
+                 server in this process on 127.0.0.1, with simulated traffic: `replay_rows` rows of
+                 each next window sent to /predict with their labels as feedback), "remote" (url,
+                 model, the admin token from the environment variable `token_env`, and `log_dir`: the
+                 folder of that server's `hugerec serve --request-log DIR`, for the canary decisions)
+
+The decision log (work_dir/decisions.jsonl) is printed as a table at the end; `--log` prints it
+without running. A loop stopped at any point (Ctrl-C, kill -9) continues where it stopped when the
+same command runs again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import sys
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hugerec.cli.config_file import ConfigError, apply_overrides, from_dict, read_toml, to_dict
+from hugerec.continuous.decision_log import Record, read_log
+from hugerec.continuous.decisions import DecisionConfig
+from hugerec.continuous.gate import GateConfig
+from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec
+from hugerec.continuous.monitor import MonitorConfig
+from hugerec.data.schema import Schema
+from hugerec.data.synthetic_stream import Stream, StreamConfig
+from hugerec.data.windows import Windows
+
+
+@dataclass(frozen=True)
+class LoopSection:
+    work_dir: str = "runs/loop"
+    first: int = 0
+    last: int | None = None  # default: the stream's last day, or the last window present in the data
+    name: str = "model"
+    batch_size: int = 512
+    lr: float = 3e-3
+    epochs: int = 1
+    holdout_share: float = 0.1
+    canary_share: float = 0.1
+    retrain_windows: int = 3
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DataSection:
+    paths: str | None = None
+    label: str = "label"
+    dense: tuple[str, ...] = ()
+    sparse: tuple[str, ...] = ()
+    stream: StreamConfig | None = None
+
+    def __post_init__(self) -> None:
+        if (self.paths is None) == (self.stream is None):
+            raise ValueError("give exactly one of data.paths (Parquet files) and [data.stream] (a synthetic stream)")
+        if self.paths is not None and not self.sparse:
+            raise ValueError("data.sparse must name the sparse columns of data.paths")
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    mode: str = "offline"
+    url: str = ""
+    model: str = "model"
+    token_env: str = "HUGEREC_ADMIN_TOKEN"
+    log_dir: str = ""  # remote: the folder of the server's `hugerec serve --request-log` (same machine)
+    replay_rows: int = 2000
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("offline", "embedded", "remote"):
+            raise ValueError(f"server.mode must be 'offline', 'embedded' or 'remote', got {self.mode!r}")
+        if self.mode == "remote" and not self.url:
+            raise ValueError("server.mode = 'remote' needs server.url (http://host:port)")
+        if self.replay_rows < 0:
+            raise ValueError(f"server.replay_rows must be >= 0, got {self.replay_rows}")
+
+
+@dataclass(frozen=True)
+class LoopFile:
+    loop: LoopSection = field(default_factory=LoopSection)
+    data: DataSection = field(default_factory=lambda: DataSection(stream=StreamConfig()))
+    windows: Windows = field(default_factory=Windows)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    gate: GateConfig = field(default_factory=GateConfig)
+    decisions: DecisionConfig = field(default_factory=DecisionConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    server: ServerSection = field(default_factory=ServerSection)
+
+
+def load_loop_file(path: str | None, overrides: Sequence[str]) -> tuple[LoopFile, Path]:
+    """The config (defaults without a file), with overrides; relative paths resolve against the current
+    directory, then the config file's folder."""
+    from hugerec.cli.run_config import find_config
+
+    data: dict[str, Any] = {}
+    base = Path.cwd()
+    if path is not None:
+        found = find_config(path)
+        data = read_toml(found)
+        base = found.parent
+    cfg = from_dict(LoopFile, apply_overrides(data, overrides), "")
+    if cfg.data.paths is not None and not Path(cfg.data.paths).is_absolute() and not any(Path().glob(cfg.data.paths)):
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, paths=str(base / cfg.data.paths)))
+    return cfg, base
+
+
+def _schema(cfg: LoopFile) -> Schema:
+    if cfg.data.stream is not None:
+        return cfg.data.stream.schema
+    return Schema.build(labels=(cfg.data.label,), dense=cfg.data.dense, sparse=dict.fromkeys(cfg.data.sparse))
+
+
+def log_table(records: Sequence[Record]) -> str:
+    """The decision log as a fixed-width table: window, action, version, AUC figures, reason."""
+    rows = [("window", "action", "version", "cand AUC", "serving AUC", "reason")]
+    for r in records:
+        g = r.gate or {}
+        cand = g.get("candidate_auc", g.get("canary_auc"))
+        serv = g.get("serving_auc", g.get("stable_auc"))
+        rows.append(
+            (
+                str(r.window),
+                r.action,
+                r.version or "-",
+                "-" if cand is None else f"{cand:.4f}",
+                "-" if serv is None else f"{serv:.4f}",
+                r.reason,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row[:5], widths, strict=True)) + "  " + row[5] for row in rows
+    )
+
+
+def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bool, only_log: bool) -> int:
+    cfg, _ = load_loop_file(config_path, overrides)
+    if print_config:
+        print(json.dumps(to_dict(cfg, keep_none=True), indent=1, default=str))
+        return 0
+    work = Path(cfg.loop.work_dir)
+    if only_log:
+        print(log_table(read_log(work / "decisions.jsonl")))
+        return 0
+    schema = _schema(cfg)
+    lc = cfg.loop
+    config = LoopConfig(
+        str(work),
+        schema,
+        cfg.windows,
+        cfg.model,
+        cfg.gate,
+        cfg.decisions,
+        lc.name,
+        lc.holdout_share,
+        lc.batch_size,
+        lc.lr,
+        lc.epochs,
+        lc.canary_share,
+        lc.retrain_windows,
+        lc.seed,
+    )
+    if cfg.data.stream is not None:
+        stream = Stream(cfg.data.stream)
+        days = cfg.data.stream.days
+
+        def source(k: int) -> Any:
+            return stream.day(k).table if 0 <= k < days else stream.day(0).table.slice(0, 0)
+
+        last = days - 1 if lc.last is None else lc.last
+    else:
+        paths = cfg.data.paths
+        assert paths is not None
+
+        def source(k: int) -> Any:
+            return cfg.windows.read(paths, k)
+
+        present = cfg.windows.present(paths)
+        if not present:
+            raise ValueError(f"data.paths {paths}: no rows")
+        last = present[-1] if lc.last is None else lc.last
+    if last <= lc.first:
+        raise ValueError(f"loop.last ({last}) must be > loop.first ({lc.first}): window last is the final holdout")
+    with ExitStack() as stack:
+        loop, url = _make_loop(cfg, config, source, stack)
+        for k in range(lc.first, last):
+            loop.step(k)
+            if url is not None and cfg.server.replay_rows:
+                from hugerec.continuous.traffic import replay
+
+                seen = replay(url, lc.name, source(k + 1).slice(0, cfg.server.replay_rows), schema)
+                if seen.failed:
+                    print(f"hugerec loop: {seen.failed} simulated requests failed: {seen.errors[:3]}", file=sys.stderr)
+    print(log_table(read_log(work / "decisions.jsonl")))
+    return 0
+
+
+def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack) -> tuple[Loop, str | None]:
+    from hugerec.continuous.observer import ServerObserver
+    from hugerec.continuous.publish import Publisher, ServerTarget
+
+    schema = config.schema
+    match cfg.server.mode:
+        case "offline":
+            return Loop(config, source), None
+        case "remote":
+            token = os.environ.get(cfg.server.token_env)
+            if not token:
+                raise ConfigError(f"server.mode = 'remote': the environment variable {cfg.server.token_env} is not set")
+            publisher = Publisher(ServerTarget(cfg.server.url, cfg.server.model, token))
+            if not cfg.server.log_dir:  # no request log to read: the gate decides, nothing watches the canary
+                return Loop(config, source, publisher), None
+            observer = ServerObserver(
+                publisher, cfg.server.log_dir, config.work_dir, schema.dense_names, schema.sparse_names, cfg.monitor
+            )
+            return Loop(config, source, publisher, observer), None
+        case _:
+            from hugerec.serving.request_log import RequestLogConfig
+            from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
+
+            token = secrets.token_hex(16)
+            server = InferenceServer(ServerConfig(admin_token=token, seed=config.seed))
+            logs = Path(config.work_dir) / "requests"
+            server.enable_request_log(RequestLogConfig(str(logs), seed=config.seed))
+            stack.callback(server.close)
+            url = stack.enter_context(BackgroundServer(server))
+            publisher = Publisher(ServerTarget(url, config.name, token))
+            observer = ServerObserver(
+                publisher, logs, config.work_dir, schema.dense_names, schema.sparse_names, cfg.monitor
+            )
+            return Loop(config, source, publisher, observer), url

@@ -1,0 +1,124 @@
+"""The loop's append-only decision log: one JSON object per line, fsynced before the loop acts on it.
+
+Each record: {"window": k, "action": ..., "reason": ..., "gate": {...} | null, "version": ... | null,
+"time": unix seconds}. Actions (hugerec.continuous.loop writes them):
+    trained    the candidate of window k is trained and checkpointed
+    publish    the candidate was published to the server as a canary (version, share)
+    refuse     the gate refused it: the serving model is unchanged
+    skip       window k had no usable data
+    promote    the canary became the stable version (KPIs at least the stable's)
+    rollback   the canary was dropped (KPIs worse)
+    wait       the canary stays: not enough feedback yet
+    retrain    the next candidate is trained from scratch on a longer window (drift or a KPI below baseline)
+
+A kill -9 can only tear the last line: reading ignores a last line without its newline, and opening
+for append cuts it off, so the log stays a sequence of whole records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ACTIONS = ("trained", "publish", "refuse", "skip", "promote", "rollback", "wait", "retrain")
+
+
+@dataclass(frozen=True)
+class Record:
+    window: int
+    action: str
+    reason: str
+    gate: dict[str, float] | None = None
+    version: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    time: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ValueError(f"Record: action must be one of {ACTIONS}, got {self.action!r}")
+
+    def to_json(self) -> str:
+        d = {
+            "window": self.window,
+            "action": self.action,
+            "reason": self.reason,
+            "gate": self.gate,
+            "version": self.version,
+            "time": self.time,
+        }
+        if self.extra:
+            d["extra"] = self.extra
+        return json.dumps(d, sort_keys=True, allow_nan=True)
+
+
+def _record(d: Mapping[str, Any], where: str) -> Record:
+    try:
+        return Record(
+            int(d["window"]),
+            str(d["action"]),
+            str(d["reason"]),
+            d.get("gate"),
+            d.get("version"),
+            dict(d.get("extra") or {}),
+            float(d.get("time", 0.0)),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: not a decision record: {e}") from None
+
+
+def read_log(path: str | Path) -> list[Record]:
+    """Every whole record of the log ([] when it does not exist); a torn last line is ignored."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    data = p.read_bytes()
+    lines = data.split(b"\n")
+    whole = lines[:-1]  # the part after the last newline is empty, or a torn write
+    out = []
+    for i, line in enumerate(whole, 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}, line {i}: not JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{p}, line {i}: a record must be a JSON object")
+        out.append(_record(d, f"{p}, line {i}"))
+    return out
+
+
+class DecisionLog:
+    """Appends records to `path` (created with its folder); each append is on disk before it returns."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.records = read_log(self.path)
+        if self.path.exists():
+            data = self.path.read_bytes()
+            end = data.rfind(b"\n") + 1
+            if end != len(data):  # a torn last line from a kill: cut it off before appending
+                with open(self.path, "r+b") as f:
+                    f.truncate(end)
+                    os.fsync(f.fileno())
+
+    def append(self, record: Record) -> Record:
+        if record.time == 0.0:
+            record = Record(
+                record.window, record.action, record.reason, record.gate, record.version, record.extra, time.time()
+            )
+        with open(self.path, "ab") as f:
+            f.write(record.to_json().encode() + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.records.append(record)
+        return record
+
+    def of_window(self, window: int) -> list[Record]:
+        return [r for r in self.records if r.window == window]

@@ -1,0 +1,348 @@
+"""The continuous-training loop: per window, warm-start, train, gate, publish as a canary, decide.
+
+Window k's iteration (each finished phase is a record of the decision log, so a loop killed at any
+point and started again redoes only the unfinished phase: it never publishes twice, never skips a
+window):
+
+    1. decide   with a server and a monitor: the canary gets promoted / rolled back / waits
+                (decisions.decide_canary) and drift or a stable KPI below its baseline asks for a full
+                retraining (decisions.retrain_reason)
+    2. train    warm-start from the checkpoint of the last published version that was not rolled back
+                (its dynamic tables admit the window's new ids and evict stale ones), train on window
+                k's training rows -> checkpoints/w<k>.pt; a full retraining instead starts from scratch
+                on windows k - retrain_windows + 1 .. k (on window k alone after a concept drift). An
+                empty window is skipped (logged).
+    3. gate     candidate and serving model on window k + 1's holdout (gate.check); the serving model
+                below its baseline there asks window k + 1 to retrain from scratch (no server needed)
+    4. publish  export bundles/w<k> and publish it to the server as the canary (publish.Publisher), or,
+                without a server, make it the serving model directly
+
+The serving model is the server's stable version (or, offline, the last published one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+
+from hugerec.continuous.decision_log import DecisionLog, Record
+from hugerec.continuous.decisions import Action, DecisionConfig, Observation, decide_canary, retrain_reason
+from hugerec.continuous.gate import GateConfig, GateResult, check
+from hugerec.continuous.publish import Publisher
+from hugerec.data.schema import Schema
+from hugerec.data.windows import Windows, holdout_mask, table_batches
+from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.optimizers import Adagrad
+from hugerec.embedding.table_config import DynamicConfig, Eviction, Missing, TableConfig
+from hugerec.models.dlrm import DLRM
+from hugerec.serving.export import export_bundle
+from hugerec.training.checkpoint import atomic_save, read_weights
+from hugerec.training.trainer import TrainConfig, evaluate, fit
+
+log = logging.getLogger(__name__)
+
+WindowSource = Callable[[int], pa.Table]  # k -> rows of window k (possibly none)
+Observer = Callable[[int, pa.Table | None], Observation]  # (k, training rows of the stable version) -> what was seen
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The DLRM the loop trains: one dynamic table per sparse column (raw keys, `capacity` rows each)."""
+
+    dim: int = 8
+    capacity: int = 50_000
+    bottom: tuple[int, ...] = (32, 8)
+    top: tuple[int, ...] = (32, 1)
+    sparse_lr: float = 0.05
+    min_count: int = 1
+    eviction: Eviction = Eviction.LRU
+
+    def __post_init__(self) -> None:
+        if isinstance(self.eviction, str):
+            object.__setattr__(self, "eviction", Eviction(self.eviction))
+        if self.dim < 1 or self.capacity < 1 or self.min_count < 1:
+            raise ValueError(
+                f"ModelSpec: dim, capacity and min_count must be >= 1, got {self.dim}, {self.capacity}, {self.min_count}"
+            )
+        if not self.bottom or self.bottom[-1] != self.dim or not self.top or self.top[-1] != 1:
+            raise ValueError(
+                f"ModelSpec: bottom must end with dim ({self.dim}) and top with 1, got {list(self.bottom)}, {list(self.top)}"
+            )
+        if not self.sparse_lr > 0:
+            raise ValueError(f"ModelSpec: sparse_lr must be > 0, got {self.sparse_lr}")
+
+    def build(self, schema: Schema, seed: int) -> DLRM:
+        torch.manual_seed(seed)
+        policy = DynamicConfig(eviction=self.eviction, min_count=self.min_count, missing=Missing.ZEROS)
+        tables = [TableConfig(n, self.capacity, self.dim, dynamic=policy) for n in schema.sparse_names]
+        return DLRM(EmbeddingCollection(tables, Adagrad(lr=self.sparse_lr)), len(schema.dense), self.bottom, self.top)
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """work_dir holds decisions.jsonl, checkpoints/ and bundles/; `schema` names the columns trained on."""
+
+    work_dir: str
+    schema: Schema
+    windows: Windows = field(default_factory=Windows)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    gate: GateConfig = field(default_factory=GateConfig)
+    decisions: DecisionConfig = field(default_factory=DecisionConfig)
+    name: str = "model"
+    holdout_share: float = 0.1
+    batch_size: int = 512
+    lr: float = 3e-3
+    epochs: int = 1
+    canary_share: float = 0.1
+    retrain_windows: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.holdout_share < 1:
+            raise ValueError(f"LoopConfig: holdout_share must be in (0, 1), got {self.holdout_share}")
+        if self.batch_size < 1 or self.epochs < 1 or self.retrain_windows < 1:
+            raise ValueError(
+                f"LoopConfig: batch_size, epochs and retrain_windows must be >= 1, got "
+                f"{self.batch_size}, {self.epochs}, {self.retrain_windows}"
+            )
+        if not 0 < self.canary_share <= 1:
+            raise ValueError(f"LoopConfig: canary_share must be in (0, 1], got {self.canary_share}")
+        if not self.lr > 0:
+            raise ValueError(f"LoopConfig: lr must be > 0, got {self.lr}")
+        if not self.schema.sparse:
+            raise ValueError("LoopConfig: the schema needs at least one sparse column")
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.work_dir) / "decisions.jsonl"
+
+
+def version_of(window: int) -> str:
+    return f"w{window}"
+
+
+class Loop:
+    """Runs the loop over windows of `source`; `publisher` None: offline (published = serving at once);
+    `observe` None: no canary decisions and no drift-triggered retraining."""
+
+    def __init__(
+        self,
+        config: LoopConfig,
+        source: WindowSource,
+        publisher: Publisher | None = None,
+        observe: Observer | None = None,
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.publisher = publisher
+        self.observe = observe
+        self.work = Path(config.work_dir)
+        self.log = DecisionLog(config.log_path)
+        self._train_config = TrainConfig(
+            epochs=config.epochs,
+            lr=config.lr,
+            progress=False,
+            tensorboard=False,
+            plot=False,
+            device="cpu",
+            pipeline=False,
+            seed=config.seed,
+        )
+
+    # -- state, all of it read back from the decision log ---------------------------------------
+    def checkpoint(self, version: str) -> Path:
+        return self.work / "checkpoints" / f"{version}.pt"
+
+    def bundle(self, version: str) -> Path:
+        return self.work / "bundles" / version
+
+    def base_version(self) -> str | None:
+        """Where the next candidate warm-starts: the last published version not rolled back since."""
+        base = None
+        for r in self.log.records:
+            if r.action == "publish":
+                base = r.version
+            elif r.action == "rollback" and r.version == base:
+                base = r.extra.get("stable")
+        return base
+
+    def serving_version(self) -> str | None:
+        """The version answering (most) requests: the server's stable one; offline the last published."""
+        if self.publisher is not None:
+            status = self.publisher.status()
+            return None if status is None else status["stable"]
+        published = [r.version for r in self.log.records if r.action == "publish"]
+        return published[-1] if published else None
+
+    def baseline_auc(self, version: str) -> float | None:
+        for r in self.log.records:
+            if r.action == "publish" and r.version == version and r.gate is not None:
+                return r.gate.get("candidate_auc")
+        return None
+
+    def load(self, version: str) -> DLRM:
+        model = self.config.model.build(self.config.schema, self.config.seed)
+        model.load_state_dict(read_weights(self.checkpoint(version), "Loop", "model checkpoint"))
+        return model
+
+    # -- the iteration ---------------------------------------------------------------------------
+    def run(self, first: int, last: int) -> list[Record]:
+        """Windows first..last-1 (window last gives the final holdout); returns the whole log."""
+        for k in range(first, last):
+            self.step(k)
+        return self.log.records
+
+    def step(self, k: int) -> None:
+        done = {r.action for r in self.log.of_window(k)}
+        if done & {"publish", "refuse", "skip"}:
+            return  # finished before (a restart): nothing to redo
+        if self.observe is not None and self.publisher is not None and not done & {"promote", "rollback", "wait"}:
+            self._decide(k)
+        retrains = [r for r in self.log.of_window(k) if r.action == "retrain"]
+        retrain = int(retrains[-1].extra.get("windows", self.config.retrain_windows)) if retrains else 0
+        version = version_of(k)
+        if "trained" not in done or not self.checkpoint(version).is_file():
+            rows = self.source(k)
+            if rows.num_rows == 0:
+                self.log.append(Record(k, "skip", f"window {k} has no rows"))
+                return
+            self._check_schema(k, rows)
+            model = self._train(k, rows, retrain)
+            atomic_save(model.state_dict(), self.checkpoint(version))
+            self.log.append(
+                Record(
+                    k,
+                    "trained",
+                    f"from scratch on {retrain} window(s)" if retrain else "warm start",
+                    extra={"rows": rows.num_rows, "base": None if retrain else self.base_version()},
+                )
+            )
+        result = self._gate(k, self.load(version))
+        self._check_serving(k, result)
+        if not result.passed:
+            self.log.append(Record(k, "refuse", result.reason, result.figures, version))
+            return
+        self._publish(k, version, result)
+
+    def _check_schema(self, k: int, rows: pa.Table) -> None:
+        missing = [c for c in self.config.schema.names if c not in rows.column_names]
+        if missing:
+            raise ValueError(
+                f"window {k}: the schema changed: columns {missing} of the loop's schema are missing "
+                f"(window columns: {rows.column_names}); a new schema needs a new loop (work_dir)"
+            )
+        extra = [
+            c for c in rows.column_names if c not in self.config.schema.names and c != self.config.windows.time_column
+        ]
+        if extra:
+            log.warning("window %d: columns %s are not in the loop's schema and are not trained on", k, extra)
+
+    def _train_rows(self, rows: pa.Table) -> pa.Table:
+        mask = holdout_mask(rows.num_rows, self.config.holdout_share, self.config.seed)
+        return rows.filter(pa.array(~mask))
+
+    def _train(self, k: int, rows: pa.Table, from_scratch: int) -> DLRM:
+        """Warm start (from_scratch 0) or a fresh model on the last `from_scratch` windows up to k."""
+        cfg = self.config
+        base = None if from_scratch else self.base_version()
+        if from_scratch:
+            first = max(0, k - from_scratch + 1)
+            rows = pa.concat_tables([self.source(j) for j in range(first, k)] + [rows]) if first < k else rows
+            rows = rows.sort_by(cfg.windows.time_column)
+        model = self.load(base) if base is not None else cfg.model.build(cfg.schema, cfg.seed)
+        model.train()
+        data = table_batches(self._train_rows(rows), cfg.schema, cfg.batch_size, shuffle=True, seed=cfg.seed + k)
+        fit(model, data, config=self._train_config)
+        return model.eval()
+
+    def holdout(self, k: int) -> pa.Table:
+        """Window k's holdout rows."""
+        rows = self.source(k)
+        mask = holdout_mask(rows.num_rows, self.config.holdout_share, self.config.seed)
+        return rows.filter(pa.array(mask))
+
+    def _gate(self, k: int, candidate: DLRM) -> GateResult:
+        cfg = self.config
+        holdout = self.holdout(k + 1)
+        if holdout.num_rows == 0:
+            nan = float("nan")
+            return check({"auc": nan, "logloss": nan, "calibration": nan, "count": 0}, None, cfg.gate)
+        data = table_batches(holdout, cfg.schema, 4096)
+        figures = evaluate(candidate, data, device="cpu")
+        serving = self.serving_version()
+        ref = None if serving is None else evaluate(self.load(serving), data, device="cpu")
+        return check(figures, ref, cfg.gate)
+
+    def _check_serving(self, k: int, result: GateResult) -> None:
+        """The serving model on window k + 1's holdout (a gate figure) below its own baseline: a concept drift
+        seen without a server; window k + 1 then trains from scratch on itself alone."""
+        serving = self.serving_version()
+        now = result.figures.get("serving_auc")
+        base = None if serving is None else self.baseline_auc(serving)
+        margin = self.config.decisions.baseline_margin
+        if now is None or base is None or not now < base - margin:
+            return
+        if any(r.action == "retrain" for r in self.log.of_window(k + 1)):
+            return  # already decided before a restart
+        reason = f"serving {serving} AUC {now:.4f} on window {k + 1}'s holdout below its baseline {base:.4f} - {margin}"
+        self.log.append(
+            Record(k + 1, "retrain", reason, {"serving_auc": now, "baseline_auc": base}, serving, extra={"windows": 1})
+        )
+
+    def _publish(self, k: int, version: str, result: GateResult) -> None:
+        if self.publisher is None:
+            self.log.append(Record(k, "publish", "gate passed (offline: serving now)", result.figures, version))
+            return
+        status = self.publisher.status()
+        if status is None or version not in status["versions"]:
+            export_bundle(
+                self.load(version),
+                self.bundle(version),
+                name=self.config.name,
+                version=version,
+                schema=self.config.schema,
+                overwrite=True,
+            )
+        after = self.publisher.publish(self.bundle(version), version, self.config.canary_share)
+        role = "stable" if after.get("stable") == version else f"canary at share {self.config.canary_share}"
+        self.log.append(
+            Record(k, "publish", f"gate passed; {role}", result.figures, version, extra={"stable": after.get("stable")})
+        )
+
+    def _decide(self, k: int) -> None:
+        """Canary decision and retrain check for window k (a retrain is a record of window k)."""
+        assert self.publisher is not None and self.observe is not None
+        status = self.publisher.status()
+        if status is None:
+            return
+        stable, canary = status["stable"], status["canary"]
+        reference = None
+        trained = [r for r in self.log.records if r.action == "trained" and version_of(r.window) == stable]
+        if trained:
+            reference = self._train_rows(self.source(trained[-1].window))
+        obs = self.observe(k, reference)
+        if canary is not None:
+            action, reason = decide_canary(obs, self.config.decisions)
+            figures = {
+                f"{role}_{key}": float(getattr(kp, key))
+                for role, kp in obs.kpis.items()
+                for key in ("count", "auc", "ctr")
+            }
+            match action:
+                case Action.PROMOTE:
+                    self.publisher.promote(canary)
+                case Action.ROLLBACK:
+                    self.publisher.rollback(canary)
+                case Action.WAIT:
+                    pass
+            self.log.append(Record(k, action.value, reason, figures, canary, extra={"stable": stable}))
+        why = retrain_reason(obs, None if stable is None else self.baseline_auc(stable), self.config.decisions)
+        if why is not None:
+            windows = 1 if why.concept else self.config.retrain_windows
+            drift = {name: float(v) for name, v in obs.drift.items()}
+            self.log.append(Record(k, "retrain", why.reason, drift, stable, extra={"windows": windows}))

@@ -1,0 +1,72 @@
+"""The loop's eyes on a running server: its request log and feedback -> a monitor report per window.
+
+ServerObserver(k, reference) asks the server to flush its request log, reads the request and
+feedback files it has not read before (their names are kept in <work_dir>/observed.json, so a
+restarted loop does not count them twice), joins feedback to requests by request_id, maps versions
+to roles (the server's stable and canary) and returns the monitor's Observation; the report is also
+written as <report_dir>/window-<k>.prom (Prometheus text) and window-<k>.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hugerec.continuous.decisions import Observation
+from hugerec.continuous.monitor import MonitorConfig, Reference, Report, report, write_png, write_prometheus
+from hugerec.continuous.publish import Publisher
+
+
+class ServerObserver:
+    def __init__(
+        self,
+        publisher: Publisher,
+        log_dir: str | Path,
+        work_dir: str | Path,
+        numeric: Sequence[str],
+        categorical: Sequence[str],
+        config: MonitorConfig | None = None,
+        png: bool = True,
+    ) -> None:
+        self.publisher = publisher
+        self.log_dir = Path(log_dir)
+        self.work_dir = Path(work_dir)
+        self.numeric, self.categorical = tuple(numeric), tuple(categorical)
+        self.config = config or MonitorConfig()
+        self.png = png
+        self._seen_path = self.work_dir / "observed.json"
+        self.seen: set[str] = set(json.loads(self._seen_path.read_text())) if self._seen_path.exists() else set()
+        self.reports: list[Report] = []
+
+    def _new(self, kind: str) -> tuple[list[Path], pa.Table | None]:
+        files = sorted(p for p in self.log_dir.glob(f"{kind}-*.parquet") if p.name not in self.seen)
+        tables = [pq.read_table(p) for p in files]
+        return files, (pa.concat_tables(tables, promote_options="default") if tables else None)
+
+    def __call__(self, k: int, reference: pa.Table | None) -> Observation:
+        self.publisher.flush_logs()
+        status = self.publisher.status() or {}
+        req_files, requests = self._new("requests")
+        fb_files, feedback = self._new("feedback")
+        if requests is None or reference is None:
+            return Observation()
+        labelled = None
+        if feedback is not None:
+            labelled = requests.join(feedback.select(["request_id", "label"]), "request_id", join_type="inner")
+        roles = {status[r]: r for r in ("stable", "canary") if status.get(r) is not None}
+        ref = Reference.of(reference, self.numeric, self.categorical, self.config)
+        rep = report(k, ref, requests, roles, labelled)
+        write_prometheus(rep, self.work_dir / "reports" / f"window-{k}.prom")
+        if self.png:
+            write_png(rep, self.work_dir / "reports" / f"window-{k}.png")
+        self.reports.append(rep)
+        self.seen.update(p.name for p in (*req_files, *fb_files))
+        tmp = self._seen_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sorted(self.seen)))
+        os.replace(tmp, self._seen_path)
+        return rep.observation()

@@ -1,0 +1,140 @@
+"""Publishing to a running server over its admin API: a candidate bundle as a canary, promote, roll back.
+
+Every call is retried (`retries` times, doubling `backoff_s`) while the server cannot be reached or
+answers 5xx; then PublishError says which server, what and why. Publishing is all or nothing and
+idempotent: the version is loaded (unless the server already has it), then made the canary; if that
+fails the loaded version is unloaded again, so the server is never left with half a publish, and a
+loop restarted after a kill can publish the same version again without loading it twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class PublishError(RuntimeError):
+    """The server could not be reached, or refused the update, after every retry."""
+
+
+@dataclass(frozen=True)
+class ServerTarget:
+    """The admin API of a hugerec server: url (http://host:port), model name, admin token."""
+
+    url: str
+    model: str
+    token: str
+    retries: int = 3
+    backoff_s: float = 0.2
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"ServerTarget: url must start with http:// or https://, got {self.url!r}")
+        if self.retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
+            raise ValueError(
+                f"ServerTarget: need retries >= 0, backoff_s >= 0, timeout_s > 0, got "
+                f"{self.retries}, {self.backoff_s}, {self.timeout_s}"
+            )
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Publisher:
+    def __init__(self, target: ServerTarget) -> None:
+        self.target = target
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One admin call, retried on connection errors and 5xx; 4xx raise _Refused at once."""
+        t = self.target
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {t.token}", "Content-Type": "application/json"}
+        last = ""
+        for attempt in range(t.retries + 1):
+            if attempt:
+                time.sleep(t.backoff_s * 2 ** (attempt - 1))
+            request = urllib.request.Request(t.url.rstrip("/") + path, data, headers, method=method)
+            try:
+                with urllib.request.urlopen(request, timeout=t.timeout_s) as response:
+                    answer = json.loads(response.read() or b"{}")
+                    return answer if isinstance(answer, dict) else {"result": answer}
+            except urllib.error.HTTPError as e:
+                text = e.read().decode(errors="replace")[:300]
+                if e.code < 500:
+                    raise _Refused(e.code, text) from None
+                last = f"HTTP {e.code}: {text}"
+            except (urllib.error.URLError, OSError) as e:
+                last = str(getattr(e, "reason", e))
+        raise PublishError(f"server {t.url}: {method} {path} failed after {t.retries + 1} attempts: {last}")
+
+    def status(self) -> dict[str, Any] | None:
+        """stable, canary, canary_share, versions, history of the model; None when the server has no such model."""
+        try:
+            return self._call("GET", f"/admin/models/{self.target.model}")
+        except _Refused as e:
+            if e.status == 404:
+                return None
+            raise PublishError(f"server {self.target.url}: status of {self.target.model!r} refused: {e}") from None
+
+    def flush_logs(self) -> None:
+        """Ask the server to write its buffered request log and feedback to Parquet now."""
+        try:
+            self._call("POST", "/admin/logs/flush")
+        except _Refused as e:
+            raise PublishError(f"server {self.target.url}: flushing the request log refused: {e}") from None
+
+    def publish(self, bundle: str | Path, version: str, share: float) -> dict[str, Any]:
+        """Load `bundle` as `version` and make it the canary with `share` of the traffic (the first version
+        of a model becomes stable instead). Returns the model's status afterwards."""
+        m = self.target.model
+        status = self.status()
+        loaded_now = False
+        if status is None or version not in status["versions"]:
+            try:
+                self._call("POST", f"/v2/repository/models/{m}/load", {"bundle": str(bundle), "version": version})
+            except _Refused as e:
+                raise PublishError(
+                    f"server {self.target.url}: loading {bundle} as {m}:{version} refused: {e}"
+                ) from None
+            loaded_now = True
+        if status is None:
+            return self.status() or {}
+        if status["stable"] == version or status["canary"] == version:
+            return status
+        try:
+            return self._call("POST", f"/admin/models/{m}/canary", {"version": version, "share": share})
+        except (PublishError, _Refused) as e:
+            if loaded_now:  # all or nothing: take the version back out (best effort: the server may be gone)
+                with contextlib.suppress(PublishError, _Refused):
+                    self._call("POST", f"/v2/repository/models/{m}/unload", {"version": version})
+            raise PublishError(f"server {self.target.url}: making {m}:{version} the canary failed: {e}") from None
+
+    def promote(self, version: str) -> dict[str, Any]:
+        """Make the canary `version` stable (nothing to do when it already is)."""
+        status = self.status()
+        if status is not None and status["stable"] == version:
+            return status
+        try:
+            return self._call("POST", f"/admin/models/{self.target.model}/promote", {"version": version})
+        except _Refused as e:
+            raise PublishError(f"server {self.target.url}: promoting {version!r} refused: {e}") from None
+
+    def rollback(self, version: str) -> dict[str, Any]:
+        """Drop the canary `version` (nothing to do when it is no longer the canary)."""
+        status = self.status()
+        if status is None or status["canary"] != version:
+            return status or {}
+        try:
+            return self._call("POST", f"/admin/models/{self.target.model}/rollback")
+        except _Refused as e:
+            raise PublishError(f"server {self.target.url}: rolling back {version!r} refused: {e}") from None

@@ -1,0 +1,43 @@
+"""A small drifting stream and the loop settings shared by the continuous-loop tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from hugerec.continuous.decisions import DecisionConfig
+from hugerec.continuous.loop import LoopConfig, ModelSpec
+from hugerec.data.synthetic_stream import Stream, StreamConfig
+
+SMALL = StreamConfig(days=5, rows_per_day=6000, num_sparse=4, num_dense=2, vocabulary=500, seed=3)
+SPEC = ModelSpec(dim=4, capacity=4000, bottom=(8, 4), top=(8, 1), sparse_lr=0.1)
+
+
+@cache
+def _day(d: int) -> pa.Table:
+    return Stream(SMALL).day(d).table
+
+
+@pytest.fixture
+def small_day() -> Callable[[int], pa.Table]:
+    return _day
+
+
+@pytest.fixture
+def loop_config() -> Callable[..., LoopConfig]:
+    def make(work: Path, **kw: object) -> LoopConfig:
+        # 600-row holdouts: their AUC varies by about 0.02, so the baseline check gets a wider margin
+        base: dict[str, object] = {
+            "model": SPEC,
+            "batch_size": 128,
+            "lr": 1e-2,
+            "epochs": 2,
+            "decisions": DecisionConfig(baseline_margin=0.1),
+        }
+        return LoopConfig(str(work), SMALL.schema, **{**base, **kw})  # type: ignore[arg-type]
+
+    return make

@@ -1,0 +1,153 @@
+"""The loop offline: warm start, gate refusing a broken candidate, empty windows, schema changes, kill -9."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from hugerec.continuous.decision_log import read_log
+from hugerec.continuous.gate import GateConfig
+from hugerec.continuous.loop import Loop, LoopConfig
+from hugerec.data.windows import holdout_mask
+
+Day = Callable[[int], pa.Table]
+MakeConfig = Callable[..., LoopConfig]
+
+
+def shuffled(table: pa.Table, config: LoopConfig) -> pa.Table:
+    """The window with its training rows' labels shuffled (its holdout, which gates window k - 1, kept)."""
+    labels = table["label"].to_numpy().copy()
+    train = ~holdout_mask(table.num_rows, config.holdout_share, config.seed)
+    labels[train] = np.random.default_rng(0).permutation(labels[train])
+    return table.set_column(table.column_names.index("label"), "label", pa.array(labels))
+
+
+def test_gate_refuses_a_candidate_trained_on_shuffled_labels(
+    tmp_path: Path, small_day: Day, loop_config: MakeConfig
+) -> None:
+    days = {d: small_day(d) for d in range(4)}
+    config = loop_config(tmp_path)
+    days[2] = shuffled(days[2], config)
+    loop = Loop(config, days.__getitem__)
+    records = loop.run(0, 3)
+    actions = [(r.window, r.action) for r in records]
+    assert actions == [(0, "trained"), (0, "publish"), (1, "trained"), (1, "publish"), (2, "trained"), (2, "refuse")]
+    refused = records[-1]
+    assert "AUC" in refused.reason and refused.gate is not None
+    assert refused.gate["candidate_auc"] < refused.gate["serving_auc"] - 0.005
+    assert loop.serving_version() == "w1" and loop.base_version() == "w1"  # the served model is unchanged
+
+
+def test_warm_start_learns_and_log_reads_back(tmp_path: Path, small_day: Day, loop_config: MakeConfig) -> None:
+    loop = Loop(loop_config(tmp_path), small_day)
+    records = loop.run(0, 3)
+    published = [r for r in records if r.action == "publish"]
+    assert [r.version for r in published] == ["w0", "w1", "w2"]
+    assert published[-1].gate is not None and published[-1].gate["candidate_auc"] > 0.6
+    trained = [r for r in records if r.action == "trained"]
+    assert [r.extra["base"] for r in trained] == [None, "w0", "w1"]
+    assert read_log(tmp_path / "decisions.jsonl") == records
+
+
+def test_empty_window_is_skipped_and_schema_change_is_named(
+    tmp_path: Path, small_day: Day, loop_config: MakeConfig
+) -> None:
+    days = {0: small_day(0), 1: small_day(0).slice(0, 0), 2: small_day(2), 3: small_day(3)}
+    loop = Loop(loop_config(tmp_path), days.__getitem__)
+    loop.run(0, 2)
+    assert [(r.window, r.action) for r in loop.log.records] == [(0, "trained"), (0, "refuse"), (1, "skip")]
+    assert "min_rows" in loop.log.records[1].reason  # window 0's gate had no holdout (window 1 is empty)
+    days[2] = small_day(2).drop_columns(["c1"])
+    with pytest.raises(ValueError, match=r"window 2: the schema changed: columns \['c1'\]"):
+        loop.step(2)
+    assert loop.serving_version() is None and len(loop.log.records) == 3
+
+
+def test_gate_refuses_an_empty_holdout(tmp_path: Path, small_day: Day, loop_config: MakeConfig) -> None:
+    days = {0: small_day(0), 1: small_day(1).slice(0, 0)}
+    loop = Loop(loop_config(tmp_path, gate=GateConfig(min_rows=10)), days.__getitem__)
+    loop.step(0)
+    last = loop.log.records[-1]
+    assert last.action == "refuse" and "min_rows" in last.reason and "not finite" in last.reason
+
+
+_CHILD = """
+import sys
+sys.path.insert(0, {root!r})
+from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec
+from hugerec.data.synthetic_stream import Stream, StreamConfig
+small = StreamConfig(days=5, rows_per_day=6000, num_sparse=4, num_dense=2, vocabulary=500, seed=3)
+stream = Stream(small)
+spec = ModelSpec(dim=4, capacity=4000, bottom=(8, 4), top=(8, 1), sparse_lr=0.1)
+config = LoopConfig({work!r}, small.schema, model=spec, batch_size=128, lr=1e-2, epochs=2)
+Loop(config, lambda k: stream.day(k).table).run(0, 4)
+print("done")
+"""
+
+
+def _lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+@pytest.mark.slow
+def test_kill_9_at_any_point_resumes_without_double_publish_or_skip(tmp_path: Path) -> None:
+    """The loop is killed (SIGKILL) a short random time after each new log line, three times, then runs to
+    the end: every window has exactly one outcome, in order, and no version is published twice."""
+    root = str(Path(__file__).resolve().parents[2])
+    script = tmp_path / "child.py"
+    work = tmp_path / "work"
+    script.write_text(_CHILD.format(root=root, work=str(work)))
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    log = work / "decisions.jsonl"
+    rng = np.random.default_rng(7)
+    kills = 0
+    for _ in range(3):
+        seen = _lines(log)
+        proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while _lines(log) == seen and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(float(rng.uniform(0.0, 0.6)))  # somewhere in the next phase: training, gate, export, append
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.communicate()
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, timeout=240)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert kills >= 2
+    records = read_log(log)
+    terminal = [r.window for r in records if r.action in ("publish", "refuse", "skip")]
+    assert terminal == [0, 1, 2, 3]  # one outcome per window, none skipped, in order
+    published = [r.version for r in records if r.action == "publish"]
+    assert len(published) == len(set(published))
+    for line in log.read_text().splitlines():
+        json.loads(line)  # whole records only
+
+
+def test_dynamic_tables_admit_new_ids_and_evict_stale_ones(
+    tmp_path: Path, small_day: Day, loop_config: MakeConfig
+) -> None:
+    config = loop_config(tmp_path)
+    loop = Loop(dataclasses.replace(config, model=dataclasses.replace(config.model, capacity=150)), small_day)
+    loop.run(0, 3)
+    assert [r.version for r in loop.log.records if r.action == "publish"] == ["w0", "w1", "w2"]
+    held = []
+    for version in ("w0", "w2"):
+        table = loop.load(version).sparse_arch.hash_tables["c0"]
+        assert len(table) == 150  # full: the window had more distinct ids than rows
+        held.append(set(table.export().keys.tolist()))
+    vocabulary = 500  # the stream's (conftest.SMALL): keys >= 500 are ids born after day 0
+    assert not any(k >= vocabulary for k in held[0])  # day 0 knows only first-generation ids
+    assert any(k >= vocabulary for k in held[1])  # ids born on days 1-2 got rows in the warm-started table
+    assert held[0] - held[1]  # and some of day 0's ids lost theirs

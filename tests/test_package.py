@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,48 @@ def test_lazy_subpackages_are_typed(tmp_path: Path) -> None:
     out, _, code = api.run([str(snippet), "--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(ROOT / ".mypy_cache")])
     assert code == 1, out
     assert 'has type "type[DLRM]"' in out, out
+
+
+def _calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
+    """(dotted name of the callee, call) for every call in `tree`: "pickle.load", "torch.load", ..."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            parts = []
+            f: ast.expr = node.func
+            while isinstance(f, ast.Attribute):
+                parts.append(f.attr)
+                f = f.value
+            if isinstance(f, ast.Name):
+                parts.append(f.id)
+            found.append((".".join(reversed(parts)), node))
+    return found
+
+
+def _keyword(call: ast.Call, name: str) -> object:
+    for k in call.keywords:
+        if k.arg == name and isinstance(k.value, ast.Constant):
+            return k.value.value
+    return None
+
+
+def test_nothing_the_package_reads_can_unpickle_code() -> None:
+    """No pickle / marshal / dill load anywhere in hugerec, every torch.load with weights_only=True, every
+    np.load with allow_pickle=False: nothing read from disk (or the network) can run code. The one
+    exception is distributed/launch.py, which reads its own child processes' results from a pipe."""
+    bad = []
+    for path in sorted((ROOT / "hugerec").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for name, call in _calls(ast.parse(path.read_text(encoding="utf-8"))):
+            where = f"{rel}:{call.lineno} {name}"
+            if name in ("pickle.load", "pickle.Unpickler", "marshal.load", "marshal.loads", "dill.load", "dill.loads"):
+                bad.append(where)
+            elif name == "pickle.loads" and rel != "hugerec/distributed/launch.py":
+                bad.append(where)
+            elif name == "torch.load" and _keyword(call, "weights_only") is not True:
+                bad.append(where)
+            elif name in ("np.load", "numpy.load") and _keyword(call, "allow_pickle") is not False:
+                bad.append(where)
+            elif name.endswith("read_pickle"):
+                bad.append(where)
+    assert bad == []

@@ -27,7 +27,7 @@ from hugerec.data.sessions import (
     read_yoochoose,
     sliding_windows,
 )
-from hugerec.data.shards import ShardWriter, prebatch
+from hugerec.data.shards import ShardWriter, count_rows, expand_paths, prebatch, split_shards
 from hugerec.data.synthetic import (
     Hotness,
     IdDistribution,
@@ -38,6 +38,7 @@ from hugerec.data.synthetic import (
     preset,
 )
 from hugerec.data.synthetic_interactions import InteractionConfig, SyntheticInteractions, generate_interactions
+from hugerec.data.vectors import load_vectors
 
 __all__ = [
     "Column",
@@ -61,7 +62,9 @@ __all__ = [
     "Vocabulary",
     "Workflow",
     "categorify",
+    "count_rows",
     "criteo_to_parquet",
+    "expand_paths",
     "generate",
     "generate_interactions",
     "group_sequences",
@@ -73,6 +76,7 @@ __all__ = [
     "last_n",
     "leave_last_out",
     "load",
+    "load_vectors",
     "prebatch",
     "preprocess",
     "preset",
@@ -82,6 +86,7 @@ __all__ = [
     "read_movielens",
     "read_yoochoose",
     "sliding_windows",
+    "split_shards",
     "time_split",
     "to_parquet",
 ]

@@ -1,6 +1,8 @@
 """Training: `fit`, `evaluate`, `predict`, metrics, checkpoints, the model file and the learning-rate schedule."""
 
 from hugerec.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from hugerec.training.defaults import auto_batch_size
+from hugerec.training.early_stopping import EarlyStopping
 from hugerec.training.losses import BPR, Negatives, NegativeSampler, SampledSoftmax, bpr, sampled_softmax
 from hugerec.training.metrics import BinaryMetrics, auc, calibration, logloss, ndcg_at_k, recall_at_k
 from hugerec.training.model_file import SavedModel, load_model, save_model
@@ -15,12 +17,22 @@ from hugerec.training.retrieval import (
     recommend,
 )
 from hugerec.training.schedule import Schedule
-from hugerec.training.trainer import DenseOptimizer, History, TrainConfig, evaluate, fit, predict
+from hugerec.training.trainer import (
+    DenseOptimizer,
+    History,
+    TrainConfig,
+    evaluate,
+    fit,
+    predict,
+    resolve_device,
+    seed_everything,
+)
 
 __all__ = [
     "BPR",
     "BinaryMetrics",
     "DenseOptimizer",
+    "EarlyStopping",
     "History",
     "NegativeSampler",
     "Negatives",
@@ -33,6 +45,7 @@ __all__ = [
     "TrainConfig",
     "all_item_vectors",
     "auc",
+    "auto_batch_size",
     "bpr",
     "calibration",
     "evaluate",
@@ -49,7 +62,9 @@ __all__ = [
     "predict",
     "recall_at_k",
     "recommend",
+    "resolve_device",
     "sampled_softmax",
     "save_checkpoint",
     "save_model",
+    "seed_everything",
 ]

@@ -23,9 +23,11 @@ from hugerec.data.sessions import (
     Sequences,
     group_sequences,
     last_n,
+    prefixes,
     read_movielens,
     read_yoochoose,
     sliding_windows,
+    split_by_day,
 )
 from hugerec.data.shards import ShardWriter, count_rows, expand_paths, prebatch, split_shards
 from hugerec.data.synthetic import (
@@ -78,6 +80,7 @@ __all__ = [
     "load",
     "load_vectors",
     "prebatch",
+    "prefixes",
     "preprocess",
     "preset",
     "read",
@@ -86,6 +89,7 @@ __all__ = [
     "read_movielens",
     "read_yoochoose",
     "sliding_windows",
+    "split_by_day",
     "split_shards",
     "time_split",
     "to_parquet",

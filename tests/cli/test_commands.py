@@ -8,10 +8,10 @@ import torch
 
 from hugerec.cli.commands import (
     evaluate_model,
-    read_model,
     open_shards,
     predict_to_parquet,
     preprocess,
+    read_model,
     synth,
     train,
 )

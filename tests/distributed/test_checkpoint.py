@@ -191,7 +191,12 @@ def _fit_keeping_the_best(rank: int, world: int, out: str) -> tuple[float, int, 
     load_checkpoint(history.checkpoint, last)
     got, want, other = model.state_dict(), best.state_dict(), last.state_dict()
     restored = all(torch.equal(got[k], v) for k, v in want.items())
-    return history.best_eval["step"], history.steps, restored, any(not torch.equal(other[k], v) for k, v in want.items())
+    return (
+        history.best_eval["step"],
+        history.steps,
+        restored,
+        any(not torch.equal(other[k], v) for k, v in want.items()),
+    )
 
 
 def test_a_sharded_run_keeps_its_best_and_restores_it(tmp_path: Path) -> None:

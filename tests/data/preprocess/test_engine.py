@@ -74,7 +74,7 @@ def test_dask_local_cluster_matches_in_process(tmp_path: Path, criteo_tsv: Path)
 
 def _files_beside(job: str, item: int) -> list[str]:
     """In a worker: the plain files in the parent's temporary folder (`job`), and the item."""
-    return sorted(n for n in os.listdir(job) if os.path.isfile(os.path.join(job, n))) + [str(item)]
+    return [*sorted(n for n in os.listdir(job) if os.path.isfile(os.path.join(job, n))), str(item)]
 
 
 def test_local_workers_get_the_job_in_memory_not_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -174,7 +174,7 @@ class History:
     checkpoint: Path | None = None
     plot: Path | None = None
     best_eval: dict[str, float] | None = None  # the best evaluation by early_stopping.metric (step, epoch, ...)
-    best_checkpoint: Path | None = None  # checkpoints/best.pt: the best evaluation's weights (needs out_dir)
+    best_checkpoint: Path | None = None  # checkpoints/best/: the best evaluation's checkpoint (needs out_dir)
     stopped_early: bool = False  # stopped by early_stopping.patience before the epochs / max_steps ran out
 
     @property

@@ -28,9 +28,19 @@ import torch.distributed as dist
 
 from hugerec.cli.config_file import ConfigError, to_dict
 from hugerec.cli.run_config import RawFormat, RunConfig
-from hugerec.data import Loader, Schema, count_rows, expand_paths, load, load_vectors, split_shards
+from hugerec.data import (
+    Loader,
+    Schema,
+    SyntheticReport,
+    count_rows,
+    expand_paths,
+    generate,
+    load,
+    load_vectors,
+    preset,
+    split_shards,
+)
 from hugerec.data.preprocess import Categorify, Dataset, FillMissing, LogOp, Normalize, SkipReport, Workflow
-from hugerec.data.synthetic import SyntheticReport, generate, preset
 from hugerec.distributed import Workload, init_from_env, launched_by_torchrun, plan, shard
 from hugerec.embedding import TableConfig
 from hugerec.models import RecModel, build_model
@@ -318,7 +328,7 @@ def predict_to_parquet(cfg: RunConfig, model_path: Path | None = None) -> tuple[
 # -- export -------------------------------------------------------------------------------------
 def export_model(cfg: RunConfig, model_path: Path | None = None, out: Path | None = None) -> Path:
     """model.pt (+ the fitted workflow next to the preprocessed data, when there is one) -> serving bundle."""
-    from hugerec.serving.export import export_bundle  # the serving stack is only needed here
+    from hugerec.serving import export_bundle  # the serving stack is only needed here
 
     model, schema = read_model(model_path or default_model(cfg))
     workflow_dir = Path(cfg.preprocess.out) / "workflow"

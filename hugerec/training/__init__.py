@@ -5,7 +5,7 @@ from hugerec.training.defaults import auto_batch_size
 from hugerec.training.early_stopping import EarlyStopping
 from hugerec.training.losses import BPR, Negatives, NegativeSampler, RetrievalLoss, SampledSoftmax, bpr, sampled_softmax
 from hugerec.training.metrics import BinaryMetrics, auc, calibration, logloss, ndcg_at_k, recall_at_k
-from hugerec.training.model_file import SavedModel, load_model, save_model
+from hugerec.training.model_file import SavedModel, load_model, model_file_task, save_model
 from hugerec.training.precision import Precision
 from hugerec.training.ranking_metrics import evaluate_ranking, list_metrics
 from hugerec.training.retrieval import (
@@ -18,6 +18,7 @@ from hugerec.training.retrieval import (
     recommend,
     user_vectors,
 )
+from hugerec.training.retrieval_file import SavedRetrievalModel, load_retrieval_model, save_retrieval_model
 from hugerec.training.schedule import Schedule
 from hugerec.training.sequence_file import build_sequence_model, load_sequence_model, save_sequence_model
 from hugerec.training.sequential import (
@@ -59,6 +60,7 @@ __all__ = [
     "RetrievalTrainConfig",
     "SampledSoftmax",
     "SavedModel",
+    "SavedRetrievalModel",
     "Schedule",
     "SequenceLoss",
     "SequenceModel",
@@ -81,8 +83,10 @@ __all__ = [
     "list_metrics",
     "load_checkpoint",
     "load_model",
+    "load_retrieval_model",
     "load_sequence_model",
     "logloss",
+    "model_file_task",
     "ndcg_at_k",
     "predict",
     "query_vectors",
@@ -92,6 +96,7 @@ __all__ = [
     "sampled_softmax",
     "save_checkpoint",
     "save_model",
+    "save_retrieval_model",
     "save_sequence_model",
     "seed_everything",
     "user_vectors",

@@ -94,3 +94,18 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> Sa
             f"load_model: the weights in {p} do not fit the model its spec describes: {first[0] if first else e}"
         ) from None
     return SavedModel(model, config, tables, optimizer, schema)
+
+
+def model_file_task(path: str | Path) -> str:
+    """What the model file at `path` holds: "ranking" (save_model), "retrieval" (save_retrieval_model) or
+    "sequential" (save_sequence_model). FileNotFoundError / ValueError (one line naming the file) otherwise."""
+    p = Path(path)
+    saved = read_weights(p, "model_file_task", "model file")
+    try:
+        spec = json.loads(saved["spec"])
+    except (KeyError, TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"model_file_task: {p} is not a hugerec model file: {' '.join(str(e).split())}") from None
+    task = spec.get("task", "ranking") if isinstance(spec, dict) else None
+    if task not in ("ranking", "retrieval", "sequential"):
+        raise ValueError(f"model_file_task: {p} is not a hugerec model file (task {task!r})")
+    return str(task)

@@ -41,7 +41,8 @@ from hugerec.data import (
     split_shards,
 )
 from hugerec.data.preprocess import Categorify, Dataset, FillMissing, LogOp, Normalize, SkipReport, Workflow
-from hugerec.distributed import Workload, init_from_env, launched_by_torchrun, plan, shard
+from hugerec.distributed import Workload, init_from_env, launched_by_torchrun, shard
+from hugerec.distributed import sharding_plan as plan
 from hugerec.embedding import TableConfig
 from hugerec.models import RecModel, build_model
 from hugerec.sparse import Batch

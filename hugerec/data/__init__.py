@@ -40,7 +40,7 @@ from hugerec.data.synthetic import (
     preset,
 )
 from hugerec.data.synthetic_interactions import InteractionConfig, SyntheticInteractions, generate_interactions
-from hugerec.data.vectors import load_vectors
+from hugerec.data.vector_tables import load_vectors
 
 __all__ = [
     "Column",

@@ -1,19 +1,6 @@
 """Embedding tables: configs, sparse optimizers, fused collections, hash tables, drop-in layers."""
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import (
-    DynamicConfig,
-    Eviction,
-    Initializer,
-    Missing,
-    Normal,
-    Pooling,
-    Storage,
-    StorageDtype,
-    TableConfig,
-    Uniform,
-    Zeros,
-)
 from hugerec.embedding.delta import TableDelta, export_delta, import_delta, read_delta, write_delta
 from hugerec.embedding.hash_table import HashTable, HashTableStats
 from hugerec.embedding.interface import EmbeddingModule
@@ -27,6 +14,19 @@ from hugerec.embedding.optimizers import (
     RowWiseAdagrad,
     optimizer_from_dict,
     optimizer_to_dict,
+)
+from hugerec.embedding.table_config import (
+    DynamicConfig,
+    Eviction,
+    Initializer,
+    Missing,
+    Normal,
+    Pooling,
+    Storage,
+    StorageDtype,
+    TableConfig,
+    Uniform,
+    Zeros,
 )
 
 __all__ = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,56 @@ def test_lazy_subpackages_are_typed(tmp_path: Path) -> None:
     api = pytest.importorskip("mypy.api")
     snippet = tmp_path / "use.py"
     snippet.write_text("import hugerec as hr\n\nx: int = hr.models.DLRM\n")
-    out, _, code = api.run([str(snippet), "--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(ROOT / ".mypy_cache")])
+    out, _, code = api.run(
+        [str(snippet), "--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(ROOT / ".mypy_cache")]
+    )
     assert code == 1, out
     assert 'has type "type[DLRM]"' in out, out
+
+
+def _calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
+    """(dotted name of the callee, call) for every call in `tree`: "pickle.load", "torch.load", ..."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            parts = []
+            f: ast.expr = node.func
+            while isinstance(f, ast.Attribute):
+                parts.append(f.attr)
+                f = f.value
+            if isinstance(f, ast.Name):
+                parts.append(f.id)
+            found.append((".".join(reversed(parts)), node))
+    return found
+
+
+def _keyword(call: ast.Call, name: str) -> object:
+    for k in call.keywords:
+        if k.arg == name and isinstance(k.value, ast.Constant):
+            return k.value.value
+    return None
+
+
+def _may_unpickle(name: str, call: ast.Call, rel: str) -> bool:
+    if name in ("pickle.load", "pickle.Unpickler", "marshal.load", "marshal.loads", "dill.load", "dill.loads"):
+        return True
+    if name == "pickle.loads":
+        return rel != "hugerec/distributed/launch.py"
+    if name == "torch.load":
+        return _keyword(call, "weights_only") is not True
+    if name in ("np.load", "numpy.load"):
+        return _keyword(call, "allow_pickle") is not False
+    return name.endswith("read_pickle")
+
+
+def test_nothing_the_package_reads_can_unpickle_code() -> None:
+    """No pickle / marshal / dill load anywhere in hugerec, every torch.load with weights_only=True, every
+    np.load with allow_pickle=False: nothing read from disk (or the network) can run code. The one
+    exception is distributed/launch.py, which reads its own child processes' results from a pipe."""
+    bad = []
+    for path in sorted((ROOT / "hugerec").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for name, call in _calls(ast.parse(path.read_text(encoding="utf-8"))):
+            if _may_unpickle(name, call, rel):
+                bad.append(f"{rel}:{call.lineno} {name}")
+    assert bad == []

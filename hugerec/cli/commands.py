@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -29,29 +28,35 @@ import torch.distributed as dist
 
 from hugerec.cli.config_file import ConfigError, to_dict
 from hugerec.cli.run_config import RawFormat, RunConfig
-from hugerec.data.criteo import DENSE_NAMES, SPARSE_NAMES
-from hugerec.data.loader import Loader, load
-from hugerec.data.preprocess.categorical import Categorify
-from hugerec.data.preprocess.dataset import Dataset
-from hugerec.data.preprocess.errors import SkipReport
-from hugerec.data.preprocess.numeric import FillMissing, LogOp, Normalize
-from hugerec.data.preprocess.workflow import Workflow
-from hugerec.data.schema import Schema
-from hugerec.data.shards import ShardWriter, expand_paths, iter_row_groups
-from hugerec.data.synthetic import SyntheticReport, generate, preset
-from hugerec.data.vector_tables import load_vectors
-from hugerec.distributed.launch import init_from_env, launched_by_torchrun
-from hugerec.distributed.planner import Workload, plan
-from hugerec.distributed.shard import shard
-from hugerec.embedding.table_config import TableConfig
-from hugerec.models.model import RecModel
-from hugerec.models.model_config import build_model
-from hugerec.sparse.batch import Batch
-from hugerec.training.checkpoint import load_checkpoint, read_weights
-from hugerec.training.defaults import auto_batch_size
-from hugerec.training.model_file import load_model as load_model_file
-from hugerec.training.model_file import save_model as save_model_file
-from hugerec.training.trainer import History, evaluate, fit, predict, resolve_device, seed_everything
+from hugerec.data import (
+    Loader,
+    Schema,
+    SyntheticReport,
+    count_rows,
+    expand_paths,
+    generate,
+    load,
+    load_vectors,
+    preset,
+    split_shards,
+)
+from hugerec.data.preprocess import Categorify, Dataset, FillMissing, LogOp, Normalize, SkipReport, Workflow
+from hugerec.distributed import Workload, init_from_env, launched_by_torchrun, plan, shard
+from hugerec.embedding import TableConfig
+from hugerec.models import RecModel, build_model
+from hugerec.sparse import Batch
+from hugerec.training import (
+    History,
+    auto_batch_size,
+    evaluate,
+    fit,
+    load_checkpoint,
+    load_model,
+    predict,
+    resolve_device,
+    save_model,
+    seed_everything,
+)
 
 BEST_MODEL = "best.pt"  # beside model.pt: the best evaluation's weights; evaluate / predict / export's default
 
@@ -98,7 +103,9 @@ def preprocess(cfg: RunConfig) -> PreprocessReport:
         report = report.merge(workflow.transform(eval_raw, out / "eval", overwrite=True, on_error=p.on_error).report)
     else:
         report = workflow.transform(train_raw, out / "_all", overwrite=True, on_error=p.on_error).report
-        _split(out / "_all", out / "train", out / "eval", p.eval_fraction, p.seed)
+        for d in ("train", "eval"):
+            shutil.rmtree(out / d, ignore_errors=True)
+        split_shards(out / "_all", out / "train", out / "eval", p.eval_fraction, p.seed)
         shutil.rmtree(out / "_all")
     cards = workflow.cardinalities()
     multi_hot = [c.name for c in raw.sparse if c.multi_hot]
@@ -113,7 +120,7 @@ def _raw_schema(cfg: RunConfig) -> Schema:
     p = cfg.preprocess
     match p.format:
         case RawFormat.CRITEO:
-            return Schema.build(dense=DENSE_NAMES, sparse=SPARSE_NAMES)
+            return Schema.criteo()
         case RawFormat.PARQUET:
             where = "preprocess.schema"
             if p.schema is None:
@@ -140,20 +147,9 @@ def _dataset(paths: str, where: str, fmt: RawFormat, labels: Sequence[str]) -> D
         raise ConfigError(f"{where}: {e}") from None
 
 
-def _split(src: Path, train: Path, eval_: Path, fraction: float, seed: int) -> None:
-    """Rows of `src` -> train / eval shards, each row to eval with probability `fraction` (streaming)."""
-    for d in (train, eval_):
-        shutil.rmtree(d, ignore_errors=True)
-    with ShardWriter(train) as train_writer, ShardWriter(eval_) as eval_writer:
-        for k, table in enumerate(iter_row_groups(expand_paths(src))):
-            held_out = np.random.default_rng([seed, k]).random(table.num_rows) < fraction
-            train_writer.write(table.filter(pa.array(~held_out)))
-            eval_writer.write(table.filter(pa.array(held_out)))
-
-
 def _rows_in(paths: str, where: str) -> int:
     try:
-        return sum(pq.read_metadata(f).num_rows for f in expand_paths(paths))
+        return count_rows(paths)
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(f"{where}: {e}") from None
 
@@ -175,8 +171,8 @@ def train(cfg: RunConfig) -> History:
     train_data = open_shards(cfg.data.train, "data.train", schema, cfg, shuffle=cfg.data.shuffle)
     eval_data = None if cfg.data.eval is None else open_shards(cfg.data.eval, "data.eval", schema, cfg)
     history = fit(model, train_data, eval_data, cfg.train)
-    save_model(cfg.out_dir / "model.pt", model, cfg, schema, tables)
-    _save_best(cfg, history, model, schema, tables)
+    write_model(cfg.out_dir / "model.pt", model, cfg, schema, tables)
+    _save_best(cfg, history, schema, tables)
     (cfg.out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str) + "\n")
     return history
 
@@ -218,14 +214,15 @@ def _train_distributed(cfg: RunConfig, schema: Schema, tables: list[TableConfig]
         assert history.checkpoint is not None  # fit writes one at the end: the CLI always has an out_dir
         whole = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
         load_checkpoint(history.checkpoint, whole)
-        save_model(cfg.out_dir / "model.pt", whole, cfg, schema, tables)
-        (cfg.out_dir / BEST_MODEL).unlink(missing_ok=True)  # a sharded run keeps no best.pt yet: none stale
+        write_model(cfg.out_dir / "model.pt", whole, cfg, schema, tables)
+        _save_best(cfg, history, schema, tables)
         (cfg.out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str) + "\n")
     return history
 
 
-def _save_best(cfg: RunConfig, history: History, model: RecModel, schema: Schema, tables: list[TableConfig]) -> None:
-    """best.pt beside model.pt: the weights of the best evaluation (train.early_stopping.metric), as a model file.
+def _save_best(cfg: RunConfig, history: History, schema: Schema, tables: list[TableConfig]) -> None:
+    """best.pt beside model.pt: the best evaluation's checkpoint (train.early_stopping.metric, sharded
+    or not) read whole in this process, as a model file.
 
     Without an evaluation there is no best: a best.pt an earlier run left is removed, so that
     evaluate / predict / export (which prefer best.pt) never read a stale model."""
@@ -233,8 +230,9 @@ def _save_best(cfg: RunConfig, history: History, model: RecModel, schema: Schema
     if history.best_checkpoint is None:
         path.unlink(missing_ok=True)
         return
-    best = read_weights(history.best_checkpoint, "train", "best checkpoint")["model"]
-    save_model(path, model, cfg, schema, tables, state=best)
+    best = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
+    load_checkpoint(history.best_checkpoint, best)
+    write_model(path, best, cfg, schema, tables)
 
 
 def default_model(cfg: RunConfig) -> Path:
@@ -261,7 +259,7 @@ def open_shards(
     columns) as one-line errors."""
     try:
         files = expand_paths(paths)
-        rows = sum(pq.read_metadata(f).num_rows for f in files)
+        rows = count_rows(files)
         if rows == 0:
             raise ValueError(f"{paths} holds no rows (empty dataset)")
         batch = batch_size(cfg, rows)
@@ -271,24 +269,16 @@ def open_shards(
 
 
 # -- the model file ---------------------------------------------------------------------------
-def save_model(
-    path: Path,
-    model: RecModel,
-    cfg: RunConfig,
-    schema: Schema,
-    tables: list[TableConfig],
-    state: dict[str, torch.Tensor] | None = None,
-) -> Path:
-    """model.pt in the library's model format (hugerec.training.save_model), with the data schema; `state`:
-    weights to write instead of the model's own."""
-    opt = cfg.embedding.optimizer
-    return save_model_file(path, model, cfg.model_config(), tables, opt, schema.to_dict(), state=state)
+def write_model(path: Path, model: RecModel, cfg: RunConfig, schema: Schema, tables: list[TableConfig]) -> Path:
+    """model.pt in the library's model format (hugerec.training.save_model), with the data schema."""
+    return save_model(path, model, cfg.model_config(), tables, cfg.embedding.optimizer, schema.to_dict())
 
 
-def load_model(path: Path) -> tuple[RecModel, Schema]:
+def read_model(path: Path) -> tuple[RecModel, Schema]:
+    """A model file `hugerec train` wrote (hugerec.training.load_model) and the schema of its data."""
     if not path.is_file():
         raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
-    saved = load_model_file(path)
+    saved = load_model(path)
     if saved.schema is None:
         raise ConfigError(f"{path}: the model file holds no data schema (it was not written by `hugerec train`)")
     return saved.model, Schema.from_dict(saved.schema)
@@ -296,7 +286,7 @@ def load_model(path: Path) -> tuple[RecModel, Schema]:
 
 # -- evaluate / predict -------------------------------------------------------------------------
 def evaluate_model(cfg: RunConfig, model_path: Path | None = None) -> dict[str, float]:
-    model, schema = load_model(model_path or default_model(cfg))
+    model, schema = read_model(model_path or default_model(cfg))
     if cfg.data.eval is None:
         raise ConfigError("data.eval: no evaluation data set; give data.eval=PATH")
     data = open_shards(cfg.data.eval, "data.eval", schema, cfg)
@@ -306,7 +296,7 @@ def evaluate_model(cfg: RunConfig, model_path: Path | None = None) -> dict[str, 
 
 def predict_to_parquet(cfg: RunConfig, model_path: Path | None = None) -> tuple[Path, int]:
     """Scores every row of predict.input (default data.eval) -> Parquet: label column(s) and `probability`."""
-    model, schema = load_model(model_path or default_model(cfg))
+    model, schema = read_model(model_path or default_model(cfg))
     source, where = (cfg.predict.input, "predict.input") if cfg.predict.input else (cfg.data.eval, "data.eval")
     if source is None:
         raise ConfigError("predict.input: nothing to score; give predict.input=PATH")
@@ -338,9 +328,9 @@ def predict_to_parquet(cfg: RunConfig, model_path: Path | None = None) -> tuple[
 # -- export -------------------------------------------------------------------------------------
 def export_model(cfg: RunConfig, model_path: Path | None = None, out: Path | None = None) -> Path:
     """model.pt (+ the fitted workflow next to the preprocessed data, when there is one) -> serving bundle."""
-    from hugerec.serving.export import export_bundle  # the serving stack is only needed here
+    from hugerec.serving import export_bundle  # the serving stack is only needed here
 
-    model, schema = load_model(model_path or default_model(cfg))
+    model, schema = read_model(model_path or default_model(cfg))
     workflow_dir = Path(cfg.preprocess.out) / "workflow"
     workflow = Workflow.load(workflow_dir) if workflow_dir.is_dir() else None
     target = out or cfg.out_dir / "bundle"

@@ -61,13 +61,12 @@ from hugerec.data.sessions import (
 )
 from hugerec.data.sessions import leave_last_out as sequences_leave_last_out
 from hugerec.data.shards import expand_paths
-from hugerec.embedding.optimizers import optimizer_from_dict, optimizer_to_dict
 from hugerec.index.vector_index import load_index
 from hugerec.models.mf import MatrixFactorization
 from hugerec.models.sequence import PAD
 from hugerec.models.two_tower import TwoTower
 from hugerec.sparse.jagged import JaggedTensor
-from hugerec.training.checkpoint import atomic_save, read_weights
+from hugerec.training.model_file import model_file_task
 from hugerec.training.retrieval import (
     RetrievalModel,
     RetrievalTrainConfig,
@@ -77,6 +76,7 @@ from hugerec.training.retrieval import (
     recommend,
     user_vectors,
 )
+from hugerec.training.retrieval_file import load_retrieval_model, save_retrieval_model
 from hugerec.training.sequence_file import build_sequence_model, load_sequence_model, save_sequence_model
 from hugerec.training.sequential import (
     SequenceModel,
@@ -88,8 +88,6 @@ from hugerec.training.sequential import (
 )
 from hugerec.training.sequential import all_item_vectors as sequence_item_vectors
 from hugerec.training.trainer import seed_everything
-
-TASK_FORMAT = 1
 
 
 def is_retrieval(cfg: RunConfig) -> bool:
@@ -306,34 +304,17 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
 # -- the model file --------------------------------------------------------------------------------
 def save_task_model(
     cfg: RunConfig,
-    model: nn.Module,
+    model: RetrievalModel,
     users_raw: np.ndarray,
     items_raw: np.ndarray,
     item_counts: np.ndarray,
     train_csr: tuple[np.ndarray, np.ndarray],
 ) -> Path:
-    """A retrieval model.pt: {"spec": JSON (format, [model], sizes, sparse optimizer), "state", "items_raw",
-    "item_counts", "users_raw", "train_offsets", "train_items"}; tensors only (read with weights_only=True).
-    Sequential models use hugerec.training.sequence_file's format (what the server loads)."""
-    num_users = len(users_raw)
-    spec = {
-        "format": TASK_FORMAT,
-        "task": "retrieval",
-        "model": dict(cfg.model),
-        "num_users": num_users,
-        "num_items": len(items_raw),
-        "optimizer": optimizer_to_dict(cfg.embedding.optimizer),
-    }
-    obj: dict[str, Any] = {
-        "spec": json.dumps(spec),
-        "state": model.state_dict(),
-        "items_raw": torch.from_numpy(np.array(items_raw, dtype=np.int64)),
-        "item_counts": torch.from_numpy(np.array(item_counts, dtype=np.int64)),
-    }
-    obj["users_raw"] = torch.from_numpy(np.array(users_raw, dtype=np.int64))
-    obj["train_offsets"] = torch.from_numpy(train_csr[0].astype(np.int64))
-    obj["train_items"] = torch.from_numpy(train_csr[1].astype(np.int64))
-    return atomic_save(obj, cfg.out_dir / "model.pt")
+    """A retrieval model.pt in the library's format (hugerec.training.save_retrieval_model), the [model]
+    section kept beside it. Sequential models use hugerec.training.save_sequence_model."""
+    path = cfg.out_dir / "model.pt"
+    extra = {"model": dict(cfg.model)}
+    return save_retrieval_model(path, model, users_raw, items_raw, item_counts, train_csr, cfg.embedding.optimizer, extra)
 
 
 @dataclass(frozen=True)
@@ -355,34 +336,14 @@ def load_task_model(cfg: RunConfig, path: Path | None) -> TaskModelFile:
     path = path or cfg.out_dir / "model.pt"
     if not path.is_file():
         raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
-    saved = read_weights(path, "load", "hugerec model file")
-    try:
-        spec = json.loads(saved["spec"])
-        task = spec.get("task") if isinstance(spec, dict) else None
-        if task == "sequential":
-            seq = load_sequence_model(path)
-            return TaskModelFile(path, seq.model_type, seq.model, seq.items_raw, seq.item_counts)
-        if spec.get("format") != TASK_FORMAT or task != "retrieval":
-            raise ValueError(f"not a retrieval / sequential model file (format {spec.get('format')!r}, task {task!r})")
-        model_dict = spec["model"]
-        kind = read_task_model(model_dict)
-        opt = optimizer_from_dict(spec["optimizer"])
-        model: nn.Module
-        if isinstance(kind, TwoTowerModel):
-            model = TwoTower(kind.tower_config(), int(spec["num_users"]), int(spec["num_items"]), opt)
-        elif isinstance(kind, MFModel):
-            model = MatrixFactorization(int(spec["num_users"]), int(spec["num_items"]), kind.dim, opt, kind.temperature, kind.init_std)
-        else:
-            raise ValueError(f"model.type {model_dict.get('type')!r} is not a retrieval model")
-        model.load_state_dict(saved["state"])
-        csr = (saved["train_offsets"].numpy(), saved["train_items"].numpy())
-        out = TaskModelFile(
-            path, model_dict["type"], model, saved["items_raw"].numpy(), saved["item_counts"].numpy(), saved["users_raw"].numpy(), csr
-        )
-    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: not a model file `hugerec train` wrote for a retrieval or sequential model: {' '.join(str(e).split())[:300]}") from None
-    model.eval()
-    return out
+    task = model_file_task(path)
+    if task == "sequential":
+        seq = load_sequence_model(path)
+        return TaskModelFile(path, seq.model_type, seq.model, seq.items_raw, seq.item_counts)
+    if task != "retrieval":
+        raise ConfigError(f"{path}: not a model file `hugerec train` wrote for a retrieval or sequential model (a {task} model)")
+    r = load_retrieval_model(path)
+    return TaskModelFile(path, r.model_type, r.model, r.items_raw, r.item_counts, r.users_raw, r.train_csr)
 
 
 def _write_metrics(cfg: RunConfig, metrics: dict[str, float]) -> None:

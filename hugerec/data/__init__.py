@@ -23,11 +23,13 @@ from hugerec.data.sessions import (
     Sequences,
     group_sequences,
     last_n,
+    prefixes,
     read_movielens,
     read_yoochoose,
     sliding_windows,
+    split_by_day,
 )
-from hugerec.data.shards import ShardWriter, prebatch
+from hugerec.data.shards import ShardWriter, count_rows, expand_paths, prebatch, split_shards
 from hugerec.data.synthetic import (
     Hotness,
     IdDistribution,
@@ -38,6 +40,7 @@ from hugerec.data.synthetic import (
     preset,
 )
 from hugerec.data.synthetic_interactions import InteractionConfig, SyntheticInteractions, generate_interactions
+from hugerec.data.vector_tables import load_vectors
 
 __all__ = [
     "Column",
@@ -61,7 +64,9 @@ __all__ = [
     "Vocabulary",
     "Workflow",
     "categorify",
+    "count_rows",
     "criteo_to_parquet",
+    "expand_paths",
     "generate",
     "generate_interactions",
     "group_sequences",
@@ -73,7 +78,9 @@ __all__ = [
     "last_n",
     "leave_last_out",
     "load",
+    "load_vectors",
     "prebatch",
+    "prefixes",
     "preprocess",
     "preset",
     "read",
@@ -82,6 +89,8 @@ __all__ = [
     "read_movielens",
     "read_yoochoose",
     "sliding_windows",
+    "split_by_day",
+    "split_shards",
     "time_split",
     "to_parquet",
 ]

@@ -1,4 +1,4 @@
-"""Parquet shards: streaming writer with fixed-size row groups, and on-disk prebatching.
+"""Parquet shards: streaming writer with fixed-size row groups, on-disk prebatching, a random train/eval split.
 
     ShardWriter(out_dir, rows_per_file=4, row_group_rows=2):
       write(3 rows), write(3 rows), close()
@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -168,3 +169,31 @@ def prebatch(
         for table in iter_row_groups(expand_paths(paths)):
             writer.write(table)
     return writer.paths
+
+
+def count_rows(paths: str | Path | Sequence[str | Path]) -> int:
+    """Rows in the Parquet files `paths` names (as expand_paths), from their footers."""
+    return sum(pq.read_metadata(f).num_rows for f in expand_paths(paths))
+
+
+def split_shards(
+    paths: str | Path | Sequence[str | Path],
+    train_dir: str | Path,
+    eval_dir: str | Path,
+    eval_fraction: float,
+    seed: int = 0,
+) -> tuple[int, int]:
+    """Stream the rows of `paths` into shards in `train_dir` and `eval_dir`, each row to eval with
+    probability `eval_fraction` (independently, from (seed, row group)); returns (train rows, eval rows).
+    The same input and seed give the same split."""
+    if not 0.0 <= eval_fraction < 1.0:
+        raise ValueError(f"split_shards: eval_fraction must be in [0, 1), got {eval_fraction}")
+    counts = [0, 0]
+    with ShardWriter(train_dir) as train_writer, ShardWriter(eval_dir) as eval_writer:
+        for k, table in enumerate(iter_row_groups(expand_paths(paths))):
+            held_out = np.random.default_rng([seed, k]).random(table.num_rows) < eval_fraction
+            train_writer.write(table.filter(pa.array(~held_out)))
+            eval_writer.write(table.filter(pa.array(held_out)))
+            counts[1] += int(held_out.sum())
+            counts[0] += table.num_rows - int(held_out.sum())
+    return counts[0], counts[1]

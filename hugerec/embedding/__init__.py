@@ -5,7 +5,16 @@ from hugerec.embedding.delta import TableDelta, export_delta, import_delta, read
 from hugerec.embedding.hash_table import HashTable, HashTableStats
 from hugerec.embedding.interface import EmbeddingModule
 from hugerec.embedding.layers import Embedding, EmbeddingBag
-from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
+from hugerec.embedding.optimizers import (
+    SGD,
+    Adagrad,
+    Adam,
+    Ftrl,
+    Optimizer,
+    RowWiseAdagrad,
+    optimizer_from_dict,
+    optimizer_to_dict,
+)
 from hugerec.embedding.table_config import (
     DynamicConfig,
     Eviction,
@@ -47,6 +56,8 @@ __all__ = [
     "Zeros",
     "export_delta",
     "import_delta",
+    "optimizer_from_dict",
+    "optimizer_to_dict",
     "read_delta",
     "write_delta",
 ]

@@ -27,7 +27,7 @@ from hugerec.models.model_config import (
     model_name,
 )
 from hugerec.models.sasrec import SASRec
-from hugerec.models.sequence import SequenceConfig
+from hugerec.models.sequence import PAD, SequenceConfig
 from hugerec.models.two_tower import Similarity, TwoTower, TwoTowerConfig
 from hugerec.models.vector_features import VectorArch, VectorFeature
 from hugerec.models.wide import WideArch, wide_tables
@@ -36,6 +36,7 @@ from hugerec.models.wide_deep import WideAndDeep
 __all__ = [
     "DLRM",
     "MLP",
+    "PAD",
     "Activation",
     "CrossNet",
     "CrossStructure",

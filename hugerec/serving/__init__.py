@@ -14,6 +14,7 @@ from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.cache import CacheConfig, CachePolicy
 from hugerec.serving.export import export_bundle, export_checkpoint
 from hugerec.serving.inference_model import InferenceModel
+from hugerec.serving.next_items import export_next_items
 from hugerec.serving.parameter_server import ParameterServer, TableSpec, TableUpdate
 from hugerec.serving.server import InferenceServer, ServerConfig, serve
 from hugerec.serving.updates import publish_to_directory, publish_to_stream
@@ -32,6 +33,7 @@ __all__ = [
     "TableUpdate",
     "export_bundle",
     "export_checkpoint",
+    "export_next_items",
     "load_bundle",
     "publish_to_directory",
     "publish_to_stream",

@@ -5,6 +5,8 @@
       step-0000002000/            hugerec.distributed.checkpoint_directory's directory: index.json + rank-R.pt
       .step-0000003000.tmp/       a write in progress (or one a crash interrupted): never read
       step-0000000900.damaged/    a checkpoint that failed its checksums, set aside on resume
+      best/                       the best evaluation's weights (`save_best`; the trainer's early stopping),
+                                  in the same format: read it with `load_checkpoint` like any other
 
 `save_checkpoint` is collective (every rank calls it; one process is a group of one) and atomic: the
 ranks write into the temporary directory, rank 0 renames it into place once every file and the index
@@ -40,6 +42,7 @@ from hugerec.distributed import checkpoint_directory as directory_format
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^step-(\d{10})$")
+BEST = "best"  # the best evaluation's checkpoint, beside the step-N/ ones
 
 
 @dataclass(frozen=True)
@@ -158,13 +161,28 @@ def load_latest_checkpoint(
     return load_checkpoint(chosen, model, optimizer, verified=True)
 
 
+def save_best(directory: str | Path, model: nn.Module, extra: Any = None) -> Path:
+    """Write `model` (sharded or not) as `directory`/best/, replacing the previous best: collective and
+    atomic like save_checkpoint, in its format (no optimizer, no rank state); `load_checkpoint` reads
+    it on any number of ranks or in one process."""
+    return directory_format.save_checkpoint_dir(Path(directory) / BEST, model, None, extra)
+
+
+def best_checkpoint(directory: str | Path) -> Path | None:
+    """`directory`/best/ when `save_best` has completed one there, else None."""
+    path = Path(directory) / BEST
+    return path if directory_format.is_checkpoint(path) else None
+
+
 def remove_checkpoints(directory: str | Path) -> None:
-    """Delete every checkpoint in `directory`, set-aside damaged ones included (a fresh run replacing an old one's)."""
+    """Delete every checkpoint in `directory`, the best and set-aside damaged ones included (a fresh run
+    replacing an old one's)."""
     d = Path(directory)
     if not d.is_dir():
         return
     for p in d.iterdir():
-        if p.is_dir() and (_NAME.match(p.name) or p.name.endswith(".damaged") or p.name.startswith(".step-")):
+        doomed = _NAME.match(p.name) or p.name.endswith(".damaged") or p.name.startswith((".step-", f".{BEST}."))
+        if p.is_dir() and (doomed or p.name == BEST):
             shutil.rmtree(p)
 
 

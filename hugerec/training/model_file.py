@@ -48,13 +48,9 @@ def save_model(
     tables: Sequence[TableConfig],
     optimizer: Optimizer,
     schema: Mapping[str, Any] | None = None,
-    state: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write `model` (built by `hugerec.models.build_model(config, tables, model.num_dense, optimizer)`)
-    and, optionally, the schema of its data (`Schema.to_dict()`, any JSON object) to `path`.
-
-    state: the weights to write instead of the model's own (e.g. an earlier evaluation's best), with
-    the keys of `model.state_dict()`."""
+    and, optionally, the schema of its data (`Schema.to_dict()`, any JSON object) to `path`."""
     spec = {
         "format": MODEL_FORMAT,
         "model": model_config_to_dict(config),
@@ -63,10 +59,7 @@ def save_model(
         "optimizer": optimizer_to_dict(optimizer),
         "schema": None if schema is None else dict(schema),
     }
-    weights = model.state_dict() if state is None else dict(state)
-    if weights.keys() != model.state_dict().keys():
-        raise ValueError("save_model: state must have the keys of the model's state_dict")
-    return atomic_save({"spec": json.dumps(spec), "state": weights}, path)
+    return atomic_save({"spec": json.dumps(spec), "state": model.state_dict()}, path)
 
 
 def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> SavedModel:
@@ -101,3 +94,18 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> Sa
             f"load_model: the weights in {p} do not fit the model its spec describes: {first[0] if first else e}"
         ) from None
     return SavedModel(model, config, tables, optimizer, schema)
+
+
+def model_file_task(path: str | Path) -> str:
+    """What the model file at `path` holds: "ranking" (save_model), "retrieval" (save_retrieval_model) or
+    "sequential" (save_sequence_model). FileNotFoundError / ValueError (one line naming the file) otherwise."""
+    p = Path(path)
+    saved = read_weights(p, "model_file_task", "model file")
+    try:
+        spec = json.loads(saved["spec"])
+    except (KeyError, TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"model_file_task: {p} is not a hugerec model file: {' '.join(str(e).split())}") from None
+    task = spec.get("task", "ranking") if isinstance(spec, dict) else None
+    if task not in ("ranking", "retrieval", "sequential"):
+        raise ValueError(f"model_file_task: {p} is not a hugerec model file (task {task!r})")
+    return str(task)

@@ -10,9 +10,9 @@
     stop early                            after early_stopping.patience evaluations without a new best
 
 Early stopping: every evaluation is scored by `early_stopping.metric`; the best one's weights are
-written atomically to checkpoints/best.pt (beside the step-N/ checkpoints, which keep the last
-weights) or, without an out_dir, kept in memory when `restore_best` asks for them back. A sharded
-model (torchrun) stops early the same way but keeps no best.pt yet (its rows live on every rank).
+written atomically to checkpoints/best/ (a checkpoint in the format of the step-N/ ones, which keep
+the last weights; a sharded model's ranks write it together) or, without an out_dir, kept in memory
+when `restore_best` asks for them back (a sharded model needs the out_dir for that).
 
 Resuming continues exactly: a checkpoint holds the model (with the embedding rows and their
 optimizer state), the dense optimizer, the step and history, and per rank the loss scaler, the loader
@@ -48,11 +48,12 @@ from hugerec.distributed.shard import sharded_collections
 from hugerec.sparse.batch import Batch
 from hugerec.training.checkpoint import (
     Resumed,
-    atomic_save,
+    best_checkpoint,
+    load_checkpoint,
     load_latest_checkpoint,
-    read_weights,
     remove_checkpoints,
     rng_state,
+    save_best,
     save_checkpoint,
     set_rng_state,
 )
@@ -62,8 +63,6 @@ from hugerec.training.pipeline import Pipeline, TieredStats
 from hugerec.training.precision import Precision, autocast, unscale_sparse_gradients
 from hugerec.training.run_log import RunLog, plot_curves
 from hugerec.training.schedule import Schedule
-
-BEST_NAME = "best.pt"  # in out_dir/checkpoints/: {"step", "eval", "model"} of the best evaluation
 
 
 class DenseOptimizer(enum.Enum):
@@ -175,7 +174,7 @@ class History:
     checkpoint: Path | None = None
     plot: Path | None = None
     best_eval: dict[str, float] | None = None  # the best evaluation by early_stopping.metric (step, epoch, ...)
-    best_checkpoint: Path | None = None  # checkpoints/best.pt: the best evaluation's weights (needs out_dir)
+    best_checkpoint: Path | None = None  # checkpoints/best/: the best evaluation's checkpoint (needs out_dir)
     stopped_early: bool = False  # stopped by early_stopping.patience before the epochs / max_steps ran out
 
     @property
@@ -207,8 +206,7 @@ def fit(
         run.resume(found)
     else:
         if run.ckpt_dir is not None and run.rank == 0:
-            remove_checkpoints(run.ckpt_dir)  # a fresh run replaces an old run's outputs in out_dir
-            (run.ckpt_dir / BEST_NAME).unlink(missing_ok=True)
+            remove_checkpoints(run.ckpt_dir)  # a fresh run replaces an old run's outputs in out_dir (best/ too)
         if run.world > 1:
             dist.barrier()  # no rank writes a checkpoint before rank 0 has cleared the old ones
         if cfg.seed is not None:
@@ -268,8 +266,7 @@ def fit(
     history.steps = run.step
     history.best_eval = run.tracker.best
     history.stopped_early = run.tracker.stopped
-    best_path = None if run.ckpt_dir is None else run.ckpt_dir / BEST_NAME
-    history.best_checkpoint = best_path if best_path is not None and best_path.is_file() else None
+    history.best_checkpoint = None if run.ckpt_dir is None else best_checkpoint(run.ckpt_dir)
     if run.out_dir is not None and cfg.plot and run.rank == 0:
         history.plot = plot_curves(history.train, history.evals, run.out_dir / "curves.png")
     return history
@@ -288,7 +285,9 @@ class _Run:
     ) -> None:
         self.model, self.train_data, self.eval_data, self.cfg = model, train_data, eval_data, cfg
         self.rank, self.world = _rank_and_world()
-        self.sharded = bool(sharded_collections(model))  # best.pt is kept for unsharded models only
+        self.sharded = bool(sharded_collections(model))
+        if self.sharded and cfg.out_dir is None and cfg.early_stopping.restore_best:
+            raise ValueError("fit: restore_best of a sharded model needs an out_dir (its best is kept as a checkpoint)")
         self.device = resolve_device(cfg.device)
         if cfg.precision is Precision.FP16 and self.device.type != "cuda":
             raise ValueError(f"fit: precision fp16 needs a CUDA device (got {self.device}); use bf16 on CPU")
@@ -402,29 +401,23 @@ class _Run:
         self.window_start += time.perf_counter() - started  # keep evaluation time out of samples/s
 
     def save_best(self) -> None:
-        """The weights of the evaluation just made, as the best: checkpoints/best.pt, or a copy in memory."""
-        if self.sharded:  # a sharded model's weights live on every rank: best.pt is not written for it yet
-            return
+        """The weights of the evaluation just made, as the best: checkpoints/best/ (collective), or a copy in memory."""
         if self.ckpt_dir is not None:
-            if self.rank == 0:
-                best = {"step": self.step, "eval": dict(self.tracker.best or {}), "model": self.model.state_dict()}
-                atomic_save(best, self.ckpt_dir / BEST_NAME)
+            save_best(self.ckpt_dir, self.model, {"step": self.step, "eval": dict(self.tracker.best or {})})
         elif self.cfg.early_stopping.restore_best:
             self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def restore_best(self) -> None:
         """Load the best evaluation's weights back into the model (the last ones are checkpointed already)."""
-        if self.tracker.best is None or self.sharded:
+        if self.tracker.best is None:
             return
         if self.ckpt_dir is not None:
-            path = self.ckpt_dir / BEST_NAME
-            if self.world > 1:
-                dist.barrier()  # rank 0 has written best.pt
-            state = read_weights(path, "fit", "best checkpoint", self.device)["model"]
+            best = best_checkpoint(self.ckpt_dir)
+            assert best is not None  # save_best wrote it at the best evaluation (and ended in a barrier)
+            load_checkpoint(best, self.model)  # each rank reads its part
         else:
             assert self.best_state is not None  # save_best kept it at the best evaluation
-            state = self.best_state
-        self.model.load_state_dict(state)
+            self.model.load_state_dict(self.best_state)
 
     def checkpoint(self) -> None:
         """Collective: every rank writes its part of checkpoints/step-N/ (rank 0 keeps the newest keep_checkpoints)."""

@@ -8,10 +8,10 @@ import torch
 
 from hugerec.cli.commands import (
     evaluate_model,
-    load_model,
     open_shards,
     predict_to_parquet,
     preprocess,
+    read_model,
     synth,
     train,
 )
@@ -64,8 +64,8 @@ def test_interrupted_training_resumes_exactly(prepared: Path, monkeypatch: pytes
     train(load_run_config(None, [*common, "train.out_dir=runs/whole"]))
     train(load_run_config(None, [*common, "train.out_dir=runs/part", "train.max_steps=3"]))
     train(load_run_config(None, [*common, "train.out_dir=runs/part", "train.resume=true"]))
-    whole, _ = load_model(prepared / "runs/whole/model.pt")
-    part, _ = load_model(prepared / "runs/part/model.pt")
+    whole, _ = read_model(prepared / "runs/whole/model.pt")
+    part, _ = read_model(prepared / "runs/part/model.pt")
     a, b = whole.state_dict(), part.state_dict()
     assert a.keys() == b.keys()
     assert any(k.startswith("sparse_arch.tables.") for k in a)  # the embedding rows and their optimizer state

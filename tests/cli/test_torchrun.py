@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from hugerec.cli.commands import evaluate_model, load_model
+from hugerec.cli.commands import evaluate_model, read_model
 from hugerec.cli.run_config import load_run_config
 from hugerec.training.checkpoint import list_checkpoints
 
@@ -38,10 +38,11 @@ def test_torchrun_two_ranks_train_and_write_model(prepared: Path, tmp_path: Path
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "hugerec", "train", *overrides]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    aucs = re.findall(r"eval AUC (\d\.\d{4})", proc.stdout)
+    aucs = re.findall(r"; eval AUC (\d\.\d{4})", proc.stdout)
     assert len(aucs) == 1, proc.stdout  # rank 0 reports the global AUC, once
+    assert f"best eval AUC {aucs[0]}" in proc.stdout and (out / "best.pt").is_file()  # a sharded run keeps its best too
     assert "table_wise" in proc.stdout or "row_wise" in proc.stdout or "data_parallel" in proc.stdout  # the plan
-    model, schema = load_model(out / "model.pt")
+    model, schema = read_model(out / "model.pt")
     assert len(schema.sparse) > 0 and sum(p.numel() for p in model.parameters()) > 0
     # model.pt holds the whole trained model: one process scoring every eval row finds the AUC the ranks agreed on
     assert f"{evaluate_model(load_run_config(None, overrides))['auc']:.4f}" == aucs[0]

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hugerec.data.shards import ShardWriter, expand_paths
+from hugerec.data.shards import ShardWriter, count_rows, expand_paths, split_shards
 
 
 def _groups(paths: list[Path]) -> list[list[int]]:
@@ -52,3 +52,19 @@ def test_bad_settings_and_paths(tmp_path: Path) -> None:
     (tmp_path / "schema.json").write_text("{}")
     with pytest.raises(ValueError, match="no Parquet files match"):
         expand_paths(tmp_path)
+
+
+def test_split_shards_is_a_seeded_partition_of_the_rows(tmp_path: Path) -> None:
+    src = tmp_path / "all"
+    with ShardWriter(src, rows_per_file=400, row_group_rows=100) as w:
+        w.write(pa.table({"x": np.arange(1000)}))
+    n_train, n_eval = split_shards(src, tmp_path / "t", tmp_path / "e", 0.2, seed=3)
+    assert (count_rows(tmp_path / "t"), count_rows(tmp_path / "e")) == (n_train, n_eval)
+    assert n_train + n_eval == 1000 and 120 < n_eval < 280
+    got = np.concatenate([pq.read_table(f)["x"].to_numpy() for d in ("t", "e") for f in expand_paths(tmp_path / d)])
+    assert sorted(got.tolist()) == list(range(1000))  # every row once
+    again = split_shards(src, tmp_path / "t2", tmp_path / "e2", 0.2, seed=3)
+    assert again == (n_train, n_eval)
+    assert pq.read_table(expand_paths(tmp_path / "e2")).equals(pq.read_table(expand_paths(tmp_path / "e")))
+    with pytest.raises(ValueError, match="eval_fraction must be in"):
+        split_shards(src, tmp_path / "t3", tmp_path / "e3", 1.0)

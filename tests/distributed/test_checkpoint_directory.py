@@ -177,6 +177,47 @@ def test_save_on_3_load_on_2_and_1(tmp_path: Path) -> None:
     assert_same(final, want)
 
 
+def _fit_keeping_the_best(rank: int, world: int, out: str) -> tuple[float, int, bool, bool]:
+    """A sharded `fit` scored on the training batches with flipped labels (it gets worse as it learns):
+    returns the best evaluation's step, the steps run, whether restore_best left exactly best/'s
+    weights in the model, and whether those differ from the last checkpoint's."""
+    from hugerec.training import EarlyStopping, TrainConfig, fit, load_checkpoint
+
+    torch.manual_seed(0)
+    model = shard(Small(), PLAN_2)
+    data = [local(b, rank, world) for b in batches()]
+    flipped = [Batch(b.dense, b.sparse, 1.0 - b.labels) for b in data]
+    es = EarlyStopping(metric="auc", patience=None, restore_best=True)
+    cfg = TrainConfig(epochs=3, lr=0.2, eval_every=2, early_stopping=es, out_dir=out, progress=False,
+                      tensorboard=False, plot=False)  # fmt: skip
+    history = fit(model, data, flipped, cfg)
+    assert history.best_eval is not None and history.best_checkpoint is not None and history.checkpoint is not None
+    best, last = shard(Small(), PLAN_2), shard(Small(), PLAN_2)
+    load_checkpoint(history.best_checkpoint, best)
+    load_checkpoint(history.checkpoint, last)
+    got, want, other = model.state_dict(), best.state_dict(), last.state_dict()
+    restored = all(torch.equal(got[k], v) for k, v in want.items())
+    return (
+        history.best_eval["step"],
+        history.steps,
+        restored,
+        any(not torch.equal(other[k], v) for k, v in want.items()),
+    )
+
+
+def test_a_sharded_run_keeps_its_best_and_restores_it(tmp_path: Path) -> None:
+    """Early stopping on 2 ranks writes checkpoints/best/ (it kept no best before) in the checkpoint format:
+    restore_best loads it back on every rank, and one process reads it as a whole model."""
+    out = tmp_path / "run"
+    results = spawn(2, _fit_keeping_the_best, str(out))
+    assert results[0] == results[1]
+    best_step, steps, restored, differs = results[0]
+    assert steps == 3 * STEPS and best_step < steps and restored and differs
+    whole = Small()
+    extra = load_checkpoint_dir(out / "checkpoints" / "best", whole)
+    assert extra["step"] == best_step and "auc" in extra["eval"]
+
+
 def test_unsharded_round_trip_and_errors(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = Small()

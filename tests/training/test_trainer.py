@@ -269,14 +269,16 @@ def test_a_run_that_gets_worse_stops_and_keeps_the_best_weights(tmp_path: Path) 
     # restore_best put epoch 1's weights back: the same as a run of one epoch, bit for bit
     for k, v in weights(after_one).items():
         assert torch.equal(model.state_dict()[k], v), k
-    best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)
-    assert best["step"] == 20 and best["eval"]["auc"] == history.evals[0]["auc"]
-    assert all(torch.equal(best["model"][k], v) for k, v in weights(after_one).items())
+    assert history.best_checkpoint == tmp_path / "checkpoints" / "best"
+    best = TinyModel(seed=5)
+    saved = load_checkpoint(history.best_checkpoint, best)  # the best is a checkpoint like the others
+    assert saved.extra["step"] == 20 and saved.extra["eval"]["auc"] == history.evals[0]["auc"]
+    assert all(torch.equal(best.state_dict()[k], v) for k, v in weights(after_one).items())
     # the last checkpoint holds the last weights, not the best
     assert history.checkpoint is not None and history.checkpoint.name == "step-0000000060"
     last = TinyModel(seed=5)
     load_checkpoint(history.checkpoint, last)
-    assert not torch.equal(last.state_dict()["emb.weight"], best["model"]["emb.weight"])
+    assert not torch.equal(last.state_dict()["emb.weight"], best.state_dict()["emb.weight"])
 
 
 def test_without_an_out_dir_restore_best_keeps_the_best_in_memory() -> None:
@@ -302,7 +304,7 @@ def test_patience_none_never_stops_but_still_tracks_the_best(tmp_path: Path) -> 
 @pytest.mark.parametrize("first_epochs", [1, 2])
 def test_resume_keeps_the_early_stopping_state(tmp_path: Path, first_epochs: int) -> None:
     """Interrupted at an evaluation (1 epoch: before any bad evaluation, 2: after one) and resumed ==
-    one run: the same stop, best evaluation, best.pt and last weights."""
+    one run: the same stop, best evaluation, best checkpoint and last weights."""
     train, valid = make_batches(20), make_batches(6, seed=1)
     es = EarlyStopping(metric="auc", patience=2)
     kw: dict[str, Any] = {"epochs": 10, "lr": 0.02, "schedule": Schedule(), "early_stopping": es}
@@ -320,9 +322,10 @@ def test_resume_keeps_the_early_stopping_state(tmp_path: Path, first_epochs: int
     assert second.stopped_early and second.steps == 60
     assert second.best_eval == expected.best_eval
     assert [r["auc"] for r in second.evals] == [r["auc"] for r in expected.evals]
-    a = torch.load(tmp_path / "whole" / "checkpoints" / "best.pt", weights_only=True)["model"]
-    b = torch.load(Path(run) / "checkpoints" / "best.pt", weights_only=True)["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    a, b = TinyModel(seed=5), TinyModel(seed=6)
+    load_checkpoint(tmp_path / "whole" / "checkpoints" / "best", a)
+    load_checkpoint(Path(run) / "checkpoints" / "best", b)
+    assert all(torch.equal(v, b.state_dict()[k]) for k, v in weights(a).items())
     assert all(torch.equal(v, resumed.state_dict()[k]) for k, v in weights(whole).items())
     # resuming the finished run does nothing more
     again = fit(resumed, GetsWorse(train), valid, quiet(out_dir=run, resume=True, **kw))
@@ -331,9 +334,9 @@ def test_resume_keeps_the_early_stopping_state(tmp_path: Path, first_epochs: int
 
 def test_a_fresh_run_removes_an_old_runs_best(tmp_path: Path) -> None:
     fit(TinyModel(), make_batches(4), make_batches(2, seed=1), quiet(out_dir=str(tmp_path)))
-    assert (tmp_path / "checkpoints" / "best.pt").is_file()
+    assert (tmp_path / "checkpoints" / "best" / "index.json").is_file()
     history = fit(TinyModel(), make_batches(4), None, quiet(out_dir=str(tmp_path)))
-    assert history.best_checkpoint is None and not (tmp_path / "checkpoints" / "best.pt").exists()
+    assert history.best_checkpoint is None and not (tmp_path / "checkpoints" / "best").exists()
 
 
 def test_the_default_schedule_decays_over_the_first_epoch() -> None:

@@ -6,22 +6,21 @@
     engine = client      an existing dask.distributed.Client
 
 A task is `fn(job, item)`: the job (the fitted workflow, typically the large part) travels once per
-worker (through a temporary file the local workers read once; a broadcast scatter on Dask), the
-items (partitions) one per task. Results come back in item order, one at a time, so the caller can
-reduce them as they arrive.
+worker (in memory: handed to each local worker as it starts, through the pipe that starts it; a
+broadcast scatter on Dask), the items (partitions) one per task. Results come back in item order,
+one at a time, so the caller can reduce them as they arrive. Nothing goes through a file: no worker
+ever reads a pickle from disk.
 
 Local workers start by importing the main script (as with any multiprocessing or Dask code), so
-scripts guard their entry point with `if __name__ == "__main__":`. A local pool, once started, is
-kept for the life of the process, so a fit followed by a transform pays for worker start-up once.
+scripts guard their entry point with `if __name__ == "__main__":`. A local pool lives for one
+`run_tasks` call (its workers hold that call's job); the fork server they start from is kept, with
+the preprocessing modules imported, so a worker starts in milliseconds.
 """
 
 from __future__ import annotations
 
-import atexit
 import multiprocessing
 import os
-import pickle
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -38,33 +37,25 @@ J = TypeVar("J")
 T = TypeVar("T")
 R = TypeVar("R")
 
-_pools: dict[int, ProcessPoolExecutor] = {}
-_job: tuple[str, Any] = ("", None)  # (job file, job) last loaded by this worker process
+_job: Any = None  # in a local worker: the job of the run_tasks call that started it
 
 
-def _call(job_file: str, fn: Callable[[Any, T], R], item: T) -> R:
+def _set_job(job: Any) -> None:
     global _job
-    if _job[0] != job_file:
-        with open(job_file, "rb") as f:
-            _job = (job_file, pickle.load(f))
-    return fn(_job[1], item)
+    _job = job
 
 
-def _pool(workers: int) -> ProcessPoolExecutor:
-    if workers not in _pools:
-        # fork would copy the parent's Polars thread pool mid-flight (deadlock-prone); the fork server
-        # imports the preprocessing modules once, so each worker starts fast
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["hugerec.data.preprocess.workflow"])
-        _pools[workers] = ProcessPoolExecutor(workers, mp_context=ctx)
-    return _pools[workers]
+def _call(fn: Callable[[Any, T], R], item: T) -> R:
+    return fn(_job, item)
 
 
-@atexit.register
-def shutdown_pools() -> None:
-    """Stop the kept local worker pools (they restart on the next use)."""
-    while _pools:
-        _pools.popitem()[1].shutdown(cancel_futures=True)
+def _pool(workers: int, job: Any) -> ProcessPoolExecutor:
+    """`workers` processes, each given `job` as it starts (pickled into its start-up pipe, not a file)."""
+    # fork would copy the parent's Polars thread pool mid-flight (deadlock-prone); the fork server
+    # imports the preprocessing modules once, so each worker starts fast
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["hugerec.data.preprocess.workflow"])
+    return ProcessPoolExecutor(workers, mp_context=ctx, initializer=_set_job, initargs=(job,))
 
 
 def parallelism(engine: Engine) -> int:
@@ -91,26 +82,19 @@ def run_tasks(fn: Callable[[J, T], R], job: J, items: Sequence[T], engine: Engin
                 for item in items:
                     yield fn(job, item)
                 return
-            fd, job_file = tempfile.mkstemp(prefix="hugerec-job-", suffix=".pkl")
+            pool = _pool(min(workers, len(items)), job)
             try:
-                with os.fdopen(fd, "wb") as f:
-                    pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
-                futures = [_pool(workers).submit(_call, job_file, fn, item) for item in items]
-                try:
-                    for future in futures:
-                        yield future.result()
-                finally:
-                    for future in futures:
-                        future.cancel()
+                futures = [pool.submit(_call, fn, item) for item in items]
+                for future in futures:
+                    yield future.result()
             except BrokenProcessPool as e:
-                _pools.pop(workers).shutdown(cancel_futures=True)
                 raise RuntimeError(
                     "a local worker process died. Workers start by importing the main script, so a script "
                     "must guard its entry point with `if __name__ == '__main__':`; otherwise the worker ran "
                     "out of memory (use smaller Dataset partition_bytes or fewer workers)"
                 ) from e
             finally:
-                os.unlink(job_file)
+                pool.shutdown(cancel_futures=True)
         case str():
             from distributed import Client
 

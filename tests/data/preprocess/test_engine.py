@@ -1,4 +1,6 @@
 import operator
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -68,3 +70,15 @@ def test_dask_local_cluster_matches_in_process(tmp_path: Path, criteo_tsv: Path)
     _assert_same_stats(on_dask, inline)
     raw = pl.read_csv(criteo_tsv, separator="\t", has_header=False, schema=dataset.schema)
     assert pl.read_parquet(result.paths).equals(on_dask.transform_frame(raw))
+
+
+def _files_beside(job: str, item: int) -> list[str]:
+    """In a worker: the plain files in the parent's temporary folder (`job`), and the item."""
+    return [*sorted(n for n in os.listdir(job) if os.path.isfile(os.path.join(job, n))), str(item)]
+
+
+def test_local_workers_get_the_job_in_memory_not_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The job reached the workers as a pickle in a temporary file they loaded: now it is handed to each
+    worker as it starts, and no file is written for it (nothing the package loads from disk is a pickle)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert list(run_tasks(_files_beside, str(tmp_path), [1, 2, 3], 2)) == [["1"], ["2"], ["3"]]

@@ -21,7 +21,7 @@ from hugerec.data.matrix import read_matrix
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.distributed.launch import launched_by_torchrun
-from hugerec.models.gbm import FeatureMatrix, Library, TreeModel, library_of
+from hugerec.models.gbm import FeatureMatrix, Library, TreeModel, library_of, require
 from hugerec.training.gbm import TreeHistory, evaluate_trees, fit_trees, library_version
 
 META_SUFFIX = ".meta.json"
@@ -53,21 +53,22 @@ def train_trees(cfg: RunConfig) -> TreeHistory:
             "deep models: run `hugerec train` without torchrun (the library uses every core of the machine)"
         )
     config = cfg.gbm_config()
+    try:
+        require(library_of(config))  # before reading any data
+    except ImportError as e:
+        raise ConfigError(str(e)) from None
     schema = read_schema(cfg.data.schema_path, "data.schema")
     train = _matrix(cfg.data.train, "data.train", schema)
     eval_ = None if cfg.data.eval is None else _matrix(cfg.data.eval, "data.eval", schema)
-    try:
-        model, history = fit_trees(
-            config,
-            train,
-            eval_,
-            cfg.out_dir,
-            metric=cfg.train.early_stopping.metric,
-            log_every=cfg.train.log_every,
-            seed=cfg.train.seed,
-        )
-    except ImportError as e:
-        raise ConfigError(str(e)) from None
+    model, history = fit_trees(
+        config,
+        train,
+        eval_,
+        cfg.out_dir,
+        metric=cfg.train.early_stopping.metric,
+        log_every=cfg.train.log_every,
+        seed=cfg.train.seed,
+    )
     library = library_of(config)
     path = model.save(cfg.out_dir / library.model_file)
     meta = {

@@ -117,7 +117,7 @@ def _inputs(x: np.ndarray) -> ModelInputs:
 
 
 def test_both_paths_equal_the_library(bundle: tuple[Library, Path, TreeModel]) -> None:
-    library, path, tree = bundle
+    _, path, tree = bundle
     assert is_gbm_bundle(path)
     x = _rows(300, 4)
     for predictor in GBMPredictor:

@@ -37,6 +37,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
 from hugerec.cli.commands import evaluate_model, train
+from hugerec.cli.gbm_commands import evaluate_trees_cmd, train_trees
 from hugerec.cli.run_config import load_run_config
 from hugerec.data.preprocess.categorical import Categorify
 from hugerec.data.preprocess.numeric import FillMissing, LogOp, Normalize
@@ -198,6 +199,19 @@ def deep_model(
     )
     cfg = load_run_config(config, [f"data.seed={seed}", *overrides])
     t0 = time.perf_counter()
+    if model in ("lightgbm", "xgboost"):  # gradient-boosted trees: the same split, test AUC of the best round
+        trees = train_trees(cfg)
+        seconds = time.perf_counter() - t0
+        test = evaluate_trees_cmd(load_run_config(config, [f"data.eval={folder / 'test'}", *overrides]))
+        valid = (trees.final_eval or {}).get("auc", float("nan"))
+        return {
+            "auc": test["auc"],
+            "logloss": test["logloss"],
+            "valid_auc": valid,
+            "best_epoch": float(trees.best_round),
+            "steps": float(trees.rounds),
+            "train_seconds": seconds,
+        }
     history = train(cfg)
     seconds = time.perf_counter() - t0
     test = evaluate_model(load_run_config(config, [f"data.eval={folder / 'test'}", *overrides]))

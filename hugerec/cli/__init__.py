@@ -469,8 +469,14 @@ def _quickstart(cfg: RunConfig, args: argparse.Namespace) -> None:
     pre = preprocess(cfg)
     model_name = cfg.model.get("type", "dlrm")
     print(f"[3/3] training {model_name} on {pre.train_rows:,} rows, evaluating on {pre.eval_rows:,} ...", flush=True)
-    history = train(cfg)
-    last = history.final_eval
+    if _is_gbm(cfg):  # gradient-boosted trees: their own run (model.txt / model.json, no model.pt)
+        from hugerec.cli.gbm_commands import train_trees
+
+        trees = train_trees(cfg)
+        last, plot = trees.final_eval, trees.plot
+    else:
+        history = train(cfg)
+        last, plot = history.final_eval, history.plot
     assert last is not None  # the quickstart always has eval data
     oracle = next(iter(report.oracle_auc.values()))
     captured = (last["auc"] - 0.5) / (oracle - 0.5) if oracle > 0.5 else math.nan
@@ -478,9 +484,14 @@ def _quickstart(cfg: RunConfig, args: argparse.Namespace) -> None:
     print(f"eval AUC     {last['auc']:.4f}   (oracle AUC {oracle:.4f}: the best any model can do on these labels)")
     print(f"             {captured:.1%} of the oracle's lift over a coin flip (AUC 0.5)")
     print(f"logloss      {last['logloss']:.4f}   calibration {last['calibration']:.3f} (predicted / observed CTR)")
-    print(f"model        {cfg.out_dir / 'model.pt'}")
+    if _is_gbm(cfg):
+        from hugerec.cli.gbm_commands import default_tree_model
+
+        print(f"model        {default_tree_model(cfg)}")
+    else:
+        print(f"model        {cfg.out_dir / 'model.pt'}")
     print(f"metrics log  {cfg.out_dir / 'metrics.jsonl'}   (TensorBoard: tensorboard --logdir {cfg.out_dir})")
-    print(f"plot         {history.plot}")
+    print(f"plot         {plot}")
     print(f"done in {time.perf_counter() - t0:.0f} s")
 
 

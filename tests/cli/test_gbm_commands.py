@@ -87,3 +87,12 @@ def test_multi_hot_schema_is_refused(tmp_path: Path) -> None:
     schema = Schema.build(["label"], ["d"], {"tags": 10}, multi_hot=["tags"])
     with pytest.raises(ValueError, match="'tags' is multi-hot; tree models take one id per example"):
         read_matrix(tmp_path, schema)
+
+
+@pytest.mark.slow
+def test_quickstart_with_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["quickstart", *TINY, "model.type=lightgbm", "model.num_trees=10", "model.threads=1"]) == 0
+    out = capsys.readouterr().out
+    assert "eval AUC" in out and "runs/quickstart/model.txt" in out
+    assert (tmp_path / "runs/quickstart/model.meta.json").is_file()

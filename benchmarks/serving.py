@@ -307,7 +307,7 @@ def run_gbm(quick: bool) -> list[dict[str, Any]]:
         tmp = Path(tempfile.mkdtemp(prefix=f"hugerec-gbm-bench-{library}-"))
         try:
             t0 = time.perf_counter()
-            path, bundle = gbm_train(library, tmp, 5_000 if quick else 20_000)
+            path, bundle = gbm_train(library, tmp, 5_000 if quick else 10_000)
             print(f"gbm {library}: {GBM_TREES} trees trained in {time.perf_counter() - t0:.0f} s", flush=True)
             records += gbm_in_process(library, path, bundle, 0.5 if quick else 2.0)
             records += gbm_http(library, path, bundle, tmp, 1.6 if quick else 8.0)

@@ -12,6 +12,7 @@ from hugerec.serving.batching import BatchingConfig
 from hugerec.serving.bundle import Bundle
 from hugerec.serving.cache import CacheConfig, CachePolicy
 from hugerec.serving.export import export_bundle, export_checkpoint
+from hugerec.serving.gbm import GBMModel, export_gbm_bundle, load_gbm_bundle
 from hugerec.serving.loader import ServeOptions, load_bundle
 from hugerec.serving.model import InferenceModel
 from hugerec.serving.parameter_server import ParameterServer, TableSpec, TableUpdate
@@ -23,6 +24,7 @@ __all__ = [
     "Bundle",
     "CacheConfig",
     "CachePolicy",
+    "GBMModel",
     "InferenceModel",
     "InferenceServer",
     "ParameterServer",
@@ -32,7 +34,9 @@ __all__ = [
     "TableUpdate",
     "export_bundle",
     "export_checkpoint",
+    "export_gbm_bundle",
     "load_bundle",
+    "load_gbm_bundle",
     "publish_to_directory",
     "publish_to_stream",
     "serve",

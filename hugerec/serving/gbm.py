@@ -43,7 +43,7 @@ from hugerec.data.schema import Schema
 from hugerec.models.gbm import Library, TreeModel
 from hugerec.serving.bundle import MANIFEST, SCHEMA, WORKFLOW, _inside, checksums, sha256_file
 from hugerec.serving.forest import Forest
-from hugerec.serving.model import ModelInputs
+from hugerec.serving.inference_model import ModelInputs
 from hugerec.serving.preprocess import RequestPreprocessor
 from hugerec.serving.protocol import Signature
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from hugerec.serving.batching import DynamicBatcher
 from hugerec.serving.gbm import GBMModel
-from hugerec.serving.model import InferenceModel, ModelInputs
+from hugerec.serving.inference_model import InferenceModel, ModelInputs
 from hugerec.serving.preprocess import RequestPreprocessor
 from hugerec.serving.protocol import Signature
 

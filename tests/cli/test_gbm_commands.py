@@ -17,7 +17,7 @@ from hugerec.cli.run_config import load_run_config
 from hugerec.data.matrix import read_matrix
 from hugerec.data.schema import Schema
 from hugerec.serving.gbm import load_gbm_bundle
-from hugerec.serving.model import ModelInputs
+from hugerec.serving.inference_model import ModelInputs
 from tests.cli.conftest import TINY
 
 pytest.importorskip("lightgbm")

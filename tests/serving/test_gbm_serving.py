@@ -19,7 +19,7 @@ from hugerec.models.gbm import FeatureMatrix, Library, LightGBMConfig, TreeModel
 from hugerec.serving.batching import BatchingConfig
 from hugerec.serving.forest import Forest
 from hugerec.serving.gbm import GBMModel, GBMPredictor, export_gbm_bundle, is_gbm_bundle, load_gbm_bundle
-from hugerec.serving.model import ModelInputs
+from hugerec.serving.inference_model import ModelInputs
 from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.training.gbm import fit_trees
 

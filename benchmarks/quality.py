@@ -10,6 +10,9 @@ logistic regression (scikit-learn) on one-hot ids and quantile-bucketed dense fe
 so the generator's pairwise interactions (15% of the logit variance) are out of its reach: a model
 given the true per-id and dense effects but no interactions scores ~92% of the lift.
 
+hugerec-lightgbm and hugerec-xgboost (model.type = "lightgbm" | "xgboost") train on the same shards and
+split through `hugerec train`'s GBM path (native categorical ids, early stopping on the eval rows).
+
 Then the real samples (`quality_real.py` states the protocol): the default config's deep models
 with early stopping against a one-hot logistic regression on the same 80/10/10 split, test AUC,
 mean of 3 seeds; configs `real criteo auc` and `real movielens auc`. Target: the best deep model
@@ -18,7 +21,7 @@ within 0.005 AUC of the logistic regression. Skipped with a message without the 
 
     python benchmarks/quality.py                     # synthetic 2 M rows, 4 models + logreg (~5 min), then
                                                      # the real samples, 3 seeds (~40 min on 2 cores)
-    python benchmarks/quality.py --quick             # synthetic 150 k rows + the Criteo sample, 1 seed: ~1 min
+    python benchmarks/quality.py --quick             # synthetic 150 k rows + the Criteo sample, 1 seed: ~2 min
                                                      # (on a busy machine set OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1)
     python benchmarks/quality.py --json out.json --models dlrm,dcn_v2 --train-rows 1000000
     python benchmarks/quality.py --no-synthetic --real criteo --seeds 5
@@ -46,6 +49,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss, roc_auc_score
 
 from hugerec.cli.commands import preprocess, synth, train
+from hugerec.cli.gbm_commands import train_trees
 from hugerec.cli.run_config import load_run_config
 from hugerec.data.schema import Schema
 
@@ -60,7 +64,12 @@ MODELS: dict[str, str] = {
     "dcn_v2": "{type='dcn_v2', num_cross_layers=3, deep=[256, 128]}",
     "deepfm": "{type='deepfm', deep=[256, 128]}",
     "wide_and_deep": "{type='wide_and_deep', deep=[256, 128]}",
+    # gradient-boosted trees on the same shards (pip install 'hugerec[gbm]'): library defaults of hugerec's
+    # config (500 trees at most, early stopping after 50 rounds without a better eval AUC)
+    "lightgbm": "{type='lightgbm'}",
+    "xgboost": "{type='xgboost'}",
 }
+GBM = ("lightgbm", "xgboost")
 COMMON = [
     "preprocess.min_frequency=10",
     "embedding.dim=16",
@@ -109,8 +118,8 @@ def run(train_rows: int, models: list[str], workdir: Path, baseline: bool) -> li
     for model in models:
         t0 = time.perf_counter()
         overrides = [f"model={MODELS[model]}", decay, f"train.out_dir={workdir / model}"]
-        history = train(load_run_config(None, [*base, *overrides]))
-        final = history.final_eval
+        run_cfg = load_run_config(None, [*base, *overrides])
+        final = train_trees(run_cfg).final_eval if model in GBM else train(run_cfg).final_eval
         assert final is not None
         r = _record(name, f"hugerec-{model}", oracle, None, None, time.perf_counter() - t0, final)
         r["samples_per_s"] = pre.train_rows / r["train_seconds"]
@@ -196,7 +205,7 @@ def print_table(records: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="150 k rows, DLRM and DCN-v2")
+    parser.add_argument("--quick", action="store_true", help="150 k rows, DLRM, DCN-v2, LightGBM and XGBoost")
     parser.add_argument("--train-rows", type=int, default=None, help="training rows (default 2,000,000)")
     parser.add_argument("--models", default=None, help=f"comma-separated, from {','.join(MODELS)}")
     parser.add_argument("--no-baseline", action="store_true", help="skip the logistic-regression baseline")
@@ -214,7 +223,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=None, help="seeds (splits and inits) per real sample (default 3)")
     args = parser.parse_args()
     train_rows = args.train_rows or (150_000 if args.quick else 2_000_000)
-    models = args.models.split(",") if args.models else (["dlrm", "dcn_v2"] if args.quick else list(MODELS))
+    models = args.models.split(",") if args.models else (["dlrm", "dcn_v2", *GBM] if args.quick else list(MODELS))
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         parser.error(f"unknown models {unknown}; choose from {list(MODELS)}")

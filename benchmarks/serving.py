@@ -16,6 +16,16 @@ it reports throughput (examples/s) and p50/p99 latency. The parameter server's l
 against a Python dict.
 
     python benchmarks/serving.py [--quick] [--json PATH]
+
+Gradient-boosted trees (`--gbm-only` runs just this part; skipped without `pip install 'hugerec[gbm]'`):
+a 500-tree LightGBM (and XGBoost) model trained on Criteo-shaped rows (13 dense, 26 categorical ids),
+exported as a GBM bundle. In process: hugerec-lightgbm (GBMModel.predict: the flat forest's Numba
+kernel) against naive-lightgbm (Booster.predict, raw scores, one thread) on the same rows, us per row
+at batch 1 and 256. Over HTTP: our server with the GBM bundle (KServe v2 binary, dynamic batching)
+against naive-lightgbm (FastAPI + pydantic, Booster.predict per request), batch 1 from 16 clients and
+batch 256 from 4 clients: p50 / p99 latency and throughput, interleaved like the DLRM runs.
+
+    python benchmarks/serving.py --gbm-only [--quick] [--json PATH]
 """
 
 from __future__ import annotations
@@ -151,6 +161,159 @@ def run_baseline(weights: str, port: int, rows: int) -> None:
         return {"scores": torch.sigmoid(logits).tolist()}
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+class GBMRequest(BaseModel):
+    dense: list[list[float]]
+    sparse: dict[str, list[list[int]]]
+
+
+GBM_LIBRARIES = ("lightgbm", "xgboost")
+GBM_TREES = 500
+
+
+def gbm_train(library: str, out: Path, rows: int) -> tuple[Path, Path]:
+    """A GBM_TREES-tree model of `library` on Criteo-shaped rows (no early stopping) -> (model file, bundle)."""
+    from hugerec.data.schema import Schema
+    from hugerec.models.gbm import FeatureMatrix, Library, LightGBMConfig, XGBoostConfig
+    from hugerec.serving.gbm import export_gbm_bundle
+    from hugerec.training.gbm import fit_trees
+
+    dense, ids = make_requests(rows, 1, 1000, seed=7)[0]
+    x = np.hstack([dense, ids.astype(np.float32)])
+    rng = np.random.default_rng(8)
+    y = (dense[:, 0] + (ids[:, 0] % 3 == 0) + rng.standard_normal(rows) > 0.8).astype(np.float32)
+    names = (*(f"I{i}" for i in range(1, NUM_DENSE + 1)), *FEATURES)
+    data = FeatureMatrix(x, y, names, NUM_DENSE)
+    lib = Library(library)
+    config = (
+        LightGBMConfig(num_trees=GBM_TREES, num_leaves=31, early_stopping_rounds=None, threads=2)
+        if lib is Library.LIGHTGBM
+        else XGBoostConfig(num_trees=GBM_TREES, max_depth=6, early_stopping_rounds=None, threads=2)
+    )
+    model, _ = fit_trees(config, data, None, out_dir=None, log_every=0)
+    path = model.save(out / lib.model_file)
+    schema = Schema.build(["label"], names[:NUM_DENSE], dict.fromkeys(FEATURES, 1000))
+    return path, export_gbm_bundle(path, lib, out / "bundle", schema, name="gbm")
+
+
+def gbm_in_process(library: str, path: Path, bundle: Path, seconds: float) -> list[dict[str, Any]]:
+    """us per row of GBMModel.predict (hugerec-LIB) and of the library's predict (naive-LIB), same rows."""
+    from hugerec.models.gbm import Library, TreeModel
+    from hugerec.serving.gbm import load_gbm_bundle
+    from hugerec.serving.inference_model import ModelInputs
+
+    model = load_gbm_bundle(bundle).model
+    tree = TreeModel.load(path, Library(library), threads=1)
+    records = []
+    for batch in (1, 256):
+        dense, ids = make_requests(batch, 1, 1000, seed=batch + 100)[0]
+        inputs = ModelInputs.from_one_id(dense, FEATURES, np.ascontiguousarray(ids.T))
+        x = np.hstack([dense, ids.astype(np.float32)])
+        np.testing.assert_allclose(model.predict(inputs), tree.margin(x), rtol=1e-4, atol=1e-4)
+        for method in (f"hugerec-{library}", f"naive-{library}"):
+            ours = method.startswith("hugerec")
+            calls, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                if ours:
+                    model.predict(inputs)
+                else:
+                    tree.margin(x)
+                calls += 1
+            us = (time.perf_counter() - t0) / calls / batch * 1e6
+            records.append(_record(f"gbm in-process b={batch}", method, us, "us/row", False, trees=GBM_TREES))
+            print(f"gbm in-process b={batch:<4d} {method:18s} {us:9.2f} us/row", flush=True)
+    return records
+
+
+def run_naive_gbm(library: str, path: str, port: int) -> None:
+    """FastAPI + pydantic + the library's predict per request (no batching): the naive GBM server."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    from hugerec.models.gbm import Library, TreeModel
+
+    tree = TreeModel.load(path, Library(library), threads=1)
+    app = FastAPI()
+
+    @app.get("/v2/health/ready")
+    async def ready() -> dict[str, bool]:
+        return {"ready": True}
+
+    @app.post("/predict")
+    async def predict(request: GBMRequest) -> dict[str, list[float]]:
+        ids = np.array([[bag[0] for bag in request.sparse[f]] for f in FEATURES], np.float32).T  # [B, 26]
+        x = np.hstack([np.array(request.dense, np.float32), ids])
+        return {"scores": (1.0 / (1.0 + np.exp(-tree.margin(x)))).tolist()}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def gbm_http(library: str, path: Path, bundle: Path, tmp: Path, seconds: float) -> list[dict[str, Any]]:
+    """Our server with the GBM bundle against the naive server, over HTTP on 127.0.0.1, interleaved."""
+    procs: list[subprocess.Popen[bytes]] = []
+    records: list[dict[str, Any]] = []
+    ours, naive = f"hugerec-{library}", f"naive-{library}"
+    try:
+        ours_port, naive_port = free_port(), free_port()
+        procs.append(start(["--serve", "ours", "--path", str(bundle), "--state", str(tmp / "state")], ours_port))
+        procs.append(start(["--serve", "naive-gbm", "--library", library, "--path", str(path)], naive_port))
+        for proc, port in zip(procs, (ours_port, naive_port), strict=True):
+            wait_ready(proc, port)
+        urls = {ours: f"http://127.0.0.1:{ours_port}/v2/models/gbm/infer", naive: f"http://127.0.0.1:{naive_port}/predict"}
+        encoders = {ours: kserve_binary, naive: baseline_json}
+        for batch, clients in ((1, 16), (256, 4)):
+            requests = make_requests(batch, 16, 1000, seed=batch + 200)
+            bodies = {m: [encode(d, i) for d, i in requests] for m, encode in encoders.items()}
+            latencies: dict[str, list[float]] = {m: [] for m in encoders}
+            for _ in range(ROUNDS):
+                for method in encoders:
+                    got, _ = asyncio.run(drive(urls[method], bodies[method], clients, seconds / ROUNDS))
+                    latencies[method] += got
+            for method in encoders:
+                lat = np.array(latencies[method]) * 1000
+                throughput = lat.shape[0] * batch / seconds
+                p50, p99 = float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
+                extra = {"clients": clients, "seconds": seconds, "trees": GBM_TREES}
+                config = f"gbm http b={batch}"
+                records.append(_record(f"throughput {config}", method, throughput, "examples/s", True, **extra))
+                records.append(_record(f"p50 {config}", method, p50, "ms", False, **extra))
+                records.append(_record(f"p99 {config}", method, p99, "ms", False, **extra))
+                print(
+                    f"{config:16s} {method:18s} clients {clients:3d} {throughput:10.0f} examples/s  "
+                    f"p50 {p50:7.2f} ms  p99 {p99:7.2f} ms",
+                    flush=True,
+                )
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    return records
+
+
+def run_gbm(quick: bool) -> list[dict[str, Any]]:
+    """The GBM part: in process and over HTTP, for each library installed."""
+    import importlib.util
+
+    records: list[dict[str, Any]] = []
+    for library in GBM_LIBRARIES:
+        if importlib.util.find_spec(library) is None:
+            print(f"gbm {library}: skipped, not installed (pip install 'hugerec[gbm]')")
+            continue
+        tmp = Path(tempfile.mkdtemp(prefix=f"hugerec-gbm-bench-{library}-"))
+        try:
+            t0 = time.perf_counter()
+            path, bundle = gbm_train(library, tmp, 5_000 if quick else 10_000)
+            print(f"gbm {library}: {GBM_TREES} trees trained in {time.perf_counter() - t0:.0f} s", flush=True)
+            records += gbm_in_process(library, path, bundle, 0.5 if quick else 2.0)
+            records += gbm_http(library, path, bundle, tmp, 1.6 if quick else 8.0)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return records
 
 
 def free_port() -> int:
@@ -358,7 +521,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small tables and short runs (< 1 minute)")
     parser.add_argument("--json", type=Path, help="write the records to this JSON file")
-    parser.add_argument("--serve", choices=["ours", "baseline"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=["ours", "baseline", "naive-gbm"], help=argparse.SUPPRESS)
+    parser.add_argument("--library", help=argparse.SUPPRESS)
+    parser.add_argument("--gbm-only", action="store_true", help="only the gradient-boosted trees part")
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--state", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -376,6 +541,14 @@ def main() -> None:
         return run_ours(args.path, args.state, args.port, args.max_delay_ms, args.offload_rows)
     if args.serve == "baseline":
         return run_baseline(args.path, args.port, args.rows)
+    if args.serve == "naive-gbm":
+        return run_naive_gbm(args.library, args.path, args.port)
+    if args.gbm_only:
+        records = run_gbm(args.quick)
+        _print_table(records)
+        if args.json is not None:
+            args.json.write_text(json.dumps(records, indent=2))
+        return None
 
     from hugerec.serving.export import export_bundle
 
@@ -466,6 +639,7 @@ def main() -> None:
                 p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
     records += tier_throughput(10_000 if args.quick else 200_000, args.quick)
+    records += run_gbm(args.quick)
     _print_table(records)
     if args.json is not None:
         args.json.write_text(json.dumps(records, indent=2))
@@ -474,10 +648,14 @@ def main() -> None:
 def _print_table(records: list[dict[str, Any]]) -> None:
     print(f"\n{'config':34s} {'method':16s} {'value':>14s} {'unit':12s} {'ours/baseline':>14s}")
     baseline = {r["config"]: r["value"] for r in records if r["method"] in (BASELINE, "baseline-dict")}
+    # the GBM part: hugerec-LIB against naive-LIB of the same config
+    naive = {(r["config"], r["method"].removeprefix("naive-")): r["value"] for r in records if r["method"].startswith("naive-")}
     for r in records:
         base = baseline.get(r["config"]) or (
             baseline.get("ps lookup") if r["config"].startswith("ps lookup tier") else None
         )
+        if r["config"].startswith(("gbm", "throughput gbm", "p50 gbm", "p99 gbm")):
+            base = naive.get((r["config"], r["method"].removeprefix("hugerec-"))) if r["method"].startswith("hugerec-") else None
         ratio = ""
         if base and r["method"] not in (BASELINE, "baseline-dict"):
             ratio = f"{(r['value'] / base) if r['higher_is_better'] else (base / r['value']):.2f}x"

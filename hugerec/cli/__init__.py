@@ -79,7 +79,11 @@ COMMANDS = {
         "Sequential (model.type = sasrec | mlm | gru4rec) reads [sequences]: events grouped by a session\n"
         "or user column (or an inactivity gap), evaluated leave-last-out or on every prefix of the test\n"
         "sessions. Both write model.pt and metrics.json to train.out_dir.\n"
+        "Gradient-boosted trees (model.type = lightgbm | xgboost; pip install 'hugerec[gbm]') train on the\n"
+        "same shards, stop early on data.eval after model.early_stopping_rounds rounds without a better\n"
+        "train.early_stopping.metric, and write model.txt (LightGBM) or model.json (XGBoost) to train.out_dir.\n"
         "example: hugerec train configs/criteo_sample.toml model.type=dcn_v2 train.epochs=2\n"
+        "example: hugerec train configs/criteo_sample.toml model.type=lightgbm\n"
         "example: hugerec train configs/movielens_two_tower.toml train.epochs=2",
     ),
     "evaluate": (
@@ -330,9 +334,32 @@ def _print_metrics(prefix: str, metrics: dict[str, float]) -> None:
     print(f"{prefix}{json.dumps({k: _finite(round(v, 6)) for k, v in metrics.items()})}")
 
 
+def _is_gbm(cfg: RunConfig) -> bool:
+    from hugerec.cli.run_config import is_gbm_model
+
+    return is_gbm_model(cfg.model)
+
+
+def _train_trees(cfg: RunConfig) -> None:
+    from hugerec.cli.gbm_commands import default_tree_model, train_trees
+
+    history = train_trees(cfg)
+    last = history.final_eval
+    result = "" if last is None else f"; eval AUC {last['auc']:.4f} logloss {last['logloss']:.4f}"
+    stopped = " (stopped early)" if history.stopped_early else ""
+    print(
+        f"train: {history.rounds} rounds in {history.seconds:.1f} s{stopped}, best round {history.best_round}{result}"
+    )
+    model = default_tree_model(cfg)
+    print(f"  model {model} (the best round's trees)   log {cfg.out_dir / 'metrics.jsonl'}   plot {history.plot}")
+
+
 def _train(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.commands import train
 
+    if _is_gbm(cfg):
+        _train_trees(cfg)
+        return
     if _is_task(cfg):
         from hugerec.cli.task_commands import is_retrieval, train_retrieval, train_sequential
 
@@ -369,14 +396,24 @@ def _evaluate(cfg: RunConfig, args: argparse.Namespace) -> None:
         _print_metrics("", evaluate_task(cfg, args.model))
         return
 
-    metrics = evaluate_model(cfg, args.model)
+    if _is_gbm(cfg):
+        from hugerec.cli.gbm_commands import evaluate_trees_cmd
+
+        metrics = evaluate_trees_cmd(cfg, args.model)
+    else:
+        metrics = evaluate_model(cfg, args.model)
     print(json.dumps({k: _finite(v) for k, v in metrics.items()}))
 
 
 def _predict(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.commands import predict_to_parquet
 
-    out, rows = predict_to_parquet(cfg, args.model)
+    if _is_gbm(cfg):
+        from hugerec.cli.gbm_commands import predict_trees
+
+        out, rows = predict_trees(cfg, args.model)
+    else:
+        out, rows = predict_to_parquet(cfg, args.model)
     print(f"predict: {rows:,} rows scored -> {out}")
 
 
@@ -388,6 +425,12 @@ def _export(cfg: RunConfig, args: argparse.Namespace) -> None:
 
         out = export_task_model(cfg, args.model, args.out)
         print(f"export: next-items bundle -> {out}   (serve it: hugerec serve {out})")
+        return
+    if _is_gbm(cfg):
+        from hugerec.cli.gbm_commands import export_trees
+
+        out = export_trees(cfg, args.model, args.out)
+        print(f"export: GBM bundle -> {out}   (serve it: hugerec serve {out})")
         return
     out = export_model(cfg, args.model, args.out)
     print(f"export: bundle -> {out}   (serve it: hugerec serve {out})")
@@ -480,8 +523,14 @@ def _quickstart(cfg: RunConfig, args: argparse.Namespace) -> None:
     pre = preprocess(cfg)
     model_name = cfg.model.get("type", "dlrm")
     print(f"[3/3] training {model_name} on {pre.train_rows:,} rows, evaluating on {pre.eval_rows:,} ...", flush=True)
-    history = train(cfg)
-    last = history.final_eval
+    if _is_gbm(cfg):  # gradient-boosted trees: their own run (model.txt / model.json, no model.pt)
+        from hugerec.cli.gbm_commands import train_trees
+
+        trees = train_trees(cfg)
+        last, plot = trees.final_eval, trees.plot
+    else:
+        history = train(cfg)
+        last, plot = history.final_eval, history.plot
     assert last is not None  # the quickstart always has eval data
     oracle = next(iter(report.oracle_auc.values()))
     captured = (last["auc"] - 0.5) / (oracle - 0.5) if oracle > 0.5 else math.nan
@@ -489,9 +538,14 @@ def _quickstart(cfg: RunConfig, args: argparse.Namespace) -> None:
     print(f"eval AUC     {last['auc']:.4f}   (oracle AUC {oracle:.4f}: the best any model can do on these labels)")
     print(f"             {captured:.1%} of the oracle's lift over a coin flip (AUC 0.5)")
     print(f"logloss      {last['logloss']:.4f}   calibration {last['calibration']:.3f} (predicted / observed CTR)")
-    print(f"model        {cfg.out_dir / 'model.pt'}")
+    if _is_gbm(cfg):
+        from hugerec.cli.gbm_commands import default_tree_model
+
+        print(f"model        {default_tree_model(cfg)}")
+    else:
+        print(f"model        {cfg.out_dir / 'model.pt'}")
     print(f"metrics log  {cfg.out_dir / 'metrics.jsonl'}   (TensorBoard: tensorboard --logdir {cfg.out_dir})")
-    print(f"plot         {history.plot}")
+    print(f"plot         {plot}")
     print(f"done in {time.perf_counter() - t0:.0f} s")
 
 

@@ -5,6 +5,7 @@
     [data]        train, evaluate     which shards to read and how to batch them
     [embedding]   train               embedding width and the sparse optimizer of the tables
     [model]       train               type = "dlrm" | "dcn_v2" | "deepfm" | "wide_and_deep", then its fields
+                                      (or "lightgbm" | "xgboost": gradient-boosted trees, hugerec.models.gbm)
     [train]       train               hugerec.training.TrainConfig (epochs, lr, precision, out_dir, ...)
     [predict]     predict             rows to score and where the Parquet of probabilities goes
     [interactions], [sequences], [index], [recommend]: the retrieval and sequential tasks
@@ -42,6 +43,7 @@ from hugerec.cli.interactions_config import (
 from hugerec.data.preprocess.errors import OnError
 from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad, optimizer_from_dict, optimizer_to_dict
 from hugerec.embedding.table_config import StorageDtype
+from hugerec.models.gbm import GBM_TYPES, GBMConfig
 from hugerec.models.model_config import DLRMConfig, ModelConfig, model_config_from_dict, model_config_to_dict
 from hugerec.training.trainer import TrainConfig
 
@@ -185,6 +187,9 @@ class RunConfig:
     def model_config(self) -> ModelConfig:
         return read_model_config(self.model)
 
+    def gbm_config(self) -> GBMConfig:
+        return read_gbm_config(self.model)
+
     @property
     def out_dir(self) -> Path:
         return Path(self.train.out_dir or ".")
@@ -198,6 +203,20 @@ def read_model_config(d: Mapping[str, Any]) -> ModelConfig:
     except ValueError as e:
         raise ConfigError(f"model.type: {e}") from None
     config: ModelConfig = from_dict(cls, {k: v for k, v in d.items() if k != "type"}, "model", READERS)
+    return config
+
+
+def is_gbm_model(model: Mapping[str, Any]) -> bool:
+    """[model] names gradient-boosted trees (model.type = "lightgbm" | "xgboost")."""
+    return model.get("type") in GBM_TYPES
+
+
+def read_gbm_config(d: Mapping[str, Any]) -> GBMConfig:
+    """[model] of a tree type -> LightGBMConfig | XGBoostConfig (errors name model.KEY)."""
+    cls = GBM_TYPES.get(str(d.get("type")))
+    if cls is None:
+        raise ConfigError(f"model.type: {d.get('type')!r} is not one of {list(GBM_TYPES)}")
+    config: GBMConfig = from_dict(cls, {k: v for k, v in d.items() if k != "type"}, "model", READERS)
     return config
 
 
@@ -232,6 +251,8 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
         raise ConfigError("train.out_dir: give a folder for the model, the log and the plot")
     if is_task_model(cfg.model):  # a retrieval / sequential model: its own fields, checked now
         read_task_model(cfg.model)
+    elif is_gbm_model(cfg.model):
+        read_gbm_config(cfg.model)
     else:
         _check_model_fits_embedding(cfg.model_config(), cfg.embedding.dim)  # now, not after the data was read
     if path is not None:
@@ -272,6 +293,9 @@ def _switch_model_type(data: dict[str, Any], overrides: Sequence[str]) -> dict[s
         return data
     try:
         task_fields = task_model_fields(str(new_type))
+        gbm = GBM_TYPES.get(str(new_type))
+        if gbm is not None:
+            task_fields = {f.name for f in dataclasses.fields(gbm)}
         fields = task_fields or {f.name for f in dataclasses.fields(type(model_config_from_dict({"type": new_type})))}
     except ValueError as e:
         raise ConfigError(f"model.type: {e}") from None
@@ -291,7 +315,10 @@ def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
     """Every key of `cfg` with its value (None included), as `--print-config` shows it."""
     out: dict[str, Any] = to_dict(cfg, keep_none=True)
     out["embedding"]["optimizer"] = optimizer_to_dict(cfg.embedding.optimizer)
-    out["model"] = task_model_to_dict(cfg.model) if is_task_model(cfg.model) else model_config_to_dict(cfg.model_config())
+    if is_gbm_model(cfg.model):
+        out["model"] = {"type": cfg.model["type"], **to_dict(cfg.gbm_config(), keep_none=True)}
+    else:
+        out["model"] = task_model_to_dict(cfg.model) if is_task_model(cfg.model) else model_config_to_dict(cfg.model_config())
     return out
 
 

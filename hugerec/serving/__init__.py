@@ -13,6 +13,7 @@ from hugerec.serving.bundle import Bundle
 from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.cache import CacheConfig, CachePolicy
 from hugerec.serving.export import export_bundle, export_checkpoint
+from hugerec.serving.gbm import GBMModel, export_gbm_bundle, load_gbm_bundle
 from hugerec.serving.inference_model import InferenceModel
 from hugerec.serving.next_items import export_next_items
 from hugerec.serving.parameter_server import ParameterServer, TableSpec, TableUpdate
@@ -24,6 +25,7 @@ __all__ = [
     "Bundle",
     "CacheConfig",
     "CachePolicy",
+    "GBMModel",
     "InferenceModel",
     "InferenceServer",
     "ParameterServer",
@@ -33,8 +35,10 @@ __all__ = [
     "TableUpdate",
     "export_bundle",
     "export_checkpoint",
+    "export_gbm_bundle",
     "export_next_items",
     "load_bundle",
+    "load_gbm_bundle",
     "publish_to_directory",
     "publish_to_stream",
     "serve",

@@ -72,6 +72,8 @@ class Signature:
     features: tuple[str, ...]
     max_rows: int = 65536
     vectors: tuple[tuple[str, int], ...] = ()  # (name, dim): optional inline inputs `vector.<name>` FP32 [B, dim]
+    missing_values: bool = False  # NaN dense values are missing values (tree models), not refused
+    max_ids: int | None = None  # at most this many ids per example and feature (tree models: 1)
 
     def inputs_metadata(self) -> list[dict[str, Any]]:
         meta = [{"name": "dense", "datatype": "FP32", "shape": [-1, self.num_dense]}] if self.num_dense else []
@@ -158,8 +160,7 @@ class _BinaryLayout:
             # np.array: a writable copy (the slice is a read-only view of the body)
             dense = np.array(np.frombuffer(blob, np.float32, b * signature.num_dense, self.offsets[at]))
             dense = dense.reshape(b, signature.num_dense)
-            if not np.isfinite(dense).all():
-                raise RequestError("input 'dense' contains NaN or inf (or values too large for float32)")
+            _check_dense(dense, signature)
         if self.ids_block is not None:  # the ids of all features lie back to back: one slice, a row each
             features, start = self.ids_block
             block = np.frombuffer(blob, np.int64, len(features) * b, start).reshape(-1, b)  # [F, B]
@@ -259,12 +260,16 @@ def to_model_inputs(tensors: Mapping[str, np.ndarray], signature: Signature) -> 
             raise RequestError(f"input 'dense' must be numbers, got {d.dtype}")
         with np.errstate(over="ignore"):  # values beyond float32 become inf, refused just below
             dense = np.array(d, dtype=np.float32)  # a writable copy (binary tensors are read-only views)
-        if not np.isfinite(dense).all():
-            raise RequestError("input 'dense' contains NaN or inf (or values too large for float32)")
+        _check_dense(dense, signature)
         sizes["dense"] = dense.shape[0]
     ids = {}
     for f in signature.features:
         values, lengths = _jagged(f, tensors[f], tensors.get(f + LENGTHS_SUFFIX))
+        if signature.max_ids is not None and lengths.size and int(lengths.max()) > signature.max_ids:
+            row = int(np.flatnonzero(lengths > signature.max_ids)[0])
+            raise RequestError(
+                f"input {f!r} has {int(lengths[row])} ids in example {row}; this model takes at most {signature.max_ids}"
+            )
         ids[f] = (values, lengths)
         sizes[f] = lengths.shape[0]
     vectors = {}
@@ -282,6 +287,16 @@ def to_model_inputs(tensors: Mapping[str, np.ndarray], signature: Signature) -> 
     if dense is None:
         dense = np.zeros((b, 0), np.float32)
     return ModelInputs(dense, ids, vectors=vectors)
+
+
+def _check_dense(dense: np.ndarray, signature: Signature) -> None:
+    """inf is refused; NaN too, unless the model reads it as a missing value (signature.missing_values)."""
+    bad = ~np.isfinite(dense)
+    if signature.missing_values:
+        bad &= ~np.isnan(dense)
+    if bad.any():
+        missing = "inf" if signature.missing_values else "NaN or inf"
+        raise RequestError(f"input 'dense' contains {missing} (or values too large for float32)")
 
 
 VECTOR_PREFIX = "vector."  # inline vector inputs: `vector.<name>` FP32 [B, dim]

@@ -40,6 +40,7 @@ from hugerec.serving.admin import admin_router
 from hugerec.serving.batching import BatchingConfig, DynamicBatcher, QueueFull
 from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.feedback import feedback_router
+from hugerec.serving.gbm import GBMModel, is_gbm_bundle, load_gbm_bundle
 from hugerec.serving.inference_model import InferenceModel
 from hugerec.serving.next_items import NextItemsModel, is_next_items_bundle, load_next_items
 from hugerec.serving.preprocess import RequestPreprocessor
@@ -192,15 +193,18 @@ class InferenceServer:
         self,
         name: str,
         version: str,
-        model: InferenceModel,
+        model: InferenceModel | GBMModel,
         preprocess: RequestPreprocessor | None = None,
         closers: Sequence[Callable[[], None]] = (),
         info: dict[str, Any] | None = None,
     ) -> ServedModel:
         """Serve `model` as version `version` of `name` (the first version of a model becomes stable)."""
-        signature = Signature(
-            model.num_dense, model.features, self.config.max_request_rows, vectors=model.vector_signature
-        )
+        if isinstance(model, GBMModel):  # trees: NaN dense values are missing values, one id per feature
+            signature = model.signature(self.config.max_request_rows)
+        else:
+            signature = Signature(
+                model.num_dense, model.features, self.config.max_request_rows, vectors=model.vector_signature
+            )
         batcher = DynamicBatcher(
             model.predict, self.config.batching, self.metrics.batch_observer(name, version), name=f"{name}:{version}"
         )
@@ -221,11 +225,14 @@ class InferenceServer:
         except ValueError:
             batcher.close()
             raise
-        self.metrics.parameter_servers.add(name, version, model.ps)
+        if isinstance(model, InferenceModel):  # a GBM version has no parameter server
+            self.metrics.parameter_servers.add(name, version, model.ps)
         return served
 
     def add_bundle(self, path: str | Path, name: str | None = None, version: str | None = None) -> ServedModel:
         """Load an exported bundle and serve it (name and version default to the bundle's manifest)."""
+        if is_gbm_bundle(path):
+            return self._add_gbm_bundle(path, name, version)
         loaded = load_bundle(path, self.options, self.config.max_request_rows)
         m = loaded.bundle.manifest
         name, version = name or m.name, version or m.version
@@ -239,6 +246,12 @@ class InferenceServer:
         loaded.start_updates(lambda result: updates.labels(name, version, result).inc())
         served.info["watchers"] = loaded.watchers
         return served
+
+    def _add_gbm_bundle(self, path: str | Path, name: str | None, version: str | None) -> ServedModel:
+        """A GBM bundle (`hugerec export` of a lightgbm / xgboost model; see serving/gbm.py)."""
+        loaded = load_gbm_bundle(path, self.config.max_request_rows, verify=self.options.verify)
+        info = {"bundle": str(loaded.path), "bundle_id": loaded.bundle_id, "kind": "gbm", **loaded.manifest["info"]}
+        return self.add_model(name or loaded.name, version or loaded.version, loaded.model, loaded.preprocess, (), info)
 
     def add_next_items_bundle(self, path: str | Path, name: str | None = None, version: str | None = None) -> NextItemsModel:
         """Serve a next-items bundle (`hugerec export` of a sequential model; see serving/next_items.py)."""

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from hugerec.serving.batching import DynamicBatcher
+from hugerec.serving.gbm import GBMModel
 from hugerec.serving.inference_model import InferenceModel, ModelInputs
 from hugerec.serving.preprocess import RequestPreprocessor
 from hugerec.serving.protocol import Signature
@@ -33,7 +34,7 @@ class ServedModel:
 
     name: str
     version: str
-    model: InferenceModel
+    model: InferenceModel | GBMModel  # a GBM version scores the same ModelInputs (serving/gbm.py)
     batcher: DynamicBatcher
     signature: Signature
     preprocess: RequestPreprocessor

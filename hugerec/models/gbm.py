@@ -1,0 +1,217 @@
+"""Gradient-boosted trees (LightGBM, XGBoost) beside the deep models: configs, feature matrix, the model.
+
+    [model]
+    type = "lightgbm"        # or "xgboost"; needs the optional extra: pip install 'hugerec[gbm]'
+
+    FeatureMatrix(x [N, Dd + F] float32, labels [N], names, num_dense, categorical)
+        columns: the dense features as they are, then one column per sparse feature holding its id
+        (the id's code as a float; exact up to 2^24). A missing value is NaN: both libraries send it
+        down the branch they learned for missing values (LightGBM: missing_type NaN, XGBoost: the
+        default direction of each split).
+    TreeModel(library, booster).margin(x) -> raw scores [N] (logits for the binary objective)
+
+The model files are the libraries' own formats (LightGBM's text model, XGBoost's JSON); nothing is
+pickled. Training lives in hugerec.training.gbm, the matrix reader in hugerec.data.matrix, serving in
+hugerec.serving.gbm.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+EXTRA = "gbm"  # pip install 'hugerec[gbm]'
+MAX_EXACT_ID = 1 << 24  # float32 holds every integer up to here exactly
+
+
+class Library(enum.Enum):
+    LIGHTGBM = "lightgbm"
+    XGBOOST = "xgboost"
+
+    @property
+    def model_file(self) -> str:
+        """The file name of a trained model in the library's own format."""
+        match self:
+            case Library.LIGHTGBM:
+                return "model.txt"
+            case Library.XGBOOST:
+                return "model.json"
+
+
+class Categorical(enum.Enum):
+    NATIVE = "native"  # sparse ids as categorical features (LightGBM categorical splits, XGBoost enable_categorical)
+    CODES = "codes"  # sparse ids as numbers (Categorify numbers values by frequency: a meaningful order)
+
+
+def require(library: Library) -> ModuleType:
+    """The library's module, or ImportError saying which extra to install."""
+    try:
+        return importlib.import_module(library.value)
+    except ImportError:
+        raise ImportError(
+            f"model.type = {library.value!r} needs the {library.value} package: pip install 'hugerec[{EXTRA}]'"
+        ) from None
+
+
+def _positive(where: str, **values: Any) -> None:
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+            raise ValueError(f"{where}: {name} must be > 0, got {v!r}")
+
+
+def _common(config: Any, where: str) -> None:
+    _positive(where, num_trees=config.num_trees, learning_rate=config.learning_rate)
+    if not isinstance(config.num_trees, int):
+        raise ValueError(f"{where}: num_trees must be an integer, got {config.num_trees!r}")
+    if config.early_stopping_rounds is not None:
+        _positive(where, early_stopping_rounds=config.early_stopping_rounds)
+    if isinstance(config.threads, bool) or not isinstance(config.threads, int) or config.threads < 0:
+        raise ValueError(f"{where}: threads must be >= 0 (0: the library's default), got {config.threads!r}")
+    if isinstance(config.categorical, str):
+        try:
+            object.__setattr__(config, "categorical", Categorical(config.categorical))
+        except ValueError:
+            choices = [c.value for c in Categorical]
+            raise ValueError(f"{where}: categorical must be one of {choices}, got {config.categorical!r}") from None
+    for key, v in config.params.items():
+        if not isinstance(v, str | int | float | bool):
+            raise ValueError(f"{where}: params.{key} must be a string, number or boolean, got {v!r}")
+
+
+@dataclass(frozen=True)
+class LightGBMConfig:
+    """LightGBM's gbdt with the binary objective. `params`: further LightGBM parameters, passed as they are
+    (they win over the fields here)."""
+
+    num_trees: int = 500
+    learning_rate: float = 0.05
+    num_leaves: int = 63
+    min_data_in_leaf: int = 20
+    categorical: Categorical = Categorical.NATIVE
+    early_stopping_rounds: int | None = 50  # stop after this many rounds without a better eval metric
+    threads: int = 0
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _common(self, "LightGBMConfig")
+        _positive("LightGBMConfig", num_leaves=self.num_leaves, min_data_in_leaf=self.min_data_in_leaf)
+
+
+@dataclass(frozen=True)
+class XGBoostConfig:
+    """XGBoost's hist trees with the binary:logistic objective; `params` as for LightGBMConfig."""
+
+    num_trees: int = 500
+    learning_rate: float = 0.1
+    max_depth: int = 6
+    min_child_weight: float = 1.0
+    categorical: Categorical = Categorical.NATIVE
+    early_stopping_rounds: int | None = 50
+    threads: int = 0
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _common(self, "XGBoostConfig")
+        _positive("XGBoostConfig", max_depth=self.max_depth, min_child_weight=self.min_child_weight)
+
+
+GBMConfig = LightGBMConfig | XGBoostConfig
+GBM_TYPES: dict[str, type[LightGBMConfig] | type[XGBoostConfig]] = {
+    Library.LIGHTGBM.value: LightGBMConfig,
+    Library.XGBOOST.value: XGBoostConfig,
+}
+
+
+def library_of(config: GBMConfig) -> Library:
+    match config:
+        case LightGBMConfig():
+            return Library.LIGHTGBM
+        case XGBoostConfig():
+            return Library.XGBOOST
+
+
+@dataclass(frozen=True, eq=False)
+class FeatureMatrix:
+    """Rows for the trees: x [N, num_dense + F] float32 (dense columns first, then one id per sparse feature),
+    labels [N] float32 (empty [0] when unknown), the column names, and which columns are categorical."""
+
+    x: np.ndarray
+    labels: np.ndarray
+    names: tuple[str, ...]
+    num_dense: int
+
+    def __post_init__(self) -> None:
+        if self.x.ndim != 2 or self.x.dtype != np.float32 or self.x.shape[1] != len(self.names):
+            raise ValueError(
+                f"FeatureMatrix: x must be float32 [N, {len(self.names)}] (one column per name), got "
+                f"{self.x.dtype} {list(self.x.shape)}"
+            )
+        if self.labels.size and self.labels.shape != (self.x.shape[0],):
+            raise ValueError(f"FeatureMatrix: labels must be [{self.x.shape[0]}], got {list(self.labels.shape)}")
+
+    @property
+    def categorical(self) -> tuple[int, ...]:
+        """Column indices of the sparse features."""
+        return tuple(range(self.num_dense, len(self.names)))
+
+
+class TreeModel:
+    """A trained booster of `library`: raw scores, and its file in the library's own format."""
+
+    def __init__(self, library: Library, booster: Any) -> None:
+        self.library = library
+        self.booster = booster
+
+    @property
+    def num_trees(self) -> int:
+        match self.library:
+            case Library.LIGHTGBM:
+                return int(self.booster.num_trees())
+            case Library.XGBOOST:
+                return int(self.booster.num_boosted_rounds())
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        match self.library:
+            case Library.LIGHTGBM:
+                return tuple(self.booster.feature_name())
+            case Library.XGBOOST:
+                return tuple(self.booster.feature_names or ())
+
+    def margin(self, x: np.ndarray, threads: int = 1) -> np.ndarray:
+        """Raw scores [N] float64 of the rows x [N, F] (NaN: missing); the logit for the binary objective."""
+        match self.library:
+            case Library.LIGHTGBM:
+                return np.asarray(self.booster.predict(x, raw_score=True, num_threads=threads), np.float64)
+            case Library.XGBOOST:
+                return np.asarray(self.booster.inplace_predict(x, predict_type="margin"), np.float64).reshape(-1)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the model in the library's own format (LightGBM text, XGBoost JSON)."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.booster.save_model(str(out))
+        return out
+
+    @staticmethod
+    def load(path: str | Path, library: Library, threads: int = 1) -> TreeModel:
+        """Read a model file written by `save` (or by the library itself); ValueError naming the file if it is not one."""
+        module = require(library)
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"no {library.value} model at {p}")
+        try:
+            match library:
+                case Library.LIGHTGBM:
+                    booster = module.Booster(model_file=str(p))  # threads: given to each predict
+                case Library.XGBOOST:
+                    booster = module.Booster(params={"nthread": threads}, model_file=str(p))
+        except Exception as e:  # both libraries raise their own error types for a damaged file
+            raise ValueError(f"{p}: not a {library.value} model: {type(e).__name__}: {e}") from None
+        return TreeModel(library, booster)

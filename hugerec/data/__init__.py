@@ -15,6 +15,7 @@ from hugerec.data.interactions import (
     time_split,
 )
 from hugerec.data.loader import Loader, load
+from hugerec.data.matrix import read_matrix
 from hugerec.data.preprocess import Dataset, Workflow
 from hugerec.data.readers import ConvertReport, read, to_parquet
 from hugerec.data.schema import Column, ColumnKind, DimRule, Schema, ValueType
@@ -40,7 +41,9 @@ from hugerec.data.synthetic import (
     preset,
 )
 from hugerec.data.synthetic_interactions import InteractionConfig, SyntheticInteractions, generate_interactions
+from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.data.vector_tables import load_vectors
+from hugerec.data.windows import Windows
 
 __all__ = [
     "Column",
@@ -57,11 +60,14 @@ __all__ = [
     "Schema",
     "Sequences",
     "ShardWriter",
+    "Stream",
+    "StreamConfig",
     "SyntheticConfig",
     "SyntheticInteractions",
     "SyntheticReport",
     "ValueType",
     "Vocabulary",
+    "Windows",
     "Workflow",
     "categorify",
     "count_rows",
@@ -86,6 +92,7 @@ __all__ = [
     "read",
     "read_criteo",
     "read_interactions",
+    "read_matrix",
     "read_movielens",
     "read_yoochoose",
     "sliding_windows",

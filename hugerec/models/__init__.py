@@ -10,6 +10,7 @@ from hugerec.models.dcn import CrossStructure, DCNv2
 from hugerec.models.deepfm import DeepFM
 from hugerec.models.dlrm import DLRM
 from hugerec.models.feature_interactions import DotInteraction, FMInteraction
+from hugerec.models.gbm import GBM_TYPES, FeatureMatrix, GBMConfig, Library, TreeModel, library_of, require
 from hugerec.models.gru4rec import GRU4Rec
 from hugerec.models.masked import MaskedTransformer
 from hugerec.models.mf import MatrixFactorization
@@ -35,6 +36,7 @@ from hugerec.models.wide_deep import WideAndDeep
 
 __all__ = [
     "DLRM",
+    "GBM_TYPES",
     "MLP",
     "PAD",
     "Activation",
@@ -47,7 +49,10 @@ __all__ = [
     "DeepFMConfig",
     "DotInteraction",
     "FMInteraction",
+    "FeatureMatrix",
+    "GBMConfig",
     "GRU4Rec",
+    "Library",
     "MaskedTransformer",
     "MatrixFactorization",
     "ModelConfig",
@@ -55,6 +60,7 @@ __all__ = [
     "SASRec",
     "SequenceConfig",
     "Similarity",
+    "TreeModel",
     "TwoTower",
     "TwoTowerConfig",
     "VectorArch",
@@ -63,8 +69,10 @@ __all__ = [
     "WideAndDeepConfig",
     "WideArch",
     "build_model",
+    "library_of",
     "model_config_from_dict",
     "model_config_to_dict",
     "model_name",
+    "require",
     "wide_tables",
 ]

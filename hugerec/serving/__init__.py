@@ -17,10 +17,12 @@ from hugerec.serving.gbm import GBMModel, export_gbm_bundle, load_gbm_bundle
 from hugerec.serving.inference_model import InferenceModel
 from hugerec.serving.next_items import export_next_items
 from hugerec.serving.parameter_server import ParameterServer, TableSpec, TableUpdate
-from hugerec.serving.server import InferenceServer, ServerConfig, serve
+from hugerec.serving.request_log import RequestLogConfig
+from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig, serve
 from hugerec.serving.updates import publish_to_directory, publish_to_stream
 
 __all__ = [
+    "BackgroundServer",
     "BatchingConfig",
     "Bundle",
     "CacheConfig",
@@ -29,6 +31,7 @@ __all__ = [
     "InferenceModel",
     "InferenceServer",
     "ParameterServer",
+    "RequestLogConfig",
     "ServeOptions",
     "ServerConfig",
     "TableSpec",

@@ -3,6 +3,7 @@
 from hugerec.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hugerec.training.defaults import auto_batch_size
 from hugerec.training.early_stopping import EarlyStopping
+from hugerec.training.gbm import TreeHistory, evaluate_trees, fit_trees, library_version
 from hugerec.training.losses import BPR, Negatives, NegativeSampler, RetrievalLoss, SampledSoftmax, bpr, sampled_softmax
 from hugerec.training.metrics import BinaryMetrics, auc, calibration, logloss, ndcg_at_k, recall_at_k
 from hugerec.training.model_file import SavedModel, load_model, model_file_task, save_model
@@ -66,6 +67,7 @@ __all__ = [
     "SequenceModel",
     "SequentialTrainConfig",
     "TrainConfig",
+    "TreeHistory",
     "all_item_vectors",
     "auc",
     "auto_batch_size",
@@ -76,10 +78,13 @@ __all__ = [
     "evaluate_next_item",
     "evaluate_ranking",
     "evaluate_retrieval",
+    "evaluate_trees",
     "fit",
     "fit_retrieval",
     "fit_sequential",
+    "fit_trees",
     "latest_checkpoint",
+    "library_version",
     "list_metrics",
     "load_checkpoint",
     "load_model",

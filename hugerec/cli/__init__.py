@@ -134,6 +134,15 @@ COMMANDS["recommend"] = (
     "example: hugerec recommend configs/movielens_sasrec.toml --history 1193,661,914 --k 10",
 )
 
+SCHEMA_HELP = """\
+Reads the first few MB of FILE (CSV/TSV/"::"-separated text, plain or .gz, or Parquet), guesses the
+separator, whether line 1 is a header, the encoding (UTF-8, else latin-1), each column's type (int,
+float, string, list of "|"-separated values, timestamp) and role (label, dense, categorical,
+timestamp), and prints the [preprocess] section of a config with a few sample values per column.
+Save it (--out), check the types and roles (integer ids read as "dense" until you say "categorical",
+"user" or "item"), add [data] / [model] / [train] sections, then run `hugerec preprocess` and `hugerec train`.
+example: hugerec schema clicks.csv --out my_data.toml"""
+
 SERVE_HELP = """\
 Serves exported bundles (`hugerec export`) over HTTP until Ctrl-C: the Open Inference Protocol v2
 used by KServe and Triton (/v2/health/live, /v2/models/NAME, /v2/models/NAME/infer; the official
@@ -156,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "serve":
         return _serve(args)
+    if args.command == "schema":
+        return _schema(args)
     try:
         from hugerec.cli.run_config import load_run_config, resolved_dict
 
@@ -215,6 +226,19 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--history", help="comma-separated raw item ids, oldest first (sequential models)")
             p.add_argument("--k", type=int, help="items per user / history (default: recommend.k)")
             p.add_argument("--out", help="Parquet file (default: recommend.out, else train.out_dir/recommendations.parquet)")
+    schema = sub.add_parser(
+        "schema",
+        help="guess a raw file's columns and write the [preprocess] section for you to edit",
+        description=SCHEMA_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    schema.add_argument("file", type=Path, metavar="FILE", help="a raw data file (text, plain or .gz, or Parquet)")
+    schema.add_argument("--separator", help='field separator (default: guessed among tab, "::", ",", ";", "|")')
+    header = schema.add_mutually_exclusive_group()
+    header.add_argument("--header", dest="header", action="store_true", default=None, help="line 1 is a header")
+    header.add_argument("--no-header", dest="header", action="store_false", help="line 1 is data")
+    schema.add_argument("--encoding", default="utf-8", help="text encoding (default: utf-8, else latin-1 when not UTF-8)")
+    schema.add_argument("--out", type=Path, help="write the TOML here (default: print it)")
     serve = sub.add_parser(
         "serve",
         help="serve exported bundles over HTTP (KServe v2 / Triton protocol)",
@@ -385,6 +409,26 @@ def _recommend(cfg: RunConfig, args: argparse.Namespace) -> None:
     out, rows, notes = recommend_to_parquet(cfg, args.model)
     warn(notes, "recommend")
     print(f"recommend: {rows:,} rows -> {out}")
+
+
+def _schema(args: argparse.Namespace) -> int:
+    """`hugerec schema FILE`: the guessed [preprocess] section, printed or written to --out."""
+    try:
+        from hugerec.data.input_spec import schema_toml
+
+        separator = args.separator.encode().decode("unicode_escape") if args.separator else None  # "\\t" -> tab
+        text = schema_toml(args.file, separator=separator, header=args.header, encoding=args.encoding)
+        if args.out is None:
+            print(text, end="")
+        else:
+            args.out.write_text(text)
+            print(f"schema: {len(text.splitlines())} lines -> {args.out} (check the types and roles, then preprocess)")
+        return 0
+    except (ValueError, FileNotFoundError, OSError) as e:
+        if os.environ.get("HUGEREC_DEBUG"):
+            raise
+        print(f"hugerec schema: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -1,0 +1,296 @@
+"""prepare: raw files described by an InputSpec -> split -> Workflow fitted on the training part only ->
+trainable train / eval (/ test) Parquet shards, their schema.json and the fitted workflow.
+
+    report = prepare(spec, "clicks.csv.gz", "data/", SplitSpec(SplitKind.TIME, last_days=7))
+
+Layout of `out`: train/, eval/, test/ (with test files), schema.json (the shards' columns, kinds and
+cardinalities: what `hugerec train` reads), workflow/ (the fitted workflow: what serving and
+evaluation on raw files run new rows through).
+
+The split is made on the raw rows before anything is fitted, so no statistic (vocabulary, mean,
+target encoding) sees evaluation rows:
+
+    random          each row goes to eval with probability eval_fraction (seeded, streaming)
+    time            rows at or after a cutoff go to eval: a date ("2014-04-01", "2014-04-01 12:00:00",
+                    UTC), epoch seconds, or the last `last_days` days before the latest timestamp
+    leave_last_out  each user's last `holdout` rows by time go to eval (users with no more than
+                    `holdout` rows stay in train); reads the user and time columns into memory
+    files           the given eval (and test) files, each read as the input is
+
+Except with given files, the input is first staged as typed Parquet (bad rows raised or skipped
+there, with their file and line), then split.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hugerec.data.input_spec import (
+    InputSpec,
+    Role,
+    default_ops,
+    model_schema,
+    output_columns,
+)
+from hugerec.data.preprocess.dataset import Dataset, Format, read_chunks
+from hugerec.data.preprocess.errors import OnError, SkipReport
+from hugerec.data.preprocess.op import Op
+from hugerec.data.preprocess.temporal import ParseTime
+from hugerec.data.preprocess.workflow import Workflow
+from hugerec.data.shards import ShardWriter, expand_paths, iter_row_groups
+
+
+class SplitKind(enum.Enum):
+    RANDOM = "random"
+    TIME = "time"
+    LEAVE_LAST_OUT = "leave_last_out"
+    FILES = "files"
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    """How rows are held out for evaluation (see the module docstring). time_column / user_column
+    default to the input's columns with role timestamp / user."""
+
+    kind: SplitKind = SplitKind.RANDOM
+    eval_fraction: float = 0.1
+    seed: int = 0
+    cutoff: str | int | None = None
+    last_days: float | None = None
+    holdout: int = 1
+    time_column: str | None = None
+    user_column: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", SplitKind(self.kind))
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.holdout < 1:
+            raise ValueError(f"holdout must be >= 1, got {self.holdout}")
+        if self.last_days is not None and self.last_days <= 0:
+            raise ValueError(f"last_days must be > 0, got {self.last_days}")
+        if self.kind is SplitKind.TIME and (self.cutoff is None) == (self.last_days is None):
+            raise ValueError('split = "time" needs exactly one of time_cutoff (a date or epoch seconds) and last_days')
+        if self.cutoff is not None:
+            cutoff_seconds(self.cutoff)  # its own check, now
+
+
+def cutoff_seconds(cutoff: str | int) -> int:
+    """A cutoff as epoch seconds: an int is one already; a string is an ISO date or date-time (UTC)."""
+    if isinstance(cutoff, int):
+        return cutoff
+    text = str(cutoff).strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"time_cutoff {cutoff!r} is neither epoch seconds nor a date like 2014-04-01 or 2014-04-01 12:00:00"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return int(when.timestamp())
+
+
+@dataclass(frozen=True)
+class PrepareReport:
+    train_rows: int
+    eval_rows: int
+    test_rows: int
+    schema: Path
+    workflow: Path
+    skipped: SkipReport = field(default_factory=SkipReport)  # bad rows skipped (on_error = "skip")
+
+
+def prepare(
+    spec: InputSpec,
+    paths: str | Sequence[str],
+    out: str | Path,
+    *,
+    split: SplitSpec | None = None,
+    ops: Sequence[Op] | None = None,
+    eval_paths: str | Sequence[str] | None = None,
+    test_paths: str | Sequence[str] | None = None,
+    on_error: OnError | str = OnError.RAISE,
+    log_dense: bool = False,
+    min_frequency: int = 1,
+    max_vocab: int | None = None,
+) -> PrepareReport:
+    """Split, fit on train, transform every part. ops: the workflow after the spec's input ops (None: the
+    default ops of `default_ops`). Errors name where they came from (`preprocess.input`, ...)."""
+    split = split or SplitSpec()
+    mode = OnError(on_error)
+    root = Path(out)
+    staging = root / "_raw"
+    shutil.rmtree(staging, ignore_errors=True)
+    data = spec.dataset(paths, "preprocess.input")
+    report = SkipReport()
+    if split.kind is SplitKind.FILES:
+        if eval_paths is None:
+            raise ValueError('preprocess.eval_input: split = "files" needs the evaluation files')
+        train_ds = data
+        eval_ds = spec.dataset(eval_paths, "preprocess.eval_input")
+    else:
+        if eval_paths is not None:
+            raise ValueError(
+                f'preprocess.eval_input: given, but split = "{split.kind.value}" makes the eval set; '
+                'use split = "files" for given evaluation files'
+            )
+        report = _stage(data, staging / "all", mode)
+        _split(spec, split, staging / "all", staging / "train", staging / "eval")
+        train_ds = Dataset(str(staging / "train"), format=Format.PARQUET)
+        eval_ds = Dataset(str(staging / "eval"), format=Format.PARQUET)
+    chosen = list(ops) if ops is not None else default_ops(
+        spec, log_dense=log_dense, min_frequency=min_frequency, max_vocab=max_vocab
+    )
+    workflow = Workflow([*spec.input_ops(data.schema), *chosen], output_columns=output_columns(spec, chosen))
+    result = workflow.fit_transform(train_ds, root / "train", on_error=mode, overwrite=True)
+    if (workflow.fit_report or SkipReport()).rows_read - result.report.rows_skipped <= 0:
+        raise ValueError(f"preprocess.input: no rows to learn from in {paths!r}")
+    eval_report = workflow.transform(eval_ds, root / "eval", on_error=mode, overwrite=True).report
+    if split.kind is SplitKind.FILES:  # raw files read by the transforms (staged rows were counted when staged)
+        report = result.report.merge(eval_report)
+    test_rows = 0
+    shutil.rmtree(root / "test", ignore_errors=True)
+    if test_paths is not None:
+        test_ds = spec.dataset(test_paths, "preprocess.test_input")
+        test = workflow.transform(test_ds, root / "test", on_error=mode, overwrite=True)
+        report, test_rows = report.merge(test.report), test.rows
+    if data.format is Format.CSV:  # serving requests read "" and the null markers as missing, as the files did
+        workflow.text_nulls = ("", *data.csv.null_values)
+    schema = model_schema(spec, workflow)
+    schema.save(root / "schema.json")
+    shutil.rmtree(root / "workflow", ignore_errors=True)
+    workflow.save(root / "workflow")
+    shutil.rmtree(staging, ignore_errors=True)
+    return PrepareReport(_rows(root / "train"), _rows(root / "eval"), test_rows, root / "schema.json", root / "workflow", report)
+
+
+def transform_raw(
+    spec: InputSpec,
+    paths: str | Sequence[str],
+    workflow: Workflow,
+    out: str | Path,
+    where: str,
+    on_error: OnError | str = OnError.RAISE,
+) -> SkipReport:
+    """Raw files (read as the training input was) through a fitted workflow into shards at `out`; a
+    column read with another type than at fit time is an error naming it (Workflow.check_dtypes)."""
+    data = spec.dataset(paths, where)
+    try:
+        workflow.check_dtypes(data.schema, where)
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+    shutil.rmtree(out, ignore_errors=True)
+    return workflow.transform(data, out, on_error=on_error, overwrite=True).report
+
+
+def _rows(folder: Path) -> int:
+    return sum(pq.read_metadata(f).num_rows for f in folder.glob("*.parquet"))
+
+
+def _stage(data: Dataset, out: Path, on_error: OnError) -> SkipReport:
+    """The input as typed Parquet: every row parsed once, bad rows raised or skipped with their line."""
+    report = SkipReport()
+    with ShardWriter(out) as writer:
+        for partition in data.partitions():
+            for chunk in read_chunks(partition, on_error):
+                report = report.merge(chunk.report)
+                if chunk.frame.height:
+                    writer.write(chunk.frame.to_arrow())
+    if writer.num_rows == 0:
+        given = data.paths[0] if len(data.paths) == 1 else list(data.paths)
+        raise ValueError(f"preprocess.input: no rows to learn from in {given!r} ({report.rows_read} read)")
+    return report
+
+
+def _column(spec: InputSpec, given: str | None, role: Role, key: str, kind: SplitKind) -> str:
+    if given is not None:
+        return given
+    found = spec.names_with_role(role)
+    if len(found) != 1:
+        raise ValueError(
+            f'preprocess.{key}: split = "{kind.value}" needs the {role.value} column; '
+            f"{'none has' if not found else f'{list(found)} have'} role = \"{role.value}\" (or set preprocess.{key})"
+        )
+    return found[0]
+
+
+def _seconds(spec: InputSpec, column: str, dtype: pl.DataType) -> pl.Expr:
+    try:
+        fmt = spec.column(column).format
+    except KeyError:
+        fmt = "unix"
+    return ParseTime((column,), fmt).expression(column, dtype)
+
+
+def _split(spec: InputSpec, split: SplitSpec, src: Path, train: Path, eval_: Path) -> None:
+    """Rows of the staged `src` -> train / eval shards, by `split.kind` (see the module docstring)."""
+    files = expand_paths(src)
+    scan = pl.scan_parquet([str(f) for f in files])
+    names = scan.collect_schema()
+    held_out: np.ndarray | None = None  # [N] over all rows in file order, when the whole mask is computed first
+    match split.kind:
+        case SplitKind.TIME:
+            column = _column(spec, split.time_column, Role.TIMESTAMP, "time_column", split.kind)
+            _require(column, names, "time_column")
+            seconds = scan.select(_seconds(spec, column, names[column]).alias("t")).collect()["t"]
+            if split.cutoff is not None:
+                cutoff = cutoff_seconds(split.cutoff)
+            else:
+                latest = seconds.max()
+                assert split.last_days is not None and isinstance(latest, int)
+                cutoff = latest - int(split.last_days * 86400)
+            held_out = (seconds >= cutoff).fill_null(False).to_numpy()
+        case SplitKind.LEAVE_LAST_OUT:
+            user = _column(spec, split.user_column, Role.USER, "user_column", split.kind)
+            column = _column(spec, split.time_column, Role.TIMESTAMP, "time_column", split.kind)
+            _require(user, names, "user_column")
+            _require(column, names, "time_column")
+            frame = scan.select(pl.col(user), _seconds(spec, column, names[column]).alias("t")).with_row_index("row")
+            held_out = np.zeros(scan.select(pl.len()).collect().item(), dtype=bool)
+            held_out[_last_rows(frame.collect(), user, split.holdout)] = True
+        case SplitKind.RANDOM | SplitKind.FILES:
+            pass
+    for d in (train, eval_):
+        shutil.rmtree(d, ignore_errors=True)
+    offset = 0
+    with ShardWriter(train) as train_writer, ShardWriter(eval_) as eval_writer:
+        for k, table in enumerate(iter_row_groups(files)):
+            if held_out is None:
+                mask = np.random.default_rng([split.seed, k]).random(table.num_rows) < split.eval_fraction
+            else:
+                mask = held_out[offset : offset + table.num_rows]
+            offset += table.num_rows
+            train_writer.write(table.filter(pa.array(~mask)))
+            eval_writer.write(table.filter(pa.array(mask)))
+    for name, writer in (("train", train_writer), ("eval", eval_writer)):
+        if writer.num_rows == 0:
+            raise ValueError(f'preprocess.split: split = "{split.kind.value}" leaves no rows for {name} (check its settings)')
+
+
+def _require(column: str, names: pl.Schema, key: str) -> None:
+    if column not in names:
+        raise ValueError(f"preprocess.{key}: {column!r} is not a column of the input ({list(names)})")
+
+
+def _last_rows(frame: pl.DataFrame, user: str, holdout: int) -> np.ndarray:
+    """Row numbers of each user's last `holdout` rows by time (ties: the later row), for users with more."""
+    picked = (
+        frame.sort(["t", "row"], nulls_last=False)
+        .group_by(user, maintain_order=True)
+        .agg(pl.col("row").tail(holdout).alias("rows"), pl.len().alias("n"))
+        .filter(pl.col("n") > holdout)
+    )
+    return picked["rows"].explode().to_numpy().astype(np.int64)

@@ -89,6 +89,7 @@ def preprocess(cfg: RunConfig) -> PrepareReport:
             ops=ops,
             eval_paths=p.eval_input,
             test_paths=p.test_input,
+            joins=[j.join() for j in p.join],
             on_error=p.on_error,
             log_dense=p.log_dense,
             min_frequency=p.min_frequency,
@@ -280,7 +281,8 @@ def open_rows(paths: str, where: str, schema: Schema, cfg: RunConfig) -> Loader:
             f"(looked in {folder}); run `hugerec preprocess` first"
         )
     out = cfg.out_dir / f"_{where.replace('.', '_')}"
-    report = transform_raw(input_spec(cfg), paths, Workflow.load(folder), out, where, cfg.preprocess.on_error)
+    joins = [j.join() for j in cfg.preprocess.join]
+    report = transform_raw(input_spec(cfg), paths, Workflow.load(folder), out, where, cfg.preprocess.on_error, joins)
     if report.rows_skipped:
         print(f"{where}: {report}", file=sys.stderr)
     return open_shards(str(out), where, schema, cfg)

@@ -40,7 +40,7 @@ from hugerec.cli.interactions_config import (
     task_model_to_dict,
 )
 from hugerec.data.input_spec import ColumnSpec, InputFormat, InputSpec
-from hugerec.data.prepare import SplitKind, SplitSpec
+from hugerec.data.prepare import Join, SplitKind, SplitSpec, with_joins
 from hugerec.data.preprocess.errors import OnError
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.embedding.config import StorageDtype
@@ -72,6 +72,41 @@ class SynthSection:
 
 
 @dataclass(frozen=True)
+class JoinSection:
+    """[[preprocess.join]]: a side table (user or item features) left-joined to every input row by `on`,
+    a column both declare with the same type. Its other keys read its file as [preprocess]'s read the input."""
+
+    input: str
+    on: str
+    format: RawFormat = RawFormat.CSV
+    separator: str = ","
+    header: bool = True
+    encoding: str = "utf-8"
+    quote: str = '"'
+    null_values: tuple[str, ...] = ()
+    columns: tuple[ColumnSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.format is RawFormat.CRITEO:
+            raise ValueError('format: a side table is "csv" or "parquet"')
+        if not self.columns:
+            raise ValueError("columns: declare the side table's columns, `on` among them")
+        self.join()
+
+    def join(self) -> Join:
+        spec = InputSpec(
+            InputFormat(self.format.value),
+            self.separator,
+            self.header,
+            self.encoding,
+            self.quote or None,
+            self.null_values,
+            self.columns,
+        )
+        return Join(spec, self.input, self.on)
+
+
+@dataclass(frozen=True)
 class PreprocessSection:
     """Raw rows -> split -> Workflow fitted on the train part -> train/eval(/test) Parquet shards + schema.json.
 
@@ -90,6 +125,8 @@ class PreprocessSection:
                    given, else "random". The workflow is fitted on the train part only.
     time_column, user_column   the columns the time splits read (default: role timestamp / user)
     test_input     raw files for a test set, written to out/test (transformed, never fitted on)
+    join           [[preprocess.join]] side tables (input, on, columns, ...: see JoinSection), left-joined
+                   to every row before the split; their columns take part in the workflow like the input's
     out            writes out/train/, out/eval/, out/workflow/ (for serving and raw evaluation), out/schema.json
     min_frequency  sparse values seen fewer times share one out-of-vocabulary id (default ops)
     max_vocab      keep at most this many values per sparse column, most frequent first (default ops)
@@ -108,6 +145,7 @@ class PreprocessSection:
     null_values: tuple[str, ...] = ()
     columns: tuple[ColumnSpec, ...] = ()
     ops: tuple[dict[str, Any], ...] = ()
+    join: tuple[JoinSection, ...] = ()
     split: SplitKind | None = None
     eval_input: str | None = None
     test_input: str | None = None
@@ -133,7 +171,7 @@ class PreprocessSection:
             raise ValueError('columns: the criteo format has fixed columns; use format = "csv" to declare your own')
         if self.format is RawFormat.CSV and not self.columns:
             raise ValueError("columns: declare the columns of the csv input (`hugerec schema FILE` writes them)")
-        self.input_spec()  # separator, encoding and column checks, now
+        with_joins(self.input_spec(), [j.join() for j in self.join])  # separators, columns, joins checked now
         self.split_spec()
         if self.ops:
             Workflow.from_spec(self.ops)  # every op and parameter checked now, naming ops[i].key
@@ -388,6 +426,7 @@ def _resolve_inputs(cfg: RunConfig, config_dir: Path) -> RunConfig:
             schema=find(cfg.preprocess.schema),
             eval_input=find(cfg.preprocess.eval_input),
             test_input=find(cfg.preprocess.test_input),
+            join=tuple(dataclasses.replace(j, input=find(j.input) or j.input) for j in cfg.preprocess.join),
         ),
         data=dataclasses.replace(
             cfg.data,

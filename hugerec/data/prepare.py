@@ -27,7 +27,7 @@ import datetime
 import enum
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hugerec.data.input_spec import (
+    InputFormat,
     InputSpec,
     Role,
     default_ops,
@@ -113,6 +114,46 @@ class PrepareReport:
     skipped: SkipReport = field(default_factory=SkipReport)  # bad rows skipped (on_error = "skip")
 
 
+@dataclass(frozen=True)
+class Join:
+    """A side table (user or item features) joined to every input row by the column `on`, which both
+    hold: a left join, so rows without a match keep their place with nulls in the side columns. Each
+    `on` value may appear once in the side table; its type must equal the input's (no silent misses)."""
+
+    spec: InputSpec
+    paths: str | Sequence[str]
+    on: str
+
+    def __post_init__(self) -> None:
+        if self.on not in [c.name for c in self.spec.columns]:
+            raise ValueError(f"on = {self.on!r} is not one of its columns {[c.name for c in self.spec.columns]}")
+
+    def table(self, where: str) -> pl.DataFrame:
+        """The whole side table, its rows checked as the input's are (bad rows raise, naming file and line)."""
+        data = self.spec.dataset(self.paths, where)
+        frames = [chunk.frame for part in data.partitions() for chunk in read_chunks(part, OnError.RAISE)]
+        frame = pl.concat(frames) if frames else pl.DataFrame(schema=data.schema)
+        keep = [c.name for c in self.spec.columns if c.role is not Role.NONE or c.name == self.on]
+        frame = frame.select(keep)
+        repeated = frame.filter(pl.col(self.on).is_duplicated())
+        if repeated.height:
+            raise ValueError(f"{where}: {self.on} = {repeated[self.on][0]!r} appears more than once in {self.paths!r}")
+        return frame
+
+
+def with_joins(spec: InputSpec, joins: Sequence[Join]) -> InputSpec:
+    """The input's columns followed by each side table's (its `on` column once): what the workflow sees."""
+    columns = list(spec.columns)
+    for join in joins:
+        for c in join.spec.columns:
+            if c.name == join.on or c.role is Role.NONE:
+                continue
+            if any(c.name == have.name for have in columns):
+                raise ValueError(f"join on {join.on!r}: column {c.name!r} is already a column of the input or another join")
+            columns.append(c)
+    return replace(spec, columns=tuple(columns))
+
+
 def prepare(
     spec: InputSpec,
     paths: str | Sequence[str],
@@ -122,54 +163,50 @@ def prepare(
     ops: Sequence[Op] | None = None,
     eval_paths: str | Sequence[str] | None = None,
     test_paths: str | Sequence[str] | None = None,
+    joins: Sequence[Join] = (),
     on_error: OnError | str = OnError.RAISE,
     log_dense: bool = False,
     min_frequency: int = 1,
     max_vocab: int | None = None,
 ) -> PrepareReport:
-    """Split, fit on train, transform every part. ops: the workflow after the spec's input ops (None: the
-    default ops of `default_ops`). Errors name where they came from (`preprocess.input`, ...)."""
+    """Stage (parse, join), split, fit on train, transform every part. ops: the workflow after the spec's
+    input ops (None: `default_ops`). Errors name where they came from (`preprocess.input`, ...)."""
     split = split or SplitSpec()
     mode = OnError(on_error)
     root = Path(out)
     staging = root / "_raw"
     shutil.rmtree(staging, ignore_errors=True)
-    data = spec.dataset(paths, "preprocess.input")
-    report = SkipReport()
-    if split.kind is SplitKind.FILES:
-        if eval_paths is None:
-            raise ValueError('preprocess.eval_input: split = "files" needs the evaluation files')
-        train_ds = data
-        eval_ds = spec.dataset(eval_paths, "preprocess.eval_input")
+    if split.kind is SplitKind.FILES and eval_paths is None:
+        raise ValueError('preprocess.eval_input: split = "files" needs the evaluation files')
+    if split.kind is not SplitKind.FILES and eval_paths is not None:
+        raise ValueError(
+            f'preprocess.eval_input: given, but split = "{split.kind.value}" makes the eval set; '
+            'use split = "files" for given evaluation files'
+        )
+    full = with_joins(spec, joins)
+    tables = [(j.on, j.table(f"preprocess.join[{i}].input")) for i, j in enumerate(joins)]
+    report = _stage(spec.dataset(paths, "preprocess.input"), staging / "all", mode, tables)
+    if eval_paths is not None:
+        report = report.merge(_stage(spec.dataset(eval_paths, "preprocess.eval_input"), staging / "eval", mode, tables))
+        train_dir = staging / "all"
     else:
-        if eval_paths is not None:
-            raise ValueError(
-                f'preprocess.eval_input: given, but split = "{split.kind.value}" makes the eval set; '
-                'use split = "files" for given evaluation files'
-            )
-        report = _stage(data, staging / "all", mode)
-        _split(spec, split, staging / "all", staging / "train", staging / "eval")
-        train_ds = Dataset(str(staging / "train"), format=Format.PARQUET)
-        eval_ds = Dataset(str(staging / "eval"), format=Format.PARQUET)
+        _split(full, split, staging / "all", staging / "train", staging / "eval")
+        train_dir = staging / "train"
+    train_ds = Dataset(str(train_dir), format=Format.PARQUET)
     chosen = list(ops) if ops is not None else default_ops(
-        spec, log_dense=log_dense, min_frequency=min_frequency, max_vocab=max_vocab
+        full, log_dense=log_dense, min_frequency=min_frequency, max_vocab=max_vocab
     )
-    workflow = Workflow([*spec.input_ops(data.schema), *chosen], output_columns=output_columns(spec, chosen))
-    result = workflow.fit_transform(train_ds, root / "train", on_error=mode, overwrite=True)
-    if (workflow.fit_report or SkipReport()).rows_read - result.report.rows_skipped <= 0:
-        raise ValueError(f"preprocess.input: no rows to learn from in {paths!r}")
-    eval_report = workflow.transform(eval_ds, root / "eval", on_error=mode, overwrite=True).report
-    if split.kind is SplitKind.FILES:  # raw files read by the transforms (staged rows were counted when staged)
-        report = result.report.merge(eval_report)
+    workflow = Workflow([*full.input_ops(train_ds.schema), *chosen], output_columns=output_columns(full, chosen))
+    workflow.fit_transform(train_ds, root / "train", on_error=mode, overwrite=True)
+    workflow.transform(Dataset(str(staging / "eval"), format=Format.PARQUET), root / "eval", overwrite=True)
     test_rows = 0
     shutil.rmtree(root / "test", ignore_errors=True)
     if test_paths is not None:
-        test_ds = spec.dataset(test_paths, "preprocess.test_input")
-        test = workflow.transform(test_ds, root / "test", on_error=mode, overwrite=True)
-        report, test_rows = report.merge(test.report), test.rows
-    if data.format is Format.CSV:  # serving requests read "" and the null markers as missing, as the files did
-        workflow.text_nulls = ("", *data.csv.null_values)
-    schema = model_schema(spec, workflow)
+        report = report.merge(_stage(spec.dataset(test_paths, "preprocess.test_input"), staging / "test", mode, tables))
+        test_rows = workflow.transform(Dataset(str(staging / "test"), format=Format.PARQUET), root / "test").rows
+    if spec.format is InputFormat.CSV:  # serving requests read "" and the null markers as missing, as the files did
+        workflow.text_nulls = ("", *spec.null_values)
+    schema = model_schema(full, workflow)
     schema.save(root / "schema.json")
     shutil.rmtree(root / "workflow", ignore_errors=True)
     workflow.save(root / "workflow")
@@ -184,31 +221,50 @@ def transform_raw(
     out: str | Path,
     where: str,
     on_error: OnError | str = OnError.RAISE,
+    joins: Sequence[Join] = (),
 ) -> SkipReport:
-    """Raw files (read as the training input was) through a fitted workflow into shards at `out`; a
-    column read with another type than at fit time is an error naming it (Workflow.check_dtypes)."""
-    data = spec.dataset(paths, where)
-    try:
-        workflow.check_dtypes(data.schema, where)
-    except ValueError as e:
-        raise ValueError(str(e)) from None
+    """Raw files (read and joined as the training input was) through a fitted workflow into shards at
+    `out`; a column read with another type than at fit time is an error naming it (Workflow.check_dtypes)."""
+    staged = Path(f"{out}_raw")
+    shutil.rmtree(staged, ignore_errors=True)
+    tables = [(j.on, j.table(f"preprocess.join[{i}].input")) for i, j in enumerate(joins)]
+    report = _stage(spec.dataset(paths, where), staged, OnError(on_error), tables)
+    data = Dataset(str(staged), format=Format.PARQUET)
+    workflow.check_dtypes(data.schema, where)
     shutil.rmtree(out, ignore_errors=True)
-    return workflow.transform(data, out, on_error=on_error, overwrite=True).report
+    workflow.transform(data, out, overwrite=True)
+    shutil.rmtree(staged, ignore_errors=True)
+    return report
 
 
 def _rows(folder: Path) -> int:
     return sum(pq.read_metadata(f).num_rows for f in folder.glob("*.parquet"))
 
 
-def _stage(data: Dataset, out: Path, on_error: OnError) -> SkipReport:
-    """The input as typed Parquet: every row parsed once, bad rows raised or skipped with their line."""
+def _stage(
+    data: Dataset, out: Path, on_error: OnError, tables: Sequence[tuple[str, pl.DataFrame]] = ()
+) -> SkipReport:
+    """The input as typed Parquet: every row parsed once (bad rows raised or skipped with their line),
+    each side table left-joined on its column."""
     report = SkipReport()
+    shutil.rmtree(out, ignore_errors=True)
+    for on, table in tables:
+        if on not in data.schema:
+            raise ValueError(f"join on {on!r}: the input has no column {on!r} ({list(data.schema)})")
+        if data.schema[on] != table.schema[on]:
+            raise ValueError(
+                f"join on {on!r}: the input reads it as {data.schema[on]}, the side table as {table.schema[on]}; "
+                "declare the same type in both (rows would find no match)"
+            )
     with ShardWriter(out) as writer:
         for partition in data.partitions():
             for chunk in read_chunks(partition, on_error):
                 report = report.merge(chunk.report)
-                if chunk.frame.height:
-                    writer.write(chunk.frame.to_arrow())
+                frame = chunk.frame
+                for on, table in tables:
+                    frame = frame.join(table, on=on, how="left", maintain_order="left")
+                if frame.height:
+                    writer.write(frame.to_arrow())
     if writer.num_rows == 0:
         given = data.paths[0] if len(data.paths) == 1 else list(data.paths)
         raise ValueError(f"preprocess.input: no rows to learn from in {given!r} ({report.rows_read} read)")

@@ -12,7 +12,8 @@ target encoding) sees evaluation rows:
 
     random          each row goes to eval with probability eval_fraction (seeded, streaming)
     time            rows at or after a cutoff go to eval: a date ("2014-04-01", "2014-04-01 12:00:00",
-                    UTC), epoch seconds, or the last `last_days` days before the latest timestamp
+                    UTC) or epoch seconds; or the rows of the last `last_days` days, (latest - N days,
+                    latest]; rows without a time stay in train
     leave_last_out  each user's last `holdout` rows by time go to eval (users with no more than
                     `holdout` rows stay in train); reads the user and time columns into memory
     files           the given eval (and test) files, each read as the input is
@@ -303,12 +304,12 @@ def _split(spec: InputSpec, split: SplitSpec, src: Path, train: Path, eval_: Pat
             _require(column, names, "time_column")
             seconds = scan.select(_seconds(spec, column, names[column]).alias("t")).collect()["t"]
             if split.cutoff is not None:
-                cutoff = cutoff_seconds(split.cutoff)
-            else:
+                held = seconds >= cutoff_seconds(split.cutoff)
+            else:  # the last N days: (latest - N days, latest]
                 latest = seconds.max()
                 assert split.last_days is not None and isinstance(latest, int)
-                cutoff = latest - int(split.last_days * 86400)
-            held_out = (seconds >= cutoff).fill_null(False).to_numpy()
+                held = seconds > latest - int(split.last_days * 86400)
+            held_out = held.fill_null(False).to_numpy()
         case SplitKind.LEAVE_LAST_OUT:
             user = _column(spec, split.user_column, Role.USER, "user_column", split.kind)
             column = _column(spec, split.time_column, Role.TIMESTAMP, "time_column", split.kind)

@@ -24,7 +24,8 @@ hugerec: train recommender models with huge embedding tables, on a CPU or a GPU.
 
 Start with `hugerec quickstart`: it generates a small synthetic click log, preprocesses it,
 trains a DLRM, evaluates it and compares its AUC with the best AUC possible on that data.
-Then copy configs/quickstart.toml and point it at your own data.
+Then point a config at your own data: `hugerec schema clicks.csv --out my.toml` writes the
+[preprocess] section from a sample of the file, for you to check and run.
 """
 
 CONFIG_HELP = """\
@@ -56,10 +57,16 @@ COMMANDS = {
     ),
     "preprocess": (
         "raw rows -> fitted workflow -> train/eval Parquet shards ([preprocess])",
-        "Reads preprocess.input (Criteo TSV, plain or .gz, or Parquet), fits the workflow (fill missing,\n"
-        "log, normalize the dense features; map sparse values to ids by frequency) over all of it, and\n"
-        "writes preprocess.out/{train,eval}/, schema.json and the fitted workflow/ (for serving).\n"
-        "example: hugerec preprocess configs/criteo_sample.toml",
+        "Reads preprocess.input as declared: format = \"csv\" (any separator, \"::\" included; header or not;\n"
+        "encoding; plain or .gz) with preprocess.columns (name, type, role; `hugerec schema FILE` writes them),\n"
+        "\"parquet\" (columns from the files) or \"criteo\"; joins [[preprocess.join]] side tables; splits the\n"
+        "rows (preprocess.split = random | time | leave_last_out | files); fits the workflow on the train part\n"
+        "only ([[preprocess.ops]], or by default: normalize the dense features, map categorical values to ids\n"
+        "by frequency) and writes preprocess.out/{train,eval}/ (test/ with preprocess.test_input), schema.json\n"
+        "and the fitted workflow/ (for serving, and for evaluate / predict on raw files).\n"
+        "preprocess.on_error = \"skip\" drops bad rows and reports how many, with the first few.\n"
+        "example: hugerec preprocess configs/criteo_sample.toml\n"
+        "example: hugerec preprocess configs/movielens_1m_ctr.toml preprocess.holdout=1",
     ),
     "train": (
         "train a model on preprocessed shards ([data], [embedding], [model], [train])",
@@ -85,7 +92,8 @@ COMMANDS = {
     "evaluate": (
         "AUC, logloss and calibration of a trained model on data.eval",
         "Loads train.out_dir/best.pt (the best evaluation of training; model.pt when there is none)\n"
-        "or --model, and scores data.eval: exact AUC over all rows,\n"
+        "or --model, and scores data.eval (shards, or raw files read as [preprocess] reads its input and run\n"
+        "through the fitted workflow, label column included): exact AUC over all rows,\n"
         "logloss and calibration (mean predicted click rate / observed click rate).\n"
         "Retrieval and sequential models: the held-out part of [interactions] / [sequences], split as in\n"
         "training, ranked over the whole catalogue: Recall, NDCG, MRR, HitRate and coverage at each K.\n"
@@ -94,7 +102,8 @@ COMMANDS = {
     ),
     "predict": (
         "score rows into a Parquet file of click probabilities",
-        "Scores predict.input (default: data.eval) with train.out_dir/best.pt (the best evaluation of\n"
+        "Scores predict.input (default: data.eval; shards, or raw files with the training columns, label\n"
+        "included, run through the fitted workflow) with train.out_dir/best.pt (the best evaluation of\n"
         "training; model.pt when there is none) or --model, and writes\n"
         "predict.out (default: train.out_dir/predictions.parquet): the label and the probability per row.\n"
         "example: hugerec predict configs/criteo_sample.toml predict.out=scores.parquet",

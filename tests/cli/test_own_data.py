@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hugerec.cli import main
+
+WriteLog = Callable[..., list[dict[str, object]]]
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["train.progress=false", "train.tensorboard=false", "train.plot=false", "train.max_steps=4", "train.log_every=2"]
@@ -36,32 +39,6 @@ out_dir = "run"
 """
 
 
-def _rows(n: int = 400, seed: int = 0) -> list[dict[str, object]]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        user = int(rng.integers(1, 40))
-        category = ["shoes", "books", "games"][int(rng.integers(0, 3))]
-        out.append(
-            {
-                "user_id": user,
-                "category": category,
-                "tags": "|".join(sorted({["new", "sale", "top", "eco"][int(k)] for k in rng.integers(0, 4, 2)})),
-                "price": round(float(rng.lognormal(2, 1)), 2),
-                "time": f"2024-03-{1 + i % 28:02d} {i % 24:02d}:{i % 60:02d}:00",
-                "clicked": int(rng.random() < (0.7 if category == "books" else 0.2)),
-            }
-        )
-    return out
-
-
-def _write(path: Path, rows: list[dict[str, object]], sep: str, header: bool) -> None:
-    names = list(rows[0])
-    lines = [sep.join(names)] if header else []
-    lines += [sep.join(str(r[n]) for n in names) for r in rows]
-    path.write_text("\n".join(lines) + "\n")
-
-
 def _schema(tmp_path: Path, data: str, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
     assert main(["schema", data, "--out", "c.toml", *extra]) == 0, capsys.readouterr().err
     capsys.readouterr()
@@ -80,9 +57,9 @@ def _run_all(config: str, raw_eval: str, capsys: pytest.CaptureFixture[str], *ex
 
 def test_csv_with_a_header_inferred_edited_and_trained(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+, click_log: WriteLog) -> None:
     monkeypatch.chdir(tmp_path)
-    _write(tmp_path / "clicks.csv", _rows(), ",", header=True)
+    click_log(tmp_path / "clicks.csv")
     toml = _schema(tmp_path, "clicks.csv", capsys)
     assert 'separator = ","' in toml and "header = true" in toml
     assert '{ name = "clicked", type = "int", role = "label" }' in toml
@@ -104,9 +81,9 @@ def test_csv_with_a_header_inferred_edited_and_trained(
     }
 
 
-def test_csv_without_a_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_csv_without_a_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], click_log: WriteLog) -> None:
     monkeypatch.chdir(tmp_path)
-    _write(tmp_path / "clicks.tsv", _rows(), "\t", header=False)
+    click_log(tmp_path / "clicks.tsv", sep="\t", header=False)
     toml = _schema(tmp_path, "clicks.tsv", capsys)
     assert 'separator = "\\t"' in toml and "header = false" in toml
     assert '{ name = "c5", type = "int", role = "dense" }' in toml  # a 0/1 column, not first: the user says
@@ -145,9 +122,9 @@ def test_double_colon_separator_movielens_style(
 
 def test_timestamp_turned_into_cyclic_features(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+, click_log: WriteLog) -> None:
     monkeypatch.chdir(tmp_path)
-    _write(tmp_path / "clicks.csv", _rows(), ",", header=True)
+    click_log(tmp_path / "clicks.csv")
     toml = _schema(tmp_path, "clicks.csv", capsys)
     ops = """
 [[preprocess.ops]]
@@ -185,9 +162,9 @@ columns = ["price"]
 )
 def test_workflow_mistakes_name_the_key(
     extra: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+, click_log: WriteLog) -> None:
     monkeypatch.chdir(tmp_path)
-    _write(tmp_path / "clicks.csv", _rows(20), ",", header=True)
+    click_log(tmp_path / "clicks.csv", 20)
     toml = _schema(tmp_path, "clicks.csv", capsys)
     (tmp_path / "c.toml").write_text(toml + "".join(extra))
     assert main(["preprocess", "c.toml"]) == 2
@@ -218,20 +195,20 @@ def test_input_mistakes_name_the_key(
 
 def test_parquet_format_pointed_at_a_csv_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+, click_log: WriteLog) -> None:
     monkeypatch.chdir(tmp_path)
-    _write(tmp_path / "clicks.parquet", _rows(20), ",", header=True)  # text under a Parquet name
+    click_log(tmp_path / "clicks.parquet", 20)  # text under a Parquet name
     assert main(["preprocess", "preprocess.input=clicks.parquet", "preprocess.format=parquet"]) == 2
     err = capsys.readouterr().err.strip()
     assert "clicks.parquet is not a Parquet file" in err and 'format = "csv"' in err and "\n" not in err, err
 
 
-def test_parquet_needs_no_schema_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_parquet_needs_no_schema_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], click_log: WriteLog) -> None:
     import polars as pl
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "raw").mkdir()
-    pl.DataFrame(_rows()).drop("tags", "time").write_parquet(tmp_path / "raw" / "part-0.parquet")
+    pl.DataFrame(click_log(tmp_path / "log.csv")).drop("tags", "time").write_parquet(tmp_path / "raw" / "part-0.parquet")
     (tmp_path / "c.toml").write_text('[preprocess]\ninput = "raw"\nformat = "parquet"\nout = "data"\n' + TAIL)
     _run_all("c.toml", "raw", capsys)
     kinds = {c["name"]: c["kind"] for c in json.loads((tmp_path / "data" / "schema.json").read_text())["columns"]}
@@ -240,9 +217,9 @@ def test_parquet_needs_no_schema_json(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_on_error_skip_counts_bad_rows_of_a_csv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+, click_log: WriteLog) -> None:
     monkeypatch.chdir(tmp_path)
-    _write(tmp_path / "clicks.csv", _rows(50), ",", header=True)
+    click_log(tmp_path / "clicks.csv", 50)
     toml = _schema(tmp_path, "clicks.csv", capsys)
     with open(tmp_path / "clicks.csv", "a") as f:
         f.write("7,books,new,notaprice,2024-03-02 00:00:00,1\n7,books,new,1.0,2024-03-02 00:00:00,3\n")

@@ -418,7 +418,8 @@ class Workflow:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Workflow:
-        """An unfitted workflow from `to_config()` data (e.g. a JSON spec file for the CLI)::
+        """An unfitted workflow from `to_config()` data (what workflow.json holds; a config's
+        [[preprocess.ops]] tables are the flat form of `from_spec`)::
 
         {"ops": [{"op": "Categorify", "config": {"columns": ["C1"], "freq_threshold": 3}}, ...],
          "output_columns": null}

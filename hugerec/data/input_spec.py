@@ -439,11 +439,19 @@ def schema_toml(
 ) -> str:
     """`infer_spec` written as the [preprocess] section of a config, with sample values as comments."""
     spec, sample = _infer(str(path), separator, header, encoding, 4 << 20)
-    samples = {
-        name: [v[:24] for v in sample[name].drop_nulls().cast(pl.String).unique(maintain_order=True).head(3).to_list()]
-        for name in sample.columns
-    }
-    return spec_to_toml(spec, str(path), samples)
+    return spec_to_toml(spec, str(path), {name: _examples(sample[name]) for name in sample.columns})
+
+
+def _examples(values: pl.Series, n: int = 3) -> list[str]:
+    """The first `n` distinct values of a column, as short text (lists included)."""
+    seen: list[str] = []
+    for v in values.drop_nulls().head(1000).to_list():
+        text = str(v)[:24]
+        if text not in seen:
+            seen.append(text)
+        if len(seen) == n:
+            break
+    return seen
 
 
 def _infer(

@@ -213,6 +213,9 @@ def test_parquet_needs_no_schema_json(tmp_path: Path, monkeypatch: pytest.Monkey
     _run_all("c.toml", "raw", capsys)
     kinds = {c["name"]: c["kind"] for c in json.loads((tmp_path / "data" / "schema.json").read_text())["columns"]}
     assert kinds == {"clicked": "label", "user_id": "sparse", "category": "sparse", "price": "dense"}
+    pl.DataFrame({"clicked": [0, 1], "genres": [["a", "b"], []]}).write_parquet(tmp_path / "lists.parquet")
+    toml = _schema(tmp_path, "lists.parquet", capsys)
+    assert 'format = "parquet"' in toml and '{ name = "genres", type = "list", role = "categorical"' in toml
 
 
 def test_on_error_skip_counts_bad_rows_of_a_csv(

@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hugerec.data.input_spec import (
+    ColumnType,
     InputFormat,
     InputSpec,
     Role,
@@ -44,8 +45,8 @@ from hugerec.data.input_spec import (
     model_schema,
     output_columns,
 )
-from hugerec.data.preprocess.dataset import Dataset, Format, read_chunks
-from hugerec.data.preprocess.errors import OnError, SkipReport
+from hugerec.data.preprocess.dataset import Dataset, Format, Partition, first_line, read_chunks
+from hugerec.data.preprocess.errors import MAX_EXAMPLES, BadInputError, OnError, RowError, SkipReport
 from hugerec.data.preprocess.op import Op
 from hugerec.data.preprocess.temporal import ParseTime
 from hugerec.data.preprocess.workflow import Workflow
@@ -186,9 +187,10 @@ def prepare(
         )
     full = with_joins(spec, joins)
     tables = [(j.on, j.table(f"preprocess.join[{i}].input")) for i, j in enumerate(joins)]
-    report = _stage(spec.dataset(paths, "preprocess.input"), staging / "all", mode, tables)
+    report = _stage(spec.dataset(paths, "preprocess.input"), spec, staging / "all", mode, tables)
     if eval_paths is not None:
-        report = report.merge(_stage(spec.dataset(eval_paths, "preprocess.eval_input"), staging / "eval", mode, tables))
+        eval_data = spec.dataset(eval_paths, "preprocess.eval_input")
+        report = report.merge(_stage(eval_data, spec, staging / "eval", mode, tables))
         train_dir = staging / "all"
     else:
         _split(full, split, staging / "all", staging / "train", staging / "eval")
@@ -203,7 +205,8 @@ def prepare(
     test_rows = 0
     shutil.rmtree(root / "test", ignore_errors=True)
     if test_paths is not None:
-        report = report.merge(_stage(spec.dataset(test_paths, "preprocess.test_input"), staging / "test", mode, tables))
+        test_data = spec.dataset(test_paths, "preprocess.test_input")
+        report = report.merge(_stage(test_data, spec, staging / "test", mode, tables))
         test_rows = workflow.transform(Dataset(str(staging / "test"), format=Format.PARQUET), root / "test").rows
     if spec.format is InputFormat.CSV:  # serving requests read "" and the null markers as missing, as the files did
         workflow.text_nulls = ("", *spec.null_values)
@@ -229,7 +232,7 @@ def transform_raw(
     staged = Path(f"{out}_raw")
     shutil.rmtree(staged, ignore_errors=True)
     tables = [(j.on, j.table(f"preprocess.join[{i}].input")) for i, j in enumerate(joins)]
-    report = _stage(spec.dataset(paths, where), staged, OnError(on_error), tables)
+    report = _stage(spec.dataset(paths, where), spec, staged, OnError(on_error), tables)
     data = Dataset(str(staged), format=Format.PARQUET)
     workflow.check_dtypes(data.schema, where)
     shutil.rmtree(out, ignore_errors=True)
@@ -243,10 +246,10 @@ def _rows(folder: Path) -> int:
 
 
 def _stage(
-    data: Dataset, out: Path, on_error: OnError, tables: Sequence[tuple[str, pl.DataFrame]] = ()
+    data: Dataset, spec: InputSpec, out: Path, on_error: OnError, tables: Sequence[tuple[str, pl.DataFrame]] = ()
 ) -> SkipReport:
-    """The input as typed Parquet: every row parsed once (bad rows raised or skipped with their line),
-    each side table left-joined on its column."""
+    """The input as typed Parquet: every row parsed once, timestamps checked against their format (bad
+    rows raised or skipped with their file and line), each side table left-joined on its column."""
     report = SkipReport()
     shutil.rmtree(out, ignore_errors=True)
     for on, table in tables:
@@ -259,9 +262,13 @@ def _stage(
             )
     with ShardWriter(out) as writer:
         for partition in data.partitions():
+            exact = True  # line numbers are exact while no row of the partition was dropped
             for chunk in read_chunks(partition, on_error):
-                report = report.merge(chunk.report)
-                frame = chunk.frame
+                exact = exact and chunk.report.rows_skipped == 0
+                where = (partition, chunk.row_offset) if exact else None
+                frame, times = _check_times(chunk.frame, spec, partition.path, where, on_error)
+                report = report.merge(chunk.report).merge(times)
+                exact = exact and times.rows_skipped == 0
                 for on, table in tables:
                     frame = frame.join(table, on=on, how="left", maintain_order="left")
                 if frame.height:
@@ -270,6 +277,31 @@ def _stage(
         given = data.paths[0] if len(data.paths) == 1 else list(data.paths)
         raise ValueError(f"preprocess.input: no rows to learn from in {given!r} ({report.rows_read} read)")
     return report
+
+
+def _check_times(
+    frame: pl.DataFrame, spec: InputSpec, path: str, where: tuple[Partition, int] | None, on_error: OnError
+) -> tuple[pl.DataFrame, SkipReport]:
+    """Rows whose timestamp does not match its column's format: raised (file, line, column, value) or
+    dropped and counted, here where the file and line are known, not later in the workflow's ParseTime."""
+    bad = np.zeros(frame.height, dtype=bool)
+    errors: list[RowError] = []
+    for c in spec.columns:
+        if c.type is not ColumnType.TIMESTAMP or c.name not in frame.columns:
+            continue
+        parsed = frame.select(ParseTime((c.name,), c.format).expression(c.name, frame.schema[c.name])).to_series()
+        failed = (parsed.is_null() & frame[c.name].is_not_null()).to_numpy()
+        for r in np.flatnonzero(failed & ~bad)[: MAX_EXAMPLES - len(errors)]:
+            start = first_line(where[0]) if where is not None else None  # where = (partition, rows before the chunk)
+            line = None if start is None or where is None else start + where[1] + int(r)
+            reason = f"does not match the time format {c.format!r}"
+            errors.append(RowError(path, reason, line=line, column=c.name, value=str(frame[c.name][int(r)])))
+        bad |= failed
+    if not bad.any():
+        return frame, SkipReport()
+    if on_error is OnError.RAISE:
+        raise BadInputError(min(errors, key=lambda e: e.line or 0))
+    return frame.filter(pl.Series(~bad)), SkipReport(0, int(bad.sum()), tuple(errors))
 
 
 def _column(spec: InputSpec, given: str | None, role: Role, key: str, kind: SplitKind) -> str:

@@ -226,12 +226,18 @@ def test_on_error_skip_counts_bad_rows_of_a_csv(
     toml = _schema(tmp_path, "clicks.csv", capsys)
     with open(tmp_path / "clicks.csv", "a") as f:
         f.write("7,books,new,notaprice,2024-03-02 00:00:00,1\n7,books,new,1.0,2024-03-02 00:00:00,3\n")
+        f.write("7,books,new,1.0,2024-03-02 25:61:00,1\n")
     (tmp_path / "c.toml").write_text(toml.replace("[preprocess]", '[preprocess]\nout = "data"'))
     assert main(["preprocess", "c.toml"]) == 2
     assert "clicks.csv, line 52, column 'price'" in capsys.readouterr().err
     assert main(["preprocess", "c.toml", "preprocess.on_error=skip"]) == 0
     out = capsys.readouterr().out
-    assert "2 of 52 rows skipped as bad input" in out and "line 53, column 'clicked'" in out, out
+    assert "3 of 53 rows skipped as bad input" in out and "line 53, column 'clicked'" in out, out
+    # after rows were dropped the line is no longer known exactly: the file, column and value still are
+    assert "clicks.csv, column 'time': does not match the time format '%Y-%m-%d %H:%M:%S'" in out, out
+    (tmp_path / "t.csv").write_text("user_id,category,tags,price,time,clicked\n1,a,b,1.0,2024-03-02 25:61:00,1\n")
+    assert main(["preprocess", "c.toml", "preprocess.input=t.csv"]) == 2
+    assert "t.csv, line 2, column 'time': does not match the time format" in capsys.readouterr().err
 
 
 # -- the shipped configs for the real samples ------------------------------------------------------

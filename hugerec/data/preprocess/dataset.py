@@ -409,6 +409,14 @@ def _gzip_blocks(path: str, start: int, block_bytes: int) -> Iterator[bytes]:
             yield data[:cut]
 
 
+def first_line(partition: Partition) -> int | None:
+    """1-based line number of a text partition's first line (a scan of the bytes before it when not
+    known already); None for Parquet and frames."""
+    if partition.source.format is not Format.CSV:
+        return None
+    return _LineNumbers(partition).first()
+
+
 class _LineNumbers:
     """1-based line number of a block's first line, computed (by a scan) only when an error needs it."""
 

@@ -187,10 +187,10 @@ def prepare(
         )
     full = with_joins(spec, joins)
     tables = [(j.on, j.table(f"preprocess.join[{i}].input")) for i, j in enumerate(joins)]
-    report = _stage(spec.dataset(paths, "preprocess.input"), spec, staging / "all", mode, tables)
+    report = _stage(spec.dataset(paths, "preprocess.input"), spec, staging / "all", mode, tables, "preprocess.input")
     if eval_paths is not None:
         eval_data = spec.dataset(eval_paths, "preprocess.eval_input")
-        report = report.merge(_stage(eval_data, spec, staging / "eval", mode, tables))
+        report = report.merge(_stage(eval_data, spec, staging / "eval", mode, tables, "preprocess.eval_input"))
         train_dir = staging / "all"
     else:
         _split(full, split, staging / "all", staging / "train", staging / "eval")
@@ -206,7 +206,7 @@ def prepare(
     shutil.rmtree(root / "test", ignore_errors=True)
     if test_paths is not None:
         test_data = spec.dataset(test_paths, "preprocess.test_input")
-        report = report.merge(_stage(test_data, spec, staging / "test", mode, tables))
+        report = report.merge(_stage(test_data, spec, staging / "test", mode, tables, "preprocess.test_input"))
         test_rows = workflow.transform(Dataset(str(staging / "test"), format=Format.PARQUET), root / "test").rows
     if spec.format is InputFormat.CSV:  # serving requests read "" and the null markers as missing, as the files did
         workflow.text_nulls = ("", *spec.null_values)
@@ -232,7 +232,7 @@ def transform_raw(
     staged = Path(f"{out}_raw")
     shutil.rmtree(staged, ignore_errors=True)
     tables = [(j.on, j.table(f"preprocess.join[{i}].input")) for i, j in enumerate(joins)]
-    report = _stage(spec.dataset(paths, where), spec, staged, OnError(on_error), tables)
+    report = _stage(spec.dataset(paths, where), spec, staged, OnError(on_error), tables, where)
     data = Dataset(str(staged), format=Format.PARQUET)
     workflow.check_dtypes(data.schema, where)
     shutil.rmtree(out, ignore_errors=True)
@@ -246,7 +246,12 @@ def _rows(folder: Path) -> int:
 
 
 def _stage(
-    data: Dataset, spec: InputSpec, out: Path, on_error: OnError, tables: Sequence[tuple[str, pl.DataFrame]] = ()
+    data: Dataset,
+    spec: InputSpec,
+    out: Path,
+    on_error: OnError,
+    tables: Sequence[tuple[str, pl.DataFrame]],
+    where: str,
 ) -> SkipReport:
     """The input as typed Parquet: every row parsed once, timestamps checked against their format (bad
     rows raised or skipped with their file and line), each side table left-joined on its column."""
@@ -265,8 +270,8 @@ def _stage(
             exact = True  # line numbers are exact while no row of the partition was dropped
             for chunk in read_chunks(partition, on_error):
                 exact = exact and chunk.report.rows_skipped == 0
-                where = (partition, chunk.row_offset) if exact else None
-                frame, times = _check_times(chunk.frame, spec, partition.path, where, on_error)
+                at = (partition, chunk.row_offset) if exact else None
+                frame, times = _check_times(chunk.frame, spec, partition.path, at, on_error)
                 report = report.merge(chunk.report).merge(times)
                 exact = exact and times.rows_skipped == 0
                 for on, table in tables:
@@ -275,7 +280,8 @@ def _stage(
                     writer.write(frame.to_arrow())
     if writer.num_rows == 0:
         given = data.paths[0] if len(data.paths) == 1 else list(data.paths)
-        raise ValueError(f"preprocess.input: no rows to learn from in {given!r} ({report.rows_read} read)")
+        what = "no rows to learn from" if where == "preprocess.input" else "no rows"
+        raise ValueError(f"{where}: {what} in {given!r} ({report.rows_read} read)")
     return report
 
 

@@ -2,6 +2,7 @@
 
 from hugerec.data import preprocess
 from hugerec.data.criteo import criteo_to_parquet, read_criteo
+from hugerec.data.input_spec import ColumnSpec, InputSpec, infer_spec, schema_toml
 from hugerec.data.interactions import (
     Interactions,
     Vocabulary,
@@ -15,6 +16,7 @@ from hugerec.data.interactions import (
     time_split,
 )
 from hugerec.data.loader import Loader, load
+from hugerec.data.prepare import Join, PrepareReport, SplitKind, SplitSpec, prepare, transform_raw
 from hugerec.data.preprocess import Dataset, Workflow
 from hugerec.data.readers import ConvertReport, read, to_parquet
 from hugerec.data.schema import Column, ColumnKind, DimRule, Schema, ValueType
@@ -42,18 +44,24 @@ from hugerec.data.synthetic_interactions import InteractionConfig, SyntheticInte
 __all__ = [
     "Column",
     "ColumnKind",
+    "ColumnSpec",
     "ConvertReport",
     "Dataset",
     "DimRule",
     "Hotness",
     "IdDistribution",
+    "InputSpec",
     "InteractionConfig",
     "Interactions",
     "ItemVocabulary",
+    "Join",
     "Loader",
+    "PrepareReport",
     "Schema",
     "Sequences",
     "ShardWriter",
+    "SplitKind",
+    "SplitSpec",
     "SyntheticConfig",
     "SyntheticInteractions",
     "SyntheticReport",
@@ -67,6 +75,7 @@ __all__ = [
     "group_sequences",
     "held_out_csr",
     "histories",
+    "infer_spec",
     "iter_examples",
     "iter_tables",
     "last_items",
@@ -74,6 +83,7 @@ __all__ = [
     "leave_last_out",
     "load",
     "prebatch",
+    "prepare",
     "preprocess",
     "preset",
     "read",
@@ -81,7 +91,9 @@ __all__ = [
     "read_interactions",
     "read_movielens",
     "read_yoochoose",
+    "schema_toml",
     "sliding_windows",
     "time_split",
     "to_parquet",
+    "transform_raw",
 ]

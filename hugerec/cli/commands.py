@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -244,26 +245,38 @@ def load_model(path: Path) -> tuple[RecModel, Schema]:
 
 # -- evaluate / predict -------------------------------------------------------------------------
 def is_shards(paths: str, schema: Schema) -> bool:
-    """Whether `paths` are preprocessed shards for `schema` (Parquet with every column, ids as integers);
-    anything else (text, Parquet of raw values) is raw input for the fitted workflow."""
+    """Whether `paths` are preprocessed shards of this model's data rather than raw input for the fitted
+    workflow. Parquet files with a schema.json in their folder or the one above (where `hugerec
+    preprocess` writes it) are shards exactly when it is the model's; without one (shards copied
+    elsewhere), when they have every column of the schema, sparse ones as integer ids inside the
+    vocabularies (checked on the first row group). Text is always raw; a missing file is left to
+    open_shards to name."""
     try:
         files = expand_paths(paths)
     except (FileNotFoundError, ValueError):
-        return True  # open_shards names the problem
+        return True
     if not files or any(f.suffix not in (".parquet", ".parq", ".pq") for f in files):
         return False
+    for candidate in (files[0].parent / "schema.json", files[0].parent.parent / "schema.json"):
+        if candidate.is_file():
+            try:
+                return Schema.load(candidate).to_dict() == schema.to_dict()
+            except (ValueError, KeyError, OSError):
+                return False
     try:
-        stored = pq.read_schema(files[0])
+        parquet = pq.ParquetFile(files[0])
+        if parquet.metadata.num_row_groups == 0 or any(c.name not in parquet.schema_arrow.names for c in schema.columns):
+            return False
+        first = pl.DataFrame(pl.from_arrow(parquet.read_row_group(0, columns=[c.name for c in schema.sparse])))
     except (OSError, pa.ArrowInvalid):
         return False
-    for column in schema.columns:
-        if column.name not in stored.names:
+    for column in schema.sparse:
+        values = first[column.name].explode() if isinstance(first.schema[column.name], pl.List) else first[column.name]
+        if not values.dtype.is_integer():
             return False
-        dtype = stored.field(column.name).type
-        if column.kind.value == "sparse":
-            dtype = dtype.value_type if pa.types.is_list(dtype) or pa.types.is_large_list(dtype) else dtype
-            if not pa.types.is_integer(dtype):
-                return False
+        ids = values.drop_nulls().to_numpy()
+        if ids.size and (ids.min() < 0 or (column.cardinality is not None and ids.max() >= column.cardinality)):
+            return False
     return True
 
 

@@ -43,9 +43,9 @@ from hugerec.data.input_spec import ColumnSpec, InputFormat, InputSpec
 from hugerec.data.prepare import Join, SplitKind, SplitSpec, with_joins
 from hugerec.data.preprocess.errors import OnError
 from hugerec.data.preprocess.workflow import Workflow
-from hugerec.embedding.config import StorageDtype
 from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad, optimizer_from_dict, optimizer_to_dict
-from hugerec.models.config import DLRMConfig, ModelConfig, model_config_from_dict, model_config_to_dict
+from hugerec.embedding.table_config import StorageDtype
+from hugerec.models.model_config import DLRMConfig, ModelConfig, model_config_from_dict, model_config_to_dict
 from hugerec.training.trainer import TrainConfig
 
 READERS = {Optimizer: optimizer_from_dict}

@@ -24,7 +24,8 @@ hugerec: train recommender models with huge embedding tables, on a CPU or a GPU.
 
 Start with `hugerec quickstart`: it generates a small synthetic click log, preprocesses it,
 trains a DLRM, evaluates it and compares its AUC with the best AUC possible on that data.
-Then copy configs/quickstart.toml and point it at your own data.
+Then point a config at your own data: `hugerec schema clicks.csv --out my.toml` writes the
+[preprocess] section from a sample of the file, for you to check and run.
 """
 
 CONFIG_HELP = """\
@@ -56,10 +57,16 @@ COMMANDS = {
     ),
     "preprocess": (
         "raw rows -> fitted workflow -> train/eval Parquet shards ([preprocess])",
-        "Reads preprocess.input (Criteo TSV, plain or .gz, or Parquet), fits the workflow (fill missing,\n"
-        "log, normalize the dense features; map sparse values to ids by frequency) over all of it, and\n"
-        "writes preprocess.out/{train,eval}/, schema.json and the fitted workflow/ (for serving).\n"
-        "example: hugerec preprocess configs/criteo_sample.toml",
+        "Reads preprocess.input as declared: format = \"csv\" (any separator, \"::\" included; header or not;\n"
+        "encoding; plain or .gz) with preprocess.columns (name, type, role; `hugerec schema FILE` writes them),\n"
+        "\"parquet\" (columns from the files) or \"criteo\"; joins [[preprocess.join]] side tables; splits the\n"
+        "rows (preprocess.split = random | time | leave_last_out | files); fits the workflow on the train part\n"
+        "only ([[preprocess.ops]], or by default: normalize the dense features, map categorical values to ids\n"
+        "by frequency) and writes preprocess.out/{train,eval}/ (test/ with preprocess.test_input), schema.json\n"
+        "and the fitted workflow/ (for serving, and for evaluate / predict on raw files).\n"
+        "preprocess.on_error = \"skip\" drops bad rows and reports how many, with the first few.\n"
+        "example: hugerec preprocess configs/criteo_sample.toml\n"
+        "example: hugerec preprocess configs/movielens_1m_ctr.toml preprocess.holdout=1",
     ),
     "train": (
         "train a model on preprocessed shards ([data], [embedding], [model], [train])",
@@ -89,7 +96,8 @@ COMMANDS = {
     "evaluate": (
         "AUC, logloss and calibration of a trained model on data.eval",
         "Loads train.out_dir/best.pt (the best evaluation of training; model.pt when there is none)\n"
-        "or --model, and scores data.eval: exact AUC over all rows,\n"
+        "or --model, and scores data.eval (shards, or raw files read as [preprocess] reads its input and run\n"
+        "through the fitted workflow, label column included): exact AUC over all rows,\n"
         "logloss and calibration (mean predicted click rate / observed click rate).\n"
         "Retrieval and sequential models: the held-out part of [interactions] / [sequences], split as in\n"
         "training, ranked over the whole catalogue: Recall, NDCG, MRR, HitRate and coverage at each K.\n"
@@ -98,7 +106,8 @@ COMMANDS = {
     ),
     "predict": (
         "score rows into a Parquet file of click probabilities",
-        "Scores predict.input (default: data.eval) with train.out_dir/best.pt (the best evaluation of\n"
+        "Scores predict.input (default: data.eval; shards, or raw files with the training columns, label\n"
+        "included, run through the fitted workflow) with train.out_dir/best.pt (the best evaluation of\n"
         "training; model.pt when there is none) or --model, and writes\n"
         "predict.out (default: train.out_dir/predictions.parquet): the label and the probability per row.\n"
         "example: hugerec predict configs/criteo_sample.toml predict.out=scores.parquet",
@@ -147,6 +156,14 @@ or retrains from scratch on what the monitor sees. Prints the decision log (work
 as a table; --log prints it without running. Run the same command again after a stop to continue.
 example: hugerec loop configs/loop_synthetic.toml
 example: hugerec loop configs/loop_synthetic.toml --log"""
+SCHEMA_HELP = """\
+Reads the first few MB of FILE (CSV/TSV/"::"-separated text, plain or .gz, or Parquet), guesses the
+separator, whether line 1 is a header, the encoding (UTF-8, else latin-1), each column's type (int,
+float, string, list of "|"-separated values, timestamp) and role (label, dense, categorical,
+timestamp), and prints the [preprocess] section of a config with a few sample values per column.
+Save it (--out), check the types and roles (integer ids read as "dense" until you say "categorical",
+"user" or "item"), add [data] / [model] / [train] sections, then run `hugerec preprocess` and `hugerec train`.
+example: hugerec schema clicks.csv --out my_data.toml"""
 
 SERVE_HELP = """\
 Serves exported bundles (`hugerec export`) over HTTP until Ctrl-C: the Open Inference Protocol v2
@@ -172,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "loop":
         return _loop(args)
+    if args.command == "schema":
+        return _schema(args)
     try:
         from hugerec.cli.run_config import load_run_config, resolved_dict
 
@@ -241,6 +260,19 @@ def _parser() -> argparse.ArgumentParser:
     loop.add_argument("args", nargs="*", metavar="CONFIG.toml | KEY=VALUE", help="a config file and/or overrides")
     loop.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     loop.add_argument("--log", action="store_true", help="print the decision log as a table and exit")
+    schema = sub.add_parser(
+        "schema",
+        help="guess a raw file's columns and write the [preprocess] section for you to edit",
+        description=SCHEMA_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    schema.add_argument("file", type=Path, metavar="FILE", help="a raw data file (text, plain or .gz, or Parquet)")
+    schema.add_argument("--separator", help='field separator (default: guessed among tab, "::", ",", ";", "|")')
+    header = schema.add_mutually_exclusive_group()
+    header.add_argument("--header", dest="header", action="store_true", default=None, help="line 1 is a header")
+    header.add_argument("--no-header", dest="header", action="store_false", help="line 1 is data")
+    schema.add_argument("--encoding", default="utf-8", help="text encoding (default: utf-8, else latin-1 when not UTF-8)")
+    schema.add_argument("--out", type=Path, help="write the TOML here (default: print it)")
     serve = sub.add_parser(
         "serve",
         help="serve exported bundles over HTTP (KServe v2 / Triton protocol)",
@@ -454,6 +486,26 @@ def _recommend(cfg: RunConfig, args: argparse.Namespace) -> None:
     out, rows, notes = recommend_to_parquet(cfg, args.model)
     warn(notes, "recommend")
     print(f"recommend: {rows:,} rows -> {out}")
+
+
+def _schema(args: argparse.Namespace) -> int:
+    """`hugerec schema FILE`: the guessed [preprocess] section, printed or written to --out."""
+    try:
+        from hugerec.data.input_spec import schema_toml
+
+        separator = args.separator.encode().decode("unicode_escape") if args.separator else None  # "\\t" -> tab
+        text = schema_toml(args.file, separator=separator, header=args.header, encoding=args.encoding)
+        if args.out is None:
+            print(text, end="")
+        else:
+            args.out.write_text(text)
+            print(f"schema: {len(text.splitlines())} lines -> {args.out} (check the types and roles, then preprocess)")
+        return 0
+    except (ValueError, FileNotFoundError, OSError) as e:
+        if os.environ.get("HUGEREC_DEBUG"):
+            raise
+        print(f"hugerec schema: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -29,7 +29,9 @@ import torch.distributed as dist
 from hugerec.cli.config_file import ConfigError, to_dict
 from hugerec.cli.run_config import RawFormat, RunConfig
 from hugerec.data import (
+    InputSpec,
     Loader,
+    PrepareReport,
     Schema,
     SyntheticReport,
     count_rows,
@@ -37,10 +39,11 @@ from hugerec.data import (
     generate,
     load,
     load_vectors,
+    prepare,
     preset,
-    split_shards,
+    transform_raw,
 )
-from hugerec.data.preprocess import Categorify, Dataset, FillMissing, LogOp, Normalize, SkipReport, Workflow
+from hugerec.data.preprocess import Workflow
 from hugerec.distributed import Workload, init_from_env, launched_by_torchrun, plan, shard
 from hugerec.embedding import TableConfig
 from hugerec.models import RecModel, build_model
@@ -61,15 +64,6 @@ from hugerec.training import (
 BEST_MODEL = "best.pt"  # beside model.pt: the best evaluation's weights; evaluate / predict / export's default
 
 
-@dataclass(frozen=True)
-class PreprocessReport:
-    train_rows: int
-    eval_rows: int
-    schema: Path
-    workflow: Path
-    skipped: SkipReport = field(default_factory=SkipReport)  # rows dropped as bad input (preprocess.on_error = "skip")
-
-
 # -- synth --------------------------------------------------------------------------------------
 def synth(cfg: RunConfig) -> SyntheticReport:
     s = cfg.synth
@@ -80,71 +74,42 @@ def synth(cfg: RunConfig) -> SyntheticReport:
 
 
 # -- preprocess ---------------------------------------------------------------------------------
-def preprocess(cfg: RunConfig) -> PreprocessReport:
+def input_spec(cfg: RunConfig) -> InputSpec:
+    """[preprocess]'s input with its columns (Parquet: preprocess.schema, a schema.json beside the files,
+    or guessed from the files' types)."""
     p = cfg.preprocess
-    raw = _raw_schema(cfg)
-    labels, dense, sparse = raw.label_names, raw.dense_names, raw.sparse_names
-    train_raw = _dataset(p.input, "preprocess.input", p.format, labels)
-    ops: list[Any] = [FillMissing(dense, 0.0)] if dense else []
-    if dense and p.log_dense:
-        ops.append(LogOp(dense))
-    if dense:
-        ops.append(Normalize(dense))
-    ops.append(Categorify(sparse, freq_threshold=p.min_frequency, max_size=p.max_vocab))
-    workflow = Workflow(ops, output_columns=(*labels, *dense, *sparse))
-    workflow.fit(train_raw, on_error=p.on_error)
-    fit_report = workflow.fit_report or SkipReport()
-    if fit_report.rows_read - fit_report.rows_skipped == 0:
-        raise ConfigError(f"preprocess.input: no rows to learn from in {p.input!r} ({fit_report.rows_read} read)")
-    out = Path(p.out)
-    if p.eval_input is not None:
-        report = workflow.transform(train_raw, out / "train", overwrite=True, on_error=p.on_error).report
-        eval_raw = _dataset(p.eval_input, "preprocess.eval_input", p.format, labels)
-        report = report.merge(workflow.transform(eval_raw, out / "eval", overwrite=True, on_error=p.on_error).report)
-    else:
-        report = workflow.transform(train_raw, out / "_all", overwrite=True, on_error=p.on_error).report
-        for d in ("train", "eval"):
-            shutil.rmtree(out / d, ignore_errors=True)
-        split_shards(out / "_all", out / "train", out / "eval", p.eval_fraction, p.seed)
-        shutil.rmtree(out / "_all")
-    cards = workflow.cardinalities()
-    multi_hot = [c.name for c in raw.sparse if c.multi_hot]
-    schema = Schema.build(labels, dense, {c: cards[c] for c in sparse}, multi_hot=multi_hot)
-    schema.save(out / "schema.json")
-    shutil.rmtree(out / "workflow", ignore_errors=True)
-    workflow.save(out / "workflow")
-    return PreprocessReport(_rows(out / "train"), _rows(out / "eval"), out / "schema.json", out / "workflow", report)
-
-
-def _raw_schema(cfg: RunConfig) -> Schema:
-    p = cfg.preprocess
-    match p.format:
-        case RawFormat.CRITEO:
-            return Schema.criteo()
-        case RawFormat.PARQUET:
-            where = "preprocess.schema"
-            if p.schema is None:
-                where = "preprocess.input"
-                folder = Path(p.input) if Path(p.input).is_dir() else Path(p.input).parent
-                path = folder / "schema.json"
-            else:
-                path = Path(p.schema)
-            if not path.is_file():
-                raise ConfigError(f"{where}: no schema at {path}; set preprocess.schema to the raw data's schema.json")
-            return Schema.load(path)
-
-
-def _dataset(paths: str, where: str, fmt: RawFormat, labels: Sequence[str]) -> Dataset:
-    """The raw input; its label columns must hold 0 or 1 (anything else is bad input, with its line)."""
+    spec = p.input_spec()
+    if p.format is RawFormat.PARQUET and not spec.columns and p.schema is not None:
+        if not Path(p.schema).is_file():
+            raise ConfigError(f"preprocess.schema: no schema at {p.schema}")
+        return InputSpec.from_schema(Schema.load(p.schema))
     try:
-        match fmt:
-            case RawFormat.CRITEO:
-                return Dataset.criteo(paths)
-            case RawFormat.PARQUET:  # a folder: its Parquet files, not the schema.json beside them
-                files = str(Path(paths) / "*.parquet") if Path(paths).is_dir() else paths
-                return Dataset(files, format="parquet", binary=labels)
+        return spec.resolved(p.input)
     except (FileNotFoundError, ValueError) as e:
-        raise ConfigError(f"{where}: {e}") from None
+        raise ConfigError(f"preprocess.input: {e}") from None
+
+
+def preprocess(cfg: RunConfig) -> PrepareReport:
+    """hugerec.data.prepare over [preprocess]: split, fit on train, write the shards, schema.json and workflow/."""
+    p = cfg.preprocess
+    ops = Workflow.from_spec(p.ops, where="preprocess.ops").ops if p.ops else None
+    try:
+        return prepare(
+            input_spec(cfg),
+            p.input,
+            p.out,
+            split=p.split_spec(),
+            ops=ops,
+            eval_paths=p.eval_input,
+            test_paths=p.test_input,
+            joins=[j.join() for j in p.join],
+            on_error=p.on_error,
+            log_dense=p.log_dense,
+            min_frequency=p.min_frequency,
+            max_vocab=p.max_vocab,
+        )
+    except FileNotFoundError as e:
+        raise ConfigError(f"preprocess.input: {e}") from None
 
 
 def _rows_in(paths: str, where: str) -> int:
@@ -285,11 +250,68 @@ def read_model(path: Path) -> tuple[RecModel, Schema]:
 
 
 # -- evaluate / predict -------------------------------------------------------------------------
+def is_shards(paths: str, schema: Schema) -> bool:
+    """Whether `paths` are preprocessed shards of this model's data rather than raw input for the fitted
+    workflow. Parquet files with a schema.json in their folder or the one above (where `hugerec
+    preprocess` writes it) are shards exactly when it is the model's; without one (shards copied
+    elsewhere), when they have every column of the schema, sparse ones as integer ids inside the
+    vocabularies (checked on the first row group). Text is always raw; a missing file is left to
+    open_shards to name."""
+    try:
+        files = expand_paths(paths)
+    except (FileNotFoundError, ValueError):
+        return True
+    if not files or any(f.suffix not in (".parquet", ".parq", ".pq") for f in files):
+        return False
+    for candidate in (files[0].parent / "schema.json", files[0].parent.parent / "schema.json"):
+        if candidate.is_file():
+            try:
+                return Schema.load(candidate).to_dict() == schema.to_dict()
+            except (ValueError, KeyError, OSError):
+                return False
+    try:
+        parquet = pq.ParquetFile(files[0])
+        if parquet.metadata.num_row_groups == 0 or any(c.name not in parquet.schema_arrow.names for c in schema.columns):
+            return False
+        first = pl.DataFrame(pl.from_arrow(parquet.read_row_group(0, columns=[c.name for c in schema.sparse])))
+    except (OSError, pa.ArrowInvalid):
+        return False
+    for column in schema.sparse:
+        values = first[column.name].explode() if isinstance(first.schema[column.name], pl.List) else first[column.name]
+        if not values.dtype.is_integer():
+            return False
+        ids = values.drop_nulls().to_numpy()
+        if ids.size and (ids.min() < 0 or (column.cardinality is not None and ids.max() >= column.cardinality)):
+            return False
+    return True
+
+
+def open_rows(paths: str, where: str, schema: Schema, cfg: RunConfig) -> Loader:
+    """Shards as they are; raw files (as [preprocess] describes the input) through the fitted workflow
+    (<preprocess.out>/workflow) first, into <train.out_dir>/_<where>/."""
+    if is_shards(paths, schema):
+        return open_shards(paths, where, schema, cfg)
+    folder = Path(cfg.data.schema_path).parent / "workflow"
+    if not folder.is_dir():
+        folder = Path(cfg.preprocess.out) / "workflow"
+    if not folder.is_dir():
+        raise ConfigError(
+            f"{where}: {paths} holds raw rows, and there is no fitted workflow to run them through "
+            f"(looked in {folder}); run `hugerec preprocess` first"
+        )
+    out = cfg.out_dir / f"_{where.replace('.', '_')}"
+    joins = [j.join() for j in cfg.preprocess.join]
+    report = transform_raw(input_spec(cfg), paths, Workflow.load(folder), out, where, cfg.preprocess.on_error, joins)
+    if report.rows_skipped:
+        print(f"{where}: {report}", file=sys.stderr)
+    return open_shards(str(out), where, schema, cfg)
+
+
 def evaluate_model(cfg: RunConfig, model_path: Path | None = None) -> dict[str, float]:
     model, schema = read_model(model_path or default_model(cfg))
     if cfg.data.eval is None:
         raise ConfigError("data.eval: no evaluation data set; give data.eval=PATH")
-    data = open_shards(cfg.data.eval, "data.eval", schema, cfg)
+    data = open_rows(cfg.data.eval, "data.eval", schema, cfg)
     device = resolve_device(cfg.train.device)
     return evaluate(model.to(device), data, device=device, precision=cfg.train.precision)
 
@@ -300,7 +322,7 @@ def predict_to_parquet(cfg: RunConfig, model_path: Path | None = None) -> tuple[
     source, where = (cfg.predict.input, "predict.input") if cfg.predict.input else (cfg.data.eval, "data.eval")
     if source is None:
         raise ConfigError("predict.input: nothing to score; give predict.input=PATH")
-    data = open_shards(source, where, schema, cfg)
+    data = open_rows(source, where, schema, cfg)
     out = Path(cfg.predict.out) if cfg.predict.out else cfg.out_dir / "predictions.parquet"
     device = resolve_device(cfg.train.device)
     names = schema.label_names

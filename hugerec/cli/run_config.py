@@ -40,7 +40,10 @@ from hugerec.cli.interactions_config import (
     task_model_fields,
     task_model_to_dict,
 )
+from hugerec.data.input_spec import ColumnSpec, InputFormat, InputSpec
+from hugerec.data.prepare import Join, SplitKind, SplitSpec, with_joins
 from hugerec.data.preprocess.errors import OnError
+from hugerec.data.preprocess.workflow import Workflow
 from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad, optimizer_from_dict, optimizer_to_dict
 from hugerec.embedding.table_config import StorageDtype
 from hugerec.models.gbm import GBM_TYPES, GBMConfig
@@ -51,8 +54,9 @@ READERS = {Optimizer: optimizer_from_dict}
 
 
 class RawFormat(enum.Enum):
+    CSV = "csv"  # delimited text, plain or .gz, laid out by separator / header / encoding / columns
+    PARQUET = "parquet"  # Parquet: columns declared, or from a schema.json beside it (`hugerec synth`), or guessed
     CRITEO = "criteo"  # the Criteo Kaggle / Terabyte TSV: label, I1..I13, C1..C26 (plain or .gz)
-    PARQUET = "parquet"  # Parquet with a schema.json beside it (what `hugerec synth` writes) or preprocess.schema
 
 
 @dataclass(frozen=True)
@@ -70,15 +74,65 @@ class SynthSection:
 
 
 @dataclass(frozen=True)
+class JoinSection:
+    """[[preprocess.join]]: a side table (user or item features) left-joined to every input row by `on`,
+    a column both declare with the same type. Its other keys read its file as [preprocess]'s read the input."""
+
+    input: str
+    on: str
+    format: RawFormat = RawFormat.CSV
+    separator: str = ","
+    header: bool = True
+    encoding: str = "utf-8"
+    quote: str = '"'
+    null_values: tuple[str, ...] = ()
+    columns: tuple[ColumnSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.format is RawFormat.CRITEO:
+            raise ValueError('format: a side table is "csv" or "parquet"')
+        if not self.columns:
+            raise ValueError("columns: declare the side table's columns, `on` among them")
+        self.join()
+
+    def join(self) -> Join:
+        spec = InputSpec(
+            InputFormat(self.format.value),
+            self.separator,
+            self.header,
+            self.encoding,
+            self.quote or None,
+            self.null_values,
+            self.columns,
+        )
+        return Join(spec, self.input, self.on)
+
+
+@dataclass(frozen=True)
 class PreprocessSection:
-    """Raw rows -> FillMissing + (LogOp) + Normalize on dense, Categorify on sparse -> Parquet shards.
+    """Raw rows -> split -> Workflow fitted on the train part -> train/eval(/test) Parquet shards + schema.json.
 
     input          raw files: a file, a folder or a glob
-    eval_input     raw files held out for evaluation; without it, eval_fraction of the rows (at random)
-    out            writes out/train/, out/eval/, out/workflow/ (for serving) and out/schema.json
-    min_frequency  sparse values seen fewer times share one out-of-vocabulary id
-    max_vocab      keep at most this many values per sparse column (most frequent first)
-    log_dense      log1p the dense features first (Criteo's counts; synthetic ones are already logs)
+    format         "csv" (any delimited text, plain or .gz), "parquet", or "criteo" (the Criteo TSV layout)
+    separator, header, encoding, quote, null_values   how csv text is laid out (separator may be "::";
+                   quote = "" for no quoting; encoding: utf-8, latin-1, ...)
+    columns        [{name, type, role, separator, format, threshold}, ...]: see hugerec.data.input_spec
+                   (`hugerec schema FILE` writes them); parquet without columns reads a schema.json beside
+                   the files (preprocess.schema) or guesses roles from the column types
+    ops            [[preprocess.ops]] tables {op = "Categorify", columns = [...], freq_threshold = 3, ...}:
+                   the workflow after the columns' own parsing (none: FillMissing + LogOp (log_dense) +
+                   Normalize on dense columns, Categorify (min_frequency, max_vocab) on categorical ones)
+    split          "random" (eval_fraction), "time" (time_cutoff or last_days), "leave_last_out" (each
+                   user's last `holdout` rows), "files" (eval_input); default: "files" when eval_input is
+                   given, else "random". The workflow is fitted on the train part only.
+    time_column, user_column   the columns the time splits read (default: role timestamp / user)
+    test_input     raw files for a test set, written to out/test (transformed, never fitted on)
+    join           [[preprocess.join]] side tables (input, on, columns, ...: see JoinSection), left-joined
+                   to every row before the split; their columns take part in the workflow like the input's
+    out            writes out/train/, out/eval/, out/workflow/ (for serving and raw evaluation), out/schema.json
+    min_frequency  sparse values seen fewer times share one out-of-vocabulary id (default ops)
+    max_vocab      keep at most this many values per sparse column, most frequent first (default ops)
+    log_dense      log1p the dense features first (default ops; Criteo's counts)
     on_error       "raise": stop at the first bad row, naming file, line and column; "skip": drop bad rows,
                    count them and report the count with the first examples
     """
@@ -86,8 +140,23 @@ class PreprocessSection:
     input: str = "runs/quickstart/raw"
     format: RawFormat = RawFormat.PARQUET
     schema: str | None = None
+    separator: str = ","
+    header: bool = True
+    encoding: str = "utf-8"
+    quote: str = '"'
+    null_values: tuple[str, ...] = ()
+    columns: tuple[ColumnSpec, ...] = ()
+    ops: tuple[dict[str, Any], ...] = ()
+    join: tuple[JoinSection, ...] = ()
+    split: SplitKind | None = None
     eval_input: str | None = None
+    test_input: str | None = None
     eval_fraction: float = 0.1
+    time_cutoff: str | int | None = None
+    last_days: float | None = None
+    holdout: int = 1
+    time_column: str | None = None
+    user_column: str | None = None
     out: str = "runs/quickstart/data"
     min_frequency: int = 1
     max_vocab: int | None = None
@@ -96,12 +165,47 @@ class PreprocessSection:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.eval_fraction < 1.0:
-            raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
         if self.min_frequency < 1:
             raise ValueError(f"min_frequency must be >= 1, got {self.min_frequency}")
         if self.max_vocab is not None and self.max_vocab < 1:
             raise ValueError(f"max_vocab must be >= 1 or none, got {self.max_vocab}")
+        if self.format is RawFormat.CRITEO and self.columns:
+            raise ValueError('columns: the criteo format has fixed columns; use format = "csv" to declare your own')
+        if self.format is RawFormat.CSV and not self.columns:
+            raise ValueError("columns: declare the columns of the csv input (`hugerec schema FILE` writes them)")
+        with_joins(self.input_spec(), [j.join() for j in self.join])  # separators, columns, joins checked now
+        self.split_spec()
+        if self.ops:
+            Workflow.from_spec(self.ops)  # every op and parameter checked now, naming ops[i].key
+
+    def input_spec(self) -> InputSpec:
+        """The declared input (unresolved: Parquet columns may still come from the files)."""
+        match self.format:
+            case RawFormat.CRITEO:
+                return InputSpec.criteo()
+            case RawFormat.CSV | RawFormat.PARQUET:
+                return InputSpec(
+                    InputFormat(self.format.value),
+                    self.separator,
+                    self.header,
+                    self.encoding,
+                    self.quote or None,
+                    self.null_values,
+                    self.columns,
+                )
+
+    def split_spec(self) -> SplitSpec:
+        kind = self.split or (SplitKind.FILES if self.eval_input is not None else SplitKind.RANDOM)
+        return SplitSpec(
+            kind,
+            self.eval_fraction,
+            self.seed,
+            self.time_cutoff,
+            self.last_days,
+            self.holdout,
+            self.time_column,
+            self.user_column,
+        )
 
 
 @dataclass(frozen=True)
@@ -348,6 +452,8 @@ def _resolve_inputs(cfg: RunConfig, config_dir: Path) -> RunConfig:
             input=find(cfg.preprocess.input) or cfg.preprocess.input,
             schema=find(cfg.preprocess.schema),
             eval_input=find(cfg.preprocess.eval_input),
+            test_input=find(cfg.preprocess.test_input),
+            join=tuple(dataclasses.replace(j, input=find(j.input) or j.input) for j in cfg.preprocess.join),
         ),
         data=dataclasses.replace(
             cfg.data,

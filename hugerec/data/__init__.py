@@ -2,6 +2,7 @@
 
 from hugerec.data import preprocess
 from hugerec.data.criteo import criteo_to_parquet, read_criteo
+from hugerec.data.input_spec import ColumnSpec, InputFormat, InputSpec, infer_spec, schema_toml
 from hugerec.data.interactions import (
     Interactions,
     Vocabulary,
@@ -16,6 +17,7 @@ from hugerec.data.interactions import (
 )
 from hugerec.data.loader import Loader, load
 from hugerec.data.matrix import read_matrix
+from hugerec.data.prepare import Join, PrepareReport, SplitKind, SplitSpec, prepare, transform_raw, with_joins
 from hugerec.data.preprocess import Dataset, Workflow
 from hugerec.data.readers import ConvertReport, read, to_parquet
 from hugerec.data.schema import Column, ColumnKind, DimRule, Schema, ValueType
@@ -48,18 +50,25 @@ from hugerec.data.windows import Windows
 __all__ = [
     "Column",
     "ColumnKind",
+    "ColumnSpec",
     "ConvertReport",
     "Dataset",
     "DimRule",
     "Hotness",
     "IdDistribution",
+    "InputFormat",
+    "InputSpec",
     "InteractionConfig",
     "Interactions",
     "ItemVocabulary",
+    "Join",
     "Loader",
+    "PrepareReport",
     "Schema",
     "Sequences",
     "ShardWriter",
+    "SplitKind",
+    "SplitSpec",
     "Stream",
     "StreamConfig",
     "SyntheticConfig",
@@ -78,6 +87,7 @@ __all__ = [
     "group_sequences",
     "held_out_csr",
     "histories",
+    "infer_spec",
     "iter_examples",
     "iter_tables",
     "last_items",
@@ -87,6 +97,7 @@ __all__ = [
     "load_vectors",
     "prebatch",
     "prefixes",
+    "prepare",
     "preprocess",
     "preset",
     "read",
@@ -95,9 +106,12 @@ __all__ = [
     "read_matrix",
     "read_movielens",
     "read_yoochoose",
+    "schema_toml",
     "sliding_windows",
     "split_by_day",
     "split_shards",
     "time_split",
     "to_parquet",
+    "transform_raw",
+    "with_joins",
 ]

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from hugerec.data.preprocess.dataset import CsvOptions, Dataset, Format, read_chunks
+from hugerec.data.preprocess.dataset import CsvOptions, Dataset, Format, read_chunks, read_header
 from hugerec.data.preprocess.errors import BadInputError, OnError, RowError, SkipReport
 from hugerec.data.schema import Column, Schema, ValueType
 from hugerec.data.shards import ShardWriter
@@ -58,7 +58,7 @@ def dataset(
 
 
 def _check_header(path: str, csv: CsvOptions, schema: Schema) -> None:
-    header = pl.read_csv(path, separator=csv.separator, quote_char=csv.quote_char, n_rows=0).columns
+    header = read_header(path, csv)
     if list(header) != list(schema.names):
         unknown = [n for n in schema.names if n not in header]
         detail = (

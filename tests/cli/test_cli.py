@@ -45,7 +45,7 @@ def test_serve_refuses_what_is_not_a_bundle(tmp_path: Path, capsys: pytest.Captu
         (["train", "a.toml", "b.toml"], "hugerec train: error: expected one config file"),
         (["train", "data.train=nowhere", "data.schema=nowhere.json"], "hugerec train: error: data.schema: no schema"),
         (["evaluate"], "hugerec evaluate: error: no model at runs/quickstart/model.pt"),
-        (["preprocess", "preprocess.input=nowhere"], "hugerec preprocess: error: preprocess.input: no schema at"),
+        (["preprocess", "preprocess.input=nowhere"], "hugerec preprocess: error: preprocess.input: Dataset: no input files match"),
         (["train", "train.lr"], "hugerec train: error: 'train.lr' is neither a config file nor a KEY=VALUE override"),
         (
             ["train", "train.early_stopping.metric=accuracy"],

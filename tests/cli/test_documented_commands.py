@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from hugerec.cli import COMMANDS, SERVE_HELP, _parser, main
+from hugerec.cli import COMMANDS, SCHEMA_HELP, SERVE_HELP, _parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +26,7 @@ def documented_commands() -> list[tuple[str, list[str]]]:
     readme = (ROOT / "README.md").read_text()
     for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.S):
         found += [("README.md", line) for line in block.splitlines()]
-    helps = [details for _, details in COMMANDS.values()] + [SERVE_HELP]
+    helps = [details for _, details in COMMANDS.values()] + [SERVE_HELP, SCHEMA_HELP]
     for text in helps:
         found += [("--help", m) for m in re.findall(r"example: (.*)", text)]
     for config in sorted((ROOT / "configs").glob("*.toml")):
@@ -50,16 +51,53 @@ def test_the_docs_show_commands() -> None:
     assert all(argv for _, argv in COMMANDS_AS_WRITTEN)
 
 
+def readme_config() -> str:
+    """The README's edited `my_data.toml` (the toml block after the line naming it)."""
+    readme = (ROOT / "README.md").read_text()
+    after = readme[readme.index("`my_data.toml`, edited") :]
+    return after[after.index("```toml\n") + len("```toml\n") : after.index("```\n", after.index("```toml"))]
+
+
 @pytest.mark.parametrize(("where", "argv"), COMMANDS_AS_WRITTEN, ids=[" ".join(a) for _, a in COMMANDS_AS_WRITTEN])
 def test_documented_command_loads_from_another_directory(
-    where: str, argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    where: str,
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    click_log: Callable[[Path], object],
 ) -> None:
     monkeypatch.chdir(tmp_path)
+    click_log(tmp_path / "clicks.csv")  # the README's own-data example: its file and its edited config
+    (tmp_path / "my_data.toml").write_text(readme_config())
     if argv[0] == "serve":
         args = _parser().parse_args(argv)
         assert args.bundles, f"{where}: hugerec {' '.join(argv)}"
         return
+    if argv[0] == "schema":  # reads a file and writes TOML: run it for real
+        assert main(argv) == 0, f"{where}: hugerec {' '.join(argv)}: {capsys.readouterr().err}"
+        return
     assert main([*argv, "--print-config"]) == 0, f"{where}: hugerec {' '.join(argv)}: {capsys.readouterr().err}"
+
+
+def test_readme_own_data_config_runs_as_written(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    click_log: Callable[[Path], object],
+) -> None:
+    """README's `my_data.toml` on a click log like the one it describes: preprocess, a short train, and
+    evaluate on the raw file, as the README's commands do."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    click_log(tmp_path / "clicks.csv")
+    (tmp_path / "my_data.toml").write_text(readme_config())
+    assert main(["preprocess", "my_data.toml"]) == 0, capsys.readouterr().err
+    assert main(["train", "my_data.toml", *SHRINK, "train.plot=false"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["evaluate", "my_data.toml", "data.eval=clicks.csv"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["count"] == 400
 
 
 SHRINK = ["train.progress=false", "train.tensorboard=false", "train.max_steps=4", "train.log_every=2"]
@@ -97,6 +135,16 @@ def test_print_config_lists_every_key(
         ("preprocess", "eval_input"),
         ("preprocess", "max_vocab"),
         ("data", "schema"),
+        ("preprocess", "columns"),
+        ("preprocess", "separator"),
+        ("preprocess", "encoding"),
+        ("preprocess", "ops"),
+        ("preprocess", "join"),
+        ("preprocess", "split"),
+        ("preprocess", "time_cutoff"),
+        ("preprocess", "last_days"),
+        ("preprocess", "test_input"),
+        ("preprocess", "on_error"),
         ("predict", "input"),
         ("model", "bottom"),
     ]:

@@ -5,14 +5,16 @@ from hugerec.data.preprocess.dataset import CsvOptions, Dataset, Format
 from hugerec.data.preprocess.encoding import CountEncoding, TargetEncoding
 from hugerec.data.preprocess.errors import BadInputError, OnError, RowError, SkipReport
 from hugerec.data.preprocess.grouping import Agg, Groupby
-from hugerec.data.preprocess.numeric import Bucketize, Clip, FillMissing, FillStrategy, LogOp, Normalize
+from hugerec.data.preprocess.lists import ListSlice, SplitList
+from hugerec.data.preprocess.numeric import Binarize, Bucketize, Clip, FillMissing, FillStrategy, LogOp, Normalize
 from hugerec.data.preprocess.shuffle import repartition
-from hugerec.data.preprocess.temporal import CyclicTime, DifferenceLag, TimeFeature, TimeUnit
+from hugerec.data.preprocess.temporal import CyclicTime, DifferenceLag, ParseTime, TimeFeature, TimeUnit
 from hugerec.data.preprocess.workflow import TransformResult, Workflow
 
 __all__ = [
     "Agg",
     "BadInputError",
+    "Binarize",
     "Bucketize",
     "Categorify",
     "Clip",
@@ -27,11 +29,14 @@ __all__ = [
     "Groupby",
     "HashBucket",
     "HashedCross",
+    "ListSlice",
     "LogOp",
     "Normalize",
     "OnError",
+    "ParseTime",
     "RowError",
     "SkipReport",
+    "SplitList",
     "TargetEncoding",
     "TimeFeature",
     "TimeUnit",

@@ -43,21 +43,65 @@ class Format(enum.Enum):
     FRAME = "frame"
 
 
+# What a multi-byte separator (MovieLens' "::") is rewritten to before parsing: the ASCII unit separator,
+# a control byte that text data does not hold (a file that does is refused, naming its line).
+UNIT_SEPARATOR = "\x1f"
+
+
 @dataclass(frozen=True)
 class CsvOptions:
-    """How a delimited text file is laid out. Empty fields (and `null_values`) read as null."""
+    """How a delimited text file is laid out. Empty fields (and `null_values`) read as null.
+
+    separator  one or more characters ("," "\\t" "|" "::"); a multi-byte one is rewritten to one byte
+               (UNIT_SEPARATOR) per block before parsing, so it costs one `bytes.replace`
+    encoding   any ASCII-compatible Python codec ("utf-8", "latin-1", "cp1252", ...); other encodings
+               are transcoded to UTF-8 per block
+    """
 
     separator: str = ","
     has_header: bool = True
     quote_char: str | None = '"'
     null_values: tuple[str, ...] = ()
+    encoding: str = "utf-8"
 
     def __post_init__(self) -> None:
-        if len(self.separator.encode()) != 1:
-            raise ValueError(f"CsvOptions: separator must be one byte, got {self.separator!r}")
+        if not isinstance(self.separator, str) or not self.separator or "\n" in self.separator:
+            raise ValueError(f"CsvOptions: separator must be a non-empty string without a newline, got {self.separator!r}")
         if self.quote_char is not None and len(self.quote_char.encode()) != 1:
             raise ValueError(f"CsvOptions: quote_char must be one byte or None, got {self.quote_char!r}")
         object.__setattr__(self, "null_values", tuple(self.null_values))
+        try:
+            ascii_compatible = f"\n{self.separator}a0".encode(self.encoding) == f"\n{self.separator}a0".encode()
+        except LookupError:
+            raise ValueError(f"CsvOptions: unknown encoding {self.encoding!r}") from None
+        except UnicodeEncodeError:
+            ascii_compatible = False
+        if not ascii_compatible:
+            raise ValueError(
+                f"CsvOptions: encoding {self.encoding!r} does not write the separator {self.separator!r} and newlines "
+                "as UTF-8 does; give an ASCII-compatible encoding (utf-8, latin-1, cp1252, ...)"
+            )
+
+    @property
+    def byte_separator(self) -> str:
+        """The one-byte separator the parser sees (UNIT_SEPARATOR for a multi-byte one)."""
+        return self.separator if len(self.separator.encode()) == 1 else UNIT_SEPARATOR
+
+    @property
+    def is_utf8(self) -> bool:
+        return self.encoding.lower().replace("_", "-") in ("utf-8", "utf8")
+
+    def to_parser_bytes(self, block: bytes) -> bytes:
+        """A block of whole lines as the parser reads it: UTF-8, with a one-byte separator."""
+        if not self.is_utf8:
+            block = block.decode(self.encoding, errors="replace").encode()
+        if self.byte_separator != self.separator:
+            if UNIT_SEPARATOR.encode() in block:
+                raise ValueError(
+                    f"the data holds the byte 0x1f, which the multi-byte separator {self.separator!r} is rewritten to"
+                )
+            block = block.replace(self.separator.encode(), UNIT_SEPARATOR.encode())
+        return block
 
 
 @dataclass(frozen=True)
@@ -238,8 +282,8 @@ class Dataset:
                     head = f.read(4 << 20)
                 cut = head.rfind(b"\n") + 1 or len(head)
                 sample = pl.read_csv(
-                    io.BytesIO(head[:cut]),
-                    separator=self.csv.separator,
+                    io.BytesIO(self.csv.to_parser_bytes(head[:cut])),
+                    separator=self.csv.byte_separator,
                     quote_char=self.csv.quote_char,
                     null_values=list(self.csv.null_values) or None,
                     infer_schema_length=10_000,
@@ -295,6 +339,16 @@ class Dataset:
 # -- reading ------------------------------------------------------------------------------------------
 def _open_text(path: str) -> gzip.GzipFile | io.BufferedReader:
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def read_header(path: str, csv: CsvOptions) -> list[str]:
+    """The column names on the first line of a delimited text file (plain or gzip)."""
+    with _open_text(path) as f:
+        line = csv.to_parser_bytes(f.readline())
+    if not line.strip():
+        raise ValueError(f"{path}: no header line (the file is empty or starts with an empty line)")
+    quote = csv.quote_char
+    return pl.read_csv(io.BytesIO(line), separator=csv.byte_separator, quote_char=quote, n_rows=0).columns
 
 
 def _header_end(path: str) -> int:
@@ -355,6 +409,14 @@ def _gzip_blocks(path: str, start: int, block_bytes: int) -> Iterator[bytes]:
             yield data[:cut]
 
 
+def first_line(partition: Partition) -> int | None:
+    """1-based line number of a text partition's first line (a scan of the bytes before it when not
+    known already); None for Parquet and frames."""
+    if partition.source.format is not Format.CSV:
+        return None
+    return _LineNumbers(partition).first()
+
+
 class _LineNumbers:
     """1-based line number of a block's first line, computed (by a scan) only when an error needs it."""
 
@@ -397,7 +459,7 @@ def _parse_text(
     names = list(source.schema)
     buf = np.frombuffer(block, dtype=np.uint8)
     quote = ord(source.csv.quote_char) if source.csv.quote_char else 0
-    starts, counts = scan_lines(buf, ord(source.csv.separator), quote)
+    starts, counts = scan_lines(buf, ord(source.csv.byte_separator), quote)
     line_index = np.arange(counts.shape[0])  # [R] line of each parsed row, relative to the block
     examples: list[RowError] = []
     invalid = _invalid_utf8_lines(block, starts)  # [R] polars cannot read such lines even as text
@@ -425,7 +487,7 @@ def _parse_text(
     data = buf.tobytes() if skipped else block
     options = {
         "has_header": False,
-        "separator": source.csv.separator,
+        "separator": source.csv.byte_separator,
         "quote_char": source.csv.quote_char,
         "null_values": list(source.csv.null_values) or None,
         "raise_if_empty": False,
@@ -561,7 +623,11 @@ def read_chunks(partition: Partition, on_error: OnError, block_bytes: int | None
             else:
                 blocks = _gzip_blocks(partition.path, partition.start, block_bytes or source.block_bytes)
             for block in blocks:
-                frame, report = _parse_text(block, partition, lines, on_error)
+                try:
+                    parsed = source.csv.to_parser_bytes(block)
+                except ValueError as e:
+                    raise ValueError(f"{partition.path}: {e}") from None
+                frame, report = _parse_text(parsed, partition, lines, on_error)
                 yield Chunk(frame, partition.index, offset, report)
                 offset += frame.height
                 if lines.known is not None:

@@ -235,3 +235,31 @@ class Bucketize:
             ids[np.isnan(x)] = 0
             out.append(pl.Series(c, ids, dtype=pl.Int64))
         return frame.with_columns(out)
+
+
+@dataclass(frozen=True)
+class Binarize:
+    """x -> 1.0 when x >= threshold else 0.0 (Float32), null stays null: a rating turned into a
+    click-style label (MovieLens: rating >= 4 is a positive)."""
+
+    columns: tuple[str, ...]
+    threshold: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", as_columns(self.columns, "Binarize"))
+        if not math.isfinite(self.threshold):
+            raise ValueError(f"Binarize: threshold must be finite, got {self.threshold}")
+
+    @property
+    def stateful(self) -> bool:
+        return False
+
+    def reads(self) -> tuple[str, ...]:
+        return self.columns
+
+    def writes(self) -> tuple[str, ...]:
+        return self.columns
+
+    def transform(self, frame: pl.DataFrame, stats: Stats) -> pl.DataFrame:
+        require_numeric(frame, self.columns, "Binarize")
+        return frame.with_columns((pl.col(c) >= self.threshold).cast(pl.Float32).alias(c) for c in self.columns)

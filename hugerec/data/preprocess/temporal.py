@@ -127,3 +127,57 @@ class DifferenceLag:
                 diff = (x - x.shift(s)).over(list(self.group_by), order_by=self.sort_by)
                 exprs.append(diff.alias(self.output_name(c, s)))
         return frame.with_columns(exprs)
+
+
+@dataclass(frozen=True)
+class ParseTime:
+    """Text or epoch timestamps -> Int64 epoch seconds (UTC), what CyclicTime, DifferenceLag and the
+    time splits read. format: "unix" (seconds), "unix_ms" (milliseconds), or a strptime format such
+    as "%Y-%m-%d %H:%M:%S" or "%Y-%m-%dT%H:%M:%S%.fZ" (naive times are taken as UTC). A value that
+    does not match the format is an error naming the column and the value, never a silent null."""
+
+    columns: tuple[str, ...]
+    format: str = "unix"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", as_columns(self.columns, "ParseTime"))
+        if not isinstance(self.format, str) or not self.format:
+            raise ValueError(f"ParseTime: format must be 'unix', 'unix_ms' or a strptime format, got {self.format!r}")
+        if self.format not in ("unix", "unix_ms") and "%" not in self.format:
+            raise ValueError(
+                f"ParseTime: format {self.format!r} is neither 'unix', 'unix_ms' nor a strptime format (e.g. '%Y-%m-%d')"
+            )
+
+    @property
+    def stateful(self) -> bool:
+        return False
+
+    def reads(self) -> tuple[str, ...]:
+        return self.columns
+
+    def writes(self) -> tuple[str, ...]:
+        return self.columns
+
+    def expression(self, column: str, dtype: pl.DataType) -> pl.Expr:
+        """The epoch-seconds expression for one column of `dtype` (also used by the time splits)."""
+        col = pl.col(column)
+        match self.format:
+            case "unix" | "unix_ms" if dtype.is_integer() or dtype.is_float():
+                seconds = col if self.format == "unix" else col / 1000
+                return seconds.floor().cast(pl.Int64) if dtype.is_float() or self.format == "unix_ms" else col.cast(pl.Int64)
+            case "unix" | "unix_ms":
+                raise ValueError(f"ParseTime: column {column!r} has dtype {dtype}; format {self.format!r} needs numbers")
+            case _:
+                if dtype != pl.String:
+                    raise ValueError(f"ParseTime: column {column!r} has dtype {dtype}; a strptime format needs text")
+                parsed = col.str.strptime(pl.Datetime("us"), self.format, strict=False)
+                return parsed.dt.replace_time_zone(None).dt.epoch("s")
+
+    def transform(self, frame: pl.DataFrame, stats: Stats) -> pl.DataFrame:
+        out = frame.with_columns(self.expression(c, frame.schema[c]).alias(c) for c in self.columns)
+        for c in self.columns:
+            failed = out[c].is_null() & frame[c].is_not_null()
+            if failed.any():
+                value = frame[c].filter(failed)[0]
+                raise ValueError(f"ParseTime: column {c!r} value {value!r} does not match the time format {self.format!r}")
+        return out

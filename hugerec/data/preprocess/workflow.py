@@ -31,7 +31,8 @@ from hugerec.data.preprocess.encoding import CountEncoding, TargetEncoding
 from hugerec.data.preprocess.engine import Engine, parallelism, run_tasks
 from hugerec.data.preprocess.errors import OnError, RowError, SkipReport
 from hugerec.data.preprocess.grouping import Agg, Groupby
-from hugerec.data.preprocess.numeric import Bucketize, Clip, FillMissing, LogOp, Normalize
+from hugerec.data.preprocess.lists import ListSlice, SplitList
+from hugerec.data.preprocess.numeric import Binarize, Bucketize, Clip, FillMissing, LogOp, Normalize
 from hugerec.data.preprocess.op import ROW_ID, FittableOp, Op
 from hugerec.data.preprocess.stats import Stats
 from hugerec.data.preprocess.tasks import (
@@ -42,7 +43,7 @@ from hugerec.data.preprocess.tasks import (
     group_keys,
     transform_task,
 )
-from hugerec.data.preprocess.temporal import CyclicTime, DifferenceLag
+from hugerec.data.preprocess.temporal import CyclicTime, DifferenceLag, ParseTime
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,10 @@ OPS: dict[str, type] = {
         CyclicTime,
         DifferenceLag,
         Groupby,
+        ParseTime,
+        SplitList,
+        ListSlice,
+        Binarize,
     )
 }
 
@@ -122,6 +127,22 @@ class Workflow:
             missing = [c for c in self.output_columns if c not in available]
             if missing:
                 raise ValueError(f"Workflow: output_columns {missing} are not produced; have {sorted(available)}")
+
+    def check_dtypes(self, schema: Mapping[str, pl.DataType], where: str) -> None:
+        """Refuse data whose columns have another kind of type than the data the workflow was fitted on.
+
+        Numbers of another width convert (Int32 -> Int64, Int64 -> Float32); anything else (text fitted,
+        integers given, or the reverse) would map every value to the out-of-vocabulary id or to null
+        without a word, so it is an error naming the column."""
+        fitted = self._require_fitted()
+        for c, dtype in schema.items():
+            want = fitted.get(c)
+            if want is None or dtype == want or (_numeric(dtype) and _numeric(want)) or dtype == pl.Null:
+                continue
+            raise ValueError(
+                f"{where}: column {c!r} holds {dtype} but the workflow was fitted on {want}; read it with the "
+                f"same type as the training data (converting would map its values to out-of-vocabulary ids)"
+            )
 
     def _whole_partitions(self, dataset: Dataset) -> bool:
         """Group ops need each group in one partition, read as one frame."""
@@ -252,6 +273,7 @@ class Workflow:
         """Transform an in-memory frame (with full statistics; columns cast to the fitted dtypes)."""
         schema = self._require_fitted()
         self._check_columns({c: frame.schema[c] for c in frame.columns}, fitting=False)
+        self.check_dtypes(frame.schema, "Workflow.transform_frame")
         casts = {c: schema[c] for c in frame.columns if c in schema and frame.schema[c] != schema[c]}
         try:
             frame = frame.cast(casts) if casts else frame  # type: ignore[arg-type]  # a dict of dtypes
@@ -290,6 +312,7 @@ class Workflow:
             )
         data = data if isinstance(data, Dataset) else Dataset.from_frames(data)
         self._check_columns(data.schema, fitting=False)
+        self.check_dtypes(data.schema, "Workflow.transform")
         if out_of_fold and data.fingerprint() != self.fit_fingerprint:
             raise ValueError("Workflow.transform: out_of_fold=True needs the exact dataset the workflow was fitted on")
         out = Path(output_dir)
@@ -395,7 +418,8 @@ class Workflow:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Workflow:
-        """An unfitted workflow from `to_config()` data (e.g. a JSON spec file for the CLI)::
+        """An unfitted workflow from `to_config()` data (what workflow.json holds; a config's
+        [[preprocess.ops]] tables are the flat form of `from_spec`)::
 
         {"ops": [{"op": "Categorify", "config": {"columns": ["C1"], "freq_threshold": 3}}, ...],
          "output_columns": null}
@@ -410,6 +434,40 @@ class Workflow:
             except TypeError as e:
                 raise ValueError(f"Workflow.from_config: op {i} {name}: {e}") from e
         return cls(ops, output_columns=config.get("output_columns"))
+
+    def to_spec(self) -> list[dict[str, Any]]:
+        """The ops as flat tables, `{"op": "Categorify", "columns": [...], "freq_threshold": 3}`: what a
+        `[[preprocess.ops]]` entry of a TOML config says (Workflow.from_spec reads it back)."""
+        return [{"op": e["op"], **e["config"]} for e in self.to_config()["ops"]]
+
+    @classmethod
+    def from_spec(
+        cls, ops: Sequence[Mapping[str, Any]], *, output_columns: Sequence[str] | None = None, where: str = "ops"
+    ) -> Workflow:
+        """An unfitted workflow from flat op tables (see `to_spec`); a mistake names its entry and key
+        (`ops[2].freq_threshold: ...`) and the parameters the op takes."""
+        built: list[Op] = []
+        for i, entry in enumerate(ops):
+            at = f"{where}[{i}]"
+            if not isinstance(entry, Mapping):
+                raise ValueError(f"{at}: expected a table like {{op = \"Categorify\", columns = [...]}}, got {entry!r}")
+            name = entry.get("op")
+            if name not in OPS:
+                raise ValueError(f"{at}.op: {name!r} is not one of {sorted(OPS)}")
+            params = {k: v for k, v in entry.items() if k != "op"}
+            known = [f.name for f in dataclasses.fields(OPS[name])]
+            unknown = sorted(set(params) - set(known))
+            if unknown:
+                raise ValueError(f"{at}.{unknown[0]}: {name} has no parameter {unknown[0]!r}; it takes {known}")
+            try:
+                built.append(OPS[name](**params))
+            except TypeError as e:
+                raise ValueError(f"{at} ({name}): {e}; it takes {known}") from None
+            except ValueError as e:
+                raise ValueError(f"{at} ({name}): {e}") from None
+        if not built:
+            raise ValueError(f"{where}: give at least one op")
+        return cls(built, output_columns=output_columns)
 
     def save(self, path: str | Path) -> None:
         """Write `path/workflow.json` (ops, settings) and Parquet statistics; no pickled code."""
@@ -464,6 +522,10 @@ class Workflow:
         examples = tuple(RowError(**e) for e in report["examples"])
         wf.fit_report = SkipReport(report["rows_read"], report["rows_skipped"], examples)
         return wf
+
+
+def _numeric(dtype: pl.DataType) -> bool:
+    return dtype.is_numeric() or dtype == pl.Boolean
 
 
 def _jsonable(value: object) -> object:

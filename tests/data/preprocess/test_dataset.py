@@ -112,8 +112,29 @@ def test_frames_and_argument_errors(tmp_path: Path):
         Dataset(tmp_path / "a.bin")
     with pytest.raises(ValueError, match="partition_bytes"):
         Dataset.from_frames(pl.DataFrame({"x": [1]})).__class__(frames=[pl.DataFrame({"x": [1]})], partition_bytes=0)
-    with pytest.raises(ValueError, match="separator must be one byte"):
-        CsvOptions(separator="::")
+    with pytest.raises(ValueError, match="separator must be a non-empty string"):
+        CsvOptions(separator="")
+    with pytest.raises(ValueError, match="unknown encoding"):
+        CsvOptions(encoding="no-such-codec")
+    with pytest.raises(ValueError, match="ASCII-compatible"):
+        CsvOptions(encoding="utf-16")
+
+
+def test_multi_byte_separator_and_latin1(tmp_path: Path):
+    """MovieLens' "::" and latin-1 titles read like any CSV; line numbers in errors stay the file's."""
+    path = tmp_path / "movies.dat"
+    path.write_bytes("1::Caf\xe9 (1995)::Comedy\n2::Heat (1995)::Action|Crime\n".encode("latin-1"))
+    csv = CsvOptions(separator="::", has_header=False, quote_char=None, encoding="latin-1")
+    ds = Dataset(path, format="csv", schema={"id": pl.Int64, "title": pl.String, "genres": pl.String}, csv=csv)
+    frame = _read_all(ds)
+    assert frame["title"].to_list() == ["Caf\u00e9 (1995)", "Heat (1995)"]
+    assert frame["genres"].to_list() == ["Comedy", "Action|Crime"]
+    path.write_bytes(b"1::a::b\n2::c\n")
+    with pytest.raises(BadInputError, match=r"line 2.*2 fields, expected 3"):
+        _read_all(Dataset(path, format="csv", schema={"id": pl.Int64, "t": pl.String, "g": pl.String}, csv=csv))
+    path.write_bytes(b"1::a\x1fb::c\n")
+    with pytest.raises(ValueError, match="0x1f"):
+        _read_all(Dataset(path, format="csv", schema={"id": pl.Int64, "t": pl.String, "g": pl.String}, csv=csv))
 
 
 def test_real_criteo_sample_reads(criteo_sample: Path):

@@ -32,7 +32,7 @@ from hugerec.distributed.plan import (
     shard_bytes,
     table_shards,
 )
-from hugerec.embedding.config import Pooling, TableConfig
+from hugerec.embedding.config import Pooling, Storage, TableConfig
 from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad
 
 # Wire format constants (see hugerec.distributed.sharded).
@@ -183,7 +183,8 @@ def _candidates(t: TableConfig, world_size: int, pin: Constraint | None, order: 
     if pin is not None and pin.kind is not None and pin.ranks is not None:
         return [TablePlacement(pin.kind, pin.ranks)]
     out: list[TablePlacement] = []
-    if kind in (None, ShardingKind.DATA_PARALLEL) and t.dynamic is None and len(allowed) == world_size:
+    replicable = t.dynamic is None and t.storage is Storage.MEMORY  # not a hash map, not a file per rank
+    if kind in (None, ShardingKind.DATA_PARALLEL) and replicable and len(allowed) == world_size:
         out.append(TablePlacement.data_parallel(world_size))
     if kind in (None, ShardingKind.TABLE_WISE):
         out.extend(TablePlacement.table_wise(r) for r in allowed)

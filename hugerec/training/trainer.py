@@ -105,7 +105,7 @@ class TrainConfig:
     tensorboard       write TensorBoard scalars (needs out_dir)
     plot              write curves.png at the end (needs out_dir)
     pipeline          prepare batch i + 1 (decode, dynamic-table remap, disk-tier prefetch) in a worker thread
-                      while step i runs (hugerec.training.pipeline); single-process runs only
+                      while step i runs (hugerec.training.pipeline; sharded: also the id exchange)
     """
 
     epochs: int = 1
@@ -316,7 +316,7 @@ class _Run:
         self.window_loss = torch.zeros((), device=self.device)
         self.window_steps = self.window_samples = 0
         self.window_start = time.perf_counter()
-        self.pipeline = None if not cfg.pipeline or self.sharded else Pipeline(model, self.device, self._boundary)
+        self.pipeline = Pipeline(model, self.device, self._boundary) if cfg.pipeline else None
         self.tiered = TieredStats(model, self.pipeline)
 
     def _boundary(self) -> bool:

@@ -102,6 +102,22 @@ def test_bit_for_bit_with_memory(tmp_path: Path, opt: Optimizer, cache: int) -> 
     assert_same_tables(mem, disk)
 
 
+def test_unmapped_file_pages_lose_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MAPPED_BYTES = 0: every access unmaps the file's pages (MADV_DONTNEED), dirty written-back rows
+    included; the kernel's page cache keeps them, and training is still the in-memory run."""
+    from hugerec.embedding import disk as disk_module
+
+    monkeypatch.setattr(disk_module, "MAPPED_BYTES", 0)
+    calls = []
+    unmap = disk_module.DiskTier._unmap_pages
+    monkeypatch.setattr(disk_module.DiskTier, "_unmap_pages", lambda self: calls.append(1) or unmap(self))
+    mem, disk = collection(tables(None, 18), Adagrad(lr=0.1)), collection(tables(tmp_path, 18), Adagrad(lr=0.1))
+    for f in batches(15):
+        assert torch.equal(step(mem, f), step(disk, f))
+    assert len(calls) > 15 and disk.disk_stats()["rows_written"] > 0
+    assert_same_tables(mem, disk)
+
+
 def test_bf16_and_dynamic_tables(tmp_path: Path) -> None:
     """bf16 storage; a dynamic table whose hash map points into the disk tier (recycled rows reset on disk)."""
     for dtype, dynamic in ((StorageDtype.BF16, False), (StorageDtype.FP32, True)):

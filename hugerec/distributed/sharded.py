@@ -47,7 +47,6 @@ from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import JaggedTensor
 from hugerec.sparse.pooled import PooledEmbeddings
 
-
 _COPY_CHUNK = 1 << 16  # rows of a disk-tier table copied into its shard at a time
 
 
@@ -60,13 +59,19 @@ def shard_config(t: TableConfig, s: Shard, kind: ShardingKind, optimizer: Optimi
     if isinstance(init, Uniform):
         init = Uniform(*t.init_bounds)  # the default bound depends on num_rows: keep the global table's
     pooling = Pooling.SUM if kind is ShardingKind.ROW_WISE and t.pooling is Pooling.MEAN else t.pooling
-    disk: dict[str, object] = {}
+    path, cache_rows = t.path, t.cache_rows
     if t.storage is Storage.DISK:
-        disk["path"] = f"{t.path}.shard{s.index}"
-        if t.cache_rows is not None:
-            disk["cache_rows"] = min(t.cache_rows, s.num_rows)
+        path = f"{t.path}.shard{s.index}"
+        cache_rows = None if t.cache_rows is None else min(t.cache_rows, s.num_rows)
     return dataclasses.replace(
-        t, num_rows=s.num_rows, dim=s.dim, init=init, pooling=pooling, optimizer=t.optimizer or optimizer, **disk
+        t,
+        num_rows=s.num_rows,
+        dim=s.dim,
+        init=init,
+        pooling=pooling,
+        optimizer=t.optimizer or optimizer,
+        path=path,
+        cache_rows=cache_rows,
     )
 
 
@@ -404,18 +409,14 @@ class ShardedEmbeddingCollection(nn.Module):
             )
 
     # -- the id exchange -------------------------------------------------------------------------
-    def _send_ids(
-        self, features: SparseFeatures, routing: Routing, group: ProcessGroup | None = None
-    ) -> _IdExchange:
+    def _send_ids(self, features: SparseFeatures, routing: Routing, group: ProcessGroup | None = None) -> _IdExchange:
         group = self.group if group is None else group
         bk = bucketize(features, routing)
         w = self.world_size
         has_weights = int(features.weights is not None)
         counts = torch.tensor([[features.batch_size, n, has_weights] for n in bk.send_values], dtype=torch.int64)
         got = (
-            all_to_all(counts.to(features.values.device), [1] * w, [1] * w, group, self.stats, "counts")
-            .wait()
-            .cpu()
+            all_to_all(counts.to(features.values.device), [1] * w, [1] * w, group, self.stats, "counts").wait().cpu()
         )  # [W, 3]: what every source sends here
         flags = got[:, 2].tolist()
         if len(set(flags)) > 1:
@@ -429,9 +430,7 @@ class ShardedEmbeddingCollection(nn.Module):
         ids = all_to_all(bk.ids, bk.send, recv, group, self.stats, "ids", async_op=True)
         weights = None
         if bk.weights is not None:
-            weights = all_to_all(
-                bk.weights, bk.send_values, values_from, group, self.stats, "weights", async_op=True
-            )
+            weights = all_to_all(bk.weights, bk.send_values, values_from, group, self.stats, "weights", async_op=True)
         return _IdExchange(features, bk, batch_sizes, values_from, ids, weights)
 
     def _take_prefetched(self, features: SparseFeatures) -> _IdExchange | None:

@@ -50,7 +50,9 @@ _INIT_CHUNK = 1 << 16  # rows initialised per write when a file is created
 # File pages a tier leaves mapped before it unmaps them (madvise DONTNEED): touched pages of a shared
 # mapping count in the process's RSS, and a table larger than memory would otherwise fill it with them.
 MAPPED_BYTES = 32 << 20
-_PAGE = mmap.PAGESIZE
+# What one record access may map: the kernel maps up to 64 KiB of cached pages around a faulting page
+# (fault-around) beside the record's own pages.
+_MAPPED_PER_ACCESS = 64 << 10
 
 # (weights [n, dim] storage dtype, state [n, S] fp32) of rows start .. start + n - 1 at creation
 Fill = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
@@ -173,6 +175,7 @@ class DiskTier:
             )
         with open(self.path, "r+b") as f:  # the mapping keeps its own reference to the file
             self._map = mmap.mmap(f.fileno(), size - HEADER_BYTES, offset=HEADER_BYTES)
+        self._map.madvise(mmap.MADV_RANDOM)  # rows are read at random: no read-ahead around each record
         self.file = np.frombuffer(self._map, dtype=np.uint8).reshape(self.num_rows, self.record_bytes)
         self._touched = 0  # bytes of file pages possibly mapped since the last `_unmap_pages`
         self.file_clean = header.get("clean") is True
@@ -257,7 +260,7 @@ class DiskTier:
         pages they may have touched pass MAPPED_BYTES (a file no larger than that is left mapped)."""
         if self._map.size() <= MAPPED_BYTES:
             return
-        self._touched += records * (self.record_bytes + _PAGE)  # a record spans at most its size + a page
+        self._touched += records * (self.record_bytes + _MAPPED_PER_ACCESS)
         if self._touched > MAPPED_BYTES:
             self._unmap_pages()
 

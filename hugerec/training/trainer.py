@@ -629,7 +629,13 @@ def _postfix(history: History) -> str:
     if history.train:
         last = history.train[-1]
         parts += [f"loss={last['loss']:.4f}", f"{last['samples_per_s']:,.0f} samples/s"]
-        parts += [f"{k}={last[k]:.0%}" for k in ("cache_hit_rate", "prefetch_hidden") if k in last]
+        if "cache_hit_rate" in last:  # the disk tier, per step: hit rate, rows read and written
+            parts.append(
+                f"hit={last['cache_hit_rate']:.0%} read={last['disk_rows_read']:,.0f} "
+                f"wrote={last['disk_rows_written']:,.0f}"
+            )
+        if "prefetch_hidden" in last:  # the pipeline: preparation per step, and the share hidden behind it
+            parts.append(f"prefetch={last['prefetch_ms']:.1f}ms hidden={last['prefetch_hidden']:.0%}")
     if history.evals:
         parts.append(f"auc={history.evals[-1]['auc']:.4f}")
     return " ".join(parts)

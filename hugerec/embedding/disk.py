@@ -319,7 +319,14 @@ class DiskTier:
         taken = sorted(int(p.name) for p in d.iterdir() if p.name.isdigit())
         n = taken[-1] + 1 if taken else 1
         with self.lock:
-            _clone(self.path, d / str(n))
+            try:
+                _clone(self.path, d / str(n))
+            except OSError as e:  # a full disk: no partial snapshot is left, the live file is untouched
+                (d / str(n)).unlink(missing_ok=True)
+                raise OSError(
+                    e.errno, f"table {self.table!r}: cannot write the checkpoint's snapshot {str(d / str(n))!r} "
+                    f"({self.path.stat().st_size:,} bytes): {e.strerror}"
+                ) from None
         for old in taken[: max(0, len(taken) + 1 - KEEP_SNAPSHOTS)]:
             (d / str(old)).unlink(missing_ok=True)
         self._snapshot, self._changed = n, False

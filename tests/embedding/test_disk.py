@@ -262,3 +262,27 @@ def test_kill_mid_write_back_then_reload(tmp_path: Path) -> None:
     assert_same_tables(emb, ref)
     for f in data[10:30]:
         assert torch.equal(step(emb, f), step(ref, f))
+
+
+def test_snapshot_on_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills up during a checkpoint's snapshot: one line naming the table and the snapshot, no
+    partial snapshot left, training goes on, and the next checkpoint (space freed) resumes exactly."""
+    import errno
+
+    emb = collection(tables(tmp_path, 18), Adagrad(lr=0.1))
+    data = batches(6)
+    for f in data[:3]:
+        step(emb, f)
+
+    def full(*args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "copy_file_range", full)
+        with pytest.raises(OSError, match=r"table 'a': cannot write the checkpoint's snapshot .*/1' .*No space left"):
+            emb.state_dict()
+    assert not (tmp_path / "a.rows.snapshots" / "1").exists()
+    saved = {k: v.clone() for k, v in emb.state_dict().items()}  # memory tables' entries are views
+    after = [step(emb, f) for f in data[3:]]
+    emb.load_state_dict(saved)
+    assert all(torch.equal(step(emb, f), want) for f, want in zip(data[3:], after, strict=True))

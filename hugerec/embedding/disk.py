@@ -49,7 +49,8 @@ _FICLONE = 0x40049409
 _INIT_CHUNK = 1 << 16  # rows initialised per write when a file is created
 # File pages a tier leaves mapped before it unmaps them (madvise DONTNEED): touched pages of a shared
 # mapping count in the process's RSS, and a table larger than memory would otherwise fill it with them.
-MAPPED_BYTES = 32 << 20
+# Per tier: 26 tables leave at most 26 x 4 MiB mapped between batches (plus one batch's pages).
+MAPPED_BYTES = 4 << 20
 # What one record access may map: the kernel maps up to 64 KiB of cached pages around a faulting page
 # (fault-around) beside the record's own pages.
 _MAPPED_PER_ACCESS = 64 << 10

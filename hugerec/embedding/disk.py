@@ -47,10 +47,13 @@ PINNED = 2  # batches whose slots no prepare may take: the one being trained and
 KEEP_SNAPSHOTS = 3  # newest snapshots kept per table (the trainer keeps 3 checkpoints by default)
 _FICLONE = 0x40049409
 _INIT_CHUNK = 1 << 16  # rows initialised per write when a file is created
-# File pages a tier leaves mapped before it unmaps them (madvise DONTNEED): touched pages of a shared
-# mapping count in the process's RSS, and a table larger than memory would otherwise fill it with them.
-# Per tier: 26 tables leave at most 26 x 4 MiB mapped between batches (plus one batch's pages).
+# Touched pages of a shared mapping count in the process's RSS, and a table larger than memory would
+# fill it with them. A tier whose file is larger than UNMAP_ABOVE unmaps its pages (madvise DONTNEED)
+# once MAPPED_BYTES of them may be mapped: 26 such tables leave at most 26 x 4 MiB mapped between
+# batches (plus one batch's pages). A smaller file stays mapped (its RSS share is at most its size):
+# re-mapping pages after each batch cost 40% of the step in benchmarks/tiered.py's default sizes.
 MAPPED_BYTES = 4 << 20
+UNMAP_ABOVE = 256 << 20
 # What one record access may map: the kernel maps up to 64 KiB of cached pages around a faulting page
 # (fault-around) beside the record's own pages.
 _MAPPED_PER_ACCESS = 64 << 10
@@ -258,8 +261,8 @@ class DiskTier:
 
     def _account(self, records: int) -> None:
         """After `records` records were read or written through the mapping: unmap its pages when the
-        pages they may have touched pass MAPPED_BYTES (a file no larger than that is left mapped)."""
-        if self._map.size() <= MAPPED_BYTES:
+        pages they may have touched pass MAPPED_BYTES (a file no larger than UNMAP_ABOVE is left mapped)."""
+        if self._map.size() <= UNMAP_ABOVE:
             return
         self._touched += records * (self.record_bytes + _MAPPED_PER_ACCESS)
         if self._touched > MAPPED_BYTES:

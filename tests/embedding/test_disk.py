@@ -103,11 +103,12 @@ def test_bit_for_bit_with_memory(tmp_path: Path, opt: Optimizer, cache: int) -> 
 
 
 def test_unmapped_file_pages_lose_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """MAPPED_BYTES = 0: every access unmaps the file's pages (MADV_DONTNEED), dirty written-back rows
-    included; the kernel's page cache keeps them, and training is still the in-memory run."""
+    """MAPPED_BYTES = UNMAP_ABOVE = 0: every access unmaps the file's pages (MADV_DONTNEED), dirty
+    written-back rows included; the kernel's page cache keeps them, and training is the in-memory run."""
     from hugerec.embedding import disk as disk_module
 
     monkeypatch.setattr(disk_module, "MAPPED_BYTES", 0)
+    monkeypatch.setattr(disk_module, "UNMAP_ABOVE", 0)
     calls = []
     unmap = disk_module.DiskTier._unmap_pages
     monkeypatch.setattr(disk_module.DiskTier, "_unmap_pages", lambda self: calls.append(1) or unmap(self))

@@ -9,7 +9,7 @@ User tower: concat[user-id embedding, mean of the last `max_history` items, mean
 for each window r in `recent` (the last item alone, the last five: what item-kNN scores from),
 pooled user-feature embeddings] -> MLP -> D. Item tower: concat[item-id embedding, pooled
 item-feature embeddings, each item vector feature (a frozen pretrained vector per item id: its own
-LayerNorm, then a Linear to embedding_dim; `hugerec.models.vectors`)] -> MLP -> D (no MLP when the
+LayerNorm, then a Linear to embedding_dim; `hugerec.models.vector_features`)] -> MLP -> D (no MLP when the
 item id alone already has width D).
 With COSINE similarity both outputs are L2-normalised, so an inner-product index serves either kind.
 
@@ -31,10 +31,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, Normal, Pooling, TableConfig
 from hugerec.embedding.optimizers import Adam, Optimizer
+from hugerec.embedding.table_config import DynamicConfig, Normal, Pooling, TableConfig
 from hugerec.models.mlp import MLP
-from hugerec.models.vectors import VectorArch, VectorFeature, vector_features
+from hugerec.models.vector_features import VectorArch, VectorFeature, vector_features
 from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import JaggedTensor, lengths_to_offsets
 

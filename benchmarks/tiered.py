@@ -26,6 +26,7 @@ a fixed number of steps with a 1 GB cache; peak RSS and throughput reported.
     python benchmarks/tiered.py --quick                  # < 1 minute
     python benchmarks/tiered.py --json out.json          # R = 100,000, B = 4096
     python benchmarks/tiered.py --large --dir /mnt/ssd   # needs ~40 GB free in --dir
+    python benchmarks/tiered.py --large-only             # only that case
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import json
 import resource
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -204,7 +206,7 @@ def record_store(tmp: Path, rows: int = 200_000, reads: int = 20_000, record: in
 
 def larger_than_memory(args: argparse.Namespace) -> list[dict[str, Any]]:
     """>= 32 GB of rows + Adagrad state on disk, a 1 GB cache; throughput and peak RSS."""
-    rows = 2_500_000  # x 26 tables x (256 + 256) bytes = 33.3 GB
+    rows = args.large_rows  # 2.5M (default) x 26 tables x (256 + 256) bytes = 33.3 GB
     record = 2 * DIM * 4
     need = TABLES * rows * record
     d = Path(args.dir or tempfile.gettempdir()) / "hugerec-larger-than-memory"
@@ -218,25 +220,62 @@ def larger_than_memory(args: argparse.Namespace) -> list[dict[str, Any]]:
     cache = (1 << 30) // (TABLES * record)
     try:
         model = Model(tables(rows, d, cache), Adagrad(lr=0.01))
-        data = make_batches("zipf", rows, args.batch_size, 20)
+        data = make_batches("zipf", rows, args.batch_size, args.large_steps)  # every step a new batch
         pipe = Pipeline(model, torch.device("cpu"))
         steps = 0
+        sampler = _RssSampler()
         t0 = time.perf_counter()
-        for _ in range(3):
-            for b in pipe(data):
-                model.step(b)
-                steps += 1
+        for b in pipe(data):
+            model.step(b)
+            steps += 1
         rate = steps / (time.perf_counter() - t0)
-        rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+        sampler.stop()
+        rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # peak RSS, file-backed pages included
+        hits = model.emb.disk_stats()
     finally:
         shutil.rmtree(d, ignore_errors=True)
+    hit = hits["hits"] / max(hits["hits"] + hits["misses"], 1)
     print(
-        f"\nlarger than memory: {need / 1e9:.1f} GB on disk, cache 1 GB: {rate:.2f} steps/s, peak RSS {rss_gb:.2f} GB"
+        f"\nlarger than memory: {need / 1e9:.1f} GB on disk, cache 1 GB, {steps} steps of {args.batch_size}: "
+        f"{rate:.2f} steps/s, hit rate {hit:.3f} (the cache starts cold), peak RSS {rss_gb:.2f} GB (bound: cache + 2 GB "
+        f"= 3 GB); sampled every 0.1 s while training: peak anonymous {sampler.peak['RssAnon'] / 1e6:.2f} GB, "
+        f"peak file pages {sampler.peak['RssFile'] / 1e6:.2f} GB"
     )
     return [
         {"config": "larger than memory", "method": "hugerec-disk", "value": rate, "unit": "steps/s", "higher_is_better": True},
         {"config": "larger than memory", "method": "hugerec-disk peak RSS", "value": rss_gb, "unit": "GB", "higher_is_better": False},
     ]  # fmt: skip
+
+
+class _RssSampler:
+    """Peak RssAnon and RssFile of this process, sampled every 0.1 s by a thread until `stop`."""
+
+    def __init__(self) -> None:
+        self.peak = {"RssAnon": 0.0, "RssFile": 0.0}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(0.1):
+            for k, v in _rss_now().items():
+                self.peak[k] = max(self.peak[k], v)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def _rss_now() -> dict[str, float]:
+    """RssAnon and RssFile of this process now, in kB (/proc/self/status; zeros where it does not exist)."""
+    out = {"RssAnon": 0.0, "RssFile": 0.0}
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in out:
+                out[key] = float(value.split()[0])
+    return out
 
 
 def main() -> None:
@@ -250,6 +289,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 10)")
     p.add_argument("--block", type=int, default=10, help="steps per method in turn (default 10)")
     p.add_argument("--large", action="store_true", help="also the larger-than-memory case (>= 32 GB on disk)")
+    p.add_argument("--large-only", action="store_true", help="only the larger-than-memory case")
+    p.add_argument("--large-steps", type=int, default=60, help="steps of the larger-than-memory case (default 60)")
+    p.add_argument("--large-rows", type=int, default=2_500_000, help="rows per table of that case (default 2.5M)")
     p.add_argument("--dir", default=None, help="where the tables' files go (default: the temp directory)")
     p.add_argument("--json", type=Path, default=None, help="write the records here")
     args = p.parse_args()
@@ -258,11 +300,12 @@ def main() -> None:
     args.steps = args.steps or (10 if args.quick else 40)
     args.warmup = args.warmup or (3 if args.quick else 10)
     records: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        for kind in ["zipf", "uniform"] if args.ids == "all" else [args.ids]:
-            records += run_ids(kind, args, Path(tmp))
-        records += record_store(Path(tmp))
-    if args.large:
+    if not args.large_only:
+        with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+            for kind in ["zipf", "uniform"] if args.ids == "all" else [args.ids]:
+                records += run_ids(kind, args, Path(tmp))
+            records += record_store(Path(tmp))
+    if args.large or args.large_only:
         records += larger_than_memory(args)
     if args.json is not None:
         args.json.write_text(json.dumps(records, indent=1) + "\n")

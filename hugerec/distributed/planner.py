@@ -33,7 +33,7 @@ from hugerec.distributed.sharding_plan import (
     table_shards,
 )
 from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad
-from hugerec.embedding.table_config import Pooling, TableConfig
+from hugerec.embedding.table_config import Pooling, Storage, TableConfig
 
 # Wire format constants (see hugerec.distributed.sharded).
 ID_BYTES = 8  # ids and bag lengths travel as int64
@@ -183,7 +183,8 @@ def _candidates(t: TableConfig, world_size: int, pin: Constraint | None, order: 
     if pin is not None and pin.kind is not None and pin.ranks is not None:
         return [TablePlacement(pin.kind, pin.ranks)]
     out: list[TablePlacement] = []
-    if kind in (None, ShardingKind.DATA_PARALLEL) and t.dynamic is None and len(allowed) == world_size:
+    replicable = t.dynamic is None and t.storage is Storage.MEMORY  # not a hash map, not a file per rank
+    if kind in (None, ShardingKind.DATA_PARALLEL) and replicable and len(allowed) == world_size:
         out.append(TablePlacement.data_parallel(world_size))
     if kind in (None, ShardingKind.TABLE_WISE):
         out.extend(TablePlacement.table_wise(r) for r in allowed)

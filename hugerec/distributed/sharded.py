@@ -25,6 +25,7 @@ Data-parallel tables: see `hugerec.distributed.replicated`.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -41,21 +42,36 @@ from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.hash_table import HashTableContents
 from hugerec.embedding.interface import EmbeddingModule
 from hugerec.embedding.optimizers import Optimizer
-from hugerec.embedding.table_config import Pooling, TableConfig, Uniform
+from hugerec.embedding.table_config import Pooling, Storage, TableConfig, Uniform
 from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import JaggedTensor
 from hugerec.sparse.pooled import PooledEmbeddings
 
+_COPY_CHUNK = 1 << 16  # rows of a disk-tier table copied into its shard at a time
+
 
 def shard_config(t: TableConfig, s: Shard, kind: ShardingKind, optimizer: Optimizer) -> TableConfig:
     """The TableConfig of one shard: its rows and columns, the global table's initial range, and SUM in
-    place of MEAN for row-wise shards (they see parts of bags; the requesting rank divides)."""
+    place of MEAN for row-wise shards (they see parts of bags; the requesting rank divides). A disk-tier
+    table's shard has a file of its own, `<path>.shard<index>`, and a cache of the table's cache_rows
+    (at most the shard's rows) or cache_bytes: the cache is per rank."""
     init = t.init
     if isinstance(init, Uniform):
         init = Uniform(*t.init_bounds)  # the default bound depends on num_rows: keep the global table's
     pooling = Pooling.SUM if kind is ShardingKind.ROW_WISE and t.pooling is Pooling.MEAN else t.pooling
+    path, cache_rows = t.path, t.cache_rows
+    if t.storage is Storage.DISK:
+        path = f"{t.path}.shard{s.index}"
+        cache_rows = None if t.cache_rows is None else min(t.cache_rows, s.num_rows)
     return dataclasses.replace(
-        t, num_rows=s.num_rows, dim=s.dim, init=init, pooling=pooling, optimizer=t.optimizer or optimizer
+        t,
+        num_rows=s.num_rows,
+        dim=s.dim,
+        init=init,
+        pooling=pooling,
+        optimizer=t.optimizer or optimizer,
+        path=path,
+        cache_rows=cache_rows,
     )
 
 
@@ -124,6 +140,7 @@ class _IdExchange:
     values_from: list[int]  # ids every source rank sends here
     ids: Pending
     weights: Pending | None
+    received: SparseFeatures | None = None  # staged ahead (`stage`): this rank's share, looked up as is
 
 
 def _same_ids(a: SparseFeatures, b: SparseFeatures, keys: list[str]) -> bool:
@@ -175,12 +192,22 @@ class ShardedEmbeddingCollection(nn.Module):
         self.pooled_routing = Routing(self.plan)
         self.sequence_routing = Routing(self.plan, sequence=True)
         self._pending: list[_IdExchange] = []  # prefetched pooled id exchanges, oldest first
+        self._pending_lock = threading.Lock()  # `stage` appends from the training pipeline's thread
+        # the exchanges `stage` starts run on a group of their own: the pipeline's thread sends batch i + 1's
+        # ids while the main thread's lookups and backward of step i use self.group (same order on every rank)
+        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(self.world_size))
+        self.stage_group = dist.new_group(ranks)
         device = collection.device
         local: list[tuple[TableConfig, Shard, ShardingKind]] = []
         dp: list[TableConfig] = []
         for t in self.plan.tables:
             p = self.plan.placements[t.name]
             if p.kind is ShardingKind.DATA_PARALLEL:
+                if t.storage is Storage.DISK:
+                    raise ValueError(
+                        f"ShardedEmbeddingCollection: table {t.name!r} has storage 'disk' and cannot be data-parallel "
+                        "(every rank would train a copy of the whole file); place it table-, row- or column-wise"
+                    )
                 dp.append(dataclasses.replace(t, optimizer=t.optimizer or collection.optimizer))
                 continue
             for s in self.plan.shards(t.name):
@@ -215,7 +242,9 @@ class ShardedEmbeddingCollection(nn.Module):
         """Take this rank's rows, optimizer state and steps (and keys) from the unsharded collection."""
         for t, s, kind in local:
             assert self.shards is not None
-            if t.dynamic is None:
+            if t.storage is Storage.DISK and t.dynamic is None:
+                self._copy_disk(collection, t, s, kind)
+            elif t.dynamic is None:
                 cut = shard_state(table_state(collection, t.name), t, s, kind)
                 _load_table(self.shards, t.name, cut)
             else:
@@ -224,6 +253,18 @@ class ShardedEmbeddingCollection(nn.Module):
             assert self.replicas is not None
             whole = {k: v.clone() for k, v in table_state(collection, t.name).items()}
             _load_table(self.replicas.collection, t.name, whole)
+
+    def _copy_disk(self, collection: EmbeddingCollection, t: TableConfig, s: Shard, kind: ShardingKind) -> None:
+        """A static disk-tier table's rows of shard s, copied in chunks through the two caches (never the
+        whole table in memory, and no snapshot of the source file), and Adam's step."""
+        assert self.shards is not None
+        for start in range(0, s.num_rows, _COPY_CHUNK):
+            rows = torch.arange(start, min(s.num_rows, start + _COPY_CHUNK), dtype=torch.int64)
+            weights, opt_state = collection.read_rows(t.name, rows + s.row_start)
+            self.shards.write_rows(t.name, rows, *cut_columns(weights, opt_state, t, s, kind))
+        step = collection.adam_step(t.name)
+        if step is not None:
+            _load_table(self.shards, t.name, {"step": torch.tensor(step, dtype=torch.int64)})
 
     def _copy_dynamic(self, collection: EmbeddingCollection, t: TableConfig, s: Shard, kind: ShardingKind) -> None:
         """A dynamic table whole (table- and column-wise: the same rows, free ones included), or the keys of
@@ -287,7 +328,46 @@ class ShardedEmbeddingCollection(nn.Module):
         runs until then (see `hugerec.distributed.shard.prefetching`). Every rank must prefetch alike;
         `forward` uses the oldest prefetched exchange if it is of the same ids and drops it otherwise."""
         if self.pooled_routing.features:
-            self._pending.append(self._send_ids(features, self.pooled_routing))
+            ex = self._send_ids(features, self.pooled_routing)
+            with self._pending_lock:
+                self._pending.append(ex)
+
+    # -- the training pipeline's seam (hugerec.training.pipeline) ----------------------------------
+    @property
+    def needs_staging(self) -> bool:
+        """Whether `stage` does work ahead of the lookup: the pooled id exchange, and the local shards' remap
+        and disk-tier prefetch of the ids received."""
+        return bool(self.pooled_routing.features)
+
+    def stage(self, features: SparseFeatures, update: bool) -> None:
+        """In the training pipeline's thread, for batch i + 1 while step i runs (every rank alike): sends
+        the pooled ids to their owners, receives this rank's share and stages it in the local shards
+        (dynamic tables' remap, disk tier's prefetch); `forward` of these ids then finds it all done.
+        The local staging is skipped when the shards also serve sequence features (their exchange is
+        not staged, and a shard collection looks up only the batch it staged)."""
+        if not self.pooled_routing.features:
+            return
+        ex = self._send_ids(features, self.pooled_routing, self.stage_group)
+        weights = None if ex.weights is None else ex.weights.wait()
+        ex.received, _ = receive(
+            ex.ids.wait(), weights, ex.batch_sizes, ex.values_from, self.pooled_routing.serve[self.rank]
+        )
+        local = self.shards is not None and self.pooled_routing.serve[self.rank]
+        if local and self.shards is not None and self.shards.needs_staging and not self.sequence_routing.features:
+            self.shards.stage(ex.received, update)
+        with self._pending_lock:
+            self._pending.append(ex)
+
+    def unstage(self) -> None:
+        """Forgets staged batches that will not be looked up (their exchanges finished first)."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        for ex in pending:
+            ex.ids.wait()
+            if ex.weights is not None:
+                ex.weights.wait()
+        if self.shards is not None:
+            self.shards.unstage()
 
     def forward(self, features: SparseFeatures) -> PooledEmbeddings:
         """Pooled embeddings [B, output_dim] of this rank's B examples, columns as in the unsharded collection."""
@@ -329,15 +409,14 @@ class ShardedEmbeddingCollection(nn.Module):
             )
 
     # -- the id exchange -------------------------------------------------------------------------
-    def _send_ids(self, features: SparseFeatures, routing: Routing) -> _IdExchange:
+    def _send_ids(self, features: SparseFeatures, routing: Routing, group: ProcessGroup | None = None) -> _IdExchange:
+        group = self.group if group is None else group
         bk = bucketize(features, routing)
         w = self.world_size
         has_weights = int(features.weights is not None)
         counts = torch.tensor([[features.batch_size, n, has_weights] for n in bk.send_values], dtype=torch.int64)
         got = (
-            all_to_all(counts.to(features.values.device), [1] * w, [1] * w, self.group, self.stats, "counts")
-            .wait()
-            .cpu()
+            all_to_all(counts.to(features.values.device), [1] * w, [1] * w, group, self.stats, "counts").wait().cpu()
         )  # [W, 3]: what every source sends here
         flags = got[:, 2].tolist()
         if len(set(flags)) > 1:
@@ -348,30 +427,32 @@ class ShardedEmbeddingCollection(nn.Module):
         batch_sizes, values_from = got[:, 0].tolist(), got[:, 1].tolist()
         e = len(routing.serve[self.rank])
         recv = [e * b + n for b, n in zip(batch_sizes, values_from, strict=True)]
-        ids = all_to_all(bk.ids, bk.send, recv, self.group, self.stats, "ids", async_op=True)
+        ids = all_to_all(bk.ids, bk.send, recv, group, self.stats, "ids", async_op=True)
         weights = None
         if bk.weights is not None:
-            weights = all_to_all(
-                bk.weights, bk.send_values, values_from, self.group, self.stats, "weights", async_op=True
-            )
+            weights = all_to_all(bk.weights, bk.send_values, values_from, group, self.stats, "weights", async_op=True)
         return _IdExchange(features, bk, batch_sizes, values_from, ids, weights)
 
     def _take_prefetched(self, features: SparseFeatures) -> _IdExchange | None:
         """The oldest prefetched exchange if it carries these ids; older or other ones are finished and dropped."""
-        while self._pending:
-            ex = self._pending.pop(0)
+        while True:
+            with self._pending_lock:
+                if not self._pending:
+                    return None
+                ex = self._pending.pop(0)
             if _same_ids(ex.features, features, self.pooled_routing.features):
                 return ex
             ex.ids.wait()
             if ex.weights is not None:
                 ex.weights.wait()
-        return None
 
     def _exchange_ids(self, features: SparseFeatures, routing: Routing) -> tuple[_IdExchange, SparseFeatures]:
         """This rank's share of every rank's ids: a SparseFeatures over sum(batch_sizes) examples."""
         ex = self._take_prefetched(features) if routing is self.pooled_routing else None
         if ex is None:
             ex = self._send_ids(features, routing)
+        if ex.received is not None:
+            return ex, ex.received
         weights = None if ex.weights is None else ex.weights.wait()
         received, _ = receive(ex.ids.wait(), weights, ex.batch_sizes, ex.values_from, routing.serve[self.rank])
         return ex, received

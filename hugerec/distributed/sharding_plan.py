@@ -23,10 +23,12 @@ from types import MappingProxyType
 from typing import Any
 
 from hugerec.embedding.optimizers import Adam, Optimizer, optimizer_from_dict, optimizer_to_dict, state_width
-from hugerec.embedding.table_config import Missing, TableConfig
+from hugerec.embedding.table_config import Missing, Storage, TableConfig
 
 # Per-row bookkeeping of a dynamic table beside the row itself (int64 key, slot index, step/count).
 DYNAMIC_ROW_OVERHEAD_BYTES = 24
+# Per cache slot of a disk-tier table beside the row (the LRU list, stamp, dirty flag, row of slot).
+DISK_SLOT_OVERHEAD_BYTES = 24
 
 
 class ShardingKind(enum.Enum):
@@ -121,6 +123,10 @@ def shard_bytes(table: TableConfig, shard: Shard, optimizer: Optimizer | None) -
     per_row = shard.dim * table.dtype.itemsize + 4 * state_width(opt, shard.dim)
     if table.dynamic is not None:
         per_row += DYNAMIC_ROW_OVERHEAD_BYTES
+    if table.storage is Storage.DISK:  # in memory: the cache slots, 4 bytes per row, 24 per slot
+        slots = table.cache_rows if table.cache_rows is not None else (table.cache_bytes or 0) // max(per_row, 1)
+        slots = min(slots, shard.num_rows)
+        return slots * (per_row + DISK_SLOT_OVERHEAD_BYTES) + 4 * shard.num_rows
     return shard.num_rows * per_row
 
 

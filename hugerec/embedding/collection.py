@@ -470,6 +470,10 @@ class EmbeddingCollection(nn.Module):
         """Overwrites table rows [n] with weights [n, dim] (and the optimizer state if given, else kept)."""
         self._fused.write_rows(table, rows, weights, state)
 
+    def adam_step(self, table: str) -> int | None:
+        """The number of Adam steps table `table` took (None when its optimizer is not Adam)."""
+        return self._fused.steps[table] if table in self._adam_tables() else None
+
     def reset_rows(self, table: str, rows: torch.Tensor | None = None) -> None:
         """Re-initialises table rows [n] (None: all) with the table's initializer and fresh optimizer state."""
         self._fused.reset_rows(table, rows)

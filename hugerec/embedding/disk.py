@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import mmap
 import os
 import shutil
 import threading
@@ -46,6 +47,16 @@ PINNED = 2  # batches whose slots no prepare may take: the one being trained and
 KEEP_SNAPSHOTS = 3  # newest snapshots kept per table (the trainer keeps 3 checkpoints by default)
 _FICLONE = 0x40049409
 _INIT_CHUNK = 1 << 16  # rows initialised per write when a file is created
+# Touched pages of a shared mapping count in the process's RSS, and a table larger than memory would
+# fill it with them. A tier whose file is larger than UNMAP_ABOVE unmaps its pages (madvise DONTNEED)
+# once MAPPED_BYTES of them may be mapped: 26 such tables leave at most 26 x 4 MiB mapped between
+# batches (plus one batch's pages). A smaller file stays mapped (its RSS share is at most its size):
+# re-mapping pages after each batch cost 40% of the step in benchmarks/tiered.py's default sizes.
+MAPPED_BYTES = 4 << 20
+UNMAP_ABOVE = 256 << 20
+# What one record access may map: the kernel maps up to 64 KiB of cached pages around a faulting page
+# (fault-around) beside the record's own pages.
+_MAPPED_PER_ACCESS = 64 << 10
 
 # (weights [n, dim] storage dtype, state [n, S] fp32) of rows start .. start + n - 1 at creation
 Fill = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
@@ -102,7 +113,7 @@ class DiskTier:
                 f"table {self.table!r}: path {str(self.path)!r} needs {size:,} bytes on disk "
                 f"({self.num_rows:,} rows x {self.record_bytes} bytes), the disk has {free:,} free"
             )
-        tmp = parent / f".{self.path.name}.creating"
+        tmp = parent / f".{self.path.name}.creating.{os.getpid()}"  # ranks of one machine may create it at once
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             try:
@@ -112,14 +123,7 @@ class DiskTier:
                     f"table {self.table!r}: path {str(self.path)!r}: cannot reserve {size:,} bytes: {e.strerror}"
                 ) from None
             os.pwrite(fd, self._header(True), 0)
-            records = np.memmap(
-                tmp, dtype=np.uint8, mode="r+", offset=HEADER_BYTES, shape=(self.num_rows, self.record_bytes)
-            )
-            for start in range(0, self.num_rows, _INIT_CHUNK):
-                n = min(_INIT_CHUNK, self.num_rows - start)
-                records[start : start + n] = self._records(*fill(start, n))
-            records.flush()
-            del records
+            self._write_records(fd, fill)  # pwrite, not a mapping: the new file's pages never count in RSS
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -128,6 +132,12 @@ class DiskTier:
         os.close(fd)
         os.replace(tmp, self.path)
         _fsync_dir(parent)
+
+    def _write_records(self, fd: int, fill: Fill) -> None:
+        """Every record from `fill`, written through `fd` in chunks of _INIT_CHUNK rows."""
+        for start in range(0, self.num_rows, _INIT_CHUNK):
+            n = min(_INIT_CHUNK, self.num_rows - start)
+            os.pwrite(fd, self._records(*fill(start, n)).data, HEADER_BYTES + start * self.record_bytes)
 
     def _records(self, weights: torch.Tensor, state: torch.Tensor) -> np.ndarray:
         """[n, W + S] uint8 records of weights [n, dim] and state [n, S] fp32."""
@@ -167,9 +177,11 @@ class DiskTier:
                 f"table {self.table!r}: {str(self.path)!r} was not closed cleanly (a crash during a write-back?); "
                 "load a checkpoint (it restores the file from its snapshot) or delete the file to start afresh"
             )
-        self.file = np.memmap(
-            self.path, dtype=np.uint8, mode="r+", offset=HEADER_BYTES, shape=(self.num_rows, self.record_bytes)
-        )
+        with open(self.path, "r+b") as f:  # the mapping keeps its own reference to the file
+            self._map = mmap.mmap(f.fileno(), size - HEADER_BYTES, offset=HEADER_BYTES)
+        self._map.madvise(mmap.MADV_RANDOM)  # rows are read at random: no read-ahead around each record
+        self.file = np.frombuffer(self._map, dtype=np.uint8).reshape(self.num_rows, self.record_bytes)
+        self._touched = 0  # bytes of file pages possibly mapped since the last `_unmap_pages`
         self.file_clean = header.get("clean") is True
 
     def _set_clean(self, clean: bool) -> None:
@@ -196,7 +208,8 @@ class DiskTier:
             self.counters[row_cache.WRITES] += row_cache.flush(
                 self.row_of_slot, self.stamp, self.dirty, keep, self.file, self.wcache, self.scache
             )
-            self.file.flush()
+            self._map.flush()
+            self._unmap_pages()
             self._maybe_dirty = bool(self.dirty.any())
             if not self.file_clean:
                 self._set_clean(True)
@@ -228,10 +241,12 @@ class DiskTier:
                 self._writable()
             self._maybe_dirty |= update
             self._changed |= update
+            moved = int(self.counters[row_cache.READS] + self.counters[row_cache.WRITES])
             code = row_cache.prepare(
                 ids, missing_ok, update, PINNED, self.slot_of_row, self.row_of_slot, self.prev, self.nxt,
                 self.stamp, self.dirty, self.state, self.file, self.wcache, self.scache, out, self.counters,
             )  # fmt: skip
+            self._account(int(self.counters[row_cache.READS] + self.counters[row_cache.WRITES]) - moved)
         self.prepare_seconds += time.perf_counter() - started
         if code == row_cache.BAD_ID:
             raise ValueError(
@@ -244,6 +259,22 @@ class DiskTier:
             )
         return out
 
+    def _account(self, records: int) -> None:
+        """After `records` records were read or written through the mapping: unmap its pages when the
+        pages they may have touched pass MAPPED_BYTES (a file no larger than UNMAP_ABOVE is left mapped)."""
+        if self._map.size() <= UNMAP_ABOVE:
+            return
+        self._touched += records * (self.record_bytes + _MAPPED_PER_ACCESS)
+        if self._touched > MAPPED_BYTES:
+            self._unmap_pages()
+
+    def _unmap_pages(self) -> None:
+        """Drops the mapping's pages from this process (MADV_DONTNEED): on a shared file mapping the data,
+        dirty or not, stays in the kernel's page cache (written back by it or by msync); a later access
+        maps the page again. The process's RSS then holds the cache slots, not the file."""
+        self._map.madvise(mmap.MADV_DONTNEED)
+        self._touched = 0
+
     # -- whole-record access (read_rows / write_rows / reset_rows) ----------------------------------
     def read(self, rows: np.ndarray) -> np.ndarray:
         """[n, W + S] uint8 records of rows [n] (cached rows from their slots)."""
@@ -252,6 +283,7 @@ class DiskTier:
         out = np.empty((len(rows), self.record_bytes), dtype=np.uint8)
         with self.lock:
             row_cache.gather(rows, self.slot_of_row, self.file, self.wcache, self.scache, out)
+            self._account(len(rows))
         return out
 
     def write(self, rows: np.ndarray, records: np.ndarray) -> None:
@@ -259,6 +291,7 @@ class DiskTier:
             self._writable()
             self._maybe_dirty = self._changed = True
             row_cache.scatter(rows, records, self.slot_of_row, self.dirty, self.file, self.wcache, self.scache)
+            self._account(len(rows))
 
     def fill_all(self, fill: Fill) -> None:
         """Re-initialises every row (reset_rows(None)): the cache is dropped, the file rewritten."""
@@ -266,9 +299,12 @@ class DiskTier:
             self._writable()
             self._reset_cache()
             self._changed = True
-            for start in range(0, self.num_rows, _INIT_CHUNK):
-                n = min(_INIT_CHUNK, self.num_rows - start)
-                self.file[start : start + n] = self._records(*fill(start, n))
+            self._unmap_pages()
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                self._write_records(fd, fill)
+            finally:
+                os.close(fd)
 
     # -- checkpoints -------------------------------------------------------------------------------
     @property
@@ -287,7 +323,14 @@ class DiskTier:
         taken = sorted(int(p.name) for p in d.iterdir() if p.name.isdigit())
         n = taken[-1] + 1 if taken else 1
         with self.lock:
-            _clone(self.path, d / str(n))
+            try:
+                _clone(self.path, d / str(n))
+            except OSError as e:  # a full disk: no partial snapshot is left, the live file is untouched
+                (d / str(n)).unlink(missing_ok=True)
+                raise OSError(
+                    e.errno, f"table {self.table!r}: cannot write the checkpoint's snapshot {str(d / str(n))!r} "
+                    f"({self.path.stat().st_size:,} bytes): {e.strerror}"
+                ) from None
         for old in taken[: max(0, len(taken) + 1 - KEEP_SNAPSHOTS)]:
             (d / str(old)).unlink(missing_ok=True)
         self._snapshot, self._changed = n, False
@@ -300,6 +343,7 @@ class DiskTier:
             raise ValueError(f"table {self.table!r}: the checkpoint's snapshot {str(source)!r} does not exist")
         with self.lock:
             del self.file
+            self._map.close()
             tmp = self.path.parent / f".{self.path.name}.restoring"
             _clone(source, tmp)
             os.replace(tmp, self.path)

@@ -20,7 +20,7 @@ from hugerec.models.deepfm import DeepFM
 from hugerec.models.dlrm import DLRM
 from hugerec.models.mlp import Activation, check_dims
 from hugerec.models.model import RecModel
-from hugerec.models.vector_features import VectorArch, VectorFeature
+from hugerec.models.vector_features import VectorArch, VectorFeature, vector_features
 from hugerec.models.wide import wide_tables
 from hugerec.models.wide_deep import WideAndDeep
 
@@ -41,22 +41,7 @@ def _normalize(config: Any, where: str, dims: dict[str, bool]) -> None:
 
 def _vectors(config: Any, where: str) -> None:
     """vectors: a list of VectorFeature or of their dicts (TOML's [[model.vectors]]) -> a tuple."""
-    out = []
-    for i, v in enumerate(config.vectors):
-        if isinstance(v, VectorFeature):
-            out.append(v)
-            continue
-        if not isinstance(v, dict):
-            raise ValueError(f"{where}: vectors[{i}] must be a table of keys (name, feature, dim, ...), got {v!r}")
-        known = [f.name for f in dataclasses.fields(VectorFeature)]
-        unknown = sorted(set(v) - set(known))
-        if unknown:
-            raise ValueError(f"{where}: vectors[{i}]: unknown keys {unknown}; valid keys are {known}")
-        try:
-            out.append(VectorFeature(**v))
-        except TypeError as e:
-            raise ValueError(f"{where}: vectors[{i}]: {e}") from None
-    object.__setattr__(config, "vectors", tuple(out))
+    object.__setattr__(config, "vectors", vector_features(config.vectors, where))
 
 
 def _check_optimizer(opt: Any, where: str) -> None:

@@ -8,7 +8,9 @@
 User tower: concat[user-id embedding, mean of the last `max_history` items, mean of the last r items
 for each window r in `recent` (the last item alone, the last five: what item-kNN scores from),
 pooled user-feature embeddings] -> MLP -> D. Item tower: concat[item-id embedding, pooled
-item-feature embeddings] -> MLP -> D (no MLP when the item id alone already has width D).
+item-feature embeddings, each item vector feature (a frozen pretrained vector per item id: its own
+LayerNorm, then a Linear to embedding_dim; `hugerec.models.vector_features`)] -> MLP -> D (no MLP when the
+item id alone already has width D).
 With COSINE similarity both outputs are L2-normalised, so an inner-product index serves either kind.
 
 Each tower owns one EmbeddingCollection (its tables are looked up once per batch, so each table takes
@@ -32,6 +34,7 @@ from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import Adam, Optimizer
 from hugerec.embedding.table_config import DynamicConfig, Normal, Pooling, TableConfig
 from hugerec.models.mlp import MLP
+from hugerec.models.vector_features import VectorArch, VectorFeature, vector_features
 from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import JaggedTensor, lengths_to_offsets
 
@@ -55,6 +58,8 @@ class TwoTowerConfig:
     temperature         logits are similarity / temperature (in the losses)
     user_features       (name, cardinality) of static user side features
     item_features       (name, cardinality) of static item side features
+    vectors             item vector features (VectorFeature keyed by feature "item_id", or their dicts),
+                        each LayerNorm'ed and projected to embedding_dim in the item tower
     """
 
     dim: int = 64
@@ -69,8 +74,13 @@ class TwoTowerConfig:
     init_std: float = 0.05
     user_features: tuple[tuple[str, int], ...] = field(default=())
     item_features: tuple[tuple[str, int], ...] = field(default=())
+    vectors: tuple[VectorFeature, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "vectors", vector_features(self.vectors, "TwoTowerConfig"))
+        keyed = [v.feature for v in self.vectors if v.feature != "item_id"]
+        if keyed:
+            raise ValueError(f"TwoTowerConfig: vector features of the item tower are keyed by 'item_id', got {keyed}")
         if isinstance(self.recent, int):
             object.__setattr__(self, "recent", (self.recent,) if self.recent else ())
         for name in ("user_layers", "item_layers", "recent", "user_features", "item_features"):
@@ -191,9 +201,11 @@ class TwoTower(nn.Module):
         self.user_side = SideFeatures(user_features or {}, tuple(n for n, _ in config.user_features), num_users, "TwoTower users")
         self.item_side = SideFeatures(item_features or {}, tuple(n for n, _ in config.item_features), num_items, "TwoTower items")
         self.user_mlp = MLP(self.user_embedding.output_dim, (*config.user_layers, config.dim), final_activation=False)
-        needs_item_mlp = config.item_layers or config.item_features or e != config.dim
+        self.vector_arch = VectorArch(config.vectors, {"item_id": num_items}, e, optimizer) if config.vectors else None
+        needs_item_mlp = config.item_layers or config.item_features or config.vectors or e != config.dim
+        item_width = self.item_embedding.output_dim + e * len(config.vectors)
         self.item_mlp = (
-            MLP(self.item_embedding.output_dim, (*config.item_layers, config.dim), final_activation=False)
+            MLP(item_width, (*config.item_layers, config.dim), final_activation=False)
             if needs_item_mlp
             else None
         )
@@ -228,6 +240,9 @@ class TwoTower(nn.Module):
         parts = [("item_id", items, torch.ones_like(items))]
         parts += [(n, v, ln) for n, (v, ln) in zip(self.item_side.names, self.item_side.gather(items), strict=True)]
         pooled = self.item_embedding(sparse_features(parts)).values  # [N, sum E]
+        if self.vector_arch is not None:  # each vector: LayerNorm + Linear -> [N, E], beside the embeddings
+            rows = self.vector_arch.lookup(sparse_features([("item_id", items, torch.ones_like(items))]))
+            pooled = torch.cat([pooled, *self.vector_arch(rows)], dim=1)
         return self._finish(pooled if self.item_mlp is None else self.item_mlp(pooled))
 
     def _finish(self, x: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ same module.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -67,6 +68,26 @@ class VectorFeature:
     def table(self) -> str:
         """Its table in the VectorArch's collection."""
         return f"vector_{self.name}"
+
+
+def vector_features(values: Sequence[object], where: str) -> tuple[VectorFeature, ...]:
+    """A config's `vectors`: VectorFeature or their dicts (TOML's [[model.vectors]]) -> a tuple, errors naming `where`."""
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, VectorFeature):
+            out.append(v)
+            continue
+        if not isinstance(v, dict):
+            raise ValueError(f"{where}: vectors[{i}] must be a table of keys (name, feature, dim, ...), got {v!r}")
+        known = [f.name for f in dataclasses.fields(VectorFeature)]
+        unknown = sorted(set(v) - set(known))
+        if unknown:
+            raise ValueError(f"{where}: vectors[{i}]: unknown keys {unknown}; valid keys are {known}")
+        try:
+            out.append(VectorFeature(**v))
+        except TypeError as e:
+            raise ValueError(f"{where}: vectors[{i}]: {e}") from None
+    return tuple(out)
 
 
 class VectorArch(nn.Module):

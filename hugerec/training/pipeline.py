@@ -3,7 +3,9 @@
     main thread      step i-1 | step i           | step i+1
     worker thread    prep i   | prep i+1         | prep i+2
                       (next(loader): decode; then per embedding collection `stage`: the dynamic
-                       tables' hash remap and the disk tier's loading of the rows into cache slots)
+                       tables' hash remap and the disk tier's loading of the rows into cache slots;
+                       a sharded collection first sends the pooled ids to their owners, on a process
+                       group of its own, and stages the ids it receives in its local shards)
 
 At most one batch is prepared ahead: the disk tier pins the slots of the last two prepares, so
 step i's rows are never evicted by batch i+1's prefetch. Before a step after which the trainer
@@ -21,15 +23,30 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 from torch import nn
 
+from hugerec.distributed.sharded import ShardedEmbeddingCollection
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.sparse.batch import Batch
+
+Stageable = EmbeddingCollection | ShardedEmbeddingCollection
+
+
+def stageable(model: nn.Module) -> list[Stageable]:
+    """The model's collections that `stage` batches: sharded ones, and the unsharded ones outside them
+    (a sharded collection's local shards see the ids it receives, and it stages them itself)."""
+    inner = {id(m) for c in model.modules() if isinstance(c, ShardedEmbeddingCollection) for m in c.modules()}
+    inner -= {id(c) for c in model.modules() if isinstance(c, ShardedEmbeddingCollection)}
+    return [
+        m
+        for m in model.modules()
+        if isinstance(m, EmbeddingCollection | ShardedEmbeddingCollection) and id(m) not in inner
+    ]
 
 
 class Pipeline:
     """Iterates `data` with each batch moved to `device` and staged in the model's embedding collections."""
 
     def __init__(self, model: nn.Module, device: torch.device, hold: Callable[[], bool] = lambda: False) -> None:
-        self.collections = [m for m in model.modules() if isinstance(m, EmbeddingCollection)]
+        self.collections = stageable(model)
         self.device = device
         self.hold = hold
         self.prepare_s = 0.0  # worker time spent preparing batches (decode + stage)

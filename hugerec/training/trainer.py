@@ -104,7 +104,7 @@ class TrainConfig:
     tensorboard       write TensorBoard scalars (needs out_dir)
     plot              write curves.png at the end (needs out_dir)
     pipeline          prepare batch i + 1 (decode, dynamic-table remap, disk-tier prefetch) in a worker thread
-                      while step i runs (hugerec.training.pipeline); single-process runs only
+                      while step i runs (hugerec.training.pipeline; sharded: also the id exchange)
     """
 
     epochs: int = 1
@@ -315,7 +315,7 @@ class _Run:
         self.window_loss = torch.zeros((), device=self.device)
         self.window_steps = self.window_samples = 0
         self.window_start = time.perf_counter()
-        self.pipeline = None if not cfg.pipeline or self.sharded else Pipeline(model, self.device, self._boundary)
+        self.pipeline = Pipeline(model, self.device, self._boundary) if cfg.pipeline else None
         self.tiered = TieredStats(model, self.pipeline)
 
     def _boundary(self) -> bool:
@@ -622,7 +622,13 @@ def _postfix(history: History) -> str:
     if history.train:
         last = history.train[-1]
         parts += [f"loss={last['loss']:.4f}", f"{last['samples_per_s']:,.0f} samples/s"]
-        parts += [f"{k}={last[k]:.0%}" for k in ("cache_hit_rate", "prefetch_hidden") if k in last]
+        if "cache_hit_rate" in last:  # the disk tier, per step: hit rate, rows read and written
+            parts.append(
+                f"hit={last['cache_hit_rate']:.0%} read={last['disk_rows_read']:,.0f} "
+                f"wrote={last['disk_rows_written']:,.0f}"
+            )
+        if "prefetch_hidden" in last:  # the pipeline: preparation per step, and the share hidden behind it
+            parts.append(f"prefetch={last['prefetch_ms']:.1f}ms hidden={last['prefetch_hidden']:.0%}")
     if history.evals:
         parts.append(f"auc={history.evals[-1]['auc']:.4f}")
     return " ".join(parts)

@@ -102,6 +102,23 @@ def test_bit_for_bit_with_memory(tmp_path: Path, opt: Optimizer, cache: int) -> 
     assert_same_tables(mem, disk)
 
 
+def test_unmapped_file_pages_lose_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MAPPED_BYTES = UNMAP_ABOVE = 0: every access unmaps the file's pages (MADV_DONTNEED), dirty
+    written-back rows included; the kernel's page cache keeps them, and training is the in-memory run."""
+    from hugerec.embedding import disk as disk_module
+
+    monkeypatch.setattr(disk_module, "MAPPED_BYTES", 0)
+    monkeypatch.setattr(disk_module, "UNMAP_ABOVE", 0)
+    calls = []
+    unmap = disk_module.DiskTier._unmap_pages
+    monkeypatch.setattr(disk_module.DiskTier, "_unmap_pages", lambda self: calls.append(1) or unmap(self))
+    mem, disk = collection(tables(None, 18), Adagrad(lr=0.1)), collection(tables(tmp_path, 18), Adagrad(lr=0.1))
+    for f in batches(15):
+        assert torch.equal(step(mem, f), step(disk, f))
+    assert len(calls) > 15 and disk.disk_stats()["rows_written"] > 0
+    assert_same_tables(mem, disk)
+
+
 def test_bf16_and_dynamic_tables(tmp_path: Path) -> None:
     """bf16 storage; a dynamic table whose hash map points into the disk tier (recycled rows reset on disk)."""
     for dtype, dynamic in ((StorageDtype.BF16, False), (StorageDtype.FP32, True)):
@@ -246,3 +263,27 @@ def test_kill_mid_write_back_then_reload(tmp_path: Path) -> None:
     assert_same_tables(emb, ref)
     for f in data[10:30]:
         assert torch.equal(step(emb, f), step(ref, f))
+
+
+def test_snapshot_on_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills up during a checkpoint's snapshot: one line naming the table and the snapshot, no
+    partial snapshot left, training goes on, and the next checkpoint (space freed) resumes exactly."""
+    import errno
+
+    emb = collection(tables(tmp_path, 18), Adagrad(lr=0.1))
+    data = batches(6)
+    for f in data[:3]:
+        step(emb, f)
+
+    def full(*args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "copy_file_range", full)
+        with pytest.raises(OSError, match=r"table 'a': cannot write the checkpoint's snapshot .*/1' .*No space left"):
+            emb.state_dict()
+    assert not (tmp_path / "a.rows.snapshots" / "1").exists()
+    saved = {k: v.clone() for k, v in emb.state_dict().items()}  # memory tables' entries are views
+    after = [step(emb, f) for f in data[3:]]
+    emb.load_state_dict(saved)
+    assert all(torch.equal(step(emb, f), want) for f, want in zip(data[3:], after, strict=True))

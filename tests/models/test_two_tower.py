@@ -114,3 +114,40 @@ def test_config_errors(kwargs: dict[str, object], match: str) -> None:
 def test_side_feature_rows_checked() -> None:
     with pytest.raises(ValueError, match="has 2 rows, expected 3"):
         TwoTower(TwoTowerConfig(user_features=(("age", 3),)), num_users=3, num_items=2, user_features={"age": _jagged([[0], [1]])})
+
+
+def test_item_tower_vector_features_match_plain_torch() -> None:
+    """Item vectors (frozen rows, item 2 without one: zeros + flag) -> a LayerNorm written out by hand
+    -> Linear, beside the item-id embedding -> the item MLP; a training step moves the LayerNorm and the
+    projection, never the frozen rows; the config takes the dicts of a TOML file."""
+    torch.manual_seed(0)
+    cfg = TwoTowerConfig(dim=4, embedding_dim=3, user_layers=(), max_history=2, recent=(),
+                         vectors=({"name": "text", "feature": "item_id", "dim": 5},))  # type: ignore[arg-type]
+    model = TwoTower(cfg, num_users=3, num_items=6, optimizer=hr.SGD(lr=0.5))
+    assert model.vector_arch is not None and model.item_mlp is not None
+    rows = torch.randn(6, 6)
+    rows[:, 5] = 0.0
+    rows[2] = 0.0
+    rows[2, 5] = 1.0  # the missing flag
+    model.vector_arch.load_rows("text", rows)
+    items = torch.tensor([2, 0, 5, 0])
+    v = model.item_vectors(items)
+    norm, proj = model.vector_arch.norms[0], model.vector_arch.projections[0]
+    x = rows[items, :5]
+    mean, var = x.mean(1, keepdim=True), x.var(1, unbiased=False, keepdim=True)
+    normed = (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+    projected = torch.cat([normed, rows[items, 5:]], dim=1) @ proj.weight.T + proj.bias
+    item_emb = model.item_embedding.table_weight("item_id")[items]
+    want = model.item_mlp.layers(torch.cat([item_emb, projected], dim=1))
+    torch.testing.assert_close(v, want, rtol=1e-5, atol=1e-6)
+    before = (norm.weight.detach().clone(), proj.weight.detach().clone())
+    q = model.user_vectors(torch.tensor([0, 1, 2, 0]), _jagged([[1], [], [3, 4], [5]]))
+    (q * v).sum().backward()
+    torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1).step()
+    assert not torch.equal(norm.weight, before[0]) and not torch.equal(proj.weight, before[1])
+    frozen = model.vector_arch.collection.table_weight("vector_text")
+    assert torch.equal(frozen, rows)
+    with pytest.raises(ValueError, match="keyed by 'item_id', got \\['user_id'\\]"):
+        TwoTowerConfig(vectors=({"name": "t", "feature": "user_id", "dim": 5},))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"TwoTowerConfig: vectors\[0\]: unknown keys \['size'\]"):
+        TwoTowerConfig(vectors=({"name": "t", "feature": "item_id", "size": 5},))  # type: ignore[arg-type]

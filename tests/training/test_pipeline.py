@@ -95,6 +95,12 @@ def test_fit_with_disk_tables_is_the_in_memory_run(tmp_path: Path, pipeline: boo
     last = history.train[-1]
     assert 0 < last["cache_hit_rate"] < 1 and last["disk_rows_read"] > 0
     assert ("prefetch_hidden" in last) == pipeline
+    # the progress bar shows the same per-step figures
+    from hugerec.training.trainer import _postfix
+
+    bar = _postfix(history)
+    assert f"hit={last['cache_hit_rate']:.0%} read={last['disk_rows_read']:,.0f} wrote=" in bar
+    assert ("prefetch=" in bar and f"hidden={last['prefetch_hidden']:.0%}" in bar) == pipeline
 
 
 def test_resume_with_pipeline_and_disk_tables(tmp_path: Path) -> None:

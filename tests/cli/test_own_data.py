@@ -284,12 +284,12 @@ def test_raw_parquet_of_integer_ids_is_not_mistaken_for_shards(
     """The synthetic raw Parquet has the shards' column names and integer ids, but raw ones: evaluate
     runs it through the fitted workflow (its schema.json is not the model's) instead of reading raw ids
     as embedding rows."""
-    from hugerec.cli.commands import is_shards, load_model
+    from hugerec.cli.commands import is_shards, read_model
 
     monkeypatch.chdir(prepared)
     run = [f"train.out_dir={tmp_path / 'run'}", "data.batch_size=512"]
     assert main(["train", *FAST, *run]) == 0, capsys.readouterr().err
-    _, schema = load_model(tmp_path / "run" / "best.pt")
+    _, schema = read_model(tmp_path / "run" / "best.pt")
     assert is_shards("runs/quickstart/data/eval", schema) and not is_shards("runs/quickstart/raw", schema)
     capsys.readouterr()
     assert main(["evaluate", *run, "data.eval=runs/quickstart/raw"]) == 0, capsys.readouterr().err

@@ -1,0 +1,89 @@
+"""UserEncoder: the retrieval model's user tower, run online for one user and their recent history.
+
+    encoder = UserEncoder(two_tower)                  # or a MatrixFactorization
+    vec = encoder.encode(user=17, history=items)      # -> [D] float32, or None when the model cannot place the user
+
+On disk (the pipeline bundle's retrieval/encoder.pt): {"spec": JSON {"type": "two_tower", "config": ...,
+"num_users", "num_items"} or {"type": "mf", ...}, "state": the state dict}; tensors only, read back
+with weights_only=True. Two-towers with static side features are refused: their feature buffers
+come from the training data, not from the feature store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hugerec.models.mf import MatrixFactorization
+from hugerec.models.two_tower import TwoTower, TwoTowerConfig
+from hugerec.sparse.jagged import JaggedTensor
+from hugerec.training.checkpoint import atomic_save, read_weights
+
+RetrievalModel = TwoTower | MatrixFactorization
+
+
+class UserEncoder:
+    def __init__(self, model: RetrievalModel) -> None:
+        if isinstance(model, TwoTower) and (model.config.user_features or model.config.item_features):
+            raise ValueError("UserEncoder: two-towers with static side features cannot be served in a pipeline yet")
+        self.model = model.eval()
+        self.num_users = model.num_users
+        self.num_items = model.num_items
+        self.dim = model.dim
+        self._uses_id = not isinstance(model, TwoTower) or model.config.use_user_id
+        self._uses_history = isinstance(model, TwoTower) and model.config.max_history > 0
+
+    def encode(self, user: int | None, history: np.ndarray) -> np.ndarray | None:
+        """[D] float32 for this user (None: an id the model does not know and nothing else to go on)."""
+        known = user is not None and 0 <= user < self.num_users
+        history = history[(history >= 0) & (history < self.num_items)]
+        if self._uses_id and not known:
+            return None
+        if not self._uses_id and not len(history):
+            return None
+        users = torch.tensor([user if known else 0], dtype=torch.int64)
+        jagged = JaggedTensor(torch.from_numpy(history.astype(np.int64)), torch.tensor([len(history)], dtype=torch.int32))
+        with torch.inference_mode():
+            return self.model.user_vectors(users, jagged)[0].float().numpy()
+
+    def item_vectors(self) -> np.ndarray:
+        """[I, D] float32: item i's vector in row i (what the index holds)."""
+        with torch.inference_mode():
+            blocks = [self.model.item_vectors(torch.arange(i, min(i + 65536, self.num_items))) for i in range(0, self.num_items, 65536)]
+        return torch.cat(blocks).float().numpy()
+
+    def save(self, path: str | Path) -> Path:
+        spec: dict[str, Any]
+        m = self.model
+        if isinstance(m, TwoTower):
+            config = dataclasses.asdict(m.config)
+            config["similarity"] = m.config.similarity.value
+            spec = {"type": "two_tower", "config": config, "num_users": m.num_users, "num_items": m.num_items}
+        else:
+            spec = {"type": "mf", "num_users": m.num_users, "num_items": m.num_items, "dim": m.dim, "temperature": m.temperature}
+        return atomic_save({"spec": json.dumps(spec), "state": m.state_dict()}, path)
+
+    @staticmethod
+    def load(path: str | Path) -> UserEncoder:
+        saved = read_weights(path, "UserEncoder.load", "pipeline user encoder")
+        try:
+            spec = json.loads(saved["spec"])
+            model: RetrievalModel
+            if spec["type"] == "two_tower":
+                cfg = dict(spec["config"])
+                for key in ("user_layers", "item_layers", "recent", "user_features", "item_features"):
+                    cfg[key] = tuple(tuple(x) if isinstance(x, list) else x for x in cfg[key])
+                model = TwoTower(TwoTowerConfig(**cfg), int(spec["num_users"]), int(spec["num_items"]))
+            elif spec["type"] == "mf":
+                model = MatrixFactorization(int(spec["num_users"]), int(spec["num_items"]), int(spec["dim"]), temperature=float(spec["temperature"]))
+            else:
+                raise ValueError(f"unknown encoder type {spec['type']!r}")
+            model.load_state_dict(saved["state"])
+        except (KeyError, TypeError, ValueError, RuntimeError, json.JSONDecodeError) as e:
+            raise ValueError(f"UserEncoder.load: {path} is not a pipeline user encoder ({' '.join(str(e).split())[:200]})") from None
+        return UserEncoder(model)

@@ -241,7 +241,7 @@ def test_bad_queries_name_the_field_and_failing_stages_say_which() -> None:
     for k in (0, -1, 101, True):
         with pytest.raises(RequestError, match="'k'"):
             p.recommend(Query(1, k))
-    with pytest.raises(RequestError, match="context.*'nope'"):
+    with pytest.raises(RequestError, match=r"context.*'nope'"):
         p.recommend(Query(1, 5, context={"nope": 1.0}))
 
     class Down:

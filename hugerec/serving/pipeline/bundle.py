@@ -131,7 +131,7 @@ def export_pipeline(
             encoder.save(tmp / "retrieval" / "encoder.pt")
             vectors = encoder.item_vectors()
             np.save(tmp / "retrieval" / "item_vectors.npy", vectors)
-            build_index(vectors, config=index_config or IndexConfig()).save(tmp / "retrieval" / "index")
+            build_index(vectors, encoder.items_raw, index_config or IndexConfig()).save(tmp / "retrieval" / "index")
             parts.append("retrieval")
         for name, src in (("ranker", ranker_bundle), ("sequential", sequential_bundle)):
             if src is not None:

@@ -3,8 +3,12 @@
     encoder = UserEncoder(two_tower)                  # or a MatrixFactorization
     vec = encoder.encode(user=17, history=items)      # -> [D] float32, or None when the model cannot place the user
 
+Ids: the model's own ids are dense (users 0..U-1, items 0..I-1); `users_raw` / `items_raw` (dense id
+-> raw id, as `hugerec train` keeps them) make the encoder speak raw ids: the pipeline, its feature
+tables and its index then use raw ids throughout. Without them raw ids are the dense ids.
+
 On disk (the pipeline bundle's retrieval/encoder.pt): {"spec": JSON {"type": "two_tower", "config": ...,
-"num_users", "num_items"} or {"type": "mf", ...}, "state": the state dict}; tensors only, read back
+"num_users", "num_items"} or {"type": "mf", ...}, "state": the state dict, "users_raw", "items_raw"}; tensors only, read back
 with weights_only=True. Two-towers with static side features are refused: their feature buffers
 come from the training data, not from the feature store.
 """
@@ -28,31 +32,51 @@ RetrievalModel = TwoTower | MatrixFactorization
 
 
 class UserEncoder:
-    def __init__(self, model: RetrievalModel) -> None:
+    def __init__(self, model: RetrievalModel, users_raw: np.ndarray | None = None, items_raw: np.ndarray | None = None) -> None:
         if isinstance(model, TwoTower) and (model.config.user_features or model.config.item_features):
             raise ValueError("UserEncoder: two-towers with static side features cannot be served in a pipeline yet")
         self.model = model.eval()
         self.num_users = model.num_users
         self.num_items = model.num_items
+        self.users_raw = np.arange(model.num_users, dtype=np.int64) if users_raw is None else np.asarray(users_raw, np.int64)
+        self.items_raw = np.arange(model.num_items, dtype=np.int64) if items_raw is None else np.asarray(items_raw, np.int64)
+        for what, raw, n in (("users_raw", self.users_raw, self.num_users), ("items_raw", self.items_raw, self.num_items)):
+            if raw.shape != (n,) or np.unique(raw).shape[0] != n:
+                raise ValueError(f"UserEncoder: {what} must hold {n} distinct ids (one per row of the model), got shape {raw.shape}")
+        self._user_order = np.argsort(self.users_raw, kind="stable")
+        self._item_order = np.argsort(self.items_raw, kind="stable")
         self.dim = model.dim
         self._uses_id = not isinstance(model, TwoTower) or model.config.use_user_id
         self._uses_history = isinstance(model, TwoTower) and model.config.max_history > 0
 
+    @staticmethod
+    def _dense(raw: np.ndarray, order: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """raw ids [N] -> dense ids [N] (-1 where the model does not know the id)."""
+        ids = np.asarray(ids, np.int64)
+        pos = np.minimum(np.searchsorted(raw, ids, sorter=order), len(raw) - 1)
+        dense = order[pos]
+        return np.where(raw[dense] == ids, dense, -1)
+
+    def dense_items(self, items: np.ndarray) -> np.ndarray:
+        return self._dense(self.items_raw, self._item_order, items)
+
     def encode(self, user: int | None, history: np.ndarray) -> np.ndarray | None:
-        """[D] float32 for this user (None: an id the model does not know and nothing else to go on)."""
-        known = user is not None and 0 <= user < self.num_users
-        history = history[(history >= 0) & (history < self.num_items)]
+        """[D] float32 for this user, raw ids (None: a user the model does not know and nothing else to go on)."""
+        dense_user = -1 if user is None else int(self._dense(self.users_raw, self._user_order, np.array([user]))[0])
+        known = dense_user >= 0
+        history = self.dense_items(history)
+        history = history[history >= 0]
         if self._uses_id and not known:
             return None
         if not self._uses_id and not len(history):
             return None
-        users = torch.tensor([user if known else 0], dtype=torch.int64)
+        users = torch.tensor([dense_user if known else 0], dtype=torch.int64)
         jagged = JaggedTensor(torch.from_numpy(history.astype(np.int64)), torch.tensor([len(history)], dtype=torch.int32))
         with torch.inference_mode():
             return self.model.user_vectors(users, jagged)[0].float().numpy()
 
     def item_vectors(self) -> np.ndarray:
-        """[I, D] float32: item i's vector in row i (what the index holds)."""
+        """[I, D] float32: dense item i's vector in row i (the index holds them under items_raw)."""
         with torch.inference_mode():
             blocks = [self.model.item_vectors(torch.arange(i, min(i + 65536, self.num_items))) for i in range(0, self.num_items, 65536)]
         return torch.cat(blocks).float().numpy()
@@ -66,7 +90,8 @@ class UserEncoder:
             spec = {"type": "two_tower", "config": config, "num_users": m.num_users, "num_items": m.num_items}
         else:
             spec = {"type": "mf", "num_users": m.num_users, "num_items": m.num_items, "dim": m.dim, "temperature": m.temperature}
-        return atomic_save({"spec": json.dumps(spec), "state": m.state_dict()}, path)
+        obj = {"spec": json.dumps(spec), "state": m.state_dict(), "users_raw": torch.from_numpy(self.users_raw), "items_raw": torch.from_numpy(self.items_raw)}
+        return atomic_save(obj, path)
 
     @staticmethod
     def load(path: str | Path) -> UserEncoder:
@@ -84,6 +109,7 @@ class UserEncoder:
             else:
                 raise ValueError(f"unknown encoder type {spec['type']!r}")
             model.load_state_dict(saved["state"])
+            users_raw, items_raw = saved["users_raw"].numpy(), saved["items_raw"].numpy()
         except (KeyError, TypeError, ValueError, RuntimeError, json.JSONDecodeError) as e:
             raise ValueError(f"UserEncoder.load: {path} is not a pipeline user encoder ({' '.join(str(e).split())[:200]})") from None
-        return UserEncoder(model)
+        return UserEncoder(model, users_raw, items_raw)

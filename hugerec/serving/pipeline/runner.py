@@ -70,7 +70,8 @@ class StageError(Exception):
 
 @dataclass
 class Resources:
-    """What the stages read. popular: item ids, most popular first. item_vectors: [I, D], row = item id."""
+    """What the stages read. popular: item ids, most popular first. item_vectors: [I, D], row = the
+    encoder's dense item id (ItemToItem maps ids with the encoder)."""
 
     features: FeatureStore
     interactions: InteractionStore = field(default_factory=InteractionStore)
@@ -183,8 +184,8 @@ class Pipeline:
                         raise ValueError(f"Pipeline: source {source_name(s)!r} needs an index")
                     if isinstance(s, Ann) and r.encoder is None:
                         raise ValueError("Pipeline: source 'ann' needs a user encoder")
-                    if isinstance(s, ItemToItem) and r.item_vectors is None:
-                        raise ValueError("Pipeline: source 'item_to_item' needs the item vectors")
+                    if isinstance(s, ItemToItem) and (r.item_vectors is None or r.encoder is None):
+                        raise ValueError("Pipeline: source 'item_to_item' needs the item vectors and the encoder (its ids)")
                 case Popular():
                     if not len(r.popular):
                         raise ValueError("Pipeline: source 'popular' needs the popular items")
@@ -324,9 +325,9 @@ class Pipeline:
                     return none
                 return _query(r.index, vec, s.k)
             case ItemToItem():
-                assert r.item_vectors is not None and r.index is not None
-                last = state.history[-s.last :]
-                last = last[(last >= 0) & (last < r.item_vectors.shape[0])]
+                assert r.item_vectors is not None and r.index is not None and r.encoder is not None
+                last = r.encoder.dense_items(state.history[-s.last :])
+                last = last[last >= 0]
                 if not len(last):
                     return none
                 return _query(r.index, r.item_vectors[last].mean(axis=0), s.k)

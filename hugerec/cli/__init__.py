@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hugerec.cli.config_file import ConfigError
+from hugerec.cli.pipeline_commands import add_parser as pipeline_parser
 
 if TYPE_CHECKING:  # the commands import torch and the data stack lazily: `hugerec --help` stays instant
     from hugerec.cli.run_config import RunConfig
@@ -140,6 +141,8 @@ used by KServe and Triton (/v2/health/live, /v2/models/NAME, /v2/models/NAME/inf
 tritonclient works against it), /predict for raw feature rows, and Prometheus /metrics.
 Binds 127.0.0.1 unless --host says otherwise. The admin API (load, canary, promote, roll back) is
 off unless --admin-token (or $HUGEREC_ADMIN_TOKEN) is given.
+Pipeline bundles (`hugerec pipeline build`) are served beside model bundles: POST /recommend
+{"user": 1, "k": 10} and the KServe v2 model of the pipeline's name.
 example: hugerec serve runs/quickstart/bundle --port 8000"""
 
 
@@ -156,6 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "serve":
         return _serve(args)
+    if args.command == "pipeline":
+        from hugerec.cli.pipeline_commands import run as run_pipeline
+
+        return run_pipeline(args)
     try:
         from hugerec.cli.run_config import load_run_config, resolved_dict
 
@@ -215,6 +222,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--history", help="comma-separated raw item ids, oldest first (sequential models)")
             p.add_argument("--k", type=int, help="items per user / history (default: recommend.k)")
             p.add_argument("--out", help="Parquet file (default: recommend.out, else train.out_dir/recommendations.parquet)")
+    pipeline_parser(sub)
     serve = sub.add_parser(
         "serve",
         help="serve exported bundles over HTTP (KServe v2 / Triton protocol)",

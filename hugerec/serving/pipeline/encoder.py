@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hugerec.embedding.optimizers import SGD
 from hugerec.models.mf import MatrixFactorization
 from hugerec.models.two_tower import TwoTower, TwoTowerConfig
 from hugerec.sparse.jagged import JaggedTensor
@@ -103,12 +104,15 @@ class UserEncoder:
                 cfg = dict(spec["config"])
                 for key in ("user_layers", "item_layers", "recent", "user_features", "item_features"):
                     cfg[key] = tuple(tuple(x) if isinstance(x, list) else x for x in cfg[key])
-                model = TwoTower(TwoTowerConfig(**cfg), int(spec["num_users"]), int(spec["num_items"]))
+                model = TwoTower(TwoTowerConfig(**cfg), int(spec["num_users"]), int(spec["num_items"]), SGD())
             elif spec["type"] == "mf":
-                model = MatrixFactorization(int(spec["num_users"]), int(spec["num_items"]), int(spec["dim"]), temperature=float(spec["temperature"]))
+                model = MatrixFactorization(int(spec["num_users"]), int(spec["num_items"]), int(spec["dim"]), SGD(), float(spec["temperature"]))
             else:
                 raise ValueError(f"unknown encoder type {spec['type']!r}")
-            model.load_state_dict(saved["state"])
+            # built with SGD (no optimizer state): the file's optimizer state, if any, is not needed to serve
+            missing, _ = model.load_state_dict(saved["state"], strict=False)
+            if missing:
+                raise ValueError(f"the file lacks weights {missing[:3]}")
             users_raw, items_raw = saved["users_raw"].numpy(), saved["items_raw"].numpy()
         except (KeyError, TypeError, ValueError, RuntimeError, json.JSONDecodeError) as e:
             raise ValueError(f"UserEncoder.load: {path} is not a pipeline user encoder ({' '.join(str(e).split())[:200]})") from None

@@ -284,3 +284,20 @@ def test_feature_store_refuses_inexact_values_and_updates_online() -> None:
         store.write("item", np.array([5]), {"a": np.array([1])})
     with pytest.raises(ValueError, match="no row for id 8"):
         store.update("item", np.array([8]), {"a": np.array([1])})
+
+
+@pytest.mark.parametrize("recent", [(1, 3), ()])
+def test_user_encoder_matches_the_two_tower_and_maps_raw_ids(recent: tuple[int, ...]) -> None:
+    from hugerec.models.two_tower import TwoTower, TwoTowerConfig
+
+    torch.manual_seed(0)
+    model = TwoTower(TwoTowerConfig(dim=8, embedding_dim=8, user_layers=(16,), max_history=6, recent=recent), 30, 50)
+    users_raw, items_raw = np.arange(30) * 10 + 7, np.arange(50) * 3 + 1000
+    enc = UserEncoder(model, users_raw, items_raw)
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 4, 9):
+        user, hist = int(rng.integers(0, 30)), rng.integers(0, 50, n)
+        got = enc.encode(int(users_raw[user]), np.r_[items_raw[hist], 5])  # 5: an unknown raw item, skipped
+        np.testing.assert_allclose(got, enc.reference(user, hist), rtol=1e-5, atol=1e-6)
+    assert enc.encode(8, np.zeros(0, np.int64)) is None  # a raw user id the model does not know
+    assert enc.dense_items(np.array([1003, 999, 1147])).tolist() == [1, -1, 49]

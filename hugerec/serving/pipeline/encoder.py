@@ -46,6 +46,16 @@ class UserEncoder:
                 raise ValueError(f"UserEncoder: {what} must hold {n} distinct ids (one per row of the model), got shape {raw.shape}")
         self._user_order = np.argsort(self.users_raw, kind="stable")
         self._item_order = np.argsort(self.items_raw, kind="stable")
+        # the user tower's tables as plain arrays: one request pools a few rows and runs the MLP, without
+        # the embedding collection's batch machinery (model.user_vectors is the reference in the tests)
+        uses_id = not isinstance(model, TwoTower) or model.config.use_user_id
+        names = ["user_id"] if uses_id else []
+        if isinstance(model, TwoTower) and model.config.max_history:
+            names.append("history")
+        if any(t.dynamic is not None for t in model.user_embedding.tables if t.name in names):
+            raise ValueError("UserEncoder: a user table with raw (dynamic) keys cannot be served in a pipeline yet")
+        with torch.no_grad():
+            self._tables = {n: model.user_embedding.table_weight(n).detach().float().numpy() for n in names}
         self.dim = model.dim
         self._uses_id = not isinstance(model, TwoTower) or model.config.use_user_id
         self._uses_history = isinstance(model, TwoTower) and model.config.max_history > 0
@@ -71,7 +81,25 @@ class UserEncoder:
             return None
         if not self._uses_id and not len(history):
             return None
-        users = torch.tensor([dense_user if known else 0], dtype=torch.int64)
+        m = self.model
+        if isinstance(m, MatrixFactorization):
+            return self._tables["user_id"][dense_user]
+        cfg = m.config
+        parts = []
+        if cfg.use_user_id:
+            parts.append(self._tables["user_id"][dense_user])
+        if cfg.max_history:
+            rows = self._tables["history"]
+            for n in (cfg.max_history, *cfg.recent):
+                tail = history[-n:]
+                parts.append(rows[tail].mean(axis=0) if len(tail) else np.zeros(rows.shape[1], np.float32))
+        with torch.inference_mode():
+            out = m._finish(m.user_mlp(torch.from_numpy(np.concatenate(parts)[None, :])))
+        return out[0].float().numpy()
+
+    def reference(self, user: int, history: np.ndarray) -> np.ndarray:
+        """The model's own user_vectors for one (dense) user and (dense) history: what `encode` must equal."""
+        users = torch.tensor([user], dtype=torch.int64)
         jagged = JaggedTensor(torch.from_numpy(history.astype(np.int64)), torch.tensor([len(history)], dtype=torch.int32))
         with torch.inference_mode():
             return self.model.user_vectors(users, jagged)[0].float().numpy()

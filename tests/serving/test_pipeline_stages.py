@@ -301,3 +301,19 @@ def test_user_encoder_matches_the_two_tower_and_maps_raw_ids(recent: tuple[int, 
         np.testing.assert_allclose(got, enc.reference(user, hist), rtol=1e-5, atol=1e-6)
     assert enc.encode(8, np.zeros(0, np.int64)) is None  # a raw user id the model does not know
     assert enc.dense_items(np.array([1003, 999, 1147])).tolist() == [1, -1, 49]
+
+
+@pytest.mark.parametrize("tier", ["rocksdb", "redis"])
+def test_feature_store_on_the_other_tiers(tier: str, tmp_path: Any, request: pytest.FixtureRequest) -> None:
+    location = str(tmp_path / "rocks") if tier == "rocksdb" else request.getfixturevalue("redis_url")
+    store = FeatureStore.on_tier({"item": ("a", "b")}, tier, location, namespace=f"test:{tmp_path.name}")
+    try:
+        store.write("item", np.array([10, -3]), np.array([[1.0, 2.0], [3.0, 4.0]], np.float32))
+        store.update("item", np.array([-3]), {"a": np.array([7])})
+        values, found = store.read("item", np.array([-3, 10, 11]))
+        assert found.tolist() == [True, True, False] and values.tolist() == [[7.0, 4.0], [1.0, 2.0], [0.0, 0.0]]
+        saved = store.save(tmp_path / "saved")
+        again = FeatureStore.load(saved)
+        assert again.read("item", np.array([10, -3]))[0].tolist() == [[1.0, 2.0], [7.0, 4.0]]
+    finally:
+        store.close()

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import drive, free_port  # noqa: E402  # the load generator of the serving benchmark
+from serving import drive, free_port  # the load generator of the serving benchmark
 
 DIM, RETRIEVE, K, PER_CATEGORY, CATEGORIES, REGIONS, SEEN, BATCH = 64, 500, 20, 5, 64, 3, 20, 64
 CLIENTS = 8
@@ -61,7 +61,18 @@ def make_world(items: int, users: int, workdir: Path) -> None:
     from hugerec.models.mf import MatrixFactorization
     from hugerec.serving.export import export_bundle
     from hugerec.serving.features import FeatureStore
-    from hugerec.serving.pipeline import Ann, Boost, Condition, Filter, InteractionStore, Order, PipelineSpec, Retrieve, Score, UserEncoder
+    from hugerec.serving.pipeline import (
+        Ann,
+        Boost,
+        Condition,
+        Filter,
+        InteractionStore,
+        Order,
+        PipelineSpec,
+        Retrieve,
+        Score,
+        UserEncoder,
+    )
     from hugerec.serving.pipeline.bundle import export_pipeline
     from hugerec.serving.pipeline.config import PipelineDeclaration
 

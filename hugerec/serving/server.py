@@ -36,6 +36,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
+from hugerec.serving.admin import _check_token as _check_admin
 from hugerec.serving.admin import admin_router
 from hugerec.serving.batching import BatchingConfig, DynamicBatcher, QueueFull
 from hugerec.serving.loader import ServeOptions, load_bundle
@@ -44,7 +45,7 @@ from hugerec.serving.model import InferenceModel
 from hugerec.serving.next_items import NextItemsModel, is_next_items_bundle, load_next_items
 from hugerec.serving.pipeline.bundle import PipelineOptions, is_pipeline_bundle, load_pipeline
 from hugerec.serving.pipeline.runner import StageError
-from hugerec.serving.pipeline.served import PipelineMetrics, ServedPipeline
+from hugerec.serving.pipeline.served import PipelineMetrics, ServedPipeline, add_interactions, update_features
 from hugerec.serving.preprocess import RequestPreprocessor
 from hugerec.serving.protocol import (
     HEADER_LENGTH,
@@ -295,6 +296,26 @@ class InferenceServer:
         finally:
             self._observe(name, served_version, "recommend", code, t0)
 
+    async def _pipeline_update(self, request: Request) -> Response:
+        """/recommend/interactions and /recommend/features: online updates of every version of a pipeline."""
+        t0, code, name = time.perf_counter(), 200, "-"
+        endpoint = request.url.path.rsplit("/", 1)[1]
+        try:
+            if endpoint == "features":
+                _check_admin(self, request)
+            body = await self.json_body(request)
+            served = self._pipeline(body.get("pipeline"), None)
+            name = served.name
+            versions = self.pipelines[name]
+            targets = [t for t in (versions.get(v) for v in versions.versions()) if isinstance(t, ServedPipeline)]
+            apply = update_features if endpoint == "features" else add_interactions
+            return JSONResponse(await asyncio.to_thread(apply, targets, body))
+        except Exception as e:
+            code = _status(e)
+            return _error(e, code)
+        finally:
+            self._observe(name, "-", endpoint, code, t0)
+
     def _target(self, name: str, version: str | None) -> ServedModel | NextItemsModel | ServedPipeline:
         """The model an infer request names: a next-items model, or a version of a scoring model."""
         if name in self.pipelines:
@@ -480,6 +501,8 @@ class InferenceServer:
         # /v2/models/.../infer never reaches the app: `__call__` answers it on raw ASGI messages
         app.add_route("/predict", self._predict, methods=["POST"])
         app.add_route("/recommend", self._recommend, methods=["POST"])
+        app.add_route("/recommend/interactions", self._pipeline_update, methods=["POST"])
+        app.add_route("/recommend/features", self._pipeline_update, methods=["POST"])
 
         @app.get("/metrics")
         async def metrics() -> Response:

@@ -210,3 +210,21 @@ def test_a_failing_stage_is_a_503_naming_it(server: tuple[str, InferenceServer, 
     finally:
         features.store = real
     assert r.status_code == 503 and "'features' failed: ConnectionError: feature store is down" in r.json()["error"]
+
+
+def test_online_updates_of_interactions_and_features(server: tuple[str, InferenceServer, Path]) -> None:
+    url = server[0]
+    before = httpx.post(f"{url}/recommend", json={"user": 7, "k": 5, "version": "1"}).json()["items"]
+    r = httpx.post(f"{url}/recommend/interactions", json={"user": 7, "items": before[:2]})
+    assert r.status_code == 200, r.text
+    after = httpx.post(f"{url}/recommend", json={"user": 7, "k": 5, "version": "1"}).json()["items"]
+    assert not set(before[:2]) & set(after)  # now seen: filtered out
+    update = {"table": "item", "ids": [after[0]], "columns": {"available": [0]}}
+    assert httpx.post(f"{url}/recommend/features", json=update).status_code == 401  # admin only
+    auth = {"authorization": "Bearer " + "t" * 16}
+    assert httpx.post(f"{url}/recommend/features", json=update, headers=auth).status_code == 200
+    assert after[0] not in httpx.post(f"{url}/recommend", json={"user": 7, "k": 5, "version": "1"}).json()["items"]
+    bad = httpx.post(f"{url}/recommend/features", json={**update, "columns": {"colour": [1]}}, headers=auth)
+    assert bad.status_code == 400 and "colour" in bad.json()["error"]
+    bad = httpx.post(f"{url}/recommend/interactions", json={"user": 7, "items": []})
+    assert bad.status_code == 400 and "'items'" in bad.json()["error"]

@@ -11,6 +11,11 @@
          (the retrieval source of each item, "" past the end), "cold_start" BOOL [B];
          parameters.notes: one list of notes per user (a short list is always explained there)
 
+    POST /recommend/interactions  {"user": 17, "items": [ids], "pipeline"?: name}: the user has now seen
+                                  these items (every loaded version of the pipeline takes them)
+    POST /recommend/features      {"table": "item", "ids": [...], "columns": {"available": [...]}, "pipeline"?}:
+                                  overwrite some columns of existing rows (admin token required)
+
 Every bad field is a RequestError (400) naming it; a stage that fails is a StageError (503).
 """
 
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,6 +166,43 @@ class ServedPipeline:
             ],
             "stages": [n for n in STAGE_NAMES if n in {type(s).__name__.lower() for s in self.pipeline.spec.stages}],
         }
+
+
+def add_interactions(targets: Sequence[ServedPipeline], body: Mapping[str, Any]) -> dict[str, Any]:
+    """/recommend/interactions: append items to the user's history in every version given."""
+    unknown = sorted(set(body) - {"user", "items", "pipeline"})
+    if unknown:
+        raise RequestError(f"unknown field {unknown[0]!r}; /recommend/interactions takes 'user', 'items', 'pipeline'")
+    user = _int(body.get("user"), "user")
+    items = body.get("items")
+    if not isinstance(items, list) or not items or not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+        raise RequestError(f"field 'items' must be a non-empty list of integer item ids, got {items!r}"[:200])
+    for served in targets:
+        served.pipeline.res.interactions.add(user, items)
+    return {"user": user, "added": len(items), "versions": [t.version for t in targets]}
+
+
+def update_features(targets: Sequence[ServedPipeline], body: Mapping[str, Any]) -> dict[str, Any]:
+    """/recommend/features: overwrite columns of existing rows of a feature table in every version given."""
+    unknown = sorted(set(body) - {"table", "ids", "columns", "pipeline"})
+    if unknown:
+        raise RequestError(f"unknown field {unknown[0]!r}; /recommend/features takes 'table', 'ids', 'columns', 'pipeline'")
+    table, ids, columns = body.get("table"), body.get("ids"), body.get("columns")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise RequestError("field 'ids' must be a non-empty list of integer ids")
+    if not isinstance(columns, dict) or not columns:
+        raise RequestError("field 'columns' must map column names to lists of numbers, one per id")
+    arrays = {}
+    for name, values in columns.items():
+        if not isinstance(values, list) or len(values) != len(ids) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            raise RequestError(f"field 'columns.{name}' must be a list of {len(ids)} numbers")
+        arrays[str(name)] = np.asarray(values)
+    for served in targets:
+        try:
+            served.pipeline.res.features.update(str(table), np.asarray(ids, np.int64), arrays)
+        except ValueError as e:
+            raise RequestError(f"field 'table' / 'ids' / 'columns': {e}") from None
+    return {"table": table, "updated": len(ids), "versions": [t.version for t in targets]}
 
 
 def parse_recommend(body: Mapping[str, Any]) -> tuple[Query, bool]:

@@ -54,8 +54,8 @@ def sizes(quick: bool) -> tuple[int, int]:
 def make_world(items: int, users: int, workdir: Path) -> None:
     """Writes everything both sides load: vectors, features, seen items, the DLRM and the pipeline bundle."""
     from hugerec.embedding.collection import EmbeddingCollection
-    from hugerec.embedding.config import TableConfig
     from hugerec.embedding.optimizers import SGD
+    from hugerec.embedding.table_config import TableConfig
     from hugerec.index.vector_index import IndexConfig, IndexKind
     from hugerec.models.dlrm import DLRM
     from hugerec.models.mf import MatrixFactorization
@@ -121,8 +121,8 @@ class Naive:
         import pandas as pd
 
         from hugerec.embedding.collection import EmbeddingCollection
-        from hugerec.embedding.config import TableConfig
         from hugerec.embedding.optimizers import SGD
+        from hugerec.embedding.table_config import TableConfig
         from hugerec.models.dlrm import DLRM
 
         world = np.load(workdir / "world.npz")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hugerec.serving.memory import MemoryStore
+from hugerec.serving.memory_store import MemoryStore
 from hugerec.serving.tiers import Store
 
 SCHEMA_FILE = "features.json"

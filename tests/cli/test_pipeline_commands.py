@@ -12,7 +12,7 @@ import torch
 
 from hugerec.cli import main
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import Pooling, TableConfig
+from hugerec.embedding.table_config import Pooling, TableConfig
 from hugerec.models.dlrm import DLRM
 from hugerec.serving.export import export_bundle
 

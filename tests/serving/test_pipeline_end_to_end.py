@@ -21,14 +21,14 @@ from torch import nn
 
 from hugerec.data.synthetic_interactions import InteractionConfig, generate_interactions
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import TableConfig
 from hugerec.embedding.optimizers import Adam
+from hugerec.embedding.table_config import TableConfig
 from hugerec.index.vector_index import IndexConfig, IndexKind, build_index
 from hugerec.models.dcn import DCNv2
 from hugerec.models.mf import MatrixFactorization
+from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.export import export_bundle
 from hugerec.serving.features import FeatureStore
-from hugerec.serving.loader import ServeOptions, load_bundle
 from hugerec.serving.pipeline import (
     Ann,
     Filter,

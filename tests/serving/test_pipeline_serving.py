@@ -105,7 +105,7 @@ def test_bundle_loads_verified_and_refuses_a_changed_file(bundle: Path, tmp_path
 
 
 def _state(tmp: Path) -> Any:
-    from hugerec.serving.loader import ServeOptions
+    from hugerec.serving.bundle_loader import ServeOptions
 
     return ServeOptions(state_dir=str(tmp / "state"))
 

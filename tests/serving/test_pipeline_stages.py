@@ -12,8 +12,8 @@ from scipy import stats
 
 from hugerec.index.vector_index import IndexConfig, IndexKind, build_index
 from hugerec.models.mf import MatrixFactorization
+from hugerec.serving.bundle_loader import load_bundle
 from hugerec.serving.features import FeatureStore
-from hugerec.serving.loader import load_bundle
 from hugerec.serving.pipeline import (
     Ann,
     Boost,

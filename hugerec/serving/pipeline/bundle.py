@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from hugerec.index.vector_index import IndexConfig, build_index, load_index
+from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.features import FeatureStore
-from hugerec.serving.loader import ServeOptions, load_bundle
 from hugerec.serving.next_items import load_next_items
 from hugerec.serving.pipeline.config import PipelineDeclaration, declaration_from_dict, declaration_to_dict
 from hugerec.serving.pipeline.encoder import UserEncoder

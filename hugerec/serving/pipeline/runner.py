@@ -26,7 +26,7 @@ import numpy as np
 
 from hugerec.index.vector_index import VectorIndex
 from hugerec.serving.features import FeatureStore
-from hugerec.serving.model import ModelInputs
+from hugerec.serving.inference_model import ModelInputs
 from hugerec.serving.next_items import NextItemsModel
 from hugerec.serving.pipeline.encoder import UserEncoder
 from hugerec.serving.pipeline.interactions import InteractionStore

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hugerec.cli.config_file import ConfigError
+from hugerec.cli.pipeline_commands import add_parser as pipeline_parser
 
 if TYPE_CHECKING:  # the commands import torch and the data stack lazily: `hugerec --help` stays instant
     from hugerec.cli.run_config import RunConfig
@@ -171,6 +172,8 @@ used by KServe and Triton (/v2/health/live, /v2/models/NAME, /v2/models/NAME/inf
 tritonclient works against it), /predict for raw feature rows, and Prometheus /metrics.
 Binds 127.0.0.1 unless --host says otherwise. The admin API (load, canary, promote, roll back) is
 off unless --admin-token (or $HUGEREC_ADMIN_TOKEN) is given.
+Pipeline bundles (`hugerec pipeline build`) are served beside model bundles: POST /recommend
+{"user": 1, "k": 10} and the KServe v2 model of the pipeline's name.
 example: hugerec serve runs/quickstart/bundle --port 8000"""
 
 
@@ -191,6 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _loop(args)
     if args.command == "schema":
         return _schema(args)
+    if args.command == "pipeline":
+        from hugerec.cli.pipeline_commands import run as run_pipeline
+
+        return run_pipeline(args)
     try:
         from hugerec.cli.run_config import load_run_config, resolved_dict
 
@@ -273,6 +280,7 @@ def _parser() -> argparse.ArgumentParser:
     header.add_argument("--no-header", dest="header", action="store_false", help="line 1 is data")
     schema.add_argument("--encoding", default="utf-8", help="text encoding (default: utf-8, else latin-1 when not UTF-8)")
     schema.add_argument("--out", type=Path, help="write the TOML here (default: print it)")
+    pipeline_parser(sub)
     serve = sub.add_parser(
         "serve",
         help="serve exported bundles over HTTP (KServe v2 / Triton protocol)",

@@ -13,10 +13,14 @@ from hugerec.serving.bundle import Bundle
 from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.cache import CacheConfig, CachePolicy
 from hugerec.serving.export import export_bundle, export_checkpoint
+from hugerec.serving.features import FeatureStore
 from hugerec.serving.gbm import GBMModel, export_gbm_bundle, load_gbm_bundle
 from hugerec.serving.inference_model import InferenceModel
 from hugerec.serving.next_items import export_next_items
 from hugerec.serving.parameter_server import ParameterServer, TableSpec, TableUpdate
+from hugerec.serving.pipeline.bundle import export_pipeline, load_pipeline
+from hugerec.serving.pipeline.config import declaration_from_dict, declaration_to_dict
+from hugerec.serving.protocol import RequestError
 from hugerec.serving.request_log import RequestLogConfig
 from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig, serve
 from hugerec.serving.updates import publish_to_directory, publish_to_stream
@@ -27,21 +31,27 @@ __all__ = [
     "Bundle",
     "CacheConfig",
     "CachePolicy",
+    "FeatureStore",
     "GBMModel",
     "InferenceModel",
     "InferenceServer",
     "ParameterServer",
+    "RequestError",
     "RequestLogConfig",
     "ServeOptions",
     "ServerConfig",
     "TableSpec",
     "TableUpdate",
+    "declaration_from_dict",
+    "declaration_to_dict",
     "export_bundle",
     "export_checkpoint",
     "export_gbm_bundle",
     "export_next_items",
+    "export_pipeline",
     "load_bundle",
     "load_gbm_bundle",
+    "load_pipeline",
     "publish_to_directory",
     "publish_to_stream",
     "serve",

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 
+from hugerec.serving.pipeline.bundle import is_pipeline_bundle
 from hugerec.serving.protocol import RequestError, parse_json
 
 if TYPE_CHECKING:
@@ -34,7 +35,9 @@ def admin_router(server: InferenceServer) -> APIRouter:
     async def repository_index(request: Request) -> list[dict[str, str]]:
         _check_token(server, request)
         return [
-            {"name": name, "version": v, "state": "READY"} for name, vs in server.models.items() for v in vs.versions()
+            {"name": name, "version": v, "state": "READY"}
+            for name, vs in (*server.models.items(), *server.pipelines.items())
+            for v in vs.versions()
         ]
 
     @router.post("/v2/repository/models/{name}/load")
@@ -46,7 +49,10 @@ def admin_router(server: InferenceServer) -> APIRouter:
             raise RequestError("load needs {'bundle': '<path of an exported bundle>', 'version'?: '<v>'}")
         version = body.get("version")
         try:  # loading reads files and fills the parameter server: keep serving meanwhile
-            served = await asyncio.to_thread(server.add_bundle, bundle, name, None if version is None else str(version))
+            if is_pipeline_bundle(bundle):
+                served: Any = await asyncio.to_thread(server.add_pipeline_bundle, bundle, name, None if version is None else str(version))
+            else:
+                served = await asyncio.to_thread(server.add_bundle, bundle, name, None if version is None else str(version))
         except (ValueError, FileNotFoundError, FileExistsError) as e:
             raise RequestError(f"cannot load {bundle!r}: {e}") from None
         return {"name": name, "version": served.version, **server.model_versions(name).status()}

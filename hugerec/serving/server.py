@@ -7,6 +7,7 @@
     GET  /v2/models/{m}/config                 Triton-style config (max batch size, dynamic batching)
     POST /v2/models/{m}[/versions/{v}]/infer   typed tensors, JSON or the binary extension (protocol.py)
     POST /predict                              {"instances": [raw feature dicts], "model"?: m} -> scores
+    POST /recommend                            {"user": id, "k": 20, ...} -> a pipeline's items (pipeline/served.py)
     GET  /metrics                              Prometheus
   admin (load/unload versions, canary, promote, rollback): see admin.py
   request log and feedback (when enable_request_log was called): see feedback.py
@@ -36,6 +37,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
+from hugerec.serving.admin import _check_token as _check_admin
 from hugerec.serving.admin import admin_router
 from hugerec.serving.batching import BatchingConfig, DynamicBatcher, QueueFull
 from hugerec.serving.bundle_loader import ServeOptions, load_bundle
@@ -43,6 +45,9 @@ from hugerec.serving.feedback import feedback_router
 from hugerec.serving.gbm import GBMModel, is_gbm_bundle, load_gbm_bundle
 from hugerec.serving.inference_model import InferenceModel
 from hugerec.serving.next_items import NextItemsModel, is_next_items_bundle, load_next_items
+from hugerec.serving.pipeline.bundle import PipelineOptions, is_pipeline_bundle, load_pipeline
+from hugerec.serving.pipeline.runner import StageError
+from hugerec.serving.pipeline.served import PipelineMetrics, ServedPipeline, add_interactions, update_features
 from hugerec.serving.preprocess import RequestPreprocessor
 from hugerec.serving.prometheus_metrics import ServerMetrics
 from hugerec.serving.protocol import (
@@ -114,6 +119,9 @@ class InferenceServer:
         self.models: dict[str, ModelVersions] = {}
         self.next_item_models: dict[str, NextItemsModel] = {}  # sequential models: "next items for this sequence"
         self.metrics = ServerMetrics()
+        self.pipelines: dict[str, ModelVersions] = {}  # recommendation pipelines, versions of ServedPipeline
+        self.pipeline_options = PipelineOptions(ranker=self.options)
+        self.pipeline_metrics = PipelineMetrics(self.metrics.registry)
         self._lock = threading.Lock()
         self._close_on_shutdown = False
         self.request_log: RequestLog | None = None  # enable_request_log: /predict rows logged, /feedback taken
@@ -179,10 +187,10 @@ class InferenceServer:
         await send({"type": "http.response.body", "body": payload})
 
     async def _answer(
-        self, served: ServedModel | NextItemsModel, body: bytes, header_length: str | None
+        self, served: ServedModel | NextItemsModel | ServedPipeline, body: bytes, header_length: str | None
     ) -> tuple[bytes, dict[str, str]]:
         """An infer request's body -> the response's body and headers."""
-        if isinstance(served, NextItemsModel):  # one [B, I] matmul: off the event loop
+        if isinstance(served, NextItemsModel | ServedPipeline):  # index, stores and a model call: off the event loop
             return await asyncio.to_thread(served.answer, body, header_length)
         inputs, options = decode_infer_request(body, header_length, served.signature)
         logits = await served.logits(inputs)
@@ -262,8 +270,78 @@ class InferenceServer:
             self.next_item_models[model.name] = model
         return model
 
-    def _target(self, name: str, version: str | None) -> ServedModel | NextItemsModel:
+    def add_pipeline_bundle(self, path: str | Path, name: str | None = None, version: str | None = None) -> ServedPipeline:
+        """Serve a pipeline bundle (pipeline/bundle.py) as a version of the pipeline `name`."""
+        loaded = load_pipeline(path, self.pipeline_options, name, version)
+        served = ServedPipeline(loaded.name, loaded.version, loaded.pipeline, self.pipeline_metrics, {"bundle": str(path)}, [loaded.close])
+        with self._lock:
+            if served.name in self.models or served.name in self.next_item_models:
+                served.close()
+                raise ValueError(f"a model named {served.name!r} is already served")
+            versions = self.pipelines.setdefault(served.name, ModelVersions(served.name, self.config.seed))
+        try:
+            versions.add(served)  # type: ignore[arg-type]  # ModelVersions needs only name, version and close
+        except ValueError:
+            served.close()
+            raise
+        return served
+
+    def _pipeline(self, name: str | None, version: str | None) -> ServedPipeline:
+        """The pipeline version a /recommend request goes to (canary routing as for models)."""
+        if name is None:
+            if len(self.pipelines) != 1:
+                raise RequestError(f"field 'pipeline' must name one of the pipelines served: {sorted(self.pipelines)}")
+            name = next(iter(self.pipelines))
+        versions = self.pipelines.get(name)
+        if versions is None:
+            raise RequestError(f"field 'pipeline': unknown pipeline {name!r}; serving {sorted(self.pipelines)}", status=404)
+        try:
+            served = versions.route() if version is None else versions.get(version)
+        except KeyError as e:
+            raise RequestError(f"field 'version': {e.args[0]}", status=404) from None
+        assert isinstance(served, ServedPipeline)
+        return served
+
+    async def _recommend(self, request: Request) -> Response:
+        t0, code, name, served_version = time.perf_counter(), 200, "-", "-"
+        try:
+            body = await self.json_body(request)
+            wanted, version = body.get("pipeline"), body.get("version")
+            if wanted is not None and not isinstance(wanted, str):
+                raise RequestError(f"field 'pipeline' must be a string, got {wanted!r}")
+            served = self._pipeline(wanted, None if version is None else str(version))
+            name, served_version = served.name, served.version
+            return JSONResponse(await asyncio.to_thread(served.recommend, body))
+        except Exception as e:
+            code = _status(e)
+            return _error(e, code)
+        finally:
+            self._observe(name, served_version, "recommend", code, t0)
+
+    async def _pipeline_update(self, request: Request) -> Response:
+        """/recommend/interactions and /recommend/features: online updates of every version of a pipeline."""
+        t0, code, name = time.perf_counter(), 200, "-"
+        endpoint = request.url.path.rsplit("/", 1)[1]
+        try:
+            if endpoint == "features":
+                _check_admin(self, request)
+            body = await self.json_body(request)
+            served = self._pipeline(body.get("pipeline"), None)
+            name = served.name
+            versions = self.pipelines[name]
+            targets = [t for t in (versions.get(v) for v in versions.versions()) if isinstance(t, ServedPipeline)]
+            apply = update_features if endpoint == "features" else add_interactions
+            return JSONResponse(await asyncio.to_thread(apply, targets, body))
+        except Exception as e:
+            code = _status(e)
+            return _error(e, code)
+        finally:
+            self._observe(name, "-", endpoint, code, t0)
+
+    def _target(self, name: str, version: str | None) -> ServedModel | NextItemsModel | ServedPipeline:
         """The model an infer request names: a next-items model, or a version of a scoring model."""
+        if name in self.pipelines:
+            return self._pipeline(name, version)
         nxt = self.next_item_models.get(name)
         if nxt is None:
             return self._served(name, version)
@@ -279,9 +357,11 @@ class InferenceServer:
     def close(self) -> None:
         for versions in self.models.values():
             versions.close()
+        for versions in self.pipelines.values():
+            versions.close()
 
     def model_versions(self, name: str) -> ModelVersions:
-        versions = self.models.get(name)
+        versions = self.models.get(name) or self.pipelines.get(name)
         if versions is None:
             raise RequestError(f"unknown model {name!r}; serving {sorted(self.models)}", status=404)
         return versions
@@ -336,7 +416,7 @@ class InferenceServer:
 
     def _observe(self, model: str, version: str, endpoint: str, code: int, t0: float) -> None:
         # names of models not served are not kept as labels: any client could add them without end
-        model = model if model in self.models or model in self.next_item_models else "-"
+        model = model if model in self.models or model in self.next_item_models or model in self.pipelines else "-"
         self.metrics.answered(model, version, endpoint, code, time.perf_counter() - t0)
 
     async def _predict(self, request: Request) -> Response:
@@ -367,6 +447,8 @@ class InferenceServer:
             self._observe(name, served_version, "predict", code, t0)
 
     def _metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        if name in self.pipelines:
+            return self._pipeline(name, version).metadata()
         nxt = self._target(name, version) if name in self.next_item_models else None
         if isinstance(nxt, NextItemsModel):
             return nxt.metadata()
@@ -409,7 +491,7 @@ class InferenceServer:
 
         @app.get("/v2/health/ready")
         async def ready() -> Response:
-            ok = bool(self.models or self.next_item_models) and all(v.stable is not None for v in self.models.values())
+            ok = bool(self.models or self.next_item_models or self.pipelines) and all(v.stable is not None for v in self.models.values())
             return Response(status_code=200 if ok else 503)
 
         @app.get("/v2/models/{name}")
@@ -445,6 +527,9 @@ class InferenceServer:
 
         # /v2/models/.../infer never reaches the app: `__call__` answers it on raw ASGI messages
         app.add_route("/predict", self._predict, methods=["POST"])
+        app.add_route("/recommend", self._recommend, methods=["POST"])
+        app.add_route("/recommend/interactions", self._pipeline_update, methods=["POST"])
+        app.add_route("/recommend/features", self._pipeline_update, methods=["POST"])
 
         @app.get("/metrics")
         async def metrics() -> Response:
@@ -514,7 +599,7 @@ def _status(e: Exception) -> int:
     match e:
         case RequestError():
             return e.status
-        case QueueFull():
+        case QueueFull() | StageError():
             return 503
         case _:
             log.exception("internal error while answering a request", exc_info=e)
@@ -527,7 +612,7 @@ def _error(e: Exception, code: int) -> Response:
 
 
 def _error_body(e: Exception, code: int) -> bytes:
-    message = str(e) if code < 500 or isinstance(e, QueueFull) else f"internal error: {type(e).__name__}: {e}"
+    message = str(e) if code < 500 or isinstance(e, QueueFull | StageError) else f"internal error: {type(e).__name__}: {e}"
     return json.dumps({"error": message}).encode()
 
 
@@ -559,9 +644,11 @@ def serve(
         torch.set_num_threads(threads)
     try:
         for path in paths:
-            served: ServedModel | NextItemsModel = (
-                server.add_next_items_bundle(path) if is_next_items_bundle(path) else server.add_bundle(path)
-            )
+            served: ServedModel | NextItemsModel | ServedPipeline
+            if is_pipeline_bundle(path):
+                served = server.add_pipeline_bundle(path)
+            else:
+                served = server.add_next_items_bundle(path) if is_next_items_bundle(path) else server.add_bundle(path)
             log.info("serving %s version %s from %s on http://%s:%d", served.name, served.version, path, host, port)
         server.run()
     finally:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hugerec.cli import COMMANDS, SCHEMA_HELP, SERVE_HELP, _parser, main
+from hugerec.cli.pipeline_commands import PIPELINE_HELP
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +27,7 @@ def documented_commands() -> list[tuple[str, list[str]]]:
     readme = (ROOT / "README.md").read_text()
     for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.S):
         found += [("README.md", line) for line in block.splitlines()]
-    helps = [details for _, details in COMMANDS.values()] + [SERVE_HELP, SCHEMA_HELP]
+    helps = [details for _, details in COMMANDS.values()] + [SERVE_HELP, SCHEMA_HELP, PIPELINE_HELP]
     for text in helps:
         found += [("--help", m) for m in re.findall(r"example: (.*)", text)]
     for config in sorted((ROOT / "configs").glob("*.toml")):
@@ -76,6 +77,9 @@ def test_documented_command_loads_from_another_directory(
         return
     if argv[0] == "schema":  # reads a file and writes TOML: run it for real
         assert main(argv) == 0, f"{where}: hugerec {' '.join(argv)}: {capsys.readouterr().err}"
+        return
+    if argv[:2] == ["pipeline", "query"]:  # needs a built bundle: parsed here, run in tests/cli/test_pipeline_commands.py
+        assert _parser().parse_args(argv).bundle, f"{where}: hugerec {' '.join(argv)}"
         return
     assert main([*argv, "--print-config"]) == 0, f"{where}: hugerec {' '.join(argv)}: {capsys.readouterr().err}"
 

@@ -1,0 +1,498 @@
+"""Pipeline: runs a PipelineSpec's stages for one user, in process, with a `match` per stage.
+
+    pipeline = Pipeline(spec, Resources(features=..., interactions=..., index=..., encoder=..., ranker=...))
+    rec = pipeline.recommend(Query(user=17, k=20), debug=True)
+    rec.items, rec.scores, rec.sources        # [k] item ids best first, their scores, the source of each
+    rec.stages["filter"]                      # debug: the candidates after each stage
+
+Per stage, K candidates of the user flow as (items [K] int64, source [K] index into SOURCES-order
+names, scores [K] float32). Item feature rows are read once, after retrieval, and subset as
+candidates are dropped. Ties are broken by the smaller item id everywhere, so a run is
+deterministic (exploration draws from the request's seed or the pipeline's generator).
+
+A stage that raises (a store that is down, a model that fails) becomes StageError naming the stage:
+the server answers 503. Bad requests raise RequestError (400) before any stage runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from hugerec.index.vector_index import VectorIndex
+from hugerec.serving.features import FeatureStore
+from hugerec.serving.inference_model import ModelInputs
+from hugerec.serving.next_items import NextItemsModel
+from hugerec.serving.pipeline.encoder import UserEncoder
+from hugerec.serving.pipeline.interactions import InteractionStore
+from hugerec.serving.pipeline.stages import (
+    Ann,
+    Condition,
+    Filter,
+    ItemToItem,
+    Order,
+    PipelineSpec,
+    Popular,
+    Retrieve,
+    Score,
+    Sequential,
+    Source,
+    source_name,
+)
+from hugerec.serving.protocol import RequestError
+
+USER, ITEM = "user", "item"  # the feature tables a pipeline reads
+STAGE_NAMES = ("retrieve", "filter", "score", "order")
+
+
+class Ranker(Protocol):
+    """What Score needs of a ranking model: a loaded model version's predict (InferenceModel, or any
+    model with the same interface, e.g. a GBM bundle): ModelInputs [B rows] -> logits [B] or [B, T]."""
+
+    num_dense: int
+    features: tuple[str, ...]
+
+    def predict(self, inputs: ModelInputs) -> np.ndarray: ...
+
+
+class StageError(Exception):
+    """A stage could not run (answered 503)."""
+
+    def __init__(self, stage: str, error: BaseException) -> None:
+        super().__init__(f"pipeline stage {stage!r} failed: {type(error).__name__}: {error}")
+        self.stage = stage
+
+
+@dataclass
+class Resources:
+    """What the stages read. popular: item ids, most popular first. item_vectors: [I, D], row = the
+    encoder's dense item id (ItemToItem maps ids with the encoder)."""
+
+    features: FeatureStore
+    interactions: InteractionStore = field(default_factory=InteractionStore)
+    index: VectorIndex | None = None
+    encoder: UserEncoder | None = None
+    item_vectors: np.ndarray | None = None
+    popular: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    ranker: Ranker | None = None
+    sequential: NextItemsModel | None = None
+    max_history: int = 50  # recent items given to the user tower and the sequential model
+
+
+@dataclass(frozen=True)
+class Query:
+    """One request: user id, k, optional recent history (oldest first, added to the stored one),
+    context values (keys the pipeline declares), seed for exploration."""
+
+    user: int
+    k: int
+    history: tuple[int, ...] = ()
+    context: Mapping[str, float] = field(default_factory=dict)
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Candidates:
+    items: np.ndarray  # [K] int64
+    source: np.ndarray  # [K] int64 index into Pipeline.sources
+    scores: np.ndarray  # [K] float32
+
+    def take(self, keep: np.ndarray) -> Candidates:
+        return Candidates(self.items[keep], self.source[keep], self.scores[keep])
+
+    def __len__(self) -> int:
+        return int(self.items.shape[0])
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    items: np.ndarray  # [k'] item ids, best first (k' < k only with a note saying why)
+    scores: np.ndarray  # [k'] float32
+    sources: tuple[str, ...]  # [k'] the retrieval source of each item
+    cold_start: bool
+    notes: tuple[str, ...]
+    seconds: dict[str, float]  # stage -> seconds
+    counts: dict[str, tuple[int, int]]  # stage -> (candidates in, candidates out)
+    stages: dict[str, dict[str, Any]] | None = None  # debug: each stage's candidates
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "items": self.items.tolist(),
+            "scores": [float(s) for s in self.scores],
+            "sources": list(self.sources),
+            "cold_start": self.cold_start,
+            "notes": list(self.notes),
+        }
+        if self.stages is not None:
+            out["stages"] = self.stages
+            out["seconds"] = self.seconds
+        return out
+
+
+@dataclass
+class _State:
+    """One request while it runs."""
+
+    query: Query
+    user_row: np.ndarray  # [C_user] float32 (zeros when cold)
+    cold: bool
+    history: np.ndarray  # [H] recent items, oldest first
+    seen: np.ndarray  # items to exclude as already seen
+    context: dict[str, float]
+    candidates: Candidates | None = None
+    item_rows: np.ndarray | None = None  # [K, C_item] rows of the current candidates
+    item_found: np.ndarray | None = None  # [K] bool
+    notes: list[str] = field(default_factory=list)
+
+
+class Pipeline:
+    def __init__(self, spec: PipelineSpec, resources: Resources, seed: int | None = None) -> None:
+        self.spec, self.res = spec, resources
+        retrieve: Retrieve = spec.stage(Retrieve)
+        self.sources = tuple(source_name(s) for s in retrieve.sources)
+        self.order: Order = spec.stage(Order)
+        self.context_keys = spec.defaults
+        self._rng = np.random.default_rng(seed)
+        self._rng_lock = threading.Lock()
+        for table in (USER, ITEM):
+            if table not in resources.features.tables:
+                raise ValueError(f"Pipeline: the feature store needs a table {table!r}; it has {sorted(resources.features.tables)}")
+        self._check(retrieve)
+        score: Score | None = spec.stage(Score)
+        if score is not None:
+            self._check_score(score)
+        for stage in spec.stages:
+            for cond in _conditions(stage):
+                self._check_reference(cond.item_column if "." not in cond.column else cond.column, f"{type(stage).__name__} condition", item_default=True)
+                if isinstance(cond.value, str):
+                    self._check_reference(cond.value, f"{type(stage).__name__} condition value", item_default=True)
+        if self.order.diversity is not None:
+            self._check_reference(self.order.diversity, "Order.diversity", item_default=True)
+
+    # -- checks at construction ------------------------------------------------------------------
+    def _check(self, retrieve: Retrieve) -> None:
+        r = self.res
+        for s in retrieve.sources:
+            match s:
+                case Ann() | ItemToItem():
+                    if r.index is None:
+                        raise ValueError(f"Pipeline: source {source_name(s)!r} needs an index")
+                    if isinstance(s, Ann) and r.encoder is None:
+                        raise ValueError("Pipeline: source 'ann' needs a user encoder")
+                    if isinstance(s, ItemToItem) and (r.item_vectors is None or r.encoder is None):
+                        raise ValueError("Pipeline: source 'item_to_item' needs the item vectors and the encoder (its ids)")
+                case Popular():
+                    if not len(r.popular):
+                        raise ValueError("Pipeline: source 'popular' needs the popular items")
+                case Sequential():
+                    if r.sequential is None:
+                        raise ValueError("Pipeline: source 'sequential' needs a next-items model")
+
+    def _check_score(self, score: Score) -> None:
+        ranker = self.res.ranker
+        if ranker is None:
+            raise ValueError("Pipeline: the Score stage needs a ranker")
+        names = [f for f, _ in score.sparse]
+        if set(names) != set(ranker.features) or len(score.dense) != ranker.num_dense:
+            raise ValueError(
+                f"Pipeline: Score gives sparse features {names} and {len(score.dense)} dense values; the ranker takes "
+                f"features {list(ranker.features)} and {ranker.num_dense} dense values"
+            )
+        for ref in (*score.dense, *(r for _, r in score.sparse)):
+            self._check_reference(ref, "Score", item_default=False)
+
+    def _check_reference(self, ref: str, where: str, item_default: bool) -> None:
+        scope, _, name = ref.partition(".")
+        if not name:
+            if not item_default:
+                raise ValueError(f"Pipeline: {where} reference {ref!r} must say user., item. or context.")
+            scope, name = ITEM, ref
+        if scope == "context":
+            if name not in self.context_keys:
+                raise ValueError(f"Pipeline: {where} reads context key {name!r}; declared keys are {sorted(self.context_keys)}")
+        elif name != "id":
+            self.res.features.column(scope, name)
+
+    # -- running ---------------------------------------------------------------------------------
+    def check_query(self, query: Query) -> None:
+        """RequestError (400) naming the field when the query is not one this pipeline answers."""
+        if isinstance(query.k, bool) or not isinstance(query.k, int) or not 1 <= query.k <= self.order.max_k:
+            raise RequestError(f"field 'k' = {query.k!r} must be an integer in 1..{self.order.max_k}")
+        unknown = sorted(set(query.context) - set(self.context_keys))
+        if unknown:
+            raise RequestError(f"field 'context' has unknown keys {unknown}; this pipeline takes {sorted(self.context_keys)}")
+
+    def recommend(self, query: Query, debug: bool = False) -> Recommendation:
+        self.check_query(query)
+        seconds: dict[str, float] = {}
+        counts: dict[str, tuple[int, int]] = {}
+        stages: dict[str, dict[str, Any]] | None = {} if debug else None
+        t0 = time.perf_counter()
+        try:
+            state = self._start(query)
+        except Exception as e:
+            raise StageError("features", e) from e
+        seconds["features"] = time.perf_counter() - t0
+        for stage in self.spec.stages:
+            t = time.perf_counter()
+            before = 0 if state.candidates is None else len(state.candidates)
+            name = "order"
+            try:
+                match stage:
+                    case Retrieve():
+                        name = "retrieve"
+                        self._retrieve(stage, state)
+                    case Filter():
+                        name = "filter"
+                        self._filter(stage, state)
+                    case Score():
+                        name = "score"
+                        self._score(stage, state)
+                    case Order():
+                        self._order(stage, state)
+            except RequestError:
+                raise
+            except Exception as e:
+                raise StageError(name, e) from e
+            seconds[name] = time.perf_counter() - t
+            assert state.candidates is not None
+            counts[name] = (before, len(state.candidates))
+            if stages is not None:
+                stages[name] = self._describe(state.candidates)
+        final = state.candidates
+        assert final is not None
+        if len(final) < query.k:
+            trail = ", ".join(f"{n} {c[1]}" for n, c in counts.items())
+            state.notes.append(f"only {len(final)} of the k = {query.k} asked remain (candidates after each stage: {trail})")
+        return Recommendation(
+            final.items,
+            final.scores,
+            tuple(self.sources[s] for s in final.source.tolist()),
+            state.cold,
+            tuple(state.notes),
+            seconds,
+            counts,
+            stages,
+        )
+
+    def _describe(self, c: Candidates) -> dict[str, Any]:
+        return {
+            "items": c.items.tolist(),
+            "scores": [float(s) for s in c.scores],
+            "sources": [self.sources[s] for s in c.source.tolist()],
+        }
+
+    def _start(self, query: Query) -> _State:
+        r = self.res
+        rows, found = r.features.read(USER, np.array([query.user], np.int64))
+        cold = not bool(found[0])
+        stored = r.interactions.items(query.user)
+        given = np.asarray(query.history, np.int64)
+        seen = np.concatenate([stored, given]) if len(given) else stored
+        history = seen[-r.max_history :] if r.max_history else seen[:0]
+        context = {**self.context_keys, **{k: float(v) for k, v in query.context.items()}}
+        state = _State(query, rows[0], cold, history, seen, context)
+        if cold:
+            state.notes.append(f"user {query.user} is unknown: cold start (popular items{', item-to-item from the history given' if len(given) else ''})")
+        return state
+
+    # -- Retrieve ----------------------------------------------------------------------------------
+    def _retrieve(self, stage: Retrieve, state: _State) -> None:
+        parts: list[tuple[np.ndarray, np.ndarray]] = []  # (items, scores) per source
+        for s in stage.sources:
+            parts.append(self._source(s, state))
+        items = np.concatenate([p[0] for p in parts])
+        scores = np.concatenate([p[1] for p in parts]).astype(np.float32)
+        source = np.concatenate([np.full(len(p[0]), i, np.int64) for i, p in enumerate(parts)])
+        _, first = np.unique(items, return_index=True)
+        keep = np.sort(first)  # each id once, where it first appears: source order, then each source's rank
+        state.candidates = Candidates(items[keep], source[keep], scores[keep])
+        state.item_rows, state.item_found = self.res.features.read(ITEM, state.candidates.items)
+
+    def _source(self, s: Source, state: _State) -> tuple[np.ndarray, np.ndarray]:
+        r = self.res
+        none = (np.zeros(0, np.int64), np.zeros(0, np.float32))
+        match s:
+            case Ann():
+                assert r.encoder is not None and r.index is not None
+                vec = None if state.cold else r.encoder.encode(state.query.user, state.history)
+                if vec is None:
+                    return none
+                return _query(r.index, vec, s.k)
+            case ItemToItem():
+                assert r.item_vectors is not None and r.index is not None and r.encoder is not None
+                last = r.encoder.dense_items(state.history[-s.last :])
+                last = last[last >= 0]
+                if not len(last):
+                    return none
+                return _query(r.index, r.item_vectors[last].mean(axis=0), s.k)
+            case Popular():
+                k = (s.cold_k or s.k) if state.cold else s.k
+                top = r.popular[:k]
+                return top, -np.arange(len(top), dtype=np.float32)  # rank as score: the first is best
+            case Sequential():
+                assert r.sequential is not None
+                if not len(state.history):
+                    return none
+                k = min(s.k, r.sequential.saved.num_items)
+                out = r.sequential.next_items(state.history, np.array([len(state.history)]), k)
+                found = out["items"][0] >= 0
+                return out["items"][0][found], out["scores"][0][found]
+
+    # -- Filter ------------------------------------------------------------------------------------
+    def _filter(self, stage: Filter, state: _State) -> None:
+        c = state.candidates
+        assert c is not None and state.item_rows is not None and state.item_found is not None
+        keep = np.ones(len(c), bool)
+        dropped: dict[str, int] = {}
+
+        def apply(mask: np.ndarray, reason: str) -> None:
+            nonlocal keep
+            n = int((keep & ~mask).sum())
+            if n:
+                dropped[reason] = n
+            keep &= mask
+
+        if stage.exclude_seen and len(state.seen):
+            apply(~np.isin(c.items, state.seen), "seen")
+        if stage.allow is not None:
+            apply(np.isin(c.items, np.array(stage.allow, np.int64)), "not in allow list")
+        if stage.deny:
+            apply(~np.isin(c.items, np.array(stage.deny, np.int64)), "deny list")
+        if stage.keep:
+            apply(state.item_found, "no item features")
+            for cond in stage.keep:
+                apply(self._holds(cond, state), f"{cond.column} {cond.op} {cond.value}")
+        self._narrow(state, keep)
+        if dropped and len(state.candidates or ()) < state.query.k:
+            state.notes.append("filtered out: " + ", ".join(f"{n} ({reason})" for reason, n in dropped.items()))
+
+    def _holds(self, cond: Condition, state: _State) -> np.ndarray:
+        """[K] bool: candidates meeting `cond`."""
+        lhs = self._values(cond.column if "." in cond.column else f"item.{cond.column}", state)
+        rhs: Any = cond.value
+        if isinstance(rhs, str):
+            rhs = self._values(rhs if "." in rhs else f"item.{rhs}", state)
+        return _compare(lhs, cond.op, rhs)
+
+    def _values(self, ref: str, state: _State) -> np.ndarray:
+        """[K] float64 values of a reference for the current candidates (user and context broadcast)."""
+        c = state.candidates
+        assert c is not None and state.item_rows is not None
+        scope, _, name = ref.partition(".")
+        k = len(c)
+        match scope:
+            case "item":
+                return c.items.astype(np.float64) if name == "id" else state.item_rows[:, self.res.features.column(ITEM, name)].astype(np.float64)
+            case "user":
+                v = float(state.query.user) if name == "id" else float(state.user_row[self.res.features.column(USER, name)])
+                return np.full(k, v)
+            case _:
+                return np.full(k, state.context[name])
+
+    def _narrow(self, state: _State, keep: np.ndarray) -> None:
+        assert state.candidates is not None and state.item_rows is not None and state.item_found is not None
+        state.candidates = state.candidates.take(keep)
+        state.item_rows, state.item_found = state.item_rows[keep], state.item_found[keep]
+
+    # -- Score -------------------------------------------------------------------------------------
+    def _score(self, stage: Score, state: _State) -> None:
+        c = state.candidates
+        assert c is not None and self.res.ranker is not None
+        k = len(c)
+        if k == 0:
+            return
+        dense = np.empty((k, len(stage.dense)), np.float32)
+        for j, ref in enumerate(stage.dense):
+            dense[:, j] = self._values(ref, state)
+        one_id = np.empty((len(stage.sparse), k), np.int64)  # [F, K]
+        for f, (_, ref) in enumerate(stage.sparse):
+            one_id[f] = self._values(ref, state)
+        logits = self.res.ranker.predict(ModelInputs.from_one_id(dense, [f for f, _ in stage.sparse], one_id))
+        if logits.ndim == 2:
+            logits = logits[:, 0]
+        scores = 1.0 / (1.0 + np.exp(-np.clip(logits.astype(np.float64), -88.0, 88.0)))
+        state.candidates = Candidates(c.items, c.source, scores.astype(np.float32))
+
+    # -- Order -------------------------------------------------------------------------------------
+    def _order(self, stage: Order, state: _State) -> None:
+        c = state.candidates
+        assert c is not None
+        k = state.query.k
+        scores = c.scores.astype(np.float64)
+        for boost in stage.boosts:
+            hit = self._holds(boost.when, state)
+            scores = np.where(hit, scores * boost.multiply + boost.add, scores)
+        key = scores
+        if stage.temperature is not None:
+            rng = np.random.default_rng(state.query.seed) if state.query.seed is not None else None
+            if rng is None:
+                with self._rng_lock:
+                    gumbel = self._rng.gumbel(size=len(c))
+            else:
+                gumbel = rng.gumbel(size=len(c))
+            key = scores / stage.temperature + gumbel  # Gumbel top-k: sampling without replacement from softmax(score / T)
+        order = np.lexsort((c.items, -key))  # best first, ties: smaller id first
+        if stage.diversity is not None and stage.per_category is not None:
+            cats = self._values(stage.diversity if "." in stage.diversity else f"item.{stage.diversity}", state)[order]
+            order = order[_occurrence(cats) < stage.per_category]
+        top = order[:k]
+        state.candidates = Candidates(c.items[top], c.source[top], scores[top].astype(np.float32))
+        if state.item_rows is not None and state.item_found is not None:
+            state.item_rows, state.item_found = state.item_rows[top], state.item_found[top]
+
+
+def _conditions(stage: object) -> list[Condition]:
+    match stage:
+        case Filter():
+            return list(stage.keep)
+        case Order():
+            return [b.when for b in stage.boosts]
+        case _:
+            return []
+
+
+def _query(index: VectorIndex, vec: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    scores, ids = index.query(vec[None, :].astype(np.float32), min(k, len(index)))
+    ids_np, scores_np = ids[0].numpy(), scores[0].numpy()
+    found = ids_np >= 0
+    return ids_np[found], scores_np[found]
+
+
+def _compare(lhs: np.ndarray, op: str, rhs: Any) -> np.ndarray:
+    match op:
+        case "==":
+            return np.asarray(lhs == rhs)
+        case "!=":
+            return np.asarray(lhs != rhs)
+        case "<":
+            return np.asarray(lhs < rhs)
+        case "<=":
+            return np.asarray(lhs <= rhs)
+        case ">":
+            return np.asarray(lhs > rhs)
+        case ">=":
+            return np.asarray(lhs >= rhs)
+        case "in":
+            return np.isin(lhs, np.asarray(rhs, np.float64))
+        case _:
+            return ~np.isin(lhs, np.asarray(rhs, np.float64))
+
+
+def _occurrence(values: np.ndarray) -> np.ndarray:
+    """[K] -> [K]: how many earlier positions hold the same value (0 for the first of each)."""
+    if not len(values):
+        return np.zeros(0, np.int64)
+    _, inverse = np.unique(values, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")  # grouped by value, positions ascending in each group
+    grouped = inverse[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(grouped)) + 1]
+    rank = np.arange(len(values)) - np.repeat(starts, np.diff(np.r_[starts, len(values)]))
+    out = np.empty(len(values), np.int64)
+    out[order] = rank
+    return out

@@ -1,0 +1,108 @@
+"""`hugerec pipeline build / query` as documented: a two-tower trained by `hugerec train`, item features
+from a CSV, a DLRM ranking bundle; then the bundle is queried and served."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hugerec.cli import main
+from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.table_config import Pooling, TableConfig
+from hugerec.models.dlrm import DLRM
+from hugerec.serving.export import export_bundle
+
+RETRIEVAL = """
+[interactions]
+files = "ratings.dat"
+columns = ["user", "item", "rating", "timestamp"]
+separator = "::"
+batch_size = 64
+ks = [5]
+[embedding]
+optimizer = { type = "adam", lr = 0.01 }
+[model]
+type = "two_tower"
+dim = 16
+embedding_dim = 16
+user_layers = [16]
+num_negatives = 16
+[train]
+epochs = 1
+max_steps = 4
+out_dir = "run"
+"""
+
+PIPELINE = """
+[inputs]
+retrieval_model = "run/model.pt"
+ranker_bundle = "ranker"
+item_features = "items.csv"
+index = "exact"
+out = "pipe"
+
+[pipeline]
+name = "shop"
+context = { hour = 12 }
+
+[retrieve]
+sources = [{ kind = "ann", k = 20 }, { kind = "item_to_item", k = 10 }, { kind = "popular", k = 10, cold_k = 25 }]
+
+[filter]
+keep = [{ column = "available", op = "==", value = 1 }]
+
+[score]
+dense = ["user.events", "item.count", "item.category", "context.hour"]
+sparse = [["user", "user.id"], ["item", "item.id"], ["last_item", "item.category"]]
+
+[order]
+diversity = "category"
+per_category = 2
+max_k = 20
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    rng = np.random.default_rng(0)
+    lines = [f"{u}::{100 + int(i)}::3::{1_000_000 + u * 100 + t}" for u in range(1, 41) for t, i in enumerate(rng.integers(0, 30, 10))]
+    (tmp_path / "ratings.dat").write_text("\n".join(lines) + "\n")
+    (tmp_path / "two_tower.toml").write_text(RETRIEVAL)
+    (tmp_path / "pipeline.toml").write_text(PIPELINE)
+    items = ["item,available,category"] + [f"{100 + i},{int(i % 7 != 0)},{i % 4}" for i in range(30)]
+    (tmp_path / "items.csv").write_text("\n".join(items) + "\n")
+    torch.manual_seed(0)
+    tables = [TableConfig("user", 300, 8), TableConfig("item", 200, 8, features=("item", "last_item"), pooling=Pooling.MEAN)]
+    export_bundle(DLRM(EmbeddingCollection(tables), 4, [16, 8], [16, 1]).eval(), tmp_path / "ranker", name="ranker")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_build_query_and_bad_input(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "two_tower.toml"]) == 0
+    capsys.readouterr()
+    assert main(["pipeline", "build", "pipeline.toml"]) == 0, capsys.readouterr().err
+    assert "shop version 1 -> pipe" in capsys.readouterr().out
+    assert main(["pipeline", "query", "pipe", "--user", "3", "--k", "6", "--context", "hour=8", "--debug"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["items"]) == 6 and list(out["stages"]) == ["retrieve", "filter", "score", "order"]
+    assert all(i % 7 != 2 for i in out["items"])  # items 100 + 7j are unavailable
+    assert all((i - 100) % 7 != 0 for i in out["stages"]["filter"]["items"])
+    assert main(["pipeline", "query", "pipe", "--user", "999", "--k", "5", "--history", "101,102"]) == 0
+    cold = json.loads(capsys.readouterr().out)
+    assert cold["cold_start"] and "item_to_item" in cold["sources"]
+    assert main(["pipeline", "query", "pipe", "--user", "3", "--k", "21"]) == 2
+    assert "field 'k' = 21 must be an integer in 1..20" in capsys.readouterr().err
+    assert main(["pipeline", "query", "pipe", "--user", "3", "--context", "rain=1"]) == 2
+    assert "unknown keys ['rain']" in capsys.readouterr().err
+    (workdir / "bad.toml").write_text(PIPELINE.replace('op = "=="', 'op = "=>"'))
+    assert main(["pipeline", "build", "bad.toml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "bad.toml [filter] keep[0]: Condition: op must be one of" in err and "\n" not in err
+    (workdir / "bad.toml").write_text(PIPELINE.replace('"item.count"', '"item.colour"'))
+    assert main(["pipeline", "build", "bad.toml"]) == 2
+    assert "no column 'colour'" in capsys.readouterr().err

@@ -147,16 +147,16 @@ def model_scores(model: Any, histories: np.ndarray) -> Callable[[int, int], torc
 # -- quality ----------------------------------------------------------------------------------------------
 def train_model(
     name: str, num_items: int, train: Sequences, max_len: int, epochs: int, seed: int, lr: float, batch: int, max_steps: int | None = None,
-    windows: str = "last", dropout: float = 0.2,
+    windows: str = "last", dropout: float = 0.2, layers: int = 2, heads: int = 1, progress: Callable[[Any, int], None] | None = None,
 ) -> Any:
     torch.manual_seed(seed)
-    cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=2, num_heads=1, dropout=dropout)
+    cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=layers, num_heads=heads, dropout=dropout)
     model = MODELS[name](cfg, optimizer=Adam(lr=lr))
     tc = SequentialTrainConfig(loss=FullSoftmax(), epochs=epochs, batch_size=batch, lr=lr, mask_prob=0.2, seed=seed, max_steps=max_steps)
     width = window_width(model)
     # "last": each sequence's last max_len (+ 1) items; "sliding": windows over the whole of each sequence
     data = last_n(train, width) if windows == "last" else sliding_windows(train, width)
-    report = fit_sequential(model, data, tc)
+    report = fit_sequential(model, data, tc, on_epoch=None if progress is None else lambda epoch, _: progress(model, epoch))
     print(f"  {name}: {report.steps} steps in {report.seconds:.0f} s, loss {report.losses[0]:.3f} -> {report.losses[-1]:.3f}", flush=True)
     return model
 
@@ -176,14 +176,17 @@ def evaluate(
 
 
 def movielens(
-    records: Records, quick: bool, seed: int, epochs_override: int | None = None, max_len: int = 50, windows: str = "last", dropout: float = 0.2
+    records: Records, quick: bool, seed: int, epochs_override: int | None = None, max_len: int = 50, windows: str = "last",
+    dropout: float = 0.2, split: str = "test", lr: float = 3e-3, batch: int = 128, layers: int = 2, heads: int = 1, eval_every: int = 0,
 ) -> None:
-    print("quality movielens (leave-last-out, history excluded, full ranking)", flush=True)
+    print(f"quality movielens (leave-last-out, history excluded, full ranking; scored on {split})", flush=True)
     events = read_movielens(DATA / "movielens" / "ml-1m" / "ratings.dat.gz")
     users = group_sequences(events, key="user", drop_repeats=False)
     vocab = ItemVocabulary.fit(users.items)
     seqs, _ = vocab.encode(users)
     train, targets = leave_last_out(seqs)
+    if split == "valid":  # tuning: the second-to-last item is the target, the last one is never seen
+        train, targets = leave_last_out(train)
     num_items = vocab.num_items
     histories = last_n(train, max_len)
     counts = np.bincount(train.items, minlength=num_items + 1)
@@ -193,14 +196,25 @@ def movielens(
         "item-transitions": transitions(train, num_items, counts, histories[:, -1]),
     }
     epochs = epochs_override or (1 if quick else 2)
+    exclude = (train.offsets, train.items)
+
+    def progress(model: Any, epoch: int) -> None:  # --eval-every (validation split only): the curve the epochs are chosen from
+        if (epoch + 1) % eval_every == 0:
+            m = rank_metrics(target_ranks(model_scores(model, histories), targets, num_items, exclude, block=512), ks=(10,))
+            print(f"    epoch {epoch + 1}: valid recall@10 {m['recall@10']:.4f} ndcg@10 {m['ndcg@10']:.4f}", flush=True)
+
     for name in MODELS:
-        model = train_model(name, num_items, train, max_len, epochs, seed, lr=3e-3, batch=128, windows=windows, dropout=dropout)
+        model = train_model(
+            name, num_items, train, max_len, epochs, seed, lr=lr, batch=batch, windows=windows, dropout=dropout, layers=layers, heads=heads,
+            progress=progress if eval_every and split == "valid" else None,
+        )
         scores[name] = model_scores(model, histories)
-    res = evaluate(records, "movielens", scores, targets, num_items, (train.offsets, train.items), ("recall@10", "ndcg@10"), 10)
-    for metric in ("recall@10", "ndcg@10"):
+    dataset = "movielens" if split == "test" else "movielens-valid"
+    res = evaluate(records, dataset, scores, targets, num_items, exclude, ("recall@10", "ndcg@10"), 10)
+    for metric in ("recall@10", "ndcg@10") if "hugerec-sasrec" in res else ():
         best = max(res[b][metric] for b in ("popular", "item-knn", "item-transitions"))
         ratio = res["hugerec-sasrec"][metric] / best
-        record(records, f"quality movielens {metric} ratio", "hugerec-sasrec", ratio, "x best baseline")
+        record(records, f"quality {dataset} {metric} ratio", "hugerec-sasrec", ratio, "x best baseline")
         print(f"  SASRec / best baseline {metric}: {ratio:.2f}x (target >= 1.25x)", flush=True)
 
 
@@ -362,8 +376,14 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=50, help="MovieLens: the models' max_len (histories read)")
     parser.add_argument("--windows", choices=("last", "sliding"), default="last", help="MovieLens training windows: each user's last max_len + 1 items, or windows over the whole history")
     parser.add_argument("--dropout", type=float, default=0.2, help="MovieLens: the models' dropout")
+    parser.add_argument("--split", choices=("test", "valid"), default="test", help="MovieLens: score the last item (test) or, for tuning, the second-to-last with the last one removed (valid)")
+    parser.add_argument("--lr", type=float, default=3e-3, help="MovieLens: learning rate (dense Adam and the item table's sparse Adam)")
+    parser.add_argument("--batch", type=int, default=128, help="MovieLens: sequences per step")
+    parser.add_argument("--layers", type=int, default=2, help="MovieLens: transformer blocks (GRU layers)")
+    parser.add_argument("--heads", type=int, default=1, help="MovieLens: attention heads")
+    parser.add_argument("--eval-every", type=int, default=0, help="MovieLens with --split valid: print the validation metrics every N epochs")
     args = parser.parse_args()
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", min(2, os.cpu_count() or 1))))  # OMP_NUM_THREADS=1 on a shared machine
     records: Records = []
     for name in list(MODELS):
         if name not in args.models.split(","):
@@ -374,7 +394,10 @@ def main() -> None:
     if "yoochoose" in parts:
         yoochoose(records, args.quick, args.seed, args.epochs)
     if "movielens" in parts:
-        movielens(records, args.quick, args.seed, args.epochs, args.max_len, args.windows, args.dropout)
+        movielens(
+            records, args.quick, args.seed, args.epochs, args.max_len, args.windows, args.dropout, args.split, args.lr, args.batch, args.layers, args.heads,
+            args.eval_every,
+        )
     if "train" in parts:
         throughput(records, args.quick, args.seed)
     if args.json:

@@ -50,7 +50,7 @@ from hugerec.index.topk import ScoreBlock
 from hugerec.models.mf import MatrixFactorization
 from hugerec.models.two_tower import Similarity, TwoTower, TwoTowerConfig, recent_tail
 from hugerec.sparse.jagged import JaggedTensor
-from hugerec.training.losses import NegativeSampler, SampledSoftmax, sampled_softmax
+from hugerec.training.losses import NegativeSampler, SampledSoftmax, sampled_softmax_plain
 from hugerec.training.ranking_metrics import evaluate_ranking
 from hugerec.training.retrieval import RetrievalModel, RetrievalTrainConfig, fit_retrieval, train_step, user_vectors
 
@@ -304,7 +304,7 @@ def train_throughput(quick: bool, log: Callable[[str], None]) -> list[Record]:
         q = ref.user_vectors(u, h)
         cand = ref.item_vectors(torch.cat([it, neg]))
         log_q = sampler.log_q(torch.cat([it, neg]), batch)
-        loss = sampled_softmax(q, cand[:batch], it, cand[batch:], neg, log_q, True, cfg.temperature)
+        loss = sampled_softmax_plain(q, cand[:batch], it, cand[batch:], neg, log_q, True, cfg.temperature)
         sparse_opt.zero_grad()
         dense_opt.zero_grad()
         loss.backward()

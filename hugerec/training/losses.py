@@ -166,8 +166,8 @@ class _InBatchSoftmax(torch.autograd.Function):
     """The in-batch (and mixed) sampled softmax with few passes over the [B, C] logits (C = B + M).
 
     Forward: one addmm writes logits = scale * query @ cand^T - log_q, accidental hits are set to -inf
-    in place, then logsumexp, and the logits become the softmax in place (kept for the backward).
-    Backward: (softmax - one-hot) * grad / B in place, then the two matmuls. The plain formulation
+    in place, and the logits become exp(logits - row max) in place (kept with the row sums for the
+    backward). Backward: one pass turns them into (softmax - one-hot) * grad / B, then the two matmuls. The plain formulation
     (`sampled_softmax_plain`: separate matmuls, cat, subtract, masked_fill, cross_entropy and their
     autograd copies) makes about three times as many passes over [B, C]; the tests compare the two.
     """
@@ -185,19 +185,22 @@ class _InBatchSoftmax(torch.autograd.Function):
         hits.diagonal().fill_(False)  # row i's own positive is column i
         logits.masked_fill_(hits, float("-inf"))
         target = logits.diagonal().clone()  # [B]
-        lse = torch.logsumexp(logits, dim=1)  # [B]
-        probs = logits.sub_(lse[:, None]).exp_()  # the softmax, in place
-        ctx.save_for_backward(query, cand, probs)
+        top = logits.amax(dim=1, keepdim=True)  # [B, 1], finite: the diagonal is never masked
+        unnorm = logits.sub_(top).exp_()  # exp(logits - max), in place
+        total = unnorm.sum(dim=1, keepdim=True)  # [B, 1]
+        ctx.save_for_backward(query, cand, unnorm, total)
         ctx.scale = scale
-        return (lse - target).mean()
+        return (top.squeeze(1) + total.squeeze(1).log() - target).mean()  # logsumexp - target logit
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
-        query, cand, probs = ctx.saved_tensors
-        b = probs.shape[0]
-        probs.diagonal().sub_(1.0)  # d loss / d logits = (softmax - one-hot) / B; the saved buffer is reused
-        g = probs.mul_(grad * (ctx.scale / b))
+        query, cand, unnorm, total = ctx.saved_tensors
+        b = unnorm.shape[0]
+        # d loss / d logits = (softmax - one-hot) / B: one pass normalises and scales (the saved buffer is reused)
+        coef = grad * (ctx.scale / b)
+        g = unnorm.mul_(coef / total)
+        g.diagonal().sub_(coef)
         grad_query = g @ cand if ctx.needs_input_grad[0] else None
         grad_cand = g.T @ query if ctx.needs_input_grad[1] else None
         return grad_query, grad_cand, None, None, None

@@ -299,14 +299,14 @@ def recall_at_10(score: Callable[[int, int], torch.Tensor], targets: np.ndarray,
     return rank_metrics(target_ranks(score, targets, num_items, None, block=32), ks=(10,))["recall@10"]
 
 
-def throughput(records: Records, quick: bool, seed: int) -> None:
+def throughput(records: Records, quick: bool, seed: int, seconds: float | None = None) -> None:
     num_items, max_len, dim = 1_000_000, 50, 64
     shape = "synthetic-1m-items len50 dim64"
     print(f"train {shape}", flush=True)
     train = synthetic_sequences(num_items, 6000, max_len + 1, seed)
     test = synthetic_sequences(num_items, 200, max_len + 1, seed)  # same source (the seed fixes the hot set)
     test_hist, test_tgt = test.items.reshape(200, -1)[:, :-1], test.items.reshape(200, -1)[:, -1]
-    budget = 15.0 if quick else 45.0
+    budget = seconds or (15.0 if quick else 45.0)
     torch.manual_seed(seed)
 
     # hugerec
@@ -381,6 +381,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128, help="MovieLens: sequences per step")
     parser.add_argument("--layers", type=int, default=2, help="MovieLens: transformer blocks (GRU layers)")
     parser.add_argument("--heads", type=int, default=1, help="MovieLens: attention heads")
+    parser.add_argument("--train-seconds", type=float, help="train part: seconds of training per side (default 45, 15 with --quick)")
     parser.add_argument("--eval-every", type=int, default=0, help="MovieLens with --split valid: print the validation metrics every N epochs")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", min(2, os.cpu_count() or 1))))  # OMP_NUM_THREADS=1 on a shared machine
@@ -399,7 +400,7 @@ def main() -> None:
             args.eval_every,
         )
     if "train" in parts:
-        throughput(records, args.quick, args.seed)
+        throughput(records, args.quick, args.seed, args.train_seconds)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)

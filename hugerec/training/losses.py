@@ -173,7 +173,7 @@ class _InBatchSoftmax(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, query: torch.Tensor, cand: torch.Tensor, cand_ids: torch.Tensor, log_q: torch.Tensor | None, scale: float
     ) -> torch.Tensor:
         b = query.shape[0]
@@ -194,7 +194,7 @@ class _InBatchSoftmax(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         query, cand, unnorm, total = ctx.saved_tensors
         b = unnorm.shape[0]
         # d loss / d logits = (softmax - one-hot) / B: one pass normalises and scales (the saved buffer is reused)

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from hugerec.training.losses import BPR, Negatives, NegativeSampler, SampledSoftmax, bpr, sampled_softmax, sampled_softmax_plain
+from hugerec.training.losses import (
+    BPR,
+    Negatives,
+    NegativeSampler,
+    SampledSoftmax,
+    bpr,
+    sampled_softmax,
+    sampled_softmax_plain,
+)
 
 
 def test_hand_computed_mixed_with_logq() -> None:

@@ -279,7 +279,7 @@ def train_throughput(quick: bool, log: Callable[[str], None]) -> list[Record]:
     users = items = 100_000 if quick else 1_000_000
     dim, hidden, hist, batch, negs = 64, 256, 50, 1024, 1024
     shape = f"{users // 1000}k users x {items // 1000}k items d{dim}" if quick else f"1M users x 1M items d{dim}"
-    warm, steps = (3, 10) if quick else (5, 30)
+    warm, steps = (3, 10) if quick else (5, 60)
     batches = _synthetic_batches(warm + steps, users, items, batch, hist, 0)
     counts = np.bincount(np.concatenate([b[1].numpy() for b in batches]), minlength=items) + 1.0
     loss_cfg = SampledSoftmax(num_negatives=negs)

@@ -23,6 +23,10 @@ from the last item; popularity breaks ties), vsknn (V-SKNN, Ludewig & Jannach 20
 linear position decay, dot product with every training session's item set, the k = 100 most similar
 sessions vote for their items with their similarity).
 
+Choices (epochs, windows, max_len, lr, dropout) are made on a validation split, never on test:
+`--split valid` scores each user's second-to-last MovieLens item with the last one removed from the data,
+and `--eval-every N` prints the validation curve during training.
+
     python benchmarks/sequential.py --quick              # a few minutes on 2 shared cores
     python benchmarks/sequential.py --json seq.json      # the table in benchmarks/README.md
 """

@@ -202,15 +202,15 @@ def movielens(
     epochs = epochs_override or (1 if quick else 15)  # 15: validated on --split valid (benchmarks/README.md)
     exclude = (train.offsets, train.items)
 
-    def progress(model: Any, epoch: int) -> None:  # --eval-every (validation split only): the curve the epochs are chosen from
+    def progress(model: Any, epoch: int) -> None:  # --eval-every: the curve the epochs are chosen from (on valid)
         if (epoch + 1) % eval_every == 0:
             m = rank_metrics(target_ranks(model_scores(model, histories), targets, num_items, exclude, block=512), ks=(10,))
-            print(f"    epoch {epoch + 1}: valid recall@10 {m['recall@10']:.4f} ndcg@10 {m['ndcg@10']:.4f}", flush=True)
+            print(f"    epoch {epoch + 1}: {split} recall@10 {m['recall@10']:.4f} ndcg@10 {m['ndcg@10']:.4f}", flush=True)
 
     for name in MODELS:
         model = train_model(
             name, num_items, train, max_len, epochs, seed, lr=lr, batch=batch, windows=windows, dropout=dropout, layers=layers, heads=heads,
-            progress=progress if eval_every and split == "valid" else None,
+            progress=progress if eval_every else None,
         )
         scores[name] = model_scores(model, histories)
     dataset = "movielens" if split == "test" else "movielens-valid"
@@ -386,7 +386,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2, help="MovieLens: transformer blocks (GRU layers)")
     parser.add_argument("--heads", type=int, default=1, help="MovieLens: attention heads")
     parser.add_argument("--train-seconds", type=float, help="train part: seconds of training per side (default 45, 15 with --quick)")
-    parser.add_argument("--eval-every", type=int, default=0, help="MovieLens with --split valid: print the validation metrics every N epochs")
+    parser.add_argument("--eval-every", type=int, default=0, help="MovieLens: print the metrics of the split every N epochs (choose epochs on --split valid only)")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", min(2, os.cpu_count() or 1))))  # OMP_NUM_THREADS=1 on a shared machine
     records: Records = []

@@ -40,12 +40,12 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from hugerec.distributed.launch import spawn
-from hugerec.distributed.plan import ShardingPlan, TablePlacement
 from hugerec.distributed.planner import Workload, estimate_bytes_sent, plan
 from hugerec.distributed.shard import prefetching, shard, sharded_collections
+from hugerec.distributed.sharding_plan import ShardingPlan, TablePlacement
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import TableConfig
 from hugerec.embedding.optimizers import Adagrad
+from hugerec.embedding.table_config import TableConfig
 from hugerec.models.dlrm import DLRM
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures

@@ -39,8 +39,8 @@ import torch
 from torch import nn
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, Eviction, TableConfig, Zeros
 from hugerec.embedding.optimizers import SGD, Adam, Optimizer, RowWiseAdagrad
+from hugerec.embedding.table_config import DynamicConfig, Eviction, TableConfig, Zeros
 from hugerec.sparse.features import SparseFeatures
 
 TABLES, BATCH = 26, 8192

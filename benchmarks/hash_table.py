@@ -37,9 +37,9 @@ import pandas as pd
 import torch
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, Eviction, TableConfig
 from hugerec.embedding.hash_table import HashTable
 from hugerec.embedding.optimizers import RowWiseAdagrad
+from hugerec.embedding.table_config import DynamicConfig, Eviction, TableConfig
 from hugerec.sparse.features import SparseFeatures
 
 ID_SPACE = 10**8

@@ -52,7 +52,7 @@ BASELINE = "baseline"
 # -- the model -------------------------------------------------------------------------------------
 def build_model(rows: int) -> Any:
     from hugerec.embedding.collection import EmbeddingCollection
-    from hugerec.embedding.config import TableConfig
+    from hugerec.embedding.table_config import TableConfig
     from hugerec.models.dlrm import DLRM
 
     torch.manual_seed(0)
@@ -110,7 +110,7 @@ class BaselineRequest(BaseModel):
 
 def run_ours(bundle: str, state: str, port: int, max_delay_ms: float, offload_rows: int) -> None:
     from hugerec.serving.batching import BatchingConfig
-    from hugerec.serving.loader import ServeOptions
+    from hugerec.serving.bundle_loader import ServeOptions
     from hugerec.serving.server import InferenceServer, ServerConfig
 
     server = InferenceServer(
@@ -258,7 +258,7 @@ def tier_throughput(rows: int, quick: bool) -> list[dict[str, Any]]:
     """Rows/s of each tier on its own (batches of 16384 Zipf keys, all present), and of the whole
     parameter server with a cache holding a quarter of the rows, against a Python dict of rows."""
     from hugerec.serving.cache import CacheConfig, RowCache
-    from hugerec.serving.memory import MemoryStore
+    from hugerec.serving.memory_store import MemoryStore
     from hugerec.serving.parameter_server import ParameterServer, TableSpec
     from hugerec.serving.persistent import PersistentStore
 

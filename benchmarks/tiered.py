@@ -44,8 +44,8 @@ import torch
 from torch import nn
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import TableConfig
 from hugerec.embedding.optimizers import Adagrad, Optimizer, RowWiseAdagrad
+from hugerec.embedding.table_config import TableConfig
 from hugerec.ops import row_cache
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hugerec.embedding.config import Normal, Pooling, StorageDtype, TableConfig, Uniform, Zeros
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
+from hugerec.embedding.table_config import Normal, Pooling, StorageDtype, TableConfig, Uniform, Zeros
 from hugerec.sparse.features import SparseFeatures
 
 if TYPE_CHECKING:

@@ -73,8 +73,8 @@ from hugerec.data.loader import Loader
 from hugerec.data.schema import Schema
 from hugerec.data.synthetic import Hotness, SyntheticConfig, generate
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, TableConfig
 from hugerec.embedding.optimizers import Adam, Optimizer, RowWiseAdagrad, optimizer_name
+from hugerec.embedding.table_config import DynamicConfig, TableConfig
 from hugerec.models.dlrm import DLRM
 from hugerec.sparse.batch import Batch
 from hugerec.training.pipeline import Pipeline

@@ -25,7 +25,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 
 from hugerec import data, models, training
 from hugerec.data.preprocess.categorical import Categorify
-from hugerec.data.vectors import load_vectors
+from hugerec.data.vector_tables import load_vectors
 from hugerec.embedding import RowWiseAdagrad
 
 GENRES = [

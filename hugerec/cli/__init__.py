@@ -391,7 +391,7 @@ def _serve(args: argparse.Namespace) -> int:
     """`hugerec serve` takes bundle paths, not a training config."""
     try:
         from hugerec.serving.batching import BatchingConfig
-        from hugerec.serving.loader import ServeOptions
+        from hugerec.serving.bundle_loader import ServeOptions
         from hugerec.serving.server import ServerConfig, serve
 
         for b in args.bundles:

@@ -39,13 +39,13 @@ from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.data.shards import ShardWriter, expand_paths, iter_row_groups
 from hugerec.data.synthetic import SyntheticReport, generate, preset
-from hugerec.data.vectors import load_vectors
+from hugerec.data.vector_tables import load_vectors
 from hugerec.distributed.launch import init_from_env, launched_by_torchrun
 from hugerec.distributed.planner import Workload, plan
 from hugerec.distributed.shard import shard
-from hugerec.embedding.config import TableConfig
-from hugerec.models.config import build_model
+from hugerec.embedding.table_config import TableConfig
 from hugerec.models.model import RecModel
+from hugerec.models.model_config import build_model
 from hugerec.sparse.batch import Batch
 from hugerec.training.checkpoint import load_checkpoint, read_weights
 from hugerec.training.defaults import auto_batch_size

@@ -40,9 +40,9 @@ from hugerec.cli.interactions_config import (
     task_model_to_dict,
 )
 from hugerec.data.preprocess.errors import OnError
-from hugerec.embedding.config import StorageDtype
 from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad, optimizer_from_dict, optimizer_to_dict
-from hugerec.models.config import DLRMConfig, ModelConfig, model_config_from_dict, model_config_to_dict
+from hugerec.embedding.table_config import StorageDtype
+from hugerec.models.model_config import DLRMConfig, ModelConfig, model_config_from_dict, model_config_to_dict
 from hugerec.training.trainer import TrainConfig
 
 READERS = {Optimizer: optimizer_from_dict}

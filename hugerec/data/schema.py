@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hugerec.embedding.config import Pooling, TableConfig
+from hugerec.embedding.table_config import Pooling, TableConfig
 
 
 class ColumnKind(enum.Enum):

@@ -10,10 +10,10 @@ hugerec.training.save_checkpoint("ckpt/", step, model, optimizer)   # load_check
 
 from hugerec.distributed.comm import CommStats, all_to_all
 from hugerec.distributed.launch import DistEnv, init_from_env, launched_by_torchrun, spawn
-from hugerec.distributed.plan import ShardingKind, ShardingPlan, TablePlacement
 from hugerec.distributed.planner import Constraint, CostModel, Workload, estimate_bytes_sent, plan
 from hugerec.distributed.shard import ShardedModel, prefetching, shard, sharded_collections
 from hugerec.distributed.sharded import ShardedEmbeddingCollection
+from hugerec.distributed.sharding_plan import ShardingKind, ShardingPlan, TablePlacement
 
 __all__ = [
     "CommStats",

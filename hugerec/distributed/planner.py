@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from hugerec.distributed.plan import (
+from hugerec.distributed.sharding_plan import (
     ShardingKind,
     ShardingPlan,
     TablePlacement,
@@ -32,8 +32,8 @@ from hugerec.distributed.plan import (
     shard_bytes,
     table_shards,
 )
-from hugerec.embedding.config import Pooling, TableConfig
 from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad
+from hugerec.embedding.table_config import Pooling, TableConfig
 
 # Wire format constants (see hugerec.distributed.sharded).
 ID_BYTES = 8  # ids and bag lengths travel as int64

@@ -21,8 +21,8 @@ from torch.distributed import ProcessGroup
 from hugerec.distributed.comm import CommStats, all_to_all
 from hugerec.distributed.routing import regroup
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import Pooling, TableConfig
 from hugerec.embedding.optimizers import Optimizer
+from hugerec.embedding.table_config import Pooling, TableConfig
 from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import JaggedTensor
 

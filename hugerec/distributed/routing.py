@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hugerec.distributed.plan import Shard, ShardingKind, ShardingPlan, row_bounds
-from hugerec.embedding.config import Pooling, TableConfig
+from hugerec.distributed.sharding_plan import Shard, ShardingKind, ShardingPlan, row_bounds
+from hugerec.embedding.table_config import Pooling, TableConfig
 from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import lengths_to_offsets
 

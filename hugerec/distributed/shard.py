@@ -21,8 +21,8 @@ from torch import nn
 from torch.distributed import ProcessGroup
 from torch.nn.parallel import DistributedDataParallel
 
-from hugerec.distributed.plan import ShardingPlan
 from hugerec.distributed.sharded import ShardedEmbeddingCollection
+from hugerec.distributed.sharding_plan import ShardingPlan
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.sparse.batch import Batch
 

@@ -34,14 +34,14 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from hugerec.distributed.comm import CommStats, Pending, all_to_all, all_to_all_autograd
-from hugerec.distributed.plan import Shard, ShardingKind, ShardingPlan
 from hugerec.distributed.replicated import ReplicatedTables
 from hugerec.distributed.routing import Bucketed, Route, Routing, bucketize, key_shard, receive, regroup
+from hugerec.distributed.sharding_plan import Shard, ShardingKind, ShardingPlan
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import Pooling, TableConfig, Uniform
 from hugerec.embedding.hash_table import HashTableContents
 from hugerec.embedding.interface import EmbeddingModule
 from hugerec.embedding.optimizers import Optimizer
+from hugerec.embedding.table_config import Pooling, TableConfig, Uniform
 from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import JaggedTensor
 from hugerec.sparse.pooled import PooledEmbeddings

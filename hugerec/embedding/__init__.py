@@ -1,7 +1,12 @@
 """Embedding tables: configs, sparse optimizers, fused collections, hash tables, drop-in layers."""
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import (
+from hugerec.embedding.delta import TableDelta, export_delta, import_delta, read_delta, write_delta
+from hugerec.embedding.hash_table import HashTable, HashTableStats
+from hugerec.embedding.interface import EmbeddingModule
+from hugerec.embedding.layers import Embedding, EmbeddingBag
+from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
+from hugerec.embedding.table_config import (
     DynamicConfig,
     Eviction,
     Initializer,
@@ -14,11 +19,6 @@ from hugerec.embedding.config import (
     Uniform,
     Zeros,
 )
-from hugerec.embedding.delta import TableDelta, export_delta, import_delta, read_delta, write_delta
-from hugerec.embedding.hash_table import HashTable, HashTableStats
-from hugerec.embedding.interface import EmbeddingModule
-from hugerec.embedding.layers import Embedding, EmbeddingBag
-from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
 
 __all__ = [
     "SGD",

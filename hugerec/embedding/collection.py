@@ -26,14 +26,14 @@ import torch
 from torch import nn
 
 from hugerec import ops
-from hugerec.embedding.config import Pooling, TableConfig
 from hugerec.embedding.feature_remap import NEXT, FeatureRemap
 from hugerec.embedding.fused import FusedTables
+from hugerec.embedding.fused_lookup import GroupPlan, pooled_lookup, sequence_lookup
 from hugerec.embedding.hash_table import HashTable
 from hugerec.embedding.interface import EmbeddingModule
-from hugerec.embedding.lookup import GroupPlan, pooled_lookup, sequence_lookup
 from hugerec.embedding.optimizers import Adam, Optimizer, RowWiseAdagrad
-from hugerec.ops.plan import COLUMN, WIDTH
+from hugerec.embedding.table_config import Pooling, TableConfig
+from hugerec.ops.lookup_plan import COLUMN, WIDTH
 from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import JaggedTensor
 from hugerec.sparse.pooled import PooledEmbeddings

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from hugerec.embedding.hash_table import HashTable
-from hugerec.ops import hash_table as ops
+from hugerec.ops import hash_table_arrays as ops
 from hugerec.sparse.features import SparseFeatures
 
 NEXT: Literal["next"] = "next"  # `FeatureRemap` steps: every table at its next step (its last step + 1)

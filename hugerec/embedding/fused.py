@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hugerec.embedding.config import Normal, Storage, TableConfig, Uniform, Zeros
 from hugerec.embedding.disk import DiskTier
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad, optimizer_name
-from hugerec.ops import memory
+from hugerec.embedding.table_config import Normal, Storage, TableConfig, Uniform, Zeros
+from hugerec.ops import huge_pages
 from hugerec.ops.update_rule import RuleKind, UpdateRule
 from hugerec.ops.workspace import OutputPool, Workspace
 
@@ -137,10 +137,10 @@ class FusedTables:
                 self.slots[t.name] = TableSlot(len(self.groups), i, rows)
                 self.resident[t.name] = _resident_rows(t, record, device)
                 rows += self.resident[t.name]
-            # rows and state on huge pages (large CPU tables: see hugerec.ops.memory); reset_rows below fills them
-            weight = memory.empty((rows, d_pad), dtype, device)
+            # rows and state on huge pages (large CPU tables: see hugerec.ops.huge_pages); reset_rows below fills them
+            weight = huge_pages.empty((rows, d_pad), dtype, device)
             weight[:, dim:] = 0
-            state = memory.empty((rows, rule.state_width(dim)), torch.float32, device)
+            state = huge_pages.empty((rows, rule.state_width(dim)), torch.float32, device)
             self.groups.append(TableGroup(dim, opt, rule, [t.name for t in members], weight, state))
         for name, t in self.configs.items():  # in table order: the random init is the in-memory tables'
             if t.storage is Storage.DISK:

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hugerec.embedding.config import DynamicConfig, Eviction, Missing
-from hugerec.ops import hash_table as ops
-from hugerec.ops.cpu import hash_table as layout
+from hugerec.embedding.table_config import DynamicConfig, Eviction, Missing
+from hugerec.ops import hash_table_arrays as ops
+from hugerec.ops.cpu import hash_table_kernels as layout
 
 
 def _eviction_code(eviction: Eviction) -> int:
@@ -100,7 +100,7 @@ class HashTableContents:
 
 @dataclass(frozen=True)
 class KernelView:
-    """What the multi-table kernels (`hugerec.ops.hash_table.TablePack`) take from one table: its
+    """What the multi-table kernels (`hugerec.ops.hash_table_arrays.TablePack`) take from one table: its
     arrays (replaced on load, so a holder compares them by identity before reusing a pack) and its
     policy as the kernels' integer codes."""
 
@@ -186,7 +186,7 @@ class HashTable:
 
         admit_all skips admission (used when importing rows that were admitted elsewhere); `out`, a
         contiguous CPU int64 tensor [N], receives the rows. Raises ValueError, leaving the table
-        unchanged, when the keys do not fit (see hugerec.ops.hash_table).
+        unchanged, when the keys do not fit (see hugerec.ops.hash_table_arrays).
         """
         where = self._where("find_or_insert")
         k = as_keys(keys, where)

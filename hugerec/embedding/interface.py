@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from hugerec.embedding.config import TableConfig
 from hugerec.embedding.optimizers import Optimizer
+from hugerec.embedding.table_config import TableConfig
 from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import JaggedTensor
 from hugerec.sparse.pooled import PooledEmbeddings

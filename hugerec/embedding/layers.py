@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from hugerec.embedding.config import Normal, Pooling, StorageDtype, TableConfig
 from hugerec.embedding.fused import FusedTables
-from hugerec.embedding.lookup import GroupPlan, pooled_lookup, sequence_lookup
+from hugerec.embedding.fused_lookup import GroupPlan, pooled_lookup, sequence_lookup
 from hugerec.embedding.optimizers import SGD, Adam, Optimizer
+from hugerec.embedding.table_config import Normal, Pooling, StorageDtype, TableConfig
 
 _DTYPES = {torch.float32: StorageDtype.FP32, torch.bfloat16: StorageDtype.BF16, torch.float16: StorageDtype.FP16}
 

@@ -5,7 +5,17 @@ Every model takes a Batch and returns logits [B]; `build_model(config, tables, n
 builds one from plain data (`model_config_from_dict({"type": "dlrm", ...})`).
 """
 
-from hugerec.models.config import (
+from hugerec.models.crossnet import CrossNet
+from hugerec.models.dcn import CrossStructure, DCNv2
+from hugerec.models.deepfm import DeepFM
+from hugerec.models.dlrm import DLRM
+from hugerec.models.feature_interactions import DotInteraction, FMInteraction
+from hugerec.models.gru4rec import GRU4Rec
+from hugerec.models.masked import MaskedTransformer
+from hugerec.models.mf import MatrixFactorization
+from hugerec.models.mlp import MLP, Activation
+from hugerec.models.model import RecModel
+from hugerec.models.model_config import (
     DCNv2Config,
     DeepFMConfig,
     DLRMConfig,
@@ -16,20 +26,10 @@ from hugerec.models.config import (
     model_config_to_dict,
     model_name,
 )
-from hugerec.models.crossnet import CrossNet
-from hugerec.models.dcn import CrossStructure, DCNv2
-from hugerec.models.deepfm import DeepFM
-from hugerec.models.dlrm import DLRM
-from hugerec.models.gru4rec import GRU4Rec
-from hugerec.models.interactions import DotInteraction, FMInteraction
-from hugerec.models.masked import MaskedTransformer
-from hugerec.models.mf import MatrixFactorization
-from hugerec.models.mlp import MLP, Activation
-from hugerec.models.model import RecModel
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SequenceConfig
 from hugerec.models.two_tower import Similarity, TwoTower, TwoTowerConfig
-from hugerec.models.vectors import VectorArch, VectorFeature
+from hugerec.models.vector_features import VectorArch, VectorFeature
 from hugerec.models.wide import WideArch, wide_tables
 from hugerec.models.wide_deep import WideAndDeep
 

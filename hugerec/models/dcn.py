@@ -17,7 +17,7 @@ from hugerec.embedding.interface import EmbeddingModule
 from hugerec.models.crossnet import CrossNet
 from hugerec.models.mlp import MLP, Activation, check_dims
 from hugerec.models.model import RecModel, lookup
-from hugerec.models.vectors import VectorArch
+from hugerec.models.vector_features import VectorArch
 from hugerec.sparse.features import SparseFeatures
 
 
@@ -36,7 +36,7 @@ class DCNv2(RecModel):
     num_experts       > 1: mixture of low-rank experts per cross layer
     structure         STACKED or PARALLEL
     deep              deep arch widths (may be empty: cross network only); the over arch is one Linear to 1
-    vectors           vector features (`hugerec.models.vectors`), each projected to its out_dim and
+    vectors           vector features (`hugerec.models.vector_features`), each projected to its out_dim and
                       concatenated into x0
     """
 

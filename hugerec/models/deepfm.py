@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hugerec.embedding.interface import EmbeddingModule
-from hugerec.models.interactions import FMInteraction
+from hugerec.models.feature_interactions import FMInteraction
 from hugerec.models.mlp import MLP, Activation, check_dims
 from hugerec.models.model import RecModel, common_dim, lookup
 from hugerec.models.wide import WideArch, check_wide

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 import torch
 
 from hugerec.embedding.interface import EmbeddingModule
-from hugerec.models.interactions import DotInteraction
+from hugerec.models.feature_interactions import DotInteraction
 from hugerec.models.mlp import MLP, Activation, check_dims
 from hugerec.models.model import RecModel, common_dim, lookup
-from hugerec.models.vectors import VectorArch
+from hugerec.models.vector_features import VectorArch
 from hugerec.sparse.features import SparseFeatures
 
 
@@ -31,7 +31,7 @@ class DLRM(RecModel):
     bottom            dense arch widths, ending at D (ReLU after every layer, as in MLPerf)
     top               over arch widths, ending at 1 (the logit; no activation after it)
     self_interaction  also feed each vector's dot with itself to the over arch
-    vectors           vector features (`hugerec.models.vectors`), each projected to D and taking part in
+    vectors           vector features (`hugerec.models.vector_features`), each projected to D and taking part in
                       the interaction like one more sparse feature (its out_dim must be D)
     """
 

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, Normal, TableConfig
 from hugerec.embedding.optimizers import Adam, Optimizer
+from hugerec.embedding.table_config import DynamicConfig, Normal, TableConfig
 from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import JaggedTensor
 

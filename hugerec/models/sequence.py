@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, Normal, Pooling, TableConfig
 from hugerec.embedding.optimizers import Adam, Optimizer
+from hugerec.embedding.table_config import DynamicConfig, Normal, Pooling, TableConfig
 from hugerec.sparse.features import SparseFeatures
 
 PAD = 0

@@ -14,9 +14,9 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from hugerec.embedding.config import Pooling, TableConfig, Zeros
 from hugerec.embedding.interface import EmbeddingModule
 from hugerec.embedding.optimizers import Ftrl, Optimizer
+from hugerec.embedding.table_config import Pooling, TableConfig, Zeros
 
 
 def wide_tables(tables: Sequence[TableConfig], optimizer: Optimizer | None = None) -> list[TableConfig]:

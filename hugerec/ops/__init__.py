@@ -8,7 +8,7 @@ Common arguments (shape letters: B batch, F features, N ids, R rows, D dim, C ou
     values             [N] int64 ids of every feature of a SparseFeatures batch (feature-major)
     offsets            [F*B + 1] int64 bag offsets into values
     per_sample_weights [N] fp32 or None
-    plan               [F_g, 7] int64 on the CPU: the features this group serves (`hugerec.ops.plan`)
+    plan               [F_g, 7] int64 on the CPU: the features this group serves (`hugerec.ops.lookup_plan`)
     dim                D
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from hugerec.ops import reference
-from hugerec.ops.cpu import lookup as cpu_lookup
+from hugerec.ops.cpu import lookup_kernels as cpu_lookup
 from hugerec.ops.cpu import sparse_backward as cpu_backward
 from hugerec.ops.update_rule import RuleKind, UpdateRule
 from hugerec.ops.workspace import Workspace

@@ -2,7 +2,7 @@
 
 Shapes: weight [R, D_pad] (fp32 / bf16 / fp16 storage, only columns [:D] used), state [R, S] fp32,
 values [N] int64 ids, offsets [F*B + 1] int64, per_sample_weights [N] fp32 or None,
-plan [F_g, 7] int64 on the CPU (see `hugerec.ops.plan`), lrs [T_g] float64 per-table learning rates.
+plan [F_g, 7] int64 on the CPU (see `hugerec.ops.lookup_plan`), lrs [T_g] float64 per-table learning rates.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from hugerec.ops.plan import COLUMN, TABLE
+from hugerec.ops.lookup_plan import COLUMN, TABLE
 from hugerec.ops.update_rule import RuleKind, UpdateRule
 from hugerec.ops.workspace import Workspace
 

@@ -8,7 +8,7 @@
 used; a missing row takes the least recently used slot, whose row is written back to the file first
 when dirty, and is read from the file. Slots touched by the last `pinned` prepares are never taken
 (the training pipeline prepares batch i+1 while step i updates batch i's slots). The Numba kernels
-live in `hugerec.ops.cpu.row_cache`; `ReferenceCache` below is their slow twin for the tests.
+live in `hugerec.ops.cpu.row_cache_kernels`; `ReferenceCache` below is their slow twin for the tests.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from hugerec.ops.cpu import row_cache as cpu
-from hugerec.ops.cpu.row_cache import BAD_ID, CACHE_FULL, CLOCK, HEAD, HITS, MISSES, READS, TAIL, WRITES
+from hugerec.ops.cpu import row_cache_kernels as cpu
+from hugerec.ops.cpu.row_cache_kernels import BAD_ID, CACHE_FULL, CLOCK, HEAD, HITS, MISSES, READS, TAIL, WRITES
 
 __all__ = [
     "BAD_ID",

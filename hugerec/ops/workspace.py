@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hugerec.ops import memory
+from hugerec.ops import huge_pages
 
 
 class Workspace:
@@ -35,7 +35,7 @@ class Workspace:
     def row_map(self, num_rows: int) -> np.ndarray:
         """[num_rows] int32, -1 everywhere; kernels that write into it restore -1 before returning."""
         if self._row_map is None or self._row_map.shape[0] != num_rows:
-            self._row_map = memory.empty_numpy((num_rows,), np.int32)  # read at random: huge pages
+            self._row_map = huge_pages.empty_numpy((num_rows,), np.int32)  # read at random: huge pages
             self._row_map.fill(-1)
         return self._row_map
 

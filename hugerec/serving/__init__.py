@@ -10,10 +10,10 @@ memory (in process, or Redis) -> RocksDB (survives restarts).
 
 from hugerec.serving.batching import BatchingConfig
 from hugerec.serving.bundle import Bundle
+from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.cache import CacheConfig, CachePolicy
 from hugerec.serving.export import export_bundle, export_checkpoint
-from hugerec.serving.loader import ServeOptions, load_bundle
-from hugerec.serving.model import InferenceModel
+from hugerec.serving.inference_model import InferenceModel
 from hugerec.serving.parameter_server import ParameterServer, TableSpec, TableUpdate
 from hugerec.serving.server import InferenceServer, ServerConfig, serve
 from hugerec.serving.updates import publish_to_directory, publish_to_stream

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hugerec.serving.model import ModelInputs
+from hugerec.serving.inference_model import ModelInputs
 
 
 @dataclass(frozen=True)

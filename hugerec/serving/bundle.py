@@ -28,7 +28,7 @@ import torch
 
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
-from hugerec.serving.model import CollectionLayout
+from hugerec.serving.inference_model import CollectionLayout
 from hugerec.serving.parameter_server import TableSpec
 
 FORMAT = "hugerec-bundle"

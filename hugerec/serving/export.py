@@ -30,7 +30,7 @@ from hugerec.data.schema import Schema
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.delta import collect_delta
 from hugerec.models.model import RecModel
-from hugerec.models.vectors import VectorArch
+from hugerec.models.vector_features import VectorArch
 from hugerec.serving.bundle import (
     EMBEDDINGS,
     MANIFEST,
@@ -42,7 +42,7 @@ from hugerec.serving.bundle import (
     Manifest,
     checksums,
 )
-from hugerec.serving.model import CollectionLayout
+from hugerec.serving.inference_model import CollectionLayout
 from hugerec.serving.parameter_server import TableSpec
 from hugerec.serving.persistent import PersistentStore
 from hugerec.sparse.features import SparseFeatures
@@ -166,7 +166,7 @@ def _export_bundle(
             for arch in model.modules()
             if isinstance(arch, VectorArch)
             for f in arch.features
-        ]  # vector features a request may send inline (hugerec.serving.model.VectorInput)
+        ]  # vector features a request may send inline (hugerec.serving.inference_model.VectorInput)
         program_keys = _export_program(program, model, collections, tmp, onnx, info)
         model_keys = set(model.state_dict())
         dense_keys = tuple(k[len(PROGRAM_PREFIX) :] for k in program_keys if k[len(PROGRAM_PREFIX) :] in model_keys)

@@ -16,7 +16,7 @@ import polars as pl
 
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
-from hugerec.serving.model import ModelInputs
+from hugerec.serving.inference_model import ModelInputs
 from hugerec.serving.protocol import LENGTHS_SUFFIX, RequestError, Signature, decode_instances, to_model_inputs
 
 

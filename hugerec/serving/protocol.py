@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from hugerec.serving.model import ModelInputs
+from hugerec.serving.inference_model import ModelInputs
 
 try:
     import orjson as _orjson

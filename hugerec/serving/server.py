@@ -37,11 +37,11 @@ from starlette.types import Receive, Scope, Send
 
 from hugerec.serving.admin import admin_router
 from hugerec.serving.batching import BatchingConfig, DynamicBatcher, QueueFull
-from hugerec.serving.loader import ServeOptions, load_bundle
-from hugerec.serving.metrics import ServerMetrics
-from hugerec.serving.model import InferenceModel
+from hugerec.serving.bundle_loader import ServeOptions, load_bundle
+from hugerec.serving.inference_model import InferenceModel
 from hugerec.serving.next_items import NextItemsModel, is_next_items_bundle, load_next_items
 from hugerec.serving.preprocess import RequestPreprocessor
+from hugerec.serving.prometheus_metrics import ServerMetrics
 from hugerec.serving.protocol import (
     HEADER_LENGTH,
     OUTPUTS,

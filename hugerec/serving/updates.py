@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from hugerec.embedding.delta import TableDelta, read_delta, write_delta
-from hugerec.serving.model import InferenceModel
+from hugerec.serving.inference_model import InferenceModel
 from hugerec.serving.parameter_server import TableUpdate
 from hugerec.serving.persistent import PersistentStore
 

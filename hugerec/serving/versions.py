@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from hugerec.serving.batching import DynamicBatcher
-from hugerec.serving.model import InferenceModel, ModelInputs
+from hugerec.serving.inference_model import InferenceModel, ModelInputs
 from hugerec.serving.preprocess import RequestPreprocessor
 from hugerec.serving.protocol import Signature
 

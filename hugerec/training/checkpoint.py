@@ -2,7 +2,7 @@
 
     run/checkpoints/
       step-0000001000/            complete checkpoints, the highest step is the latest; each one is
-      step-0000002000/            hugerec.distributed.checkpoint's directory: index.json + rank-R.pt
+      step-0000002000/            hugerec.distributed.checkpoint_directory's directory: index.json + rank-R.pt
       .step-0000003000.tmp/       a write in progress (or one a crash interrupted): never read
       step-0000000900.damaged/    a checkpoint that failed its checksums, set aside on resume
 
@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hugerec.distributed import checkpoint as directory_format
+from hugerec.distributed import checkpoint_directory as directory_format
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^step-(\d{10})$")

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from hugerec.embedding.config import TableConfig
 from hugerec.embedding.optimizers import Optimizer, optimizer_from_dict, optimizer_to_dict
-from hugerec.models.config import ModelConfig, build_model, model_config_from_dict, model_config_to_dict
+from hugerec.embedding.table_config import TableConfig
 from hugerec.models.model import RecModel
+from hugerec.models.model_config import ModelConfig, build_model, model_config_from_dict, model_config_to_dict
 from hugerec.training.checkpoint import atomic_save, read_weights
 
 MODEL_FORMAT = 1

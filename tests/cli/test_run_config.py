@@ -5,7 +5,7 @@ import pytest
 from hugerec.cli.config_file import ConfigError, read_toml
 from hugerec.cli.run_config import QUICKSTART, RawFormat, RunConfig, load_run_config
 from hugerec.embedding.optimizers import Adam, RowWiseAdagrad
-from hugerec.models.config import DCNv2Config, DLRMConfig
+from hugerec.models.model_config import DCNv2Config, DLRMConfig
 from hugerec.training.precision import Precision
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

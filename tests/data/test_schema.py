@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from hugerec.data.schema import Column, ColumnKind, DimRule, Schema, ValueType
-from hugerec.embedding.config import Pooling
+from hugerec.embedding.table_config import Pooling
 
 
 def _schema() -> Schema:

@@ -2,7 +2,6 @@ import math
 
 import pytest
 
-from hugerec.distributed.plan import ShardingKind, ShardingPlan, TablePlacement
 from hugerec.distributed.planner import (
     COUNTS_BYTES,
     Constraint,
@@ -13,8 +12,9 @@ from hugerec.distributed.planner import (
     expected_distinct,
     plan,
 )
-from hugerec.embedding.config import DynamicConfig, Pooling, TableConfig
+from hugerec.distributed.sharding_plan import ShardingKind, ShardingPlan, TablePlacement
 from hugerec.embedding.optimizers import SGD, Adagrad, RowWiseAdagrad
+from hugerec.embedding.table_config import DynamicConfig, Pooling, TableConfig
 
 
 def test_expected_distinct() -> None:

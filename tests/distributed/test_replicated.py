@@ -9,12 +9,12 @@ import torch
 import torch.distributed as dist
 
 from hugerec.distributed.launch import free_port
-from hugerec.distributed.plan import ShardingPlan, TablePlacement
 from hugerec.distributed.shard import shard
 from hugerec.distributed.sharded import ShardedEmbeddingCollection
+from hugerec.distributed.sharding_plan import ShardingPlan, TablePlacement
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import Pooling, TableConfig
 from hugerec.embedding.optimizers import SGD, Adam
+from hugerec.embedding.table_config import Pooling, TableConfig
 from hugerec.sparse.features import SparseFeatures
 
 TABLES = (

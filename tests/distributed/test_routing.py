@@ -3,9 +3,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hugerec.distributed.plan import ShardingPlan, TablePlacement, row_bounds
 from hugerec.distributed.routing import Routing, bucketize, key_shard, receive, regroup
-from hugerec.embedding.config import DynamicConfig, Pooling, TableConfig
+from hugerec.distributed.sharding_plan import ShardingPlan, TablePlacement, row_bounds
+from hugerec.embedding.table_config import DynamicConfig, Pooling, TableConfig
 from hugerec.sparse.features import SparseFeatures
 
 TABLES = (

@@ -10,11 +10,11 @@ import torch.distributed as dist
 from torch import nn
 
 from hugerec.distributed.launch import free_port
-from hugerec.distributed.plan import ShardingPlan, TablePlacement
 from hugerec.distributed.shard import ShardedModel, resolve_plan, shard, sharded_collections
+from hugerec.distributed.sharding_plan import ShardingPlan, TablePlacement
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import Pooling, TableConfig
 from hugerec.embedding.optimizers import SGD, Adam
+from hugerec.embedding.table_config import Pooling, TableConfig
 from hugerec.sparse.features import SparseFeatures
 
 TABLES = (

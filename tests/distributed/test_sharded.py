@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from hugerec.distributed.launch import spawn
-from hugerec.distributed.plan import ShardingKind, ShardingPlan, TablePlacement
 from hugerec.distributed.shard import prefetching, shard, sharded_collections
+from hugerec.distributed.sharding_plan import ShardingKind, ShardingPlan, TablePlacement
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, Pooling, TableConfig, Zeros
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, RowWiseAdagrad
+from hugerec.embedding.table_config import DynamicConfig, Pooling, TableConfig, Zeros
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import JaggedTensor

@@ -13,8 +13,8 @@ from torch import nn
 
 from hugerec import ops
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import Pooling, StorageDtype, TableConfig
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
+from hugerec.embedding.table_config import Pooling, StorageDtype, TableConfig
 from hugerec.sparse.features import SparseFeatures
 
 TABLES = [

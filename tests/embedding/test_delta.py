@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, Eviction, Missing, StorageDtype, TableConfig
 from hugerec.embedding.delta import apply_delta, collect_delta, export_delta, import_delta, read_delta, write_delta
 from hugerec.embedding.optimizers import SGD, Adam, Optimizer, RowWiseAdagrad
+from hugerec.embedding.table_config import DynamicConfig, Eviction, Missing, StorageDtype, TableConfig
 from hugerec.sparse.features import SparseFeatures
 
 

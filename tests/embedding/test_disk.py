@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, Pooling, StorageDtype, TableConfig
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad
+from hugerec.embedding.table_config import DynamicConfig, Pooling, StorageDtype, TableConfig
 from hugerec.sparse.features import SparseFeatures
 
 OPTIMIZERS = [SGD(lr=0.1), Adagrad(lr=0.1), RowWiseAdagrad(lr=0.1), Adam(lr=0.05), Ftrl(lr=0.1)]

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, Eviction, Missing, Pooling, TableConfig, Uniform, Zeros
 from hugerec.embedding.optimizers import Adam, RowWiseAdagrad
+from hugerec.embedding.table_config import DynamicConfig, Eviction, Missing, Pooling, TableConfig, Uniform, Zeros
 from hugerec.sparse.features import SparseFeatures
 
 BIG = 2**62  # raw keys far outside any table

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from hugerec.embedding.config import DynamicConfig, Eviction, Missing
 from hugerec.embedding.hash_table import HashTable
+from hugerec.embedding.table_config import DynamicConfig, Eviction, Missing
 
 
 def test_remap_features_matches_one_table_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hugerec.embedding.config import Normal, StorageDtype, TableConfig, Zeros
 from hugerec.embedding.fused import FusedTables, padded_dim, state_fields
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, RowWiseAdagrad
+from hugerec.embedding.table_config import Normal, StorageDtype, TableConfig, Zeros
 
 
 def test_padded_dim() -> None:

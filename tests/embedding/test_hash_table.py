@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from hugerec.embedding.config import DynamicConfig, Eviction, Missing
 from hugerec.embedding.hash_table import HashTable
-from hugerec.ops import hash_table as ht
+from hugerec.embedding.table_config import DynamicConfig, Eviction, Missing
+from hugerec.ops import hash_table_arrays as ht
 
 I64_MIN, I64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 

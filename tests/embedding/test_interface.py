@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from hugerec.embedding import EmbeddingCollection, EmbeddingModule, RowWiseAdagrad, TableConfig
-from hugerec.embedding.config import TableConfig as _TableConfig
 from hugerec.embedding.optimizers import Optimizer
+from hugerec.embedding.table_config import TableConfig as _TableConfig
 from hugerec.models import DLRM
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures

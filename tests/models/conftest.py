@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from hugerec.embedding.config import TableConfig
+from hugerec.embedding.table_config import TableConfig
 from hugerec.models.model import RecModel
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures

@@ -3,8 +3,8 @@ import torch
 from torch import nn
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import TableConfig
 from hugerec.embedding.optimizers import Adagrad
+from hugerec.embedding.table_config import TableConfig
 from hugerec.models.dcn import CrossStructure, DCNv2
 
 

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import TableConfig
 from hugerec.embedding.optimizers import Adagrad, Ftrl
+from hugerec.embedding.table_config import TableConfig
 from hugerec.models.deepfm import DeepFM
 from hugerec.models.wide import wide_tables
 

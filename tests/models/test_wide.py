@@ -1,7 +1,7 @@
 import torch
 
-from hugerec.embedding.config import DynamicConfig, Pooling, TableConfig, Zeros
 from hugerec.embedding.optimizers import SGD, Ftrl
+from hugerec.embedding.table_config import DynamicConfig, Pooling, TableConfig, Zeros
 from hugerec.models.wide import WideArch, wide_tables
 
 

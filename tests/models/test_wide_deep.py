@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import TableConfig
 from hugerec.embedding.optimizers import Adagrad, Ftrl
+from hugerec.embedding.table_config import TableConfig
 from hugerec.models.wide import wide_tables
 from hugerec.models.wide_deep import WideAndDeep
 from hugerec.sparse.batch import Batch

@@ -8,7 +8,7 @@ import hypothesis.strategies as st
 import pytest
 import torch
 
-from hugerec.ops.plan import WIDTH
+from hugerec.ops.lookup_plan import WIDTH
 
 
 @dataclass

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import Pooling, TableConfig
+from hugerec.embedding.table_config import Pooling, TableConfig
 from hugerec.models.dlrm import DLRM
 from hugerec.serving.export import export_bundle
 from hugerec.sparse.batch import Batch

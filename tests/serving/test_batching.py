@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hugerec.serving.batching import BatchingConfig, DynamicBatcher, QueueFull
-from hugerec.serving.model import ModelInputs
+from hugerec.serving.inference_model import ModelInputs
 
 
 def request(rows: list[float]) -> ModelInputs:

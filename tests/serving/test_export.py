@@ -13,12 +13,12 @@ import torch
 
 from hugerec.data.schema import Column, ColumnKind, Schema
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, Missing, Pooling, TableConfig
 from hugerec.embedding.optimizers import SGD
+from hugerec.embedding.table_config import DynamicConfig, Missing, Pooling, TableConfig
 from hugerec.models.dlrm import DLRM
 from hugerec.serving.bundle import ONNX, Bundle
+from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.export import export_bundle, export_checkpoint
-from hugerec.serving.loader import ServeOptions, load_bundle
 from hugerec.serving.protocol import Signature, to_model_inputs
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hugerec.serving.cache import CacheConfig
-from hugerec.serving.memory import MemoryStore
+from hugerec.serving.memory_store import MemoryStore
 from hugerec.serving.parameter_server import ParameterServer, TableSpec, TableUpdate
 from hugerec.serving.persistent import PersistentStore
 

@@ -15,10 +15,10 @@ from hugerec.data.preprocess.numeric import FillMissing, LogOp, Normalize
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import TableConfig
+from hugerec.embedding.table_config import TableConfig
 from hugerec.models.dlrm import DLRM
+from hugerec.serving.bundle_loader import ServeOptions
 from hugerec.serving.export import export_bundle
-from hugerec.serving.loader import ServeOptions
 from hugerec.serving.preprocess import RequestPreprocessor
 from hugerec.serving.protocol import RequestError, Signature
 from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig

@@ -19,8 +19,8 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from hugerec.serving.batching import BatchingConfig
+from hugerec.serving.bundle_loader import ServeOptions
 from hugerec.serving.export import export_bundle
-from hugerec.serving.loader import ServeOptions
 from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
 
 TOKEN = "t" * 24
@@ -281,7 +281,7 @@ def test_serve_runs_until_terminated(toy: Any, tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = (
-        "from hugerec.serving.server import serve; from hugerec.serving.loader import ServeOptions; "
+        "from hugerec.serving.server import serve; from hugerec.serving.bundle_loader import ServeOptions; "
         f"serve({str(toy.bundle)!r}, port={port}, options=ServeOptions(state_dir={str(tmp_path / 'state')!r}), threads=1)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code])

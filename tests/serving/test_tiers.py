@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hugerec.serving.memory import MemoryStore
+from hugerec.serving.memory_store import MemoryStore
 from hugerec.serving.persistent import PersistentStore
 from hugerec.serving.tiers import Store, decode_keys, encode_keys
 

@@ -17,7 +17,7 @@ import torch
 from hugerec.embedding.delta import TableDelta, UnknownRow, write_delta
 from hugerec.models.dlrm import DLRM
 from hugerec.serving.batching import BatchingConfig
-from hugerec.serving.loader import ServeOptions, load_bundle
+from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.parameter_server import TableUpdate
 from hugerec.serving.protocol import Signature, to_model_inputs
 from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig

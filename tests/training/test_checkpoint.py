@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from hugerec.distributed import checkpoint as directory_format
+from hugerec.distributed import checkpoint_directory as directory_format
 from hugerec.training.checkpoint import (
     latest_checkpoint,
     list_checkpoints,

@@ -12,8 +12,8 @@ import torch
 
 from hugerec.data.schema import Schema
 from hugerec.embedding.optimizers import RowWiseAdagrad
-from hugerec.models.config import DLRMConfig, build_model
 from hugerec.models.model import RecModel
+from hugerec.models.model_config import DLRMConfig, build_model
 from hugerec.training.model_file import load_model, save_model
 
 SCHEMA = Schema.build(dense=["d0", "d1"], sparse={"user": 50, "item": 30})

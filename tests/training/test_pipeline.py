@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, TableConfig
 from hugerec.embedding.optimizers import Adam
+from hugerec.embedding.table_config import DynamicConfig, TableConfig
 from hugerec.models.dlrm import DLRM
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import TableConfig
 from hugerec.embedding.optimizers import SGD
+from hugerec.embedding.table_config import TableConfig
 from hugerec.sparse.features import SparseFeatures
 from hugerec.training.precision import Precision, autocast, unscale_sparse_gradients
 

@@ -404,10 +404,10 @@ import os, sys, time
 import torch
 from torch import nn
 from hugerec.distributed.launch import init_from_env
-from hugerec.distributed.plan import ShardingPlan, TablePlacement
+from hugerec.distributed.sharding_plan import ShardingPlan, TablePlacement
 from hugerec.distributed.shard import shard
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, TableConfig
+from hugerec.embedding.table_config import DynamicConfig, TableConfig
 from hugerec.embedding.optimizers import Adam, RowWiseAdagrad
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures

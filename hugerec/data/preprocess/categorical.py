@@ -15,10 +15,10 @@ import polars as pl
 import pyarrow as pa
 
 from hugerec.data.preprocess.hashing import combine_hashes, flatten, hash_flat, hash_series
-from hugerec.data.preprocess.lookup import index_of
 from hugerec.data.preprocess.op import as_columns, require_scalar
 from hugerec.data.preprocess.packed import count, pack, unpack
 from hugerec.data.preprocess.stats import Stats, collect_by_name, merge_counts
+from hugerec.data.preprocess.value_index import index_of
 
 NULL_ID = 0
 OOV_ID = 1

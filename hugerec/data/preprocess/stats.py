@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from hugerec.data.preprocess.lookup import cached
+from hugerec.data.preprocess.value_index import cached
 
 Stats = dict[str, pl.DataFrame]
 

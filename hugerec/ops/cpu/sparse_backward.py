@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from hugerec.ops.cpu.lookup import as_numpy, num_chunks, one_id_per_bag, weights_numpy
+from hugerec.ops.cpu.lookup_kernels import as_numpy, num_chunks, one_id_per_bag, weights_numpy
 from hugerec.ops.cpu.rows import get, prefetch, put
-from hugerec.ops.plan import COLUMN, FEATURE, MEAN, NUM_ROWS, ROW_OFFSET, TABLE
+from hugerec.ops.lookup_plan import COLUMN, FEATURE, MEAN, NUM_ROWS, ROW_OFFSET, TABLE
 from hugerec.ops.update_rule import RuleKind, UpdateRule
 from hugerec.ops.workspace import Workspace
 
@@ -46,7 +46,7 @@ class Ids(NamedTuple):
     values: np.ndarray  # [N] int64, each id relative to its feature's table
     offsets: np.ndarray  # [F * B + 1] int64 bag offsets (feature-major)
     per_sample_weights: np.ndarray  # [N] fp32, or [0]: unweighted
-    plan: np.ndarray  # [P, plan columns] int64 (`hugerec.ops.plan`)
+    plan: np.ndarray  # [P, plan columns] int64 (`hugerec.ops.lookup_plan`)
     batch: int
     sequence: bool  # sequence features: one output row per id (no pooling)
 

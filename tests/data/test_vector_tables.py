@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from hugerec.data.preprocess.categorical import Categorify, HashBucket
 from hugerec.data.preprocess.workflow import Workflow
-from hugerec.data.vectors import VectorTable, encode_ids
+from hugerec.data.vector_tables import VectorTable, encode_ids
 
 
 def _table(ids: list[object], vectors: list[list[float]]) -> VectorTable:
@@ -135,11 +135,11 @@ def test_encode_ids_uses_the_fitted_vocabulary() -> None:
 def test_load_vectors_fills_the_models_tables(tmp_path: Path) -> None:
     """load_vectors: the side table read, L2-normalised, encoded by the workflow and loaded, so that an
     item's looked-up row is its normalised vector; without a workflow integer ids are row ids."""
-    from hugerec.data.vectors import load_vectors
-    from hugerec.embedding.config import TableConfig
+    from hugerec.data.vector_tables import load_vectors
     from hugerec.embedding.optimizers import RowWiseAdagrad
-    from hugerec.models.config import DLRMConfig, build_model
-    from hugerec.models.vectors import VectorFeature
+    from hugerec.embedding.table_config import TableConfig
+    from hugerec.models.model_config import DLRMConfig, build_model
+    from hugerec.models.vector_features import VectorFeature
     from hugerec.sparse.features import SparseFeatures
 
     frame = pl.DataFrame({"item": ["x", "y", "y", "z", "z", "z"]})

@@ -5,7 +5,7 @@
     codes = encode_ids(workflow, "item_id", table.ids) # the side table's ids as the model sees them
     rows = table.aligned(codes, num_rows)              # [num_rows, dim + 1]: row = the vector of that id
 
-Models read the aligned rows as a frozen embedding table (`hugerec.models.vectors`), so a batch
+Models read the aligned rows as a frozen embedding table (`hugerec.models.vector_features`), so a batch
 gathers its rows by the id feature it already has: vectors are never copied per example, and the
 bundle serves them like any embedding table. The last column of an aligned row is the missing flag:
 1 for an id without a vector (its vector part is zeros), 0 otherwise.
@@ -27,7 +27,7 @@ from torch import nn
 
 from hugerec.data.preprocess.categorical import FIRST_VOCAB_ID, Categorify, HashBucket
 from hugerec.data.preprocess.workflow import Workflow
-from hugerec.models.vectors import VectorArch
+from hugerec.models.vector_features import VectorArch
 
 MISSING_FLAG = 1.0  # the flag column of an aligned row whose id has no vector
 

@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from hugerec.distributed.plan import (
+from hugerec.distributed.sharding_plan import (
     DYNAMIC_ROW_OVERHEAD_BYTES,
     ShardingKind,
     ShardingPlan,
@@ -12,8 +12,8 @@ from hugerec.distributed.plan import (
     shard_bytes,
     table_shards,
 )
-from hugerec.embedding.config import DynamicConfig, Missing, StorageDtype, TableConfig
 from hugerec.embedding.optimizers import SGD, Adagrad, RowWiseAdagrad
+from hugerec.embedding.table_config import DynamicConfig, Missing, StorageDtype, TableConfig
 
 TABLES = (
     TableConfig("user", num_rows=10, dim=8, features=("user_id",)),

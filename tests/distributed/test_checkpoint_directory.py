@@ -14,13 +14,19 @@ import pytest
 import torch
 from torch import nn
 
-from hugerec.distributed.checkpoint import INDEX, holdings, is_checkpoint, load_checkpoint_dir, save_checkpoint_dir
+from hugerec.distributed.checkpoint_directory import (
+    INDEX,
+    holdings,
+    is_checkpoint,
+    load_checkpoint_dir,
+    save_checkpoint_dir,
+)
 from hugerec.distributed.launch import spawn
-from hugerec.distributed.plan import ShardingPlan, TablePlacement
 from hugerec.distributed.shard import shard
+from hugerec.distributed.sharding_plan import ShardingPlan, TablePlacement
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import DynamicConfig, Pooling, TableConfig, Zeros
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
+from hugerec.embedding.table_config import DynamicConfig, Pooling, TableConfig, Zeros
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 

@@ -22,8 +22,8 @@ import torch
 
 from hugerec.serving.bundle import EMBEDDINGS, PROGRAM_PREFIX, Bundle
 from hugerec.serving.cache import CacheConfig
-from hugerec.serving.memory import MemoryStore
-from hugerec.serving.model import InferenceModel, VectorInput
+from hugerec.serving.inference_model import InferenceModel, VectorInput
+from hugerec.serving.memory_store import MemoryStore
 from hugerec.serving.parameter_server import ParameterServer
 from hugerec.serving.persistent import PersistentStore
 from hugerec.serving.preprocess import RequestPreprocessor

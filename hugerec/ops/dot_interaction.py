@@ -2,7 +2,7 @@
 
     dot_interaction(first [B, D] or None, rest [B, F, D], self_interaction) -> [B, P]
 
-See `hugerec.ops.cpu.interaction` for the pair order and why the kernels beat torch's batched GEMM.
+See `hugerec.ops.cpu.dot_interaction_kernels` for the pair order and why the kernels beat torch's batched GEMM.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from hugerec.ops import reference
-from hugerec.ops.cpu import interaction as _cpu
+from hugerec.ops.cpu import dot_interaction_kernels as _cpu
 from hugerec.ops.workspace import OutputPool
 
 _GRADS = OutputPool(capacity=4)  # the [B, F, D] input gradients: 54 MiB at DLRM's MLPerf shape

@@ -16,12 +16,12 @@ import torch
 
 from hugerec import ops
 from hugerec.embedding.fused import FusedTables
-from hugerec.ops.plan import FEATURE, MISSING_OK, NUM_ROWS, TABLE
+from hugerec.ops.lookup_plan import FEATURE, MISSING_OK, NUM_ROWS, TABLE
 
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """The part of one lookup that a table group serves: plan [F_g, 7] (see `hugerec.ops.plan`)."""
+    """The part of one lookup that a table group serves: plan [F_g, 7] (see `hugerec.ops.lookup_plan`)."""
 
     group: int
     plan: torch.Tensor

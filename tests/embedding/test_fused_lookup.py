@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hugerec.embedding.config import Pooling, TableConfig
 from hugerec.embedding.fused import FusedTables
-from hugerec.embedding.lookup import GroupPlan, pooled_lookup, sequence_lookup
+from hugerec.embedding.fused_lookup import GroupPlan, pooled_lookup, sequence_lookup
 from hugerec.embedding.optimizers import SGD
+from hugerec.embedding.table_config import Pooling, TableConfig
 
 # one table "t" of 6 rows, dim 3; one feature; B = 2 bags: [1, 4, 1] and [5]
 VALUES = torch.tensor([1, 4, 1, 5])

@@ -58,12 +58,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-from hugerec.distributed.plan import Shard, ShardingKind
 from hugerec.distributed.routing import key_shard
 from hugerec.distributed.sharded import Placed, ShardedEmbeddingCollection, table_state
+from hugerec.distributed.sharding_plan import Shard, ShardingKind
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import Missing, TableConfig
 from hugerec.embedding.hash_table import HashTableContents
+from hugerec.embedding.table_config import Missing, TableConfig
 
 FORMAT = "hugerec-checkpoint"
 FORMAT_VERSION = 2

@@ -8,18 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from hugerec.embedding.config import TableConfig
 from hugerec.embedding.optimizers import RowWiseAdagrad
-from hugerec.models.config import (
+from hugerec.embedding.table_config import TableConfig
+from hugerec.models.model_config import (
     DCNv2Config,
     DLRMConfig,
     build_model,
     model_config_from_dict,
     model_config_to_dict,
 )
-from hugerec.models.vectors import VectorArch, VectorFeature
+from hugerec.models.vector_features import VectorArch, VectorFeature
+from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.export import export_bundle
-from hugerec.serving.loader import ServeOptions, load_bundle
 from hugerec.serving.protocol import Signature, to_model_inputs
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
@@ -147,7 +147,7 @@ def test_inline_vectors_in_requests(tmp_path: Path) -> None:
     with a request without one, each keeps its own; a bad inline vector is a 400 naming the input."""
     import dataclasses
 
-    from hugerec.serving.model import ModelInputs
+    from hugerec.serving.inference_model import ModelInputs
     from hugerec.serving.protocol import RequestError
 
     feature = dataclasses.replace(FEATURE, normalize="l2")

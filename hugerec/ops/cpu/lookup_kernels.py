@@ -16,7 +16,7 @@ import torch
 from numba import njit, prange
 
 from hugerec.ops.cpu.rows import get, prefetch
-from hugerec.ops.plan import COLUMN, FEATURE, MEAN, MISSING_OK, NUM_ROWS, ROW_OFFSET
+from hugerec.ops.lookup_plan import COLUMN, FEATURE, MEAN, MISSING_OK, NUM_ROWS, ROW_OFFSET
 
 AHEAD = 8  # ids between a prefetch and the use of its row
 

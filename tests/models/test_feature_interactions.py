@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hugerec.models.interactions import DotInteraction, FMInteraction
+from hugerec.models.feature_interactions import DotInteraction, FMInteraction
 
 
 def naive_dots(x: torch.Tensor, self_interaction: bool) -> torch.Tensor:

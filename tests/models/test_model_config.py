@@ -1,8 +1,12 @@
 import pytest
 
-from hugerec.embedding.config import TableConfig
 from hugerec.embedding.optimizers import SGD, Adagrad, Ftrl
-from hugerec.models.config import (
+from hugerec.embedding.table_config import TableConfig
+from hugerec.models.dcn import CrossStructure, DCNv2
+from hugerec.models.deepfm import DeepFM
+from hugerec.models.dlrm import DLRM
+from hugerec.models.mlp import Activation
+from hugerec.models.model_config import (
     DCNv2Config,
     DeepFMConfig,
     DLRMConfig,
@@ -11,10 +15,6 @@ from hugerec.models.config import (
     model_config_from_dict,
     model_config_to_dict,
 )
-from hugerec.models.dcn import CrossStructure, DCNv2
-from hugerec.models.deepfm import DeepFM
-from hugerec.models.dlrm import DLRM
-from hugerec.models.mlp import Activation
 from hugerec.models.wide_deep import WideAndDeep
 
 TABLES = [TableConfig("a", 30, 4), TableConfig("b", 20, 4)]

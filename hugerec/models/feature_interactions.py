@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hugerec.ops import interaction
+from hugerec.ops import dot_interaction
 
 
 class DotInteraction(nn.Module):
@@ -15,7 +15,7 @@ class DotInteraction(nn.Module):
     [B, F, D] -> [B, F*(F+1)/2]   with `self_interaction` (i <= j: the diagonal |x_i|^2 too)
 
     fp32 on the CPU (eager) runs Numba kernels that compute only the pairs
-    (`hugerec.ops.interaction`); elsewhere a batched x x^T and a gather of its triangle.
+    (`hugerec.ops.dot_interaction`); elsewhere a batched x x^T and a gather of its triangle.
     """
 
     def __init__(self, num_features: int, self_interaction: bool = False) -> None:
@@ -35,8 +35,8 @@ class DotInteraction(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 3 or x.shape[1] != self.num_features:
             raise ValueError(f"DotInteraction: expected [B, F={self.num_features}, D], got shape {tuple(x.shape)}")
-        if interaction.kernel_applies(None, x):
-            return interaction.dot_interaction(None, x, self.self_interaction)
+        if dot_interaction.kernel_applies(None, x):
+            return dot_interaction.dot_interaction(None, x, self.self_interaction)
         gram = torch.bmm(x, x.transpose(1, 2))  # [B, F, D] x [B, D, F] -> [B, F, F]
         return gram.flatten(1).index_select(1, self.pair_index)  # [B, F*F] -> [B, F*(F-1)/2]
 
@@ -52,8 +52,8 @@ class DotInteraction(nn.Module):
                 f"DotInteraction: expected [B, D] and [B, F-1={self.num_features - 1}, D], got shapes "
                 f"{tuple(first.shape)} and {tuple(rest.shape)}"
             )
-        if interaction.kernel_applies(first, rest):
-            return interaction.dot_interaction(first, rest, self.self_interaction)
+        if dot_interaction.kernel_applies(first, rest):
+            return dot_interaction.dot_interaction(first, rest, self.self_interaction)
         return self(torch.cat([first.unsqueeze(1), rest.to(first.dtype)], dim=1))
 
 

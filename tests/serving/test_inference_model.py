@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import Pooling, TableConfig
+from hugerec.embedding.table_config import Pooling, TableConfig
 from hugerec.models.dcn import DCNv2
 from hugerec.models.deepfm import DeepFM
 from hugerec.models.model import RecModel
 from hugerec.models.wide import wide_tables
 from hugerec.models.wide_deep import WideAndDeep
+from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.export import export_bundle
-from hugerec.serving.loader import ServeOptions, load_bundle
-from hugerec.serving.model import CollectionLayout, ModelInputs
+from hugerec.serving.inference_model import CollectionLayout, ModelInputs
 from hugerec.serving.protocol import Signature, to_model_inputs
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures

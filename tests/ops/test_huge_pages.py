@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from hugerec.ops import memory
+from hugerec.ops import huge_pages
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64])
-@pytest.mark.parametrize("rows", [3, memory.MIN_BYTES // 64 + 5])
+@pytest.mark.parametrize("rows", [3, huge_pages.MIN_BYTES // 64 + 5])
 def test_buffers_behave_like_torch_empty(dtype: torch.dtype, rows: int) -> None:
-    t = memory.empty((rows, 16), dtype)
+    t = huge_pages.empty((rows, 16), dtype)
     assert t.shape == (rows, 16) and t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous()
     t.fill_(3)
     t[-1, -1] = 7
@@ -25,14 +25,14 @@ def test_buffers_behave_like_torch_empty(dtype: torch.dtype, rows: int) -> None:
 
 
 def test_views_keep_the_mapping_alive() -> None:
-    view = memory.empty((memory.MIN_BYTES // 4 + 1,), torch.float32)[10:20]
+    view = huge_pages.empty((huge_pages.MIN_BYTES // 4 + 1,), torch.float32)[10:20]
     view.fill_(1.5)
     assert view.sum().item() == 15.0
 
 
 def test_numpy_buffers() -> None:
-    a = memory.empty_numpy((memory.MIN_BYTES // 4,), np.int32)
-    assert a.dtype == np.int32 and a.shape == (memory.MIN_BYTES // 4,) and a.flags.writeable
+    a = huge_pages.empty_numpy((huge_pages.MIN_BYTES // 4,), np.int32)
+    assert a.dtype == np.int32 and a.shape == (huge_pages.MIN_BYTES // 4,) and a.flags.writeable
     a.fill(-1)
     assert a.min() == a.max() == -1
 
@@ -55,7 +55,7 @@ def _thp_mode() -> str | None:
 @pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="transparent huge pages are off or absent")
 def test_large_buffers_get_huge_pages() -> None:
     before = _anon_huge_kb()
-    t = memory.empty((64 * 1024 * 1024 // 4,), torch.float32)
+    t = huge_pages.empty((64 * 1024 * 1024 // 4,), torch.float32)
     t.fill_(0.0)  # the first touch faults the pages in
     assert _anon_huge_kb() - before >= 16 * 1024  # at least a quarter of the 64 MiB on 2 MiB pages
     del t

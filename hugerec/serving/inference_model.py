@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hugerec.embedding.config import Pooling, TableConfig
+from hugerec.embedding.table_config import Pooling, TableConfig
 from hugerec.serving.parameter_server import ParameterServer, Snapshot, TableUpdate
 from hugerec.serving.program import ServedProgram, compile_program
 
@@ -150,7 +150,7 @@ def _concat_vectors(parts: Sequence[ModelInputs]) -> dict[str, np.ndarray]:
 
 @dataclass(frozen=True)
 class VectorInput:
-    """A vector feature the model reads from a frozen table (`hugerec.models.vectors`), which a request
+    """A vector feature the model reads from a frozen table (`hugerec.models.vector_features`), which a request
     may also send inline as `vector.<name>` FP32 [B, dim]; normalised as the table's rows were."""
 
     name: str

@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import TableConfig
 from hugerec.embedding.optimizers import Ftrl, Optimizer, optimizer_from_dict, optimizer_to_dict
+from hugerec.embedding.table_config import TableConfig
 from hugerec.models.dcn import CrossStructure, DCNv2
 from hugerec.models.deepfm import DeepFM
 from hugerec.models.dlrm import DLRM
 from hugerec.models.mlp import Activation, check_dims
 from hugerec.models.model import RecModel
-from hugerec.models.vectors import VectorArch, VectorFeature
+from hugerec.models.vector_features import VectorArch, VectorFeature
 from hugerec.models.wide import wide_tables
 from hugerec.models.wide_deep import WideAndDeep
 

@@ -1,4 +1,4 @@
-"""Numba kernels of the collisionless hash table (keys -> rows), see `hugerec.ops.hash_table`.
+"""Numba kernels of the collisionless hash table (keys -> rows), see `hugerec.ops.hash_table_arrays`.
 
 Layout (S slots, a power of two >= 2 C, so the load factor stays <= 0.5 and probes stay short):
 
@@ -60,7 +60,7 @@ FREED = 2
 # but its data-dependent exit branch stops the CPU from running ahead into the next keys' slots
 AHEAD = 8
 
-# eviction codes (mirrors hugerec.embedding.config.Eviction, which ops may not import)
+# eviction codes (mirrors hugerec.embedding.table_config.Eviction, which ops may not import)
 EVICT_NONE = 0
 EVICT_LRU = 1
 EVICT_LFU = 2
@@ -715,7 +715,7 @@ def find_or_insert(
     min_count: Int,
     admit_all: bool,
 ) -> tuple[Int, Int, Int, Int]:
-    """keys [N] -> rows [N] (written): touch found rows, give rows to admitted new keys (see hugerec.ops.hash_table).
+    """keys [N] -> rows [N] (written): touch found rows, give rows to admitted new keys (see hugerec.ops.hash_table_arrays).
 
     Returns (status, E, rows needed, rows protected) with reset[:E] (reset is [N]) the rows that held
     another key before and must be re-initialised. On a non-OK status nothing in the table changed.

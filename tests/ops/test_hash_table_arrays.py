@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hugerec.ops import hash_table as ht
-from hugerec.ops.cpu import hash_table as layout
+from hugerec.ops import hash_table_arrays as ht
+from hugerec.ops.cpu import hash_table_kernels as layout
 
 I64_MIN, I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 # a small key pool so sequences hit, miss, collide in batches and fill tables; it includes the int64

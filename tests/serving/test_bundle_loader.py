@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.cache import CacheConfig
 from hugerec.serving.export import export_bundle
-from hugerec.serving.loader import ServeOptions, load_bundle
 from hugerec.serving.protocol import Signature, to_model_inputs
 
 

@@ -6,7 +6,8 @@ import hypothesis.strategies as st
 import torch
 from hypothesis import given, settings
 
-from hugerec.ops import interaction, reference
+from hugerec.ops import dot_interaction as interaction
+from hugerec.ops import reference
 
 
 @settings(max_examples=60, deadline=None)

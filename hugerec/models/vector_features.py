@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.config import Pooling, TableConfig, Zeros
 from hugerec.embedding.optimizers import SGD, Optimizer, RowWiseAdagrad
+from hugerec.embedding.table_config import Pooling, TableConfig, Zeros
 from hugerec.sparse.features import SparseFeatures
 
 

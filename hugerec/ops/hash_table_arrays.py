@@ -1,6 +1,6 @@
 """Collisionless hash table ops: raw int64 keys -> rows 0..C-1 of an embedding table.
 
-The state is a bundle of numpy arrays (`HashTableArrays`, layout in `hugerec.ops.cpu.hash_table`);
+The state is a bundle of numpy arrays (`HashTableArrays`, layout in `hugerec.ops.cpu.hash_table_kernels`);
 the ops below mutate it in place. `DictHashTable` is the same contract written with Python dicts
 and lists: the specification, and the oracle the tests compare the kernels against.
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hugerec.ops import memory
-from hugerec.ops.cpu import hash_table as _cpu
+from hugerec.ops import huge_pages
+from hugerec.ops.cpu import hash_table_kernels as _cpu
 
 EVICT_NONE = _cpu.EVICT_NONE
 EVICT_LRU = _cpu.EVICT_LRU
@@ -44,7 +44,7 @@ SKETCH_MAX = 65535  # count-min counters are uint16 and saturate here
 
 @dataclass
 class HashTableArrays:
-    """Mutable state of one hash table of capacity C (see hugerec.ops.cpu.hash_table for the layout)."""
+    """Mutable state of one hash table of capacity C (see hugerec.ops.cpu.hash_table_kernels for the layout)."""
 
     slots: np.ndarray  # [S, 2] int64
     info: np.ndarray  # [C, 4] int64: KEY, LAST, COUNT, GEN
@@ -59,8 +59,8 @@ class HashTableArrays:
         num_slots = 2
         while num_slots < 2 * capacity:
             num_slots *= 2
-        # slots and row info are probed at random: huge pages (see hugerec.ops.memory)
-        slots = memory.empty_numpy((num_slots, 2), np.int64)
+        # slots and row info are probed at random: huge pages (see hugerec.ops.huge_pages)
+        slots = huge_pages.empty_numpy((num_slots, 2), np.int64)
         slots[:, 0] = 0
         slots[:, 1] = -1
         meta = np.zeros(_cpu.META_LEN, dtype=np.int64)
@@ -68,7 +68,7 @@ class HashTableArrays:
         meta[_cpu.STEP] = -1
         # written, not just zero-mapped: the capacity is claimed up front, so that the first touch of
         # each page (a page fault per 128 rows) is paid here and not by the training steps that insert
-        info = memory.empty_numpy((capacity, 4), np.int64)
+        info = huge_pages.empty_numpy((capacity, 4), np.int64)
         info.fill(0)
         row_state = np.empty(capacity, dtype=np.int8)
         row_state.fill(0)
@@ -139,7 +139,7 @@ def find_or_insert(
     status, n_reset, needed, protected = call()
     if status == _cpu.NEED_HEAP:
         # the first call that has to evict: from now on the table keeps its eviction order
-        t.heap = memory.empty_numpy((heap_capacity(t.capacity), 4), np.int64)
+        t.heap = huge_pages.empty_numpy((heap_capacity(t.capacity), 4), np.int64)
         t.heap.fill(0)
         _cpu.rebuild_heap(t.kernel(), eviction)
         status, n_reset, needed, protected = call()

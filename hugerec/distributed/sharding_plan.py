@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from hugerec.embedding.config import Missing, TableConfig
 from hugerec.embedding.optimizers import Adam, Optimizer, optimizer_from_dict, optimizer_to_dict, state_width
+from hugerec.embedding.table_config import Missing, TableConfig
 
 # Per-row bookkeeping of a dynamic table beside the row itself (int64 key, slot index, step/count).
 DYNAMIC_ROW_OVERHEAD_BYTES = 24

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hugerec.data.preprocess.lookup import _CACHE, ValueIndex, cached, index_of
+from hugerec.data.preprocess.value_index import _CACHE, ValueIndex, cached, index_of
 
 
 def _reference(values: list, query: list) -> list[int]:

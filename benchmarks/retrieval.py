@@ -20,6 +20,7 @@ exact top-100 and queries/s at batch 1 of both. Targets: recall >= 0.95, qps >= 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -50,7 +51,7 @@ from hugerec.index.topk import ScoreBlock
 from hugerec.models.mf import MatrixFactorization
 from hugerec.models.two_tower import Similarity, TwoTower, TwoTowerConfig, recent_tail
 from hugerec.sparse.jagged import JaggedTensor
-from hugerec.training.losses import NegativeSampler, SampledSoftmax, sampled_softmax
+from hugerec.training.losses import NegativeSampler, SampledSoftmax, sampled_softmax_plain
 from hugerec.training.ranking_metrics import evaluate_ranking
 from hugerec.training.retrieval import RetrievalModel, RetrievalTrainConfig, fit_retrieval, train_step, user_vectors
 
@@ -220,8 +221,12 @@ def movielens_params(quick: bool) -> dict[str, dict[str, Any]]:
 
 
 def synthetic_params(quick: bool) -> dict[str, dict[str, Any]]:
+    """The generator's logits are x_u . y_i + b_i: an unbounded dot product (a cosine / temperature caps
+    the item-popularity term), and 4 epochs, where the recall@50 of a validation split (each user's
+    second-to-last event) peaked before overfitting (2: 0.78, 4: 0.86, 6: 0.83 of the oracle)."""
     p = movielens_params(quick)
-    p["two_tower"] = {**p["two_tower"], "epochs": 3 if quick else 8}
+    tt = dataclasses.replace(p["two_tower"]["config"], similarity=Similarity.DOT, temperature=1.0)
+    p["two_tower"] = {**p["two_tower"], "config": tt, "epochs": 3 if quick else 4}
     p["mf"] = {**p["mf"], "epochs": 3 if quick else 8}
     return p
 
@@ -274,7 +279,7 @@ def train_throughput(quick: bool, log: Callable[[str], None]) -> list[Record]:
     users = items = 100_000 if quick else 1_000_000
     dim, hidden, hist, batch, negs = 64, 256, 50, 1024, 1024
     shape = f"{users // 1000}k users x {items // 1000}k items d{dim}" if quick else f"1M users x 1M items d{dim}"
-    warm, steps = (3, 10) if quick else (5, 30)
+    warm, steps = (3, 10) if quick else (5, 60)
     batches = _synthetic_batches(warm + steps, users, items, batch, hist, 0)
     counts = np.bincount(np.concatenate([b[1].numpy() for b in batches]), minlength=items) + 1.0
     loss_cfg = SampledSoftmax(num_negatives=negs)
@@ -304,7 +309,7 @@ def train_throughput(quick: bool, log: Callable[[str], None]) -> list[Record]:
         q = ref.user_vectors(u, h)
         cand = ref.item_vectors(torch.cat([it, neg]))
         log_q = sampler.log_q(torch.cat([it, neg]), batch)
-        loss = sampled_softmax(q, cand[:batch], it, cand[batch:], neg, log_q, True, cfg.temperature)
+        loss = sampled_softmax_plain(q, cand[:batch], it, cand[batch:], neg, log_q, True, cfg.temperature)
         sparse_opt.zero_grad()
         dense_opt.zero_grad()
         loss.backward()
@@ -382,6 +387,7 @@ def main() -> None:
         print(msg, flush=True)
 
     log(f"retrieval benchmark ({'quick' if args.quick else 'full'}), load {os.getloadavg()[0]:.1f}")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     records: list[Record] = []
     if args.only in (None, "quality"):
         synth_cfg = (

@@ -23,6 +23,10 @@ from the last item; popularity breaks ties), vsknn (V-SKNN, Ludewig & Jannach 20
 linear position decay, dot product with every training session's item set, the k = 100 most similar
 sessions vote for their items with their similarity).
 
+Choices (epochs, windows, max_len, lr, dropout) are made on a validation split, never on test:
+`--split valid` scores each user's second-to-last MovieLens item with the last one removed from the data,
+and `--eval-every N` prints the validation curve during training.
+
     python benchmarks/sequential.py --quick              # a few minutes on 2 shared cores
     python benchmarks/sequential.py --json seq.json      # the table in benchmarks/README.md
 """
@@ -147,16 +151,16 @@ def model_scores(model: Any, histories: np.ndarray) -> Callable[[int, int], torc
 # -- quality ----------------------------------------------------------------------------------------------
 def train_model(
     name: str, num_items: int, train: Sequences, max_len: int, epochs: int, seed: int, lr: float, batch: int, max_steps: int | None = None,
-    windows: str = "last", dropout: float = 0.2,
+    windows: str = "last", dropout: float = 0.2, layers: int = 2, heads: int = 1, progress: Callable[[Any, int], None] | None = None,
 ) -> Any:
     torch.manual_seed(seed)
-    cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=2, num_heads=1, dropout=dropout)
+    cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=layers, num_heads=heads, dropout=dropout)
     model = MODELS[name](cfg, optimizer=Adam(lr=lr))
     tc = SequentialTrainConfig(loss=FullSoftmax(), epochs=epochs, batch_size=batch, lr=lr, mask_prob=0.2, seed=seed, max_steps=max_steps)
     width = window_width(model)
     # "last": each sequence's last max_len (+ 1) items; "sliding": windows over the whole of each sequence
     data = last_n(train, width) if windows == "last" else sliding_windows(train, width)
-    report = fit_sequential(model, data, tc)
+    report = fit_sequential(model, data, tc, on_epoch=None if progress is None else lambda epoch, _: progress(model, epoch))
     print(f"  {name}: {report.steps} steps in {report.seconds:.0f} s, loss {report.losses[0]:.3f} -> {report.losses[-1]:.3f}", flush=True)
     return model
 
@@ -176,14 +180,17 @@ def evaluate(
 
 
 def movielens(
-    records: Records, quick: bool, seed: int, epochs_override: int | None = None, max_len: int = 50, windows: str = "last", dropout: float = 0.2
+    records: Records, quick: bool, seed: int, epochs_override: int | None = None, max_len: int = 50, windows: str = "last",
+    dropout: float = 0.2, split: str = "test", lr: float = 3e-3, batch: int = 128, layers: int = 2, heads: int = 1, eval_every: int = 0,
 ) -> None:
-    print("quality movielens (leave-last-out, history excluded, full ranking)", flush=True)
+    print(f"quality movielens (leave-last-out, history excluded, full ranking; scored on {split})", flush=True)
     events = read_movielens(DATA / "movielens" / "ml-1m" / "ratings.dat.gz")
     users = group_sequences(events, key="user", drop_repeats=False)
     vocab = ItemVocabulary.fit(users.items)
     seqs, _ = vocab.encode(users)
     train, targets = leave_last_out(seqs)
+    if split == "valid":  # tuning: the second-to-last item is the target, the last one is never seen
+        train, targets = leave_last_out(train)
     num_items = vocab.num_items
     histories = last_n(train, max_len)
     counts = np.bincount(train.items, minlength=num_items + 1)
@@ -192,15 +199,26 @@ def movielens(
         "item-knn": item_knn(train, num_items, histories),
         "item-transitions": transitions(train, num_items, counts, histories[:, -1]),
     }
-    epochs = epochs_override or (1 if quick else 2)
+    epochs = epochs_override or (1 if quick else 35)  # 35: best of 5..35 on --split valid (benchmarks/README.md)
+    exclude = (train.offsets, train.items)
+
+    def progress(model: Any, epoch: int) -> None:  # --eval-every: the curve the epochs are chosen from (on valid)
+        if (epoch + 1) % eval_every == 0:
+            m = rank_metrics(target_ranks(model_scores(model, histories), targets, num_items, exclude, block=512), ks=(10,))
+            print(f"    epoch {epoch + 1}: {split} recall@10 {m['recall@10']:.4f} ndcg@10 {m['ndcg@10']:.4f}", flush=True)
+
     for name in MODELS:
-        model = train_model(name, num_items, train, max_len, epochs, seed, lr=3e-3, batch=128, windows=windows, dropout=dropout)
+        model = train_model(
+            name, num_items, train, max_len, epochs, seed, lr=lr, batch=batch, windows=windows, dropout=dropout, layers=layers, heads=heads,
+            progress=progress if eval_every else None,
+        )
         scores[name] = model_scores(model, histories)
-    res = evaluate(records, "movielens", scores, targets, num_items, (train.offsets, train.items), ("recall@10", "ndcg@10"), 10)
-    for metric in ("recall@10", "ndcg@10"):
+    dataset = "movielens" if split == "test" else "movielens-valid"
+    res = evaluate(records, dataset, scores, targets, num_items, exclude, ("recall@10", "ndcg@10"), 10)
+    for metric in ("recall@10", "ndcg@10") if "hugerec-sasrec" in res else ():
         best = max(res[b][metric] for b in ("popular", "item-knn", "item-transitions"))
         ratio = res["hugerec-sasrec"][metric] / best
-        record(records, f"quality movielens {metric} ratio", "hugerec-sasrec", ratio, "x best baseline")
+        record(records, f"quality {dataset} {metric} ratio", "hugerec-sasrec", ratio, "x best baseline")
         print(f"  SASRec / best baseline {metric}: {ratio:.2f}x (target >= 1.25x)", flush=True)
 
 
@@ -224,7 +242,7 @@ def yoochoose(records: Records, quick: bool, seed: int, epochs_override: int | N
         "item-transitions": transitions(train, num_items, counts, histories[:, -1]),
         "vsknn": vsknn(train, num_items, histories),
     }
-    epochs = epochs_override or (1 if quick else 3)
+    epochs = epochs_override or (1 if quick else 6)
     for name in MODELS:
         model = train_model(name, num_items, train, max_len, epochs, seed, lr=3e-3, batch=256, max_steps=40 if quick else None)
         scores[name] = model_scores(model, histories)
@@ -285,14 +303,14 @@ def recall_at_10(score: Callable[[int, int], torch.Tensor], targets: np.ndarray,
     return rank_metrics(target_ranks(score, targets, num_items, None, block=32), ks=(10,))["recall@10"]
 
 
-def throughput(records: Records, quick: bool, seed: int) -> None:
+def throughput(records: Records, quick: bool, seed: int, seconds: float | None = None) -> None:
     num_items, max_len, dim = 1_000_000, 50, 64
     shape = "synthetic-1m-items len50 dim64"
     print(f"train {shape}", flush=True)
     train = synthetic_sequences(num_items, 6000, max_len + 1, seed)
     test = synthetic_sequences(num_items, 200, max_len + 1, seed)  # same source (the seed fixes the hot set)
     test_hist, test_tgt = test.items.reshape(200, -1)[:, :-1], test.items.reshape(200, -1)[:, -1]
-    budget = 15.0 if quick else 45.0
+    budget = seconds or (15.0 if quick else 45.0)
     torch.manual_seed(seed)
 
     # hugerec
@@ -357,13 +375,20 @@ def main() -> None:
     parser.add_argument("--json", help="write every figure to this JSON file")
     parser.add_argument("--only", default="movielens,yoochoose,train", help="comma-separated parts to run")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated hugerec models to train")
-    parser.add_argument("--epochs", type=int, help="epochs per hugerec model (default: 1 with --quick; 2 MovieLens, 3 YOOCHOOSE)")
+    parser.add_argument("--epochs", type=int, help="epochs per hugerec model (default: 1 with --quick; 35 MovieLens, 6 YOOCHOOSE)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-len", type=int, default=50, help="MovieLens: the models' max_len (histories read)")
     parser.add_argument("--windows", choices=("last", "sliding"), default="last", help="MovieLens training windows: each user's last max_len + 1 items, or windows over the whole history")
     parser.add_argument("--dropout", type=float, default=0.2, help="MovieLens: the models' dropout")
+    parser.add_argument("--split", choices=("test", "valid"), default="test", help="MovieLens: score the last item (test) or, for tuning, the second-to-last with the last one removed (valid)")
+    parser.add_argument("--lr", type=float, default=3e-3, help="MovieLens: learning rate (dense Adam and the item table's sparse Adam)")
+    parser.add_argument("--batch", type=int, default=128, help="MovieLens: sequences per step")
+    parser.add_argument("--layers", type=int, default=2, help="MovieLens: transformer blocks (GRU layers)")
+    parser.add_argument("--heads", type=int, default=1, help="MovieLens: attention heads")
+    parser.add_argument("--train-seconds", type=float, help="train part: seconds of training per side (default 45, 15 with --quick)")
+    parser.add_argument("--eval-every", type=int, default=0, help="MovieLens: print the metrics of the split every N epochs (choose epochs on --split valid only)")
     args = parser.parse_args()
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", min(2, os.cpu_count() or 1))))  # OMP_NUM_THREADS=1 on a shared machine
     records: Records = []
     for name in list(MODELS):
         if name not in args.models.split(","):
@@ -374,9 +399,12 @@ def main() -> None:
     if "yoochoose" in parts:
         yoochoose(records, args.quick, args.seed, args.epochs)
     if "movielens" in parts:
-        movielens(records, args.quick, args.seed, args.epochs, args.max_len, args.windows, args.dropout)
+        movielens(
+            records, args.quick, args.seed, args.epochs, args.max_len, args.windows, args.dropout, args.split, args.lr, args.batch, args.layers, args.heads,
+            args.eval_every,
+        )
     if "train" in parts:
-        throughput(records, args.quick, args.seed)
+        throughput(records, args.quick, args.seed, args.train_seconds)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)

@@ -121,6 +121,8 @@ class SequencesSection:
     windows         "last": train on each sequence's last max_len items; "sliding": on windows covering
                     all of each sequence (consecutive windows share one item; long user histories give
                     several windows, so every transition is trained)
+    augment_reversed  also train on a reversed copy of every training sequence (`with_reversed`; the
+                    test side is never reversed)
     batch_size      training windows per step
     ks              the K of Recall/MRR/NDCG@K in train's and evaluate's report
     """
@@ -140,6 +142,7 @@ class SequencesSection:
     test_days: int = 1
     max_sequences: int | None = None
     windows: Windows = Windows.LAST
+    augment_reversed: bool = False
     batch_size: int = 128
     ks: tuple[int, ...] = (10, 20)
 

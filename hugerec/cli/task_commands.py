@@ -58,6 +58,7 @@ from hugerec.data.sessions import (
     prefixes,
     sliding_windows,
     split_by_day,
+    with_reversed,
 )
 from hugerec.data.sessions import leave_last_out as sequences_leave_last_out
 from hugerec.data.shards import expand_paths
@@ -286,11 +287,12 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
         seed=cfg.train.seed or 0,
     )
     width = window_width(seq_model)
+    train = with_reversed(d.train) if cfg.sequences.augment_reversed else d.train
     match cfg.sequences.windows:
         case Windows.LAST:
-            windows = last_n(d.train, width)
+            windows = last_n(train, width)
         case Windows.SLIDING:
-            windows = sliding_windows(d.train, width)
+            windows = sliding_windows(train, width)
     report = fit_sequential(seq_model, windows, tc, item_counts=counts)
     losses = ", ".join(f"{x:.4f}" for x in report.losses)
     print(f"  {report.steps:,} steps, {report.samples_per_second:,.0f} sequences/s; loss per epoch {losses}", flush=True)

@@ -31,6 +31,7 @@ from hugerec.data.sessions import (
     read_yoochoose,
     sliding_windows,
     split_by_day,
+    with_reversed,
 )
 from hugerec.data.shards import ShardWriter, count_rows, expand_paths, prebatch, split_shards
 from hugerec.data.synthetic import (
@@ -114,4 +115,5 @@ __all__ = [
     "to_parquet",
     "transform_raw",
     "with_joins",
+    "with_reversed",
 ]

@@ -211,20 +211,58 @@ def prefixes(seqs: Sequences) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return seq, end, seqs.items[end]
 
 
-def last_n(seqs: Sequences, max_len: int, rows: np.ndarray | None = None, ends: np.ndarray | None = None) -> np.ndarray:
+def last_n(
+    seqs: Sequences, max_len: int, rows: np.ndarray | None = None, ends: np.ndarray | None = None, values: np.ndarray | None = None
+) -> np.ndarray:
     """[R, max_len] int64: the last max_len items of each sequence before `ends` (default: its end), left-padded with PAD.
 
     rows [R] picks sequences (default all); ends [R] are absolute positions into `items`.
     Longer sequences are truncated to their most recent max_len items.
+    values [N]: a list feature beside the items (`item_feature`, `Sequences.time_gaps`) to slice and pad
+    the same way instead of the items, so its column t describes the item in column t.
     """
     if max_len < 1:
         raise ValueError(f"last_n: max_len must be >= 1, got {max_len}")
+    source = seqs.items if values is None else np.asarray(values)
+    if len(source) != len(seqs.items):
+        raise ValueError(f"last_n: values has {len(source)} entries but the sequences have {len(seqs.items)} items")
     rows = np.arange(len(seqs), dtype=np.int64) if rows is None else rows
     starts = seqs.offsets[rows]
     ends = seqs.offsets[rows + 1] if ends is None else ends
     pos = ends[:, None] - max_len + np.arange(max_len)[None, :]  # [R, max_len] absolute positions
     valid = pos >= starts[:, None]
-    return np.where(valid, seqs.items[np.where(valid, pos, 0)] if len(seqs.items) else PAD, PAD).astype(np.int64)
+    return np.where(valid, source[np.where(valid, pos, 0)] if len(source) else PAD, PAD).astype(np.int64)
+
+
+def item_feature(seqs: Sequences, table: np.ndarray, name: str = "item feature") -> np.ndarray:
+    """[N] a per-item attribute (e.g. the category) as a list feature beside the items: table[items].
+
+    table [I + 1] is indexed by the sequences' dense item id (row 0, the padding id, is never read for
+    an item). An id outside the table is an error naming it, never a silent default.
+    """
+    table = np.asarray(table)
+    if len(seqs.items) and (int(seqs.items.min()) < 0 or int(seqs.items.max()) >= len(table)):
+        bad = int(seqs.items[(seqs.items < 0) | (seqs.items >= len(table))][0])
+        raise ValueError(f"item_feature: {name} has {len(table)} rows but the sequences hold item id {bad}")
+    return table[seqs.items]
+
+
+def with_reversed(seqs: Sequences) -> Sequences:
+    """Training augmentation: the sequences followed by a reversed copy of each (same keys, items and
+    timestamps read backwards). A model then also learns which item came before a run of items. For
+    training windows only: a reversed copy is not in time order, so never split or evaluate on it.
+    """
+    lengths = seqs.lengths
+    starts = seqs.offsets[:-1]
+    # position k of sequence s reversed: offsets[s + 1] - 1 - (k - offsets[s])
+    back = np.repeat(starts + seqs.offsets[1:] - 1, lengths) - np.arange(len(seqs.items))
+    offsets = np.concatenate([seqs.offsets, seqs.offsets[1:] + seqs.offsets[-1]]).astype(np.int64)
+    return Sequences(
+        np.concatenate([seqs.keys, seqs.keys]),
+        offsets,
+        np.concatenate([seqs.items, seqs.items[back]]),
+        np.concatenate([seqs.timestamps, seqs.timestamps[back]]),
+    )
 
 
 def sliding_windows(seqs: Sequences, width: int, stride: int | None = None) -> np.ndarray:

@@ -20,7 +20,7 @@ Item rows are updated by the model's sparse optimizer inside the backward; the d
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -111,13 +111,18 @@ def window_width(model: SequenceModel) -> int:
 
 
 def fit_sequential(
-    model: SequenceModel, windows: np.ndarray | torch.Tensor, cfg: SequentialTrainConfig, item_counts: np.ndarray | None = None
+    model: SequenceModel,
+    windows: np.ndarray | torch.Tensor,
+    cfg: SequentialTrainConfig,
+    item_counts: np.ndarray | None = None,
+    on_epoch: Callable[[int, float], None] | None = None,
 ) -> TrainReport:
     """Train on windows [S, W] (dense item ids 1..I, left-padded with PAD; `hugerec.data.sessions.last_n`
     of the training sequences with W = window_width(model)) and report steps, samples, time and losses.
 
     item_counts [I + 1] (index = item id) sets the popularity negatives and logQ of SampledSoftmax
-    (default: counted from the windows).
+    (default: counted from the windows). on_epoch(epoch, mean loss) runs after each epoch (in eval mode;
+    training resumes in train mode), e.g. to score a validation split.
     """
     windows = torch.as_tensor(windows, dtype=torch.int64)
     if windows.dim() != 2 or windows.shape[1] != window_width(model):
@@ -153,6 +158,10 @@ def fit_sequential(
         losses.append(total / max(n, 1))
         if cfg.max_steps is not None and steps >= cfg.max_steps:
             break
+        if on_epoch is not None:
+            model.train(False)
+            on_epoch(len(losses) - 1, losses[-1])
+            model.train()
     model.train(False)
     return TrainReport(steps, samples, time.perf_counter() - start, tuple(losses))
 

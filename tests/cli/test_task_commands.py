@@ -330,6 +330,16 @@ def test_sliding_windows_train_on_more_windows(sequential_dir: Path, capsys: pyt
     assert seen["sliding"] > seen["last"] >= 1
 
 
+def test_reversed_augmentation_adds_a_window_per_sequence(sequential_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """sequences.augment_reversed trains on every sequence and its reversed copy: twice the windows (batch 1 here)."""
+    seen = {}
+    for flag in ("false", "true"):
+        args = ["train", "sasrec.toml", "sequences.batch_size=1", f"sequences.augment_reversed={flag}", "train.max_steps=none"]
+        assert main(args) == 0
+        seen[flag] = int(capsys.readouterr().out.split(" steps,")[0].split()[-1].replace(",", ""))
+    assert seen["true"] == 2 * seen["false"]
+
+
 # -- the shipped configs on the real samples -----------------------------------------------------------
 def _data_root() -> Path | None:
     env = os.environ.get("HUGEREC_DATA")

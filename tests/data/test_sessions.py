@@ -16,6 +16,7 @@ from hugerec.data.sessions import (
     ItemVocabulary,
     Sequences,
     group_sequences,
+    item_feature,
     last_n,
     leave_last_out,
     prefixes,
@@ -23,6 +24,7 @@ from hugerec.data.sessions import (
     read_yoochoose,
     sliding_windows,
     split_by_day,
+    with_reversed,
 )
 
 DATA = Path(os.environ.get("HUGEREC_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
@@ -177,3 +179,34 @@ def test_sliding_windows_bad_arguments() -> None:
         sliding_windows(seqs, 1)
     with pytest.raises(ValueError, match="stride must be >= 1"):
         sliding_windows(seqs, 3, 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(0, 6), min_size=0, max_size=6))
+def test_with_reversed_appends_each_sequence_backwards(lengths: list[int]) -> None:
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    items = np.arange(1, int(offsets[-1]) + 1, dtype=np.int64)
+    seqs = Sequences(np.arange(len(lengths)) + 100, offsets, items, items * 10)
+    got = with_reversed(seqs)
+    n = len(lengths)
+    assert len(got) == 2 * n and got.keys.tolist() == seqs.keys.tolist() * 2
+    for s in range(n):
+        forward = items[offsets[s] : offsets[s + 1]].tolist()
+        assert got.items[got.offsets[s] : got.offsets[s + 1]].tolist() == forward
+        assert got.items[got.offsets[n + s] : got.offsets[n + s + 1]].tolist() == forward[::-1]
+        assert got.timestamps[got.offsets[n + s] : got.offsets[n + s + 1]].tolist() == [10 * i for i in forward[::-1]]
+
+
+def test_list_features_beside_the_items_are_sliced_like_the_items() -> None:
+    seqs = Sequences(np.arange(2), np.array([0, 4, 6]), np.array([1, 2, 3, 1, 3, 2]), np.array([0, 5, 7, 20, 100, 160]))
+    category = np.array([0, 11, 22, 33])  # row 0: padding
+    cats = item_feature(seqs, category, "category")
+    assert cats.tolist() == [11, 22, 33, 11, 33, 22]
+    # the last 3 items of each sequence and, column for column, their categories and time gaps
+    assert last_n(seqs, 3).tolist() == [[2, 3, 1], [0, 3, 2]]
+    assert last_n(seqs, 3, values=cats).tolist() == [[22, 33, 11], [0, 33, 22]]
+    assert last_n(seqs, 3, values=seqs.time_gaps()).tolist() == [[5, 2, 13], [0, 0, 60]]
+    with pytest.raises(ValueError, match="category has 3 rows but the sequences hold item id 3"):
+        item_feature(seqs, category[:3], "category")
+    with pytest.raises(ValueError, match="values has 2 entries but the sequences have 6 items"):
+        last_n(seqs, 3, values=np.zeros(2))

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from hugerec.training.losses import BPR, Negatives, NegativeSampler, SampledSoftmax, bpr, sampled_softmax
+from hugerec.training.losses import (
+    BPR,
+    Negatives,
+    NegativeSampler,
+    SampledSoftmax,
+    bpr,
+    sampled_softmax,
+    sampled_softmax_plain,
+)
 
 
 def test_hand_computed_mixed_with_logq() -> None:
@@ -97,3 +105,25 @@ def test_sampler_distributions_and_errors() -> None:
         SampledSoftmax(alpha=2.0)
     with pytest.raises(ValueError, match="item_counts"):
         NegativeSampler(SampledSoftmax(), np.zeros(3))
+
+
+@pytest.mark.parametrize("use_log_q", [True, False])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fused_in_batch_matches_the_plain_formulation(use_log_q: bool, seed: int) -> None:
+    """The fused in-batch path (one addmm, in-place mask and softmax, hand-written backward) against the
+    plain torch ops and autograd, at a size where accidental hits and repeated positives occur."""
+    g = torch.Generator().manual_seed(seed)
+    b, m, d, items = 64, 48, 8, 40
+    pos_ids, neg_ids = torch.randint(0, items, (b,), generator=g), torch.randint(0, items, (m,), generator=g)
+    log_q = torch.randn(b + m, generator=g) if use_log_q else None
+    tensors = [torch.randn(n, d, generator=g, requires_grad=True) for n in (b, b, m)]
+    got = sampled_softmax(tensors[0], tensors[1], pos_ids, tensors[2], neg_ids, log_q, True, 0.2)
+    want = sampled_softmax_plain(tensors[0], tensors[1], pos_ids, tensors[2], neg_ids, log_q, True, 0.2)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    (got * 3.0).backward()  # a non-unit upstream gradient
+    grads = [t.grad.clone() for t in tensors if t.grad is not None]
+    for t in tensors:
+        t.grad = None
+    (want * 3.0).backward()
+    for a, t in zip(grads, tensors, strict=True):
+        torch.testing.assert_close(a, t.grad, rtol=1e-4, atol=1e-6)

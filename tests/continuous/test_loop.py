@@ -87,7 +87,7 @@ import sys
 sys.path.insert(0, {root!r})
 from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec
 from hugerec.data.synthetic_stream import Stream, StreamConfig
-small = StreamConfig(days=5, rows_per_day=6000, num_sparse=4, num_dense=2, vocabulary=500, seed=3)
+small = StreamConfig(days=5, rows_per_day=40000, num_sparse=4, num_dense=2, vocabulary=500, seed=3)
 stream = Stream(small)
 spec = ModelSpec(dim=4, capacity=4000, bottom=(8, 4), top=(8, 1), sparse_lr=0.1)
 config = LoopConfig({work!r}, small.schema, model=spec, batch_size=128, lr=1e-2, epochs=2)

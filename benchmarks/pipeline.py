@@ -125,13 +125,18 @@ class Naive:
         from hugerec.embedding.table_config import TableConfig
         from hugerec.models.dlrm import DLRM
 
-        world = np.load(workdir / "world.npz")
+        # an NpzFile reads an array from its zip on every access: read each once (indexing world[...][i] per
+        # item was quadratic, and at 1M items the naive side never finished building its dicts)
+        with np.load(workdir / "world.npz") as npz:
+            world = {name: npz[name] for name in npz.files}
         self.user_vectors = np.load(workdir / "user_vectors.npy")
         self.item_vectors = np.load(workdir / "item_vectors.npy")
         cols = ("available", "region", "category", "price", "promoted")
         self.items = pd.DataFrame({c: world[f"item_{c}"] for c in cols}, index=pd.RangeIndex(items, name="item"))
-        self.item_dict = {i: {c: world[f"item_{c}"][i].item() for c in cols} for i in range(items)}
-        self.user_dict = {u: {"age": int(world["user_age"][u]), "region": int(world["user_region"][u])} for u in range(users)}
+        columns = {c: world[f"item_{c}"].tolist() for c in cols}
+        self.item_dict = {i: {c: columns[c][i] for c in cols} for i in range(items)}
+        ages, regions = world["user_age"].tolist(), world["user_region"].tolist()
+        self.user_dict = {u: {"age": int(ages[u]), "region": int(regions[u])} for u in range(users)}
         self.seen: dict[int, set[int]] = {}
         for u, i in zip(world["seen_u"].tolist(), world["seen_i"].tolist(), strict=True):
             self.seen.setdefault(u, set()).add(i)

@@ -180,6 +180,7 @@ def spawn(
     for _ in procs:
         rank, ok, value = _get(results, procs, timeout_s)
         if ok:
+            # the bytes come over the in-memory queue from the child this call started, never from a file
             got[rank] = pickle.loads(value)
         elif failure is None:
             failure = f"spawn: rank {rank} failed:\n{value}"

@@ -72,13 +72,14 @@ def test_dask_local_cluster_matches_in_process(tmp_path: Path, criteo_tsv: Path)
     assert pl.read_parquet(result.paths).equals(on_dask.transform_frame(raw))
 
 
-def _files_beside(job: str, item: int) -> list[str]:
-    """In a worker: the plain files in the parent's temporary folder (`job`), and the item."""
-    return [*sorted(n for n in os.listdir(job) if os.path.isfile(os.path.join(job, n))), str(item)]
-
-
 def test_local_workers_get_the_job_in_memory_not_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The job reached the workers as a pickle in a temporary file they loaded: now it is handed to each
-    worker as it starts, and no file is written for it (nothing the package loads from disk is a pickle)."""
+    worker as it starts, and no file is written for it (nothing the package loads from disk is a pickle).
+
+    The job is `os.listdir` and each item the parent's temporary folder, so every worker lists that folder
+    while it runs; both are importable by name in a forkserver worker, which a function defined in this
+    test module is not (pytest imports it without putting the repository on the workers' sys.path)."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    assert list(run_tasks(_files_beside, str(tmp_path), [1, 2, 3], 2)) == [["1"], ["2"], ["3"]]
+    (tmp_path / "data.parquet").write_bytes(b"")
+    listed = list(run_tasks(operator.call, os.listdir, [str(tmp_path)] * 3, 2))
+    assert listed == [["data.parquet"]] * 3

@@ -43,10 +43,16 @@ def check_tree_schema(schema: Schema) -> None:
 
 
 def read_matrix(
-    paths: str | Path | Sequence[str | Path], schema: Schema, labels: bool = True, group: str | None = None
+    paths: str | Path | Sequence[str | Path],
+    schema: Schema,
+    labels: bool = True,
+    group: str | None = None,
+    grades: bool | None = None,
 ) -> FeatureMatrix:
     """Every row of the shards at `paths` as a FeatureMatrix (labels: read the label column too; group:
-    the query column of a ranking objective, named model.group in errors)."""
+    the query column of a ranking objective, named model.group in errors; grades: labels are relevance
+    grades rather than 0/1, by default when there is a group)."""
+    grades = group is not None if grades is None else grades
     check_tree_schema(schema)
     names = (*schema.dense_names, *schema.sparse_names)
     label = schema.label_names[0]
@@ -73,10 +79,10 @@ def read_matrix(
         raise ValueError(f"{paths} holds no rows (empty dataset)")
     x = np.concatenate(parts)
     y = np.concatenate(ys) if labels else np.zeros(0, np.float32)
-    if labels and group is None and not np.isin(y, (0.0, 1.0)).all():
+    if labels and not grades and not np.isin(y, (0.0, 1.0)).all():
         bad = y[~np.isin(y, (0.0, 1.0))][0]
         raise ValueError(f"label column {label!r} must hold 0 or 1, got {bad}")
-    if labels and group is not None and not ((y >= 0) & (y == np.round(y))).all():
+    if labels and grades and not ((y >= 0) & (y == np.round(y))).all():
         bad = y[~((y >= 0) & (y == np.round(y)))][0]
         raise ValueError(f"label column {label!r} must hold relevance grades (integers >= 0) for ranking, got {bad}")
     if group is None:

@@ -83,7 +83,7 @@ class Forest:
         """[M] int32: FLAG_* of each inner node."""
         return self.nodes[:, 0] >> 24
 
-    def _arrays(self) -> tuple[np.ndarray, ...]:
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """What the kernels read, in their argument order."""
         return self.roots, self.nodes, self.nodes.view(np.float32), self.leaves, self.cat_bits
 

@@ -396,7 +396,8 @@ def _train_trees(cfg: RunConfig) -> None:
         f"train: {history.rounds} rounds in {history.seconds:.1f} s{stopped}, best round {history.best_round}{result}"
     )
     model = default_tree_model(cfg)
-    print(f"  model {model} (the best round's trees)   log {cfg.out_dir / 'metrics.jsonl'}   plot {history.plot}")
+    plot = "" if history.plot is None else f"   plot {history.plot}"
+    print(f"  model {model} (the best round's trees)   log {cfg.out_dir / 'metrics.jsonl'}{plot}")
 
 
 def _train(cfg: RunConfig, args: argparse.Namespace) -> None:

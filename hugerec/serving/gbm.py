@@ -14,7 +14,8 @@ InferenceModel (num_dense, features, vector_signature, device too), so the serve
 protocol and a pipeline's Score stage use either alike. The row of an example is its dense values,
 then one id per sparse feature; an example without an id for a feature (lengths 0) and a NaN dense
 value are missing values, which the trees route as trained (hugerec.serving.forest). More than one
-id for a feature is refused (400) by the request signature.
+id for a feature is refused (400) by the request signature. For a ranking model (lambdarank, rank:ndcg,
+rank:pairwise) the logits are the raw ranking scores ("scores", their sigmoid, rank the same).
 
 Scoring path (`GBMPredictor`): "forest" (default) parses the model into flat arrays once and scores
 them with a Numba kernel, without the library's per-call overhead (500 trees, same run on the loaded

@@ -19,7 +19,7 @@ rank:pairwise) the logits are the raw ranking scores ("scores", their sigmoid, r
 
 Scoring path (`GBMPredictor`): "forest" (default) parses the model into flat arrays once and scores
 them with a Numba kernel, without the library's per-call overhead (500 trees, same run on the loaded
-2-core VM: 1.6x LightGBM's predict at batch 1, 1.4x at 256; 12.8x and 1.3x XGBoost's inplace_predict;
+2-core VM: 3.7x LightGBM's predict at batch 1, 1.7x at 256; 46x and 1.3x XGBoost's inplace_predict;
 benchmarks/serving.py --gbm-only); "library" calls the library's own predict.
 """
 

@@ -158,8 +158,9 @@ def export_trees(cfg: RunConfig, model_path: Path | None = None, out: Path | Non
     """The trained trees + schema + the fitted workflow (when there is one) -> a GBM serving bundle."""
     from hugerec.serving.gbm import export_gbm_bundle  # the serving stack is only needed here
 
-    model, schema, path = load_tree_model(cfg, model_path)
+    model, schema, path, config = _load(cfg, model_path)
     workflow_dir = Path(cfg.preprocess.out) / "workflow"
     workflow = Workflow.load(workflow_dir) if workflow_dir.is_dir() else None
     target = out or cfg.out_dir / "bundle"
-    return export_gbm_bundle(path, model.library, target, schema, workflow, overwrite=True)
+    info = {"objective": config.objective, **({"group": config.group} if is_ranking(config) else {})}
+    return export_gbm_bundle(path, model.library, target, schema, workflow, info=info, overwrite=True)

@@ -160,7 +160,9 @@ def test_ranking_train_evaluate_export_serve(
     np.testing.assert_allclose(table.column("score").to_numpy(), model.margin(rows.x), rtol=1e-6, atol=1e-6)
 
     assert main(["export", *args]) == 0, capsys.readouterr().err
-    served = load_gbm_bundle("runs/rank/bundle").model
+    bundle = load_gbm_bundle("runs/rank/bundle")
+    assert bundle.manifest["info"]["objective"] == objective and bundle.manifest["info"]["group"] == "query"
+    served = bundle.model
     x = rows.x
     ids = {f: (x[:, 2 + j].astype(np.int64), np.ones(len(x), np.int32)) for j, f in enumerate(("C1", "C2"))}
     logits = served.predict(ModelInputs(np.ascontiguousarray(x[:, :2]), ids))

@@ -104,9 +104,11 @@ def test_forest_equals_the_library(library: Library, variant: str) -> None:
     else:
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)  # XGBoost sums in float32
     assert_equal(got, margin_reference(forest, x))
-    for rows in (x[:1], x[:200]):  # the calling thread's kernel, and the columns entry point
-        assert_equal(forest.margin_columns(np.ascontiguousarray(rows.T)), margin_reference(forest, rows))
-        assert_equal(_score_one_thread(forest, rows), margin_reference(forest, rows))
+    for rows in (x[:1], x[:200]):  # the columns entry point, and each kernel whatever the thread count
+        want = margin_reference(forest, rows)
+        assert_equal(forest.margin_columns(np.ascontiguousarray(rows.T)), want)
+        for got in _each_kernel(forest, rows):
+            assert_equal(got, want)
 
 
 def _edges(forest: Forest) -> np.ndarray:
@@ -123,13 +125,15 @@ def _edges(forest: Forest) -> np.ndarray:
     return x
 
 
-def _score_one_thread(forest: Forest, x: np.ndarray) -> np.ndarray:
-    from hugerec.serving.forest import _score
+def _each_kernel(forest: Forest, x: np.ndarray) -> list[np.ndarray]:
+    """The raw scores of the calling thread's kernel and of the parallel one (blocks over Numba's threads)."""
+    from hugerec.serving.forest import _BLOCK, _score, _score_parallel
 
     xt = np.ascontiguousarray(x.T)
-    out = np.empty(x.shape[0])
-    _score(xt, *forest._arrays(), forest.base, 0, x.shape[0], out)
-    return out
+    one, parallel = np.empty(x.shape[0]), np.empty(x.shape[0])
+    _score(xt, *forest._arrays(), forest.base, 0, x.shape[0], one)
+    _score_parallel(xt, *forest._arrays(), forest.base, -(-x.shape[0] // _BLOCK), parallel)
+    return [one, parallel]
 
 
 def test_forest_refuses_what_it_cannot_score() -> None:

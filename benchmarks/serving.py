@@ -20,8 +20,9 @@ against a Python dict.
 Gradient-boosted trees (`--gbm-only` runs just this part; skipped without `pip install 'hugerec[gbm]'`):
 a 500-tree LightGBM (and XGBoost) model trained on Criteo-shaped rows (13 dense, 26 categorical ids),
 exported as a GBM bundle. In process: hugerec-lightgbm (GBMModel.predict: the flat forest's Numba
-kernel) against naive-lightgbm (Booster.predict, raw scores, one thread) on the same rows, us per row
-at batch 1 and 256. Over HTTP: our server with the GBM bundle (KServe v2 binary, dynamic batching)
+kernel, with Numba's threads: batches of 128 rows or more are split over them; also with one thread,
+hugerec-lightgbm-1thread, when NUMBA_NUM_THREADS > 1) against naive-lightgbm (Booster.predict, raw
+scores, one thread) on the same rows, us per row at batch 1 and 256. Over HTTP: our server with the GBM bundle (KServe v2 binary, dynamic batching)
 against naive-lightgbm (FastAPI + pydantic, Booster.predict per request), batch 1 from 16 clients and
 batch 256 from 4 clients: p50 / p99 latency and throughput, interleaved like the DLRM runs.
 
@@ -44,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numba
 import numpy as np
 import torch
 from pydantic import BaseModel
@@ -211,8 +213,15 @@ def gbm_in_process(library: str, path: Path, bundle: Path, seconds: float) -> li
         inputs = ModelInputs.from_one_id(dense, FEATURES, np.ascontiguousarray(ids.T))
         x = np.hstack([dense, ids.astype(np.float32)])
         np.testing.assert_allclose(model.predict(inputs), tree.margin(x), rtol=1e-4, atol=1e-4)
-        for method in (f"hugerec-{library}", f"naive-{library}"):
+        # ours with Numba's threads (NUMBA_NUM_THREADS; batches >= PARALLEL_ROWS are split over them) and,
+        # when there are several, with one; the naive side is the library's predict with one thread
+        threads = numba.get_num_threads()
+        sides = [(f"hugerec-{library}", threads)]
+        if threads > 1:
+            sides.append((f"hugerec-{library}-1thread", 1))
+        for method, n in [*sides, (f"naive-{library}", 1)]:
             ours = method.startswith("hugerec")
+            numba.set_num_threads(n)
             calls, t0 = 0, time.perf_counter()
             while time.perf_counter() - t0 < seconds:
                 if ours:
@@ -221,8 +230,11 @@ def gbm_in_process(library: str, path: Path, bundle: Path, seconds: float) -> li
                     tree.margin(x)
                 calls += 1
             us = (time.perf_counter() - t0) / calls / batch * 1e6
-            records.append(_record(f"gbm in-process b={batch}", method, us, "us/row", False, trees=GBM_TREES))
-            print(f"gbm in-process b={batch:<4d} {method:18s} {us:9.2f} us/row", flush=True)
+            numba.set_num_threads(threads)
+            records.append(
+                _record(f"gbm in-process b={batch}", method, us, "us/row", False, trees=GBM_TREES, threads=n)
+            )
+            print(f"gbm in-process b={batch:<4d} {method:26s} {us:9.2f} us/row", flush=True)
     return records
 
 
@@ -655,11 +667,12 @@ def _print_table(records: list[dict[str, Any]]) -> None:
             baseline.get("ps lookup") if r["config"].startswith("ps lookup tier") else None
         )
         if r["config"].startswith(("gbm", "throughput gbm", "p50 gbm", "p99 gbm")):
-            base = naive.get((r["config"], r["method"].removeprefix("hugerec-"))) if r["method"].startswith("hugerec-") else None
+            library = r["method"].removeprefix("hugerec-").removesuffix("-1thread")
+            base = naive.get((r["config"], library)) if r["method"].startswith("hugerec-") else None
         ratio = ""
         if base and r["method"] not in (BASELINE, "baseline-dict"):
             ratio = f"{(r['value'] / base) if r['higher_is_better'] else (base / r['value']):.2f}x"
-        print(f"{r['config']:34s} {r['method']:16s} {r['value']:14.2f} {r['unit']:12s} {ratio:>14s}")
+        print(f"{r['config']:34s} {r['method']:26s} {r['value']:14.2f} {r['unit']:12s} {ratio:>14s}")
     print("(ratio > 1: ours better; for latencies it is baseline / ours)")
 
 

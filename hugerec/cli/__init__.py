@@ -385,13 +385,19 @@ def _train_trees(cfg: RunConfig) -> None:
 
     history = train_trees(cfg)
     last = history.final_eval
-    result = "" if last is None else f"; eval AUC {last['auc']:.4f} logloss {last['logloss']:.4f}"
+    if last is None:
+        result = ""
+    elif "auc" in last:
+        result = f"; eval AUC {last['auc']:.4f} logloss {last['logloss']:.4f}"
+    else:  # a ranking objective: NDCG@K, MAP@K, MRR@K per query
+        result = "; eval " + " ".join(f"{k} {v:.4f}" for k, v in last.items() if "@" in k)
     stopped = " (stopped early)" if history.stopped_early else ""
     print(
         f"train: {history.rounds} rounds in {history.seconds:.1f} s{stopped}, best round {history.best_round}{result}"
     )
     model = default_tree_model(cfg)
-    print(f"  model {model} (the best round's trees)   log {cfg.out_dir / 'metrics.jsonl'}   plot {history.plot}")
+    plot = "" if history.plot is None else f"   plot {history.plot}"
+    print(f"  model {model} (the best round's trees)   log {cfg.out_dir / 'metrics.jsonl'}{plot}")
 
 
 def _train(cfg: RunConfig, args: argparse.Namespace) -> None:

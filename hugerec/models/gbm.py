@@ -2,6 +2,9 @@
 
     [model]
     type = "lightgbm"        # or "xgboost"; needs the optional extra: pip install 'hugerec[gbm]'
+    objective = "lambdarank" # learning to rank (XGBoost: "rank:ndcg" | "rank:pairwise"); default: binary
+    group = "user_id"        # the column whose equal values make a query (ranking objectives only)
+    eval_at = 10             # K of the ranking metrics NDCG@K, MAP@K, MRR@K (early stopping on NDCG@K)
 
     FeatureMatrix(x [N, Dd + F] float32, labels [N], names, num_dense, categorical)
         columns: the dense features as they are, then one column per sparse feature holding its id
@@ -65,6 +68,27 @@ def _positive(where: str, **values: Any) -> None:
             raise ValueError(f"{where}: {name} must be > 0, got {v!r}")
 
 
+BINARY_OBJECTIVES = {"lightgbm": "binary", "xgboost": "binary:logistic"}
+RANKING_OBJECTIVES = {"lightgbm": ("lambdarank",), "xgboost": ("rank:ndcg", "rank:pairwise")}
+
+
+def _objective(config: Any, where: str, library: str) -> None:
+    """The objective is the library's binary one or one of its ranking ones; a ranking one needs `group`."""
+    allowed = (BINARY_OBJECTIVES[library], *RANKING_OBJECTIVES[library])
+    if config.objective not in allowed:
+        raise ValueError(f"{where}: objective must be one of {list(allowed)} for {library}, got {config.objective!r}")
+    ranking = config.objective in RANKING_OBJECTIVES[library]
+    if ranking and not (isinstance(config.group, str) and config.group):
+        raise ValueError(
+            f"{where}: objective {config.objective!r} ranks the rows of a query: set model.group to the column "
+            "that names each row's query (e.g. a user or request id)"
+        )
+    if not ranking and config.group is not None:
+        raise ValueError(f"{where}: group {config.group!r} is only for a ranking objective {list(RANKING_OBJECTIVES[library])}")
+    if isinstance(config.eval_at, bool) or not isinstance(config.eval_at, int) or config.eval_at < 1:
+        raise ValueError(f"{where}: eval_at must be an integer >= 1, got {config.eval_at!r}")
+
+
 def _common(config: Any, where: str) -> None:
     _positive(where, num_trees=config.num_trees, learning_rate=config.learning_rate)
     if not isinstance(config.num_trees, int):
@@ -86,7 +110,8 @@ def _common(config: Any, where: str) -> None:
 
 @dataclass(frozen=True)
 class LightGBMConfig:
-    """LightGBM's gbdt with the binary objective. `params`: further LightGBM parameters, passed as they are
+    """LightGBM's gbdt with the binary objective, or "lambdarank" over the queries of the `group` column
+    (labels: relevance grades 0, 1, 2, ...). `params`: further LightGBM parameters, passed as they are
     (they win over the fields here)."""
 
     num_trees: int = 500
@@ -97,15 +122,20 @@ class LightGBMConfig:
     early_stopping_rounds: int | None = 50  # stop after this many rounds without a better eval metric
     threads: int = 0
     params: dict[str, Any] = field(default_factory=dict)
+    objective: str = "binary"
+    group: str | None = None
+    eval_at: int = 10
 
     def __post_init__(self) -> None:
         _common(self, "LightGBMConfig")
+        _objective(self, "LightGBMConfig", "lightgbm")
         _positive("LightGBMConfig", num_leaves=self.num_leaves, min_data_in_leaf=self.min_data_in_leaf)
 
 
 @dataclass(frozen=True)
 class XGBoostConfig:
-    """XGBoost's hist trees with the binary:logistic objective; `params` as for LightGBMConfig."""
+    """XGBoost's hist trees with the binary:logistic objective, or "rank:ndcg" / "rank:pairwise" over the
+    queries of the `group` column; `params` as for LightGBMConfig."""
 
     num_trees: int = 500
     learning_rate: float = 0.1
@@ -115,9 +145,13 @@ class XGBoostConfig:
     early_stopping_rounds: int | None = 50
     threads: int = 0
     params: dict[str, Any] = field(default_factory=dict)
+    objective: str = "binary:logistic"
+    group: str | None = None
+    eval_at: int = 10
 
     def __post_init__(self) -> None:
         _common(self, "XGBoostConfig")
+        _objective(self, "XGBoostConfig", "xgboost")
         _positive("XGBoostConfig", max_depth=self.max_depth, min_child_weight=self.min_child_weight)
 
 
@@ -126,6 +160,11 @@ GBM_TYPES: dict[str, type[LightGBMConfig] | type[XGBoostConfig]] = {
     Library.LIGHTGBM.value: LightGBMConfig,
     Library.XGBOOST.value: XGBoostConfig,
 }
+
+
+def is_ranking(config: GBMConfig) -> bool:
+    """Whether `config` trains a ranking objective (over the queries of its group column)."""
+    return config.objective in RANKING_OBJECTIVES[library_of(config).value]
 
 
 def library_of(config: GBMConfig) -> Library:
@@ -139,12 +178,15 @@ def library_of(config: GBMConfig) -> Library:
 @dataclass(frozen=True, eq=False)
 class FeatureMatrix:
     """Rows for the trees: x [N, num_dense + F] float32 (dense columns first, then one id per sparse feature),
-    labels [N] float32 (empty [0] when unknown), the column names, and which columns are categorical."""
+    labels [N] float32 (empty [0] when unknown), the column names, and which columns are categorical.
+    For ranking, `groups` [Q] int64 holds the sizes of the queries, whose rows are contiguous and in order
+    (empty: no queries)."""
 
     x: np.ndarray
     labels: np.ndarray
     names: tuple[str, ...]
     num_dense: int
+    groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __post_init__(self) -> None:
         if self.x.ndim != 2 or self.x.dtype != np.float32 or self.x.shape[1] != len(self.names):
@@ -154,6 +196,8 @@ class FeatureMatrix:
             )
         if self.labels.size and self.labels.shape != (self.x.shape[0],):
             raise ValueError(f"FeatureMatrix: labels must be [{self.x.shape[0]}], got {list(self.labels.shape)}")
+        if self.groups.size and (int(self.groups.sum()) != self.x.shape[0] or int(self.groups.min()) < 1):
+            raise ValueError(f"FeatureMatrix: group sizes must be >= 1 and sum to {self.x.shape[0]} rows")
 
     @property
     def categorical(self) -> tuple[int, ...]:

@@ -3,10 +3,9 @@
     forest = Forest.from_lightgbm(text)      # LightGBM's text model (Booster.model_to_string / model.txt)
     forest = Forest.from_xgboost(json_dict)   # XGBoost's JSON model (Booster.save_model("model.json"))
     forest.margin(x)                          # x [B, F] float32 (NaN: missing) -> raw scores [B] float64
+    forest.margin_columns(xt)                 # the same from feature-major columns xt [F, B] float32
 
-Every node of every tree is a row of the arrays (feature, threshold, children, default direction,
-missing-value rule, categorical bitset); leaves carry their value. The kernel walks each row down
-each tree, nogil, in the calling thread. It reproduces the libraries' own decision rules:
+The libraries' decision rules:
 
   LightGBM  numerical: NaN -> 0.0 unless missing_type is NaN; missing (NaN, or |x| <= 1e-35 when
             missing_type is Zero) -> the default child; else x <= threshold (float64) goes left.
@@ -14,8 +13,23 @@ each tree, nogil, in the calling thread. It reproduces the libraries' own decisi
   XGBoost   NaN -> the default child; numerical: x < threshold (float32) goes left; categorical:
             int(x) in the node's category set -> right, any other value -> left.
 
-The sum starts at the base score (XGBoost's base_score as a margin; LightGBM folds it into the
-first tree). The reference is the library's own predict: tests/serving/test_gbm_serving.py compares them.
+are folded, when the model is read, into one rule per node that the kernel applies to float32 inputs:
+
+  NaN -> left if the node's NAN_LEFT flag is set, else right (LightGBM's "NaN as 0.0" is decided then);
+  categorical (flag CATEGORICAL): int(x) in the bitset -> left, anything else -> right (XGBoost's
+  categorical nodes have their children swapped); |x| <= 1e-35 with flag ZERO_MISSING -> as NaN;
+  numerical: x <= t -> left, with t the float32 that makes this exact: the largest float32 <= LightGBM's
+  float64 threshold, the float32 just below XGBoost's (x < t  <=>  x <= nextafter(t, -inf)).
+
+Layout (16 bytes per inner node, 4 to a cache line): nodes [M, 4] int32 = (feature | flags << 24,
+threshold bits or bitset offset, left, right); a child >= 0 is an inner node, ~k the leaf k, whose value
+is leaves[k] (float64). A bitset is stored as its word count, then its uint32 words, in `cat_bits`.
+Blocks of rows go through one tree after the other, so a tree's nodes stay in cache while every row of
+the block reads them; batches of PARALLEL_ROWS rows or more are split over Numba's threads.
+
+The sum (float64, in tree order) starts at the base score (XGBoost's base_score as a margin; LightGBM
+folds it into the first tree). `margin_reference` is the NumPy spec of the kernel; the libraries' own
+predict is the reference of the whole: tests/serving/test_gbm_serving.py compares all three.
 """
 
 from __future__ import annotations
@@ -28,30 +42,30 @@ from typing import Any
 
 import numba
 import numpy as np
+from numba import njit, prange
 
-NUMERICAL, CATEGORICAL, LEAF = 0, 1, 2
-MISSING_AS_ZERO, MISSING_ZERO_OR_NAN, MISSING_NAN = 0, 1, 2  # how a node treats NaN (and zero)
+NUMERICAL, CATEGORICAL, LEAF = 0, 1, 2  # node kinds while a model is read
+MISSING_AS_ZERO, MISSING_ZERO_OR_NAN, MISSING_NAN = 0, 1, 2  # how a LightGBM node treats NaN (and zero)
 LIGHTGBM, XGBOOST = 0, 1
 _ZERO = 1e-35  # LightGBM's kZeroThreshold
+# flags of a node in the kernel's layout (bits 24.. of nodes[:, 0]; the feature index is bits 0..23)
+FLAG_CATEGORICAL, FLAG_NAN_LEFT, FLAG_ZERO_MISSING = 1, 2, 4
+_FEATURE_MASK = (1 << 24) - 1
+_BLOCK = 64  # rows that go through a tree together
+PARALLEL_ROWS = 128  # smaller batches stay in the calling thread (a parallel launch costs more than it saves)
+_CAT_LIMIT = float(1 << 31)  # ids at or above this are in no bitset (and would overflow the int cast)
 
 
 @dataclass(frozen=True, eq=False)
 class Forest:
-    """Flat trees: node arrays [M], tree roots [T], categorical bitsets (uint32 words) by node."""
+    """Flat trees in the kernel's layout: roots [T] int32 (~k: a one-leaf tree), nodes [M, 4] int32,
+    leaves [L] float64, cat_bits [K] uint32 (see the module docstring)."""
 
     library: int
-    roots: np.ndarray  # [T] int64
-    kind: np.ndarray  # [M] uint8: NUMERICAL | CATEGORICAL | LEAF
-    feature: np.ndarray  # [M] int64
-    threshold: np.ndarray  # [M] float64
-    left: np.ndarray  # [M] int64 absolute node index
-    right: np.ndarray  # [M] int64
-    default_left: np.ndarray  # [M] bool
-    missing: np.ndarray  # [M] uint8: MISSING_*
-    value: np.ndarray  # [M] float64 leaf values
-    cat_start: np.ndarray  # [M] int64 first word of the node's bitset in `cat_bits`
-    cat_words: np.ndarray  # [M] int64 its number of words
-    cat_bits: np.ndarray  # [K] uint32
+    roots: np.ndarray
+    nodes: np.ndarray
+    leaves: np.ndarray
+    cat_bits: np.ndarray
     base: float
     num_features: int
 
@@ -59,18 +73,41 @@ class Forest:
     def num_trees(self) -> int:
         return int(self.roots.shape[0])
 
+    @property
+    def thresholds(self) -> np.ndarray:
+        """[M] float32: each numerical node's threshold (the bits of nodes[:, 1])."""
+        return self.nodes[:, 1].view(np.float32)
+
+    @property
+    def flags(self) -> np.ndarray:
+        """[M] int32: FLAG_* of each inner node."""
+        return self.nodes[:, 0] >> 24
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """What the kernels read, in their argument order."""
+        return self.roots, self.nodes, self.nodes.view(np.float32), self.leaves, self.cat_bits
+
     def margin(self, x: np.ndarray) -> np.ndarray:
         """Raw scores [B] float64 for x [B, num_features] (float32 or float64; NaN: missing)."""
         if x.ndim != 2 or x.shape[1] != self.num_features:
             raise ValueError(f"Forest.margin: x must be [B, {self.num_features}], got {list(x.shape)}")
-        if x.dtype != np.float32:
-            x = x.astype(np.float32)
-        out = np.empty(x.shape[0], np.float64)
-        _score(
-            np.ascontiguousarray(x), self.roots, self.kind, self.feature, self.threshold, self.left, self.right,
-            self.default_left, self.missing, self.value, self.cat_start, self.cat_words, self.cat_bits,
-            self.library, self.base, out,
-        )  # fmt: skip
+        return self.margin_columns(np.ascontiguousarray(x.T, np.float32))
+
+    def margin_columns(self, xt: np.ndarray) -> np.ndarray:
+        """Raw scores [B] float64 for feature-major rows xt [num_features, B] float32, C-contiguous
+        (the layout the kernel reads; GBMModel builds it without a transpose)."""
+        if xt.ndim != 2 or xt.shape[0] != self.num_features or xt.dtype != np.float32 or not xt.flags.c_contiguous:
+            raise ValueError(
+                f"Forest.margin_columns: xt must be C-contiguous float32 [{self.num_features}, B], got "
+                f"{xt.dtype} {list(xt.shape)}"
+            )
+        b = xt.shape[1]
+        out = np.empty(b, np.float64)
+        if b >= PARALLEL_ROWS and numba.get_num_threads() > 1:
+            chunks = -(-b // _BLOCK)
+            _score_parallel(xt, *self._arrays(), self.base, chunks, out)
+        else:
+            _score(xt, *self._arrays(), self.base, 0, b, out)
         return out
 
     # -- LightGBM ---------------------------------------------------------------------------------
@@ -225,24 +262,52 @@ class _Builder:
         return len(self.kind) - 1
 
     def build(self, library: int, base: float, num_features: int) -> Forest:
+        """The kernel's layout: each node's rule folded into flags and a float32 threshold (module docstring)."""
+        kind = np.asarray(self.kind, np.uint8)
         f = np.asarray(self.feature, np.int64)
-        inner = np.asarray(self.kind, np.uint8) != LEAF
+        inner = kind != LEAF
         if inner.any() and (f[inner].min() < 0 or f[inner].max() >= num_features):
             raise ValueError(f"Forest: a split reads feature {int(f[inner].max())} of a model with {num_features}")
+        if num_features > _FEATURE_MASK:
+            raise ValueError(f"Forest: {num_features} features; the layout holds at most {_FEATURE_MASK}")
+        # builder index -> inner node index (>= 0) or ~leaf index
+        slot = np.where(inner, np.cumsum(inner) - 1, ~(np.cumsum(~inner) - 1)).astype(np.int64)
+        nodes = np.zeros((int(inner.sum()), 4), np.int32)
+        floats = nodes.view(np.float32)
+        cat_bits: list[int] = []
+        for n in np.flatnonzero(inner):
+            k = slot[n]
+            left, right = int(slot[self.left[n]]), int(slot[self.right[n]])
+            default_left, missing = self.default_left[n], self.missing[n]
+            if kind[n] == CATEGORICAL:
+                flags = FLAG_CATEGORICAL
+                if library == XGBOOST:  # in the set -> right: swap, so that the set sends left as LightGBM's does
+                    left, right = right, left
+                    flags |= 0 if default_left else FLAG_NAN_LEFT
+                words = self.cat_bits[self.cat_start[n] : self.cat_start[n] + self.cat_words[n]]
+                nodes[k, 1] = len(cat_bits)
+                cat_bits += [len(words), *words]
+            else:
+                t64 = self.threshold[n]
+                if library == LIGHTGBM:
+                    t = np.float32(t64)
+                    if float(t) > t64:  # the largest float32 <= t64: x <= t  <=>  x <= t64 for every float32 x
+                        t = np.nextafter(t, np.float32(-np.inf))
+                    nan_left = default_left if missing != MISSING_AS_ZERO else t64 >= 0.0
+                    zero = FLAG_ZERO_MISSING if missing == MISSING_ZERO_OR_NAN else 0
+                    flags = (FLAG_NAN_LEFT if nan_left else 0) | zero
+                else:
+                    t = np.nextafter(np.float32(t64), np.float32(-np.inf))  # x < t64  <=>  x <= t
+                    flags = FLAG_NAN_LEFT if default_left else 0
+                floats[k, 1] = t
+            nodes[k, 0] = int(f[n]) | (flags << 24)
+            nodes[k, 2], nodes[k, 3] = left, right
         return Forest(
             library=library,
-            roots=np.asarray(self.roots, np.int64),
-            kind=np.asarray(self.kind, np.uint8),
-            feature=f,
-            threshold=np.asarray(self.threshold, np.float64),
-            left=np.asarray(self.left, np.int64),
-            right=np.asarray(self.right, np.int64),
-            default_left=np.asarray(self.default_left, np.bool_),
-            missing=np.asarray(self.missing, np.uint8),
-            value=np.asarray(self.value, np.float64),
-            cat_start=np.asarray(self.cat_start, np.int64),
-            cat_words=np.asarray(self.cat_words, np.int64),
-            cat_bits=np.asarray(self.cat_bits, np.uint32),
+            roots=slot[np.asarray(self.roots, np.int64)].astype(np.int32),
+            nodes=nodes,
+            leaves=np.asarray(self.value, np.float64)[~inner],
+            cat_bits=np.asarray(cat_bits, np.uint32),
             base=float(base),
             num_features=num_features,
         )
@@ -276,70 +341,99 @@ def _ints(s: str) -> list[int]:
     return [int(v) for v in s.split()]
 
 
-_BLOCK = 64  # rows per block
+def margin_reference(forest: Forest, x: np.ndarray) -> np.ndarray:
+    """The kernel's spec in NumPy: every row of x [B, F] walks each tree in step (raw scores [B] float64)."""
+    x = np.asarray(x, np.float32)
+    rows = np.arange(x.shape[0])
+    feature = forest.nodes[:, 0] & _FEATURE_MASK
+    flags, thresholds = forest.flags, forest.thresholds
+    out = np.full(x.shape[0], forest.base, np.float64)
+    for root in forest.roots:
+        n = np.full(x.shape[0], root, np.int64)
+        while (live := n >= 0).any():
+            i, k = rows[live], n[live]
+            v, fl = x[i, feature[k]], flags[k]
+            nan = np.isnan(v)
+            right = ~((fl & FLAG_NAN_LEFT) > 0)  # NaN, and zero where it counts as missing
+            numerical = ~nan & ((fl & FLAG_CATEGORICAL) == 0)
+            zero = numerical & ((fl & FLAG_ZERO_MISSING) > 0) & (np.abs(v) <= _ZERO)
+            plain = numerical & ~zero
+            right[plain] = v[plain] > thresholds[k[plain]]
+            for j in np.flatnonzero(~nan & ((fl & FLAG_CATEGORICAL) > 0)):
+                right[j] = not _in_bitset(forest.cat_bits, int(forest.nodes[k[j], 1]), float(v[j]))
+            n[live] = forest.nodes[k, 2 + right.astype(np.int64)]
+        out += forest.leaves[~n]
+    return out
 
 
-@numba.njit(nogil=True, cache=True)
+def _in_bitset(cat_bits: np.ndarray, start: int, v: float) -> bool:
+    if v < 0.0 or v >= _CAT_LIMIT:
+        return False
+    c = int(v)
+    return c >> 5 < int(cat_bits[start]) and bool((int(cat_bits[start + 1 + (c >> 5)]) >> (c & 31)) & 1)
+
+
+@njit(nogil=True, cache=True)
 def _score(  # pragma: no cover - compiled
-    x: np.ndarray,
+    xt: np.ndarray,
     roots: np.ndarray,
-    kind: np.ndarray,
-    feature: np.ndarray,
-    threshold: np.ndarray,
-    left: np.ndarray,
-    right: np.ndarray,
-    default_left: np.ndarray,
-    missing: np.ndarray,
-    value: np.ndarray,
-    cat_start: np.ndarray,
-    cat_words: np.ndarray,
+    nodes: np.ndarray,
+    floats: np.ndarray,
+    leaves: np.ndarray,
     cat_bits: np.ndarray,
-    library: int,
     base: float,
+    first: int,
+    last: int,
     out: np.ndarray,
 ) -> None:
-    """out[i] = base + the leaf value of row x[i] in every tree, summed in tree order (the decision rules of
-    the module docstring). Blocks of _BLOCK rows go through one tree after the other, so that a tree's nodes
-    stay in cache while they are read for every row of the block (about 2x faster at batch 256 than row by
-    row, same run on the shared 2 cores)."""
-    b = x.shape[0]
-    for start in range(0, b, _BLOCK):
-        stop = min(b, start + _BLOCK)
+    """out[i] = base + the leaf value of row xt[:, i] in every tree (summed in tree order) for i in
+    first..last - 1 (the rule of the module docstring; `floats` is `nodes` seen as float32).
+
+    Blocks of _BLOCK rows go through one tree after the other, so that the tree's nodes stay in cache
+    while every row of the block reads them; the common step (a numerical node) has no branch."""
+    for start in range(first, last, _BLOCK):
+        stop = min(last, start + _BLOCK)
         for i in range(start, stop):
             out[i] = base
         for t in range(roots.shape[0]):
+            root = roots[t]
             for i in range(start, stop):
-                n = roots[t]
-                while kind[n] != LEAF:
-                    v = float(x[i, feature[n]])
-                    nan = np.isnan(v)
-                    if kind[n] == NUMERICAL:
-                        m = missing[n]
-                        if nan and m != MISSING_NAN:
-                            v = 0.0
-                            nan = False
-                        if (m == MISSING_ZERO_OR_NAN and -_ZERO <= v <= _ZERO) or nan:
-                            n = left[n] if default_left[n] else right[n]
-                        elif library == LIGHTGBM:
-                            n = left[n] if v <= threshold[n] else right[n]
-                        else:
-                            n = left[n] if v < threshold[n] else right[n]
-                    elif library == LIGHTGBM:  # categorical: in the bitset -> left
-                        if nan or v < 0.0:
-                            n = right[n]
-                        else:
+                n = root
+                while n >= 0:
+                    head = nodes[n, 0]
+                    v = xt[head & _FEATURE_MASK, i]
+                    flags = head >> 24
+                    if flags & (FLAG_CATEGORICAL | FLAG_ZERO_MISSING) == 0:
+                        right = (v > floats[n, 1]) | (np.isnan(v) & (flags & FLAG_NAN_LEFT == 0))
+                    elif np.isnan(v) or (flags & FLAG_ZERO_MISSING and abs(v) <= _ZERO):
+                        right = flags & FLAG_NAN_LEFT == 0
+                    elif flags & FLAG_CATEGORICAL:
+                        right = True
+                        if v >= 0.0 and v < _CAT_LIMIT:
                             c = np.int64(v)
+                            s = nodes[n, 1]
                             w = c >> 5
-                            found = w < cat_words[n] and (cat_bits[cat_start[n] + w] >> np.uint32(c & 31)) & 1
-                            n = left[n] if found else right[n]
-                    else:  # XGBoost categorical: missing -> default; in the set -> right
-                        if nan:
-                            n = left[n] if default_left[n] else right[n]
-                        elif v < 0.0:
-                            n = left[n]
-                        else:
-                            c = np.int64(v)
-                            w = c >> 5
-                            found = w < cat_words[n] and (cat_bits[cat_start[n] + w] >> np.uint32(c & 31)) & 1
-                            n = right[n] if found else left[n]
-                out[i] += value[n]
+                            if w < cat_bits[s] and (cat_bits[s + 1 + w] >> np.uint32(c & 31)) & 1:
+                                right = False
+                    else:
+                        right = v > floats[n, 1]
+                    n = nodes[n, 2 + np.int64(right)]
+                out[i] += leaves[~n]
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _score_parallel(  # pragma: no cover - compiled
+    xt: np.ndarray,
+    roots: np.ndarray,
+    nodes: np.ndarray,
+    floats: np.ndarray,
+    leaves: np.ndarray,
+    cat_bits: np.ndarray,
+    base: float,
+    chunks: int,
+    out: np.ndarray,
+) -> None:
+    """_score over `chunks` blocks of _BLOCK rows, the blocks shared out among Numba's threads."""
+    b = xt.shape[1]
+    for c in prange(chunks):
+        _score(xt, roots, nodes, floats, leaves, cat_bits, base, c * _BLOCK, min(b, (c + 1) * _BLOCK), out)

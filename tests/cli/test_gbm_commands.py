@@ -96,3 +96,103 @@ def test_quickstart_with_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     out = capsys.readouterr().out
     assert "eval AUC" in out and "runs/quickstart/model.txt" in out
     assert (tmp_path / "runs/quickstart/model.meta.json").is_file()
+
+
+def _ranking_shards(root: Path, seed: int, queries: int, shuffle: bool) -> Path:
+    """A small learning-to-rank set: queries of 1..11 rows, grades 0..3 from the features, a `query`
+    column beside them (not a feature); `shuffle`: the queries' rows interleaved."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 12, queries)
+    n = int(sizes.sum())
+    query = np.repeat(np.arange(queries), sizes) * 7 + 1000  # any ids: not 0..Q-1
+    dense = rng.normal(size=(n, 2)).astype(np.float32)
+    ids = rng.integers(0, 20, size=(n, 2))
+    signal = dense[:, 0] + (ids[:, 0] % 4 == 0) + 0.3 * rng.normal(size=n)
+    label = np.digitize(signal, [0.5, 1.2, 2.0]).astype(np.float32)
+    order = rng.permutation(n) if shuffle else np.arange(n)
+    table = pa.table(
+        {"label": label, "I1": dense[:, 0], "I2": dense[:, 1], "C1": ids[:, 0], "C2": ids[:, 1], "query": query}
+    ).take(order)
+    root.mkdir(parents=True)
+    pq.write_table(table, root / "part-0.parquet")
+    return root
+
+
+@pytest.mark.parametrize(("kind", "objective"), [("lightgbm", "lambdarank"), ("xgboost", "rank:ndcg")])
+def test_ranking_train_evaluate_export_serve(
+    kind: str, objective: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hugerec train / evaluate / predict / export` with a ranking objective on shards with a query column;
+    the served raw scores equal the library's predict."""
+    from hugerec.models.gbm import Library, TreeModel
+    from hugerec.training.query_metrics import query_metrics
+
+    monkeypatch.chdir(tmp_path)
+    _ranking_shards(tmp_path / "data/train", 0, 120, shuffle=False)
+    _ranking_shards(tmp_path / "data/eval", 1, 40, shuffle=True)  # queries not contiguous: regrouped
+    schema = Schema.build(["label"], ["I1", "I2"], {"C1": 20, "C2": 20})
+    schema.save(tmp_path / "data/schema.json")
+    args = [
+        "data.train=data/train", "data.eval=data/eval", "data.schema=data/schema.json", "train.out_dir=runs/rank",
+        "train.progress=false", "train.tensorboard=false", f"model.type={kind}", f"model.objective={objective}",
+        "model.group=query", "model.eval_at=5", "model.num_trees=20", "model.threads=1",
+    ]  # fmt: skip
+    if kind == "lightgbm":
+        args.append("model.min_data_in_leaf=5")
+    assert main(["train", *args]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "eval ndcg@5" in out and "map@5" in out and "mrr@5" in out, out
+    assert main(["evaluate", *args]) == 0, capsys.readouterr().err
+    metrics = json.loads(capsys.readouterr().out)
+    assert 0.5 < metrics["ndcg@5"] <= 1.0 and metrics["queries"] + metrics["queries_without_relevant"] == 40
+
+    library = Library(kind)
+    model = TreeModel.load(tmp_path / "runs/rank" / library.model_file, library)
+    eval_ = read_matrix("data/eval", schema, group="query")
+    assert metrics == pytest.approx(query_metrics(model.margin(eval_.x), eval_.labels, eval_.groups, 5))
+
+    assert main(["predict", *args]) == 0, capsys.readouterr().err
+    table = pq.read_table("runs/rank/predictions.parquet")
+    rows = read_matrix("data/eval", schema, grades=True)  # the input's order
+    assert table.column_names == ["label", "score"]
+    np.testing.assert_allclose(table.column("score").to_numpy(), model.margin(rows.x), rtol=1e-6, atol=1e-6)
+
+    assert main(["export", *args]) == 0, capsys.readouterr().err
+    bundle = load_gbm_bundle("runs/rank/bundle")
+    assert bundle.manifest["info"]["objective"] == objective and bundle.manifest["info"]["group"] == "query"
+    served = bundle.model
+    x = rows.x
+    ids = {f: (x[:, 2 + j].astype(np.int64), np.ones(len(x), np.int32)) for j, f in enumerate(("C1", "C2"))}
+    logits = served.predict(ModelInputs(np.ascontiguousarray(x[:, :2]), ids))
+    if kind == "lightgbm":
+        np.testing.assert_array_equal(logits, model.margin(x).astype(np.float32))
+    else:
+        np.testing.assert_allclose(logits, model.margin(x), rtol=1e-5, atol=1e-5)
+
+
+def test_ranking_config_errors_name_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    _ranking_shards(tmp_path / "data/train", 0, 10, shuffle=False)
+    Schema.build(["label"], ["I1", "I2"], {"C1": 20, "C2": 20}).save(tmp_path / "data/schema.json")
+    base = ["data.train=data/train", "data.eval=null", "data.schema=data/schema.json", "model.type=lightgbm"]
+    assert main(["train", *base, "model.objective=lambdarank"]) == 2
+    assert "set model.group to the column" in capsys.readouterr().err
+    assert main(["train", *base, "model.objective=lambdarank", "model.group=session"]) == 2
+    assert "data.train: model.group: column 'session' is not in" in capsys.readouterr().err
+    assert main(["train", *base, "model.objective=rank:ndcg"]) == 2
+    assert "objective must be one of ['binary', 'lambdarank'] for lightgbm, got 'rank:ndcg'" in capsys.readouterr().err
+    assert main(["train", *base, "model.group=query"]) == 2
+    assert "group 'query' is only for a ranking objective" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"label column 'label' must hold 0 or 1, got [23]"):  # grades, binary model
+        read_matrix("data/train", Schema.load(tmp_path / "data/schema.json"))
+
+
+def test_queries_are_made_contiguous() -> None:
+    from hugerec.data.matrix import query_order
+
+    order, sizes = query_order(np.array([5, 3, 5, 3, 9, 5]))
+    assert order is not None and order.tolist() == [0, 2, 5, 1, 3, 4] and sizes.tolist() == [3, 2, 1]
+    order, sizes = query_order(np.array(["b", "b", "a", "c", "c", "c"], dtype=object))
+    assert order is None and sizes.tolist() == [2, 1, 3]

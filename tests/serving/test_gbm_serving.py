@@ -17,7 +17,7 @@ import tritonclient.http as triton
 from hugerec.data.schema import Schema
 from hugerec.models.gbm import FeatureMatrix, Library, LightGBMConfig, TreeModel, XGBoostConfig, require
 from hugerec.serving.batching import BatchingConfig
-from hugerec.serving.forest import Forest
+from hugerec.serving.forest import FLAG_CATEGORICAL, Forest, margin_reference
 from hugerec.serving.gbm import GBMModel, GBMPredictor, export_gbm_bundle, is_gbm_bundle, load_gbm_bundle
 from hugerec.serving.inference_model import ModelInputs
 from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
@@ -94,9 +94,46 @@ def test_forest_equals_the_library(library: Library, variant: str) -> None:
         else Forest.from_xgboost_json(bytes(model.booster.save_raw("json")))
     )
     if variant != "codes":
-        assert (forest.kind == 1).any(), "the trees should have categorical splits"
-    x = _rows(700, 3, unseen=True)
-    np.testing.assert_allclose(forest.margin(x), model.margin(x), rtol=1e-5, atol=1e-5)
+        assert (forest.flags & FLAG_CATEGORICAL).any(), "the trees should have categorical splits"
+    x = np.vstack([_rows(700, 3, unseen=True), _edges(forest)])
+    expected = model.margin(x)
+    got = forest.margin(x)  # 700+ rows: the parallel kernel where Numba has more than one thread
+    assert_equal = np.testing.assert_array_equal
+    if library is Library.LIGHTGBM:
+        assert_equal(got, expected)  # bit for bit: the same float64 sum in the same order
+    else:
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)  # XGBoost sums in float32
+    assert_equal(got, margin_reference(forest, x))
+    for rows in (x[:1], x[:200]):  # the columns entry point, and each kernel whatever the thread count
+        want = margin_reference(forest, rows)
+        assert_equal(forest.margin_columns(np.ascontiguousarray(rows.T)), want)
+        for got in _each_kernel(forest, rows):
+            assert_equal(got, want)
+
+
+def _edges(forest: Forest) -> np.ndarray:
+    """Rows whose dense values sit on the numerical thresholds and on the float32 values either side of
+    them (where folding the library's rule into `x <= t` would go wrong), and ids no bitset holds."""
+    feature = forest.nodes[:, 0] & 0xFFFFFF
+    numerical = ((forest.flags & FLAG_CATEGORICAL) == 0) & (feature < len(DENSE))
+    t = forest.thresholds[numerical]
+    values = np.concatenate([t, np.nextafter(t, np.float32(np.inf)), np.nextafter(t, np.float32(-np.inf))])
+    columns = np.tile(feature[numerical], 3)
+    x = _rows(values.shape[0], 11)
+    x[np.arange(values.shape[0]), columns] = values
+    x[:20, len(DENSE)] = [3e9, 1e30, 2**31, 2**24, 1e6, 31.0, 32.0, 33.0, 63.0, 64.0] * 2
+    return x
+
+
+def _each_kernel(forest: Forest, x: np.ndarray) -> list[np.ndarray]:
+    """The raw scores of the calling thread's kernel and of the parallel one (blocks over Numba's threads)."""
+    from hugerec.serving.forest import _BLOCK, _score, _score_parallel
+
+    xt = np.ascontiguousarray(x.T)
+    one, parallel = np.empty(x.shape[0]), np.empty(x.shape[0])
+    _score(xt, *forest._arrays(), forest.base, 0, x.shape[0], one)
+    _score_parallel(xt, *forest._arrays(), forest.base, -(-x.shape[0] // _BLOCK), parallel)
+    return [one, parallel]
 
 
 def test_forest_refuses_what_it_cannot_score() -> None:

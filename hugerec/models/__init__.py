@@ -10,7 +10,7 @@ from hugerec.models.dcn import CrossStructure, DCNv2
 from hugerec.models.deepfm import DeepFM
 from hugerec.models.dlrm import DLRM
 from hugerec.models.feature_interactions import DotInteraction, FMInteraction
-from hugerec.models.gbm import GBM_TYPES, FeatureMatrix, GBMConfig, Library, TreeModel, library_of, require
+from hugerec.models.gbm import GBM_TYPES, FeatureMatrix, GBMConfig, Library, TreeModel, is_ranking, library_of, require
 from hugerec.models.gru4rec import GRU4Rec
 from hugerec.models.masked import MaskedTransformer
 from hugerec.models.mf import MatrixFactorization
@@ -69,6 +69,7 @@ __all__ = [
     "WideAndDeepConfig",
     "WideArch",
     "build_model",
+    "is_ranking",
     "library_of",
     "model_config_from_dict",
     "model_config_to_dict",

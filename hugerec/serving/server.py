@@ -273,7 +273,7 @@ class InferenceServer:
         delta = read_version_delta(path)
         if delta.base_version != base:
             raise ValueError(f"version delta {path} was made against version {delta.base_version!r}, not {base!r}")
-        derived = derive_version(served_base.model, served_base.info, delta, version, self.options, self.config.max_request_rows)
+        derived = derive_version(served_base.model, served_base.preprocess, served_base.info, delta, version, self.options)
         try:
             return self.add_model(name, version, derived.model, derived.preprocess, [derived.close], derived.info)
         except BaseException:

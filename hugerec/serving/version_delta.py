@@ -15,7 +15,7 @@ and the dense weights, instead of a whole bundle.
 
     base's RocksDB  --checkpoint (hard links)-->  delta/state-<version>.<random>/rocksdb
                     + the delta's rows, deletions, default rows (ParameterServer.apply: one WriteBatch)
-    base bundle's dense program (files checked against its manifest) + the delta's dense weights
+    a copy of the base's dense program + the delta's dense weights; the base's request preprocessing
 
 A version's content id is its bundle's id (sha256 of manifest.json) or, for a derived version, its
 delta's id (sha256 of the delta's manifest.json). A delta names the id of the base it was computed
@@ -41,14 +41,13 @@ import pyarrow.parquet as pq
 import torch
 
 from hugerec.embedding.delta import TableDelta, read_delta, write_delta
-from hugerec.serving.bundle import EMBEDDINGS, MANIFEST, PROGRAM_PREFIX, Bundle, _inside, sha256_file
+from hugerec.serving.bundle import MANIFEST, Bundle, _inside, sha256_file
 from hugerec.serving.bundle_loader import ServeOptions, _cache
-from hugerec.serving.inference_model import InferenceModel, VectorInput
+from hugerec.serving.inference_model import InferenceModel
 from hugerec.serving.memory_store import MemoryStore
 from hugerec.serving.parameter_server import ParameterServer, TableUpdate
 from hugerec.serving.persistent import PersistentStore
 from hugerec.serving.preprocess import RequestPreprocessor
-from hugerec.serving.protocol import Signature
 from hugerec.serving.tiers import Store
 from hugerec.serving.updates import load_dense
 
@@ -221,15 +220,17 @@ class DerivedModel:
 
 def derive_version(
     base: InferenceModel,
+    base_preprocess: RequestPreprocessor,
     base_info: Mapping[str, Any],
     delta: VersionDelta,
     version: str,
     options: ServeOptions | None = None,
-    max_request_rows: int = 65536,
 ) -> DerivedModel:
     """The base version plus `delta` as a new model (the base is read, never written).
 
-    base_info: the base version's info (its `bundle` path and `bundle_id`, the id of its content)."""
+    base_info: the base version's info (its `bundle` path and `bundle_id`, the id of its content).
+    The new version has the base's request signature and preprocessing (a version delta never changes
+    the schema: the loop publishes a whole bundle then)."""
     options = options or ServeOptions()
     if base_info.get("bundle_id") != delta.base_id:
         raise ValueError(
@@ -238,8 +239,7 @@ def derive_version(
         )
     if base.ps.persistent is None:
         raise ValueError(f"version {delta.base_version!r} has no persistent tier to derive a version from")
-    bundle = Bundle.open(str(base_info["bundle"]), verify=False)
-    _verify_outside_embeddings(bundle)  # the program, schema and workflow are read again: check them
+    bundle = Bundle.open(str(base_info["bundle"]), verify=False)  # for the table layout: the files are not read
     m = bundle.manifest
     dims = {t.name: t.dim for t in m.tables}
     for u in delta.updates:
@@ -263,26 +263,14 @@ def derive_version(
         ps = ParameterServer(m.tables, memory, persistent, _cache(options), options.device)
         ps.preload()
         ps.apply(list(delta.updates), {"bundle_id": delta.id})
-        vectors = [VectorInput(**v) for v in m.info.get("vectors", [])]
+        program = base.program_with(delta.dense)  # a copy: the base keeps serving its own
         model = InferenceModel(
-            bundle.program(), m.collections, ps, m.num_dense, m.dense_keys, PROGRAM_PREFIX, vectors=vectors
+            program, base.layouts, ps, base.num_dense, base.dense_keys, base.program_prefix, vectors=base.vectors
         )
-        model.update([], delta.dense)
-        signature = Signature(m.num_dense, model.features, max_request_rows, vectors=model.vector_signature)
-        preprocess = RequestPreprocessor(signature, bundle.schema(), bundle.workflow())
     except BaseException:
         if ps is not None:
             ps.close()
         shutil.rmtree(state_dir, ignore_errors=True)
         raise
     info = {**m.info, "bundle": str(bundle.path), "bundle_id": delta.id, "delta": str(delta.path), "base": delta.base_version}
-    return DerivedModel(model, preprocess, state_dir, info)
-
-
-def _verify_outside_embeddings(bundle: Bundle) -> None:
-    for rel, expected in bundle.manifest.files.items():
-        if rel.startswith(EMBEDDINGS + "/"):
-            continue
-        p = bundle.path / rel
-        if not p.is_file() or sha256_file(p) != expected:
-            raise ValueError(f"Bundle {bundle.path}: file {rel} is missing or differs from the manifest")
+    return DerivedModel(model, base_preprocess, state_dir, info)

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from hugerec.continuous.decision_log import Record
+from hugerec.continuous.decision_log import DecisionLog, Record
 from hugerec.continuous.gate import GateConfig
 from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec
 from hugerec.continuous.model_diff import diff_rows, table_rows, write_model_delta
@@ -211,21 +211,39 @@ def test_window_schema_changes_are_adapted_and_named(small_day_module: Day) -> N
 
 @pytest.mark.slow  # three loop windows with a server (a few seconds on an idle machine)
 def test_loop_publishes_deltas_and_a_whole_bundle_on_a_schema_change(
-    tmp_path: Path, small_day_module: Day, loop_config: Callable[..., LoopConfig]
+    tmp_path: Path, small_day_module: Day, loop_config: Callable[..., LoopConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Window 0 goes out whole, window 1 as a delta on w0 (a kill between the server's answer and the log
+    line: the restarted loop publishes it once, without writing the delta again), window 2 with a new
+    column whole again, trained from scratch."""
+
     def day(k: int) -> pa.Table:
         t = small_day_module(k).slice(0, 3000)
         return t.append_column("c9", pa.array(np.arange(t.num_rows) % 11)) if k >= 2 else t
 
     srv = InferenceServer(ServerConfig(admin_token=TOKEN, seed=0))
     with BackgroundServer(srv) as url:
-        config = loop_config(tmp_path, gate=LENIENT, epochs=1)
-        loop = Loop(dataclasses.replace(config, schema=SMALL.schema, model=SPEC), day, Publisher(ServerTarget(url, "model", TOKEN)))
-        for k in range(3):
-            loop.step(k)
-            status = loop.publisher.status() if loop.publisher else None
-            if status is not None and status["canary"] is not None:
-                loop.publisher.promote(status["canary"])  # type: ignore[union-attr]
+        publisher = Publisher(ServerTarget(url, "model", TOKEN))
+        config = dataclasses.replace(loop_config(tmp_path, gate=LENIENT, epochs=1), schema=SMALL.schema, model=SPEC)
+        Loop(config, day, publisher).step(0)
+        append = DecisionLog.append
+
+        def killed_before_publish_record(self: DecisionLog, record: Record) -> Record:
+            if record.action == "publish":
+                raise SystemExit("kill -9")
+            return append(self, record)
+
+        monkeypatch.setattr(DecisionLog, "append", killed_before_publish_record)
+        with pytest.raises(SystemExit):
+            Loop(config, day, publisher).step(1)
+        monkeypatch.undo()
+        written = (tmp_path / "updates" / "w1" / MANIFEST).stat().st_mtime_ns
+        assert _versions(publisher) == (["w0", "w1"], "w0", "w1")
+        loop = Loop(config, day, publisher)  # the restart: everything from the log and the server
+        loop.step(1)
+        assert (tmp_path / "updates" / "w1" / MANIFEST).stat().st_mtime_ns == written
+        publisher.promote("w1")
+        loop.step(2)
         published = [r for r in loop.log.records if r.action == "publish"]
         assert [(r.version, r.extra["mode"]) for r in published] == [("w0", "bundle"), ("w1", "delta"), ("w2", "bundle")]
         assert "whole bundle (nothing serves yet)" in published[0].reason
@@ -235,8 +253,7 @@ def test_loop_publishes_deltas_and_a_whole_bundle_on_a_schema_change(
         trained = [r for r in loop.log.records if r.action == "trained"]
         assert trained[2].reason == "from scratch on 1 window(s): the schema changed since w1 (new column c9 (sparse))"
         assert loop.schema_of("w2").sparse_names[-1] == "c9"
-        served = srv.model_versions("model").get("w2")
-        assert served.model.features[-1] == "c9"
-        assert (tmp_path / "updates" / "w1" / MANIFEST).is_file() and not (tmp_path / "bundles" / "w1").exists()
-        assert all(isinstance(r, Record) for r in loop.log.records)
+        assert srv.model_versions("model").get("w2").model.features[-1] == "c9"
+        assert _versions(publisher) == (["w0", "w1", "w2"], "w1", "w2")
+        assert not (tmp_path / "bundles" / "w1").exists()
     srv.close()

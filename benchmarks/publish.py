@@ -13,7 +13,8 @@ from the two models in memory to the candidate answering as the canary:
                    checkpoint), applies the delta and loads w0's program with the new dense weights
     whole-bundle   serving.export_bundle (torch.export of the dense program, every row into RocksDB) +
                    Publisher.publish: the server copies the bundle's rows into its state and loads them
-`publish size`: bytes of the files handed to the server (the delta folder, the bundle folder); `publish
+`publish size`: bytes of the files handed to the server (the delta folder, the bundle folder; each record
+says how many rows they hold: `rows_sent`, for the delta changed + new rows + evicted keys); `publish
 time`: seconds, median of R. Both versions are checked to answer the same 2,000 rows of day H + 1 bit for bit.
 """
 
@@ -97,6 +98,7 @@ def main() -> None:
             base_id = Bundle.open(base, verify=False).id
             times: dict[str, list[float]] = {"hugerec-delta": [], "whole-bundle": []}
             sizes: dict[str, int] = {}
+            rows_sent: dict[str, int] = {}  # rows (and evicted keys) in the files handed over
             answers: dict[str, np.ndarray] = {}
             for r in range(repeats):
                 for method in ("hugerec-delta", "whole-bundle"):
@@ -110,6 +112,12 @@ def main() -> None:
                         publisher.publish(path, version, 0.1)
                     times[method].append(time.perf_counter() - start)
                     sizes[method] = _size(path)
+                    manifest = json.loads((path / "manifest.json").read_text())
+                    rows_sent[method] = (
+                        sum(t["rows"] + t["deleted"] for t in manifest["tables"].values())
+                        if method == "hugerec-delta"
+                        else sum(manifest["info"]["rows"].values())
+                    )
                     served = server.model_versions("model").get(version)
                     answers[method] = served.model.predict(served.preprocess(probe))
                     publisher.rollback(version)
@@ -118,7 +126,7 @@ def main() -> None:
         server.close()
     load = os.getloadavg()[0]
     for method in ("hugerec-delta", "whole-bundle"):
-        records.append(_record("publish size", method, float(sizes[method]), "bytes", rows_per_day=rows, vocabulary=vocabulary, history_days=history))
+        records.append(_record("publish size", method, float(sizes[method]), "bytes", rows_per_day=rows, vocabulary=vocabulary, history_days=history, rows_sent=rows_sent[method]))
         records.append(
             _record("publish time", method, statistics.median(times[method]), "s", rows_per_day=rows, repeats=repeats, load=load)
         )
@@ -126,7 +134,8 @@ def main() -> None:
         print(f"{r['config']:14s} {r['method']:14s} {r['value']:>14,.3f} {r['unit']}")
     print(
         f"delta / whole bundle: size {sizes['hugerec-delta'] / sizes['whole-bundle']:.3f}, time "
-        f"{statistics.median(times['hugerec-delta']) / statistics.median(times['whole-bundle']):.3f}; "
+        f"{statistics.median(times['hugerec-delta']) / statistics.median(times['whole-bundle']):.3f}; rows sent "
+        f"{rows_sent['hugerec-delta']:,} (changed, new, evicted) of {rows_sent['whole-bundle']:,}; "
         f"same answers: {same}; load {load:.2f}"
     )
     if not same:

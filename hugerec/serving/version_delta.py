@@ -14,6 +14,8 @@ and the dense weights, instead of a whole bundle.
 `derive_version` builds the new version beside its base and never writes to the base:
 
     base's RocksDB  --checkpoint (hard links)-->  delta/state-<version>.<random>/rocksdb
+    base's tier 2   --copied (when preloading)-->  the new version's tier 2 (both while the base applies
+                                                   no update: ParameterServer.updates_paused)
                     + the delta's rows, deletions, default rows (ParameterServer.apply: one WriteBatch)
     a copy of the base's dense program + the delta's dense weights; the base's request preprocessing
 
@@ -251,8 +253,6 @@ def derive_version(
     state_dir = Path(tempfile.mkdtemp(prefix=f"state-{version}.", dir=delta.path))
     ps: ParameterServer | None = None
     try:
-        base.ps.persistent.checkpoint(state_dir / "rocksdb")
-        persistent = PersistentStore(state_dir / "rocksdb", dims)
         memory: Store
         if options.redis_url is not None:
             from hugerec.serving.redis_store import RedisStore
@@ -260,8 +260,14 @@ def derive_version(
             memory = RedisStore(options.redis_url, dims, namespace=f"hugerec:{m.name}:{version}:{delta.id[:12]}")
         else:
             memory = MemoryStore(dims, {t.name: t.num_rows for t in m.tables})
+        with base.ps.updates_paused():  # tier 3 and tier 2 of the base at one version
+            base.ps.persistent.checkpoint(state_dir / "rocksdb")
+            if options.preload:  # the base's tier 2 then holds every row (loaded with these options): copy it
+                for table in dims:
+                    for keys, rows in base.ps.memory.scan(table, 1 << 20):
+                        memory.put(table, keys, rows)
+        persistent = PersistentStore(state_dir / "rocksdb", dims)
         ps = ParameterServer(m.tables, memory, persistent, _cache(options), options.device)
-        ps.preload()
         ps.apply(list(delta.updates), {"bundle_id": delta.id})
         program = base.program_with(delta.dense)  # a copy: the base keeps serving its own
         model = InferenceModel(

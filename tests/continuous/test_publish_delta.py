@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -157,6 +158,12 @@ def test_damaged_or_foreign_deltas_are_refused(
         publisher.publish_delta(other, "w0", "w2", 0.25)
     with pytest.raises(PublishError, match="field 'base': model 'model' has no version 'w9'"):
         publisher.publish_delta(other, "w9", "w2", 0.25)
+    url, auth = publisher.target.url, {"Authorization": f"Bearer {TOKEN}"}
+    bad = httpx.post(f"{url}/v2/repository/models/model/load_delta", json={"delta": 3}, headers=auth)
+    assert bad.status_code == 400 and "load_delta needs {'delta'" in bad.json()["error"]
+    body = {"delta": str(other), "base": "w0", "version": "../w3"}
+    bad = httpx.post(f"{url}/v2/repository/models/model/load_delta", json=body, headers=auth)
+    assert bad.status_code == 400 and "version '../w3': use letters, digits" in bad.json()["error"]
     assert _versions(publisher) == (["w0"], "w0", None)
 
 

@@ -1,7 +1,8 @@
 """`hugerec loop CONFIG.toml [KEY=VALUE ...]`: the continuous-training loop from a TOML config.
 
     [loop]       work_dir, first, last (windows first..last-1 are trained; window `last` is the final
-                 holdout), batch_size, lr, epochs, holdout_share, canary_share, retrain_windows, seed, name
+                 holdout), batch_size, lr, epochs, holdout_share, canary_share, retrain_windows, seed, name,
+                 deltas (publish version deltas when the stable version allows; false: whole bundles)
     [data]       paths (Parquet with the time column) + label, dense, sparse column names;
                  or, instead of paths, [data.stream]: a synthetic drifting stream (StreamConfig)
     [windows]    time_column, unit ("day" | "hour"), size
@@ -54,6 +55,7 @@ class LoopSection:
     canary_share: float = 0.1
     retrain_windows: int = 3
     seed: int = 0
+    deltas: bool = True  # publish version deltas onto the stable version when the schema and model are unchanged
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,7 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
         lc.canary_share,
         lc.retrain_windows,
         lc.seed,
+        deltas=lc.deltas,
     )
     if cfg.data.stream is not None:
         stream = Stream(cfg.data.stream)

@@ -14,15 +14,24 @@ window):
                 empty window is skipped (logged).
     3. gate     candidate and serving model on window k + 1's holdout (gate.check); the serving model
                 below its baseline there asks window k + 1 to retrain from scratch (no server needed)
-    4. publish  export bundles/w<k> and publish it to the server as the canary (publish.Publisher), or,
-                without a server, make it the serving model directly
+    4. publish  to the server as the canary (publish.Publisher): when the server's stable version was
+                published by this loop with the same columns, schema and model config, a version delta
+                (model_diff: changed and new rows, evicted ids, default rows, dense weights) -> updates/w<k>,
+                which the server applies to a copy of the stable version; otherwise (a schema change, the
+                first version, `deltas` off) a whole bundle -> bundles/w<k>. The record says which and why.
+                Without a server the candidate becomes the serving model directly.
+
+A window whose columns differ from the configured schema is trained on the adapted schema
+(window_schema.adapt_schema: missing columns dropped, new integer / float columns added as sparse /
+dense); a candidate whose trained schema differs from its warm-start base's is trained from scratch.
 
 The serving model is the server's stable version (or, offline, the last published one).
 """
 
 from __future__ import annotations
 
-import logging
+import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,18 +42,19 @@ import torch
 from hugerec.continuous.decision_log import DecisionLog, Record
 from hugerec.continuous.decisions import Action, DecisionConfig, Observation, decide_canary, retrain_reason
 from hugerec.continuous.gate import GateConfig, GateResult, check
+from hugerec.continuous.model_diff import write_model_delta
 from hugerec.continuous.publish import Publisher
+from hugerec.continuous.window_schema import adapt_schema, describe_change, window_columns
 from hugerec.data.schema import Schema
 from hugerec.data.windows import Windows, holdout_mask, table_batches
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import Adagrad
 from hugerec.embedding.table_config import DynamicConfig, Eviction, Missing, TableConfig
 from hugerec.models.dlrm import DLRM
+from hugerec.serving.bundle import MANIFEST, sha256_file
 from hugerec.serving.export import export_bundle
 from hugerec.training.checkpoint import atomic_save, read_weights
 from hugerec.training.trainer import TrainConfig, evaluate, fit
-
-log = logging.getLogger(__name__)
 
 WindowSource = Callable[[int], pa.Table]  # k -> rows of window k (possibly none)
 Observer = Callable[[int, pa.Table | None], Observation]  # (k, training rows of the stable version) -> what was seen
@@ -85,7 +95,8 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class LoopConfig:
-    """work_dir holds decisions.jsonl, checkpoints/ and bundles/; `schema` names the columns trained on."""
+    """work_dir holds decisions.jsonl, checkpoints/, bundles/ and updates/; `schema` names the columns trained
+    on; `deltas`: publish version deltas when the stable version allows (else always whole bundles)."""
 
     work_dir: str
     schema: Schema
@@ -101,6 +112,7 @@ class LoopConfig:
     canary_share: float = 0.1
     retrain_windows: int = 3
     seed: int = 0
+    deltas: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.holdout_share < 1:
@@ -124,6 +136,11 @@ class LoopConfig:
 
 def version_of(window: int) -> str:
     return f"w{window}"
+
+
+def _size(path: Path) -> int:
+    """Bytes of the files under `path` (what publishing hands the server)."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.relative_to(path).parts[0].startswith("state"))
 
 
 class Loop:
@@ -161,6 +178,21 @@ class Loop:
     def bundle(self, version: str) -> Path:
         return self.work / "bundles" / version
 
+    def update(self, version: str) -> Path:
+        """Where the version delta of `version` is written."""
+        return self.work / "updates" / version
+
+    def trained(self, version: str) -> Record | None:
+        """The last `trained` record of `version` (its rows, schema, columns and model config)."""
+        found = [r for r in self.log.records if r.action == "trained" and version_of(r.window) == version]
+        return found[-1] if found else None
+
+    def schema_of(self, version: str) -> Schema:
+        """The schema `version` was trained on (the configured one for records that do not say)."""
+        record = self.trained(version)
+        saved = None if record is None else record.extra.get("schema")
+        return self.config.schema if saved is None else Schema.from_dict(saved)
+
     def base_version(self) -> str | None:
         """Where the next candidate warm-starts: the last published version not rolled back since."""
         base = None
@@ -186,7 +218,7 @@ class Loop:
         return None
 
     def load(self, version: str) -> DLRM:
-        model = self.config.model.build(self.config.schema, self.config.seed)
+        model = self.config.model.build(self.schema_of(version), self.config.seed)
         model.load_state_dict(read_weights(self.checkpoint(version), "Loop", "model checkpoint"))
         return model
 
@@ -211,15 +243,30 @@ class Loop:
             if rows.num_rows == 0:
                 self.log.append(Record(k, "skip", f"window {k} has no rows"))
                 return
-            self._check_schema(k, rows)
-            model = self._train(k, rows, retrain)
+            schema = adapt_schema(self.config.schema, rows, self.config.windows.time_column, f"window {k}")
+            base = self.base_version()
+            changed = None if base is None or retrain else self._schema_change(base, schema)
+            if changed is not None:
+                retrain = 1
+            model = self._train(k, rows, retrain, schema)
             atomic_save(model.state_dict(), self.checkpoint(version))
+            how = f"from scratch on {retrain} window(s)" if retrain else "warm start"
             self.log.append(
                 Record(
                     k,
                     "trained",
-                    f"from scratch on {retrain} window(s)" if retrain else "warm start",
-                    extra={"rows": rows.num_rows, "base": None if retrain else self.base_version()},
+                    how + ("" if changed is None else f": the schema changed since {base} ({changed})"),
+                    extra=json.loads(  # plain JSON values: the record equals itself read back from the log
+                        json.dumps(
+                            {
+                                "rows": rows.num_rows,
+                                "base": None if retrain else base,
+                                "schema": schema.to_dict(),
+                                "columns": window_columns(rows, self.config.windows.time_column),
+                                "model": dataclasses.asdict(self.config.model) | {"eviction": self.config.model.eviction.value},
+                            }
+                        )
+                    ),
                 )
             )
         result = self._gate(k, self.load(version))
@@ -229,24 +276,18 @@ class Loop:
             return
         self._publish(k, version, result)
 
-    def _check_schema(self, k: int, rows: pa.Table) -> None:
-        missing = [c for c in self.config.schema.names if c not in rows.column_names]
-        if missing:
-            raise ValueError(
-                f"window {k}: the schema changed: columns {missing} of the loop's schema are missing "
-                f"(window columns: {rows.column_names}); a new schema needs a new loop (work_dir)"
-            )
-        extra = [
-            c for c in rows.column_names if c not in self.config.schema.names and c != self.config.windows.time_column
-        ]
-        if extra:
-            log.warning("window %d: columns %s are not in the loop's schema and are not trained on", k, extra)
+    def _schema_change(self, base: str, schema: Schema) -> str | None:
+        """How `schema` differs from the one `base` was trained on (None: the same)."""
+        old = self.schema_of(base)
+        if old == schema:
+            return None
+        return describe_change({c.name: c.kind.value for c in old.columns}, {c.name: c.kind.value for c in schema.columns})
 
     def _train_rows(self, rows: pa.Table) -> pa.Table:
         mask = holdout_mask(rows.num_rows, self.config.holdout_share, self.config.seed)
         return rows.filter(pa.array(~mask))
 
-    def _train(self, k: int, rows: pa.Table, from_scratch: int) -> DLRM:
+    def _train(self, k: int, rows: pa.Table, from_scratch: int, schema: Schema) -> DLRM:
         """Warm start (from_scratch 0) or a fresh model on the last `from_scratch` windows up to k."""
         cfg = self.config
         base = None if from_scratch else self.base_version()
@@ -254,9 +295,9 @@ class Loop:
             first = max(0, k - from_scratch + 1)
             rows = pa.concat_tables([self.source(j) for j in range(first, k)] + [rows]) if first < k else rows
             rows = rows.sort_by(cfg.windows.time_column)
-        model = self.load(base) if base is not None else cfg.model.build(cfg.schema, cfg.seed)
+        model = self.load(base) if base is not None else cfg.model.build(schema, cfg.seed)
         model.train()
-        data = table_batches(self._train_rows(rows), cfg.schema, cfg.batch_size, shuffle=True, seed=cfg.seed + k)
+        data = table_batches(self._train_rows(rows), schema, cfg.batch_size, shuffle=True, seed=cfg.seed + k)
         fit(model, data, config=self._train_config)
         return model.eval()
 
@@ -272,11 +313,17 @@ class Loop:
         if holdout.num_rows == 0:
             nan = float("nan")
             return check({"auc": nan, "logloss": nan, "calibration": nan, "count": 0}, None, cfg.gate)
-        data = table_batches(holdout, cfg.schema, 4096)
-        figures = evaluate(candidate, data, device="cpu")
+        figures = evaluate(candidate, table_batches(holdout, self.schema_of(version_of(k)), 4096), device="cpu")
         serving = self.serving_version()
-        ref = None if serving is None else evaluate(self.load(serving), data, device="cpu")
-        return check(figures, ref, cfg.gate)
+        if serving is None:
+            return check(figures, None, cfg.gate)
+        lacks = [c for c in self.schema_of(serving).names if c not in holdout.column_names]
+        if lacks:  # a schema change: the serving model cannot read the next window
+            result = check(figures, None, cfg.gate)
+            note = f"serving {serving} not compared (window {k + 1} lacks its columns {lacks})"
+            return GateResult(result.passed, f"{result.reason}; {note}", result.figures)
+        data = table_batches(holdout, self.schema_of(serving), 4096)
+        return check(figures, evaluate(self.load(serving), data, device="cpu"), cfg.gate)
 
     def _check_serving(self, k: int, result: GateResult) -> None:
         """The serving model on window k + 1's holdout (a gate figure) below its own baseline: a concept drift
@@ -299,20 +346,55 @@ class Loop:
             self.log.append(Record(k, "publish", "gate passed (offline: serving now)", result.figures, version))
             return
         status = self.publisher.status()
-        if status is None or version not in status["versions"]:
-            export_bundle(
-                self.load(version),
-                self.bundle(version),
-                name=self.config.name,
-                version=version,
-                schema=self.config.schema,
-                overwrite=True,
-            )
-        after = self.publisher.publish(self.bundle(version), version, self.config.canary_share)
-        role = "stable" if after.get("stable") == version else f"canary at share {self.config.canary_share}"
-        self.log.append(
-            Record(k, "publish", f"gate passed; {role}", result.figures, version, extra={"stable": after.get("stable")})
-        )
+        loaded = status is not None and version in status["versions"]
+        stable = None if status is None else status["stable"]
+        why = self._whole_bundle_reason(version, stable)
+        share = self.config.canary_share
+        if why is None:
+            assert stable is not None
+            path = self.update(version)
+            if not loaded or not (path / MANIFEST).is_file():
+                write_model_delta(self.load(stable), self.load(version), path, stable, self._content_id(stable))
+            after = self.publisher.publish_delta(path, stable, version, share)
+            how = f"version delta on {stable}"
+            extra = {"mode": "delta", "base": stable}
+        else:
+            path = self.bundle(version)
+            if not loaded or not (path / MANIFEST).is_file():
+                export_bundle(
+                    self.load(version), path, name=self.config.name, version=version, schema=self.schema_of(version), overwrite=True
+                )
+            after = self.publisher.publish(path, version, share)
+            how = f"whole bundle ({why})"
+            extra = {"mode": "bundle"}
+        extra |= {"id": sha256_file(path / MANIFEST), "bytes": _size(path), "stable": after.get("stable")}
+        role = "stable" if after.get("stable") == version else f"canary at share {share}"
+        self.log.append(Record(k, "publish", f"gate passed; {role}; {how}", result.figures, version, extra=extra))
+
+    def _content_id(self, version: str) -> str:
+        """The id of what the server serves as `version` (publish.py / version_delta.py), from the log."""
+        found = [r for r in self.log.records if r.action == "publish" and r.version == version]
+        return str(found[-1].extra.get("id", "")) if found else ""
+
+    def _whole_bundle_reason(self, version: str, stable: str | None) -> str | None:
+        """Why `version` must go out as a whole bundle, or None when a version delta on `stable` will do."""
+        if not self.config.deltas:
+            return "loop.deltas is off"
+        if stable is None:
+            return "nothing serves yet"
+        if not self._content_id(stable) or not self.checkpoint(stable).is_file():
+            return f"the stable version {stable} was not published by this loop"
+        old, new = self.trained(stable), self.trained(version)
+        if old is None or new is None:
+            return f"no training record of {stable if old is None else version}"
+        changed = describe_change(old.extra.get("columns", {}), new.extra.get("columns", {}))
+        if changed is not None:
+            return f"schema changed since {stable}: {changed}"
+        if old.extra.get("schema") != new.extra.get("schema"):
+            return f"the trained schema changed since {stable}"
+        if old.extra.get("model") != new.extra.get("model"):
+            return f"the model config changed since {stable}"
+        return None
 
     def _decide(self, k: int) -> None:
         """Canary decision and retrain check for window k (a retrain is a record of window k)."""

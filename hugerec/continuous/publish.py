@@ -1,10 +1,12 @@
-"""Publishing to a running server over its admin API: a candidate bundle as a canary, promote, roll back.
+"""Publishing to a running server over its admin API: a candidate (a whole bundle, or a version delta on
+top of the stable version) as a canary, promote, roll back.
 
 Every call is retried (`retries` times, doubling `backoff_s`) while the server cannot be reached or
 answers 5xx; then PublishError says which server, what and why. Publishing is all or nothing and
-idempotent: the version is loaded (unless the server already has it), then made the canary; if that
-fails the loaded version is unloaded again, so the server is never left with half a publish, and a
-loop restarted after a kill can publish the same version again without loading it twice.
+idempotent: the version is loaded (unless the server already has it), then made the canary; if either
+step fails (a refusal, a checksum mismatch, retries exhausted, a load whose answer was lost) a version
+the server holds without serving it is unloaded again, so the server is never left with half a publish,
+and a loop restarted after a kill can publish the same version again without loading it twice.
 """
 
 from __future__ import annotations
@@ -97,15 +99,28 @@ class Publisher:
         """Load `bundle` as `version` and make it the canary with `share` of the traffic (the first version
         of a model becomes stable instead). Returns the model's status afterwards."""
         m = self.target.model
+        body = {"bundle": str(bundle), "version": version}
+        return self._publish(f"/v2/repository/models/{m}/load", body, version, share, f"loading {bundle} as {m}:{version}")
+
+    def publish_delta(self, delta: str | Path, base: str, version: str, share: float) -> dict[str, Any]:
+        """Make `version` on the server from the loaded version `base` plus the version delta at `delta`
+        (hugerec.serving.version_delta; `base` is not touched) and make it the canary with `share` of the
+        traffic. Returns the model's status afterwards."""
+        m = self.target.model
+        body = {"delta": str(delta), "base": base, "version": version}
+        what = f"deriving {m}:{version} from {m}:{base} + {delta}"
+        return self._publish(f"/v2/repository/models/{m}/load_delta", body, version, share, what)
+
+    def _publish(self, path: str, body: dict[str, Any], version: str, share: float, what: str) -> dict[str, Any]:
+        m = self.target.model
         status = self.status()
         loaded_now = False
         if status is None or version not in status["versions"]:
             try:
-                self._call("POST", f"/v2/repository/models/{m}/load", {"bundle": str(bundle), "version": version})
-            except _Refused as e:
-                raise PublishError(
-                    f"server {self.target.url}: loading {bundle} as {m}:{version} refused: {e}"
-                ) from None
+                self._call("POST", path, body)
+            except (PublishError, _Refused) as e:
+                self._take_back(version)  # the server may have loaded it and lost the answer
+                raise PublishError(f"server {self.target.url}: {what} failed: {e}") from None
             loaded_now = True
         if status is None:
             return self.status() or {}
@@ -114,10 +129,16 @@ class Publisher:
         try:
             return self._call("POST", f"/admin/models/{m}/canary", {"version": version, "share": share})
         except (PublishError, _Refused) as e:
-            if loaded_now:  # all or nothing: take the version back out (best effort: the server may be gone)
-                with contextlib.suppress(PublishError, _Refused):
-                    self._call("POST", f"/v2/repository/models/{m}/unload", {"version": version})
+            if loaded_now:  # all or nothing: take the version back out
+                self._take_back(version)
             raise PublishError(f"server {self.target.url}: making {m}:{version} the canary failed: {e}") from None
+
+    def _take_back(self, version: str) -> None:
+        """Unload `version` if the server holds it without serving it (best effort: the server may be gone)."""
+        with contextlib.suppress(PublishError, _Refused):
+            status = self.status()
+            if status is not None and version in status["versions"] and version not in (status["stable"], status["canary"]):
+                self._call("POST", f"/v2/repository/models/{self.target.model}/unload", {"version": version})
 
     def promote(self, version: str) -> dict[str, Any]:
         """Make the canary `version` stable (nothing to do when it already is)."""

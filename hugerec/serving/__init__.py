@@ -24,6 +24,7 @@ from hugerec.serving.protocol import RequestError
 from hugerec.serving.request_log import RequestLogConfig
 from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig, serve
 from hugerec.serving.updates import publish_to_directory, publish_to_stream
+from hugerec.serving.version_delta import read_version_delta, write_version_delta
 
 __all__ = [
     "BackgroundServer",
@@ -54,5 +55,7 @@ __all__ = [
     "load_pipeline",
     "publish_to_directory",
     "publish_to_stream",
+    "read_version_delta",
     "serve",
+    "write_version_delta",
 ]

@@ -3,6 +3,8 @@
     POST /v2/repository/index                  loaded models and versions
     POST /v2/repository/models/{m}/load        {"bundle": path, "version"?: v} (also as parameters.config JSON,
                                                what tritonclient's load_model(config=...) sends)
+    POST /v2/repository/models/{m}/load_delta  {"delta": path, "base": v0, "version": v}: v = v0 + a version delta
+                                               (version_delta.py); v0 is only read
     POST /v2/repository/models/{m}/unload      {"version": v}
     GET  /admin/models/{m}                     stable, canary, share, history
     POST /admin/models/{m}/canary              {"version": v, "share": 0.1}
@@ -55,6 +57,19 @@ def admin_router(server: InferenceServer) -> APIRouter:
                 served = await asyncio.to_thread(server.add_bundle, bundle, name, None if version is None else str(version))
         except (ValueError, FileNotFoundError, FileExistsError) as e:
             raise RequestError(f"cannot load {bundle!r}: {e}") from None
+        return {"name": name, "version": served.version, **server.model_versions(name).status()}
+
+    @router.post("/v2/repository/models/{name}/load_delta")
+    async def load_delta(name: str, request: Request) -> dict[str, Any]:
+        _check_token(server, request)
+        body = await server.json_body(request)
+        delta, base, version = body.get("delta"), body.get("base"), body.get("version")
+        if not all(isinstance(v, str) and v for v in (delta, base, version)):
+            raise RequestError("load_delta needs {'delta': '<path of a version delta>', 'base': '<v>', 'version': '<v>'}")
+        try:  # checks files and copies the base's rows: keep serving meanwhile
+            served = await asyncio.to_thread(server.add_version_delta, str(delta), name, str(base), str(version))
+        except (ValueError, FileNotFoundError) as e:
+            raise RequestError(f"cannot load the version delta {delta!r}: {e}") from None
         return {"name": name, "version": served.version, **server.model_versions(name).status()}
 
     @router.post("/v2/repository/models/{name}/unload")

@@ -311,6 +311,11 @@ class InferenceModel:
         return self.ps.apply(tables, meta, payload=program)
 
     def _program_with(self, dense_state: Mapping[str, torch.Tensor]) -> ServedProgram:
+        return compile_program(self.program_with(dense_state), self._widths, self.device)
+
+    def program_with(self, dense_state: Mapping[str, torch.Tensor]) -> torch.nn.Module:
+        """A copy of the dense program now served, with `dense_state`'s weights (checked: every dense key,
+        shapes, finite values); the served program is not changed."""
         missing = [k for k in self.dense_keys if k not in dense_state]
         if missing:
             raise ValueError(f"InferenceModel.update: the dense weights lack {missing[:5]} ({len(missing)} keys)")
@@ -332,4 +337,4 @@ class InferenceModel:
                 raise ValueError(f"InferenceModel.update: dense weight {k!r} contains NaN or inf")
             with torch.no_grad():
                 into.copy_(value)
-        return compile_program(program, self._widths, self.device)
+        return program

@@ -393,6 +393,13 @@ class ParameterServer:
                 total += keys.shape[0]
         return total
 
+    @contextmanager
+    def updates_paused(self) -> Iterator[None]:
+        """No update is applied while inside: the tiers hold one version of every row (a consistent copy
+        of tier 2 and tier 3 can be taken; readers are not blocked)."""
+        with self._apply_lock:
+            yield
+
     def publish_payload(self, payload: object) -> None:
         """Make `payload` what new snapshots see as `snap.payload` (rows unchanged)."""
         with self._apply_lock:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 
 from hugerec.serving.tiers import check_keys_rows, decode_keys, decode_rows, encode_keys, get_by_table
 
@@ -124,6 +124,12 @@ class PersistentStore:
 
     def set_meta(self, name: str, value: str) -> None:
         self.write({}, {}, {name: value})
+
+    def checkpoint(self, path: str | Path) -> None:
+        """A consistent copy of the database at `path` (which must not exist): RocksDB hard-links its
+        immutable files, so this costs about the size of the unflushed writes, not the rows."""
+        with self._lock:  # no write batch half-way
+            Checkpoint(self._db).create_checkpoint(str(path))
 
     def close(self) -> None:
         # every column family object holds the database open: drop them before closing it

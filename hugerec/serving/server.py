@@ -60,6 +60,7 @@ from hugerec.serving.protocol import (
     parse_json,
 )
 from hugerec.serving.request_log import RequestLog, RequestLogConfig
+from hugerec.serving.version_delta import derive_version, read_version_delta
 from hugerec.serving.versions import ModelVersions, ServedModel
 
 log = logging.getLogger(__name__)
@@ -254,6 +255,30 @@ class InferenceServer:
         loaded.start_updates(lambda result: updates.labels(name, version, result).inc())
         served.info["watchers"] = loaded.watchers
         return served
+
+    def add_version_delta(self, path: str | Path, name: str, base: str, version: str) -> ServedModel:
+        """Serve `base` + the version delta at `path` as a new version `version` of `name` (version_delta.py);
+        the base version is only read. The new version waits for set_canary / promote like a loaded bundle."""
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", version):
+            raise ValueError(f"version {version!r}: use letters, digits, '_', '.' and '-' (at most 128)")
+        versions = self.model_versions(name)
+        if version in versions:
+            raise ValueError(f"model {name!r}: version {version!r} is already loaded")
+        try:
+            served_base = versions.get(base)
+        except KeyError as e:
+            raise RequestError(f"field 'base': {e.args[0]}", status=404) from None
+        if not isinstance(served_base.model, InferenceModel) or "bundle" not in served_base.info:
+            raise ValueError(f"model {name!r}: version {base!r} is not a bundle-loaded model a delta can apply to")
+        delta = read_version_delta(path)
+        if delta.base_version != base:
+            raise ValueError(f"version delta {path} was made against version {delta.base_version!r}, not {base!r}")
+        derived = derive_version(served_base.model, served_base.preprocess, served_base.info, delta, version, self.options)
+        try:
+            return self.add_model(name, version, derived.model, derived.preprocess, [derived.close], derived.info)
+        except BaseException:
+            derived.close()
+            raise
 
     def _add_gbm_bundle(self, path: str | Path, name: str | None, version: str | None) -> ServedModel:
         """A GBM bundle (`hugerec export` of a lightgbm / xgboost model; see serving/gbm.py)."""

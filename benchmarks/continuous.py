@@ -99,24 +99,21 @@ def run(rows_per_day: int, monitor_rows: int, epochs: int) -> list[dict[str, Any
     decisions = DecisionConfig()
     mcfg = MonitorConfig()
     for d in range(1, 7):
-        eval_rows = tables[d].filter(pa.array(unseen[d]))
-        y = eval_rows["label"].to_numpy()
-        oracle = days[d].probability[unseen[d]]
+        held = ~unseen[d]  # day d's holdout: the next-day holdout of every model trained on days < d
+        holdout, rest = tables[d].filter(pa.array(held)), tables[d].filter(pa.array(unseen[d]))
+        y, y_rest = holdout["label"].to_numpy(), rest["label"].to_numpy()
+        oracle, oracle_rest = days[d].probability[held], days[d].probability[unseen[d]]
         version = serving_after[d - 1]
         assert version is not None
-        served = loop.load(version)
-        p_loop = _scores(served, eval_rows, cfg)
         fresh = SPEC.build(cfg.schema, 0)
         fit(
             fresh,
             table_batches(tables[d - 1].filter(pa.array(unseen[d - 1])), cfg.schema, 512, True, d),
             config=train_cfg,
         )
-        for method, p in (
-            ("hugerec-loop", p_loop),
-            ("frozen", _scores(frozen, eval_rows, cfg)),
-            ("retrain-daily", _scores(fresh.eval(), eval_rows, cfg)),
-        ):
+        for method, model in (("hugerec-loop", loop.load(version)), ("frozen", frozen), ("retrain-daily", fresh.eval())):
+            p, p_rest = _scores(model, holdout, cfg), _scores(model, rest, cfg)
+            lift_on_rest = _lift(p_rest, y_rest, oracle_rest)
             records.append(
                 _record(
                     f"day {d} lift",
@@ -126,8 +123,11 @@ def run(rows_per_day: int, monitor_rows: int, epochs: int) -> list[dict[str, Any
                     True,
                     auc=auc(p, y),
                     oracle_auc=auc(oracle, y),
+                    rows=int(y.size),
+                    lift_on_unseen_rest=lift_on_rest,
                 )
             )
+            print(f"day {d} lift {method}: {records[-1]['value']:.4f} (rest of day {d}: {lift_on_rest:.4f})", flush=True)
         # drift when day d arrives: the monitor on day d against day d-1, and the KPIs on day d's labels of the
         # model serving then (published at step d-2, gated on day d-1: its gate AUC is the baseline)
         ref = Reference.of(tables[d - 1], cfg.dense_names, cfg.sparse_names, mcfg)
@@ -135,8 +135,8 @@ def run(rows_per_day: int, monitor_rows: int, epochs: int) -> list[dict[str, Any
         live = serving_after.get(d - 2)
         kpis_then: dict[str, Kpis] = {}
         if live is not None:
-            p_live = _scores(loop.load(live), eval_rows, cfg)
-            kpis_then["stable"] = Kpis(int(y.size), auc(p_live, y), float(y.mean()), float(p_live.mean()))
+            p_live = _scores(loop.load(live), rest, cfg)
+            kpis_then["stable"] = Kpis(int(y_rest.size), auc(p_live, y_rest), float(y_rest.mean()), float(p_live.mean()))
         obs = Observation(kpis_then, rep.observation().drift)
         why = retrain_reason(obs, None if live is None else loop.baseline_auc(live), decisions)
         alarms.append((d, None if why is None else why.reason))

@@ -13,7 +13,7 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from hugerec.continuous.decision_log import Record, live_intervals
+from hugerec.continuous.decision_log import Record, live_intervals, read_log
 from hugerec.continuous.decisions import DecisionConfig
 from hugerec.continuous.gate import GateConfig
 from hugerec.continuous.loop import Loop, LoopConfig
@@ -185,9 +185,7 @@ def test_publish_after_a_failed_attempt_happens_once(
     assert [r.version for r in read_publishes(config)] == ["w0", "w1"]
 
 
-def read_publishes(config: LoopConfig) -> list[object]:
-    from hugerec.continuous.decision_log import read_log
-
+def read_publishes(config: LoopConfig) -> list[Record]:
     return [r for r in read_log(config.log_path) if r.action == "publish"]
 
 

@@ -2,7 +2,7 @@
 monitor time.
 
     python benchmarks/continuous.py [--quick] [--json PATH] [--rows-per-day N] [--monitor-rows N]
-        [--epochs N] [--week-load-rows N] [--week-load-only]
+        [--epochs N] [--hourly] [--hourly-only] [--week-load-rows N] [--week-load-only]
 
 Stream: hugerec.data.synthetic_stream, 7 days (0..6), 6 sparse features (vocabulary 2,000, 2% of the
 ids of every popularity rank replaced by new ids each day) + 4 dense, concept drift on day 4 (half
@@ -26,6 +26,9 @@ figure shows how it recovers.
                    the next day trains from scratch on that day alone (the loop's retrain decision)
     frozen         the day-0 model, never retrained
     retrain-daily  a fresh model trained on day d-1 only (same epochs)
+    hugerec-loop-hourly (`--hourly`, day 4 only) the same loop on hourly windows of days 3 and 4 (from
+                   scratch at day 3, hour 0): each of day 4's holdout rows scored by the model serving
+                   during its hour; hour 0 of day 4 is the first sight of the new concept
 `drift detection` (hugerec-loop): when day d arrives, the monitor on day d's rows against day d-1's
 (the reference the serving model was trained on) plus the KPIs on day d's labels of the model serving
 at that moment (published at step d-2) against its gate AUC (decisions.retrain_reason, defaults). Value: share of the injected days (4, 6) that
@@ -67,7 +70,7 @@ from hugerec.continuous.observer import ServerObserver
 from hugerec.continuous.publish import Publisher, ServerTarget
 from hugerec.continuous.traffic import BackgroundLoad, Replay, instances, replay
 from hugerec.data.synthetic_stream import Stream, StreamConfig
-from hugerec.data.windows import holdout_mask, table_batches
+from hugerec.data.windows import Windows, WindowUnit, holdout_mask, table_batches
 from hugerec.serving.export import export_bundle
 from hugerec.serving.request_log import RequestLogConfig
 from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
@@ -209,6 +212,61 @@ def run(rows_per_day: int, monitor_rows: int, epochs: int) -> list[dict[str, Any
     return records
 
 
+def hourly_drift_day(rows_per_day: int, epochs: int) -> list[dict[str, Any]]:
+    """The loop on hourly windows over days 3 and 4 (the same stream): how much of the concept-drift day a
+    loop that runs every hour gets back. Day 4's holdout rows (those of `day 4 lift`) are each scored by the
+    model serving during their hour (published at the step of the hour before, gated on their hour's own
+    holdout); the loop starts from scratch at day 3, hour 0."""
+    cfg = StreamConfig(days=7, rows_per_day=rows_per_day, concept_drift_day=4, feature_shift_day=6)
+    stream = Stream(cfg)
+    hourly = Windows(unit=WindowUnit.HOUR)
+    days = {d: stream.day(d) for d in (3, 4, 5)}
+    hours = {d * 24 + h: hourly.select(days[d].table, d * 24 + h) for d in (3, 4) for h in range(24)}
+    hours[120] = hourly.select(days[5].table, 120)  # day 5, hour 0: the last step's gate
+    lc = LoopConfig(
+        tempfile.mkdtemp(prefix="hugerec-hourly-"), cfg.schema, hourly, SPEC, batch_size=512, lr=3e-3, epochs=epochs
+    )
+    loop = Loop(lc, hours.__getitem__)
+    serving_during: dict[int, str | None] = {}
+    t0 = time.perf_counter()
+    for k in range(72, 120):
+        loop.step(k)
+        serving_during[k + 1] = loop.serving_version()
+    seconds = time.perf_counter() - t0
+    day4 = days[4]
+    held = holdout_mask(day4.table.num_rows, lc.holdout_share, lc.seed)  # day 4's daily holdout
+    rows = day4.table.filter(pa.array(held))
+    hour = hourly.index(rows[lc.windows.time_column].to_numpy())
+    p = np.empty(rows.num_rows, np.float32)
+    for h in range(96, 120):  # hour 96's rows are answered by the model of step 95 (day 3, hour 23)
+        version = serving_during[h]
+        assert version is not None
+        sel = hour == h
+        p[sel] = _scores(loop.load(version), rows.filter(pa.array(sel)), cfg)
+    y = rows["label"].to_numpy()
+    retrains = [f"{r.window}: {r.reason}" for r in loop.log.records if r.action == "retrain"]
+    lift = _lift(p, y, day4.probability[held])
+    per_hour = {
+        str(h - 96): round(_lift(p[hour == h], y[hour == h], day4.probability[held][hour == h]), 4)
+        for h in range(96, 120)
+    }
+    print(f"day 4 lift hugerec-loop-hourly: {lift:.4f}; per hour {per_hour}; retrains {retrains}", flush=True)
+    return [
+        _record(
+            "day 4 lift",
+            "hugerec-loop-hourly",
+            lift,
+            "share of oracle lift",
+            True,
+            auc=auc(p, y),
+            rows=int(y.size),
+            per_hour=per_hour,
+            retrains=retrains,
+            seconds_48_steps=seconds,
+        )
+    ]
+
+
 def _inverted(table: pa.Table, config: LoopConfig) -> pa.Table:
     """The window with its training rows' labels flipped (its holdout keeps the true ones): a worse canary."""
     labels = table["label"].to_numpy().copy()
@@ -318,11 +376,16 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--week-load-rows", type=int, default=6000, help="rows a day of the week under load (0: skip it)")
     ap.add_argument("--week-load-only", action="store_true", help="run only the week under load")
+    ap.add_argument("--hourly", action="store_true", help="also the loop on hourly windows over days 3 and 4")
+    ap.add_argument("--hourly-only", action="store_true", help="run only the hourly loop over days 3 and 4")
     args = ap.parse_args()
     rows = args.rows_per_day or (30_000 if args.quick else 1_000_000)
     mrows = args.monitor_rows or (200_000 if args.quick else 1_000_000)
-    records = [] if args.week_load_only else run(rows, mrows, args.epochs)
-    if args.week_load_rows > 0:
+    only = args.week_load_only or args.hourly_only
+    records = [] if only else run(rows, mrows, args.epochs)
+    if args.hourly or args.hourly_only:
+        records += hourly_drift_day(rows, args.epochs)
+    if args.week_load_rows > 0 and not args.hourly_only:
         records += week_load(args.week_load_rows)
     sizes = "" if args.week_load_only else f"rows per day {rows:,}, epochs {args.epochs}, monitor rows {mrows:,}; "
     print(f"\n{sizes}week load rows per day {args.week_load_rows:,}; load {os.getloadavg()[0]:.1f}")

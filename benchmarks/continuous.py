@@ -41,8 +41,8 @@ categorical, with predictions and labels) against a reference of N rows; baselin
 two-sample KS test (scipy.stats.ks_2samp) on each of the 40 columns.
 `week load` (hugerec-loop; small sizes, `--week-load-rows` a day): the loop publishing to a server in
 this process over 7 windows (canary share 0.5) while a thread sends one 4-row /predict at a time all
-week; days 1 and 4 are trained on inverted labels (canaries to roll back), each day's users are
-replayed with their labels as feedback. Value: failed requests; also the answers per version and the
+week; days 1 and 4 are trained from scratch on inverted labels (canaries to roll back), 1,600 of each
+day's users are replayed with their labels as feedback. Value: failed requests; also the answers per version and the
 answers from a version that was not live, by the decision log (decision_log.live_intervals), while the
 request was in flight.
 """
@@ -62,7 +62,7 @@ import pyarrow as pa
 import torch
 from scipy.stats import ks_2samp
 
-from hugerec.continuous.decision_log import live_intervals
+from hugerec.continuous.decision_log import Record, live_intervals
 from hugerec.continuous.decisions import DecisionConfig, Kpis, Observation, retrain_reason
 from hugerec.continuous.gate import GateConfig
 from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec
@@ -297,8 +297,8 @@ def _inverted(table: pa.Table, config: LoopConfig) -> pa.Table:
 
 def week_load(rows_per_day: int) -> list[dict[str, Any]]:
     """The loop publishing to a server in this process for 7 windows while a thread keeps requesting; days 1
-    and 4 are trained on inverted labels (worse canaries to roll back); each day's users are replayed with
-    their true labels as feedback before the loop's step on that day."""
+    and 4 are trained from scratch on inverted labels (worse canaries to roll back); 1,600 of each day's users
+    are replayed with their true labels as feedback before the loop's step on that day."""
     cfg = StreamConfig(days=8, rows_per_day=rows_per_day, num_sparse=4, num_dense=2, vocabulary=500, seed=3)
     work = Path(tempfile.mkdtemp(prefix="hugerec-week-"))
     lc = LoopConfig(
@@ -309,12 +309,13 @@ def week_load(rows_per_day: int) -> list[dict[str, Any]]:
         lr=1e-2,
         epochs=2,
         gate=GateConfig(auc_margin=1.0, calibration_low=0.01, calibration_high=100.0),
-        decisions=DecisionConfig(min_feedback=100, kpi_margin=0.05, psi_alarm=10.0, baseline_margin=0.1),
+        decisions=DecisionConfig(min_feedback=100, kpi_margin=0.15, psi_alarm=10.0, baseline_margin=0.1),
         canary_share=0.5,
     )
     stream = Stream(cfg)
     truth = [stream.day(d).table for d in range(8)]
-    trained = [_inverted(t, lc) if d in (1, 4) else t for d, t in enumerate(truth)]
+    broken = (1, 4)
+    trained = [_inverted(t, lc) if d in broken else t for d, t in enumerate(truth)]
     srv = InferenceServer(ServerConfig(admin_token=TOKEN, seed=0))
     srv.enable_request_log(RequestLogConfig(str(work / "requests"), seed=0))
     replayed = Replay()
@@ -323,14 +324,20 @@ def week_load(rows_per_day: int) -> list[dict[str, Any]]:
         publisher = Publisher(ServerTarget(url, "model", TOKEN))
         observer = ServerObserver(publisher, work / "requests", lc.work_dir, cfg.dense_names, cfg.sparse_names)
         loop = Loop(lc, trained.__getitem__, publisher, observer)
-        loop.step(0)
+
+        def step(d: int) -> None:
+            if d in broken:  # a retrain record makes the loop train window d from scratch
+                loop.log.append(Record(d, "retrain", "benchmark: a broken candidate", extra={"windows": 1}))
+            loop.step(d)
+
+        step(0)
         with BackgroundLoad(url, "model", instances(truth[0].slice(0, 200), cfg.schema)) as load:
-            loop.step(1)
+            step(1)
             for d in range(2, 7):
-                seen = replay(url, "model", truth[d].slice(0, 800), cfg.schema, batch=40)
+                seen = replay(url, "model", truth[d].slice(0, 1600), cfg.schema, batch=40)
                 replayed.answered.update(seen.answered)
                 replayed.failed += seen.failed
-                loop.step(d)
+                step(d)
     srv.close()
     seconds = time.perf_counter() - t0
     records = loop.log.records

@@ -122,3 +122,50 @@ class DecisionLog:
 
     def of_window(self, window: int) -> list[Record]:
         return [r for r in self.records if r.window == window]
+
+
+def live_intervals(records: list[Record]) -> dict[str, list[tuple[float, float]]]:
+    """When, by the log, each version could answer requests: version -> [(start, end)] in unix seconds.
+
+    The loop writes a record after the server acted, so an action took effect between the previous record's
+    time and its own: a published version is live from the previous record's time (0 for the first), and a
+    version stops at the time of the record that ends it (its rollback, the promotion of another version
+    while it was stable, another canary published while it was the canary); end = inf while still live.
+    A publish record whose extra names it as the stable version (the server's first) made it stable;
+    otherwise it became the canary. Records without a server (no extra) make the published version stable.
+    """
+    out: dict[str, list[tuple[float, float]]] = {}
+    start: dict[str, float] = {}
+    stable: str | None = None
+    canary: str | None = None
+    before = 0.0
+
+    def end(version: str | None, at: float) -> None:
+        if version is not None and version in start:
+            out.setdefault(version, []).append((start.pop(version), at))
+
+    for r in records:
+        match r.action:
+            case "publish" if r.version is not None:
+                if "stable" not in r.extra or r.extra["stable"] == r.version:
+                    if stable != r.version:
+                        end(stable, r.time)
+                    stable = r.version
+                else:
+                    if canary != r.version:
+                        end(canary, r.time)
+                    canary = r.version
+                start.setdefault(r.version, before)
+            case "promote" if r.version is not None:
+                if stable != r.version:
+                    end(stable, r.time)
+                stable, canary = r.version, None
+            case "rollback" if r.version is not None and r.version == canary:
+                end(canary, r.time)
+                canary = None
+            case _:
+                pass
+        before = r.time
+    for version, t in start.items():
+        out.setdefault(version, []).append((t, float("inf")))
+    return out

@@ -1,4 +1,5 @@
-"""Simulated users: rows of a window sent to a server's /predict, then their labels as feedback.
+"""Simulated users: rows of a window sent to a server's /predict, then their labels as feedback; a bounded
+background load that records which version answered each request and when.
 
 What the tests, the benchmark and `hugerec loop --simulate` use to put traffic and feedback through a
 running server while the loop publishes, promotes and rolls back.
@@ -6,7 +7,10 @@ running server while the loop publishes, promotes and rolls back.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -82,3 +86,66 @@ def replay(
         if own:
             http.close()
     return out
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answered request: when it was sent and received (unix seconds) and the version that answered."""
+
+    sent: float
+    received: float
+    version: str
+
+
+class BackgroundLoad:
+    """A bounded request load from a thread: one `batch`-row /predict of `rows` at a time, `pause_s` apart,
+    until stopped (a context manager). Keeps every answer and every failure (anything but 200)."""
+
+    def __init__(
+        self, url: str, model: str, rows: list[dict[str, object]], batch: int = 4, pause_s: float = 0.01
+    ) -> None:
+        if len(rows) < batch or batch < 1:
+            raise ValueError(f"BackgroundLoad: needs batch >= 1 and at least batch rows, got {batch}, {len(rows)} rows")
+        self.url, self.model, self.rows, self.batch, self.pause_s = url, model, rows, batch, pause_s
+        self.answers: list[Answer] = []
+        self.failed: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=60) as http:
+            i = 0
+            while not self._stop.is_set():
+                s = i % (len(self.rows) - self.batch + 1)
+                sent = time.time()
+                try:
+                    r = http.post(
+                        f"{self.url}/predict", json={"model": self.model, "instances": self.rows[s : s + self.batch]}
+                    )
+                    if r.status_code == 200:
+                        self.answers.append(Answer(sent, time.time(), r.json()["model_version"]))
+                    else:
+                        self.failed.append(f"HTTP {r.status_code}: {r.text[:200]}")
+                except httpx.HTTPError as e:
+                    self.failed.append(repr(e))
+                i += self.batch
+                self._stop.wait(self.pause_s)
+
+    def versions(self) -> Counter[str]:
+        return Counter(a.version for a in self.answers)
+
+    def outside(self, live: Mapping[str, Sequence[tuple[float, float]]]) -> list[Answer]:
+        """The answers from a version that was not live (by `live`, decision_log.live_intervals) while in flight."""
+        return [
+            a
+            for a in self.answers
+            if not any(a.received >= start and a.sent <= end for start, end in live.get(a.version, ()))
+        ]
+
+    def __enter__(self) -> BackgroundLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)

@@ -3,25 +3,29 @@ answered throughout, a server that is down, feedback for unknown request ids."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
-import threading
-from collections import Counter
 from collections.abc import Callable, Iterator
+from functools import cache
 from pathlib import Path
 
 import httpx
 import pyarrow as pa
 import pytest
 
+from hugerec.continuous.decision_log import Record, live_intervals, read_log
 from hugerec.continuous.decisions import DecisionConfig
 from hugerec.continuous.gate import GateConfig
 from hugerec.continuous.loop import Loop, LoopConfig
 from hugerec.continuous.observer import ServerObserver
 from hugerec.continuous.publish import Publisher, PublishError, ServerTarget
-from hugerec.continuous.traffic import instances, replay
+from hugerec.continuous.traffic import BackgroundLoad, instances, replay
+from hugerec.data.synthetic_stream import Stream
 from hugerec.data.windows import holdout_mask
 from hugerec.serving.request_log import RequestLogConfig
 from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
+
+from .conftest import SMALL
 
 TOKEN = "continuous-test-token"
 Day = Callable[[int], pa.Table]
@@ -47,90 +51,101 @@ def inverted_training_rows(table: pa.Table, config: LoopConfig) -> pa.Table:
     return table.set_column(table.column_names.index("label"), "label", pa.array(labels))
 
 
-class Load:
-    """A bounded request load from a thread: one 4-row /predict at a time until stopped."""
+WEEK = dataclasses.replace(SMALL, days=8)  # days 0..4 are SMALL's rows; day 7 is the last window's holdout
 
-    def __init__(self, url: str, rows: list[dict[str, object]]) -> None:
-        self.url, self.rows = url, rows
-        self.versions: Counter[str] = Counter()
-        self.failed: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        with httpx.Client(timeout=60) as http:
-            i = 0
-            while not self._stop.is_set():
-                batch = self.rows[i % (len(self.rows) - 4) :][:4]
-                try:
-                    r = http.post(f"{self.url}/predict", json={"model": "model", "instances": batch})
-                    if r.status_code == 200:
-                        self.versions[r.json()["model_version"]] += 1
-                    else:
-                        self.failed.append(f"HTTP {r.status_code}: {r.text[:200]}")
-                except httpx.HTTPError as e:
-                    self.failed.append(repr(e))
-                i += 4
-                self._stop.wait(0.01)
+@cache
+def _week_day(d: int) -> pa.Table:
+    return Stream(WEEK).day(d).table
 
-    def __enter__(self) -> Load:
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
+BROKEN = (1, 4)  # the week's windows whose candidates are trained on inverted labels
 
 
 @pytest.mark.slow
-def test_worse_canary_is_rolled_back_and_requests_never_fail(
-    tmp_path: Path, server: tuple[str, Path], small_day: Day, loop_config: Callable[..., LoopConfig]
+def test_a_week_of_publishes_promotions_and_rollbacks_under_load_never_fails_a_request(
+    tmp_path: Path, server: tuple[str, Path], loop_config: Callable[..., LoopConfig]
 ) -> None:
+    """Seven windows with a server taking a bounded load all week: a worse canary on days 1 and 4 is rolled
+    back, the others are promoted; no request fails and every answer comes from a version the decision log
+    says was live while the request was in flight."""
     url, logs = server
-    # a lenient gate lets the broken candidate through: the canary's KPIs must then catch it
+    # A lenient gate lets the broken candidates through: the canary's KPIs must then catch them. Each role's
+    # feedback AUC comes from about 800 rows of its own, so two equally good versions differ by up to ~0.1;
+    # the broken ones (trained from scratch on inverted labels: AUC well below 0.5) trail by far more.
     config = loop_config(
         tmp_path / "work",
         gate=GateConfig(auc_margin=1.0, calibration_low=0.01, calibration_high=100.0),
-        decisions=DecisionConfig(min_feedback=100, psi_alarm=10.0, baseline_margin=0.1),
+        decisions=DecisionConfig(min_feedback=100, kpi_margin=0.15, psi_alarm=10.0, baseline_margin=0.1),
         canary_share=0.5,
     )
-    days = {d: small_day(d) for d in range(5)}
-    days[1] = inverted_training_rows(days[1], config)
+    truth = {d: _week_day(d) for d in range(8)}  # what users do (replayed with their true labels)
+    trained = dict(truth)
+    for d in BROKEN:
+        trained[d] = inverted_training_rows(truth[d], config)
     publisher = Publisher(ServerTarget(url, "model", TOKEN))
     observer = ServerObserver(publisher, logs, config.work_dir, config.schema.dense_names, config.schema.sparse_names)
-    loop = Loop(config, days.__getitem__, publisher, observer)
-    loop.step(0)  # w0: the first version, stable
+    loop = Loop(config, trained.__getitem__, publisher, observer)
     schema = config.schema
-    with Load(url, instances(days[1].slice(0, 200), schema)) as load:
-        loop.step(1)  # w1 (trained on inverted labels) -> canary at 50%
-        seen = replay(url, "model", days[2].slice(0, 1200), schema, batch=40)
-        assert seen.failed == 0 and seen.answered["w1"] > 0 and seen.feedback_accepted == 1200
-        loop.step(2)  # the canary's feedback AUC is worse: rolled back; w2 (warm from w0) -> canary
-        seen = replay(url, "model", days[3].slice(0, 1200), schema, batch=40)
-        loop.step(3)  # w2 is as good as w0 on feedback: promoted; w3 -> canary
-    actions = [(r.window, r.action, r.version) for r in loop.log.records if r.action not in ("trained",)]
+
+    def step(d: int) -> None:
+        if d in BROKEN:  # the loop trains window d from scratch when its log says so
+            loop.log.append(Record(d, "retrain", "test: a broken candidate", extra={"windows": 1}))
+        loop.step(d)
+
+    step(0)  # w0: the first version, stable
+    with BackgroundLoad(url, "model", instances(truth[0].slice(0, 200), schema)) as load:
+        step(1)
+        for d in range(2, 7):
+            seen = replay(url, "model", truth[d].slice(0, 1600), schema, batch=40)  # day d's users and clicks
+            assert seen.failed == 0 and seen.feedback_accepted == 1600, seen.errors
+            step(d)
+    records = loop.log.records
+    actions = [(r.window, r.action, r.version) for r in records if r.action not in ("trained", "retrain")]
     assert actions == [
         (0, "publish", "w0"),
-        (1, "publish", "w1"),
-        (2, "rollback", "w1"),
-        (2, "publish", "w2"),
+        (1, "publish", "w1"),  # broken -> canary at 50%
+        (2, "rollback", "w1"),  # its feedback AUC is worse
+        (2, "publish", "w2"),  # warm-started from w0
         (3, "promote", "w2"),
         (3, "publish", "w3"),
-    ], [(r.window, r.action, r.reason) for r in loop.log.records]
-    rollback = next(r for r in loop.log.records if r.action == "rollback")
+        (4, "promote", "w3"),
+        (4, "publish", "w4"),  # broken again
+        (5, "rollback", "w4"),
+        (5, "publish", "w5"),  # warm-started from w3
+        (6, "promote", "w5"),
+        (6, "publish", "w6"),
+    ], [(r.window, r.action, r.reason) for r in records]
+    rollback = next(r for r in records if r.action == "rollback")
     assert "canary worse" in rollback.reason and rollback.gate is not None
     assert rollback.gate["canary_auc"] < rollback.gate["stable_auc"]
-    trained = [r.extra["base"] for r in loop.log.records if r.action == "trained"]
-    assert trained == [None, "w0", "w0", "w2"]  # after the rollback, w2 warm-starts from w0, not from w1
+    assert [r.extra["base"] for r in records if r.action == "trained"] == [None, None, "w0", "w2", None, "w3", "w5"]
     status = publisher.status()
-    assert status is not None and status["stable"] == "w2" and status["canary"] == "w3"
-    # requests kept being answered throughout, each by a version the log says was live
-    live = {r.version for r in loop.log.records if r.action == "publish"}
-    assert load.failed == [] and sum(load.versions.values()) > 10
-    assert set(load.versions) <= live
+    assert status is not None and status["stable"] == "w5" and status["canary"] == "w6"
+    # requests kept being answered all week, each by a version live (by the log) while it was in flight
+    assert load.failed == [] and len(load.answers) > 50
+    assert load.outside(live_intervals(records)) == []
+    assert set(load.versions()) >= {"w0", "w2", "w5"}
     assert (Path(config.work_dir) / "reports" / "window-2.png").is_file()
     prom = (Path(config.work_dir) / "reports" / "window-2.prom").read_text()
     assert 'role="canary"' in prom
+
+
+def test_live_intervals_follow_publish_promote_and_rollback() -> None:
+    def rec(t: float, action: str, version: str, **extra: str) -> Record:
+        return Record(0, action, "", None, version, dict(extra), t)
+
+    log = [
+        rec(1, "publish", "w0", stable="w0"),
+        rec(2, "trained", "w1"),
+        rec(3, "publish", "w1", stable="w0"),
+        rec(4, "rollback", "w1", stable="w0"),
+        rec(5, "publish", "w2", stable="w0"),
+        rec(6, "publish", "w3", stable="w0"),  # w3 replaces the canary w2 that never got a decision
+        rec(7, "promote", "w3", stable="w0"),
+    ]
+    inf = float("inf")
+    assert live_intervals(log) == {"w0": [(0.0, 7.0)], "w1": [(2.0, 4.0)], "w2": [(4.0, 6.0)], "w3": [(5.0, inf)]}
 
 
 def _closed_port() -> int:
@@ -180,9 +195,7 @@ def test_publish_after_a_failed_attempt_happens_once(
     assert [r.version for r in read_publishes(config)] == ["w0", "w1"]
 
 
-def read_publishes(config: LoopConfig) -> list[object]:
-    from hugerec.continuous.decision_log import read_log
-
+def read_publishes(config: LoopConfig) -> list[Record]:
     return [r for r in read_log(config.log_path) if r.action == "publish"]
 
 

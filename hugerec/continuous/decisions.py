@@ -1,8 +1,13 @@
 """What the loop does with what the monitor saw: promote or roll back the canary, or retrain from scratch.
 
 Thresholds are data (DecisionConfig):
-    canary      both versions have >= min_feedback labelled requests: canary AUC >= stable AUC - kpi_margin
-                and canary CTR >= stable CTR * (1 - ctr_margin) -> promote, else rollback; fewer -> wait
+    canary      both versions have >= min_feedback labelled requests: the canary is rolled back when its AUC
+                is below the stable's minus kpi_margin by more than confidence_z standard errors of the
+                difference (Hanley-McNeil, from each side's clicks and non-clicks), or its CTR is below
+                the stable's x (1 - ctr_margin); otherwise it is promoted; fewer requests -> wait.
+                The standard error matters: two equally good versions measured on 400 requests each
+                differ in AUC by up to ~0.1 from noise alone, so comparing point estimates rolls back
+                good canaries about half the time; confidence_z = 0 compares the point estimates
     retrain     any feature drifts (PSI >= psi_alarm) or the predictions do, or the stable version's
                 feedback AUC falls below its gate AUC (its baseline) by more than baseline_margin (the
                 loop then trains from scratch on the last `retrain_windows` windows, or on the latest
@@ -30,11 +35,12 @@ class DecisionConfig:
     ctr_margin: float = 0.5
     baseline_margin: float = 0.03
     psi_alarm: float = 0.2
+    confidence_z: float = 1.645  # one-sided 95%: an equally good canary is rolled back about 5% of the time
 
     def __post_init__(self) -> None:
         if self.min_feedback < 1:
             raise ValueError(f"DecisionConfig: min_feedback must be >= 1, got {self.min_feedback}")
-        for name in ("kpi_margin", "ctr_margin", "baseline_margin", "psi_alarm"):
+        for name in ("kpi_margin", "ctr_margin", "baseline_margin", "psi_alarm", "confidence_z"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"DecisionConfig: {name} must be a finite number >= 0, got {v}")
@@ -53,6 +59,28 @@ class Kpis:
     def calibration(self) -> float:
         return self.mean_prediction / self.ctr if self.ctr > 0 else math.nan
 
+    @property
+    def positives(self) -> int:
+        """Clicked requests among the labelled ones (count x CTR)."""
+        return round(self.count * self.ctr) if math.isfinite(self.ctr) else 0
+
+    @property
+    def auc_standard_error(self) -> float:
+        return auc_standard_error(self.auc, self.positives, self.count - self.positives)
+
+
+def auc_standard_error(auc: float, positives: int, negatives: int) -> float:
+    """Hanley & McNeil (1982): the standard error of an AUC measured on `positives` clicked and `negatives`
+    unclicked rows (the exponential approximation of the score distributions); inf without both kinds."""
+    if positives < 1 or negatives < 1 or not math.isfinite(auc):
+        return math.inf
+    q1 = auc / (2 - auc)
+    q2 = 2 * auc * auc / (1 + auc)
+    variance = (auc * (1 - auc) + (positives - 1) * (q1 - auc * auc) + (negatives - 1) * (q2 - auc * auc)) / (
+        positives * negatives
+    )
+    return math.sqrt(max(variance, 0.0))
+
 
 @dataclass(frozen=True)
 class Observation:
@@ -70,13 +98,21 @@ def decide_canary(obs: Observation, config: DecisionConfig) -> tuple[Action, str
     if not (math.isfinite(canary.auc) and math.isfinite(stable.auc)):
         return Action.WAIT, f"AUC undefined on the feedback (stable {stable.auc}, canary {canary.auc})"
     worse = []
-    if canary.auc < stable.auc - config.kpi_margin:
-        worse.append(f"AUC {canary.auc:.4f} < stable {stable.auc:.4f} - {config.kpi_margin}")
+    # the standard error of the difference of two AUCs measured on disjoint requests
+    se = math.hypot(canary.auc_standard_error, stable.auc_standard_error)
+    if canary.auc < stable.auc - config.kpi_margin - config.confidence_z * se:
+        worse.append(
+            f"AUC {canary.auc:.4f} < stable {stable.auc:.4f} - {config.kpi_margin} by more than "
+            f"{config.confidence_z} x the difference's standard error {se:.4f}"
+        )
     if canary.ctr < stable.ctr * (1 - config.ctr_margin):
         worse.append(f"CTR {canary.ctr:.4f} < stable {stable.ctr:.4f} x (1 - {config.ctr_margin})")
     if worse:
         return Action.ROLLBACK, "canary worse: " + "; ".join(worse)
-    return Action.PROMOTE, f"canary AUC {canary.auc:.4f} >= stable {stable.auc:.4f} - {config.kpi_margin}"
+    return Action.PROMOTE, (
+        f"canary AUC {canary.auc:.4f} not below stable {stable.auc:.4f} - {config.kpi_margin} "
+        f"by more than {config.confidence_z} x the difference's standard error {se:.4f}"
+    )
 
 
 @dataclass(frozen=True)

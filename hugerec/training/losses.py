@@ -42,12 +42,16 @@ class SampledSoftmax:
     num_negatives      M sampled items per batch (shared by all rows); ignored for IN_BATCH
     alpha              sampling distribution count^alpha for POPULARITY / MIXED (0 = uniform)
     logq               subtract log expected candidate count (on by default)
+    mask_history       also mask, in each row, the candidates that are items of that row's history: the
+                       next item of a log without repeats is never one already seen, and the evaluation
+                       excludes seen items too, so they are not taught as negatives (off by default)
     """
 
     negatives: Negatives = Negatives.MIXED
     num_negatives: int = 1024
     alpha: float = 0.0
     logq: bool = True
+    mask_history: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.negatives, str):
@@ -137,20 +141,23 @@ def sampled_softmax(
     log_q: torch.Tensor | None,
     in_batch: bool,
     temperature: float = 1.0,
+    exclude: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Mean sampled-softmax cross entropy of each row's positive against the candidate set.
 
     query [B, D] user vectors, pos [B, D] their positive items' vectors (ids pos_ids [B]),
     neg [M, D] sampled items' vectors (ids neg_ids [M]); log_q [B + M] (positives, then negatives)
     or None for no correction. Candidates: the B positives (in_batch) or just each row's own, then the M.
-    logits = query . candidate / temperature - log_q[candidate]; accidental hits masked to -inf.
-    With in-batch negatives it runs fused (`_InBatchSoftmax`; no second backward through it).
+    logits = query . candidate / temperature - log_q[candidate]; accidental hits masked to -inf, and
+    with exclude = (rows [K], item ids [K]) every candidate of row r equal to an excluded id of r too
+    (never row r's own positive). With in-batch negatives it runs fused (`_InBatchSoftmax`; no second
+    backward through it).
     """
     _check_shapes(query, pos, pos_ids, neg, neg_ids)
     if in_batch:
         cand = torch.cat([pos, neg])  # [B + M, D]
-        return _InBatchSoftmax.apply(query, cand, torch.cat([pos_ids, neg_ids]), log_q, 1.0 / temperature)
-    return sampled_softmax_plain(query, pos, pos_ids, neg, neg_ids, log_q, in_batch, temperature)
+        return _InBatchSoftmax.apply(query, cand, torch.cat([pos_ids, neg_ids]), log_q, 1.0 / temperature, exclude)
+    return sampled_softmax_plain(query, pos, pos_ids, neg, neg_ids, log_q, in_batch, temperature, exclude)
 
 
 def _check_shapes(query: torch.Tensor, pos: torch.Tensor, pos_ids: torch.Tensor, neg: torch.Tensor, neg_ids: torch.Tensor) -> None:
@@ -162,48 +169,98 @@ def _check_shapes(query: torch.Tensor, pos: torch.Tensor, pos_ids: torch.Tensor,
         )
 
 
+def matching_columns(cand_ids: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every (rows[k], j) with cand_ids[j] == ids[k], found by sorting the [C] candidate ids (no
+    [B, C] comparison): as many pairs as matches. rows, ids [K] int64 -> (rows, columns)."""
+    sorted_ids, order = torch.sort(cand_ids, stable=True)
+    lo = torch.searchsorted(sorted_ids, ids, side="left")
+    n = torch.searchsorted(sorted_ids, ids, side="right") - lo  # [K] candidates equal to ids[k]
+    out_rows = torch.repeat_interleave(rows, n)
+    starts = torch.cumsum(n, 0) - n  # where the k-th id's pairs begin
+    cols = order[torch.repeat_interleave(lo - starts, n) + torch.arange(out_rows.numel())]
+    return out_rows, cols
+
+
+def accidental_hits(
+    cand_ids: torch.Tensor, b: int, exclude: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, cols) to mask: column j != i whose candidate id equals row i's positive cand_ids[i] (i < b),
+    and with exclude = (rows, ids) every column of row r equal to an excluded id of r (j != r). A pair can
+    appear twice (masking is idempotent); the unmasked column i of row i stays the target."""
+    rows, cols = matching_columns(cand_ids, torch.arange(b), cand_ids[:b])
+    if exclude is not None and exclude[0].numel():
+        more_rows, more_cols = matching_columns(cand_ids, *exclude)
+        rows, cols = torch.cat([rows, more_rows]), torch.cat([cols, more_cols])
+    keep = cols != rows  # row i's own positive (column i) is the target, never masked
+    return rows[keep], cols[keep]
+
+
 class _InBatchSoftmax(torch.autograd.Function):
     """The in-batch (and mixed) sampled softmax with few passes over the [B, C] logits (C = B + M).
 
-    Forward: one addmm writes logits = scale * query @ cand^T - log_q, accidental hits are set to -inf
-    in place, and the logits become exp(logits - row max) in place (kept with the row sums for the
-    backward). Backward: one pass turns them into (softmax - one-hot) * grad / B, then the two matmuls. The plain formulation
-    (`sampled_softmax_plain`: separate matmuls, cat, subtract, masked_fill, cross_entropy and their
-    autograd copies) makes about three times as many passes over [B, C]; the tests compare the two.
+    Forward: one addmm writes logits = scale * query @ cand^T - log_q, accidental hits (found from the
+    sorted ids, `accidental_hits`) are set to -inf by index, and torch's row softmax turns the logits
+    into probabilities P in place (one pass: each row's max, exp and sum stay in cache). Row i's loss
+    is -log P[i, i] (its positive is column i); a row whose P[i, i] underflows fp32 gets its exact
+    logsumexp - target from its logits recomputed. Backward: d loss / d logits = (P - I) * g / B, so
+    grad_query = (P @ cand - cand[:B]) * g / B and grad_cand = (P^T @ query) * g / B minus query * g / B
+    on the first B rows: two matmuls and [B, D] work, no pass over [B, C]. The plain formulation
+    (`sampled_softmax_plain`: separate matmuls, cat, subtract, a [B, C] comparison, masked_fill,
+    cross_entropy and their autograd copies) makes about six times as many passes over [B, C]; the tests
+    compare the two.
     """
 
     @staticmethod
     def forward(
-        ctx: Any, query: torch.Tensor, cand: torch.Tensor, cand_ids: torch.Tensor, log_q: torch.Tensor | None, scale: float
+        ctx: Any,
+        query: torch.Tensor,
+        cand: torch.Tensor,
+        cand_ids: torch.Tensor,
+        log_q: torch.Tensor | None,
+        scale: float,
+        exclude: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
         b = query.shape[0]
-        if log_q is None:
-            logits = torch.mm(query, cand.T).mul_(scale)
-        else:
-            logits = torch.addmm(log_q.to(query.dtype)[None, :], query, cand.T, beta=-1.0, alpha=scale)  # [B, C]
-        hits = cand_ids[None, :] == cand_ids[:b, None]  # [B, C]: another candidate equal to the row's positive
-        hits.diagonal().fill_(False)  # row i's own positive is column i
-        logits.masked_fill_(hits, float("-inf"))
-        target = logits.diagonal().clone()  # [B]
-        top = logits.amax(dim=1, keepdim=True)  # [B, 1], finite: the diagonal is never masked
-        unnorm = logits.sub_(top).exp_()  # exp(logits - max), in place
-        total = unnorm.sum(dim=1, keepdim=True)  # [B, 1]
-        ctx.save_for_backward(query, cand, unnorm, total)
+        logits = _logits(query, cand, log_q, scale)  # [B, C]
+        rows, cols = accidental_hits(cand_ids, b, exclude)
+        logits.index_put_((rows, cols), torch.tensor(float("-inf"), dtype=logits.dtype))
+        prob = torch.ops.aten._softmax.out(logits, 1, False, out=logits)  # in place: [B, C] probabilities
+        p_target = prob.diagonal()  # [B]
+        loss = -torch.log(p_target)
+        tiny = p_target < 1e-30  # -log underflows or loses digits: exact logsumexp - target for these rows
+        if bool(tiny.any()):
+            idx = tiny.nonzero().squeeze(1)
+            exact = _logits(query[idx], cand, log_q, scale)
+            mask = torch.zeros(b, cand.shape[0], dtype=torch.bool)
+            mask[rows, cols] = True
+            exact.masked_fill_(mask[idx], float("-inf"))
+            loss[idx] = torch.logsumexp(exact, dim=1) - exact[torch.arange(idx.numel()), idx]
+        ctx.save_for_backward(query, cand, prob)
         ctx.scale = scale
-        return (top.squeeze(1) + total.squeeze(1).log() - target).mean()  # logsumexp - target logit
+        return loss.mean()
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        query, cand, unnorm, total = ctx.saved_tensors
-        b = unnorm.shape[0]
-        # d loss / d logits = (softmax - one-hot) / B: one pass normalises and scales (the saved buffer is reused)
+        query, cand, prob = ctx.saved_tensors
+        b = prob.shape[0]
         coef = grad * (ctx.scale / b)
-        g = unnorm.mul_(coef / total)
-        g.diagonal().sub_(coef)
-        grad_query = g @ cand if ctx.needs_input_grad[0] else None
-        grad_cand = g.T @ query if ctx.needs_input_grad[1] else None
-        return grad_query, grad_cand, None, None, None
+        grad_query = grad_cand = None
+        if ctx.needs_input_grad[0]:
+            grad_query = torch.mm(prob, cand).sub_(cand[:b]).mul_(coef)
+        if ctx.needs_input_grad[1]:
+            # (query^T @ P)^T: BLAS runs this layout faster than P^T @ query (a transposed [C, B] operand)
+            grad_cand = torch.mm(query.T, prob).T.contiguous()
+            grad_cand[:b] -= query
+            grad_cand.mul_(coef)
+        return grad_query, grad_cand, None, None, None, None
+
+
+def _logits(query: torch.Tensor, cand: torch.Tensor, log_q: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """scale * query @ cand^T - log_q[None, :] in one matmul ([B, C])."""
+    if log_q is None:
+        return torch.mm(query * scale, cand.T)
+    return torch.addmm(log_q.to(query.dtype)[None, :], query, cand.T, beta=-1.0, alpha=scale)
 
 
 def sampled_softmax_plain(
@@ -215,6 +272,7 @@ def sampled_softmax_plain(
     log_q: torch.Tensor | None,
     in_batch: bool,
     temperature: float = 1.0,
+    exclude: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """`sampled_softmax` written with plain torch ops and autograd (the non-in-batch path, the reference
     the fused in-batch path is tested against, and what the plain-PyTorch benchmark baseline runs)."""
@@ -237,6 +295,16 @@ def sampled_softmax_plain(
             logits = logits - torch.cat([log_q[:b, None], log_q[None, b:].expand(b, -1)], dim=1)
         target = torch.zeros(b, dtype=torch.int64)
         hits = torch.cat([torch.zeros(b, 1, dtype=torch.bool), neg_ids[None, :] == pos_ids[:, None]], dim=1)  # [B, 1 + M]
+    if exclude is not None:  # [B, I'] dense: which ids each row excludes, then compared with every candidate
+        all_ids = torch.cat([pos_ids, neg_ids])  # [B + M]
+        per_row = torch.zeros(b, int(all_ids.max()) + 1, dtype=torch.bool)
+        keep_ids = exclude[1] < per_row.shape[1]
+        per_row[exclude[0][keep_ids], exclude[1][keep_ids]] = True
+        excluded = per_row.gather(1, all_ids[None, :].expand(b, -1))  # [B, B + M]
+        if not in_batch:  # candidates: the row's own positive, then the M
+            excluded = torch.cat([torch.zeros(b, 1, dtype=torch.bool), excluded[:, b:]], dim=1)
+        excluded[torch.arange(b), target] = False  # the row's own positive stays the target
+        hits = hits | excluded
     logits = logits.masked_fill(hits, float("-inf"))
     return F.cross_entropy(logits, target)
 

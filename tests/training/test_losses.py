@@ -7,12 +7,15 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hugerec.training.losses import (
     BPR,
     Negatives,
     NegativeSampler,
     SampledSoftmax,
+    accidental_hits,
     bpr,
     sampled_softmax,
     sampled_softmax_plain,
@@ -42,15 +45,18 @@ def test_hand_computed_mixed_with_logq() -> None:
 
 
 def _reference(q: torch.Tensor, pos: torch.Tensor, pos_ids: torch.Tensor, neg: torch.Tensor, neg_ids: torch.Tensor,
-               log_q: torch.Tensor, in_batch: bool, temperature: float) -> torch.Tensor:
-    """Row by row in plain torch: candidates listed explicitly, accidental hits dropped."""
+               log_q: torch.Tensor, in_batch: bool, temperature: float,
+               excluded: list[set[int]] | None = None) -> torch.Tensor:
+    """Row by row in plain torch: candidates listed explicitly, accidental hits (and row i's
+    excluded ids) dropped."""
     b = q.shape[0]
     losses = []
     for i in range(b):
+        drop = {int(pos_ids[i])} | (excluded[i] if excluded else set())
         cand = [(pos[i], log_q[i], True)]
         if in_batch:
-            cand += [(pos[j], log_q[j], False) for j in range(b) if j != i and pos_ids[j] != pos_ids[i]]
-        cand += [(neg[m], log_q[b + m], False) for m in range(neg.shape[0]) if neg_ids[m] != pos_ids[i]]
+            cand += [(pos[j], log_q[j], False) for j in range(b) if j != i and int(pos_ids[j]) not in drop]
+        cand += [(neg[m], log_q[b + m], False) for m in range(neg.shape[0]) if int(neg_ids[m]) not in drop]
         z = torch.stack([q[i] @ v / temperature - lq for v, lq, _ in cand])
         losses.append(-(z[0] - torch.logsumexp(z, 0)))
     return torch.stack(losses).mean()
@@ -58,18 +64,27 @@ def _reference(q: torch.Tensor, pos: torch.Tensor, pos_ids: torch.Tensor, neg: t
 
 @pytest.mark.parametrize("negatives", list(Negatives))
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_matches_reference_forward_backward(negatives: Negatives, seed: int) -> None:
+@pytest.mark.parametrize("with_exclude", [False, True])
+def test_matches_reference_forward_backward(negatives: Negatives, seed: int, with_exclude: bool) -> None:
     g = torch.Generator().manual_seed(seed)
-    b, d, items = 6, 4, 5  # few items: duplicates and accidental hits are common
+    b, d, items = 6, 4, 9  # few items: duplicates and accidental hits are common
     counts = np.arange(1, items + 1, dtype=np.float64)
     sampler = NegativeSampler(SampledSoftmax(negatives, num_negatives=7, alpha=0.5), counts)
     pos_ids = torch.randint(0, items, (b,), generator=g)
     neg_ids = sampler.sample(b, g)
     log_q = sampler.log_q(torch.cat([pos_ids, neg_ids]), b)
+    exclude, excluded = None, None
+    if with_exclude:  # each row excludes up to 3 ids (its history), sometimes its own positive (never masked)
+        lengths = torch.randint(0, 4, (b,), generator=g)
+        ex_ids = torch.randint(0, items, (int(lengths.sum()),), generator=g)
+        exclude = (torch.repeat_interleave(torch.arange(b), lengths), ex_ids)
+        excluded = [set() for _ in range(b)]
+        for r, i in zip(*exclude, strict=True):
+            excluded[int(r)].add(int(i))
     tensors = [torch.randn(n, d, generator=g, requires_grad=True) for n in (b, b, neg_ids.numel())]
-    got = sampled_softmax(*tensors[:2], pos_ids, tensors[2], neg_ids, log_q, sampler.uses_in_batch, 0.3)
+    got = sampled_softmax(*tensors[:2], pos_ids, tensors[2], neg_ids, log_q, sampler.uses_in_batch, 0.3, exclude)
     grads = torch.autograd.grad(got, tensors, allow_unused=True, materialize_grads=True)
-    want = _reference(tensors[0], tensors[1], pos_ids, tensors[2], neg_ids, log_q, sampler.uses_in_batch, 0.3)
+    want = _reference(tensors[0], tensors[1], pos_ids, tensors[2], neg_ids, log_q, sampler.uses_in_batch, 0.3, excluded)
     want_grads = torch.autograd.grad(want, tensors, allow_unused=True, materialize_grads=True)
     assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
     for a, w in zip(grads, want_grads, strict=True):
@@ -127,3 +142,31 @@ def test_fused_in_batch_matches_the_plain_formulation(use_log_q: bool, seed: int
     (want * 3.0).backward()
     for a, t in zip(grads, tensors, strict=True):
         torch.testing.assert_close(a, t.grad, rtol=1e-4, atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=40), st.integers(0, 39))
+def test_accidental_hits_are_the_dense_comparison(ids: list[int], b_seed: int) -> None:
+    """The sorted-ids search finds exactly the pairs of the [B, C] comparison (diagonal excluded)."""
+    cand_ids = torch.tensor(ids, dtype=torch.int64)
+    b = 1 + b_seed % len(ids)
+    rows, cols = accidental_hits(cand_ids, b)
+    dense = cand_ids[None, :] == cand_ids[:b, None]
+    dense[torch.arange(b), torch.arange(b)] = False
+    got = torch.zeros_like(dense)
+    got[rows, cols] = True
+    assert torch.equal(got, dense)
+    assert rows.numel() == int(dense.sum())  # no pair twice
+
+
+def test_fused_loss_of_a_row_whose_target_probability_underflows() -> None:
+    """A positive 200 logits below the best candidate: P[i, i] is 0 in fp32, the loss is still the exact
+    logsumexp - target (and finite), as the plain formulation computes it."""
+    query = torch.tensor([[1.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    pos = torch.tensor([[-100.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    neg = torch.tensor([[100.0, 0.0], [3.0, 0.0]], requires_grad=True)
+    pos_ids, neg_ids = torch.tensor([0, 1]), torch.tensor([2, 3])
+    got = sampled_softmax(query, pos, pos_ids, neg, neg_ids, None, True, 1.0)
+    want = sampled_softmax_plain(query, pos, pos_ids, neg, neg_ids, None, True, 1.0)
+    assert torch.isfinite(got) and float(got.detach()) > 100.0
+    torch.testing.assert_close(got, want)

@@ -151,12 +151,26 @@ def sampled_softmax(
     logits = query . candidate / temperature - log_q[candidate]; accidental hits masked to -inf, and
     with exclude = (rows [K], item ids [K]) every candidate of row r equal to an excluded id of r too
     (never row r's own positive). With in-batch negatives it runs fused (`_InBatchSoftmax`; no second
-    backward through it).
+    backward through it) over the distinct candidate ids: a candidate set with k copies of an item is a
+    softmax with that item once and its weight times k (its logit + log k), except in the rows whose
+    positive it is, where the other copies are accidental hits and it counts once. Candidates with the
+    same id must therefore have the same vector (true wherever the vector is a function of the id: the
+    towers and item tables here); popular items repeat many times among a batch's positives.
     """
     _check_shapes(query, pos, pos_ids, neg, neg_ids)
     if in_batch:
-        cand = torch.cat([pos, neg])  # [B + M, D]
-        return _InBatchSoftmax.apply(query, cand, torch.cat([pos_ids, neg_ids]), log_q, 1.0 / temperature, exclude)
+        ids = torch.cat([pos_ids, neg_ids])  # [C]
+        uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)  # [U], [C], [U]
+        first = torch.full_like(uniq, ids.numel()).scatter_reduce_(0, inverse, torch.arange(ids.numel()), "amin")
+        cand = torch.cat([pos, neg])[first]  # [U, D]: each distinct item's vector once
+        log_count = counts.to(query.dtype).log()
+        bias = -log_count if log_q is None else log_q.to(query.dtype)[first] - log_count  # subtracted from the logits
+        masked = None
+        if exclude is not None and exclude[0].numel():
+            rows, cols = matching_columns(uniq, *exclude)
+            keep = cols != inverse[rows]  # a row's own positive stays the target
+            masked = (rows[keep], cols[keep])
+        return _InBatchSoftmax.apply(query, cand, bias, inverse[: pos_ids.numel()], log_count, masked, 1.0 / temperature)
     return sampled_softmax_plain(query, pos, pos_ids, neg, neg_ids, log_q, in_batch, temperature, exclude)
 
 
@@ -181,33 +195,20 @@ def matching_columns(cand_ids: torch.Tensor, rows: torch.Tensor, ids: torch.Tens
     return out_rows, cols
 
 
-def accidental_hits(
-    cand_ids: torch.Tensor, b: int, exclude: tuple[torch.Tensor, torch.Tensor] | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, cols) to mask: column j != i whose candidate id equals row i's positive cand_ids[i] (i < b),
-    and with exclude = (rows, ids) every column of row r equal to an excluded id of r (j != r). A pair can
-    appear twice (masking is idempotent); the unmasked column i of row i stays the target."""
-    rows, cols = matching_columns(cand_ids, torch.arange(b), cand_ids[:b])
-    if exclude is not None and exclude[0].numel():
-        more_rows, more_cols = matching_columns(cand_ids, *exclude)
-        rows, cols = torch.cat([rows, more_rows]), torch.cat([cols, more_cols])
-    keep = cols != rows  # row i's own positive (column i) is the target, never masked
-    return rows[keep], cols[keep]
-
-
 class _InBatchSoftmax(torch.autograd.Function):
-    """The in-batch (and mixed) sampled softmax with few passes over the [B, C] logits (C = B + M).
+    """The in-batch (and mixed) sampled softmax over U distinct candidates with few passes over [B, U].
 
-    Forward: one addmm writes logits = scale * query @ cand^T - log_q, accidental hits (found from the
-    sorted ids, `accidental_hits`) are set to -inf by index, and torch's row softmax turns the logits
-    into probabilities P in place (one pass: each row's max, exp and sum stay in cache). Row i's loss
-    is -log P[i, i] (its positive is column i); a row whose P[i, i] underflows fp32 gets its exact
-    logsumexp - target from its logits recomputed. Backward: d loss / d logits = (P - I) * g / B, so
-    grad_query = (P @ cand - cand[:B]) * g / B and grad_cand = (P^T @ query) * g / B minus query * g / B
-    on the first B rows: two matmuls and [B, D] work, no pass over [B, C]. The plain formulation
-    (`sampled_softmax_plain`: separate matmuls, cat, subtract, a [B, C] comparison, masked_fill,
-    cross_entropy and their autograd copies) makes about six times as many passes over [B, C]; the tests
-    compare the two.
+    Forward: one addmm writes logits = scale * query @ cand^T - bias (bias = log_q - log multiplicity),
+    each row's target column t_i gets its multiplicity back (the other copies of a row's positive are
+    accidental hits), masked pairs are set to -inf by index, and torch's row softmax turns the logits into
+    probabilities P in place (one pass: each row's max, exp and sum stay in cache). Row i's loss is
+    -log P[i, t_i]; a row whose P[i, t_i] underflows fp32 gets its exact logsumexp - target from its
+    logits recomputed. Backward: d loss / d logits = (P - onehot(t)) * g / B, so grad_query = (P @ cand
+    - cand[t]) * g / B and grad_cand = (P^T @ query - sum of query over the rows targeting it) * g / B:
+    two matmuls and [B, D] work, no pass over [B, U]. The plain formulation (`sampled_softmax_plain`:
+    every copy a column, separate matmuls, cat, subtract, a [B, C] comparison, masked_fill,
+    cross_entropy and their autograd copies) makes about six times as many passes over a wider matrix;
+    the tests compare the two.
     """
 
     @staticmethod
@@ -215,52 +216,67 @@ class _InBatchSoftmax(torch.autograd.Function):
         ctx: Any,
         query: torch.Tensor,
         cand: torch.Tensor,
-        cand_ids: torch.Tensor,
-        log_q: torch.Tensor | None,
+        bias: torch.Tensor,
+        target: torch.Tensor,
+        log_count: torch.Tensor,
+        masked: tuple[torch.Tensor, torch.Tensor] | None,
         scale: float,
-        exclude: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
         b = query.shape[0]
-        logits = _logits(query, cand, log_q, scale)  # [B, C]
-        rows, cols = accidental_hits(cand_ids, b, exclude)
-        logits.index_put_((rows, cols), torch.tensor(float("-inf"), dtype=logits.dtype))
-        prob = torch.ops.aten._softmax.out(logits, 1, False, out=logits)  # in place: [B, C] probabilities
-        p_target = prob.diagonal()  # [B]
+        rows = torch.arange(b)
+        logits = _logits(query, cand, bias, scale, target, log_count, masked)  # [B, U]
+        prob = torch.ops.aten._softmax.out(logits, 1, False, out=logits)  # in place: [B, U] probabilities
+        p_target = prob[rows, target]  # [B]
         loss = -torch.log(p_target)
         tiny = p_target < 1e-30  # -log underflows or loses digits: exact logsumexp - target for these rows
         if bool(tiny.any()):
             idx = tiny.nonzero().squeeze(1)
-            exact = _logits(query[idx], cand, log_q, scale)
-            mask = torch.zeros(b, cand.shape[0], dtype=torch.bool)
-            mask[rows, cols] = True
-            exact.masked_fill_(mask[idx], float("-inf"))
-            loss[idx] = torch.logsumexp(exact, dim=1) - exact[torch.arange(idx.numel()), idx]
-        ctx.save_for_backward(query, cand, prob)
+            sub_masked = None
+            if masked is not None:  # the masked pairs of these rows, renumbered 0..len(idx)-1
+                where = torch.full((b,), -1, dtype=torch.int64)
+                where[idx] = torch.arange(idx.numel())
+                sel = where[masked[0]] >= 0
+                sub_masked = (where[masked[0][sel]], masked[1][sel])
+            exact = _logits(query[idx], cand, bias, scale, target[idx], log_count, sub_masked)
+            loss[idx] = torch.logsumexp(exact, dim=1) - exact[torch.arange(idx.numel()), target[idx]]
+        ctx.save_for_backward(query, cand, prob, target)
         ctx.scale = scale
         return loss.mean()
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        query, cand, prob = ctx.saved_tensors
+        query, cand, prob, target = ctx.saved_tensors
         b = prob.shape[0]
         coef = grad * (ctx.scale / b)
         grad_query = grad_cand = None
         if ctx.needs_input_grad[0]:
-            grad_query = torch.mm(prob, cand).sub_(cand[:b]).mul_(coef)
+            grad_query = torch.mm(prob, cand).sub_(cand[target]).mul_(coef)
         if ctx.needs_input_grad[1]:
-            # (query^T @ P)^T: BLAS runs this layout faster than P^T @ query (a transposed [C, B] operand)
+            # (query^T @ P)^T: BLAS runs this layout faster than P^T @ query (a transposed [U, B] operand)
             grad_cand = torch.mm(query.T, prob).T.contiguous()
-            grad_cand[:b] -= query
+            grad_cand.index_add_(0, target, query, alpha=-1.0)
             grad_cand.mul_(coef)
-        return grad_query, grad_cand, None, None, None, None
+        return grad_query, grad_cand, None, None, None, None, None
 
 
-def _logits(query: torch.Tensor, cand: torch.Tensor, log_q: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """scale * query @ cand^T - log_q[None, :] in one matmul ([B, C])."""
-    if log_q is None:
-        return torch.mm(query * scale, cand.T)
-    return torch.addmm(log_q.to(query.dtype)[None, :], query, cand.T, beta=-1.0, alpha=scale)
+def _logits(
+    query: torch.Tensor,
+    cand: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+    target: torch.Tensor,
+    log_count: torch.Tensor,
+    masked: tuple[torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor:
+    """[B, U]: scale * query @ cand^T - bias in one addmm, each row's target column counted once, the
+    masked pairs -inf."""
+    logits = torch.addmm(bias[None, :], query, cand.T, beta=-1.0, alpha=scale)
+    rows = torch.arange(query.shape[0])
+    logits[rows, target] -= log_count[target]
+    if masked is not None:
+        logits.index_put_(masked, torch.tensor(float("-inf"), dtype=logits.dtype))
+    return logits
 
 
 def sampled_softmax_plain(

@@ -15,8 +15,8 @@ from hugerec.training.losses import (
     Negatives,
     NegativeSampler,
     SampledSoftmax,
-    accidental_hits,
     bpr,
+    matching_columns,
     sampled_softmax,
     sampled_softmax_plain,
 )
@@ -81,10 +81,12 @@ def test_matches_reference_forward_backward(negatives: Negatives, seed: int, wit
         excluded = [set() for _ in range(b)]
         for r, i in zip(*exclude, strict=True):
             excluded[int(r)].add(int(i))
-    tensors = [torch.randn(n, d, generator=g, requires_grad=True) for n in (b, b, neg_ids.numel())]
-    got = sampled_softmax(*tensors[:2], pos_ids, tensors[2], neg_ids, log_q, sampler.uses_in_batch, 0.3, exclude)
+    # item vectors are a function of the id (a table), as in the towers: copies of an item are equal
+    tensors = [torch.randn(b, d, generator=g, requires_grad=True), torch.randn(items, d, generator=g, requires_grad=True)]
+    q, table = tensors
+    got = sampled_softmax(q, table[pos_ids], pos_ids, table[neg_ids], neg_ids, log_q, sampler.uses_in_batch, 0.3, exclude)
     grads = torch.autograd.grad(got, tensors, allow_unused=True, materialize_grads=True)
-    want = _reference(tensors[0], tensors[1], pos_ids, tensors[2], neg_ids, log_q, sampler.uses_in_batch, 0.3, excluded)
+    want = _reference(q, table[pos_ids], pos_ids, table[neg_ids], neg_ids, log_q, sampler.uses_in_batch, 0.3, excluded)
     want_grads = torch.autograd.grad(want, tensors, allow_unused=True, materialize_grads=True)
     assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
     for a, w in zip(grads, want_grads, strict=True):
@@ -125,15 +127,17 @@ def test_sampler_distributions_and_errors() -> None:
 @pytest.mark.parametrize("use_log_q", [True, False])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_fused_in_batch_matches_the_plain_formulation(use_log_q: bool, seed: int) -> None:
-    """The fused in-batch path (one addmm, in-place mask and softmax, hand-written backward) against the
-    plain torch ops and autograd, at a size where accidental hits and repeated positives occur."""
+    """The fused in-batch path (distinct candidates weighted by their copies, one addmm, in-place softmax,
+    hand-written backward) against the plain torch ops and autograd (every copy a column), at a size
+    where accidental hits and repeated positives occur."""
     g = torch.Generator().manual_seed(seed)
     b, m, d, items = 64, 48, 8, 40
     pos_ids, neg_ids = torch.randint(0, items, (b,), generator=g), torch.randint(0, items, (m,), generator=g)
-    log_q = torch.randn(b + m, generator=g) if use_log_q else None
-    tensors = [torch.randn(n, d, generator=g, requires_grad=True) for n in (b, b, m)]
-    got = sampled_softmax(tensors[0], tensors[1], pos_ids, tensors[2], neg_ids, log_q, True, 0.2)
-    want = sampled_softmax_plain(tensors[0], tensors[1], pos_ids, tensors[2], neg_ids, log_q, True, 0.2)
+    log_q = torch.randn(items, generator=g)[torch.cat([pos_ids, neg_ids])] if use_log_q else None  # a function of the id
+    tensors = [torch.randn(b, d, generator=g, requires_grad=True), torch.randn(items, d, generator=g, requires_grad=True)]
+    q, table = tensors
+    got = sampled_softmax(q, table[pos_ids], pos_ids, table[neg_ids], neg_ids, log_q, True, 0.2)
+    want = sampled_softmax_plain(q, table[pos_ids], pos_ids, table[neg_ids], neg_ids, log_q, True, 0.2)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     (got * 3.0).backward()  # a non-unit upstream gradient
     grads = [t.grad.clone() for t in tensors if t.grad is not None]
@@ -145,28 +149,27 @@ def test_fused_in_batch_matches_the_plain_formulation(use_log_q: bool, seed: int
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 6), min_size=1, max_size=40), st.integers(0, 39))
-def test_accidental_hits_are_the_dense_comparison(ids: list[int], b_seed: int) -> None:
-    """The sorted-ids search finds exactly the pairs of the [B, C] comparison (diagonal excluded)."""
-    cand_ids = torch.tensor(ids, dtype=torch.int64)
-    b = 1 + b_seed % len(ids)
-    rows, cols = accidental_hits(cand_ids, b)
-    dense = cand_ids[None, :] == cand_ids[:b, None]
-    dense[torch.arange(b), torch.arange(b)] = False
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=40), st.lists(st.integers(0, 8), max_size=30))
+def test_matching_columns_are_the_dense_comparison(cand: list[int], ids: list[int]) -> None:
+    """The sorted-ids search finds exactly the pairs of the [K, C] comparison, each once."""
+    cand_ids, wanted = torch.tensor(cand, dtype=torch.int64), torch.tensor(ids, dtype=torch.int64)
+    rows, cols = matching_columns(cand_ids, torch.arange(len(ids)), wanted)
+    dense = wanted[:, None] == cand_ids[None, :]
     got = torch.zeros_like(dense)
     got[rows, cols] = True
     assert torch.equal(got, dense)
-    assert rows.numel() == int(dense.sum())  # no pair twice
+    assert rows.numel() == int(dense.sum())
 
 
-def test_fused_loss_of_a_row_whose_target_probability_underflows() -> None:
+@pytest.mark.parametrize("exclude", [None, (torch.tensor([0, 1]), torch.tensor([3, 2]))])
+def test_fused_loss_of_a_row_whose_target_probability_underflows(exclude: tuple[torch.Tensor, torch.Tensor] | None) -> None:
     """A positive 200 logits below the best candidate: P[i, i] is 0 in fp32, the loss is still the exact
     logsumexp - target (and finite), as the plain formulation computes it."""
     query = torch.tensor([[1.0, 0.0], [0.0, 1.0]], requires_grad=True)
     pos = torch.tensor([[-100.0, 0.0], [0.0, 1.0]], requires_grad=True)
     neg = torch.tensor([[100.0, 0.0], [3.0, 0.0]], requires_grad=True)
     pos_ids, neg_ids = torch.tensor([0, 1]), torch.tensor([2, 3])
-    got = sampled_softmax(query, pos, pos_ids, neg, neg_ids, None, True, 1.0)
-    want = sampled_softmax_plain(query, pos, pos_ids, neg, neg_ids, None, True, 1.0)
+    got = sampled_softmax(query, pos, pos_ids, neg, neg_ids, None, True, 1.0, exclude)
+    want = sampled_softmax_plain(query, pos, pos_ids, neg, neg_ids, None, True, 1.0, exclude)
     assert torch.isfinite(got) and float(got.detach()) > 100.0
     torch.testing.assert_close(got, want)

@@ -154,8 +154,8 @@ def sampled_softmax(
     backward through it) over the distinct candidate ids: a candidate set with k copies of an item is a
     softmax with that item once and its weight times k (its logit + log k), except in the rows whose
     positive it is, where the other copies are accidental hits and it counts once. Candidates with the
-    same id must therefore have the same vector (true wherever the vector is a function of the id: the
-    towers and item tables here); popular items repeat many times among a batch's positives.
+    same id must therefore have the same vector and log_q (true wherever both are functions of the id:
+    the towers, item tables and NegativeSampler.log_q here); popular items repeat many times among a batch's positives.
     """
     _check_shapes(query, pos, pos_ids, neg, neg_ids)
     if in_batch:

@@ -214,7 +214,8 @@ class RecommendSection:
 class TwoTowerModel:
     """hugerec.models.TwoTowerConfig's fields (no side features from a config yet) and the loss:
     loss = "sampled_softmax" (negatives: "mixed" | "in_batch" | "uniform" | "popularity", num_negatives
-    sampled per batch, alpha: popularity exponent, logq correction) or "bpr"."""
+    sampled per batch, alpha: popularity exponent, logq correction, mask_history: a row's history items
+    are not its negatives) or "bpr"."""
 
     dim: int = 64
     embedding_dim: int = 64
@@ -231,10 +232,11 @@ class TwoTowerModel:
     num_negatives: int = 1024
     alpha: float = 0.0
     logq: bool = True
+    mask_history: bool = False
 
     def __post_init__(self) -> None:
         self.tower_config()
-        retrieval_loss(self.loss, self.negatives, self.num_negatives, self.alpha, self.logq)
+        self.loss_config()
 
     def tower_config(self) -> TwoTowerConfig:
         return TwoTowerConfig(
@@ -251,7 +253,12 @@ class TwoTowerModel:
         )
 
     def loss_config(self) -> RetrievalLoss:
-        return retrieval_loss(self.loss, self.negatives, self.num_negatives, self.alpha, self.logq)
+        loss = retrieval_loss(self.loss, self.negatives, self.num_negatives, self.alpha, self.logq)
+        if not self.mask_history:
+            return loss
+        if not isinstance(loss, SampledSoftmax):
+            raise ValueError(f"mask_history = true applies to loss = 'sampled_softmax', got loss = {self.loss!r}")
+        return dataclasses.replace(loss, mask_history=True)
 
 
 @dataclass(frozen=True)

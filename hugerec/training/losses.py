@@ -42,12 +42,16 @@ class SampledSoftmax:
     num_negatives      M sampled items per batch (shared by all rows); ignored for IN_BATCH
     alpha              sampling distribution count^alpha for POPULARITY / MIXED (0 = uniform)
     logq               subtract log expected candidate count (on by default)
+    mask_history       also mask, in each row, the candidates that are items of that row's history: the
+                       next item of a log without repeats is never one already seen, and the evaluation
+                       excludes seen items too, so they are not taught as negatives (off by default)
     """
 
     negatives: Negatives = Negatives.MIXED
     num_negatives: int = 1024
     alpha: float = 0.0
     logq: bool = True
+    mask_history: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.negatives, str):
@@ -137,20 +141,37 @@ def sampled_softmax(
     log_q: torch.Tensor | None,
     in_batch: bool,
     temperature: float = 1.0,
+    exclude: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Mean sampled-softmax cross entropy of each row's positive against the candidate set.
 
     query [B, D] user vectors, pos [B, D] their positive items' vectors (ids pos_ids [B]),
     neg [M, D] sampled items' vectors (ids neg_ids [M]); log_q [B + M] (positives, then negatives)
     or None for no correction. Candidates: the B positives (in_batch) or just each row's own, then the M.
-    logits = query . candidate / temperature - log_q[candidate]; accidental hits masked to -inf.
-    With in-batch negatives it runs fused (`_InBatchSoftmax`; no second backward through it).
+    logits = query . candidate / temperature - log_q[candidate]; accidental hits masked to -inf, and
+    with exclude = (rows [K], item ids [K]) every candidate of row r equal to an excluded id of r too
+    (never row r's own positive). With in-batch negatives it runs fused (`_InBatchSoftmax`; no second
+    backward through it) over the distinct candidate ids: a candidate set with k copies of an item is a
+    softmax with that item once and its weight times k (its logit + log k), except in the rows whose
+    positive it is, where the other copies are accidental hits and it counts once. Candidates with the
+    same id must therefore have the same vector and log_q (true wherever both are functions of the id:
+    the towers, item tables and NegativeSampler.log_q here); popular items repeat many times among a batch's positives.
     """
     _check_shapes(query, pos, pos_ids, neg, neg_ids)
     if in_batch:
-        cand = torch.cat([pos, neg])  # [B + M, D]
-        return _InBatchSoftmax.apply(query, cand, torch.cat([pos_ids, neg_ids]), log_q, 1.0 / temperature)
-    return sampled_softmax_plain(query, pos, pos_ids, neg, neg_ids, log_q, in_batch, temperature)
+        ids = torch.cat([pos_ids, neg_ids])  # [C]
+        uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)  # [U], [C], [U]
+        first = torch.full_like(uniq, ids.numel()).scatter_reduce_(0, inverse, torch.arange(ids.numel()), "amin")
+        cand = torch.cat([pos, neg])[first]  # [U, D]: each distinct item's vector once
+        log_count = counts.to(query.dtype).log()
+        bias = -log_count if log_q is None else log_q.to(query.dtype)[first] - log_count  # subtracted from the logits
+        masked = None
+        if exclude is not None and exclude[0].numel():
+            rows, cols = matching_columns(uniq, *exclude)
+            keep = cols != inverse[rows]  # a row's own positive stays the target
+            masked = (rows[keep], cols[keep])
+        return _InBatchSoftmax.apply(query, cand, bias, inverse[: pos_ids.numel()], log_count, masked, 1.0 / temperature)
+    return sampled_softmax_plain(query, pos, pos_ids, neg, neg_ids, log_q, in_batch, temperature, exclude)
 
 
 def _check_shapes(query: torch.Tensor, pos: torch.Tensor, pos_ids: torch.Tensor, neg: torch.Tensor, neg_ids: torch.Tensor) -> None:
@@ -162,48 +183,100 @@ def _check_shapes(query: torch.Tensor, pos: torch.Tensor, pos_ids: torch.Tensor,
         )
 
 
-class _InBatchSoftmax(torch.autograd.Function):
-    """The in-batch (and mixed) sampled softmax with few passes over the [B, C] logits (C = B + M).
+def matching_columns(cand_ids: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every (rows[k], j) with cand_ids[j] == ids[k], found by sorting the [C] candidate ids (no
+    [B, C] comparison): as many pairs as matches. rows, ids [K] int64 -> (rows, columns)."""
+    sorted_ids, order = torch.sort(cand_ids, stable=True)
+    lo = torch.searchsorted(sorted_ids, ids, side="left")
+    n = torch.searchsorted(sorted_ids, ids, side="right") - lo  # [K] candidates equal to ids[k]
+    out_rows = torch.repeat_interleave(rows, n)
+    starts = torch.cumsum(n, 0) - n  # where the k-th id's pairs begin
+    cols = order[torch.repeat_interleave(lo - starts, n) + torch.arange(out_rows.numel())]
+    return out_rows, cols
 
-    Forward: one addmm writes logits = scale * query @ cand^T - log_q, accidental hits are set to -inf
-    in place, and the logits become exp(logits - row max) in place (kept with the row sums for the
-    backward). Backward: one pass turns them into (softmax - one-hot) * grad / B, then the two matmuls. The plain formulation
-    (`sampled_softmax_plain`: separate matmuls, cat, subtract, masked_fill, cross_entropy and their
-    autograd copies) makes about three times as many passes over [B, C]; the tests compare the two.
+
+class _InBatchSoftmax(torch.autograd.Function):
+    """The in-batch (and mixed) sampled softmax over U distinct candidates with few passes over [B, U].
+
+    Forward: one addmm writes logits = scale * query @ cand^T - bias (bias = log_q - log multiplicity),
+    each row's target column t_i gets its multiplicity back (the other copies of a row's positive are
+    accidental hits), masked pairs are set to -inf by index, and torch's row softmax turns the logits into
+    probabilities P in place (one pass: each row's max, exp and sum stay in cache). Row i's loss is
+    -log P[i, t_i]; a row whose P[i, t_i] underflows fp32 gets its exact logsumexp - target from its
+    logits recomputed. Backward: d loss / d logits = (P - onehot(t)) * g / B, so grad_query = (P @ cand
+    - cand[t]) * g / B and grad_cand = (P^T @ query - sum of query over the rows targeting it) * g / B:
+    two matmuls and [B, D] work, no pass over [B, U]. The plain formulation (`sampled_softmax_plain`:
+    every copy a column, separate matmuls, cat, subtract, a [B, C] comparison, masked_fill,
+    cross_entropy and their autograd copies) makes about six times as many passes over a wider matrix;
+    the tests compare the two.
     """
 
     @staticmethod
     def forward(
-        ctx: Any, query: torch.Tensor, cand: torch.Tensor, cand_ids: torch.Tensor, log_q: torch.Tensor | None, scale: float
+        ctx: Any,
+        query: torch.Tensor,
+        cand: torch.Tensor,
+        bias: torch.Tensor,
+        target: torch.Tensor,
+        log_count: torch.Tensor,
+        masked: tuple[torch.Tensor, torch.Tensor] | None,
+        scale: float,
     ) -> torch.Tensor:
         b = query.shape[0]
-        if log_q is None:
-            logits = torch.mm(query, cand.T).mul_(scale)
-        else:
-            logits = torch.addmm(log_q.to(query.dtype)[None, :], query, cand.T, beta=-1.0, alpha=scale)  # [B, C]
-        hits = cand_ids[None, :] == cand_ids[:b, None]  # [B, C]: another candidate equal to the row's positive
-        hits.diagonal().fill_(False)  # row i's own positive is column i
-        logits.masked_fill_(hits, float("-inf"))
-        target = logits.diagonal().clone()  # [B]
-        top = logits.amax(dim=1, keepdim=True)  # [B, 1], finite: the diagonal is never masked
-        unnorm = logits.sub_(top).exp_()  # exp(logits - max), in place
-        total = unnorm.sum(dim=1, keepdim=True)  # [B, 1]
-        ctx.save_for_backward(query, cand, unnorm, total)
+        rows = torch.arange(b)
+        logits = _logits(query, cand, bias, scale, target, log_count, masked)  # [B, U]
+        prob = torch.ops.aten._softmax.out(logits, 1, False, out=logits)  # in place: [B, U] probabilities
+        p_target = prob[rows, target]  # [B]
+        loss = -torch.log(p_target)
+        tiny = p_target < 1e-30  # -log underflows or loses digits: exact logsumexp - target for these rows
+        if bool(tiny.any()):
+            idx = tiny.nonzero().squeeze(1)
+            sub_masked = None
+            if masked is not None:  # the masked pairs of these rows, renumbered 0..len(idx)-1
+                where = torch.full((b,), -1, dtype=torch.int64)
+                where[idx] = torch.arange(idx.numel())
+                sel = where[masked[0]] >= 0
+                sub_masked = (where[masked[0][sel]], masked[1][sel])
+            exact = _logits(query[idx], cand, bias, scale, target[idx], log_count, sub_masked)
+            loss[idx] = torch.logsumexp(exact, dim=1) - exact[torch.arange(idx.numel()), target[idx]]
+        ctx.save_for_backward(query, cand, prob, target)
         ctx.scale = scale
-        return (top.squeeze(1) + total.squeeze(1).log() - target).mean()  # logsumexp - target logit
+        return loss.mean()
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        query, cand, unnorm, total = ctx.saved_tensors
-        b = unnorm.shape[0]
-        # d loss / d logits = (softmax - one-hot) / B: one pass normalises and scales (the saved buffer is reused)
+        query, cand, prob, target = ctx.saved_tensors
+        b = prob.shape[0]
         coef = grad * (ctx.scale / b)
-        g = unnorm.mul_(coef / total)
-        g.diagonal().sub_(coef)
-        grad_query = g @ cand if ctx.needs_input_grad[0] else None
-        grad_cand = g.T @ query if ctx.needs_input_grad[1] else None
-        return grad_query, grad_cand, None, None, None
+        grad_query = grad_cand = None
+        if ctx.needs_input_grad[0]:
+            grad_query = torch.mm(prob, cand).sub_(cand[target]).mul_(coef)
+        if ctx.needs_input_grad[1]:
+            # (query^T @ P)^T: BLAS runs this layout faster than P^T @ query (a transposed [U, B] operand)
+            grad_cand = torch.mm(query.T, prob).T.contiguous()
+            grad_cand.index_add_(0, target, query, alpha=-1.0)
+            grad_cand.mul_(coef)
+        return grad_query, grad_cand, None, None, None, None, None
+
+
+def _logits(
+    query: torch.Tensor,
+    cand: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+    target: torch.Tensor,
+    log_count: torch.Tensor,
+    masked: tuple[torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor:
+    """[B, U]: scale * query @ cand^T - bias in one addmm, each row's target column counted once, the
+    masked pairs -inf."""
+    logits = torch.addmm(bias[None, :], query, cand.T, beta=-1.0, alpha=scale)
+    rows = torch.arange(query.shape[0])
+    logits[rows, target] -= log_count[target]
+    if masked is not None:
+        logits.index_put_(masked, torch.tensor(float("-inf"), dtype=logits.dtype))
+    return logits
 
 
 def sampled_softmax_plain(
@@ -215,6 +288,7 @@ def sampled_softmax_plain(
     log_q: torch.Tensor | None,
     in_batch: bool,
     temperature: float = 1.0,
+    exclude: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """`sampled_softmax` written with plain torch ops and autograd (the non-in-batch path, the reference
     the fused in-batch path is tested against, and what the plain-PyTorch benchmark baseline runs)."""
@@ -237,6 +311,16 @@ def sampled_softmax_plain(
             logits = logits - torch.cat([log_q[:b, None], log_q[None, b:].expand(b, -1)], dim=1)
         target = torch.zeros(b, dtype=torch.int64)
         hits = torch.cat([torch.zeros(b, 1, dtype=torch.bool), neg_ids[None, :] == pos_ids[:, None]], dim=1)  # [B, 1 + M]
+    if exclude is not None:  # [B, I'] dense: which ids each row excludes, then compared with every candidate
+        all_ids = torch.cat([pos_ids, neg_ids])  # [B + M]
+        per_row = torch.zeros(b, int(all_ids.max()) + 1, dtype=torch.bool)
+        keep_ids = exclude[1] < per_row.shape[1]
+        per_row[exclude[0][keep_ids], exclude[1][keep_ids]] = True
+        excluded = per_row.gather(1, all_ids[None, :].expand(b, -1))  # [B, B + M]
+        if not in_batch:  # candidates: the row's own positive, then the M
+            excluded = torch.cat([torch.zeros(b, 1, dtype=torch.bool), excluded[:, b:]], dim=1)
+        excluded[torch.arange(b), target] = False  # the row's own positive stays the target
+        hits = hits | excluded
     logits = logits.masked_fill(hits, float("-inf"))
     return F.cross_entropy(logits, target)
 

@@ -56,9 +56,10 @@ def train_step(model: RetrievalModel, batch: Example, sampler: NegativeSampler, 
     cand = model.item_vectors(torch.cat([items, neg_ids]))  # [B + M, D]
     pos, neg = cand[:b], cand[b:]
     match sampler.loss:
-        case SampledSoftmax(logq=logq):
+        case SampledSoftmax(logq=logq, mask_history=mask_history):
             log_q = sampler.log_q(torch.cat([items, neg_ids]), b) if logq else None
-            return sampled_softmax(query, pos, items, neg, neg_ids, log_q, sampler.uses_in_batch, model.temperature)
+            exclude = (torch.repeat_interleave(torch.arange(b), history.lengths.to(torch.int64)), history.values) if mask_history else None
+            return sampled_softmax(query, pos, items, neg, neg_ids, log_q, sampler.uses_in_batch, model.temperature, exclude)
         case BPR():
             return bpr(query, pos, items, neg, neg_ids, model.temperature)
 

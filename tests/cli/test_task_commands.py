@@ -404,3 +404,13 @@ def test_export_of_a_retrieval_model_says_what_to_use(retrieval_dir: Path, capsy
     capsys.readouterr()
     assert main(["export", "two_tower.toml"]) == 2
     assert "use `hugerec index` and `hugerec recommend`" in _one_line_error(capsys, "export")
+
+
+def test_two_tower_model_mask_history_key() -> None:
+    """[model] mask_history = true reaches the sampled-softmax loss; with loss = "bpr" it is refused."""
+    from hugerec.cli.interactions_config import TwoTowerModel
+
+    assert TwoTowerModel(mask_history=True).loss_config().mask_history  # type: ignore[union-attr]
+    assert not TwoTowerModel().loss_config().mask_history  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="mask_history"):
+        TwoTowerModel(loss="bpr", mask_history=True)

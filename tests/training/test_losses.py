@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hugerec.training.losses import (
     BPR,
@@ -14,6 +16,7 @@ from hugerec.training.losses import (
     NegativeSampler,
     SampledSoftmax,
     bpr,
+    matching_columns,
     sampled_softmax,
     sampled_softmax_plain,
 )
@@ -42,15 +45,18 @@ def test_hand_computed_mixed_with_logq() -> None:
 
 
 def _reference(q: torch.Tensor, pos: torch.Tensor, pos_ids: torch.Tensor, neg: torch.Tensor, neg_ids: torch.Tensor,
-               log_q: torch.Tensor, in_batch: bool, temperature: float) -> torch.Tensor:
-    """Row by row in plain torch: candidates listed explicitly, accidental hits dropped."""
+               log_q: torch.Tensor, in_batch: bool, temperature: float,
+               excluded: list[set[int]] | None = None) -> torch.Tensor:
+    """Row by row in plain torch: candidates listed explicitly, accidental hits (and row i's
+    excluded ids) dropped."""
     b = q.shape[0]
     losses = []
     for i in range(b):
+        drop = {int(pos_ids[i])} | (excluded[i] if excluded else set())
         cand = [(pos[i], log_q[i], True)]
         if in_batch:
-            cand += [(pos[j], log_q[j], False) for j in range(b) if j != i and pos_ids[j] != pos_ids[i]]
-        cand += [(neg[m], log_q[b + m], False) for m in range(neg.shape[0]) if neg_ids[m] != pos_ids[i]]
+            cand += [(pos[j], log_q[j], False) for j in range(b) if j != i and int(pos_ids[j]) not in drop]
+        cand += [(neg[m], log_q[b + m], False) for m in range(neg.shape[0]) if int(neg_ids[m]) not in drop]
         z = torch.stack([q[i] @ v / temperature - lq for v, lq, _ in cand])
         losses.append(-(z[0] - torch.logsumexp(z, 0)))
     return torch.stack(losses).mean()
@@ -58,18 +64,29 @@ def _reference(q: torch.Tensor, pos: torch.Tensor, pos_ids: torch.Tensor, neg: t
 
 @pytest.mark.parametrize("negatives", list(Negatives))
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_matches_reference_forward_backward(negatives: Negatives, seed: int) -> None:
+@pytest.mark.parametrize("with_exclude", [False, True])
+def test_matches_reference_forward_backward(negatives: Negatives, seed: int, with_exclude: bool) -> None:
     g = torch.Generator().manual_seed(seed)
-    b, d, items = 6, 4, 5  # few items: duplicates and accidental hits are common
+    b, d, items = 6, 4, 9  # few items: duplicates and accidental hits are common
     counts = np.arange(1, items + 1, dtype=np.float64)
     sampler = NegativeSampler(SampledSoftmax(negatives, num_negatives=7, alpha=0.5), counts)
     pos_ids = torch.randint(0, items, (b,), generator=g)
     neg_ids = sampler.sample(b, g)
     log_q = sampler.log_q(torch.cat([pos_ids, neg_ids]), b)
-    tensors = [torch.randn(n, d, generator=g, requires_grad=True) for n in (b, b, neg_ids.numel())]
-    got = sampled_softmax(*tensors[:2], pos_ids, tensors[2], neg_ids, log_q, sampler.uses_in_batch, 0.3)
+    exclude, excluded = None, None
+    if with_exclude:  # each row excludes up to 3 ids (its history), sometimes its own positive (never masked)
+        lengths = torch.randint(0, 4, (b,), generator=g)
+        ex_ids = torch.randint(0, items, (int(lengths.sum()),), generator=g)
+        exclude = (torch.repeat_interleave(torch.arange(b), lengths), ex_ids)
+        excluded = [set() for _ in range(b)]
+        for r, i in zip(*exclude, strict=True):
+            excluded[int(r)].add(int(i))
+    # item vectors are a function of the id (a table), as in the towers: copies of an item are equal
+    tensors = [torch.randn(b, d, generator=g, requires_grad=True), torch.randn(items, d, generator=g, requires_grad=True)]
+    q, table = tensors
+    got = sampled_softmax(q, table[pos_ids], pos_ids, table[neg_ids], neg_ids, log_q, sampler.uses_in_batch, 0.3, exclude)
     grads = torch.autograd.grad(got, tensors, allow_unused=True, materialize_grads=True)
-    want = _reference(tensors[0], tensors[1], pos_ids, tensors[2], neg_ids, log_q, sampler.uses_in_batch, 0.3)
+    want = _reference(q, table[pos_ids], pos_ids, table[neg_ids], neg_ids, log_q, sampler.uses_in_batch, 0.3, excluded)
     want_grads = torch.autograd.grad(want, tensors, allow_unused=True, materialize_grads=True)
     assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
     for a, w in zip(grads, want_grads, strict=True):
@@ -110,15 +127,17 @@ def test_sampler_distributions_and_errors() -> None:
 @pytest.mark.parametrize("use_log_q", [True, False])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_fused_in_batch_matches_the_plain_formulation(use_log_q: bool, seed: int) -> None:
-    """The fused in-batch path (one addmm, in-place mask and softmax, hand-written backward) against the
-    plain torch ops and autograd, at a size where accidental hits and repeated positives occur."""
+    """The fused in-batch path (distinct candidates weighted by their copies, one addmm, in-place softmax,
+    hand-written backward) against the plain torch ops and autograd (every copy a column), at a size
+    where accidental hits and repeated positives occur."""
     g = torch.Generator().manual_seed(seed)
     b, m, d, items = 64, 48, 8, 40
     pos_ids, neg_ids = torch.randint(0, items, (b,), generator=g), torch.randint(0, items, (m,), generator=g)
-    log_q = torch.randn(b + m, generator=g) if use_log_q else None
-    tensors = [torch.randn(n, d, generator=g, requires_grad=True) for n in (b, b, m)]
-    got = sampled_softmax(tensors[0], tensors[1], pos_ids, tensors[2], neg_ids, log_q, True, 0.2)
-    want = sampled_softmax_plain(tensors[0], tensors[1], pos_ids, tensors[2], neg_ids, log_q, True, 0.2)
+    log_q = torch.randn(items, generator=g)[torch.cat([pos_ids, neg_ids])] if use_log_q else None  # a function of the id
+    tensors = [torch.randn(b, d, generator=g, requires_grad=True), torch.randn(items, d, generator=g, requires_grad=True)]
+    q, table = tensors
+    got = sampled_softmax(q, table[pos_ids], pos_ids, table[neg_ids], neg_ids, log_q, True, 0.2)
+    want = sampled_softmax_plain(q, table[pos_ids], pos_ids, table[neg_ids], neg_ids, log_q, True, 0.2)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     (got * 3.0).backward()  # a non-unit upstream gradient
     grads = [t.grad.clone() for t in tensors if t.grad is not None]
@@ -127,3 +146,30 @@ def test_fused_in_batch_matches_the_plain_formulation(use_log_q: bool, seed: int
     (want * 3.0).backward()
     for a, t in zip(grads, tensors, strict=True):
         torch.testing.assert_close(a, t.grad, rtol=1e-4, atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=40), st.lists(st.integers(0, 8), max_size=30))
+def test_matching_columns_are_the_dense_comparison(cand: list[int], ids: list[int]) -> None:
+    """The sorted-ids search finds exactly the pairs of the [K, C] comparison, each once."""
+    cand_ids, wanted = torch.tensor(cand, dtype=torch.int64), torch.tensor(ids, dtype=torch.int64)
+    rows, cols = matching_columns(cand_ids, torch.arange(len(ids)), wanted)
+    dense = wanted[:, None] == cand_ids[None, :]
+    got = torch.zeros_like(dense)
+    got[rows, cols] = True
+    assert torch.equal(got, dense)
+    assert rows.numel() == int(dense.sum())
+
+
+@pytest.mark.parametrize("exclude", [None, (torch.tensor([0, 1]), torch.tensor([3, 2]))])
+def test_fused_loss_of_a_row_whose_target_probability_underflows(exclude: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+    """A positive 200 logits below the best candidate: P[i, i] is 0 in fp32, the loss is still the exact
+    logsumexp - target (and finite), as the plain formulation computes it."""
+    query = torch.tensor([[1.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    pos = torch.tensor([[-100.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    neg = torch.tensor([[100.0, 0.0], [3.0, 0.0]], requires_grad=True)
+    pos_ids, neg_ids = torch.tensor([0, 1]), torch.tensor([2, 3])
+    got = sampled_softmax(query, pos, pos_ids, neg, neg_ids, None, True, 1.0, exclude)
+    want = sampled_softmax_plain(query, pos, pos_ids, neg, neg_ids, None, True, 1.0, exclude)
+    assert torch.isfinite(got) and float(got.detach()) > 100.0
+    torch.testing.assert_close(got, want)

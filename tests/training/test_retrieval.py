@@ -72,3 +72,28 @@ def test_recommend_cold_start_and_errors(split: tuple[Any, Any, Any]) -> None:
     no_id = TwoTower(TwoTowerConfig(dim=8, embedding_dim=8, use_user_id=False, max_history=5, recent=()), train.num_users, train.num_items)
     with pytest.raises(ValueError, match="user 0 has an empty history"):
         recommend(no_id, users[:1], JaggedTensor(torch.empty(0, dtype=torch.int64), torch.tensor([0])), 5)
+
+
+def test_train_step_masks_history_items_out_of_the_negatives(split: tuple[Any, Any, Any]) -> None:
+    """mask_history: train_step's loss is the sampled softmax with each row's history ids excluded
+    (the plain formulation with a dense mask, the same negatives), and differs from the unmasked one."""
+    from hugerec.training.losses import NegativeSampler, sampled_softmax_plain
+    from hugerec.training.retrieval import train_step
+
+    train = split[0]
+    torch.manual_seed(0)
+    model = TwoTower(TwoTowerConfig(dim=8, embedding_dim=8, max_history=10, recent=(1,)), train.num_users, train.num_items)
+    batch = next(iter_examples(train, 64, 10, seed=0))
+    users, items, history = batch
+    losses = {}
+    for mask in (False, True):
+        sampler = NegativeSampler(SampledSoftmax(num_negatives=16, mask_history=mask), train.item_counts())
+        losses[mask] = train_step(model, batch, sampler, torch.Generator().manual_seed(3))
+    neg_ids = sampler.sample(64, torch.Generator().manual_seed(3))
+    ids = torch.cat([items, neg_ids])
+    with torch.no_grad():
+        q, cand = model.user_vectors(users, history), model.item_vectors(ids)
+        exclude = (torch.repeat_interleave(torch.arange(64), history.lengths.to(torch.int64)), history.values)
+        want = sampled_softmax_plain(q, cand[:64], items, cand[64:], neg_ids, sampler.log_q(ids, 64), True, 1.0, exclude)
+    torch.testing.assert_close(losses[True].detach(), want, rtol=1e-5, atol=1e-6)
+    assert abs(float(losses[True].detach()) - float(losses[False].detach())) > 1e-3

@@ -48,7 +48,7 @@ DIM, RETRIEVE, K, PER_CATEGORY, CATEGORIES, REGIONS, SEEN, BATCH = 64, 500, 20, 
 CLIENTS = 8
 RANK, AFFINITY, POPULARITY, RESIDUAL = 16, 2.0, 1.0, 0.3  # the catalogue's latent model (latent_vectors)
 INDEX = IndexConfig(IndexKind.HNSW, connectivity=16, expansion_add=64, expansion_search=RETRIEVE, dtype="f16")
-EFS, TARGET_RECALL, RECALL_USERS = (500, 750, 1000, 1500, 2000), 0.95, 100  # the expansion_search sweep
+EFS, TARGET_RECALL, RECALL_USERS = (500, 750, 1000, 1500, 2000, 3000), 0.95, 100  # the expansion_search sweep
 WORLD_VERSION = 2  # of make_world: a cached world of another version is not reused
 OURS, NAIVE = "hugerec-pipeline", "naive-pipeline"
 

@@ -176,7 +176,8 @@ class HnswIndex:
     def query(self, queries: np.ndarray | torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """queries [Q, D] -> (scores [Q, k] float32 inner products, ids [Q, k] int64), best first (approximate)."""
         q = _check_query(self, queries, k)
-        matches = self._index.search(torch.cat([q, torch.zeros(q.shape[0], 1)], dim=1).numpy(), k)
+        # one query: searched on the calling thread (a server runs requests on its own worker threads)
+        matches = self._index.search(torch.cat([q, torch.zeros(q.shape[0], 1)], dim=1).numpy(), k, threads=1 if q.shape[0] == 1 else 0)
         keys = np.zeros((q.shape[0], k), dtype=np.uint64)
         dist = np.zeros((q.shape[0], k), dtype=np.float64)
         if hasattr(matches, "counts"):  # BatchMatches: [Q, k] padded, counts [Q]

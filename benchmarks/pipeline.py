@@ -1,24 +1,35 @@
 """Pipeline benchmark: the four-stage pipeline (hugerec) vs the same pipeline written the obvious way.
 
-Catalogue: 1M synthetic items (--quick: 50k) with 64-dim vectors from a matrix factorisation (random
-weights: the work, not the quality, is measured), 10k users (--quick: 2k) with 20 seen items each,
-item features (available, region, category, price, promoted) and user features (age, region).
-Request: retrieve 500, drop seen / unavailable / other-region items, score the survivors (about 150)
-with a DLRM (user, item, category embeddings of dim 16 + 3 dense inputs), boost promoted items,
-at most 5 per category, return 20.
+Catalogue: 1M synthetic items (--quick: 50k) with 64-dim vectors shaped like a trained retrieval
+model's (latent_vectors: the rank-16 user / item factors and log-Zipf popularity bias of
+hugerec.data.synthetic_interactions' generating model, in a random 17-dim subspace of the 64, plus a
+small isotropic residual; popular items have the larger norms), 10k users (--quick: 2k) with 20 seen
+items each, item features (available, region, category, price, promoted) and user features (age,
+region). The DLRM ranker keeps random weights: its work, not its quality, is measured. Request: retrieve
+500, drop seen / unavailable / other-region items, score the survivors (about 150) with a DLRM (user,
+item, category embeddings of dim 16 + 3 dense inputs), boost promoted items, at most 5 per category,
+return 20.
 
-    hugerec-pipeline  Pipeline: HNSW index (usearch, expansion_search 500), feature store reads in
-                      batch, one batched call of the exported ranking bundle, vectorised ordering
+    hugerec-pipeline  Pipeline: HNSW index (usearch, connectivity 16, expansion_add 64, f16 vectors),
+                      feature store reads in batch, one batched call of the exported ranking bundle,
+                      vectorised ordering; served by InferenceServer (POST /recommend on raw ASGI)
     naive-pipeline    exact retrieval (one [I, D] x [D] numpy product, argpartition), pandas filtering
                       (.loc on the item frame, isin, boolean masks), the eager PyTorch DLRM called per
-                      batch of 64 candidates with features looked up in Python dicts, pandas ordering
+                      batch of 64 candidates with features looked up in Python dicts, pandas ordering;
+                      served by a FastAPI app
 
-Measured in one run: in process, one request at a time (p50 / p99 per request and the median time of
-each stage); through HTTP on 127.0.0.1 (each side in its own server process: hugerec's
-InferenceServer with the pipeline bundle, a FastAPI app for the naive one), 8 closed-loop
-keep-alive clients for a bounded time: throughput (requests/s) and p99.
+Retrieval quality first: recall@500 of the HNSW search against the exact top-500 (numpy) of the same
+user vectors, over 100 users, at each expansion_search of EFS; the pipeline then runs with the smallest
+expansion_search reaching recall 0.95 (the largest when none does). Then, in process, one request at a
+time: p50 / p99 per request, the median time of each stage, and the share of the two sides' top-20
+lists. Then through HTTP on 127.0.0.1 (each side in its own server process), 8 closed-loop keep-alive
+clients for a bounded time: throughput (requests/s) and p99.
 
-    python benchmarks/pipeline.py [--quick] [--json PATH]
+The world (vectors, features, ranker, pipeline bundle with its HNSW graph) is built once and cached in
+$HUGEREC_BENCH_CACHE (default: <tmp>/hugerec-bench-cache), keyed by its sizes and parameters;
+--rebuild builds it again.
+
+    python benchmarks/pipeline.py [--quick] [--json PATH] [--rebuild]
 """
 
 from __future__ import annotations

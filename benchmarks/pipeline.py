@@ -10,7 +10,7 @@ region). The DLRM ranker keeps random weights: its work, not its quality, is mea
 item, category embeddings of dim 16 + 3 dense inputs), boost promoted items, at most 5 per category,
 return 20.
 
-    hugerec-pipeline  Pipeline: HNSW index (usearch, connectivity 16, expansion_add 64, f16 vectors),
+    hugerec-pipeline  Pipeline: HNSW index (usearch, connectivity 32, expansion_add 128, f16 vectors),
                       feature store reads in batch, one batched call of the exported ranking bundle,
                       vectorised ordering; served by InferenceServer (POST /recommend on raw ASGI)
     naive-pipeline    exact retrieval (one [I, D] x [D] numpy product, argpartition), pandas filtering
@@ -58,8 +58,8 @@ from serving import drive, free_port  # the load generator of the serving benchm
 DIM, RETRIEVE, K, PER_CATEGORY, CATEGORIES, REGIONS, SEEN, BATCH = 64, 500, 20, 5, 64, 3, 20, 64
 CLIENTS = 8
 RANK, AFFINITY, POPULARITY, RESIDUAL = 16, 2.0, 1.0, 0.3  # the catalogue's latent model (latent_vectors)
-INDEX = IndexConfig(IndexKind.HNSW, connectivity=16, expansion_add=64, expansion_search=RETRIEVE, dtype="f16")
-EFS, TARGET_RECALL, RECALL_USERS = (500, 750, 1000, 1500, 2000, 3000), 0.95, 100  # the expansion_search sweep
+INDEX = IndexConfig(IndexKind.HNSW, connectivity=32, expansion_add=128, expansion_search=RETRIEVE, dtype="f16")
+EFS, TARGET_RECALL, RECALL_USERS = (500, 750, 1000, 1250, 1500, 2000, 3000), 0.95, 100  # the expansion_search sweep
 WORLD_VERSION = 2  # of make_world: a cached world of another version is not reused
 OURS, NAIVE = "hugerec-pipeline", "naive-pipeline"
 

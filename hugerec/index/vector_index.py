@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ import torch
 from hugerec.index.topk import top_k
 
 FORMAT_VERSION = 1
+HNSW_DTYPES = ("f32", "f16")  # usearch's storage of the graph's vectors
 
 
 class IndexKind(enum.Enum):
@@ -44,7 +45,11 @@ class IndexKind(enum.Enum):
 @dataclass(frozen=True)
 class IndexConfig:
     """kind; for HNSW: connectivity (M, graph degree), expansion_add (efConstruction), expansion_search (ef),
-    max_norm: R of the MIPS transform (None: the largest norm of the first vectors added, times 1.1).
+    max_norm: R of the MIPS transform (None: the largest norm of the first vectors added, times 1.1),
+    dtype: how the graph stores the vectors: "f32", or "f16" (half the memory and the bytes a search reads,
+    so a search is about a third faster; the scores it returns are computed from the half-precision vectors,
+    about 1e-3 of the score's scale off, and the neighbours found are the same to within a fraction of a
+    percent of recall in our measurements).
     """
 
     kind: IndexKind = IndexKind.EXACT
@@ -52,6 +57,7 @@ class IndexConfig:
     expansion_add: int = 128
     expansion_search: int = 512
     max_norm: float | None = None
+    dtype: str = "f32"
 
     def __post_init__(self) -> None:
         if isinstance(self.kind, str):
@@ -62,6 +68,8 @@ class IndexConfig:
         for name in ("connectivity", "expansion_add", "expansion_search"):
             if getattr(self, name) < 2:
                 raise ValueError(f"IndexConfig: {name} must be >= 2, got {getattr(self, name)}")
+        if self.dtype not in HNSW_DTYPES:
+            raise ValueError(f"IndexConfig: dtype must be one of {list(HNSW_DTYPES)}, got {self.dtype!r}")
         if self.max_norm is not None and not self.max_norm > 0:
             raise ValueError(f"IndexConfig: max_norm must be > 0, got {self.max_norm}")
 
@@ -132,7 +140,7 @@ class HnswIndex:
         self._index = Index(
             ndim=dim + 1,
             metric="l2sq",
-            dtype="f32",
+            dtype=self.config.dtype,
             connectivity=self.config.connectivity,
             expansion_add=self.config.expansion_add,
             expansion_search=self.config.expansion_search,
@@ -168,7 +176,8 @@ class HnswIndex:
     def query(self, queries: np.ndarray | torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """queries [Q, D] -> (scores [Q, k] float32 inner products, ids [Q, k] int64), best first (approximate)."""
         q = _check_query(self, queries, k)
-        matches = self._index.search(torch.cat([q, torch.zeros(q.shape[0], 1)], dim=1).numpy(), k)
+        # one query: searched on the calling thread (a server runs requests on its own worker threads)
+        matches = self._index.search(torch.cat([q, torch.zeros(q.shape[0], 1)], dim=1).numpy(), k, threads=1 if q.shape[0] == 1 else 0)
         keys = np.zeros((q.shape[0], k), dtype=np.uint64)
         dist = np.zeros((q.shape[0], k), dtype=np.float64)
         if hasattr(matches, "counts"):  # BatchMatches: [Q, k] padded, counts [Q]
@@ -183,6 +192,11 @@ class HnswIndex:
         dots = 0.5 * ((q.double() ** 2).sum(1, keepdim=True).numpy() + r2 - dist)  # |q'-x'|^2 = |q|^2 + R^2 - 2 q.x
         scores = np.where(found, dots, -np.inf).astype(np.float32)
         return torch.from_numpy(scores), torch.from_numpy(ids)
+
+    def set_expansion_search(self, expansion_search: int) -> None:
+        """Search breadth (ef) from now on; usearch searches at least as wide as the k asked anyway."""
+        self.config = replace(self.config, expansion_search=expansion_search)  # validated there
+        self._index.expansion_search = expansion_search  # type: ignore[misc]  # the stub omits the setter usearch has
 
     def save(self, path: str | Path) -> Path:
         out = _start_save(path, self)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hugerec.index import ExactIndex, IndexConfig, IndexKind, build_index, load_index
+from hugerec.index.vector_index import HnswIndex
 
 
 def _data(n: int = 2000, d: int = 16, q: int = 50, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,6 +44,47 @@ def test_hnsw_recall_against_exact() -> None:
     assert recall >= 0.95
     # the returned scores are the true inner products of the returned ids
     torch.testing.assert_close(s, (queries[:, None, :] * items[a]).sum(-1), rtol=1e-3, atol=1e-3)
+
+
+def _latent(n: int, q: int, d: int = 32, rank: int = 8, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Item and query vectors like a trained retrieval model's: low rank, a popularity direction, a small residual."""
+    rng = np.random.default_rng(seed)
+    basis, _ = np.linalg.qr(rng.standard_normal((d, rank + 1)))
+    pop = -np.log(rng.permutation(n) + 1.0)
+    items = np.c_[rng.standard_normal((n, rank)), pop - pop.mean()] @ basis.T + 0.05 * rng.standard_normal((n, d))
+    queries = np.c_[2 * rng.standard_normal((q, rank)), np.ones(q)] @ basis.T + 0.05 * rng.standard_normal((q, d))
+    return items.astype(np.float32), queries.astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_hnsw_recall_of_many_neighbours_against_exact(dtype: str) -> None:
+    """Retrieval asks HNSW for hundreds of neighbours: recall@200 against exact grows with expansion_search
+    (at ef = k the search list is exactly k long and loses the boundary), and f16 storage keeps it."""
+    items, queries = _latent(6000, 30)
+    _, exact = build_index(items).query(queries, 200)
+    index = build_index(items, config=IndexConfig(IndexKind.HNSW, connectivity=16, expansion_add=64, expansion_search=200, dtype=dtype))
+    recalls = []
+    for ef in (200, 800):
+        index.set_expansion_search(ef)
+        s, got = index.query(queries, 200)
+        recalls.append(np.mean([len(set(x.tolist()) & set(y.tolist())) / 200 for x, y in zip(exact, got, strict=True)]))
+        # the scores are the inner products of the ids returned (f16: computed from the half-precision vectors)
+        tol = 1e-3 if dtype == "f32" else 3e-2
+        torch.testing.assert_close(s, torch.from_numpy((queries[:, None, :] * items[got.numpy()]).sum(-1)), rtol=tol, atol=tol)
+    assert recalls[1] >= 0.97 and recalls[1] > recalls[0], recalls
+    assert index.config.expansion_search == 800
+
+
+def test_index_config_dtype_is_checked_and_saved(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"dtype must be one of \['f32', 'f16'\], got 'i8'"):
+        IndexConfig(IndexKind.HNSW, dtype="i8")
+    items, queries = _latent(500, 5)
+    index = build_index(items, config=IndexConfig(IndexKind.HNSW, dtype="f16", expansion_search=64))
+    loaded = load_index(index.save(tmp_path / "ix"))
+    assert isinstance(loaded, HnswIndex) and loaded.config.dtype == "f16" and loaded.config.expansion_search == 64
+    assert torch.equal(loaded.query(queries, 10)[1], index.query(queries, 10)[1])
+    with pytest.raises(ValueError, match="expansion_search must be >= 2, got 1"):
+        loaded.set_expansion_search(1)
 
 
 @pytest.mark.parametrize("kind", list(IndexKind))

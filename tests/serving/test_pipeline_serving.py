@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,6 +97,13 @@ def test_bundle_loads_verified_and_refuses_a_changed_file(bundle: Path, tmp_path
         assert len(rec.items) == 10 and not rec.cold_start
     finally:
         loaded.close()
+    # the HNSW search breadth: as built (IndexConfig's 512), or PipelineOptions', never below the largest ANN k (60)
+    for asked, want in ((None, 512), (100, 100), (10, 60)):
+        loaded = load_pipeline(bundle, PipelineOptions(ranker=_state(tmp_path), expansion_search=asked))
+        try:
+            assert loaded.pipeline.res.index is not None and loaded.pipeline.res.index.config.expansion_search == want
+        finally:
+            loaded.close()
     copy = tmp_path / "copy"
     shutil.copytree(bundle, copy, ignore=shutil.ignore_patterns("state"))
     with open(copy / "features" / "item.npz", "ab") as f:
@@ -228,3 +236,24 @@ def test_online_updates_of_interactions_and_features(server: tuple[str, Inferenc
     assert bad.status_code == 400 and "colour" in bad.json()["error"]
     bad = httpx.post(f"{url}/recommend/interactions", json={"user": 7, "items": []})
     assert bad.status_code == 400 and "'items'" in bad.json()["error"]
+
+
+def test_recommend_on_raw_asgi_answers_like_the_rest_of_the_server(server: tuple[str, InferenceServer, Path]) -> None:
+    """POST /recommend skips the framework (server.py): its answers and errors keep the server's contract."""
+    url = server[0]
+    r = httpx.post(f"{url}/recommend", content=b'{"user": 3, "k": 4, "version": "1"}')
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    assert r.json()["items"] == httpx.post(f"{url}/recommend", json={"user": 3, "k": 4, "version": "1"}).json()["items"]
+    assert int(r.headers["content-length"]) == len(r.content)
+    for body, code, says in ((b"{not json", 400, "not valid JSON"), (b"[1, 2]", 400, "must be a JSON object"), (b"", 400, "'user'")):
+        r = httpx.post(f"{url}/recommend", content=body)
+        assert r.status_code == code and says in r.json()["error"], r.text
+    r = httpx.get(f"{url}/recommend")
+    assert r.status_code == 405 and "use POST" in r.json()["error"]
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /recommend HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n{" % (100 << 20))
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 413") and b"exceeds the limit" in answer
+    count = 'hugerec_requests_total{code="200",endpoint="recommend",model="recs",version="1"}'
+    assert count in httpx.get(f"{url}/metrics").text

@@ -17,6 +17,7 @@ from hugerec.serving.protocol import (
     Signature,
     decode_infer_request,
     decode_instances,
+    dump_json,
     encode_infer_response,
 )
 
@@ -323,3 +324,11 @@ def test_deeply_nested_json_is_a_400_not_a_recursion_error() -> None:
     with pytest.raises(RequestError, match=r"not valid JSON.*nested too deeply") as e:
         decode_infer_request(deep, None, SIG)
     assert e.value.status == 400
+
+
+def test_dump_json_is_compact_and_refuses_what_json_cannot_hold() -> None:
+    value = {"items": [3, 1], "scores": [0.5, 1e-3], "notes": ["null is a word"], "ok": True, "none": None}
+    assert dump_json(value) == json.dumps(value, separators=(",", ":")).encode()
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            dump_json({"scores": [0.5, bad], "x": None})

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hugerec.index.vector_index import IndexConfig, build_index, load_index
+from hugerec.index.vector_index import HnswIndex, IndexConfig, build_index, load_index
 from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.features import FeatureStore
 from hugerec.serving.next_items import load_next_items
@@ -189,8 +189,10 @@ def load_pipeline(path: str | Path, options: PipelineOptions | None = None, name
         resources = Resources(features, InteractionStore.load(folder / "interactions.npz"), popular=np.load(folder / "popular.npy", allow_pickle=False))
         if "retrieval" in parts:
             ks = [getattr(s, "k", 0) for s in declaration.spec.stages[0].sources]  # type: ignore[union-attr]  # stage 0 is Retrieve
-            breadth = max([options.expansion_search or 0, *ks])
-            resources.index = load_index(folder / "retrieval" / "index", breadth or None)
+            index = load_index(folder / "retrieval" / "index", options.expansion_search)
+            if isinstance(index, HnswIndex) and index.config.expansion_search < max(ks):  # never narrower than a source's k
+                index.set_expansion_search(max(ks))
+            resources.index = index
             resources.encoder = UserEncoder.load(folder / "retrieval" / "encoder.pt")
             resources.item_vectors = np.load(folder / "retrieval" / "item_vectors.npy", allow_pickle=False)
         if "ranker" in parts:

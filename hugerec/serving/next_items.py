@@ -39,9 +39,8 @@ from hugerec.serving.protocol import (
     HEADER_LENGTH,
     RequestError,
     Signature,
-    _decode_tensor,
     _split_body,
-    parse_json,
+    parse_tensors,
     to_model_inputs,
 )
 from hugerec.training.sequence_file import SavedSequenceModel, load_sequence_model
@@ -171,24 +170,7 @@ class NextItemsModel:
     def answer(self, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
         """An infer request body -> (response body, headers); bad requests raise RequestError (400)."""
         header_bytes, blob = _split_body(body, header_length)
-        try:
-            request = parse_json(header_bytes)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RequestError(f"request body is not valid JSON: {e}") from None
-        if not isinstance(request, dict):
-            raise RequestError(f"request must be a JSON object, got {type(request).__name__}")
-        specs = request.get("inputs")
-        if not isinstance(specs, list) or not specs:
-            raise RequestError("request needs a non-empty list 'inputs'")
-        tensors: dict[str, np.ndarray] = {}
-        offset = 0
-        for i, spec in enumerate(specs):
-            name, array, offset = _decode_tensor(spec, i, blob, offset, self.max_rows)
-            if name in tensors:
-                raise RequestError(f"input {name!r} is given twice")
-            tensors[name] = array
-        if offset != len(blob):
-            raise RequestError(f"request has {len(blob) - offset} bytes of binary data that no input claims")
+        request, tensors = parse_tensors(header_bytes, blob, self.max_rows)
         inputs = to_model_inputs(tensors, self.signature)
         values, lengths = inputs.ids[FEATURE]
         params = request.get("parameters") or {}

@@ -97,15 +97,11 @@ class InferOptions:
     binary: frozenset[str]
 
 
-def decode_infer_request(
-    body: bytes, header_length: str | None, signature: Signature
-) -> tuple[ModelInputs, InferOptions]:
-    """An infer request body (JSON, or JSON header + binary tensors) -> validated ModelInputs."""
-    header_bytes, blob = _split_body(body, header_length)
-    if blob and len(header_bytes) <= MAX_CACHED_HEADER:
-        layout = _binary_layout(header_bytes, signature)
-        if layout is not None and layout.end == len(blob):
-            return layout.decode(blob, signature), layout.options
+def parse_tensors(header_bytes: bytes, blob: bytes, max_rows: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A request's JSON header and binary part -> (the request object, its input tensors by name).
+
+    Every input is decoded (JSON data or its share of the binary part, at most `max_rows` rows);
+    a name given twice or binary bytes no input claims are RequestErrors."""
     try:
         request = parse_json(header_bytes)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -118,12 +114,25 @@ def decode_infer_request(
     tensors: dict[str, np.ndarray] = {}
     offset = 0
     for i, spec in enumerate(inputs):
-        name, array, offset = _decode_tensor(spec, i, blob, offset, signature.max_rows)
+        name, array, offset = _decode_tensor(spec, i, blob, offset, max_rows)
         if name in tensors:
             raise RequestError(f"input {name!r} is given twice")
         tensors[name] = array
     if offset != len(blob):
         raise RequestError(f"request has {len(blob) - offset} bytes of binary data that no input claims")
+    return request, tensors
+
+
+def decode_infer_request(
+    body: bytes, header_length: str | None, signature: Signature
+) -> tuple[ModelInputs, InferOptions]:
+    """An infer request body (JSON, or JSON header + binary tensors) -> validated ModelInputs."""
+    header_bytes, blob = _split_body(body, header_length)
+    if blob and len(header_bytes) <= MAX_CACHED_HEADER:
+        layout = _binary_layout(header_bytes, signature)
+        if layout is not None and layout.end == len(blob):
+            return layout.decode(blob, signature), layout.options
+    request, tensors = parse_tensors(header_bytes, blob, signature.max_rows)
     return to_model_inputs(tensors, signature), _options(request)
 
 

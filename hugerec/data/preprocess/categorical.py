@@ -15,7 +15,7 @@ import polars as pl
 import pyarrow as pa
 
 from hugerec.data.preprocess.hashing import combine_hashes, flatten, hash_flat, hash_series
-from hugerec.data.preprocess.op import as_columns, require_scalar
+from hugerec.data.preprocess.op import InPlaceOp, as_columns, require_scalar
 from hugerec.data.preprocess.packed import count, pack, unpack
 from hugerec.data.preprocess.stats import Stats, collect_by_name, merge_counts
 from hugerec.data.preprocess.value_index import index_of
@@ -175,7 +175,7 @@ class Categorify:
 
 
 @dataclass(frozen=True)
-class HashBucket:
+class HashBucket(InPlaceOp):
     """Values -> 1 + stable_hash(value, seed) % num_buckets; null -> 0. cardinality = num_buckets + 1."""
 
     columns: tuple[str, ...]
@@ -186,16 +186,6 @@ class HashBucket:
         object.__setattr__(self, "columns", as_columns(self.columns, "HashBucket"))
         if self.num_buckets < 1:
             raise ValueError(f"HashBucket: num_buckets must be >= 1, got {self.num_buckets}")
-
-    @property
-    def stateful(self) -> bool:
-        return False
-
-    def reads(self) -> tuple[str, ...]:
-        return self.columns
-
-    def writes(self) -> tuple[str, ...]:
-        return self.columns
 
     def transform(self, frame: pl.DataFrame, stats: Stats) -> pl.DataFrame:
         def encode(values: pl.Series) -> npt.NDArray[np.int64]:

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from hugerec.data.preprocess.op import as_columns
+from hugerec.data.preprocess.op import InPlaceOp, as_columns
 from hugerec.data.preprocess.stats import Stats
 
 
 @dataclass(frozen=True)
-class SplitList:
+class SplitList(InPlaceOp):
     """String columns -> List(String) by `separator`; an empty or null field is an empty list / null.
     Categorify and HashBucket then map each element to an id (a multi-hot feature)."""
 
@@ -23,16 +23,6 @@ class SplitList:
         object.__setattr__(self, "columns", as_columns(self.columns, "SplitList"))
         if not isinstance(self.separator, str) or not self.separator:
             raise ValueError(f"SplitList: separator must be a non-empty string, got {self.separator!r}")
-
-    @property
-    def stateful(self) -> bool:
-        return False
-
-    def reads(self) -> tuple[str, ...]:
-        return self.columns
-
-    def writes(self) -> tuple[str, ...]:
-        return self.columns
 
     def transform(self, frame: pl.DataFrame, stats: Stats) -> pl.DataFrame:
         for c in self.columns:
@@ -45,7 +35,7 @@ class SplitList:
 
 
 @dataclass(frozen=True)
-class ListSlice:
+class ListSlice(InPlaceOp):
     """Keep `list[start:end]` of each list (Python slice rules; negative counts from the end):
     ListSlice(["history"], start=-50) keeps the last 50 items."""
 
@@ -57,16 +47,6 @@ class ListSlice:
         object.__setattr__(self, "columns", as_columns(self.columns, "ListSlice"))
         if self.end is not None and self.start >= 0 and 0 <= self.end <= self.start:
             raise ValueError(f"ListSlice: end {self.end} must be after start {self.start} (every list would be empty)")
-
-    @property
-    def stateful(self) -> bool:
-        return False
-
-    def reads(self) -> tuple[str, ...]:
-        return self.columns
-
-    def writes(self) -> tuple[str, ...]:
-        return self.columns
 
     def transform(self, frame: pl.DataFrame, stats: Stats) -> pl.DataFrame:
         exprs = []

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from hugerec.data.preprocess.op import as_columns, require_numeric, require_scalar
+from hugerec.data.preprocess.op import InPlaceOp, as_columns, require_numeric, require_scalar
 from hugerec.data.preprocess.stats import Stats, merge_moments, moments, moments_of
 
 
@@ -84,7 +84,7 @@ class FillMissing:
 
 
 @dataclass(frozen=True)
-class Clip:
+class Clip(InPlaceOp):
     """Clamp to [min_value, max_value] (either may be None). Integer columns stay integer when the
     bounds are integral."""
 
@@ -99,16 +99,6 @@ class Clip:
         if self.min_value is not None and self.max_value is not None and self.min_value > self.max_value:
             raise ValueError(f"Clip: min_value {self.min_value} > max_value {self.max_value}")
 
-    @property
-    def stateful(self) -> bool:
-        return False
-
-    def reads(self) -> tuple[str, ...]:
-        return self.columns
-
-    def writes(self) -> tuple[str, ...]:
-        return self.columns
-
     def transform(self, frame: pl.DataFrame, stats: Stats) -> pl.DataFrame:
         require_numeric(frame, self.columns, "Clip")
         bounds = [b for b in (self.min_value, self.max_value) if b is not None]
@@ -121,23 +111,13 @@ class Clip:
 
 
 @dataclass(frozen=True)
-class LogOp:
+class LogOp(InPlaceOp):
     """x -> log1p(max(x, 0)) as Float32 (heavy-tailed counts such as Criteo's integer features)."""
 
     columns: tuple[str, ...]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "columns", as_columns(self.columns, "LogOp"))
-
-    @property
-    def stateful(self) -> bool:
-        return False
-
-    def reads(self) -> tuple[str, ...]:
-        return self.columns
-
-    def writes(self) -> tuple[str, ...]:
-        return self.columns
 
     def transform(self, frame: pl.DataFrame, stats: Stats) -> pl.DataFrame:
         require_numeric(frame, self.columns, "LogOp")
@@ -238,7 +218,7 @@ class Bucketize:
 
 
 @dataclass(frozen=True)
-class Binarize:
+class Binarize(InPlaceOp):
     """x -> 1.0 when x >= threshold else 0.0 (Float32), null stays null: a rating turned into a
     click-style label (MovieLens: rating >= 4 is a positive)."""
 
@@ -249,16 +229,6 @@ class Binarize:
         object.__setattr__(self, "columns", as_columns(self.columns, "Binarize"))
         if not math.isfinite(self.threshold):
             raise ValueError(f"Binarize: threshold must be finite, got {self.threshold}")
-
-    @property
-    def stateful(self) -> bool:
-        return False
-
-    def reads(self) -> tuple[str, ...]:
-        return self.columns
-
-    def writes(self) -> tuple[str, ...]:
-        return self.columns
 
     def transform(self, frame: pl.DataFrame, stats: Stats) -> pl.DataFrame:
         require_numeric(frame, self.columns, "Binarize")

@@ -39,6 +39,23 @@ class FittableOp(Op, Protocol):
     def finalize(self, stats: Stats) -> Stats: ...
 
 
+class InPlaceOp:
+    """Base of the stateless ops that rewrite their own `columns` in place: nothing to fit, and the
+    columns read are the columns written (Clip, LogOp, HashBucket, SplitList, ParseTime, ...)."""
+
+    columns: tuple[str, ...]
+
+    @property
+    def stateful(self) -> bool:
+        return False
+
+    def reads(self) -> tuple[str, ...]:
+        return self.columns
+
+    def writes(self) -> tuple[str, ...]:
+        return self.columns
+
+
 def as_columns(value: str | Sequence[str], op: str, what: str = "columns") -> tuple[str, ...]:
     """Normalize a column selection (one name or several) to a non-empty tuple of distinct names."""
     columns = (value,) if isinstance(value, str) else tuple(value)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from hugerec.data.preprocess.op import as_columns, require_scalar
+from hugerec.data.preprocess.op import InPlaceOp, as_columns, require_scalar
 from hugerec.data.preprocess.stats import Stats
 
 
@@ -130,7 +130,7 @@ class DifferenceLag:
 
 
 @dataclass(frozen=True)
-class ParseTime:
+class ParseTime(InPlaceOp):
     """Text or epoch timestamps -> Int64 epoch seconds (UTC), what CyclicTime, DifferenceLag and the
     time splits read. format: "unix" (seconds), "unix_ms" (milliseconds), or a strptime format such
     as "%Y-%m-%d %H:%M:%S" or "%Y-%m-%dT%H:%M:%S%.fZ" (naive times are taken as UTC). A value that
@@ -147,16 +147,6 @@ class ParseTime:
             raise ValueError(
                 f"ParseTime: format {self.format!r} is neither 'unix', 'unix_ms' nor a strptime format (e.g. '%Y-%m-%d')"
             )
-
-    @property
-    def stateful(self) -> bool:
-        return False
-
-    def reads(self) -> tuple[str, ...]:
-        return self.columns
-
-    def writes(self) -> tuple[str, ...]:
-        return self.columns
 
     def expression(self, column: str, dtype: pl.DataType) -> pl.Expr:
         """The epoch-seconds expression for one column of `dtype` (also used by the time splits)."""

@@ -131,6 +131,19 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def bundle_kind(path: str | Path) -> str | None:
+    """The `kind` that the manifest of the bundle folder `path` declares ("gbm", "pipeline", ...), or None
+    when it has no readable manifest or no kind (a model bundle's manifest has none)."""
+    manifest = Path(path) / MANIFEST
+    if not manifest.is_file():
+        return None
+    try:
+        kind = json.loads(manifest.read_text()).get("kind")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return None
+    return kind if isinstance(kind, str) else None
+
+
 def checksums(root: Path) -> dict[str, str]:
     """sha256 of every file under `root` except the manifest, by relative path."""
     return {

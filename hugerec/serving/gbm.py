@@ -42,7 +42,7 @@ import torch
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.models.gbm import Library, TreeModel
-from hugerec.serving.bundle import MANIFEST, SCHEMA, WORKFLOW, _inside, checksums, sha256_file
+from hugerec.serving.bundle import MANIFEST, SCHEMA, WORKFLOW, _inside, bundle_kind, checksums, sha256_file
 from hugerec.serving.forest import Forest
 from hugerec.serving.inference_model import ModelInputs
 from hugerec.serving.preprocess import RequestPreprocessor
@@ -59,13 +59,7 @@ class GBMPredictor(enum.Enum):
 
 def is_gbm_bundle(path: str | Path) -> bool:
     """True when `path` holds a GBM bundle (its manifest says kind "gbm")."""
-    manifest = Path(path) / MANIFEST
-    if not manifest.is_file():
-        return False
-    try:
-        return bool(json.loads(manifest.read_text()).get("kind") == KIND)
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        return False
+    return bundle_kind(path) == KIND
 
 
 def export_gbm_bundle(

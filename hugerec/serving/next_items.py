@@ -21,7 +21,6 @@ items. Scoring is exact: the query vector against every item vector (one [B, I] 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import shutil
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 from hugerec.models.sequence import PAD
+from hugerec.serving.bundle import MANIFEST, bundle_kind, sha256_file
 from hugerec.serving.protocol import (
     HEADER_LENGTH,
     RequestError,
@@ -48,30 +48,15 @@ from hugerec.training.sequential import SequenceModel, all_item_vectors, query_v
 
 KIND = "next_items"
 FORMAT = 1
-MANIFEST = "manifest.json"
 MODEL = "model.pt"
 FEATURE = "items"
 OUTPUTS = ("items", "scores", "unknown_items")
 _DATATYPES = {"items": "INT64", "scores": "FP32", "unknown_items": "INT64"}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def is_next_items_bundle(path: str | Path) -> bool:
     """True when `path` holds a next-items bundle (its manifest says kind "next_items")."""
-    manifest = Path(path) / MANIFEST
-    if not manifest.is_file():
-        return False
-    try:
-        return bool(json.loads(manifest.read_text()).get("kind") == KIND)
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        return False
+    return bundle_kind(path) == KIND
 
 
 def export_next_items(
@@ -99,7 +84,7 @@ def export_next_items(
             "num_items": saved.num_items,
             "max_len": saved.max_len,
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "sha256": {MODEL: _sha256(tmp / MODEL)},
+            "sha256": {MODEL: sha256_file(tmp / MODEL)},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if final.exists():
@@ -245,7 +230,7 @@ def load_next_items(path: str | Path, name: str | None = None, version: str | No
     if manifest.get("format") != FORMAT:
         raise ValueError(f"load_next_items: {folder / MANIFEST} has format {manifest.get('format')!r}, this hugerec reads {FORMAT}")
     expected = (manifest.get("sha256") or {}).get(MODEL)
-    if not (folder / MODEL).is_file() or _sha256(folder / MODEL) != expected:
+    if not (folder / MODEL).is_file() or sha256_file(folder / MODEL) != expected:
         raise ValueError(f"load_next_items: {folder / MODEL} is missing or does not match its checksum in the manifest")
     saved = load_sequence_model(folder / MODEL)
     model: SequenceModel = saved.model  # type: ignore[assignment]

@@ -21,7 +21,6 @@ nothing it reads can run code (npz/npy without pickle, torch weights only, the r
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from hugerec.index.vector_index import HnswIndex, IndexConfig, build_index, load_index
+from hugerec.serving.bundle import MANIFEST, bundle_kind, sha256_file
 from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.features import FeatureStore
 from hugerec.serving.next_items import load_next_items
@@ -43,25 +43,10 @@ from hugerec.serving.pipeline.runner import Pipeline, Resources
 
 KIND = "pipeline"
 FORMAT = 1
-MANIFEST = "manifest.json"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def is_pipeline_bundle(path: str | Path) -> bool:
-    manifest = Path(path) / MANIFEST
-    if not manifest.is_file():
-        return False
-    try:
-        return bool(json.loads(manifest.read_text()).get("kind") == KIND)
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        return False
+    return bundle_kind(path) == KIND
 
 
 @dataclass(frozen=True)
@@ -146,7 +131,7 @@ def export_pipeline(
             "pipeline": declaration_to_dict(declaration),
             "parts": parts,
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "sha256": {p.relative_to(tmp).as_posix(): _sha256(p) for p in files},
+            "sha256": {p.relative_to(tmp).as_posix(): sha256_file(p) for p in files},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         load_pipeline(tmp, PipelineOptions(ranker=ServeOptions(state_dir=str(tmp / ".check-state")))).close()  # it loads, or nothing is written
@@ -177,7 +162,7 @@ def load_pipeline(path: str | Path, options: PipelineOptions | None = None, name
         file = (folder / rel).resolve()
         if not file.is_relative_to(root):
             raise ValueError(f"load_pipeline: {folder / MANIFEST} names {rel!r}, outside the bundle")
-        if options.verify and (not file.is_file() or _sha256(file) != expected):
+        if options.verify and (not file.is_file() or sha256_file(file) != expected):
             raise ValueError(f"load_pipeline: {folder / rel} is missing or does not match its checksum in the manifest")
     declaration = declaration_from_dict(manifest["pipeline"], f"{folder / MANIFEST}")
     parts = set(manifest.get("parts", []))

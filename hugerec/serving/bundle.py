@@ -19,7 +19,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tempfile
+import uuid
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
@@ -142,6 +147,28 @@ def bundle_kind(path: str | Path) -> str | None:
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
         return None
     return kind if isinstance(kind, str) else None
+
+
+@contextmanager
+def staged_folder(target: Path) -> Iterator[Path]:
+    """Write the folder `target` all or nothing: yields an empty hidden sibling folder to fill. If the block
+    raises, that folder is removed and `target` is untouched; if it ends normally, the folder is renamed to
+    `target`. An existing `target` is first renamed aside and deleted only once the new folder is in its
+    place, so a crash at any point leaves the old folder or the new one on disk, never a mix of the two."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    aside = None
+    if target.exists():
+        aside = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:12]}")
+        os.replace(target, aside)
+    os.replace(tmp, target)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def checksums(root: Path) -> dict[str, str]:

@@ -14,9 +14,6 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +38,7 @@ from hugerec.serving.bundle import (
     WORKFLOW,
     Manifest,
     checksums,
+    staged_folder,
 )
 from hugerec.serving.inference_model import CollectionLayout
 from hugerec.serving.parameter_server import TableSpec
@@ -152,9 +150,7 @@ def _export_bundle(
     names = [t.name for c in collections for t in c.tables]
     if len(set(names)) != len(names):
         raise ValueError(f"export_bundle: table names must be unique across collections, got {names}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with staged_folder(target) as tmp:
         program = DenseProgram(model)
         info: dict[str, Any] = {
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -189,12 +185,6 @@ def _export_bundle(
             name, version, model.num_dense, tuple(layouts), tuple(specs), dense_keys, checksums(tmp), info
         )
         (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=2))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 

@@ -28,9 +28,7 @@ from __future__ import annotations
 import datetime
 import enum
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +40,16 @@ import torch
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.models.gbm import Library, TreeModel
-from hugerec.serving.bundle import MANIFEST, SCHEMA, WORKFLOW, _inside, bundle_kind, checksums, sha256_file
+from hugerec.serving.bundle import (
+    MANIFEST,
+    SCHEMA,
+    WORKFLOW,
+    _inside,
+    bundle_kind,
+    checksums,
+    sha256_file,
+    staged_folder,
+)
 from hugerec.serving.forest import Forest
 from hugerec.serving.inference_model import ModelInputs
 from hugerec.serving.preprocess import RequestPreprocessor
@@ -83,9 +90,7 @@ def export_gbm_bundle(
     target = Path(out)
     if target.exists() and not overwrite:
         raise FileExistsError(f"export_gbm_bundle: {target} exists (pass overwrite=True to replace it)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with staged_folder(target) as tmp:
         shutil.copyfile(model_path, tmp / library.model_file)
         schema.save(tmp / SCHEMA)
         if workflow is not None:
@@ -107,12 +112,6 @@ def export_gbm_bundle(
             },
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +32,7 @@ import numpy as np
 import torch
 
 from hugerec.models.sequence import PAD
-from hugerec.serving.bundle import MANIFEST, bundle_kind, sha256_file
+from hugerec.serving.bundle import MANIFEST, bundle_kind, sha256_file, staged_folder
 from hugerec.serving.protocol import (
     HEADER_LENGTH,
     RequestError,
@@ -69,9 +67,7 @@ def export_next_items(
     final = Path(out)
     if final.exists() and not is_next_items_bundle(final):
         raise ValueError(f"export_next_items: {final} exists and is not a next-items bundle; give a new folder")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    try:
+    with staged_folder(final) as tmp:
         shutil.copyfile(model_path, tmp / MODEL)
         manifest = {
             "kind": KIND,
@@ -87,12 +83,6 @@ def export_next_items(
             "sha256": {MODEL: sha256_file(tmp / MODEL)},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 

@@ -29,7 +29,6 @@ removes the new state directory.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -43,7 +42,7 @@ import pyarrow.parquet as pq
 import torch
 
 from hugerec.embedding.delta import TableDelta, read_delta, write_delta
-from hugerec.serving.bundle import MANIFEST, Bundle, _inside, sha256_file
+from hugerec.serving.bundle import MANIFEST, Bundle, _inside, sha256_file, staged_folder
 from hugerec.serving.bundle_loader import ServeOptions, _cache
 from hugerec.serving.inference_model import InferenceModel
 from hugerec.serving.memory_store import MemoryStore
@@ -93,9 +92,7 @@ def write_version_delta(
     """Write a version delta to `path` (under a temporary name, renamed into place; an existing one is
     replaced); returns the path."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with staged_folder(target) as tmp:
         deltas = [
             TableDelta(
                 table=u.table,
@@ -135,12 +132,6 @@ def write_version_delta(
             "files": {name: sha256_file(tmp / name) for name in (ROWS, DELETED, DENSE)},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 

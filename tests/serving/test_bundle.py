@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hugerec.serving.bundle import MANIFEST, PROGRAM, Bundle, Manifest, load_program
+from hugerec.serving.bundle import MANIFEST, PROGRAM, Bundle, Manifest, load_program, staged_folder
 
 
 def copy_bundle(toy: Any, tmp_path: Path) -> Path:
@@ -124,3 +124,22 @@ def test_a_link_out_of_the_bundle_is_refused(toy: Any, tmp_path: Path) -> None:
     (root / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="file link listed in the manifest lies outside the bundle"):
         Bundle.open(root)
+
+
+def test_staged_folder_replaces_the_target_only_when_the_block_succeeds(tmp_path: Path):
+    target = tmp_path / "bundle"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError, match="half written"), staged_folder(target) as tmp:
+        (tmp / "new.txt").write_text("new")
+        raise RuntimeError("half written")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]  # no hidden folder left behind
+    assert [p.name for p in target.iterdir()] == ["old.txt"]
+    with staged_folder(target) as tmp:
+        assert tmp.parent == tmp_path and tmp.name.startswith(".bundle.")
+        (tmp / "new.txt").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]  # the old folder, moved aside, is gone
+    assert [p.name for p in target.iterdir()] == ["new.txt"]
+    with staged_folder(tmp_path / "a" / "b") as tmp:  # missing parents are made
+        (tmp / "x").write_text("x")
+    assert (tmp_path / "a" / "b" / "x").read_text() == "x"

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from hugerec.index.vector_index import HnswIndex, IndexConfig, build_index, load_index
-from hugerec.serving.bundle import MANIFEST, bundle_kind, sha256_file
+from hugerec.serving.bundle import MANIFEST, bundle_kind, sha256_file, staged_folder
 from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.features import FeatureStore
 from hugerec.serving.next_items import load_next_items
@@ -104,9 +102,7 @@ def export_pipeline(
     final = Path(out)
     if final.exists() and not is_pipeline_bundle(final):
         raise ValueError(f"export_pipeline: {final} exists and is not a pipeline bundle; give a new folder")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    try:
+    with staged_folder(final) as tmp:
         parts = ["features"]
         features.save(tmp / "features")
         (interactions or InteractionStore()).save(tmp / "interactions.npz")
@@ -136,12 +132,6 @@ def export_pipeline(
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         load_pipeline(tmp, PipelineOptions(ranker=ServeOptions(state_dir=str(tmp / ".check-state")))).close()  # it loads, or nothing is written
         shutil.rmtree(tmp / ".check-state", ignore_errors=True)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 

@@ -13,6 +13,8 @@ The config is a pipeline declaration (hugerec.serving.pipeline.config: [pipeline
     user_features = "users.parquet"                          # optional: column "user" + numeric columns
     item_features = "items.csv"                              # optional: column "item" + numeric columns
     index = "hnsw"                                           # or "exact"
+    index_options = { expansion_search = 1000, dtype = "f16" }  # optional: HNSW's connectivity,
+                                                             # expansion_add, expansion_search, dtype
     out = "runs/movielens_pipeline"
 
 Ids are the raw ids of the interaction log. The feature tables always hold "events" (training events
@@ -43,7 +45,8 @@ the bundle: POST /recommend {"user": 1, "k": 10} and the KServe v2 model of the 
 example: hugerec pipeline build configs/movielens_pipeline.toml
 example: hugerec pipeline query runs/movielens_pipeline --user 1 --k 10 --debug"""
 
-INPUT_KEYS = ("retrieval_model", "ranker_bundle", "sequential_bundle", "user_features", "item_features", "index", "out")
+INPUT_KEYS = ("retrieval_model", "ranker_bundle", "sequential_bundle", "user_features", "item_features", "index", "index_options", "out")
+INDEX_OPTIONS = ("connectivity", "expansion_add", "expansion_search", "dtype", "max_norm")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -74,6 +77,7 @@ class Inputs:
     item_features: Path | None
     index: str
     out: Path
+    index_options: tuple[tuple[str, Any], ...] = ()  # IndexConfig's HNSW settings, checked when read
 
 
 def _config_path(text: str) -> Path:
@@ -119,11 +123,33 @@ def read_config(path_text: str, out: str | None) -> tuple[Any, Inputs]:
     index = raw.get("index", "hnsw")
     if index not in ("hnsw", "exact"):
         raise ConfigError(f"{path} [inputs] index: must be 'hnsw' or 'exact', got {index!r}")
+    options = raw.get("index_options", {})
+    if not isinstance(options, dict):
+        raise ConfigError(f"{path} [inputs] index_options: must be a table such as {{ expansion_search = 1000 }}, got {options!r}")
+    for key in options:
+        if key not in INDEX_OPTIONS:
+            raise ConfigError(f"{path} [inputs] index_options: unknown key {key!r}; known keys are {list(INDEX_OPTIONS)}")
+    _index_config(index, options, f"{path} [inputs] index_options")  # its checks, now
     if out is None and "out" not in raw:
         raise ConfigError(f"{path} [inputs] out: missing (or give --out)")
     opt = {k: (None if raw.get(k) is None else _input(path, k, raw[k])) for k in INPUT_KEYS[:5]}
     target = Path(out) if out is not None else Path(str(raw["out"]))
-    return declaration, Inputs(opt["retrieval_model"], opt["ranker_bundle"], opt["sequential_bundle"], opt["user_features"], opt["item_features"], index, target)
+    return declaration, Inputs(opt["retrieval_model"], opt["ranker_bundle"], opt["sequential_bundle"], opt["user_features"],
+                               opt["item_features"], index, target, tuple(sorted(options.items())))
+
+
+def _index_config(index: str, options: dict[str, Any], where: str) -> Any:
+    """The IndexConfig of [inputs] index and index_options; a bad value is a ConfigError naming it."""
+    from hugerec.index.vector_index import IndexConfig, IndexKind
+
+    for key, value in options.items():
+        wanted = str if key == "dtype" else (int, float) if key == "max_norm" else int
+        if isinstance(value, bool) or not isinstance(value, wanted):
+            raise ConfigError(f"{where} {key}: got {value!r}, expected {'a string' if wanted is str else 'a number'}")
+    try:
+        return IndexConfig(IndexKind.HNSW if index == "hnsw" else IndexKind.EXACT, **options)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _table(path: Path, id_column: str, where: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -179,7 +205,6 @@ def build(config: str, out: str | None) -> tuple[Path, Any]:
 
     from hugerec.cli.run_config import RunConfig
     from hugerec.cli.task_commands import load_task_model
-    from hugerec.index.vector_index import IndexConfig, IndexKind
     from hugerec.serving.features import FeatureStore
     from hugerec.serving.pipeline.bundle import export_pipeline
     from hugerec.serving.pipeline.encoder import UserEncoder
@@ -210,10 +235,10 @@ def build(config: str, out: str | None) -> tuple[Path, Any]:
     except ValueError as e:
         raise ConfigError(f"{where}: {e}") from None
     popular = items_raw[np.lexsort((items_raw, -counts))]
-    kind = IndexKind.HNSW if inputs.index == "hnsw" else IndexKind.EXACT
+    index_config = _index_config(inputs.index, dict(inputs.index_options), f"{config} [inputs] index_options")
     try:
         path = export_pipeline(inputs.out, declaration, store, InteractionStore.from_pairs(events_users, events_items), popular, encoder,
-                               IndexConfig(kind), inputs.ranker_bundle, inputs.sequential_bundle)
+                               index_config, inputs.ranker_bundle, inputs.sequential_bundle)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(f"{config}: {' '.join(str(e).split())}") from None
     return path, declaration
@@ -261,7 +286,8 @@ def run(args: argparse.Namespace) -> int:
                 from hugerec.serving.pipeline.config import declaration_to_dict
 
                 declaration, inputs = read_config(args.config, args.out)
-                shown = {k: (None if v is None else str(v)) for k, v in vars(inputs).items()}
+                shown: dict[str, Any] = {k: (None if v is None else str(v)) for k, v in vars(inputs).items()}
+                shown["index_options"] = dict(inputs.index_options)
                 print(json.dumps({**declaration_to_dict(declaration), "inputs": shown}, indent=1))
                 return 0
             path, declaration = build(args.config, args.out)

@@ -106,3 +106,28 @@ def test_build_query_and_bad_input(workdir: Path, capsys: pytest.CaptureFixture[
     (workdir / "bad.toml").write_text(PIPELINE.replace('"item.count"', '"item.colour"'))
     assert main(["pipeline", "build", "bad.toml"]) == 2
     assert "no column 'colour'" in capsys.readouterr().err
+
+
+def test_index_options_reach_the_hnsw_index_and_bad_ones_are_named(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "two_tower.toml"]) == 0
+    hnsw = PIPELINE.replace('index = "exact"', 'index = "hnsw"\nindex_options = { connectivity = 8, expansion_search = 64, dtype = "f16" }')
+    (workdir / "hnsw.toml").write_text(hnsw)
+    capsys.readouterr()
+    assert main(["pipeline", "build", "hnsw.toml", "--print-config"]) == 0
+    shown = json.loads(capsys.readouterr().out)["inputs"]
+    assert shown["index_options"] == {"connectivity": 8, "dtype": "f16", "expansion_search": 64}
+    assert main(["pipeline", "build", "hnsw.toml"]) == 0, capsys.readouterr().err
+    saved = json.loads((workdir / "pipe" / "retrieval" / "index" / "index.json").read_text())
+    assert {k: saved["config"][k] for k in ("kind", "connectivity", "expansion_search", "dtype")} == {
+        "kind": "hnsw", "connectivity": 8, "expansion_search": 64, "dtype": "f16"}
+    for options, message in [
+        ("{ efSearch = 64 }", "index_options: unknown key 'efSearch'; known keys are"),
+        ("{ expansion_search = 1 }", "index_options: IndexConfig: expansion_search must be >= 2, got 1"),
+        ('{ dtype = "i8" }', "index_options: IndexConfig: dtype must be one of"),
+        ('{ connectivity = "many" }', "index_options connectivity: got 'many', expected a number"),
+        ("64", "index_options: must be a table"),
+    ]:
+        (workdir / "bad.toml").write_text(hnsw.replace('{ connectivity = 8, expansion_search = 64, dtype = "f16" }', options))
+        assert main(["pipeline", "build", "bad.toml"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "bad.toml [inputs] " in err and message in err and "\n" not in err, err

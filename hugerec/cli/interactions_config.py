@@ -166,19 +166,21 @@ class SequencesSection:
 @dataclass(frozen=True)
 class IndexSection:
     """kind: "exact" (blocked matmul + top-k) or "hnsw" (usearch graph on the MIPS transform);
-    out: the index folder (none: <train.out_dir>/index); connectivity, expansion_add, expansion_search: HNSW's."""
+    out: the index folder (none: <train.out_dir>/index); connectivity, expansion_add, expansion_search: HNSW's;
+    dtype: how HNSW stores the vectors, "f32" or "f16" (half the memory, a faster search)."""
 
     kind: IndexKind = IndexKind.EXACT
     out: str | None = None
     connectivity: int = 32
     expansion_add: int = 128
     expansion_search: int = 512
+    dtype: str = "f32"
 
     def __post_init__(self) -> None:
         self.index_config()  # its own checks, now
 
     def index_config(self) -> IndexConfig:
-        return IndexConfig(self.kind, self.connectivity, self.expansion_add, self.expansion_search)
+        return IndexConfig(self.kind, self.connectivity, self.expansion_add, self.expansion_search, dtype=self.dtype)
 
 
 @dataclass(frozen=True)

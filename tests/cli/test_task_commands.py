@@ -143,7 +143,7 @@ def test_two_tower_train_evaluate_index_recommend(retrieval_dir: Path, capsys: p
     assert recs.filter(pl.col("user") == 777)["item"][0] in set(counts.filter(pl.col("count") == counts["count"][0])["item"])
 
     for kind in ("exact", "hnsw"):
-        assert main(["index", "two_tower.toml", f"index.kind={kind}"]) == 0
+        assert main(["index", "two_tower.toml", f"index.kind={kind}", "index.dtype=f16"]) == 0
         assert f"{kind} index of 30 items x 16" in capsys.readouterr().out
         assert (retrieval_dir / "run" / "index" / "index.json").is_file()
         assert main(["recommend", "two_tower.toml", "--users", "1,2", "--k", "5", "recommend.use_index=true", "--out", f"{kind}.parquet"]) == 0
@@ -212,6 +212,7 @@ def test_bad_log_names_file_line_and_column(retrieval_dir: Path, capsys: pytest.
         ("model.negatives=some", "model.negatives: 'some' is not one of"),
         ("model.dimm=3", "unknown key 'model.dimm'; did you mean 'model.dim'?"),
         ("index.kind=ivf", "index.kind: 'ivf' is not one of ['exact', 'hnsw']"),
+        ("index.dtype=i8", "dtype must be one of ['f32', 'f16'], got 'i8'"),
         ("recommend.k=0", "k must be >= 1"),
     ],
 )

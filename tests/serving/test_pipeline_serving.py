@@ -238,6 +238,23 @@ def test_online_updates_of_interactions_and_features(server: tuple[str, Inferenc
     assert bad.status_code == 400 and "'items'" in bad.json()["error"]
 
 
+def _read_response(sock: socket.socket) -> bytes:
+    """One whole HTTP response from `sock`: the head and then content-length bytes of body, which may
+    arrive in separate segments (one recv can return the head alone)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed inside the response head: {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed inside the response body: {data!r}"
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def test_recommend_on_raw_asgi_answers_like_the_rest_of_the_server(server: tuple[str, InferenceServer, Path]) -> None:
     """POST /recommend skips the framework (server.py): its answers and errors keep the server's contract."""
     url = server[0]
@@ -253,7 +270,7 @@ def test_recommend_on_raw_asgi_answers_like_the_rest_of_the_server(server: tuple
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(b"POST /recommend HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n{" % (100 << 20))
-        answer = sock.recv(65536)
+        answer = _read_response(sock)
     assert answer.startswith(b"HTTP/1.1 413") and b"exceeds the limit" in answer
     count = 'hugerec_requests_total{code="200",endpoint="recommend",model="recs",version="1"}'
     assert count in httpx.get(f"{url}/metrics").text

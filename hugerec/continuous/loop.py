@@ -248,9 +248,11 @@ class Loop:
             changed = None if base is None or retrain else self._schema_change(base, schema)
             if changed is not None:
                 retrain = 1
-            model = self._train(k, rows, retrain, schema)
+            model, skipped = self._train(k, rows, retrain, schema)
             atomic_save(model.state_dict(), self.checkpoint(version))
-            how = f"from scratch on {retrain} window(s)" if retrain else "warm start"
+            how = f"from scratch on {retrain - len(skipped)} window(s)" if retrain else "warm start"
+            if skipped:
+                how += f" (windows {skipped} lack columns of window {k}: left out)"
             self.log.append(
                 Record(
                     k,
@@ -287,19 +289,30 @@ class Loop:
         mask = holdout_mask(rows.num_rows, self.config.holdout_share, self.config.seed)
         return rows.filter(pa.array(~mask))
 
-    def _train(self, k: int, rows: pa.Table, from_scratch: int, schema: Schema) -> DLRM:
-        """Warm start (from_scratch 0) or a fresh model on the last `from_scratch` windows up to k."""
+    def _train(self, k: int, rows: pa.Table, from_scratch: int, schema: Schema) -> tuple[DLRM, list[int]]:
+        """Warm start (from_scratch 0) or a fresh model on the last `from_scratch` windows up to k; returns the
+        model and the earlier windows left out because they lack a column of window k (a schema change
+        inside the retraining span: their rows cannot feed the new schema's features)."""
         cfg = self.config
         base = None if from_scratch else self.base_version()
+        skipped: list[int] = []
         if from_scratch:
             first = max(0, k - from_scratch + 1)
-            rows = pa.concat_tables([self.source(j) for j in range(first, k)] + [rows]) if first < k else rows
+            columns = rows.column_names
+            older = []
+            for j in range(first, k):
+                window = self.source(j)
+                if set(columns) <= set(window.column_names):
+                    older.append(window.select(columns))
+                else:
+                    skipped.append(j)
+            rows = pa.concat_tables([*older, rows], promote_options="permissive")
             rows = rows.sort_by(cfg.windows.time_column)
         model = self.load(base) if base is not None else cfg.model.build(schema, cfg.seed)
         model.train()
         data = table_batches(self._train_rows(rows), schema, cfg.batch_size, shuffle=True, seed=cfg.seed + k)
         fit(model, data, config=self._train_config)
-        return model.eval()
+        return model.eval(), skipped
 
     def holdout(self, k: int) -> pa.Table:
         """Window k's holdout rows."""

@@ -264,3 +264,25 @@ def test_loop_publishes_deltas_and_a_whole_bundle_on_a_schema_change(
         assert _versions(publisher) == (["w0", "w1", "w2"], "w1", "w2")
         assert not (tmp_path / "bundles" / "w1").exists()
     srv.close()
+
+
+def test_a_retrain_across_a_schema_change_leaves_out_the_windows_without_the_new_column(
+    tmp_path: Path, small_day_module: Day, loop_config: Callable[..., LoopConfig]
+) -> None:
+    """Windows 1 and 2 add column c9; a from-scratch retrain of window 2 over 3 windows cannot feed c9 from
+    window 0, so it trains on windows 1 and 2 and says which window it left out (it used to fail joining them)."""
+
+    def day(k: int) -> pa.Table:
+        t = small_day_module(k).slice(0, 2000)
+        return t.append_column("c9", pa.array(np.arange(t.num_rows) % 11)) if k >= 1 else t
+
+    config = dataclasses.replace(loop_config(tmp_path, gate=LENIENT, epochs=1), schema=SMALL.schema, model=SPEC)
+    loop = Loop(config, day)  # offline: no server
+    for k in range(2):
+        loop.step(k)
+    loop.log.append(Record(2, "retrain", "drift (the test's)", extra={"windows": 3}))
+    loop.step(2)
+    trained = [r for r in loop.log.records if r.action == "trained"]
+    assert [r.window for r in trained] == [0, 1, 2]
+    assert trained[2].reason == "from scratch on 2 window(s) (windows [0] lack columns of window 2: left out)"
+    assert trained[2].extra["base"] is None and loop.schema_of("w2").sparse_names[-1] == "c9"

@@ -283,27 +283,16 @@ def gbm_http(library: str, path: Path, bundle: Path, tmp: Path, seconds: float) 
                     got, _ = asyncio.run(drive(urls[method], bodies[method], clients, seconds / ROUNDS))
                     latencies[method] += got
             for method in encoders:
-                lat = np.array(latencies[method]) * 1000
-                throughput = lat.shape[0] * batch / seconds
-                p50, p99 = float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
                 extra = {"clients": clients, "seconds": seconds, "trees": GBM_TREES}
                 config = f"gbm http b={batch}"
-                records.append(_record(f"throughput {config}", method, throughput, "examples/s", True, **extra))
-                records.append(_record(f"p50 {config}", method, p50, "ms", False, **extra))
-                records.append(_record(f"p99 {config}", method, p99, "ms", False, **extra))
+                throughput, p50, p99 = _http_records(records, config, method, latencies[method], batch, seconds, extra)
                 print(
                     f"{config:16s} {method:18s} clients {clients:3d} {throughput:10.0f} examples/s  "
                     f"p50 {p50:7.2f} ms  p99 {p99:7.2f} ms",
                     flush=True,
                 )
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs)
     return records
 
 
@@ -515,6 +504,31 @@ def _start_redis() -> tuple[subprocess.Popen[bytes], str] | None:
     return None
 
 
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every server process, then reap each (killed if it takes over 15 s)."""
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _http_records(
+    records: list[dict[str, Any]], config: str, method: str, latencies: list[float], batch: int, seconds: float, extra: dict[str, Any]
+) -> tuple[float, float, float]:
+    """Append the throughput, p50 and p99 records of one HTTP run (latencies in seconds over `seconds` of
+    measured windows); returns them (examples/s, ms, ms) for the printed line."""
+    lat = np.array(latencies) * 1000
+    throughput = lat.shape[0] * batch / seconds
+    p50, p99 = float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
+    records.append(_record(f"throughput {config}", method, throughput, "examples/s", True, **extra))
+    records.append(_record(f"p50 {config}", method, p50, "ms", False, **extra))
+    records.append(_record(f"p99 {config}", method, p99, "ms", False, **extra))
+    return throughput, p50, p99
+
+
 def _record(config: str, method: str, value: float, unit: str, higher: bool, **extra: Any) -> dict[str, Any]:
     return {
         "config": config,
@@ -622,9 +636,6 @@ def main() -> None:
             for method in encoders:
                 if not latencies[method]:
                     raise RuntimeError(f"{method} b={batch}: no request finished inside the measured windows")
-                lat = np.array(latencies[method]) * 1000
-                throughput = lat.shape[0] * batch / seconds
-                p50, p99 = float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
                 per_request = 1000 * cpu[method] / sent[method]  # server CPU: what shared cores inflate least
                 extra = {
                     "clients": clients,
@@ -633,22 +644,14 @@ def main() -> None:
                     "server_cpu_ms_per_request": per_request,
                 }
                 config = f"b={batch}{suffix}"
-                records.append(_record(f"throughput {config}", method, throughput, "examples/s", True, **extra))
-                records.append(_record(f"p50 {config}", method, p50, "ms", False, **extra))
-                records.append(_record(f"p99 {config}", method, p99, "ms", False, **extra))
+                throughput, p50, p99 = _http_records(records, config, method, latencies[method], batch, seconds, extra)
                 print(
                     f"{config:18s} {method:13s} clients {clients:3d} {throughput:10.0f} examples/s  p50 {p50:7.2f} ms  "
                     f"p99 {p99:7.2f} ms  server CPU {per_request:6.3f} ms/request",
                     flush=True,
                 )
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs)
         shutil.rmtree(tmp, ignore_errors=True)
     records += tier_throughput(10_000 if args.quick else 200_000, args.quick)
     records += run_gbm(args.quick)

@@ -180,7 +180,9 @@ def spawn(
     for _ in procs:
         rank, ok, value = _get(results, procs, timeout_s)
         if ok:
-            # the bytes come over the in-memory queue from the child this call started, never from a file
+            # the bytes come over the in-memory queue from the child this call started, never from a file;
+            # the queue itself unpickles every message it carries (multiprocessing's own IPC), so a
+            # weights_only load here would add no safety, and it refuses results such as NumPy arrays
             got[rank] = pickle.loads(value)
         elif failure is None:
             failure = f"spawn: rank {rank} failed:\n{value}"

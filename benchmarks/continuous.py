@@ -2,7 +2,7 @@
 monitor time.
 
     python benchmarks/continuous.py [--quick] [--json PATH] [--rows-per-day N] [--monitor-rows N]
-        [--epochs N] [--hourly] [--hourly-only] [--week-load-rows N] [--week-load-only]
+        [--epochs N] [--intraday MINUTES ...] [--intraday-only] [--week-load-rows N] [--week-load-only]
 
 Stream: hugerec.data.synthetic_stream, 7 days (0..6), 6 sparse features (vocabulary 2,000, 2% of the
 ids of every popularity rank replaced by new ids each day) + 4 dense, concept drift on day 4 (half
@@ -26,9 +26,11 @@ figure shows how it recovers.
                    the next day trains from scratch on that day alone (the loop's retrain decision)
     frozen         the day-0 model, never retrained
     retrain-daily  a fresh model trained on day d-1 only (same epochs)
-    hugerec-loop-hourly (`--hourly`, day 4 only) the same loop on hourly windows of days 3 and 4 (from
-                   scratch at day 3, hour 0): each of day 4's holdout rows scored by the model serving
-                   during its hour; hour 0 of day 4 is the first sight of the new concept
+    hugerec-loop-<m>min (`--intraday m`, day 4 only) the same loop on windows of m minutes over days 3
+                   and 4 (from scratch at day 3, 00:00): each of day 4's holdout rows scored by the model
+                   serving during its window; day 4's first window is the first sight of the new concept
+    retrain-since-drift-<m>min (with it) the most a loop at that window length could do with this
+                   model: before each of day 4's windows, a fresh model on every earlier row of day 4
 `drift detection` (hugerec-loop): when day d arrives, the monitor on day d's rows against day d-1's
 (the reference the serving model was trained on) plus the KPIs on day d's labels of the model serving
 at that moment (published at step d-2) against its gate AUC (decisions.retrain_reason, defaults). Value: share of the injected days (4, 6) that
@@ -232,49 +234,56 @@ def _publish_seconds(loop: Loop, stable: str, candidate: str, work: Path, cfg: S
     return seconds
 
 
-def hourly_drift_day(rows_per_day: int, epochs: int) -> list[dict[str, Any]]:
-    """The loop on hourly windows over days 3 and 4 (the same stream): how much of the concept-drift day a
-    loop that runs every hour gets back. Day 4's holdout rows (those of `day 4 lift`) are each scored by the
-    model serving during their hour (published at the step of the hour before, gated on their hour's own
-    holdout); the loop starts from scratch at day 3, hour 0."""
+def intraday_drift_day(rows_per_day: int, epochs: int, minutes: int) -> list[dict[str, Any]]:
+    """The loop on windows of `minutes` over days 3 and 4 (the same stream): how much of the concept-drift
+    day a loop that runs within the day gets back. Day 4's holdout rows (those of `day 4 lift`) are each
+    scored by the model serving during their window (published at the step of the window before, gated on
+    their window's own holdout); the loop starts from scratch at day 3, 00:00. Also `retrain-since-drift`,
+    what a loop could do at best with this model at this window length: before each of day 4's windows a
+    fresh model trained (2 epochs, lr 1e-2, the best of a small grid on a 160,000-row learning curve) on
+    every row of day 4 before that window."""
     cfg = StreamConfig(days=7, rows_per_day=rows_per_day, concept_drift_day=4, feature_shift_day=6)
     stream = Stream(cfg)
-    hourly = Windows(unit=WindowUnit.HOUR)
+    windows = Windows(unit=WindowUnit.MINUTE, size=minutes)
+    per_day = 1440 // minutes
     days = {d: stream.day(d) for d in (3, 4, 5)}
-    hours = {d * 24 + h: hourly.select(days[d].table, d * 24 + h) for d in (3, 4) for h in range(24)}
-    hours[120] = hourly.select(days[5].table, 120)  # day 5, hour 0: the last step's gate
+    parts = {d * per_day + w: windows.select(days[d].table, d * per_day + w) for d in (3, 4) for w in range(per_day)}
+    parts[5 * per_day] = windows.select(days[5].table, 5 * per_day)  # day 5's first window: the last step's gate
     lc = LoopConfig(
-        tempfile.mkdtemp(prefix="hugerec-hourly-"), cfg.schema, hourly, SPEC, batch_size=512, lr=3e-3, epochs=epochs
+        tempfile.mkdtemp(prefix="hugerec-intraday-"), cfg.schema, windows, SPEC, batch_size=512, lr=3e-3, epochs=epochs
     )
-    loop = Loop(lc, hours.__getitem__)
+    loop = Loop(lc, parts.__getitem__)
     serving_during: dict[int, str | None] = {}
     t0 = time.perf_counter()
-    for k in range(72, 120):
+    for k in range(3 * per_day, 5 * per_day):
         loop.step(k)
         serving_during[k + 1] = loop.serving_version()
     seconds = time.perf_counter() - t0
     day4 = days[4]
     held = holdout_mask(day4.table.num_rows, lc.holdout_share, lc.seed)  # day 4's daily holdout
     rows = day4.table.filter(pa.array(held))
-    hour = hourly.index(rows[lc.windows.time_column].to_numpy())
-    p = np.full(rows.num_rows, 0.5, np.float32)  # an hour without a published model: one score for all
-    for h in range(96, 120):  # hour 96's rows are answered by the model of step 95 (day 3, hour 23)
-        version = serving_during[h]
+    window = windows.index(rows[lc.windows.time_column].to_numpy())
+    y, oracle = rows["label"].to_numpy(), day4.probability[held]
+    hour = (window - 4 * per_day) * minutes // 60
+
+    def day_lift(p: np.ndarray) -> tuple[float, dict[str, float]]:
+        per_hour = {str(h): round(_lift(p[hour == h], y[hour == h], oracle[hour == h]), 4) for h in range(24)}
+        return _lift(p, y, oracle), per_hour
+
+    p = np.full(rows.num_rows, 0.5, np.float32)  # a window without a published model: one score for all
+    for k in range(4 * per_day, 5 * per_day):  # day 4's first window is answered by day 3's last step's model
+        version = serving_during[k]
         if version is not None:
-            sel = hour == h
+            sel = window == k
             p[sel] = _scores(loop.load(version), rows.filter(pa.array(sel)), cfg)
-    y = rows["label"].to_numpy()
     retrains = [f"{r.window}: {r.reason}" for r in loop.log.records if r.action == "retrain"]
-    lift = _lift(p, y, day4.probability[held])
-    per_hour = {
-        str(h - 96): round(_lift(p[hour == h], y[hour == h], day4.probability[held][hour == h]), 4)
-        for h in range(96, 120)
-    }
-    print(f"day 4 lift hugerec-loop-hourly: {lift:.4f}; per hour {per_hour}; retrains {retrains}", flush=True)
-    return [
+    lift, per_hour = day_lift(p)
+    method = f"hugerec-loop-{minutes}min"
+    print(f"day 4 lift {method}: {lift:.4f}; per hour {per_hour}; retrains {retrains}", flush=True)
+    out = [
         _record(
             "day 4 lift",
-            "hugerec-loop-hourly",
+            method,
             lift,
             "share of oracle lift",
             True,
@@ -282,9 +291,35 @@ def hourly_drift_day(rows_per_day: int, epochs: int) -> list[dict[str, Any]]:
             rows=int(y.size),
             per_hour=per_hour,
             retrains=retrains,
-            seconds_48_steps=seconds,
+            steps=2 * per_day,
+            seconds_all_steps=seconds,
         )
     ]
+    # the reference: day 4's first window is answered by a model trained on day 3 (no row of day 4 seen yet)
+    train_cfg = TrainConfig(epochs=2, lr=1e-2, progress=False, tensorboard=False, plot=False, device="cpu", pipeline=False, seed=0)
+    q = np.empty_like(p)
+    t0 = time.perf_counter()
+    for k in range(4 * per_day, 5 * per_day):
+        seen = days[3].table if k == 4 * per_day else pa.concat_tables([parts[j] for j in range(4 * per_day, k)])
+        model = SPEC.build(cfg.schema, 0)
+        fit(model.train(), table_batches(loop._train_rows(seen), cfg.schema, 512, shuffle=True, seed=k), config=train_cfg)
+        sel = window == k
+        q[sel] = _scores(model.eval(), rows.filter(pa.array(sel)), cfg)
+    ceiling, ceiling_hours = day_lift(q)
+    print(f"day 4 lift retrain-since-drift ({minutes} min): {ceiling:.4f}; per hour {ceiling_hours}", flush=True)
+    out.append(
+        _record(
+            "day 4 lift",
+            f"retrain-since-drift-{minutes}min",
+            ceiling,
+            "share of oracle lift",
+            True,
+            auc=auc(q, y),
+            per_hour=ceiling_hours,
+            seconds=time.perf_counter() - t0,
+        )
+    )
+    return out
 
 
 def _inverted(table: pa.Table, config: LoopConfig) -> pa.Table:
@@ -404,23 +439,30 @@ def main() -> None:
     ap.add_argument("--week-load-rows", type=int, default=6000, help="rows a day of the week under load (0: skip it)")
     ap.add_argument("--week-load-only", action="store_true", help="run only the week under load")
     ap.add_argument(
-        "--hourly",
-        action="store_true",
-        help="also the loop on hourly windows over days 3 and 4 (meaningful at the full size: at --quick's 1,250 "
-        "rows an hour the gate publishes no hourly model)",
+        "--intraday",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="MINUTES",
+        help="also the loop on windows of MINUTES (e.g. 60 15) over days 3 and 4, and the retrain-since-drift "
+        "reference (meaningful at the full size: at --quick's 30,000 rows a day an hour has 1,250 rows)",
     )
-    ap.add_argument("--hourly-only", action="store_true", help="run only the hourly loop over days 3 and 4")
+    ap.add_argument("--intraday-only", action="store_true", help="run only the --intraday loops")
     args = ap.parse_args()
     rows = args.rows_per_day or (30_000 if args.quick else 1_000_000)
     mrows = args.monitor_rows or (200_000 if args.quick else 1_000_000)
-    only = args.week_load_only or args.hourly_only
+    if any(m < 1 or 1440 % m for m in args.intraday):
+        ap.error(f"--intraday: each window length must divide a day of 1440 minutes, got {args.intraday}")
+    if args.intraday_only and not args.intraday:
+        ap.error("--intraday-only needs --intraday MINUTES")
+    only = args.week_load_only or args.intraday_only
     records = [] if only else run(rows, mrows, args.epochs)
-    if args.hourly or args.hourly_only:
-        records += hourly_drift_day(rows, args.epochs)
-    if args.week_load_rows > 0 and not args.hourly_only:
+    for minutes in args.intraday:
+        records += intraday_drift_day(rows, args.epochs, minutes)
+    if args.week_load_rows > 0 and not args.intraday_only:
         records += week_load(args.week_load_rows)
     sizes = "" if args.week_load_only else f"rows per day {rows:,}, epochs {args.epochs}, monitor rows {mrows:,}; "
-    week = "" if args.hourly_only else f"week load rows per day {args.week_load_rows:,}; "
+    week = "" if args.intraday_only else f"week load rows per day {args.week_load_rows:,}; "
     print(f"\n{sizes}{week}load {os.getloadavg()[0]:.1f}")
     print(f"{'config':<20} {'method':<16} {'value':>10}  unit")
     for r in records:

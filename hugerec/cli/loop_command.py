@@ -5,7 +5,7 @@
                  deltas (publish version deltas when the stable version allows; false: whole bundles)
     [data]       paths (Parquet with the time column) + label, dense, sparse column names;
                  or, instead of paths, [data.stream]: a synthetic drifting stream (StreamConfig)
-    [windows]    time_column, unit ("day" | "hour"), size
+    [windows]    time_column, unit ("day" | "hour" | "minute"), size
     [model] [gate] [decisions] [monitor]   ModelSpec, GateConfig, DecisionConfig, MonitorConfig
     [server]     mode: "offline" (no server: a published candidate serves at once), "embedded" (a
                  server in this process on 127.0.0.1, with simulated traffic: `replay_rows` rows of

@@ -76,9 +76,11 @@ def test_windows_select_read_and_hours(tmp_path: Path) -> None:
     assert w.read(tmp_path, 7).num_rows == 0
     hours = Windows("ts", "hour", size=6)
     assert sum(hours.select(table, k).num_rows for k in range(12)) == table.num_rows
+    quarters = Windows("ts", "minute", size=15)  # 96 windows a day
+    assert quarters.seconds == 900 and quarters.select(table, 96 + 5).equals(Windows("ts", "minute", 5).select(table, 3 * 96 + 15, 3))
     with pytest.raises(ValueError, match="no time column 'when'"):
         Windows("when").select(table, 0)
-    with pytest.raises(ValueError, match="unit must be 'day' or 'hour', got 'week'"):
+    with pytest.raises(ValueError, match="unit must be 'day', 'hour' or 'minute', got 'week'"):
         Windows("ts", "week")  # type: ignore[arg-type]
 
 

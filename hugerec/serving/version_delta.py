@@ -25,8 +25,9 @@ against and is refused on a base with any other content, so rows are never appli
 Every file is checked against its sha256 before anything is built; a failure leaves no version and
 removes the new state directory. A state directory lives exactly as long as its version: it is locked
 (owned_dirs) while the version is loaded and removed when the version is unloaded (DerivedModel.close);
-one left behind by a server that died is removed at the next derive_version from the same delta, never one
-another live server (or another loaded version) still holds. The delta's own files are never touched.
+one left behind by a server that died is removed at the next derive_version from the same delta or from a
+version delta beside it, never one another live server (or another loaded version) still holds. The
+delta's own files are never touched.
 """
 
 from __future__ import annotations
@@ -250,7 +251,10 @@ def derive_version(
                 f"version delta {delta.path}: table {u.table!r} (width {u.rows.shape[1]}) is not a table of "
                 f"{m.name!r} (tables {dims})"
             )
-    remove_stale(delta.path, STATE_PREFIX)  # left by a server that died while serving a version of this delta
+    # left by servers that died while serving a version of this delta or of another one beside it (a loop's
+    # updates/w<k>: a restarted server may never load w<k> again); only version-delta folders are swept
+    for folder in (delta.path, *sorted(p for p in delta.path.parent.iterdir() if p != delta.path and is_version_delta(p))):
+        remove_stale(folder, STATE_PREFIX)
     state = OwnedDir(delta.path, f"{STATE_PREFIX}{version}.")
     state_dir = state.path
     ps: ParameterServer | None = None

@@ -91,9 +91,13 @@ def test_state_folders_live_with_their_version_and_dead_ones_are_removed(
     (dead / "rocksdb").mkdir(parents=True)
     (delta / ("state-w1.dead" + LOCK)).write_text('{"pid": 1}')
     (delta / "state-w1.old").mkdir()
+    sibling = write_model_delta(models[1], models[2], tmp_path / "w7", "w0", base_id)  # a delta never loaded again
+    (sibling / "state-w7.dead").mkdir()
+    (tmp_path / "other" / "state-x").mkdir(parents=True)  # not a version delta: none of ours
     publisher.publish_delta(delta, "w0", "w1", 0.25)  # this server's load of the delta cleans up
     mine = [s for s in _states(delta) if s != held]
     assert len(mine) == 1 and sorted(_states(delta)) == sorted([held, *mine])
+    assert _states(sibling) == [] and (tmp_path / "other" / "state-x").is_dir()
     # a failure while building leaves no folder
     real = ParameterServer.apply
 

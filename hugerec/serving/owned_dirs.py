@@ -79,8 +79,8 @@ def remove_stale(parent: str | Path, prefix: str) -> list[Path]:
     for lock in sorted(root.glob(f"{prefix}*{LOCK}")):
         try:
             fd = os.open(lock, os.O_RDWR)
-        except FileNotFoundError:
-            continue  # its owner or another cleaner just removed it
+        except OSError:
+            continue  # its owner or another cleaner just removed it, or it is not ours to judge (permissions)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -96,7 +96,8 @@ def remove_stale(parent: str | Path, prefix: str) -> list[Path]:
             if folder.exists():
                 shutil.rmtree(folder, ignore_errors=True)  # what stays has no lock file: the next call retries
                 removed.append(folder)
-            lock.unlink()
+            with contextlib.suppress(OSError):
+                lock.unlink()
         finally:
             os.close(fd)
     for folder in sorted(root.glob(f"{prefix}*")):

@@ -185,6 +185,7 @@ def _observe(k: int, reference: pa.Table | None) -> Observation:
     return Observation({"stable": stable, "canary": canary}, {})
 
 
+@pytest.mark.slow  # six loop windows with a server and a request thread (4-9 s)
 def test_the_loop_keeps_stable_canary_and_keep_versions_loaded_across_a_kill(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

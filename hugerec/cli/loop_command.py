@@ -2,7 +2,8 @@
 
     [loop]       work_dir, first, last (windows first..last-1 are trained; window `last` is the final
                  holdout), batch_size, lr, epochs, holdout_share, canary_share, retrain_windows, seed, name,
-                 deltas (publish version deltas when the stable version allows; false: whole bundles)
+                 deltas (publish version deltas when the stable version allows; false: whole bundles),
+                 keep_versions (previous stables kept loaded on the server for a manual rollback)
     [data]       paths (Parquet with the time column) + label, dense, sparse column names;
                  or, instead of paths, [data.stream]: a synthetic drifting stream (StreamConfig)
     [windows]    time_column, unit ("day" | "hour" | "minute"), size
@@ -56,6 +57,7 @@ class LoopSection:
     retrain_windows: int = 3
     seed: int = 0
     deltas: bool = True  # publish version deltas onto the stable version when the schema and model are unchanged
+    keep_versions: int = 1  # previous stables kept loaded; older ones and rolled-back canaries are unloaded
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,7 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
         lc.retrain_windows,
         lc.seed,
         deltas=lc.deltas,
+        keep_versions=lc.keep_versions,
     )
     if cfg.data.stream is not None:
         stream = Stream(cfg.data.stream)

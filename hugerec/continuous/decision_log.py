@@ -10,6 +10,8 @@ Each record: {"window": k, "action": ..., "reason": ..., "gate": {...} | null, "
     rollback   the canary was dropped (KPIs worse)
     wait       the canary stays: not enough feedback yet
     retrain    the next candidate is trained from scratch on a longer window (drift or a KPI below baseline)
+    unload     a version the retention policy drops was unloaded from the server (or was already gone: the
+               reason says which)
 
 A kill -9 can only tear the last line: reading ignores a last line without its newline, and opening
 for append cuts it off, so the log stays a sequence of whole records.
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ACTIONS = ("trained", "publish", "refuse", "skip", "promote", "rollback", "wait", "retrain")
+ACTIONS = ("trained", "publish", "refuse", "skip", "promote", "rollback", "wait", "retrain", "unload")
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,8 @@ def live_intervals(records: list[Record]) -> dict[str, list[tuple[float, float]]
     The loop writes a record after the server acted, so an action took effect between the previous record's
     time and its own: a published version is live from the previous record's time (0 for the first), and a
     version stops at the time of the record that ends it (its rollback, the promotion of another version
-    while it was stable, another canary published while it was the canary); end = inf while still live.
+    while it was stable, another canary published while it was the canary, its unload); end = inf while still
+    live.
     A publish record whose extra names it as the stable version (the server's first) made it stable;
     otherwise it became the canary. Records without a server (no extra) make the published version stable.
     """
@@ -163,6 +166,9 @@ def live_intervals(records: list[Record]) -> dict[str, list[tuple[float, float]]
             case "rollback" if r.version is not None and r.version == canary:
                 end(canary, r.time)
                 canary = None
+            case "unload" if r.version is not None:  # never the stable or the canary: ends what is still open
+                end(r.version, r.time)
+                stable, canary = (None if v == r.version else v for v in (stable, canary))
             case _:
                 pass
         before = r.time

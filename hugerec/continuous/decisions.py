@@ -7,7 +7,21 @@ Thresholds are data (DecisionConfig):
                 the stable's x (1 - ctr_margin); otherwise it is promoted; fewer requests -> wait.
                 The standard error matters: two equally good versions measured on 400 requests each
                 differ in AUC by up to ~0.1 from noise alone, so comparing point estimates rolls back
-                good canaries about half the time; confidence_z = 0 compares the point estimates
+                good canaries about half the time; confidence_z = 0 compares the point estimates.
+                The defaults (min_feedback 200, kpi_margin 0.005, confidence_z 1.645) are kept on purpose:
+                the canary check is the second line behind the offline gate (which already compares holdout
+                AUCs), there to catch a canary that is broken in serving (skew, a bad feature, a bad delta)
+                soon, on little traffic; it is not a test for small regressions. Its power, by the standard
+                error above, at AUC 0.7 with feedback per side of
+                    200 rows, CTR 0.2 (40 clicks):    rolled back when >= ~0.12 AUC worse
+                    200 rows, CTR 0.05 (10 clicks):   ~0.22 (barely above a random model: raise min_feedback)
+                    1000 rows, CTR 0.2:               ~0.06;   2000 rows, CTR 0.2: ~0.04
+                so below ~40 clicks per side a canary is promoted unless it is close to random, which is
+                why min_feedback should be raised for low-CTR traffic (or to catch smaller losses: the
+                table), at the cost of waiting longer. kpi_margin only matters once the noise is small
+                (thousands of rows): it is the AUC loss tolerated as "as good", the same as the offline
+                gate's auc_margin (GateConfig, 0.005), so both lines judge a loss alike; z = 1.645 keeps
+                false rollbacks of an equally good canary at ~5% per decision
     retrain     any feature drifts (PSI >= psi_alarm) or the predictions do, or the stable version's
                 feedback AUC falls below its gate AUC (its baseline) by more than baseline_margin (the
                 loop then trains from scratch on the last `retrain_windows` windows, or on the latest

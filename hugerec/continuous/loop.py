@@ -20,6 +20,11 @@ window):
                 which the server applies to a copy of the stable version; otherwise (a schema change, the
                 first version, `deltas` off) a whole bundle -> bundles/w<k>. The record says which and why.
                 Without a server the candidate becomes the serving model directly.
+    5. retire   after each canary decision and each publish, versions this loop published that are neither
+                the stable version, nor the canary, nor among the `keep_versions` newest previous stables (kept
+                for a manual rollback) are unloaded from the server, a rolled-back canary right after its
+                rollback record; each unload is a record, written after the server unloaded it, and a version
+                found already gone (a loop killed between the two) is logged as such, not unloaded twice.
 
 A window whose columns differ from the configured schema is trained on the adapted schema
 (window_schema.adapt_schema: missing columns dropped, new integer / float columns added as sparse /
@@ -96,7 +101,10 @@ class ModelSpec:
 @dataclass(frozen=True)
 class LoopConfig:
     """work_dir holds decisions.jsonl, checkpoints/, bundles/ and updates/; `schema` names the columns trained
-    on; `deltas`: publish version deltas when the stable version allows (else always whole bundles)."""
+    on; `deltas`: publish version deltas when the stable version allows (else always whole bundles);
+    `keep_versions`: how many previous stable versions stay loaded on the server for a manual rollback (the
+    server then holds at most the stable, the canary and these; older ones and rolled-back canaries are
+    unloaded)."""
 
     work_dir: str
     schema: Schema
@@ -113,8 +121,11 @@ class LoopConfig:
     retrain_windows: int = 3
     seed: int = 0
     deltas: bool = True
+    keep_versions: int = 1
 
     def __post_init__(self) -> None:
+        if self.keep_versions < 0:
+            raise ValueError(f"LoopConfig: keep_versions must be >= 0, got {self.keep_versions}")
         if not 0 < self.holdout_share < 1:
             raise ValueError(f"LoopConfig: holdout_share must be in (0, 1), got {self.holdout_share}")
         if self.batch_size < 1 or self.epochs < 1 or self.retrain_windows < 1:
@@ -383,6 +394,30 @@ class Loop:
         extra |= {"id": sha256_file(path / MANIFEST), "bytes": _size(path), "stable": after.get("stable")}
         role = "stable" if after.get("stable") == version else f"canary at share {share}"
         self.log.append(Record(k, "publish", f"gate passed; {role}; {how}", result.figures, version, extra=extra))
+        self._retire(k)
+
+    def _retire(self, k: int) -> None:
+        """Unload (and log) what the retention policy drops: versions this loop published that are neither the
+        stable version, nor the canary, nor among the `keep_versions` newest previous stables."""
+        assert self.publisher is not None
+        status = self.publisher.status()
+        if status is None:
+            return
+        stable, canary, n = status["stable"], status["canary"], self.config.keep_versions
+        previous = [v for v in dict.fromkeys(reversed(status["history"])) if v not in (stable, canary)][:n]
+        keep = {stable, canary, *previous}
+        unloaded = {r.version for r in self.log.records if r.action == "unload"}
+        rolled_back = {r.version: r.window for r in self.log.records if r.action == "rollback"}
+        for version in dict.fromkeys(r.version for r in self.log.records if r.action == "publish"):
+            if version is None or version in keep or version in unloaded:
+                continue
+            if version in rolled_back:
+                why = f"canary rolled back in window {rolled_back[version]}"
+            else:
+                why = f"retention: neither stable ({stable}), canary ({canary}) nor among the keep_versions={n} previous stables kept {previous}"
+            done = self.publisher.unload(version)
+            reason = why if done else f"{why}; already not loaded on the server (unloaded before a restart?)"
+            self.log.append(Record(k, "unload", reason, None, version, extra={"stable": stable, "unloaded": done}))
 
     def _content_id(self, version: str) -> str:
         """The id of what the server serves as `version` (publish.py / version_delta.py), from the log."""
@@ -436,6 +471,7 @@ class Loop:
                 case Action.WAIT:
                     pass
             self.log.append(Record(k, action.value, reason, figures, canary, extra={"stable": stable}))
+            self._retire(k)
         why = retrain_reason(obs, None if stable is None else self.baseline_auc(stable), self.config.decisions)
         if why is not None:
             windows = 1 if why.concept else self.config.retrain_windows

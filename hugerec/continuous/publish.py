@@ -1,5 +1,5 @@
 """Publishing to a running server over its admin API: a candidate (a whole bundle, or a version delta on
-top of the stable version) as a canary, promote, roll back.
+top of the stable version) as a canary, promote, roll back, unload an old version.
 
 Every call is retried (`retries` times, doubling `backoff_s`) while the server cannot be reached or
 answers 5xx; then PublishError says which server, what and why. Publishing is all or nothing and
@@ -139,6 +139,23 @@ class Publisher:
             status = self.status()
             if status is not None and version in status["versions"] and version not in (status["stable"], status["canary"]):
                 self._call("POST", f"/v2/repository/models/{self.target.model}/unload", {"version": version})
+
+    def unload(self, version: str) -> bool:
+        """Unload `version`, which must be neither the stable version nor the canary (PublishError); False when
+        the server does not hold it (unloaded before, e.g. by a loop killed before it logged the unload)."""
+        m = self.target.model
+        status = self.status()
+        if status is None or version not in status["versions"]:
+            return False
+        if version in (status["stable"], status["canary"]):
+            raise PublishError(f"server {self.target.url}: {m}:{version} is serving traffic: not unloading it")
+        try:
+            self._call("POST", f"/v2/repository/models/{m}/unload", {"version": version})
+        except _Refused as e:
+            if e.status == 404:
+                return False  # gone between the status and the call
+            raise PublishError(f"server {self.target.url}: unloading {m}:{version} refused: {e}") from None
+        return True
 
     def promote(self, version: str) -> dict[str, Any]:
         """Make the canary `version` stable (nothing to do when it already is)."""

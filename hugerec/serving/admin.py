@@ -5,7 +5,9 @@
                                                what tritonclient's load_model(config=...) sends)
     POST /v2/repository/models/{m}/load_delta  {"delta": path, "base": v0, "version": v}: v = v0 + a version delta
                                                (version_delta.py); v0 is only read
-    POST /v2/repository/models/{m}/unload      {"version": v}
+    POST /v2/repository/models/{m}/unload      {"version": v}: neither the stable version nor the canary (400);
+                                               404 for a version not loaded; answers once v's requests in
+                                               flight are answered (versions.py)
     GET  /admin/models/{m}                     stable, canary, share, history
     POST /admin/models/{m}/canary              {"version": v, "share": 0.1}
     POST /admin/models/{m}/promote             {"version"?: v}   (default: the canary)
@@ -79,10 +81,14 @@ def admin_router(server: InferenceServer) -> APIRouter:
         version = body.get("version")
         if version is None:
             raise RequestError("unload needs {'version': '<v>'}")
-        try:  # stops the version's update watcher and closes its stores: off the event loop
+        try:  # waits for its requests in flight, stops its update watcher, closes its stores: off the event loop
             await asyncio.to_thread(server.unload, name, str(version))
-        except (KeyError, ValueError) as e:
-            raise RequestError(str(e.args[0])) from None
+        except RequestError:
+            raise  # an unknown model: 404
+        except KeyError as e:
+            raise RequestError(f"field 'version': {e.args[0]}", status=404) from None
+        except ValueError as e:
+            raise RequestError(f"field 'version': {e.args[0]}") from None
         return server.model_versions(name).status()
 
     @router.get("/admin/models/{name}")

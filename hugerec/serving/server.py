@@ -160,8 +160,11 @@ class InferenceServer:
             if key == _HEADER_LENGTH_KEY:
                 header_length = value.decode("latin-1")
         t0, code, served_version = time.perf_counter(), 200, version or "-"
+        held: ServedModel | None = None
         try:
-            served = self._target(name, version)
+            served = self._target(name, version, hold=True)
+            if isinstance(served, ServedModel):
+                held = served
             served_version = served.version
             body = await self._asgi_body(scope, receive)
             if body is None:
@@ -173,6 +176,8 @@ class InferenceServer:
             code = _status(e)
             payload, raw = _error_body(e, code), _error_headers(code)
         finally:
+            if held is not None:
+                self.model_versions(name).release(held)
             if code != 499:
                 self._observe(name, served_version, "infer", code, t0)
         await _send(send, code, raw, payload)
@@ -261,7 +266,7 @@ class InferenceServer:
             signature,
             preprocess or RequestPreprocessor(signature),
             dict(info or {}),
-            [*closers, batcher.close],
+            [batcher.close, *closers],  # no model call runs once the stores close
         )
         with self._lock:
             versions = self.models.setdefault(name, ModelVersions(name, self.config.seed))
@@ -383,18 +388,20 @@ class InferenceServer:
         finally:
             self._observe(name, "-", endpoint, code, t0)
 
-    def _target(self, name: str, version: str | None) -> ServedModel | NextItemsModel | ServedPipeline:
-        """The model an infer request names: a next-items model, or a version of a scoring model."""
+    def _target(self, name: str, version: str | None, hold: bool = False) -> ServedModel | NextItemsModel | ServedPipeline:
+        """The model an infer request names: a next-items model, or a version of a scoring model (held for
+        the request when `hold`: ModelVersions.release it after answering)."""
         if name in self.pipelines:
             return self._pipeline(name, version)
         nxt = self.next_item_models.get(name)
         if nxt is None:
-            return self._served(name, version)
+            return self._served(name, version, hold)
         if version is not None and version != nxt.version:
             raise RequestError(f"model {name!r} has no version {version!r}; it serves {nxt.version!r}", status=404)
         return nxt
 
     def unload(self, name: str, version: str) -> None:
+        """Unload a version that is neither stable nor canary, once the requests it is answering are done."""
         served = self.model_versions(name).remove(version)
         self.metrics.parameter_servers.remove(name, version)
         served.close()
@@ -411,9 +418,11 @@ class InferenceServer:
             raise RequestError(f"unknown model {name!r}; serving {sorted(self.models)}", status=404)
         return versions
 
-    def _served(self, name: str, version: str | None) -> ServedModel:
+    def _served(self, name: str, version: str | None, hold: bool = False) -> ServedModel:
         versions = self.model_versions(name)
         try:
+            if hold:
+                return versions.acquire(version)
             return versions.route() if version is None else versions.get(version)
         except KeyError as e:
             raise RequestError(str(e.args[0]), status=404) from None
@@ -457,13 +466,14 @@ class InferenceServer:
 
     async def _predict(self, request: Request) -> Response:
         t0, code, name, served_version = time.perf_counter(), 200, "-", "-"
+        held: ServedModel | None = None
         try:
             body = await self.json_body(request)
             name = body.get("model") or (next(iter(self.models)) if len(self.models) == 1 else "")
             if not isinstance(name, str) or not name:
                 raise RequestError(f"several models are served: name one with 'model' (one of {sorted(self.models)})")
             version = body.get("version")
-            served = self._served(name, None if version is None else str(version))
+            served = held = self._served(name, None if version is None else str(version), hold=True)
             served_version = served.version
             if served.preprocess.workflow is None:
                 inputs = served.preprocess(body.get("instances"))  # type: ignore[arg-type]  # validated inside
@@ -480,6 +490,8 @@ class InferenceServer:
             code = _status(e)
             return _error(e, code)
         finally:
+            if held is not None:
+                self.model_versions(name).release(held)
             self._observe(name, served_version, "predict", code, t0)
 
     def _metadata(self, name: str, version: str | None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ and the dense weights, instead of a whole bundle.
 
 `derive_version` builds the new version beside its base and never writes to the base:
 
-    base's RocksDB  --checkpoint (hard links)-->  delta/state-<version>.<random>/rocksdb
+    base's RocksDB  --checkpoint (hard links)-->  delta/state-<version>.<random>/rocksdb  (owned_dirs.OwnedDir)
     base's tier 2   --copied (when preloading)-->  the new version's tier 2 (both while the base applies
                                                    no update: ParameterServer.updates_paused)
                     + the delta's rows, deletions, default rows (ParameterServer.apply: one WriteBatch)
@@ -23,14 +23,16 @@ A version's content id is its bundle's id (sha256 of manifest.json) or, for a de
 delta's id (sha256 of the delta's manifest.json). A delta names the id of the base it was computed
 against and is refused on a base with any other content, so rows are never applied to the wrong state.
 Every file is checked against its sha256 before anything is built; a failure leaves no version and
-removes the new state directory.
+removes the new state directory. A state directory lives exactly as long as its version: it is locked
+(owned_dirs) while the version is loaded and removed when the version is unloaded (DerivedModel.close);
+one left behind by a server that died is removed at the next derive_version from the same delta or from a
+version delta beside it, never one another live server (or another loaded version) still holds. The
+delta's own files are never touched.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,7 @@ from hugerec.serving.bundle import MANIFEST, Bundle, _inside, sha256_file, stage
 from hugerec.serving.bundle_loader import ServeOptions, _cache
 from hugerec.serving.inference_model import InferenceModel
 from hugerec.serving.memory_store import MemoryStore
+from hugerec.serving.owned_dirs import OwnedDir, remove_stale
 from hugerec.serving.parameter_server import ParameterServer, TableUpdate
 from hugerec.serving.persistent import PersistentStore
 from hugerec.serving.preprocess import RequestPreprocessor
@@ -57,6 +60,7 @@ FORMAT_VERSION = 1
 ROWS = "rows.parquet"
 DELETED = "deleted.parquet"
 DENSE = "dense.pt"
+STATE_PREFIX = "state-"  # the state directories of versions built from a delta, inside the delta
 _DELETED_SCHEMA = pa.schema([("table", pa.string()), ("key", pa.int64())])
 
 
@@ -203,12 +207,18 @@ class DerivedModel:
 
     model: InferenceModel
     preprocess: RequestPreprocessor
-    state_dir: Path
+    state: OwnedDir
     info: dict[str, Any]
 
+    @property
+    def state_dir(self) -> Path:
+        return self.state.path
+
     def close(self) -> None:
-        self.model.ps.close()
-        shutil.rmtree(self.state_dir, ignore_errors=True)
+        try:
+            self.model.ps.close()
+        finally:
+            self.state.close()
 
 
 def derive_version(
@@ -241,7 +251,12 @@ def derive_version(
                 f"version delta {delta.path}: table {u.table!r} (width {u.rows.shape[1]}) is not a table of "
                 f"{m.name!r} (tables {dims})"
             )
-    state_dir = Path(tempfile.mkdtemp(prefix=f"state-{version}.", dir=delta.path))
+    # left by servers that died while serving a version of this delta or of another one beside it (a loop's
+    # updates/w<k>: a restarted server may never load w<k> again); only version-delta folders are swept
+    for folder in (delta.path, *sorted(p for p in delta.path.parent.iterdir() if p != delta.path and is_version_delta(p))):
+        remove_stale(folder, STATE_PREFIX)
+    state = OwnedDir(delta.path, f"{STATE_PREFIX}{version}.")
+    state_dir = state.path
     ps: ParameterServer | None = None
     try:
         memory: Store
@@ -265,9 +280,11 @@ def derive_version(
             program, base.layouts, ps, base.num_dense, base.dense_keys, base.program_prefix, vectors=base.vectors
         )
     except BaseException:
-        if ps is not None:
-            ps.close()
-        shutil.rmtree(state_dir, ignore_errors=True)
+        try:
+            if ps is not None:
+                ps.close()
+        finally:
+            state.close()
         raise
     info = {**m.info, "bundle": str(bundle.path), "bundle_id": delta.id, "delta": str(delta.path), "base": delta.base_version}
-    return DerivedModel(model, base_preprocess, state_dir, info)
+    return DerivedModel(model, base_preprocess, state, info)

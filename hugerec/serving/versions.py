@@ -5,12 +5,18 @@
     history  previous stables, newest last: `rollback` without a canary returns to the last one
 
 Requests may also name a version explicitly (/v2/models/{name}/versions/{v}/infer).
+
+Unloading never fails a request in flight: a request holds its version from routing to its answer
+(`acquire` / `release`); `remove` takes the version out of routing at once (new requests go elsewhere, or
+get 404 when they name it) and then waits until the requests holding it are answered (at most `drain_s`)
+before the caller closes it.
 """
 
 from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +35,7 @@ class ServedModel:
     """One loaded model version: the model, its batcher, its request signature and preprocessing.
 
     preprocess   /predict's raw feature dicts -> ModelInputs (with the fitted workflow, when there is one)
-    closers      called on unload, in order (update watcher, batcher, parameter server)
+    closers      called on unload, in order (batcher, update watchers, parameter server)
     """
 
     name: str
@@ -63,6 +69,8 @@ class ModelVersions:
         self.history: list[str] = []
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a version's last request is answered
+        self._inflight: dict[int, int] = {}  # id(ServedModel) -> requests holding it
 
     def __contains__(self, version: str) -> bool:
         return version in self._versions
@@ -84,6 +92,22 @@ class ModelVersions:
             return self._versions[version]
         except KeyError:
             raise KeyError(f"model {self.name!r} has no version {version!r}; loaded: {list(self._versions)}") from None
+
+    def acquire(self, version: str | None = None) -> ServedModel:
+        """The version a request goes to (route() or the named one), held until `release`: unloading it
+        waits for the request."""
+        with self._lock:
+            served = self.route() if version is None else self.get(version)
+            self._inflight[id(served)] = self._inflight.get(id(served), 0) + 1
+            return served
+
+    def release(self, served: ServedModel) -> None:
+        with self._lock:
+            left = self._inflight.pop(id(served)) - 1
+            if left:
+                self._inflight[id(served)] = left
+            else:
+                self._idle.notify_all()
 
     def route(self) -> ServedModel:
         """The version this request goes to: the canary with probability `share`, else the stable one."""
@@ -130,8 +154,9 @@ class ModelVersions:
             assert self.stable is not None
             return self.stable
 
-    def remove(self, version: str) -> ServedModel:
-        """Unload a version that is neither stable nor canary."""
+    def remove(self, version: str, drain_s: float = 60.0) -> ServedModel:
+        """Take out a version that is neither stable nor canary and wait (at most drain_s seconds) until the
+        requests holding it are answered; the caller then closes it. KeyError: no such version."""
         with self._lock:
             served = self.get(version)
             if version in (self.stable, self.canary):
@@ -140,6 +165,9 @@ class ModelVersions:
                 )
             del self._versions[version]
             self.history = [v for v in self.history if v != version]
+            deadline = time.monotonic() + drain_s
+            while id(served) in self._inflight and (left := deadline - time.monotonic()) > 0:
+                self._idle.wait(left)
             return served
 
     def status(self) -> dict[str, Any]:

@@ -48,6 +48,8 @@ def test_loop_config_mistakes_are_one_line(
     assert err.startswith("hugerec loop: error:") and "server.mode must be" in err and "\n" not in err
     assert main(["loop", "configs/loop_synthetic.toml", "gate.auc_margin=-1"]) == 2
     assert "auc_margin must be a finite number >= 0" in capsys.readouterr().err
+    assert main(["loop", "configs/loop_synthetic.toml", "loop.keep_versions=-1"]) == 2
+    assert "LoopConfig: keep_versions must be >= 0, got -1" in capsys.readouterr().err
     assert main(["loop", "data.paths=x/*.parquet"]) == 2
     assert "data.sparse must name the sparse columns" in capsys.readouterr().err
     assert main(["loop", "configs/loop_synthetic.toml", "data.paths=x/*.parquet"]) == 2

@@ -101,7 +101,7 @@ def test_a_week_of_publishes_promotions_and_rollbacks_under_load_never_fails_a_r
             assert seen.failed == 0 and seen.feedback_accepted == 1600, seen.errors
             step(d)
     records = loop.log.records
-    actions = [(r.window, r.action, r.version) for r in records if r.action not in ("trained", "retrain")]
+    actions = [(r.window, r.action, r.version) for r in records if r.action not in ("trained", "retrain", "unload")]
     assert actions == [
         (0, "publish", "w0"),
         (1, "publish", "w1"),  # broken -> canary at 50%
@@ -122,6 +122,10 @@ def test_a_week_of_publishes_promotions_and_rollbacks_under_load_never_fails_a_r
     assert [r.extra["base"] for r in records if r.action == "trained"] == [None, None, "w0", "w2", None, "w3", "w5"]
     status = publisher.status()
     assert status is not None and status["stable"] == "w5" and status["canary"] == "w6"
+    # rolled-back canaries and stables older than the one kept (keep_versions=1) are unloaded
+    unloads = [(r.window, r.version) for r in records if r.action == "unload"]
+    assert unloads == [(2, "w1"), (4, "w0"), (5, "w4"), (6, "w2")]
+    assert status["versions"] == ["w3", "w5", "w6"]
     # requests kept being answered all week, each by a version live (by the log) while it was in flight
     assert load.failed == [] and len(load.answers) > 50
     assert load.outside(live_intervals(records)) == []

@@ -43,7 +43,7 @@ from hugerec.serving.batching import BatchingConfig, DynamicBatcher, QueueFull
 from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.feedback import feedback_router
 from hugerec.serving.gbm import GBMModel, is_gbm_bundle, load_gbm_bundle
-from hugerec.serving.inference_model import InferenceModel
+from hugerec.serving.inference_model import InferenceModel, ModelInputs
 from hugerec.serving.next_items import NextItemsModel, is_next_items_bundle, load_next_items
 from hugerec.serving.pipeline.bundle import PipelineOptions, is_pipeline_bundle, load_pipeline
 from hugerec.serving.pipeline.runner import StageError
@@ -167,7 +167,7 @@ class InferenceServer:
             if body is None:
                 code = 499  # the client went away: nobody to answer
                 return
-            payload, headers = await self._answer(served, body, header_length)
+            payload, headers, served_version = await self._answer(served, body, header_length, version is not None)
             raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         except Exception as e:
             code = _status(e)
@@ -224,14 +224,20 @@ class InferenceServer:
         return b"".join(chunks)
 
     async def _answer(
-        self, served: ServedModel | NextItemsModel | ServedPipeline, body: bytes, header_length: str | None
-    ) -> tuple[bytes, dict[str, str]]:
-        """An infer request's body -> the response's body and headers."""
+        self, served: ServedModel | NextItemsModel | ServedPipeline, body: bytes, header_length: str | None, pinned: bool
+    ) -> tuple[bytes, dict[str, str], str]:
+        """An infer request's body -> the response's body and headers, and the version that answered
+        (`pinned`: the request named the version, which then answers or refuses it)."""
         if isinstance(served, NextItemsModel | ServedPipeline):  # index, stores and a model call: off the event loop
-            return await asyncio.to_thread(served.answer, body, header_length)
-        inputs, options = decode_infer_request(body, header_length, served.signature)
+            return (*await asyncio.to_thread(served.answer, body, header_length), served.version)
+        versions = self.models[served.name]
+        live = versions.fields()
+        served, (inputs, options) = _decode_routed(
+            versions, served, pinned, lambda s: decode_infer_request(body, header_length, s.signature, live)
+        )
         logits = await served.logits(inputs)
-        return encode_infer_response(served.name, served.version, options, _outputs(logits, options.outputs))
+        payload, headers = encode_infer_response(served.name, served.version, options, _outputs(logits, options.outputs))
+        return payload, headers, served.version
 
     # -- models ------------------------------------------------------------------------------
     def add_model(
@@ -465,10 +471,19 @@ class InferenceServer:
             version = body.get("version")
             served = self._served(name, None if version is None else str(version))
             served_version = served.version
-            if served.preprocess.workflow is None:
-                inputs = served.preprocess(body.get("instances"))  # type: ignore[arg-type]  # validated inside
+            versions, instances = self.model_versions(name), body.get("instances")
+            live = versions.fields()
+
+            def decode(s: ServedModel) -> ModelInputs:
+                return s.preprocess(instances, live)  # type: ignore[arg-type]  # validated inside
+
+            pinned = version is not None
+            fallback = None if pinned else versions.fallback(served.version)
+            if all(s.preprocess.workflow is None for s in (served, fallback) if s is not None):
+                served, inputs = _decode_routed(versions, served, pinned, decode)
             else:  # polars releases the GIL: keep the event loop free while the workflow runs
-                inputs = await asyncio.to_thread(served.preprocess, body.get("instances"))  # type: ignore[arg-type]
+                served, inputs = await asyncio.to_thread(_decode_routed, versions, served, pinned, decode)
+            served_version = served.version
             scores = _outputs(await served.logits(inputs))["scores"]
             answer = {"model_name": name, "model_version": served.version, "predictions": scores.tolist()}
             if self.request_log is not None:
@@ -617,6 +632,27 @@ class BackgroundServer:
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=30)
+
+
+def _decode_routed(
+    versions: ModelVersions, served: ServedModel, pinned: bool, decode: Callable[[ServedModel], T]
+) -> tuple[ServedModel, T]:
+    """A request's fields decoded for the version it was routed to, by `decode` -> (the version answering, what
+    decode gave). When that version cannot take the request (400: it lacks a field that version needs, or a
+    positional dense list has another width) and the request did not name a version (`pinned`), the other of
+    stable and canary answers it if it can take it (ModelVersions.fallback): while versions of two schemas share
+    the traffic, a client that sends only one schema's fields is answered by the version of that schema.
+    Otherwise the first version's error stands."""
+    try:
+        return served, decode(served)
+    except RequestError as e:
+        other = None if pinned or e.status != 400 else versions.fallback(served.version)
+        if other is None:
+            raise
+        try:
+            return other, decode(other)
+        except RequestError:
+            raise e from None
 
 
 def _outputs(logits: np.ndarray, names: Sequence[str] = OUTPUTS) -> dict[str, np.ndarray]:

@@ -12,6 +12,7 @@ Tensors come as JSON ("data", row-major, flat or nested) or with the binary exte
 header is followed by raw little-endian bytes ("binary_data_size" per tensor, the header's length
 in the Inference-Header-Content-Length HTTP header). Any problem with a request raises
 `RequestError` with a message naming the tensor and what is wrong; the server answers 4xx with it.
+Inputs that only another loaded version of the same model takes are ignored (LiveFields).
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@
   request log and feedback (when enable_request_log was called): see feedback.py
 
 Bad requests get a 4xx JSON {"error": message}; the server never answers 500 to bad input.
+
+Versions of one model trained on different schemas (a whole-bundle canary after a schema change) share
+the traffic: a version ignores request fields only another loaded version takes (protocol.LiveFields),
+and a request the version it was routed to cannot take goes to the other of stable and canary
+(_decode_routed) unless it names its version.
 """
 
 from __future__ import annotations

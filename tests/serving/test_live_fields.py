@@ -26,6 +26,7 @@ from hugerec.serving.export import export_bundle
 from hugerec.serving.preprocess import RequestPreprocessor
 from hugerec.serving.protocol import LiveFields, RequestError, Signature, decode_instances, to_model_inputs
 from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
+from hugerec.serving.versions import ModelVersions, ServedModel
 
 TOKEN = "live-fields-test-token"
 OLD = Schema.build(dense=["d0", "d1"], sparse=["c0", "c1"])  # the stable version's columns
@@ -212,3 +213,16 @@ def test_raw_rows_through_a_workflow_drop_only_other_versions_columns() -> None:
     np.testing.assert_array_equal(got.ids["user"][0], want.ids["user"][0])
     with pytest.raises(RequestError, match=r"unknown column\(s\) \['tier'\]"):
         pre(rows)  # no other version takes "tier": refused, not dropped
+
+
+def test_fallback_is_the_other_of_stable_and_canary_while_the_canary_has_traffic() -> None:
+    vs = ModelVersions("m")
+    for v in ("1", "2", "3"):
+        served = ServedModel.__new__(ServedModel)
+        served.name, served.version, served.closers = "m", v, []
+        vs.add(served)
+    assert vs.fallback("1") is None  # no canary
+    vs.set_canary("2", 0.0)
+    assert vs.fallback("1") is None and vs.fallback("2") is vs.get("1")  # a canary without traffic takes none
+    vs.set_canary("2", 0.3)
+    assert vs.fallback("1") is vs.get("2") and vs.fallback("2") is vs.get("1") and vs.fallback("3") is None

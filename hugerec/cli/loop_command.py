@@ -10,7 +10,8 @@
     [model] [gate] [decisions] [monitor]   ModelSpec, GateConfig, DecisionConfig, MonitorConfig
     [server]     mode: "offline" (no server: a published candidate serves at once), "embedded" (a
                  server in this process on 127.0.0.1, with simulated traffic: `replay_rows` rows of
-                 each next window sent to /predict with their labels as feedback), "remote" (url,
+                 each next window sent to /predict in that window's own columns, dense features by
+                 name, with their labels as feedback), "remote" (url,
                  model, the admin token from the environment variable `token_env`, and `log_dir`: the
                  folder of that server's `hugerec serve --request-log DIR`, for the canary decisions)
 
@@ -30,7 +31,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hugerec.cli.config_file import ConfigError, apply_overrides, from_dict, read_toml, to_dict
 from hugerec.continuous.decision_log import Record, read_log
@@ -38,9 +39,13 @@ from hugerec.continuous.decisions import DecisionConfig
 from hugerec.continuous.gate import GateConfig
 from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec
 from hugerec.continuous.monitor import MonitorConfig
+from hugerec.continuous.window_schema import window_schemas
 from hugerec.data.schema import Schema
 from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.data.windows import Windows
+
+if TYPE_CHECKING:
+    from hugerec.continuous.traffic import Replay
 
 
 @dataclass(frozen=True)
@@ -206,13 +211,25 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
         for k in range(lc.first, last):
             loop.step(k)
             if url is not None and cfg.server.replay_rows:
-                from hugerec.continuous.traffic import replay
-
-                seen = replay(url, lc.name, source(k + 1).slice(0, cfg.server.replay_rows), schema)
+                seen = simulate(url, loop, source(k + 1).slice(0, cfg.server.replay_rows), k + 1)
                 if seen.failed:
                     print(f"hugerec loop: {seen.failed} simulated requests failed: {seen.errors[:3]}", file=sys.stderr)
     print(log_table(read_log(work / "decisions.jsonl")))
     return 0
+
+
+def simulate(url: str, loop: Loop, rows: Any, k: int) -> Replay:
+    """Window k's rows as simulated users of the embedded server: requests, then their labels as feedback. The rows
+    carry window k's own columns that a live version takes (traffic.sent_schema), dense features by name: while a
+    stable and a canary trained on different schemas share the traffic, both answer them."""
+    from hugerec.continuous.traffic import Replay, replay, sent_schema
+
+    if not rows.num_rows:
+        return Replay()
+    status = loop.publisher.status() if loop.publisher is not None else None
+    live = [loop.schema_of(status[role]) for role in ("stable", "canary") if status and status.get(role)]
+    sent = sent_schema(loop.config.schema, rows, live, loop.config.windows.time_column, f"window {k}")
+    return replay(url, loop.config.name, rows, sent)
 
 
 def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack) -> tuple[Loop, str | None]:
@@ -231,7 +248,13 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
             if not cfg.server.log_dir:  # no request log to read: the gate decides, nothing watches the canary
                 return Loop(config, source, publisher), None
             observer = ServerObserver(
-                publisher, cfg.server.log_dir, config.work_dir, schema.dense_names, schema.sparse_names, cfg.monitor
+                publisher,
+                cfg.server.log_dir,
+                config.work_dir,
+                schema.dense_names,
+                schema.sparse_names,
+                cfg.monitor,
+                window_schema=window_schemas(schema, source, cfg.windows.time_column),
             )
             return Loop(config, source, publisher, observer), None
         case _:
@@ -246,6 +269,12 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
             url = stack.enter_context(BackgroundServer(server))
             publisher = Publisher(ServerTarget(url, config.name, token))
             observer = ServerObserver(
-                publisher, logs, config.work_dir, schema.dense_names, schema.sparse_names, cfg.monitor
+                publisher,
+                logs,
+                config.work_dir,
+                schema.dense_names,
+                schema.sparse_names,
+                cfg.monitor,
+                window_schema=window_schemas(schema, source, cfg.windows.time_column),
             )
             return Loop(config, source, publisher, observer), url

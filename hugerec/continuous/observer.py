@@ -5,21 +5,31 @@ feedback files it has not read before (their names are kept in <work_dir>/observ
 restarted loop does not count them twice), joins feedback to requests by request_id, maps versions
 to roles (the server's stable and canary) and returns the monitor's Observation; the report is also
 written as <report_dir>/window-<k>.prom (Prometheus text) and window-<k>.png.
+
+The features watched for drift in window k: those of `window_schema(k)` (the schema the loop trains on
+window k, window_schema.adapt_schema; without it the configured `numeric` and `categorical` names) that
+both the reference and the logged requests hold. While versions of two schemas share the traffic, each
+logs only the features it takes (the log's files fill the others with nulls): drift is then measured on
+the rows of the versions that logged every watched feature (the stable version always does: it was
+trained on the reference's columns), so a feature one version does not take never reads as "missing".
+KPIs use every labelled row of each role.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hugerec.continuous.decisions import Observation
 from hugerec.continuous.monitor import MonitorConfig, Reference, Report, report, write_png, write_prometheus
 from hugerec.continuous.publish import Publisher
+from hugerec.data.schema import Schema
 
 
 class ServerObserver:
@@ -32,6 +42,7 @@ class ServerObserver:
         categorical: Sequence[str],
         config: MonitorConfig | None = None,
         png: bool = True,
+        window_schema: Callable[[int], Schema] | None = None,
     ) -> None:
         self.publisher = publisher
         self.log_dir = Path(log_dir)
@@ -39,6 +50,7 @@ class ServerObserver:
         self.numeric, self.categorical = tuple(numeric), tuple(categorical)
         self.config = config or MonitorConfig()
         self.png = png
+        self.window_schema = window_schema
         self._seen_path = self.work_dir / "observed.json"
         self.seen: set[str] = set(json.loads(self._seen_path.read_text())) if self._seen_path.exists() else set()
         self.reports: list[Report] = []
@@ -59,8 +71,9 @@ class ServerObserver:
         if feedback is not None:
             labelled = requests.join(feedback.select(["request_id", "label"]), "request_id", join_type="inner")
         roles = {status[r]: r for r in ("stable", "canary") if status.get(r) is not None}
-        ref = Reference.of(reference, self.numeric, self.categorical, self.config)
-        rep = report(k, ref, requests, roles, labelled)
+        numeric, categorical = self._features(k, reference, requests)
+        ref = Reference.of(reference, numeric, categorical, self.config)
+        rep = report(k, ref, _logged_all(requests, (*numeric, *categorical)), roles, labelled)
         write_prometheus(rep, self.work_dir / "reports" / f"window-{k}.prom")
         if self.png:
             write_png(rep, self.work_dir / "reports" / f"window-{k}.png")
@@ -70,3 +83,26 @@ class ServerObserver:
         tmp.write_text(json.dumps(sorted(self.seen)))
         os.replace(tmp, self._seen_path)
         return rep.observation()
+
+    def _features(self, k: int, reference: pa.Table, requests: pa.Table) -> tuple[list[str], list[str]]:
+        """(numeric, categorical) features watched in window k (the module docstring says which)."""
+        if self.window_schema is not None:
+            schema = self.window_schema(k)
+            numeric, categorical = schema.dense_names, schema.sparse_names
+        else:
+            numeric, categorical = self.numeric, self.categorical
+        both = set(reference.column_names) & set(requests.column_names)
+        return [n for n in numeric if n in both], [n for n in categorical if n in both]
+
+
+def _logged_all(requests: pa.Table, features: Sequence[str]) -> pa.Table:
+    """The rows of the versions that logged every one of `features` (a version logs each feature it takes, a
+    sparse one null only for an empty bag: a feature null in every row of a version is one it does not take)."""
+    if not any(requests[f].null_count for f in features):  # one schema: every row (the usual case, no scan)
+        return requests
+    keep = []
+    for version in pc.unique(requests["version"]).to_pylist():
+        rows = requests.filter(pc.equal(requests["version"], version))
+        if all(rows[f].null_count < rows.num_rows for f in features):
+            keep.append(version)
+    return requests.filter(pc.is_in(requests["version"], pa.array(keep, requests["version"].type)))

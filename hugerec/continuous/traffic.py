@@ -3,6 +3,11 @@ background load that records which version answered each request and when.
 
 What the tests, the benchmark and `hugerec loop --simulate` use to put traffic and feedback through a
 running server while the loop publishes, promotes and rolls back.
+
+Across a schema change (a column added or removed between windows) the simulated clients send what
+`sent_schema` says: the window's own columns that a live version takes, dense features by name. A
+version ignores the fields only another live version takes, and a row one version cannot take (it
+lacks a column that version needs) is answered by the other of stable and canary (serving/server.py).
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import httpx
 import numpy as np
 import pyarrow as pa
 
-from hugerec.data.schema import Schema
+from hugerec.continuous.window_schema import adapt_schema
+from hugerec.data.schema import ColumnKind, Schema
 
 
 @dataclass
@@ -29,6 +35,18 @@ class Replay:
     errors: list[str] = field(default_factory=list)
     feedback_accepted: int = 0
     feedback_unknown: int = 0
+
+
+def sent_schema(schema: Schema, rows: pa.Table, live: Sequence[Schema], time_column: str, where: str) -> Schema:
+    """The columns simulated clients send for `rows`: the window's own (adapt_schema of the configured `schema`)
+    that one of the `live` versions' schemas (stable, canary) takes, and the labels (for feedback). A client
+    starts sending a new column once a version that reads it is live (before, the server refuses it as a
+    field no version takes). No live version: the window's columns as they are."""
+    window = adapt_schema(schema, rows, time_column, where)
+    if not live:
+        return window
+    taken = {name for s in live for name in s.names}
+    return Schema(tuple(c for c in window.columns if c.kind is ColumnKind.LABEL or c.name in taken))
 
 
 def instances(table: pa.Table, schema: Schema) -> list[dict[str, object]]:

@@ -7,6 +7,8 @@ what changed since the version serving.
                                 be); new columns join by type: integers -> sparse (raw keys of a dynamic
                                 table), floating point -> dense; any other new type is refused
     describe_change(old, new)   "new column c9 (int64); column d0 removed; column c1 retyped int64 -> int32"
+    window_schemas(schema, source, time_column)   k -> adapt_schema of window k: what the monitor watches
+                                and the simulated traffic sends for window k (dense features by name)
 
 A change of columns or types between the serving version and a candidate makes the loop publish a whole
 bundle (a version delta applies rows to a model of the same shape and request signature); a change of
@@ -15,7 +17,7 @@ the trained schema also trains the candidate from scratch (its tables and dense 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import pyarrow as pa
 
@@ -71,3 +73,13 @@ def describe_change(old: Mapping[str, str], new: Mapping[str, str]) -> str | Non
     parts += [f"column {n} removed" for n in old if n not in new]
     parts += [f"column {n} retyped {old[n]} -> {t}" for n, t in new.items() if n in old and old[n] != t]
     return "; ".join(parts) or None
+
+
+def window_schemas(schema: Schema, source: Callable[[int], pa.Table], time_column: str) -> Callable[[int], Schema]:
+    """k -> the schema the loop trains on window k of `source` (adapt_schema): while a stable and a canary trained
+    on different schemas share the traffic, the monitor watches window k's own features, not the configured ones."""
+
+    def of(k: int) -> Schema:
+        return adapt_schema(schema, source(k), time_column, f"window {k}")
+
+    return of

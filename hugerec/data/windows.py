@@ -92,15 +92,29 @@ class Windows:
         return picked.sort_by(self.time_column)
 
     def read(self, paths: str | Path | Sequence[str | Path], k: int, count: int = 1) -> pa.Table:
-        """Rows of windows k..k+count-1 from Parquet files (a glob, a directory, files), ordered by time."""
+        """Rows of windows k..k+count-1 from Parquet files (a glob, a directory, files), ordered by time.
+
+        Each file is read with its own columns: a window holds the columns of the files its rows come
+        from (a column added in later files is there from the first window of those files on; rows of
+        a file without it hold nulls where one window spans both), so a schema change between windows
+        reaches the loop (one dataset over all files would keep the first file's columns only)."""
         files = expand_paths(paths)
-        dataset = ds.dataset([str(p) for p in files], format="parquet")
-        if self.time_column not in dataset.schema.names:
-            raise ValueError(f"Windows.read: {files[0]} has no time column {self.time_column!r}")
         lo, hi = self.bounds(k)[0], self.bounds(k + count - 1)[1]
         col = ds.field(self.time_column)
-        table = dataset.to_table(filter=(col >= lo) & (col < hi))
-        return table.sort_by(self.time_column)
+        parts, empty = [], None
+        for path in files:
+            dataset = ds.dataset(str(path), format="parquet")
+            if self.time_column not in dataset.schema.names:
+                raise ValueError(f"Windows.read: {path} has no time column {self.time_column!r}")
+            part = dataset.to_table(filter=(col >= lo) & (col < hi))
+            if part.num_rows:
+                parts.append(part)
+            elif empty is None:
+                empty = part
+        if not parts:
+            assert empty is not None  # expand_paths gives at least one file
+            return empty
+        return pa.concat_tables(parts, promote_options="permissive").sort_by(self.time_column)
 
     def present(self, paths: str | Path | Sequence[str | Path]) -> list[int]:
         """The indices of the windows that hold at least one row, ascending."""

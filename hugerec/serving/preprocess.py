@@ -17,14 +17,24 @@ import polars as pl
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.serving.inference_model import ModelInputs
-from hugerec.serving.protocol import LENGTHS_SUFFIX, RequestError, Signature, decode_instances, to_model_inputs
+from hugerec.serving.protocol import (
+    LENGTHS_SUFFIX,
+    ONE_VERSION,
+    LiveFields,
+    RequestError,
+    Signature,
+    decode_instances,
+    to_model_inputs,
+)
 
 
 class RequestPreprocessor:
     """Turns raw rows into model inputs with the fitted `workflow`.
 
     Without a workflow the rows are already encoded: see protocol.decode_instances (dense values as
-    "dense": [...] or, with a schema, one key per dense column).
+    "dense": [...] or, with a schema, one key per dense column). `keys`: the instance keys this version
+    takes (the workflow's raw columns, or the encoded features); keys only other loaded versions of the
+    model take (LiveFields.keys) are ignored, as protocol.LiveFields says.
     """
 
     def __init__(self, signature: Signature, schema: Schema | None = None, workflow: Workflow | None = None) -> None:
@@ -47,8 +57,13 @@ class RequestPreprocessor:
         # as missing (null) rather than refused by the workflow's output selection
         fitted = {} if workflow is None or workflow.input_schema is None else workflow.input_schema
         self.labels = tuple(c for c in (schema.label_names if schema else ()) if c in fitted)
+        if workflow is not None:
+            self.keys = frozenset(fitted)
+        else:
+            dense = ({"dense"} if signature.num_dense else set()) | set(self.dense_names or ())
+            self.keys = frozenset({*signature.features, *dense})
 
-    def __call__(self, instances: Sequence[Mapping[str, Any]]) -> ModelInputs:
+    def __call__(self, instances: Sequence[Mapping[str, Any]], live: LiveFields = ONE_VERSION) -> ModelInputs:
         if not isinstance(instances, list) or not instances or not all(isinstance(i, dict) for i in instances):
             raise RequestError("'instances' must be a non-empty list of objects (one per example)")
         if len(instances) > self.signature.max_rows:
@@ -56,11 +71,15 @@ class RequestPreprocessor:
                 f"{len(instances)} instances; this server takes at most {self.signature.max_rows}", status=413
             )
         if self.workflow is None:
-            return decode_instances(instances, self.signature, self.dense_names)
+            return decode_instances(instances, self.signature, self.dense_names, live)
+        rows: Sequence[Mapping[str, Any]] = instances
+        others = live.keys - self.keys
+        if others and any(not others.isdisjoint(row) for row in rows):  # other versions' columns: not read
+            rows = [{k: v for k, v in row.items() if k not in others} for row in rows]
         if self.labels:
-            instances = [dict.fromkeys(self.labels) | row for row in instances]
+            rows = [{**dict.fromkeys(self.labels), **row} for row in rows]
         try:
-            frame = self.workflow.transform_request(instances)
+            frame = self.workflow.transform_request(rows)
         except (ValueError, TypeError, pl.exceptions.PolarsError) as e:
             raise RequestError(f"preprocessing failed: {e}") from None
         return self._inputs(frame)

@@ -12,6 +12,7 @@ Tensors come as JSON ("data", row-major, flat or nested) or with the binary exte
 header is followed by raw little-endian bytes ("binary_data_size" per tensor, the header's length
 in the Inference-Header-Content-Length HTTP header). Any problem with a request raises
 `RequestError` with a message naming the tensor and what is wrong; the server answers 4xx with it.
+Inputs that only another loaded version of the same model takes are ignored (LiveFields).
 """
 
 from __future__ import annotations
@@ -87,6 +88,38 @@ class Signature:
     def outputs_metadata() -> list[dict[str, Any]]:
         return [{"name": name, "datatype": "FP32", "shape": [-1]} for name in OUTPUTS]
 
+    def input_names(self) -> frozenset[str]:
+        """The infer input names this signature takes ("dense" always: a [B, 0] one is accepted)."""
+        lengths = {f + LENGTHS_SUFFIX for f in self.features}
+        return frozenset({"dense", *self.features, *lengths, *(VECTOR_PREFIX + name for name, _ in self.vectors)})
+
+
+@dataclass(frozen=True)
+class LiveFields:
+    """The request fields the loaded versions of one model take, together (versions.ModelVersions keeps one per
+    model name, computed again only when a version is loaded or unloaded).
+
+    The version answering a request ignores a field it does not take itself when another loaded version of
+    the model takes it: while a stable and a canary trained on different schemas share the traffic, clients
+    send the fields of both and each version reads its own. A field no loaded version takes is refused (a
+    typo is never dropped silently), and a field the answering version needs stays required.
+
+        inputs  infer input names ("dense", "<f>", "<f>.lengths", "vector.<name>")
+        keys    /predict instance keys (sparse features, dense columns by name, "dense", raw workflow columns)
+        dense   the number of dense values each version takes (a positional "dense" fits one width only)
+        versions  how many versions are loaded (error messages say "no loaded version" when several are)
+
+    The default (nothing) is a model with one version: every field it does not take is refused.
+    """
+
+    inputs: frozenset[str] = frozenset()
+    keys: frozenset[str] = frozenset()
+    dense: frozenset[int] = frozenset()
+    versions: int = 1
+
+
+ONE_VERSION = LiveFields()  # the default of the decoders: a model with one version
+
 
 @dataclass(frozen=True)
 class InferOptions:
@@ -124,16 +157,17 @@ def parse_tensors(header_bytes: bytes, blob: bytes, max_rows: int) -> tuple[dict
 
 
 def decode_infer_request(
-    body: bytes, header_length: str | None, signature: Signature
+    body: bytes, header_length: str | None, signature: Signature, live: LiveFields = ONE_VERSION
 ) -> tuple[ModelInputs, InferOptions]:
-    """An infer request body (JSON, or JSON header + binary tensors) -> validated ModelInputs."""
+    """An infer request body (JSON, or JSON header + binary tensors) -> validated ModelInputs; inputs only other
+    loaded versions of the model take (`live`) are ignored."""
     header_bytes, blob = _split_body(body, header_length)
     if blob and len(header_bytes) <= MAX_CACHED_HEADER:
         layout = _binary_layout(header_bytes, signature)
         if layout is not None and layout.end == len(blob):
-            return layout.decode(blob, signature), layout.options
+            return layout.decode(blob, signature, live), layout.options
     request, tensors = parse_tensors(header_bytes, blob, signature.max_rows)
-    return to_model_inputs(tensors, signature), _options(request)
+    return to_model_inputs(tensors, signature, live), _options(request)
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,13 +189,13 @@ class _BinaryLayout:
     one_id: bool
     ids_block: tuple[tuple[str, ...], int] | None  # one_id features (names, offset of the first) when back to back
 
-    def decode(self, blob: bytes, signature: Signature) -> ModelInputs:
+    def decode(self, blob: bytes, signature: Signature, live: LiveFields = ONE_VERSION) -> ModelInputs:
         if not self.one_id:
             arrays = [
                 np.frombuffer(blob, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
                 for dtype, shape, offset in zip(self.dtypes, self.shapes, self.offsets, strict=True)
             ]
-            return to_model_inputs(dict(zip(self.names, arrays, strict=True)), signature)
+            return to_model_inputs(dict(zip(self.names, arrays, strict=True)), signature, live)
         b = self.shapes[0][0]
         dense: np.ndarray = np.zeros((b, 0), np.float32)
         if "dense" in self.names:
@@ -271,24 +305,31 @@ def _has_nan(value: Any) -> bool:
             return False
 
 
-def to_model_inputs(tensors: Mapping[str, np.ndarray], signature: Signature) -> ModelInputs:
-    """Named tensors (see the module docstring) -> ModelInputs, or RequestError."""
+def to_model_inputs(
+    tensors: Mapping[str, np.ndarray], signature: Signature, live: LiveFields = ONE_VERSION
+) -> ModelInputs:
+    """Named tensors (see the module docstring) -> ModelInputs, or RequestError. Inputs the signature does not
+    take but another loaded version of the model does (`live.inputs`) are ignored, not read."""
     inline = {VECTOR_PREFIX + name: dim for name, dim in signature.vectors}
-    known = {"dense"} | set(signature.features) | {f + LENGTHS_SUFFIX for f in signature.features} | set(inline)
-    unknown = sorted(set(tensors) - known)
-    if unknown:
-        raise RequestError(f"unknown inputs {unknown}; the model takes {_expected(signature)}")
+    known = signature.input_names()
+    if not known.issuperset(tensors):
+        unknown = sorted(set(tensors) - known - live.inputs)
+        if unknown:
+            raise RequestError(f"unknown inputs {unknown}; {_takes(signature, live)}")
     missing = [f for f in signature.features if f not in tensors]
     if signature.num_dense and "dense" not in tensors:
         missing.insert(0, "dense")
     if missing:
-        raise RequestError(f"missing inputs {missing}; the model takes {_expected(signature)}")
+        who = "this version" if live.versions > 1 else "the model"
+        raise RequestError(f"missing inputs {missing}; {who} takes {_expected(signature)}")
     sizes: dict[str, int] = {}
     dense = None
     if "dense" in tensors:
         d = tensors["dense"]
         if d.ndim != 2 or d.shape[1] != signature.num_dense:
-            raise RequestError(f"input 'dense' must have shape [B, {signature.num_dense}], got {list(d.shape)}")
+            others = sorted(live.dense - {signature.num_dense})
+            hint = f" (other loaded versions of the model take {others} dense values)" if others else ""
+            raise RequestError(f"input 'dense' must have shape [B, {signature.num_dense}], got {list(d.shape)}{hint}")
         if d.dtype.kind not in "iuf":
             raise RequestError(f"input 'dense' must be numbers, got {d.dtype}")
         with np.errstate(over="ignore"):  # values beyond float32 become inf, refused just below
@@ -530,11 +571,16 @@ def encode_infer_response(
     return header + b"".join(blobs), {HEADER_LENGTH: str(len(header)), "content-type": "application/octet-stream"}
 
 
-def decode_instances(instances: object, signature: Signature, dense_names: Sequence[str] | None = None) -> ModelInputs:
+def decode_instances(
+    instances: object, signature: Signature, dense_names: Sequence[str] | None = None, live: LiveFields = ONE_VERSION
+) -> ModelInputs:
     """/predict rows of already-encoded features -> ModelInputs.
 
     Each instance is {"dense": [Dd numbers]} (or one key per dense column in `dense_names`) plus
-    {"<feature>": id or [ids]} for every sparse feature.
+    {"<feature>": id or [ids]} for every sparse feature. Keys only other loaded versions of the model take
+    (`live.keys`) are ignored; any other unknown key is refused, and so is a missing one this version needs.
+    A positional "dense" list fits only a version of its length: across a change of the dense columns
+    (a stable and a canary of different schemas) clients send dense features by name.
     """
     if not isinstance(instances, list) or not instances:
         raise RequestError("'instances' must be a non-empty list of objects")
@@ -542,20 +588,18 @@ def decode_instances(instances: object, signature: Signature, dense_names: Seque
         raise RequestError(f"{len(instances)} instances; this server takes at most {signature.max_rows}", status=413)
     dense_rows: list[list[Any]] = []
     ids: dict[str, list[list[Any]]] = {f: [] for f in signature.features}
-    allowed = set(signature.features) | ({"dense"} if signature.num_dense else set()) | set(dense_names or ())
+    named = tuple(dense_names or ())
+    allowed = set(signature.features) | ({"dense"} if signature.num_dense else set()) | set(named)
     for i, inst in enumerate(instances):
         if not isinstance(inst, dict):
             raise RequestError(f"instances[{i}] must be an object, got {type(inst).__name__}")
-        unknown = sorted(set(inst) - allowed)
-        if unknown:
-            raise RequestError(f"instances[{i}]: unknown features {unknown}; expected {sorted(allowed)}")
+        if not allowed.issuperset(inst):
+            unknown = sorted(set(inst) - allowed - live.keys)
+            if unknown:
+                where = "no loaded version of the model takes them; " if live.versions > 1 else ""
+                raise RequestError(f"instances[{i}]: unknown features {unknown}; {where}expected {sorted(allowed)}")
         if signature.num_dense:
-            if "dense" in inst:
-                dense_rows.append(inst["dense"])
-            elif dense_names and all(n in inst for n in dense_names):
-                dense_rows.append([inst[n] for n in dense_names])
-            else:
-                raise RequestError(f"instances[{i}]: needs 'dense' (a list of {signature.num_dense} numbers)")
+            dense_rows.append(_dense_row(i, inst, signature.num_dense, named, live))
         for f in signature.features:
             if f not in inst:
                 raise RequestError(f"instances[{i}]: missing feature {f!r}")
@@ -568,6 +612,30 @@ def decode_instances(instances: object, signature: Signature, dense_names: Seque
         tensors[f] = _array(f, [x for row in lists for x in row], "iu").reshape(-1)
         tensors[f + LENGTHS_SUFFIX] = np.array([len(row) for row in lists], np.int32)
     return to_model_inputs(tensors, signature)
+
+
+def _dense_row(i: int, inst: Mapping[str, Any], width: int, named: Sequence[str], live: LiveFields) -> Any:
+    """Instance i's dense values: by name when every dense column is there, else its positional "dense" list."""
+    if named and all(n in inst for n in named):
+        return [inst[n] for n in named]
+    if "dense" in inst:
+        row = inst["dense"]
+        if isinstance(row, list) and len(row) != width:
+            others = sorted(live.dense - {width})
+            hint = ""
+            if others:
+                by_name = f" ({list(named)})" if named else ""
+                hint = (
+                    f"; other loaded versions of the model take {others}: a positional 'dense' list fits one "
+                    f"version only, send the dense features by name{by_name} to be answered by any"
+                )
+            raise RequestError(f"instances[{i}]: 'dense' has {len(row)} values, this version takes {width}{hint}")
+        return row
+    missing = [n for n in named if n not in inst]
+    if named and len(missing) < len(named):
+        raise RequestError(f"instances[{i}]: missing dense features {missing}")
+    by_name = f" or the dense features {list(named)} by name" if named else ""
+    raise RequestError(f"instances[{i}]: needs 'dense' (a list of {width} numbers){by_name}")
 
 
 def _array(name: str, data: object, kinds: str) -> np.ndarray:
@@ -584,3 +652,10 @@ def _array(name: str, data: object, kinds: str) -> np.ndarray:
 
 def _expected(signature: Signature) -> list[str]:
     return (["dense"] if signature.num_dense else []) + list(signature.features)
+
+
+def _takes(signature: Signature, live: LiveFields) -> str:
+    """The end of an "unknown inputs" message: what the model takes (with other versions: that none takes them)."""
+    if live.versions > 1:
+        return f"no loaded version of the model takes them (this version takes {_expected(signature)})"
+    return f"the model takes {_expected(signature)}"

@@ -13,6 +13,11 @@
   request log and feedback (when enable_request_log was called): see feedback.py
 
 Bad requests get a 4xx JSON {"error": message}; the server never answers 500 to bad input.
+
+Versions of one model trained on different schemas (a whole-bundle canary after a schema change) share
+the traffic: a version ignores request fields only another loaded version takes (protocol.LiveFields),
+and a request the version it was routed to cannot take goes to the other of stable and canary
+(_decode_routed) unless it names its version.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from hugerec.serving.batching import BatchingConfig, DynamicBatcher, QueueFull
 from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.feedback import feedback_router
 from hugerec.serving.gbm import GBMModel, is_gbm_bundle, load_gbm_bundle
-from hugerec.serving.inference_model import InferenceModel
+from hugerec.serving.inference_model import InferenceModel, ModelInputs
 from hugerec.serving.next_items import NextItemsModel, is_next_items_bundle, load_next_items
 from hugerec.serving.pipeline.bundle import PipelineOptions, is_pipeline_bundle, load_pipeline
 from hugerec.serving.pipeline.runner import StageError
@@ -161,6 +166,7 @@ class InferenceServer:
                 header_length = value.decode("latin-1")
         t0, code, served_version = time.perf_counter(), 200, version or "-"
         held: ServedModel | None = None
+        holds: list[ServedModel] = []  # a fallback version that answered (ModelVersions.acquire_fallback)
         try:
             served = self._target(name, version, hold=True)
             if isinstance(served, ServedModel):
@@ -170,14 +176,14 @@ class InferenceServer:
             if body is None:
                 code = 499  # the client went away: nobody to answer
                 return
-            payload, headers = await self._answer(served, body, header_length)
+            payload, headers, served_version = await self._answer(served, body, header_length, version is not None, holds)
             raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         except Exception as e:
             code = _status(e)
             payload, raw = _error_body(e, code), _error_headers(code)
         finally:
-            if held is not None:
-                self.model_versions(name).release(held)
+            for h in holds if held is None else [held, *holds]:
+                self.model_versions(name).release(h)
             if code != 499:
                 self._observe(name, served_version, "infer", code, t0)
         await _send(send, code, raw, payload)
@@ -229,14 +235,25 @@ class InferenceServer:
         return b"".join(chunks)
 
     async def _answer(
-        self, served: ServedModel | NextItemsModel | ServedPipeline, body: bytes, header_length: str | None
-    ) -> tuple[bytes, dict[str, str]]:
-        """An infer request's body -> the response's body and headers."""
+        self,
+        served: ServedModel | NextItemsModel | ServedPipeline,
+        body: bytes,
+        header_length: str | None,
+        pinned: bool,
+        holds: list[ServedModel],
+    ) -> tuple[bytes, dict[str, str], str]:
+        """An infer request's body -> the response's body and headers, and the version that answered
+        (`pinned`: the request named the version, which then answers or refuses it)."""
         if isinstance(served, NextItemsModel | ServedPipeline):  # index, stores and a model call: off the event loop
-            return await asyncio.to_thread(served.answer, body, header_length)
-        inputs, options = decode_infer_request(body, header_length, served.signature)
+            return (*await asyncio.to_thread(served.answer, body, header_length), served.version)
+        versions = self.models[served.name]
+        live = versions.fields()
+        served, (inputs, options) = _decode_routed(
+            versions, served, pinned, lambda s: decode_infer_request(body, header_length, s.signature, live), holds
+        )
         logits = await served.logits(inputs)
-        return encode_infer_response(served.name, served.version, options, _outputs(logits, options.outputs))
+        payload, headers = encode_infer_response(served.name, served.version, options, _outputs(logits, options.outputs))
+        return payload, headers, served.version
 
     # -- models ------------------------------------------------------------------------------
     def add_model(
@@ -467,6 +484,7 @@ class InferenceServer:
     async def _predict(self, request: Request) -> Response:
         t0, code, name, served_version = time.perf_counter(), 200, "-", "-"
         held: ServedModel | None = None
+        holds: list[ServedModel] = []  # a fallback version that answered (ModelVersions.acquire_fallback)
         try:
             body = await self.json_body(request)
             name = body.get("model") or (next(iter(self.models)) if len(self.models) == 1 else "")
@@ -475,10 +493,19 @@ class InferenceServer:
             version = body.get("version")
             served = held = self._served(name, None if version is None else str(version), hold=True)
             served_version = served.version
-            if served.preprocess.workflow is None:
-                inputs = served.preprocess(body.get("instances"))  # type: ignore[arg-type]  # validated inside
+            versions, instances = self.model_versions(name), body.get("instances")
+            live = versions.fields()
+
+            def decode(s: ServedModel) -> ModelInputs:
+                return s.preprocess(instances, live)  # type: ignore[arg-type]  # validated inside
+
+            pinned = version is not None
+            fallback = None if pinned else versions.fallback(served.version)
+            if all(s.preprocess.workflow is None for s in (served, fallback) if s is not None):
+                served, inputs = _decode_routed(versions, served, pinned, decode, holds)
             else:  # polars releases the GIL: keep the event loop free while the workflow runs
-                inputs = await asyncio.to_thread(served.preprocess, body.get("instances"))  # type: ignore[arg-type]
+                served, inputs = await asyncio.to_thread(_decode_routed, versions, served, pinned, decode, holds)
+            served_version = served.version
             scores = _outputs(await served.logits(inputs))["scores"]
             answer = {"model_name": name, "model_version": served.version, "predictions": scores.tolist()}
             if self.request_log is not None:
@@ -490,8 +517,8 @@ class InferenceServer:
             code = _status(e)
             return _error(e, code)
         finally:
-            if held is not None:
-                self.model_versions(name).release(held)
+            for h in holds if held is None else [held, *holds]:
+                self.model_versions(name).release(h)
             self._observe(name, served_version, "predict", code, t0)
 
     def _metadata(self, name: str, version: str | None) -> dict[str, Any]:
@@ -629,6 +656,33 @@ class BackgroundServer:
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=30)
+
+
+def _decode_routed(
+    versions: ModelVersions,
+    served: ServedModel,
+    pinned: bool,
+    decode: Callable[[ServedModel], T],
+    holds: list[ServedModel],
+) -> tuple[ServedModel, T]:
+    """A request's fields decoded for the version it was routed to, by `decode` -> (the version answering, what
+    decode gave). When that version cannot take the request (400: it lacks a field that version needs, or a
+    positional dense list has another width) and the request did not name a version (`pinned`), the other of
+    stable and canary answers it if it can take it (ModelVersions.fallback): while versions of two schemas share
+    the traffic, a client that sends only one schema's fields is answered by the version of that schema.
+    Otherwise the first version's error stands. The other version is held (appended to `holds`: the caller
+    releases them after answering), so an unload waits for it as for the routed one."""
+    try:
+        return served, decode(served)
+    except RequestError as e:
+        other = None if pinned or e.status != 400 else versions.acquire_fallback(served.version)
+        if other is None:
+            raise
+        holds.append(other)
+        try:
+            return other, decode(other)
+        except RequestError:
+            raise e from None
 
 
 def _outputs(logits: np.ndarray, names: Sequence[str] = OUTPUTS) -> dict[str, np.ndarray]:

@@ -10,6 +10,12 @@ Unloading never fails a request in flight: a request holds its version from rout
 (`acquire` / `release`); `remove` takes the version out of routing at once (new requests go elsewhere, or
 get 404 when they name it) and then waits until the requests holding it are answered (at most `drain_s`)
 before the caller closes it.
+
+fields() is what the loaded versions take together (protocol.LiveFields): a version ignores request
+fields only another loaded version takes, so a stable and a canary of different schemas share the
+traffic; it is computed once after each load or unload, not per request. fallback(v): the other of
+stable and canary, which answers a request the version it was routed to cannot take (the server's
+routing, server.py).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from hugerec.serving.batching import DynamicBatcher
 from hugerec.serving.gbm import GBMModel
 from hugerec.serving.inference_model import InferenceModel, ModelInputs
 from hugerec.serving.preprocess import RequestPreprocessor
-from hugerec.serving.protocol import Signature
+from hugerec.serving.protocol import LiveFields, Signature
 
 
 @dataclass(eq=False)
@@ -71,6 +77,7 @@ class ModelVersions:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when a version's last request is answered
         self._inflight: dict[int, int] = {}  # id(ServedModel) -> requests holding it
+        self._fields: LiveFields | None = None  # computed on first use after a load or unload
 
     def __contains__(self, version: str) -> bool:
         return version in self._versions
@@ -84,6 +91,7 @@ class ModelVersions:
             if served.version in self._versions:
                 raise ValueError(f"model {self.name!r}: version {served.version!r} is already loaded")
             self._versions[served.version] = served
+            self._fields = None
             if self.stable is None:
                 self.stable = served.version
 
@@ -117,6 +125,40 @@ class ModelVersions:
         if canary is not None and self._rng.random() < share:
             return self._versions[canary]
         return self._versions[stable]
+
+    def fields(self) -> LiveFields:
+        """The request fields the loaded versions take together (protocol.LiveFields)."""
+        fields = self._fields
+        if fields is None:
+            with self._lock:
+                served = [s for s in self._versions.values() if isinstance(s, ServedModel)]
+                fields = LiveFields(
+                    frozenset().union(*(s.signature.input_names() for s in served)),
+                    frozenset().union(*(s.preprocess.keys for s in served)),
+                    frozenset(s.signature.num_dense for s in served),
+                    len(served),
+                )
+                self._fields = fields
+        return fields
+
+    def fallback(self, version: str) -> ServedModel | None:
+        """The version that answers a request `version` (routed to by share) cannot take: the canary for the
+        stable one while the canary has a share of the traffic, the stable one for the canary; else None."""
+        stable, canary, share = self.stable, self.canary, self.share
+        if canary is None or stable is None:
+            return None
+        if version == stable and share > 0:
+            return self._versions.get(canary)
+        return self._versions.get(stable) if version == canary else None
+
+    def acquire_fallback(self, version: str) -> ServedModel | None:
+        """fallback(version), held like acquire() (release it after answering): once a rollback has made it
+        neither stable nor canary, an unload still waits for the request it answers."""
+        with self._lock:
+            served = self.fallback(version)
+            if served is not None:
+                self._inflight[id(served)] = self._inflight.get(id(served), 0) + 1
+            return served
 
     def set_canary(self, version: str, share: float) -> None:
         if not 0.0 <= share <= 1.0:
@@ -164,6 +206,7 @@ class ModelVersions:
                     f"model {self.name!r}: version {version!r} is serving traffic; promote or roll back first"
                 )
             del self._versions[version]
+            self._fields = None
             self.history = [v for v in self.history if v != version]
             deadline = time.monotonic() + drain_s
             while id(served) in self._inflight and (left := deadline - time.monotonic()) > 0:

@@ -12,6 +12,7 @@ import pytest
 
 from hugerec.continuous.decision_log import DecisionLog, Record, read_log
 from hugerec.continuous.gate import GateConfig, check
+from hugerec.continuous.window_schema import adapt_schema
 from hugerec.data.synthetic_stream import SECONDS_PER_DAY, Stream, StreamConfig
 from hugerec.data.windows import Windows, holdout_mask, split_holdout, table_batches
 
@@ -144,3 +145,25 @@ def test_workflow_fits_on_one_window_and_transforms_the_next() -> None:
     seen = set(fit_on["c1"].to_list())
     unseen = np.array([k not in seen for k in nxt["c1"].to_pylist()])
     assert unseen.any() and (out["c1"].to_numpy()[unseen] == 1).all()  # out of vocabulary
+
+
+def test_windows_read_keeps_a_column_that_later_files_add(tmp_path: Path) -> None:
+    """Days 0-1 in one file, days 2-3 in another that adds c9: window 2 holds c9 (one dataset over both files
+    kept the first file's columns only and dropped it), window 1 does not, and a window over days 1-2 holds
+    c9 with nulls for day 1's rows (a sparse column: empty bags)."""
+    s = Stream(CFG)
+    old = pa.concat_tables([s.day(d).table for d in (0, 1)])
+    new = pa.concat_tables([s.day(d).table for d in (2, 3)])
+    new = new.append_column("c9", pa.array(np.arange(new.num_rows) % 5))
+    pq.write_table(old, tmp_path / "a.parquet")
+    pq.write_table(new, tmp_path / "b.parquet")
+    w = Windows("ts", "day")
+    assert "c9" not in w.read(tmp_path, 1).column_names
+    day2 = w.read(tmp_path, 2)
+    assert day2.equals(new.slice(0, CFG.rows_per_day)) and day2["c9"].null_count == 0
+    both = w.read(tmp_path, 1, count=2)
+    assert both.num_rows == 2 * CFG.rows_per_day and both["c9"].null_count == CFG.rows_per_day
+    schema = adapt_schema(CFG.schema, both, "ts", "window 1")
+    assert schema.sparse_names[-1] == "c9"
+    assert sum(b.batch_size for b in table_batches(both, schema, 1024)) == both.num_rows
+    assert w.read(tmp_path, 9).num_rows == 0

@@ -29,8 +29,8 @@ figure shows how it recovers.
     hugerec-loop-<m>min (`--intraday m`, day 4 only) the same loop on windows of m minutes over days 3
                    and 4 (from scratch at day 3, 00:00): each of day 4's holdout rows scored by the model
                    serving during its window; day 4's first window is the first sight of the new concept
-    retrain-since-drift-<m>min (with it) the most a loop at that window length could do with this
-                   model: before each of day 4's windows, a fresh model on every earlier row of day 4
+    retrain-since-drift-<m>min (with it, m >= 15) a loop that retrains a fresh model at every window on
+                   every earlier row of day 4 (2 epochs, lr 1e-2)
 `drift detection` (hugerec-loop): when day d arrives, the monitor on day d's rows against day d-1's
 (the reference the serving model was trained on) plus the KPIs on day d's labels of the model serving
 at that moment (published at step d-2) against its gate AUC (decisions.retrain_reason, defaults). Value: share of the injected days (4, 6) that
@@ -295,14 +295,22 @@ def intraday_drift_day(rows_per_day: int, epochs: int, minutes: int) -> list[dic
             seconds_all_steps=seconds,
         )
     ]
+    if minutes < 15:  # one fresh model per window on every earlier row of day 4: 288 of them at 5 minutes
+        return out
     # the reference: day 4's first window is answered by a model trained on day 3 (no row of day 4 seen yet)
-    train_cfg = TrainConfig(epochs=2, lr=1e-2, progress=False, tensorboard=False, plot=False, device="cpu", pipeline=False, seed=0)
+    train_cfg = TrainConfig(
+        epochs=2, lr=1e-2, progress=False, tensorboard=False, plot=False, device="cpu", pipeline=False, seed=0
+    )
     q = np.empty_like(p)
     t0 = time.perf_counter()
     for k in range(4 * per_day, 5 * per_day):
         seen = days[3].table if k == 4 * per_day else pa.concat_tables([parts[j] for j in range(4 * per_day, k)])
         model = SPEC.build(cfg.schema, 0)
-        fit(model.train(), table_batches(loop._train_rows(seen), cfg.schema, 512, shuffle=True, seed=k), config=train_cfg)
+        fit(
+            model.train(),
+            table_batches(loop._train_rows(seen), cfg.schema, 512, shuffle=True, seed=k),
+            config=train_cfg,
+        )
         sel = window == k
         q[sel] = _scores(model.eval(), rows.filter(pa.array(sel)), cfg)
     ceiling, ceiling_hours = day_lift(q)

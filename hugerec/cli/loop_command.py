@@ -7,7 +7,8 @@
     [data]       paths (Parquet with the time column) + label, dense, sparse column names;
                  or, instead of paths, [data.stream]: a synthetic drifting stream (StreamConfig)
     [windows]    time_column, unit ("day" | "hour" | "minute"), size
-    [model] [gate] [decisions] [monitor]   ModelSpec, GateConfig, DecisionConfig, MonitorConfig
+    [model] [gate] [decisions] [monitor] [recovery]   ModelSpec, GateConfig, DecisionConfig, MonitorConfig,
+                 Recovery (how the loop relearns after a concept drift)
     [server]     mode: "offline" (no server: a published candidate serves at once), "embedded" (a
                  server in this process on 127.0.0.1, with simulated traffic: `replay_rows` rows of
                  each next window sent to /predict in that window's own columns, dense features by
@@ -37,7 +38,7 @@ from hugerec.cli.config_file import ConfigError, apply_overrides, from_dict, rea
 from hugerec.continuous.decision_log import Record, read_log
 from hugerec.continuous.decisions import DecisionConfig
 from hugerec.continuous.gate import GateConfig
-from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec
+from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec, Recovery
 from hugerec.continuous.monitor import MonitorConfig
 from hugerec.continuous.window_schema import window_schemas
 from hugerec.data.schema import Schema
@@ -107,6 +108,7 @@ class LoopFile:
     gate: GateConfig = field(default_factory=GateConfig)
     decisions: DecisionConfig = field(default_factory=DecisionConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    recovery: Recovery = field(default_factory=Recovery)
     server: ServerSection = field(default_factory=ServerSection)
 
 
@@ -184,6 +186,7 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
         lc.seed,
         deltas=lc.deltas,
         keep_versions=lc.keep_versions,
+        recovery=cfg.recovery,
     )
     if cfg.data.stream is not None:
         stream = Stream(cfg.data.stream)

@@ -5,7 +5,7 @@ decision log (decision_log.py), publisher (publish.py), monitor (monitor.py, obs
 from hugerec.continuous.decision_log import Record, read_log
 from hugerec.continuous.decisions import DecisionConfig
 from hugerec.continuous.gate import GateConfig
-from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec
+from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec, Recovery
 from hugerec.continuous.monitor import MonitorConfig
 from hugerec.continuous.observer import ServerObserver
 from hugerec.continuous.publish import Publisher, ServerTarget
@@ -20,6 +20,7 @@ __all__ = [
     "MonitorConfig",
     "Publisher",
     "Record",
+    "Recovery",
     "ServerObserver",
     "ServerTarget",
     "read_log",

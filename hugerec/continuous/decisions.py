@@ -24,8 +24,8 @@ Thresholds are data (DecisionConfig):
                 false rollbacks of an equally good canary at ~5% per decision
     retrain     any feature drifts (PSI >= psi_alarm) or the predictions do, or the stable version's
                 feedback AUC falls below its gate AUC (its baseline) by more than baseline_margin (the
-                loop then trains from scratch on the last `retrain_windows` windows, or on the latest
-                window alone when only a KPI fell: a concept drift, where older windows mislead)
+                loop then trains from scratch on the last `retrain_windows` windows, or, when only a KPI
+                fell, a concept drift where older windows mislead, runs its recovery: loop.Recovery)
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def decide_canary(obs: Observation, config: DecisionConfig) -> tuple[Action, str
 
 @dataclass(frozen=True)
 class Retrain:
-    """Why to retrain from scratch; `concept`: only a KPI fell (no feature drifted), so the hidden relation
-    changed and windows before the change would teach the old one: retrain on the latest window alone."""
+    """Why to retrain; `concept`: only a KPI fell (no feature drifted), so the hidden relation changed and
+    windows before the change would teach the old one: the loop's recovery trains on the windows since."""
 
     reason: str
     concept: bool

@@ -10,10 +10,13 @@ window):
     2. train    warm-start from the checkpoint of the last published version that was not rolled back
                 (its dynamic tables admit the window's new ids and evict stale ones), train on window
                 k's training rows -> checkpoints/w<k>.pt; a full retraining instead starts from scratch
-                on windows k - retrain_windows + 1 .. k (on window k alone after a concept drift). An
-                empty window is skipped (logged).
+                on windows k - retrain_windows + 1 .. k; after a concept drift, the recovery (Recovery):
+                the model serving before it, its sparse optimizer state reset, on every window since the
+                drift, again whenever those have doubled (growth), for `hours`. An empty window is skipped
+                (logged).
     3. gate     candidate and serving model on window k + 1's holdout (gate.check); the serving model
-                below its baseline there asks window k + 1 to retrain from scratch (no server needed)
+                below its baseline there is a concept drift: window k + 1 starts the recovery (no server
+                needed)
     4. publish  to the server as the canary (publish.Publisher): when the server's stable version was
                 published by this loop with the same columns, schema and model config, a version delta
                 (model_diff: changed and new rows, evicted ids, default rows, dense weights) -> updates/w<k>,
@@ -40,6 +43,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import torch
@@ -99,6 +103,32 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class Recovery:
+    """How the loop relearns after a concept drift (the serving model's AUC fell below its baseline while no
+    feature drifted, so the hidden relation changed). From the window the drift is seen in, it retrains the
+    model serving before the drift on every window since then, with `epochs` at `lr` and its sparse
+    optimizer state reset (rows trained for days have large Adagrad sums, so the ids whose effect changed
+    would relearn at a crawl; the ids whose effect did not change keep what they know, which a fresh model
+    would have to learn again); it does so again each time the windows since the drift have grown `growth`
+    times (1, 2, 4, ... windows: the retraining costs at most about growth / (growth - 1) times the rows seen
+    since the drift), while they span at most `hours`; between those retrains and after them it warm-starts
+    as usual. Long windows (a day) make this one retrain on the drift window."""
+
+    epochs: int = 2
+    lr: float = 1e-2
+    growth: float = 2.0
+    hours: float = 12.0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"Recovery: epochs must be >= 1, got {self.epochs}")
+        if not (self.lr > 0 and self.growth > 1 and self.hours > 0):
+            raise ValueError(
+                f"Recovery: lr, growth - 1 and hours must be > 0, got {self.lr}, {self.growth}, {self.hours}"
+            )
+
+
+@dataclass(frozen=True)
 class LoopConfig:
     """work_dir holds decisions.jsonl, checkpoints/, bundles/ and updates/; `schema` names the columns trained
     on; `deltas`: publish version deltas when the stable version allows (else always whole bundles);
@@ -122,6 +152,7 @@ class LoopConfig:
     seed: int = 0
     deltas: bool = True
     keep_versions: int = 1
+    recovery: Recovery = field(default_factory=Recovery)
 
     def __post_init__(self) -> None:
         if self.keep_versions < 0:
@@ -151,7 +182,11 @@ def version_of(window: int) -> str:
 
 def _size(path: Path) -> int:
     """Bytes of the files under `path` (what publishing hands the server)."""
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.relative_to(path).parts[0].startswith("state"))
+    return sum(
+        p.stat().st_size
+        for p in path.rglob("*")
+        if p.is_file() and not p.relative_to(path).parts[0].startswith("state")
+    )
 
 
 class Loop:
@@ -256,12 +291,25 @@ class Loop:
                 return
             schema = adapt_schema(self.config.schema, rows, self.config.windows.time_column, f"window {k}")
             base = self.base_version()
-            changed = None if base is None or retrain else self._schema_change(base, schema)
-            if changed is not None:
-                retrain = 1
-            model, skipped = self._train(k, rows, retrain, schema)
+            recovery = None if retrain and not retrains[-1].extra.get("concept") else self._recovery(k)
+            start = None if retrain else base  # where training starts (None: a fresh model)
+            if recovery is not None:
+                retrain, start = int(recovery["windows"]), recovery["base"]
+            changed = None if start is None else self._schema_change(start, schema)
+            if changed is not None:  # another shape: a fresh model (a recovery goes on from it)
+                retrain, start = retrain or 1, None
+                recovery = None if recovery is None else recovery | {"base": None}
+            model, skipped = self._train(k, rows, max(retrain, 1), schema, start, reset=recovery is not None)
             atomic_save(model.state_dict(), self.checkpoint(version))
-            how = f"from scratch on {retrain - len(skipped)} window(s)" if retrain else "warm start"
+            span = f"{max(retrain, 1) - len(skipped)} window(s)"
+            if recovery is not None:
+                rc = self.config.recovery
+                how = (
+                    f"concept-drift recovery: {start or 'a fresh model'} with its sparse optimizer state reset, on the "
+                    f"{span} since window {recovery['since']}, {rc.epochs} epoch(s) at lr {rc.lr}"
+                )
+            else:
+                how = f"from scratch on {span}" if retrain else "warm start"
             if skipped:
                 how += f" (windows {skipped} lack columns of window {k}: left out)"
             self.log.append(
@@ -273,11 +321,13 @@ class Loop:
                         json.dumps(
                             {
                                 "rows": rows.num_rows,
-                                "base": None if retrain else base,
+                                "base": start,
                                 "schema": schema.to_dict(),
                                 "columns": window_columns(rows, self.config.windows.time_column),
-                                "model": dataclasses.asdict(self.config.model) | {"eviction": self.config.model.eviction.value},
+                                "model": dataclasses.asdict(self.config.model)
+                                | {"eviction": self.config.model.eviction.value},
                             }
+                            | ({} if recovery is None else {"recovery": recovery})
                         )
                     ),
                 )
@@ -294,24 +344,27 @@ class Loop:
         old = self.schema_of(base)
         if old == schema:
             return None
-        return describe_change({c.name: c.kind.value for c in old.columns}, {c.name: c.kind.value for c in schema.columns})
+        return describe_change(
+            {c.name: c.kind.value for c in old.columns}, {c.name: c.kind.value for c in schema.columns}
+        )
 
     def _train_rows(self, rows: pa.Table) -> pa.Table:
         mask = holdout_mask(rows.num_rows, self.config.holdout_share, self.config.seed)
         return rows.filter(pa.array(~mask))
 
-    def _train(self, k: int, rows: pa.Table, from_scratch: int, schema: Schema) -> tuple[DLRM, list[int]]:
-        """Warm start (from_scratch 0) or a fresh model on the last `from_scratch` windows up to k; returns the
-        model and the earlier windows left out because they lack a column of window k (a schema change
-        inside the retraining span: their rows cannot feed the new schema's features)."""
+    def _train(
+        self, k: int, rows: pa.Table, span: int, schema: Schema, start: str | None, reset: bool
+    ) -> tuple[DLRM, list[int]]:
+        """Train on the last `span` windows up to k (`rows`: window k's), from the checkpoint of `start` (None: a
+        fresh model); `reset`: a concept-drift recovery (its sparse optimizer state reset, Recovery's epochs and
+        lr). Returns the model and the earlier windows left out because they lack a column of window k (a
+        schema change inside the span: their rows cannot feed the new schema's features)."""
         cfg = self.config
-        base = None if from_scratch else self.base_version()
         skipped: list[int] = []
-        if from_scratch:
-            first = max(0, k - from_scratch + 1)
+        if span > 1:
             columns = rows.column_names
             older = []
-            for j in range(first, k):
+            for j in range(max(0, k - span + 1), k):
                 window = self.source(j)
                 if set(columns) <= set(window.column_names):
                     older.append(window.select(columns))
@@ -319,11 +372,41 @@ class Loop:
                     skipped.append(j)
             rows = pa.concat_tables([*older, rows], promote_options="permissive")
             rows = rows.sort_by(cfg.windows.time_column)
-        model = self.load(base) if base is not None else cfg.model.build(schema, cfg.seed)
+        model = self.load(start) if start is not None else cfg.model.build(schema, cfg.seed)
+        train_config = self._train_config
+        if reset:
+            assert isinstance(model.sparse_arch, EmbeddingCollection)  # ModelSpec.build's
+            model.sparse_arch.reset_optimizer_state()
+            train_config = dataclasses.replace(train_config, epochs=cfg.recovery.epochs, lr=cfg.recovery.lr)
         model.train()
         data = table_batches(self._train_rows(rows), schema, cfg.batch_size, shuffle=True, seed=cfg.seed + k)
-        fit(model, data, config=self._train_config)
+        fit(model, data, config=train_config)
         return model.eval(), skipped
+
+    def _recovery(self, k: int) -> dict[str, Any] | None:
+        """The concept-drift recovery retrain of window k ({"since", "windows", "base"}; Recovery), or None: the
+        last retrain decision up to window k was a concept drift at window `since`, and window k is the first
+        trained since then or the windows since then have grown `growth` times since the last recovery retrain
+        (and span at most `hours`). The first one starts from the version warm starts would use (the last one
+        published before the drift), later ones from that same version."""
+        rc = self.config.recovery
+        drift = None
+        for r in self.log.records:
+            if r.action == "retrain" and r.window <= k:
+                drift = r if r.extra.get("concept") else None
+        if drift is None:
+            return None
+        since, n = drift.window, k - drift.window + 1
+        done = [
+            r.extra["recovery"]
+            for r in self.log.records
+            if r.action == "trained" and since <= r.window < k and r.extra.get("recovery", {}).get("since") == since
+        ]
+        if not done:
+            return {"since": since, "windows": n, "base": self.base_version()}
+        if n < rc.growth * int(done[-1]["windows"]) or n * self.config.windows.seconds > rc.hours * 3600:
+            return None
+        return {"since": since, "windows": n, "base": done[-1]["base"]}
 
     def holdout(self, k: int) -> pa.Table:
         """Window k's holdout rows."""
@@ -358,12 +441,26 @@ class Loop:
         margin = self.config.decisions.baseline_margin
         if now is None or base is None or not now < base - margin:
             return
-        if any(r.action == "retrain" for r in self.log.of_window(k + 1)):
-            return  # already decided before a restart
+        if any(r.action == "retrain" for r in self.log.of_window(k + 1)) or self._recovering_from(serving):
+            return  # already decided before a restart, or this version's drop already started a recovery
         reason = f"serving {serving} AUC {now:.4f} on window {k + 1}'s holdout below its baseline {base:.4f} - {margin}"
         self.log.append(
-            Record(k + 1, "retrain", reason, {"serving_auc": now, "baseline_auc": base}, serving, extra={"windows": 1})
+            Record(
+                k + 1,
+                "retrain",
+                reason,
+                {"serving_auc": now, "baseline_auc": base},
+                serving,
+                extra={"windows": 1, "concept": True},
+            )
         )
+
+    def _recovering_from(self, version: str | None) -> bool:
+        """Whether `version` was trained before the last concept drift the loop saw (a recovery is under way): it
+        stays below its baseline until a recovered model replaces it, and that is no new drift."""
+        drifts = [r.window for r in self.log.records if r.action == "retrain" and r.extra.get("concept")]
+        trained = None if version is None else self.trained(version)
+        return bool(drifts) and trained is not None and trained.window < drifts[-1]
 
     def _publish(self, k: int, version: str, result: GateResult) -> None:
         if self.publisher is None:
@@ -386,7 +483,12 @@ class Loop:
             path = self.bundle(version)
             if not loaded or not (path / MANIFEST).is_file():
                 export_bundle(
-                    self.load(version), path, name=self.config.name, version=version, schema=self.schema_of(version), overwrite=True
+                    self.load(version),
+                    path,
+                    name=self.config.name,
+                    version=version,
+                    schema=self.schema_of(version),
+                    overwrite=True,
                 )
             after = self.publisher.publish(path, version, share)
             how = f"whole bundle ({why})"
@@ -473,7 +575,9 @@ class Loop:
             self.log.append(Record(k, action.value, reason, figures, canary, extra={"stable": stable}))
             self._retire(k)
         why = retrain_reason(obs, None if stable is None else self.baseline_auc(stable), self.config.decisions)
-        if why is not None:
+        if why is not None and not (why.concept and self._recovering_from(stable)):
             windows = 1 if why.concept else self.config.retrain_windows
             drift = {name: float(v) for name, v in obs.drift.items()}
-            self.log.append(Record(k, "retrain", why.reason, drift, stable, extra={"windows": windows}))
+            self.log.append(
+                Record(k, "retrain", why.reason, drift, stable, extra={"windows": windows, "concept": why.concept})
+            )

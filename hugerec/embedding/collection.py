@@ -474,6 +474,16 @@ class EmbeddingCollection(nn.Module):
         """The number of Adam steps table `table` took (None when its optimizer is not Adam)."""
         return self._fused.steps[table] if table in self._adam_tables() else None
 
+    def reset_optimizer_state(self, tables: Sequence[str] | None = None) -> None:
+        """The sparse optimizer state of `tables` (None: all) back to its initial values, the weights kept: rows
+        trained for long have large Adagrad sums and take tiny steps; after a concept drift the loop resets
+        them so the rows relearn at the optimizer's full rate (continuous/loop.py). In-memory tables only."""
+        names = [t.name for t in self._tables]
+        for name in names if tables is None else tables:
+            if name not in names:
+                raise ValueError(f"EmbeddingCollection.reset_optimizer_state: no table {name!r}; tables are {names}")
+            self._fused.reset_state(name)
+
     def reset_rows(self, table: str, rows: torch.Tensor | None = None) -> None:
         """Re-initialises table rows [n] (None: all) with the table's initializer and fresh optimizer state."""
         self._fused.reset_rows(table, rows)

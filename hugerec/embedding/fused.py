@@ -203,6 +203,15 @@ class FusedTables:
             out[f.name] = state[:, f.start] if f.width == 1 else state[:, f.start : f.start + f.width]
         return out
 
+    def reset_state(self, table: str) -> None:
+        """The table's optimizer state back to its initial values, the weights kept (as a freshly built optimizer
+        would start on these rows); Adam's step count restarts too (its bias correction belongs to the moments)."""
+        fields = state_fields(self.optimizers[table], self._config(table).dim)
+        for f, view in zip(fields, self.table_state(table).values(), strict=True):
+            view.fill_(f.initial)
+        if isinstance(self.optimizers[table], Adam):
+            self.steps[table] = 0
+
     # -- rows ----------------------------------------------------------------------------------
     def _rows(self, table: str, rows: torch.Tensor, where: str) -> torch.Tensor:
         c = self._config(table)

@@ -18,8 +18,12 @@ import pytest
 
 from hugerec.continuous.decision_log import read_log
 from hugerec.continuous.gate import GateConfig
-from hugerec.continuous.loop import Loop, LoopConfig
+from hugerec.continuous.loop import Loop, LoopConfig, Recovery
+from hugerec.data.synthetic_stream import Stream
 from hugerec.data.windows import holdout_mask
+from hugerec.embedding.collection import EmbeddingCollection
+
+from .conftest import SMALL
 
 Day = Callable[[int], pa.Table]
 MakeConfig = Callable[..., LoopConfig]
@@ -151,3 +155,46 @@ def test_dynamic_tables_admit_new_ids_and_evict_stale_ones(
     assert not any(k >= vocabulary for k in held[0])  # day 0 knows only first-generation ids
     assert any(k >= vocabulary for k in held[1])  # ids born on days 1-2 got rows in the warm-started table
     assert held[0] - held[1]  # and some of day 0's ids lost theirs
+
+
+def test_a_concept_drift_starts_a_recovery_that_retrains_again_as_the_windows_since_it_double(
+    tmp_path: Path, loop_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Concept drift on day 2 (every per-id effect redrawn): the gate of step 1 sees the serving model fall on
+    day 2's holdout; window 2 retrains the model published before the drift (its sparse optimizer state reset)
+    on window 2, window 3 on windows 2-3, window 5 on windows 2-5 (the windows since the drift doubled),
+    windows 4 and 6 warm-start; day windows span 24 h, so `hours` 100 allows 4 windows and not 8. The old model
+    still serving at step 2 is below its baseline on window 3 too: that is the same drift, not a second one."""
+    stream = Stream(dataclasses.replace(SMALL, days=8, concept_drift_day=2, concept_drift_share=1.0))
+    days = [stream.day(d).table for d in range(8)]
+    resets: list[int] = []
+    original = EmbeddingCollection.reset_optimizer_state
+
+    def counted(self: EmbeddingCollection, tables: object = None) -> None:
+        resets.append(int(sum(float(v.sum()) > 0 for k, v in self.state_dict().items() if k.endswith(".sum"))))
+        original(self)
+
+    monkeypatch.setattr(EmbeddingCollection, "reset_optimizer_state", counted)
+    loop = Loop(loop_config(tmp_path, recovery=Recovery(epochs=2, lr=1e-2, growth=2.0, hours=100)), days.__getitem__)
+    records = loop.run(0, 7)
+    drift = [r for r in records if r.action == "retrain"]
+    assert [(r.window, r.extra) for r in drift] == [(2, {"windows": 1, "concept": True})]
+    trained = {r.window: r for r in records if r.action == "trained"}
+    before = [r.version for r in records if r.action == "publish" and r.window < 2][-1]
+    plans = {k: r.extra.get("recovery") for k, r in trained.items()}
+    assert plans == {
+        0: None,
+        1: None,
+        2: {"since": 2, "windows": 1, "base": before},
+        3: {"since": 2, "windows": 2, "base": before},
+        4: None,
+        5: {"since": 2, "windows": 4, "base": before},
+        6: None,
+    }
+    assert trained[5].reason.startswith(
+        f"concept-drift recovery: {before} with its sparse optimizer state reset, on the 4 window(s) since window 2"
+    )
+    assert [trained[k].extra["base"] for k in (2, 3, 5)] == [before] * 3 and trained[4].reason == "warm start"
+    assert resets == [SMALL.num_sparse] * 3  # three recoveries, each from a model whose every table had trained
+    serving = [r for r in records if r.action == "publish"][-1]
+    assert serving.gate is not None and serving.gate["candidate_auc"] > 0.7  # the new relation learnt

@@ -338,6 +338,27 @@ def test_nested_state_dict_keys_and_read_write_reset_rows() -> None:
     assert float(emb.table_weight("a")[3].abs().max()) <= bound and float(emb.table_weight("a")[0, 0]) == 1.0
 
 
+@pytest.mark.parametrize("optimizer", [Adagrad(lr=0.1, initial_accumulator_value=0.1), Adam(lr=0.05), Ftrl(lr=0.3)])
+def test_reset_optimizer_state_keeps_the_weights_and_then_trains_like_a_fresh_optimizer(optimizer: Optimizer) -> None:
+    gen = torch.Generator().manual_seed(0)
+    trained = EmbeddingCollection(TABLES, optimizer)
+    for _ in range(3):
+        trained(random_features(gen, TABLES)).values.pow(2).sum().backward()
+    fresh = EmbeddingCollection(TABLES, optimizer)  # the trained weights under a new optimizer
+    fresh.load_state_dict({k: v for k, v in trained.state_dict().items() if k.endswith(".weight")}, strict=False)
+    assert any(not torch.equal(v, fresh.state_dict()[k]) for k, v in trained.state_dict().items())
+    trained.reset_optimizer_state()
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(trained.state_dict()[k], v), k
+    features = random_features(gen, TABLES)
+    for emb in (trained, fresh):
+        emb(features).values.pow(2).sum().backward()
+    for k, v in fresh.state_dict().items():
+        torch.testing.assert_close(trained.state_dict()[k], v, rtol=0, atol=0, msg=k)
+    with pytest.raises(ValueError, match="no table 'zz'; tables are"):
+        trained.reset_optimizer_state(["zz"])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu() -> None:
     cpu = EmbeddingCollection(TABLES, Adam(lr=0.1))

@@ -9,7 +9,8 @@ window):
                 retraining (decisions.retrain_reason)
     2. train    warm-start from the checkpoint of the last published version that was not rolled back
                 (its dynamic tables admit the window's new ids and evict stale ones), train on window
-                k's training rows -> checkpoints/w<k>.pt; a full retraining instead starts from scratch
+                k's training rows -> checkpoints/w<k>.pt (while nothing is published, a fresh model on every
+                window since the loop's first: short windows are too small for a first model to pass the gate); a full retraining instead starts from scratch
                 on windows k - retrain_windows + 1 .. k; after a concept drift, the recovery (Recovery):
                 the model serving before it, its sparse optimizer state reset, on every window since the
                 drift, again whenever those have doubled (growth), for `hours`. An empty window is skipped
@@ -293,6 +294,10 @@ class Loop:
             base = self.base_version()
             recovery = None if retrain and not retrains[-1].extra.get("concept") else self._recovery(k)
             start = None if retrain else base  # where training starts (None: a fresh model)
+            first = min((r.window for r in self.log.records if r.action == "trained"), default=k)
+            bootstrap = base is None and not retrain and recovery is None and first < k
+            if bootstrap:  # nothing published yet: the first model learns from every window the loop has seen
+                retrain = k - first + 1
             if recovery is not None:
                 retrain, start = int(recovery["windows"]), recovery["base"]
             changed = None if start is None else self._schema_change(start, schema)
@@ -309,7 +314,14 @@ class Loop:
                     f"{span} since window {recovery['since']}, {rc.epochs} epoch(s) at lr {rc.lr}"
                 )
             else:
-                how = f"from scratch on {span}" if retrain else "warm start"
+                how = (
+                    f"from scratch on {span}"
+                    if retrain
+                    else "warm start"
+                    if start
+                    else "a fresh model (nothing published yet)"
+                )
+                how += f" (nothing published yet: every window since {first})" if bootstrap else ""
             if skipped:
                 how += f" (windows {skipped} lack columns of window {k}: left out)"
             self.log.append(
@@ -420,6 +432,10 @@ class Loop:
         if holdout.num_rows == 0:
             nan = float("nan")
             return check({"auc": nan, "logloss": nan, "calibration": nan, "count": 0}, None, cfg.gate)
+        gone = [c for c in self.schema_of(version_of(k)).names if c not in holdout.column_names]
+        if gone:  # the next window dropped a column the candidate was trained on: it could not serve those rows
+            reason = f"the candidate cannot read window {k + 1}: its columns {gone} are gone there"
+            return GateResult(False, reason, {"rows": float(holdout.num_rows)})
         figures = evaluate(candidate, table_batches(holdout, self.schema_of(version_of(k)), 4096), device="cpu")
         serving = self.serving_version()
         if serving is None:
@@ -434,7 +450,7 @@ class Loop:
 
     def _check_serving(self, k: int, result: GateResult) -> None:
         """The serving model on window k + 1's holdout (a gate figure) below its own baseline: a concept drift
-        seen without a server; window k + 1 then trains from scratch on itself alone."""
+        seen without a server; window k + 1 then starts the recovery (Recovery)."""
         serving = self.serving_version()
         now = result.figures.get("serving_auc")
         base = None if serving is None else self.baseline_auc(serving)
@@ -559,7 +575,18 @@ class Loop:
             reference = self._train_rows(self.source(trained[-1].window))
         obs = self.observe(k, reference)
         if canary is not None:
-            action, reason = decide_canary(obs, self.config.decisions)
+            columns = self.source(k).column_names
+            gone = {v: [c for c in self.schema_of(v).names if c not in columns] for v in (stable, canary) if v}
+            if gone.get(stable) and not gone.get(canary):
+                # the stable cannot read this window's requests (they fall back to the canary): it gets no feedback
+                # to compare with, and the canary that passed the gate on such rows is the only one that serves them
+                action, reason = (
+                    Action.PROMOTE,
+                    f"the stable {stable} cannot read window {k}: its columns {gone[stable]} are gone; the canary "
+                    f"{canary} reads them and passed the gate",
+                )
+            else:
+                action, reason = decide_canary(obs, self.config.decisions)
             figures = {
                 f"{role}_{key}": float(getattr(kp, key))
                 for role, kp in obs.kpis.items()

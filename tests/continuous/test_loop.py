@@ -198,3 +198,30 @@ def test_a_concept_drift_starts_a_recovery_that_retrains_again_as_the_windows_si
     assert resets == [SMALL.num_sparse] * 3  # three recoveries, each from a model whose every table had trained
     serving = [r for r in records if r.action == "publish"][-1]
     assert serving.gate is not None and serving.gate["candidate_auc"] > 0.7  # the new relation learnt
+
+
+def test_until_a_model_is_published_each_candidate_learns_from_every_window_so_far(
+    tmp_path: Path, small_day: Day, loop_config: MakeConfig
+) -> None:
+    """Windows 1 and 2 hold 500 rows: their holdouts (about 50) are below min_rows, so the candidates of steps 0
+    and 1 are refused. Step 2's candidate is a fresh model on windows 0-2 (not on window 2 alone: with short
+    windows a loop that trained each refused candidate on its own window would never publish), step 3 warm-starts."""
+
+    def day(k: int) -> pa.Table:
+        return small_day(k).slice(0, 500) if k in (1, 2) else small_day(k)
+
+    records = Loop(loop_config(tmp_path), day).run(0, 4)
+    assert [(r.window, r.action) for r in records if r.action in ("publish", "refuse")] == [
+        (0, "refuse"),
+        (1, "refuse"),
+        (2, "publish"),
+        (3, "publish"),
+    ]
+    trained = [r for r in records if r.action == "trained"]
+    assert [r.reason for r in trained] == [
+        "a fresh model (nothing published yet)",  # the loop's first window: nothing earlier to add
+        "from scratch on 2 window(s) (nothing published yet: every window since 0)",
+        "from scratch on 3 window(s) (nothing published yet: every window since 0)",
+        "warm start",
+    ]
+    assert [r.extra["base"] for r in trained] == [None, None, None, "w2"]

@@ -131,9 +131,60 @@ def test_drift_during_a_schema_change_reads_each_feature_where_it_was_logged(tmp
     pq.write_table(labels, logs / "feedback-00000001.parquet")
     reference = small_day(0)
     observer = ServerObserver(
-        _Status(), logs, tmp_path, SMALL.schema.dense_names, SMALL.schema.sparse_names, png=False  # type: ignore[arg-type]
+        _Status(),
+        logs,
+        tmp_path,
+        SMALL.schema.dense_names,
+        SMALL.schema.sparse_names,
+        png=False,  # type: ignore[arg-type]
     )
     observation = observer(1, reference)
     report = observer.reports[-1]
     assert report.rows == n // 2 and report.psi["d1"] < 0.1, report.psi  # w1's rows only
     assert {role: k.count for role, k in observation.kpis.items()} == {"stable": n // 2, "canary": n // 2}
+
+
+@pytest.mark.slow  # four loop windows with a server (about 10 s on an idle machine)
+def test_a_removed_column_makes_the_canary_that_reads_the_new_rows_stable(
+    tmp_path: Path, server: tuple[str, Path], small_day: Day, loop_config: Callable[..., LoopConfig]
+) -> None:
+    """From window 2 the rows lack d1. Until a version without d1 is live, requests without it are refused
+    naming d1 (values are not invented); w2 (trained without d1) goes out as a canary, window 3's requests all
+    fall back to it, the stable gets no feedback, and the loop promotes w2 saying why instead of waiting."""
+    url, logs = server
+
+    def day(k: int) -> pa.Table:
+        t = small_day(k).slice(0, 2000)
+        return t.drop_columns(["d1"]) if k >= 2 else t
+
+    config = loop_config(
+        tmp_path / "work",
+        gate=LENIENT,
+        epochs=1,
+        canary_share=0.5,
+        decisions=DecisionConfig(min_feedback=100, kpi_margin=0.15, psi_alarm=10.0, baseline_margin=0.1),
+    )
+    publisher = Publisher(ServerTarget(url, "model", TOKEN))
+    schema = config.schema
+    observer = ServerObserver(
+        publisher,
+        logs,
+        config.work_dir,
+        schema.dense_names,
+        schema.sparse_names,
+        png=False,
+        window_schema=window_schemas(schema, day, config.windows.time_column),
+    )
+    loop = Loop(config, day, publisher, observer)
+    seen = {}
+    for k in range(4):
+        loop.step(k)
+        seen[k + 1] = simulate(url, loop, day(k + 1).slice(0, 400), k + 1)
+    assert not seen[2].answered and seen[2].failed > 0, seen[2]  # only versions that need d1 were live
+    assert "missing dense features ['d1']" in seen[2].errors[0]
+    assert seen[3].failed == 0 and set(seen[3].answered) == {"w2"}, (seen[3].answered, seen[3].errors[:1])
+    decision = next(r for r in loop.log.records if r.window == 3 and r.action in ("promote", "rollback", "wait"))
+    assert decision.action == "promote" and decision.version == "w2", decision
+    assert "cannot read window 3: its columns ['d1'] are gone" in decision.reason
+    assert publisher.status() is not None and publisher.status()["stable"] == "w2"  # type: ignore[index]
+    assert seen[4].failed == 0

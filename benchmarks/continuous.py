@@ -174,7 +174,8 @@ def run(rows_per_day: int, monitor_rows: int, epochs: int) -> list[dict[str, Any
                 int(y_rest.size), auc(p_live, y_rest), float(y_rest.mean()), float(p_live.mean())
             )
         obs = Observation(kpis_then, rep.observation().drift)
-        why = retrain_reason(obs, None if live is None else loop.baseline_auc(live), decisions)
+        found = None if live is None else loop.baseline(live)
+        why = retrain_reason(obs, None if found is None else found[0], decisions, 0.0 if found is None else found[1])
         alarms.append((d, None if why is None else why.reason))
         print(f"day {d}: serving {live} when the day arrives, alarm: {alarms[-1][1]}", flush=True)
     injected = {4, 6}

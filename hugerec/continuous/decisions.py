@@ -23,7 +23,8 @@ Thresholds are data (DecisionConfig):
                 gate's auc_margin (GateConfig, 0.005), so both lines judge a loss alike; z = 1.645 keeps
                 false rollbacks of an equally good canary at ~5% per decision
     retrain     any feature drifts (PSI >= psi_alarm) or the predictions do, or the stable version's
-                feedback AUC falls below its gate AUC (its baseline) by more than baseline_margin (the
+                feedback AUC falls below its gate AUC (its baseline) by more than baseline_margin plus
+                confidence_z standard errors of the difference (below_baseline; the
                 loop then trains from scratch on the last `retrain_windows` windows, or, when only a KPI
                 fell, a concept drift where older windows mislead, runs its recovery: loop.Recovery)
 """
@@ -138,8 +139,18 @@ class Retrain:
     concept: bool
 
 
-def retrain_reason(obs: Observation, baseline_auc: float | None, config: DecisionConfig) -> Retrain | None:
-    """Why the stable model needs a full retraining, or None."""
+def below_baseline(auc: float, se: float, baseline: float, baseline_se: float, config: DecisionConfig) -> bool:
+    """Whether an AUC (standard error `se`) is below its baseline (measured with `baseline_se`) by more than
+    baseline_margin plus confidence_z standard errors of the difference: an AUC on a thousand rows moves by
+    about 0.02 from noise alone, so a loop on short windows would see a drift in every other window."""
+    return auc < baseline - config.baseline_margin - config.confidence_z * math.hypot(se, baseline_se)
+
+
+def retrain_reason(
+    obs: Observation, baseline_auc: float | None, config: DecisionConfig, baseline_se: float = 0.0
+) -> Retrain | None:
+    """Why the stable model needs a full retraining, or None (`baseline_se`: the standard error of the baseline
+    AUC, 0 when it is exact)."""
     drifted = [
         f"drift in {name} (PSI {psi:.3f} >= {config.psi_alarm})"
         for name, psi in obs.drift.items()
@@ -151,7 +162,11 @@ def retrain_reason(obs: Observation, baseline_auc: float | None, config: Decisio
         stable is not None
         and baseline_auc is not None
         and stable.count >= config.min_feedback
-        and stable.auc < baseline_auc - config.baseline_margin
+        and below_baseline(stable.auc, stable.auc_standard_error, baseline_auc, baseline_se, config)
     ):
-        reasons.append(f"stable AUC {stable.auc:.4f} below its baseline {baseline_auc:.4f} - {config.baseline_margin}")
+        se = math.hypot(stable.auc_standard_error, baseline_se)
+        reasons.append(
+            f"stable AUC {stable.auc:.4f} below its baseline {baseline_auc:.4f} - {config.baseline_margin} "
+            f"by more than {config.confidence_z} x the difference's standard error {se:.4f}"
+        )
     return Retrain("; ".join(reasons), not drifted) if reasons else None

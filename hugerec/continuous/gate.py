@@ -88,6 +88,8 @@ def check(candidate: Mapping[str, float], serving: Mapping[str, float] | None, c
     figures = {f"candidate_{k}": float(candidate[k]) for k in keys}
     rows = _rows(candidate, "candidate")
     figures["rows"] = rows
+    if "ctr" in candidate and math.isfinite(float(candidate["ctr"])):  # for the AUC's standard error (decisions.py)
+        figures["positives"] = float(round(float(candidate["ctr"]) * rows))
     if serving is not None:
         figures.update({f"serving_{k}": float(serving[k]) for k in keys})
     failed = []

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,15 @@ import pyarrow as pa
 import torch
 
 from hugerec.continuous.decision_log import DecisionLog, Record
-from hugerec.continuous.decisions import Action, DecisionConfig, Observation, decide_canary, retrain_reason
+from hugerec.continuous.decisions import (
+    Action,
+    DecisionConfig,
+    Observation,
+    auc_standard_error,
+    below_baseline,
+    decide_canary,
+    retrain_reason,
+)
 from hugerec.continuous.gate import GateConfig, GateResult, check
 from hugerec.continuous.model_diff import write_model_delta
 from hugerec.continuous.publish import Publisher
@@ -177,6 +186,14 @@ class LoopConfig:
         return Path(self.work_dir) / "decisions.jsonl"
 
 
+def _auc_se(figures: Mapping[str, float], key: str) -> float:
+    """The standard error of figures[key], an AUC on the gate's holdout (0 for records without its counts)."""
+    if "positives" not in figures or "rows" not in figures:
+        return 0.0
+    positives = int(figures["positives"])
+    return auc_standard_error(float(figures[key]), positives, int(figures["rows"]) - positives)
+
+
 def version_of(window: int) -> str:
     return f"w{window}"
 
@@ -259,9 +276,14 @@ class Loop:
         return published[-1] if published else None
 
     def baseline_auc(self, version: str) -> float | None:
+        found = self.baseline(version)
+        return None if found is None else found[0]
+
+    def baseline(self, version: str) -> tuple[float, float] | None:
+        """(AUC, its standard error) of `version` on the holdout its gate read when it was published."""
         for r in self.log.records:
-            if r.action == "publish" and r.version == version and r.gate is not None:
-                return r.gate.get("candidate_auc")
+            if r.action == "publish" and r.version == version and r.gate is not None and "candidate_auc" in r.gate:
+                return float(r.gate["candidate_auc"]), _auc_se(r.gate, "candidate_auc")
         return None
 
     def load(self, version: str) -> DLRM:
@@ -453,13 +475,20 @@ class Loop:
         seen without a server; window k + 1 then starts the recovery (Recovery)."""
         serving = self.serving_version()
         now = result.figures.get("serving_auc")
-        base = None if serving is None else self.baseline_auc(serving)
-        margin = self.config.decisions.baseline_margin
-        if now is None or base is None or not now < base - margin:
+        found = None if serving is None else self.baseline(serving)
+        dc = self.config.decisions
+        if now is None or found is None:
+            return
+        (base, base_se), now_se = found, _auc_se(result.figures, "serving_auc")
+        if not below_baseline(now, now_se, base, base_se, dc):
             return
         if any(r.action == "retrain" for r in self.log.of_window(k + 1)) or self._recovering_from(serving):
             return  # already decided before a restart, or this version's drop already started a recovery
-        reason = f"serving {serving} AUC {now:.4f} on window {k + 1}'s holdout below its baseline {base:.4f} - {margin}"
+        reason = (
+            f"serving {serving} AUC {now:.4f} on window {k + 1}'s holdout below its baseline {base:.4f} - "
+            f"{dc.baseline_margin} by more than {dc.confidence_z} x the difference's standard error "
+            f"{math.hypot(now_se, base_se):.4f}"
+        )
         self.log.append(
             Record(
                 k + 1,
@@ -601,7 +630,10 @@ class Loop:
                     pass
             self.log.append(Record(k, action.value, reason, figures, canary, extra={"stable": stable}))
             self._retire(k)
-        why = retrain_reason(obs, None if stable is None else self.baseline_auc(stable), self.config.decisions)
+        found = None if stable is None else self.baseline(stable)
+        why = retrain_reason(
+            obs, None if found is None else found[0], self.config.decisions, 0.0 if found is None else found[1]
+        )
         if why is not None and not (why.concept and self._recovering_from(stable)):
             windows = 1 if why.concept else self.config.retrain_windows
             drift = {name: float(v) for name, v in obs.drift.items()}

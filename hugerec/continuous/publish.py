@@ -100,7 +100,9 @@ class Publisher:
         of a model becomes stable instead). Returns the model's status afterwards."""
         m = self.target.model
         body = {"bundle": str(bundle), "version": version}
-        return self._publish(f"/v2/repository/models/{m}/load", body, version, share, f"loading {bundle} as {m}:{version}")
+        return self._publish(
+            f"/v2/repository/models/{m}/load", body, version, share, f"loading {bundle} as {m}:{version}"
+        )
 
     def publish_delta(self, delta: str | Path, base: str, version: str, share: float) -> dict[str, Any]:
         """Make `version` on the server from the loaded version `base` plus the version delta at `delta`
@@ -137,7 +139,11 @@ class Publisher:
         """Unload `version` if the server holds it without serving it (best effort: the server may be gone)."""
         with contextlib.suppress(PublishError, _Refused):
             status = self.status()
-            if status is not None and version in status["versions"] and version not in (status["stable"], status["canary"]):
+            if (
+                status is not None
+                and version in status["versions"]
+                and version not in (status["stable"], status["canary"])
+            ):
                 self._call("POST", f"/v2/repository/models/{self.target.model}/unload", {"version": version})
 
     def unload(self, version: str) -> bool:

@@ -33,7 +33,9 @@ def _accepts(kind: ColumnKind, arrow_type: pa.DataType) -> bool:
         case ColumnKind.SPARSE:
             return bool(pa.types.is_integer(arrow_type))
         case ColumnKind.LABEL | ColumnKind.DENSE:
-            return bool(pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type))
+            return bool(
+                pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type)
+            )
 
 
 def adapt_schema(schema: Schema, rows: pa.Table, time_column: str, where: str) -> Schema:

@@ -3,7 +3,16 @@ import math
 import numpy as np
 import pytest
 
-from hugerec.continuous.decisions import Action, DecisionConfig, Kpis, Observation, auc_standard_error, decide_canary
+from hugerec.continuous.decisions import (
+    Action,
+    DecisionConfig,
+    Kpis,
+    Observation,
+    auc_standard_error,
+    below_baseline,
+    decide_canary,
+    retrain_reason,
+)
 from hugerec.continuous.monitor import kpis
 
 
@@ -78,3 +87,29 @@ def test_too_little_feedback_waits():
 def test_confidence_z_is_validated():
     with pytest.raises(ValueError, match="confidence_z must be a finite number >= 0, got -1"):
         DecisionConfig(confidence_z=-1.0)
+
+
+def test_a_model_measured_on_small_windows_is_rarely_taken_for_a_drift_and_a_real_drop_always_is():
+    """The serving model's AUC on a window of 1,000 rows against its baseline measured on another such window,
+    the model unchanged: comparing point estimates with the 0.03 margin alarms in about one window in fifteen
+    (the continuous benchmark's drift-free day 3 on 15-minute windows: 6 alarms in 96 windows, each a needless
+    recovery); with the standard error it is under 1%. A drop to chance (a concept drift) still alarms every
+    time."""
+    rng = np.random.default_rng(5)
+    config, noisy = DecisionConfig(), DecisionConfig(confidence_z=0.0)
+    alarms, by_point_estimate, drifts = 0, 0, 0
+    for _ in range(400):
+        base, now, drifted = _feedback(rng, 1000, 1.4), _feedback(rng, 1000, 1.4), _feedback(rng, 1000, 0.05)
+        alarms += below_baseline(now.auc, now.auc_standard_error, base.auc, base.auc_standard_error, config)
+        by_point_estimate += below_baseline(now.auc, now.auc_standard_error, base.auc, base.auc_standard_error, noisy)
+        drifts += below_baseline(drifted.auc, drifted.auc_standard_error, base.auc, base.auc_standard_error, config)
+    assert alarms / 400 < 0.01 and by_point_estimate / 400 > 0.04 and drifts == 400
+
+
+def test_retrain_reason_allows_for_the_feedback_and_baseline_noise():
+    rng = np.random.default_rng(6)
+    stable = _feedback(rng, 1000, 1.4)
+    obs = Observation({"stable": stable})
+    assert retrain_reason(obs, stable.auc + 0.04, DecisionConfig(), baseline_se=0.03) is None  # within the noise
+    why = retrain_reason(obs, stable.auc + 0.04, DecisionConfig(confidence_z=0.0))
+    assert why is not None and why.concept and "below its baseline" in why.reason

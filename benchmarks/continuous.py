@@ -67,7 +67,7 @@ from scipy.stats import ks_2samp
 from hugerec.continuous.decision_log import Record, live_intervals
 from hugerec.continuous.decisions import DecisionConfig, Kpis, Observation, retrain_reason
 from hugerec.continuous.gate import GateConfig
-from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec
+from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec, Recovery
 from hugerec.continuous.monitor import MonitorConfig, Reference, auc, report
 from hugerec.continuous.observer import ServerObserver
 from hugerec.continuous.publish import Publisher, ServerTarget
@@ -108,7 +108,7 @@ def run(rows_per_day: int, monitor_rows: int, epochs: int) -> list[dict[str, Any
     days = [stream.day(d) for d in range(7)]
     tables = [d.table for d in days]
     work = tempfile.mkdtemp(prefix="hugerec-continuous-")
-    lc = LoopConfig(work, cfg.schema, model=SPEC, batch_size=512, lr=3e-3, epochs=epochs)
+    lc = LoopConfig(work, cfg.schema, model=SPEC, batch_size=512, lr=3e-3, epochs=epochs, keep_all_checkpoints=True)
     loop = Loop(lc, tables.__getitem__)
     train_cfg = TrainConfig(
         epochs=epochs, lr=3e-3, progress=False, tensorboard=False, plot=False, device="cpu", pipeline=False, seed=0
@@ -235,7 +235,9 @@ def _publish_seconds(loop: Loop, stable: str, candidate: str, work: Path, cfg: S
     return seconds
 
 
-def intraday_drift_day(rows_per_day: int, epochs: int, minutes: int) -> list[dict[str, Any]]:
+def intraday_drift_day(
+    rows_per_day: int, epochs: int, minutes: int, seed: int = 0, recovery: Recovery | None = None
+) -> list[dict[str, Any]]:
     """The loop on windows of `minutes` over days 3 and 4 (the same stream): how much of the concept-drift
     day a loop that runs within the day gets back. Day 4's holdout rows (those of `day 4 lift`) are each
     scored by the model serving during their window (published at the step of the window before, gated on
@@ -243,7 +245,7 @@ def intraday_drift_day(rows_per_day: int, epochs: int, minutes: int) -> list[dic
     what a loop could do at best with this model at this window length: before each of day 4's windows a
     fresh model trained (2 epochs, lr 1e-2, the best of a small grid on a 160,000-row learning curve) on
     every row of day 4 before that window."""
-    cfg = StreamConfig(days=7, rows_per_day=rows_per_day, concept_drift_day=4, feature_shift_day=6)
+    cfg = StreamConfig(days=7, rows_per_day=rows_per_day, concept_drift_day=4, feature_shift_day=6, seed=seed)
     stream = Stream(cfg)
     windows = Windows(unit=WindowUnit.MINUTE, size=minutes)
     per_day = 1440 // minutes
@@ -251,7 +253,15 @@ def intraday_drift_day(rows_per_day: int, epochs: int, minutes: int) -> list[dic
     parts = {d * per_day + w: windows.select(days[d].table, d * per_day + w) for d in (3, 4) for w in range(per_day)}
     parts[5 * per_day] = windows.select(days[5].table, 5 * per_day)  # day 5's first window: the last step's gate
     lc = LoopConfig(
-        tempfile.mkdtemp(prefix="hugerec-intraday-"), cfg.schema, windows, SPEC, batch_size=512, lr=3e-3, epochs=epochs
+        tempfile.mkdtemp(prefix="hugerec-intraday-"),
+        cfg.schema,
+        windows,
+        SPEC,
+        batch_size=512,
+        lr=3e-3,
+        epochs=epochs,
+        recovery=recovery or Recovery(),
+        keep_all_checkpoints=True,  # each window's rows are scored below by the model serving then
     )
     loop = Loop(lc, parts.__getitem__)
     serving_during: dict[int, str | None] = {}
@@ -457,17 +467,37 @@ def main() -> None:
         "reference (meaningful at the full size: at --quick's 30,000 rows a day an hour has 1,250 rows)",
     )
     ap.add_argument("--intraday-only", action="store_true", help="run only the --intraday loops")
+    ap.add_argument(
+        "--intraday-seed",
+        type=int,
+        default=0,
+        help="the stream's seed for --intraday (another seed than the reported 0: a validation stream to choose "
+        "the recovery settings on)",
+    )
+    ap.add_argument("--recovery-growth", type=float, default=None, help="Recovery.growth for --intraday")
+    ap.add_argument("--recovery-hours", type=float, default=None, help="Recovery.hours for --intraday")
     args = ap.parse_args()
-    rows = args.rows_per_day or (30_000 if args.quick else 1_000_000)
-    mrows = args.monitor_rows or (200_000 if args.quick else 1_000_000)
     if any(m < 1 or 1440 % m for m in args.intraday):
         ap.error(f"--intraday: each window length must divide a day of 1440 minutes, got {args.intraday}")
     if args.intraday_only and not args.intraday:
         ap.error("--intraday-only needs --intraday MINUTES")
+    # every loop's work folder goes here and is deleted at the end: checkpoints take GBs (576 of 20 MB at 5 minutes)
+    with tempfile.TemporaryDirectory(prefix="hugerec-continuous-bench-") as scratch:
+        tempfile.tempdir = scratch
+        try:
+            _main(args)
+        finally:
+            tempfile.tempdir = None
+
+
+def _main(args: argparse.Namespace) -> None:
+    rows = args.rows_per_day or (30_000 if args.quick else 1_000_000)
+    mrows = args.monitor_rows or (200_000 if args.quick else 1_000_000)
     only = args.week_load_only or args.intraday_only
     records = [] if only else run(rows, mrows, args.epochs)
     for minutes in args.intraday:
-        records += intraday_drift_day(rows, args.epochs, minutes)
+        recovery = Recovery(growth=args.recovery_growth or Recovery.growth, hours=args.recovery_hours or Recovery.hours)
+        records += intraday_drift_day(rows, args.epochs, minutes, args.intraday_seed, recovery)
     if args.week_load_rows > 0 and not args.intraday_only:
         records += week_load(args.week_load_rows)
     sizes = "" if args.week_load_only else f"rows per day {rows:,}, epochs {args.epochs}, monitor rows {mrows:,}; "

@@ -144,7 +144,7 @@ class LoopConfig:
     on; `deltas`: publish version deltas when the stable version allows (else always whole bundles);
     `keep_versions`: how many previous stable versions stay loaded on the server for a manual rollback (the
     server then holds at most the stable, the canary and these; older ones and rolled-back canaries are
-    unloaded)."""
+    unloaded); `keep_all_checkpoints`: keep every window's checkpoint (else only those a later step reads)."""
 
     work_dir: str
     schema: Schema
@@ -163,6 +163,7 @@ class LoopConfig:
     deltas: bool = True
     keep_versions: int = 1
     recovery: Recovery = field(default_factory=Recovery)
+    keep_all_checkpoints: bool = False
 
     def __post_init__(self) -> None:
         if self.keep_versions < 0:
@@ -370,8 +371,28 @@ class Loop:
         self._check_serving(k, result)
         if not result.passed:
             self.log.append(Record(k, "refuse", result.reason, result.figures, version))
+        else:
+            self._publish(k, version, result)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Delete the checkpoints no later step reads (unless keep_all_checkpoints): every one but the warm-start
+        base, the serving version, the versions loaded on the server and the base of the last recovery (a loop
+        on 5-minute windows writes 288 a day). Runs after a window's last record: a restarted loop never needs
+        the checkpoint of a finished window."""
+        if self.config.keep_all_checkpoints:
             return
-        self._publish(k, version, result)
+        keep = {self.base_version(), self.serving_version()}
+        if self.publisher is not None:
+            status = self.publisher.status()
+            if status is None:
+                return  # the server's versions unknown: delete nothing this time
+            keep |= {status["stable"], status["canary"], *status["versions"]}
+        recoveries = [r.extra["recovery"]["base"] for r in self.log.records if "recovery" in r.extra]
+        keep |= set(recoveries[-1:])
+        for path in (self.work / "checkpoints").glob("w*.pt"):
+            if path.stem not in keep:
+                path.unlink()
 
     def _schema_change(self, base: str, schema: Schema) -> str | None:
         """How `schema` differs from the one `base` was trained on (None: the same)."""

@@ -143,7 +143,10 @@ def test_dynamic_tables_admit_new_ids_and_evict_stale_ones(
     tmp_path: Path, small_day: Day, loop_config: MakeConfig
 ) -> None:
     config = loop_config(tmp_path)
-    loop = Loop(dataclasses.replace(config, model=dataclasses.replace(config.model, capacity=150)), small_day)
+    config = dataclasses.replace(
+        config, model=dataclasses.replace(config.model, capacity=150), keep_all_checkpoints=True
+    )
+    loop = Loop(config, small_day)
     loop.run(0, 3)
     assert [r.version for r in loop.log.records if r.action == "publish"] == ["w0", "w1", "w2"]
     held = []
@@ -225,3 +228,27 @@ def test_until_a_model_is_published_each_candidate_learns_from_every_window_so_f
         "warm start",
     ]
     assert [r.extra["base"] for r in trained] == [None, None, None, "w2"]
+
+
+def test_only_the_checkpoints_a_later_step_reads_are_kept(
+    tmp_path: Path, small_day: Day, loop_config: MakeConfig
+) -> None:
+    """Window 2's candidate is refused (shuffled labels): its checkpoint goes at once; each published version's
+    goes when a newer one is the base and serves; keep_all_checkpoints keeps every one."""
+
+    def day(k: int) -> pa.Table:
+        return shuffled(small_day(k), config) if k == 2 else small_day(k)
+
+    config = loop_config(tmp_path / "pruned")
+    loop = Loop(config, day)
+    kept = []
+    for k in range(4):
+        loop.step(k)
+        kept.append(sorted(p.stem for p in (tmp_path / "pruned" / "checkpoints").glob("*.pt")))
+    actions = [(r.window, r.action) for r in loop.log.records if r.action in ("publish", "refuse")]
+    assert actions == [(0, "publish"), (1, "publish"), (2, "refuse"), (3, "publish")]
+    assert kept == [["w0"], ["w1"], ["w1"], ["w3"]]
+    assert loop.load("w3") is not None
+    everything = Loop(dataclasses.replace(config, work_dir=str(tmp_path / "all"), keep_all_checkpoints=True), day)
+    everything.run(0, 4)
+    assert sorted(p.stem for p in (tmp_path / "all" / "checkpoints").glob("*.pt")) == ["w0", "w1", "w2", "w3"]

@@ -9,7 +9,8 @@ from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec, Recovery
 from hugerec.continuous.monitor import MonitorConfig
 from hugerec.continuous.observer import ServerObserver
 from hugerec.continuous.publish import Publisher, ServerTarget
-from hugerec.continuous.traffic import replay
+from hugerec.continuous.traffic import Replay, replay, sent_schema
+from hugerec.continuous.window_schema import window_schemas
 
 __all__ = [
     "DecisionConfig",
@@ -21,8 +22,11 @@ __all__ = [
     "Publisher",
     "Record",
     "Recovery",
+    "Replay",
     "ServerObserver",
     "ServerTarget",
     "read_log",
     "replay",
+    "sent_schema",
+    "window_schemas",
 ]

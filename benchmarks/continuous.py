@@ -23,7 +23,8 @@ figure shows how it recovers.
     hugerec-loop   hugerec.continuous.Loop (offline): warm start from the last published checkpoint,
                    1 epoch on day d-1, gated on day d's holdout; the model serving after that step.
                    When the gate saw the serving model fall below its baseline AUC (the concept drift),
-                   the next day trains from scratch on that day alone (the loop's retrain decision)
+                   the next day runs the loop's recovery (loop.Recovery: the pre-drift model, its sparse
+                   optimizer state reset, 2 epochs at lr 1e-2 on the drift day)
     frozen         the day-0 model, never retrained
     retrain-daily  a fresh model trained on day d-1 only (same epochs)
     hugerec-loop-<m>min (`--intraday m`, day 4 only) the same loop on windows of m minutes over days 3

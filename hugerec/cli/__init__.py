@@ -150,10 +150,10 @@ COMMANDS["recommend"] = (
 
 LOOP_HELP = """\
 Runs the continuous-training loop of a TOML config ([loop], [data], [windows], [model], [gate],
-[decisions], [monitor], [server]; see configs/loop_synthetic.toml): for each time window it
-warm-starts from the last published checkpoint, trains on the window, gates the candidate on the
-next window's holdout against the serving model, publishes it as a canary, and promotes, rolls back
-or retrains from scratch on what the monitor sees. Prints the decision log (work_dir/decisions.jsonl)
+[decisions], [monitor], [recovery], [server]; see configs/loop_synthetic.toml): for each time window
+it warm-starts from the last published checkpoint, trains on the window, gates the candidate on the
+next window's holdout against the serving model, publishes it as a canary, and promotes, rolls back,
+retrains from scratch (a feature drifted) or recovers from a concept drift on what the monitor sees. Prints the decision log (work_dir/decisions.jsonl)
 as a table; --log prints it without running. Run the same command again after a stop to continue.
 example: hugerec loop configs/loop_synthetic.toml
 example: hugerec loop configs/loop_synthetic.toml --log"""

@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -586,6 +587,25 @@ class Loop:
             done = self.publisher.unload(version)
             reason = why if done else f"{why}; already not loaded on the server (unloaded before a restart?)"
             self.log.append(Record(k, "unload", reason, None, version, extra={"stable": stable, "unloaded": done}))
+        self._drop_publish_folders(set(status["versions"]) | {stable, canary})
+
+    def _drop_publish_folders(self, loaded: set[str | None]) -> None:
+        """Delete what was handed to the server for versions it has unloaded (their unload is logged): the
+        version delta in updates/<v> (its working state went with the unload), and the whole bundle in
+        bundles/<v> once no loaded version is built on it (a version delta's version keeps reading the table
+        layout of the bundle its chain of deltas started from). Idempotent: a restart finishes the job."""
+        root: dict[str, str] = {}  # version -> the whole-bundle version its chain of deltas starts from
+        for r in self.log.records:
+            if r.action == "publish" and r.version is not None:
+                base = r.extra.get("base")
+                root[r.version] = root.get(base, base) if r.extra.get("mode") == "delta" and base else r.version
+        needed = {root.get(v, v) for v in loaded if v is not None}
+        for r in self.log.records:
+            if r.action != "unload" or r.version is None or r.version in loaded:
+                continue
+            shutil.rmtree(self.update(r.version), ignore_errors=True)
+            if r.version not in needed:
+                shutil.rmtree(self.bundle(r.version), ignore_errors=True)
 
     def _content_id(self, version: str) -> str:
         """The id of what the server serves as `version` (publish.py / version_delta.py), from the log."""

@@ -76,7 +76,10 @@ def _states(delta: Path) -> list[str]:
 
 
 def test_state_folders_live_with_their_version_and_dead_ones_are_removed(
-    served: tuple[InferenceServer, Publisher, str], models: tuple[Path, DLRM, DLRM], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served: tuple[InferenceServer, Publisher, str],
+    models: tuple[Path, DLRM, DLRM],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _, publisher, base_id = served
     delta = write_model_delta(models[1], models[2], tmp_path / "w1", "w0", base_id)
@@ -126,10 +129,16 @@ def test_unload_waits_for_requests_in_flight_and_refuses_what_serves(
     publisher.publish_delta(delta, "w0", "w1", 0.25)
     url, auth = publisher.target.url, {"Authorization": f"Bearer {TOKEN}"}
     unload = f"{url}/v2/repository/models/model/unload"
-    for version, code, says in [("w0", 400, "serving traffic"), ("w1", 400, "serving traffic"), ("w9", 404, "no version 'w9'")]:
+    for version, code, says in [
+        ("w0", 400, "serving traffic"),
+        ("w1", 400, "serving traffic"),
+        ("w9", 404, "no version 'w9'"),
+    ]:
         r = httpx.post(unload, json={"version": version}, headers=auth)
         assert r.status_code == code and says in r.json()["error"] and "field 'version'" in r.json()["error"]
-    assert httpx.post(f"{url}/v2/repository/models/nope/unload", json={"version": "w0"}, headers=auth).status_code == 404
+    assert (
+        httpx.post(f"{url}/v2/repository/models/nope/unload", json={"version": "w0"}, headers=auth).status_code == 404
+    )
     with pytest.raises(PublishError, match="serving traffic: not unloading it"):
         publisher.unload("w1")
     publisher.rollback("w1")
@@ -227,10 +236,36 @@ def test_the_loop_keeps_stable_canary_and_keep_versions_loaded_across_a_kill(
     assert all(len(v) <= 2 + config.keep_versions for v in loaded), loaded
     assert loaded[-1] == ["w2", "w3", "w5"] and (status["stable"], status["canary"]) == ("w3", "w5")
     unloads = [(r.window, r.version, r.extra["unloaded"]) for r in records if r.action == "unload"]
-    assert unloads == [(2, "w1", True), (4, "w0", False), (5, "w4", True)], [(r.window, r.action, r.reason) for r in records]
+    assert unloads == [(2, "w1", True), (4, "w0", False), (5, "w4", True)], [
+        (r.window, r.action, r.reason) for r in records
+    ]
     assert "already not loaded" in next(r.reason for r in records if r.version == "w0" and r.action == "unload")
     assert "rolled back in window 5" in next(r.reason for r in records if r.version == "w4" and r.action == "unload")
     assert [r.version for r in records if r.action == "publish"] == [f"w{k}" for k in range(6)]  # each once
     assert load.failed == [] and len(load.answers) > 20
     assert load.outside(live_intervals(records)) == []
     assert not list((tmp_path / "work" / "updates").glob("*/state-*"))  # w1, w4 derived: their folders gone with them
+    assert [(r.version, r.extra["mode"]) for r in records if r.action == "publish"][:2] == [
+        ("w0", "bundle"),
+        ("w1", "delta"),
+    ]
+    work = tmp_path / "work"
+    assert sorted(p.name for p in (work / "updates").iterdir()) == ["w2", "w3", "w5"]  # unloaded w1, w4: deltas gone
+    assert sorted(p.name for p in (work / "bundles").iterdir()) == ["w0"]  # unloaded, but w2, w3, w5 build on it
+
+
+def test_publish_folders_of_unloaded_versions_go_unless_a_loaded_version_builds_on_them(tmp_path: Path) -> None:
+    """w0 a whole bundle, w1 a delta on w0, w2 a whole bundle (a schema change), w3 a delta on w1: the folders of
+    unloaded versions are deleted, but a whole bundle stays while a loaded version's chain of deltas starts there."""
+    loop = Loop(LoopConfig(str(tmp_path), STREAM.schema, model=SPEC), _day)
+    for v, mode, base in (("w0", "bundle", None), ("w1", "delta", "w0"), ("w2", "bundle", None), ("w3", "delta", "w1")):
+        loop.log.append(Record(int(v[1]), "publish", "test", None, v, extra={"mode": mode, "base": base}))
+        (loop.bundle(v) if mode == "bundle" else loop.update(v)).mkdir(parents=True)
+    for v in ("w0", "w1"):
+        loop.log.append(Record(3, "unload", "test", None, v, extra={"unloaded": True}))
+    loop._drop_publish_folders({"w2", "w3"})
+    assert not loop.update("w1").exists() and loop.bundle("w0").is_dir()  # w3 is w0 + two deltas
+    assert loop.update("w3").is_dir() and loop.bundle("w2").is_dir()
+    loop.log.append(Record(4, "unload", "test", None, "w3", extra={"unloaded": True}))
+    loop._drop_publish_folders({"w2"})
+    assert not loop.bundle("w0").exists() and not loop.update("w3").exists() and loop.bundle("w2").is_dir()

@@ -40,6 +40,31 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     srv.close()
 
 
+def _served_loop(
+    tmp_path: Path, url: str, logs: Path, day: Day, loop_config: Callable[..., LoopConfig]
+) -> tuple[Loop, ServerObserver, Publisher]:
+    """A loop publishing to the test server at canary share 0.5, its monitor on each window's own schema."""
+    config = loop_config(
+        tmp_path / "work",
+        gate=LENIENT,
+        epochs=1,
+        canary_share=0.5,
+        decisions=DecisionConfig(min_feedback=100, kpi_margin=0.15, psi_alarm=10.0, baseline_margin=0.1),
+    )
+    publisher = Publisher(ServerTarget(url, "model", TOKEN))
+    schema = config.schema
+    observer = ServerObserver(
+        publisher,
+        logs,
+        config.work_dir,
+        schema.dense_names,
+        schema.sparse_names,
+        png=False,
+        window_schema=window_schemas(schema, day, config.windows.time_column),
+    )
+    return Loop(config, day, publisher, observer), observer, publisher
+
+
 def test_sent_schema_keeps_the_window_columns_a_live_version_takes(small_day: Day) -> None:
     day = small_day(0).append_column("c9", pa.array(np.zeros(SMALL.rows_per_day, np.int64))).drop_columns(["d1"])
     new = sent_schema(SMALL.schema, day, [], "ts", "window 2")  # nothing live: the window's columns
@@ -59,25 +84,7 @@ def test_a_new_column_goes_out_as_a_whole_bundle_canary_and_both_versions_answer
         t = small_day(k).slice(0, 2000)
         return t.append_column("c9", pa.array(np.arange(t.num_rows) * 7919 % 211)) if k >= 2 else t
 
-    config = loop_config(
-        tmp_path / "work",
-        gate=LENIENT,
-        epochs=1,
-        canary_share=0.5,
-        decisions=DecisionConfig(min_feedback=100, kpi_margin=0.15, psi_alarm=10.0, baseline_margin=0.1),
-    )
-    publisher = Publisher(ServerTarget(url, "model", TOKEN))
-    schema = config.schema
-    observer = ServerObserver(
-        publisher,
-        logs,
-        config.work_dir,
-        schema.dense_names,
-        schema.sparse_names,
-        png=False,
-        window_schema=window_schemas(schema, day, config.windows.time_column),
-    )
-    loop = Loop(config, day, publisher, observer)
+    loop, observer, _ = _served_loop(tmp_path, url, logs, day, loop_config)
     seen = {}
     for k in range(4):
         loop.step(k)
@@ -157,25 +164,7 @@ def test_a_removed_column_makes_the_canary_that_reads_the_new_rows_stable(
         t = small_day(k).slice(0, 2000)
         return t.drop_columns(["d1"]) if k >= 2 else t
 
-    config = loop_config(
-        tmp_path / "work",
-        gate=LENIENT,
-        epochs=1,
-        canary_share=0.5,
-        decisions=DecisionConfig(min_feedback=100, kpi_margin=0.15, psi_alarm=10.0, baseline_margin=0.1),
-    )
-    publisher = Publisher(ServerTarget(url, "model", TOKEN))
-    schema = config.schema
-    observer = ServerObserver(
-        publisher,
-        logs,
-        config.work_dir,
-        schema.dense_names,
-        schema.sparse_names,
-        png=False,
-        window_schema=window_schemas(schema, day, config.windows.time_column),
-    )
-    loop = Loop(config, day, publisher, observer)
+    loop, _, publisher = _served_loop(tmp_path, url, logs, day, loop_config)
     seen = {}
     for k in range(4):
         loop.step(k)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 
@@ -12,7 +12,10 @@ import pytest
 from hugerec.continuous.decisions import DecisionConfig
 from hugerec.continuous.loop import LoopConfig, ModelSpec
 from hugerec.data.synthetic_stream import Stream, StreamConfig
+from hugerec.serving.request_log import RequestLogConfig
+from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
 
+TOKEN = "continuous-test-token"  # the admin token of the `server` fixture
 SMALL = StreamConfig(days=5, rows_per_day=6000, num_sparse=4, num_dense=2, vocabulary=500, seed=3)
 SPEC = ModelSpec(dim=4, capacity=4000, bottom=(8, 4), top=(8, 1), sparse_lr=0.1)
 
@@ -41,3 +44,14 @@ def loop_config() -> Callable[..., LoopConfig]:
         return LoopConfig(str(work), SMALL.schema, **{**base, **kw})  # type: ignore[arg-type]
 
     return make
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A server in this process with a request log (url, log folder), for loops that publish to it."""
+    srv = InferenceServer(ServerConfig(admin_token=TOKEN, seed=0))
+    logs = tmp_path / "requests"
+    srv.enable_request_log(RequestLogConfig(str(logs), seed=0))
+    with BackgroundServer(srv) as url:
+        yield url, logs
+    srv.close()

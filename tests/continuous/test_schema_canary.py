@@ -4,7 +4,7 @@ dense by name) is answered by both with zero failures, feedback reaches both and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,24 +20,11 @@ from hugerec.continuous.observer import ServerObserver
 from hugerec.continuous.publish import Publisher, ServerTarget
 from hugerec.continuous.traffic import sent_schema
 from hugerec.continuous.window_schema import window_schemas
-from hugerec.serving.request_log import RequestLogConfig
-from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
 
-from .conftest import SMALL
+from .conftest import SMALL, TOKEN
 
-TOKEN = "schema-canary-test-token"
 LENIENT = GateConfig(auc_margin=1.0, calibration_low=0.01, calibration_high=100.0, min_rows=10)
 Day = Callable[[int], pa.Table]
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    srv = InferenceServer(ServerConfig(admin_token=TOKEN, seed=0))
-    logs = tmp_path / "requests"
-    srv.enable_request_log(RequestLogConfig(str(logs), seed=0))
-    with BackgroundServer(srv) as url:
-        yield url, logs
-    srv.close()
 
 
 def _served_loop(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -22,23 +22,10 @@ from hugerec.continuous.publish import Publisher, PublishError, ServerTarget
 from hugerec.continuous.traffic import BackgroundLoad, instances, replay
 from hugerec.data.synthetic_stream import Stream
 from hugerec.data.windows import holdout_mask
-from hugerec.serving.request_log import RequestLogConfig
-from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
 
-from .conftest import SMALL
+from .conftest import SMALL, TOKEN
 
-TOKEN = "continuous-test-token"
 Day = Callable[[int], pa.Table]
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    srv = InferenceServer(ServerConfig(admin_token=TOKEN, seed=0))
-    logs = tmp_path / "requests"
-    srv.enable_request_log(RequestLogConfig(str(logs), seed=0))
-    with BackgroundServer(srv) as url:
-        yield url, logs
-    srv.close()
 
 
 def inverted_training_rows(table: pa.Table, config: LoopConfig) -> pa.Table:

@@ -9,11 +9,12 @@ window):
                 retraining (decisions.retrain_reason)
     2. train    warm-start from the checkpoint of the last published version that was not rolled back
                 (its dynamic tables admit the window's new ids and evict stale ones), train on window
-                k's training rows -> checkpoints/w<k>.pt (while nothing is published, a fresh model on every
-                window since the loop's first: short windows are too small for a first model to pass the gate); a full retraining instead starts from scratch
-                on windows k - retrain_windows + 1 .. k; after a concept drift, the recovery (Recovery):
-                the model serving before it, its sparse optimizer state reset, on every window since the
-                drift, again whenever those have grown 1.5 times (growth), for `hours`. An empty window is skipped
+                k's training rows -> checkpoints/w<k>.pt (while nothing is published, a fresh model on
+                every window since the loop's first: short windows are too small for a first model to pass
+                the gate); a full retraining instead starts from scratch on windows
+                k - retrain_windows + 1 .. k; after a concept drift, the recovery (Recovery): the model
+                serving before it, its sparse optimizer state reset, on every window since the drift, again
+                whenever those have grown 1.5 times (growth), for `hours`. An empty window is skipped
                 (logged).
     3. gate     candidate and serving model on window k + 1's holdout (gate.check); the serving model
                 below its baseline there is a concept drift: window k + 1 starts the recovery (no server
@@ -122,8 +123,8 @@ class Recovery:
     would relearn at a crawl; the ids whose effect did not change keep what they know, which a fresh model
     would have to learn again); it does so again each time the windows since the drift have grown `growth`
     times (1, 2, 3, 5, 8, ... windows at 1.5: the retraining costs at most about growth / (growth - 1) times
-    the rows seen since the drift), while they span at most `hours`; between those retrains and after them it warm-starts
-    as usual. Long windows (a day) make this one retrain on the drift window."""
+    the rows seen since the drift), while they span at most `hours`; between those retrains and after them it
+    warm-starts as usual. Long windows (a day) make this one retrain on the drift window."""
 
     epochs: int = 2
     lr: float = 1e-2
@@ -337,15 +338,12 @@ class Loop:
                     f"concept-drift recovery: {start or 'a fresh model'} with its sparse optimizer state reset, on the "
                     f"{span} since window {recovery['since']}, {rc.epochs} epoch(s) at lr {rc.lr}"
                 )
+            elif bootstrap:
+                how = f"from scratch on {span} (nothing published yet: every window since {first})"
+            elif retrain:
+                how = f"from scratch on {span}"
             else:
-                how = (
-                    f"from scratch on {span}"
-                    if retrain
-                    else "warm start"
-                    if start
-                    else "a fresh model (nothing published yet)"
-                )
-                how += f" (nothing published yet: every window since {first})" if bootstrap else ""
+                how = "warm start" if start else "a fresh model (nothing published yet)"
             if skipped:
                 how += f" (windows {skipped} lack columns of window {k}: left out)"
             self.log.append(
@@ -383,8 +381,10 @@ class Loop:
         the checkpoint of a finished window."""
         if self.config.keep_all_checkpoints:
             return
-        keep = {self.base_version(), self.serving_version()}
-        if self.publisher is not None:
+        keep = {self.base_version()}
+        if self.publisher is None:
+            keep.add(self.serving_version())
+        else:  # one status call: the serving version is the server's stable one
             status = self.publisher.status()
             if status is None:
                 return  # the server's versions unknown: delete nothing this time

@@ -66,6 +66,9 @@ class InteractionsSection:
     split           "leave_last_out": each user's last `holdout` events are the test set (users with
                     <= holdout events keep all of them for training); "time": events with timestamp >=
                     time_cutoff (or, without it, the time_fraction quantile) are the test set
+    holdout         leave_last_out: each user's last this many events are held out
+    time_fraction   time split without time_cutoff: the quantile of the timestamps where the test set starts
+    time_cutoff     time split: events at or after this timestamp (seconds) are the test set
     min_item_count  items with fewer events are dropped (with their rows) before the split
     max_users       keep only the users with the max_users smallest raw ids (a quick look); none: all
     batch_size      training examples (events) per step
@@ -117,6 +120,7 @@ class SequencesSection:
                     item, items unseen in training removed first (sessions, YOOCHOOSE)
     test_files      every_prefix: the test sequences' files (same format); none: the sequences ending
                     in the last `test_days` days of `files`
+    test_days       every_prefix without test_files: the last this many days are the test sequences
     max_sequences   keep only the first N training sequences (a quick look); none: all
     windows         "last": train on each sequence's last max_len items; "sliding": on windows covering
                     all of each sequence (consecutive windows share one item; long user histories give
@@ -219,22 +223,22 @@ class TwoTowerModel:
     sampled per batch, alpha: popularity exponent, logq correction, mask_history: a row's history items
     are not its negatives) or "bpr"."""
 
-    dim: int = 64
-    embedding_dim: int = 64
-    user_layers: tuple[int, ...] = (256,)
-    item_layers: tuple[int, ...] = ()
-    use_user_id: bool = True
-    max_history: int = 50
-    recent: tuple[int, ...] = (1, 5)
-    similarity: Similarity = Similarity.DOT
-    temperature: float = 1.0
-    init_std: float = 0.05
-    loss: str = "sampled_softmax"
-    negatives: Negatives = Negatives.MIXED
-    num_negatives: int = 1024
-    alpha: float = 0.0
-    logq: bool = True
-    mask_history: bool = False
+    dim: int = 64  # D, the width of both towers' outputs (and of the index)
+    embedding_dim: int = 64  # width of every embedding table
+    user_layers: tuple[int, ...] = (256,)  # hidden widths of the user tower's MLP (a final Linear to dim is added)
+    item_layers: tuple[int, ...] = ()  # hidden widths of the item tower's MLP ([]: no MLP without item features)
+    use_user_id: bool = True  # embed the user id (false: a user is their history only, no cold ids)
+    max_history: int = 50  # items pooled into the long-history feature
+    recent: tuple[int, ...] = (1, 5)  # window sizes: one pooled feature per window over the last n items
+    similarity: Similarity = Similarity.DOT  # "dot" or "cosine"
+    temperature: float = 1.0  # logits are similarity / temperature
+    init_std: float = 0.05  # embedding rows start as N(0, init_std^2)
+    loss: str = "sampled_softmax"  # "sampled_softmax" or "bpr"
+    negatives: Negatives = Negatives.MIXED  # sampled softmax's negatives: "mixed", "in_batch", "uniform" or "popularity"
+    num_negatives: int = 1024  # negatives sampled per batch (besides the in-batch ones for "mixed")
+    alpha: float = 0.0  # popularity negatives are drawn ~ count^alpha (0: uniform)
+    logq: bool = True  # subtract log of each candidate's sampling probability from its logit (logQ correction)
+    mask_history: bool = False  # a row's history items are not its negatives (sampled_softmax)
 
     def __post_init__(self) -> None:
         self.tower_config()
@@ -267,14 +271,14 @@ class TwoTowerModel:
 class MFModel:
     """Matrix factorisation: dim, temperature, init_std, and the loss as for two_tower."""
 
-    dim: int = 64
-    temperature: float = 1.0
-    init_std: float = 0.1
-    loss: str = "sampled_softmax"
-    negatives: Negatives = Negatives.MIXED
-    num_negatives: int = 1024
-    alpha: float = 0.0
-    logq: bool = True
+    dim: int = 64  # the width of the user and item factors
+    temperature: float = 1.0  # logits are the dot product / temperature
+    init_std: float = 0.1  # factors start as N(0, init_std^2)
+    loss: str = "sampled_softmax"  # "sampled_softmax" or "bpr"
+    negatives: Negatives = Negatives.MIXED  # sampled softmax's negatives: "mixed", "in_batch", "uniform" or "popularity"
+    num_negatives: int = 1024  # negatives sampled per batch (besides the in-batch ones for "mixed")
+    alpha: float = 0.0  # popularity negatives are drawn ~ count^alpha (0: uniform)
+    logq: bool = True  # subtract log of each candidate's sampling probability from its logit (logQ correction)
 
     def __post_init__(self) -> None:
         if self.dim < 1:
@@ -294,16 +298,16 @@ class SequentialModel:
     alpha, logq as for two_tower: huge catalogues) | "bce" (one negative, classic SASRec);
     mask_prob: the fraction of items the masked model hides. Histories longer than max_len keep their last max_len items."""
 
-    max_len: int = 50
-    dim: int = 64
-    num_layers: int = 2
-    num_heads: int = 1
-    dropout: float = 0.2
-    loss: str = "full_softmax"
-    negatives: Negatives = Negatives.MIXED
-    num_negatives: int = 1024
-    alpha: float = 0.0
-    logq: bool = True
+    max_len: int = 50  # L: the model sees the last L items of a history (longer ones are truncated)
+    dim: int = 64  # D: item, position and hidden width
+    num_layers: int = 2  # transformer blocks (or GRU layers)
+    num_heads: int = 1  # attention heads (dim % num_heads == 0)
+    dropout: float = 0.2  # on embeddings, attention and feed-forward outputs
+    loss: str = "full_softmax"  # "full_softmax", "sampled_softmax" or "bce"
+    negatives: Negatives = Negatives.MIXED  # sampled softmax's negatives: "mixed", "in_batch", "uniform" or "popularity"
+    num_negatives: int = 1024  # negatives sampled per batch (besides the in-batch ones for "mixed")
+    alpha: float = 0.0  # popularity negatives are drawn ~ count^alpha (0: uniform)
+    logq: bool = True  # subtract log of each candidate's sampling probability from its logit (logQ correction)
     mask_prob: float = 0.2
 
     def __post_init__(self) -> None:

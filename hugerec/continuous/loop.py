@@ -85,13 +85,13 @@ Observer = Callable[[int, pa.Table | None], Observation]  # (k, training rows of
 class ModelSpec:
     """The DLRM the loop trains: one dynamic table per sparse column (raw keys, `capacity` rows each)."""
 
-    dim: int = 8
-    capacity: int = 50_000
-    bottom: tuple[int, ...] = (32, 8)
-    top: tuple[int, ...] = (32, 1)
-    sparse_lr: float = 0.05
-    min_count: int = 1
-    eviction: Eviction = Eviction.LRU
+    dim: int = 8  # embedding width of every table
+    capacity: int = 50_000  # rows of each dynamic table (beyond it, `eviction` frees rows)
+    bottom: tuple[int, ...] = (32, 8)  # DLRM's dense arch, ending at dim
+    top: tuple[int, ...] = (32, 1)  # DLRM's over arch, ending at 1
+    sparse_lr: float = 0.05  # the tables' Adagrad learning rate
+    min_count: int = 1  # an id gets a row once seen this many times (count-min admission; before: zeros)
+    eviction: Eviction = Eviction.LRU  # which rows a full table frees: "lru", "lfu" or "ttl"
 
     def __post_init__(self) -> None:
         if isinstance(self.eviction, str):
@@ -126,10 +126,12 @@ class Recovery:
     the rows seen since the drift), while they span at most `hours`; between those retrains and after them it
     warm-starts as usual. Long windows (a day) make this one retrain on the drift window."""
 
-    epochs: int = 2
-    lr: float = 1e-2
-    growth: float = 1.5  # growth and hours chosen on another stream (benchmarks/README.md, continuous)
-    hours: float = 24.0
+    epochs: int = 2  # epochs of each recovery retrain
+    lr: float = 1e-2  # the dense learning rate of the recovery retrains
+    # retrain again each time the windows since the drift have grown this many times (growth and hours
+    # chosen on another stream: benchmarks/README.md, continuous)
+    growth: float = 1.5
+    hours: float = 24.0  # the recovery lasts while the windows since the drift span at most this many hours
 
     def __post_init__(self) -> None:
         if self.epochs < 1:

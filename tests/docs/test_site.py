@@ -1,0 +1,48 @@
+"""The site's structure: every page is in the navigation, every public package has an API page."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+
+import doc_blocks
+import yaml
+
+import hugerec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def nav_pages() -> set[str]:
+    text = (ROOT / "mkdocs.yml").read_text()
+    nav = text[text.index("\nnav:") :]
+    return set(re.findall(r"([\w./-]+\.md)", nav))
+
+
+def test_every_page_is_in_the_navigation() -> None:
+    assert set(doc_blocks.pages()) == nav_pages()
+
+
+def test_every_public_package_has_an_api_page() -> None:
+    """A (sub)package with an `__all__` is documented by a `::: hugerec.X` page of its own."""
+    documented = set()
+    for page in (ROOT / "docs" / "reference" / "api").glob("*.md"):
+        documented |= set(re.findall(r"^::: ([\w.]+)$", page.read_text(), flags=re.M))
+    public = {"hugerec"}
+    for info in pkgutil.walk_packages(hugerec.__path__, "hugerec."):
+        if info.ispkg and not info.name.startswith("hugerec.cli"):
+            module = importlib.import_module(info.name)
+            if "__all__" in vars(module):
+                public.add(info.name)
+    assert public <= documented, sorted(public - documented)
+
+
+def test_mkdocs_config_is_strict() -> None:
+    """The strict build fails on any warning; link and anchor checks warn (so they fail it)."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text().replace("!!python", "#"))
+    assert config["strict"] is True
+    links = config["validation"]["links"]
+    assert links["not_found"] == links["anchors"] == links["unrecognized_links"] == "warn"
+    assert "docs/tools/hooks.py" in config["hooks"]

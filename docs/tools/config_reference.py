@@ -12,7 +12,7 @@ A field's meaning is read from the code, first match wins:
      line, two or more spaces, then the meaning, continued on more-indented lines;
   3. the class docstring's inline form, `name: meaning` after the docstring's start, a `;` or a
      sentence's end.
-A field with none is `Key.meaning = None`; tests/docs/test_config_reference.py fails on it, so the
+A field with none is `Key.meaning = None`; tests/test_docs_reference.py fails on it, so the
 reference stays complete as the code changes.
 """
 
@@ -424,12 +424,21 @@ def _code(text: str) -> str:
 
 
 def _heading(table: str) -> str:
-    """A table's TOML header: `[train.early_stopping]`, `[[preprocess.join]]`, `[model] type = "dcn_v2"`."""
-    base, _, variant = table.partition(" (")
-    variant = variant.removesuffix(")")
-    inner = base.replace("[]", "")
+    """A table's TOML header: `[train.early_stopping]`, `[[preprocess.join]]`, `[model] type = "dcn_v2"`,
+    `[[model.vectors]] (model.type = "dlrm")`: the variants chosen on the way, the table's own last."""
+    qualifiers = []  # (dotted path of the table whose key chooses, key, value)
+    path = ""
+    rest = table
+    for m in re.finditer(r'(?P<path>[^ ()]*) \((?P<key>\w+) = "(?P<value>[^"]+)"\)', table):
+        path += m.group("path")
+        qualifiers.append((path.replace("[]", "").lstrip("."), m.group("key"), m.group("value")))
+        rest = table[m.end() :]
+    base = (path + rest).replace(" ", "")
+    inner = base.replace("[]", "").lstrip(".")
     head = f"[[{inner}]]" if base.endswith("[]") else f"[{inner}]"
-    return f"{head} {variant}" if variant else head
+    own = [f'{k} = "{v}"' for p, k, v in qualifiers if p == inner]
+    outer = [f'{p}.{k} = "{v}"' for p, k, v in qualifiers if p != inner]
+    return " ".join([head, *own, *([f"({', '.join(outer)})"] if outer else [])])
 
 
 def missing(keys: list[Key]) -> list[Key]:

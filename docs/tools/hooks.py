@@ -3,7 +3,7 @@
 A page holding `<!-- generated: config-reference -->` gets every config key (tools/config_reference.py),
 one holding `<!-- generated: cli-reference -->` every command of the `hugerec` parser
 (tools/cli_reference.py). A config key without a meaning is a warning, so `mkdocs build --strict`
-fails on it (as tests/docs/test_config_reference.py does).
+fails on it (as tests/test_docs_reference.py does).
 """
 
 from __future__ import annotations

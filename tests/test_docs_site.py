@@ -5,14 +5,17 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+import sys
 from pathlib import Path
 
-import doc_blocks
 import yaml
 
 import hugerec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
+# docs/tools is a folder of scripts (the MkDocs hook and its generators), not a package: imported from there
+sys.path.insert(0, str(ROOT / "docs" / "tools"))
+import doc_blocks  # noqa: E402
 
 
 def nav_pages() -> set[str]:
@@ -46,3 +49,18 @@ def test_mkdocs_config_is_strict() -> None:
     links = config["validation"]["links"]
     assert links["not_found"] == links["anchors"] == links["unrecognized_links"] == "warn"
     assert "docs/tools/hooks.py" in config["hooks"]
+
+
+def test_aligned_docstring_paragraphs_stay_as_laid_out() -> None:
+    """The API pages' griffe extension fences column-aligned and indented paragraphs, nothing else."""
+    import griffe_text_blocks
+
+    text = "Summary line.\n\nname      what it is\nother     more\n\nPlain prose\non two lines.\n\n    indented(code)\n\n```python\nx  = 1\ny  = 2\n```"
+    out = griffe_text_blocks.preformat(text)
+    assert out.split("\n\n") == [
+        "Summary line.",
+        "```text\nname      what it is\nother     more\n```",
+        "Plain prose\non two lines.",
+        "```text\n    indented(code)\n```",
+        "```python\nx  = 1\ny  = 2\n```",
+    ]

@@ -17,14 +17,18 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import doc_blocks
 import pytest
-from doc_blocks import Block, read_page
 
 from hugerec.cli import _parser, main
 from tests.conftest import missing_samples
 
-ROOT = Path(__file__).resolve().parents[2]
+# docs/tools is a folder of scripts (the MkDocs hook and its generators), not a package: imported from there
+TOOLS = Path(__file__).resolve().parents[1] / "docs" / "tools"
+sys.path.insert(0, str(TOOLS))
+import doc_blocks  # noqa: E402
+from doc_blocks import Block, read_page  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 NO_OVERRIDES = ("serve", "schema", "pipeline")  # commands whose words are not a config and KEY=VALUE overrides
 
 

@@ -1,17 +1,27 @@
-"""The config reference is complete: every key of every config file has a type, a default and a meaning."""
+"""The generated references are complete: every key of every config file has a type, a default and a meaning
+(docs/tools/config_reference.py), and every command and documented argument of the `hugerec` parser is in
+the command-line reference (docs/tools/cli_reference.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import sys
+from pathlib import Path
 
-import config_reference as cr
 import pytest
-from config_reference import Key
 
+from hugerec.cli import _parser
 from hugerec.cli.pipeline_commands import INPUT_KEYS
 from hugerec.cli.run_config import load_run_config, resolved_dict
 from hugerec.serving.pipeline.config import declaration_from_dict
+
+# docs/tools is a folder of scripts (the MkDocs hook and its generators), not a package: imported from there
+TOOLS = Path(__file__).resolve().parents[1] / "docs" / "tools"
+sys.path.insert(0, str(TOOLS))
+import cli_reference  # noqa: E402
+import config_reference as cr  # noqa: E402
+from config_reference import Key  # noqa: E402
 
 
 def test_every_key_has_a_meaning() -> None:
@@ -116,3 +126,22 @@ def test_render_writes_one_table_per_toml_table() -> None:
                     '### `[embedding.optimizer] type = "ftrl"`', '### `[[retrieve.sources]] kind = "ann"`', "### `[windows]`"):
         assert heading in text, heading
     assert isinstance(Key, type)
+
+
+def test_every_command_and_argument_is_in_the_reference() -> None:
+    parser = _parser()
+    text = cli_reference.render(parser)
+    commands = list(cli_reference.commands(parser))
+    names = [full for full, _, _ in commands]
+    assert {"hugerec train", "hugerec serve", "hugerec loop", "hugerec pipeline build", "hugerec schema"} <= set(names)
+    for full, _, sub in commands:
+        assert f"## `{full}` {{#{cli_reference.anchor(full)}}}" in text
+        assert sub.format_usage().strip() in text
+        for flags, _, _ in cli_reference.arguments(sub):
+            assert flags.replace("|", "\\|") in text, f"{full}: {flags}"
+
+
+def test_hidden_arguments_stay_hidden() -> None:
+    """`serve --admin-token` is suppressed from --help (a token belongs in the environment); so it is here."""
+    serve = dict((full, sub) for full, _, sub in cli_reference.commands(_parser()))["hugerec serve"]
+    assert not any("--admin-token" in flags for flags, _, _ in cli_reference.arguments(serve))

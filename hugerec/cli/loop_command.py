@@ -261,8 +261,8 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
             )
             return Loop(config, source, publisher, observer), None
         case _:
-            from hugerec.serving.request_log import RequestLogConfig
-            from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
+            from hugerec.serving.http.request_log import RequestLogConfig
+            from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 
             token = secrets.token_hex(16)
             server = InferenceServer(ServerConfig(admin_token=token, seed=config.seed))

@@ -409,7 +409,7 @@ def _item_vectors(saved: TaskModelFile) -> tuple[torch.Tensor, torch.Tensor]:
 # -- export --------------------------------------------------------------------------------------
 def export_task_model(cfg: RunConfig, model_path: Path | None, out: Path | None) -> Path:
     """A sequential model -> a next-items serving bundle (default <train.out_dir>/bundle), named after model.type."""
-    from hugerec.serving.next_items import export_next_items
+    from hugerec.serving.bundles.next_items_bundle import export_next_items
 
     if is_retrieval(cfg):
         raise ConfigError(

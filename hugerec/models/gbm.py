@@ -15,7 +15,7 @@
 
 The model files are the libraries' own formats (LightGBM's text model, XGBoost's JSON); nothing is
 pickled. Training lives in hugerec.training.gbm, the matrix reader in hugerec.data.matrix, serving in
-hugerec.serving.gbm.
+hugerec.serving.bundles.gbm_bundle.
 """
 
 from __future__ import annotations

@@ -28,13 +28,13 @@ from hugerec.continuous.traffic import BackgroundLoad, instances
 from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.data.windows import table_batches
 from hugerec.models.dlrm import DLRM
-from hugerec.serving.bundle import Bundle
-from hugerec.serving.bundle_loader import ServeOptions
-from hugerec.serving.export import export_bundle
-from hugerec.serving.owned_dirs import LOCK
-from hugerec.serving.parameter_server import ParameterServer
-from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
-from hugerec.serving.version_delta import read_version_delta
+from hugerec.serving.bundles.bundle_loader import ServeOptions
+from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.model_bundle import Bundle
+from hugerec.serving.bundles.version_delta import read_version_delta
+from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
+from hugerec.serving.store.owned_dirs import LOCK
+from hugerec.serving.store.parameter_server import ParameterServer
 from hugerec.training.trainer import TrainConfig, fit
 
 TOKEN = "continuous-test-token"

@@ -179,7 +179,7 @@ def gbm_train(library: str, out: Path, rows: int) -> tuple[Path, Path]:
     from hugerec.data.schema import Schema
     from hugerec.models.gbm import FeatureMatrix, Library, LightGBMConfig, XGBoostConfig
     from hugerec.serving.bundles.gbm_bundle import export_gbm_bundle
-    from hugerec.training.gbm import fit_trees
+    from hugerec.training.gbm_fit import fit_trees
 
     dense, ids = make_requests(rows, 1, 1000, seed=7)[0]
     x = np.hstack([dense, ids.astype(np.float32)])

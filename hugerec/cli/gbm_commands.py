@@ -26,7 +26,7 @@ from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.distributed.launch import launched_by_torchrun
 from hugerec.models.gbm import FeatureMatrix, GBMConfig, Library, TreeModel, is_ranking, library_of, require
-from hugerec.training.gbm import TreeHistory, evaluate_trees, fit_trees, library_version
+from hugerec.training.gbm_fit import TreeHistory, evaluate_trees, fit_trees, library_version
 
 META_SUFFIX = ".meta.json"
 

@@ -67,7 +67,7 @@ class LoopSection:
 
 
 @dataclass(frozen=True)
-class DataSection:
+class LoopDataSection:
     paths: str | None = None
     label: str = "label"
     dense: tuple[str, ...] = ()
@@ -102,7 +102,7 @@ class ServerSection:
 @dataclass(frozen=True)
 class LoopFile:
     loop: LoopSection = field(default_factory=LoopSection)
-    data: DataSection = field(default_factory=lambda: DataSection(stream=StreamConfig()))
+    data: LoopDataSection = field(default_factory=lambda: LoopDataSection(stream=StreamConfig()))
     windows: Windows = field(default_factory=Windows)
     model: ModelSpec = field(default_factory=ModelSpec)
     gate: GateConfig = field(default_factory=GateConfig)

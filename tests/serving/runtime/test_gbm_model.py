@@ -22,7 +22,7 @@ from hugerec.serving.runtime.batching import BatchingConfig
 from hugerec.serving.runtime.forest import FLAG_CATEGORICAL, Forest, margin_reference
 from hugerec.serving.runtime.gbm_model import GBMModel, GBMPredictor
 from hugerec.serving.runtime.model_inputs import ModelInputs
-from hugerec.training.gbm import fit_trees
+from hugerec.training.gbm_fit import fit_trees
 
 pytest.importorskip("lightgbm")
 pytest.importorskip("xgboost")

@@ -277,7 +277,7 @@ def serve(side: str, workdir: Path, port: int, items: int, users: int, expansion
 
         server = InferenceServer(ServerConfig(port=port))
         server.pipeline_options = replace(server.pipeline_options, expansion_search=expansion_search)
-        server.add_pipeline_bundle(workdir / "pipeline")
+        server.add_bundle(workdir / "pipeline")
         server.run()
         return
     from fastapi import FastAPI

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 
-from hugerec.serving.bundles.pipeline_bundle import is_pipeline_bundle
 from hugerec.serving.http.auth import check_admin_token
 from hugerec.serving.runtime.inference_protocol import RequestError, parse_json
 
@@ -40,7 +39,7 @@ def admin_router(server: InferenceServer) -> APIRouter:
         check_admin_token(server.config.admin_token, request)
         return [
             {"name": name, "version": v, "state": "READY"}
-            for name, vs in (*server.models.items(), *server.pipelines.items())
+            for name, vs in server.models.items()
             for v in vs.versions()
         ]
 
@@ -53,10 +52,9 @@ def admin_router(server: InferenceServer) -> APIRouter:
             raise RequestError("load needs {'bundle': '<path of an exported bundle>', 'version'?: '<v>'}")
         version = body.get("version")
         try:  # loading reads files and fills the parameter server: keep serving meanwhile
-            if is_pipeline_bundle(bundle):
-                served: Any = await asyncio.to_thread(server.add_pipeline_bundle, bundle, name, None if version is None else str(version))
-            else:
-                served = await asyncio.to_thread(server.add_bundle, bundle, name, None if version is None else str(version))
+            served = await asyncio.to_thread(server.add_bundle, bundle, name, None if version is None else str(version))
+        except RequestError:
+            raise
         except (ValueError, FileNotFoundError, FileExistsError) as e:
             raise RequestError(f"cannot load {bundle!r}: {e}") from None
         return {"name": name, "version": served.version, **server.model_versions(name).status()}
@@ -70,6 +68,8 @@ def admin_router(server: InferenceServer) -> APIRouter:
             raise RequestError("load_delta needs {'delta': '<path of a version delta>', 'base': '<v>', 'version': '<v>'}")
         try:  # checks files and copies the base's rows: keep serving meanwhile
             served = await asyncio.to_thread(server.add_version_delta, str(delta), name, str(base), str(version))
+        except RequestError:
+            raise  # an unknown model or base version (404), a kind that takes no deltas (400)
         except (ValueError, FileNotFoundError) as e:
             raise RequestError(f"cannot load the version delta {delta!r}: {e}") from None
         return {"name": name, "version": served.version, **server.model_versions(name).status()}

@@ -17,7 +17,11 @@ Bad requests get a 4xx JSON {"error": message}; the server never answers 500 to 
 Versions of one model trained on different schemas (a whole-bundle canary after a schema change) share
 the traffic: a version ignores request fields only another loaded version takes (protocol.LiveFields),
 and a request the version it was routed to cannot take goes to the other of stable and canary
-(_decode_routed) unless it names its version.
+(_routed) unless it names its version.
+
+Every name serves versions of one kind of served object (runtime/served_object.py: a deep model, GBM trees, a
+next-items model or a pipeline). The routes ask the version they route to: a route its kind does not answer
+(/predict of a pipeline, /recommend of a model, a version delta of trees) is a 400 saying so.
 """
 
 from __future__ import annotations
@@ -34,7 +38,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 import uvicorn
 from fastapi import FastAPI, Request
@@ -42,35 +45,27 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
+from hugerec.serving.bundles import gbm_bundle, next_items_bundle, pipeline_bundle
+from hugerec.serving.bundles.bundle_files import bundle_kind
 from hugerec.serving.bundles.bundle_loader import ServeOptions, load_bundle
-from hugerec.serving.bundles.gbm_bundle import is_gbm_bundle, load_gbm_bundle
-from hugerec.serving.bundles.next_items_bundle import is_next_items_bundle, load_next_items
-from hugerec.serving.bundles.pipeline_bundle import PipelineOptions, is_pipeline_bundle, load_pipeline
+from hugerec.serving.bundles.gbm_bundle import load_gbm_bundle
+from hugerec.serving.bundles.next_items_bundle import load_next_items
+from hugerec.serving.bundles.pipeline_bundle import PipelineOptions, load_pipeline
 from hugerec.serving.bundles.version_delta import derive_version, read_version_delta
 from hugerec.serving.http.admin import admin_router
 from hugerec.serving.http.auth import check_admin_token
 from hugerec.serving.http.feedback import feedback_router
 from hugerec.serving.http.prometheus_metrics import ServerMetrics
 from hugerec.serving.http.request_log import RequestLog, RequestLogConfig
-from hugerec.serving.http.versions import ModelVersions, ServedModel
+from hugerec.serving.http.versions import ModelVersions
 from hugerec.serving.pipeline.runner import StageError
-from hugerec.serving.pipeline.served_pipeline import PipelineMetrics, ServedPipeline, add_interactions, update_features
+from hugerec.serving.pipeline.served_pipeline import PipelineMetrics, ServedPipeline
 from hugerec.serving.runtime.batching import BatchingConfig, DynamicBatcher, QueueFull
-from hugerec.serving.runtime.gbm_model import GBMModel
 from hugerec.serving.runtime.inference_model import InferenceModel
-from hugerec.serving.runtime.inference_protocol import (
-    HEADER_LENGTH,
-    OUTPUTS,
-    RequestError,
-    Signature,
-    decode_infer_request,
-    dump_json,
-    encode_infer_response,
-    parse_json,
-)
-from hugerec.serving.runtime.model_inputs import ModelInputs
-from hugerec.serving.runtime.next_items_model import NextItemsModel
+from hugerec.serving.runtime.inference_protocol import HEADER_LENGTH, RequestError, dump_json, parse_json
 from hugerec.serving.runtime.request_preprocessor import RequestPreprocessor
+from hugerec.serving.runtime.served_model import Scorer, ServedModel
+from hugerec.serving.runtime.served_object import ServedObject
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -118,7 +113,8 @@ class ServerConfig:
 
 
 class InferenceServer:
-    """Serves models (each with versions) over HTTP; `app` is the ASGI app, `run()` binds it.
+    """Serves names, each with versions of one served object kind (runtime/served_object.py); `app` is the ASGI
+    app, `run()` binds it. Every route asks the version it routes to, never which kind it holds.
 
     options: how bundles loaded by `add_bundle` (and the admin load endpoint) are served.
     """
@@ -126,10 +122,8 @@ class InferenceServer:
     def __init__(self, config: ServerConfig | None = None, options: ServeOptions | None = None) -> None:
         self.config = config or ServerConfig()
         self.options = options or ServeOptions()
-        self.models: dict[str, ModelVersions] = {}
-        self.next_item_models: dict[str, NextItemsModel] = {}  # sequential models: "next items for this sequence"
+        self.models: dict[str, ModelVersions] = {}  # every served name: scoring models, next-items models, pipelines
         self.metrics = ServerMetrics()
-        self.pipelines: dict[str, ModelVersions] = {}  # recommendation pipelines, versions of ServedPipeline
         self.pipeline_options = PipelineOptions(ranker=self.options)
         self.pipeline_metrics = PipelineMetrics(self.metrics.registry)
         self._lock = threading.Lock()
@@ -138,7 +132,7 @@ class InferenceServer:
         self.app = self._build_app()
 
     def enable_request_log(self, config: RequestLogConfig) -> RequestLog:
-        """Log a sample of /predict rows and take feedback for them (serving/request_log.py)."""
+        """Log a sample of /predict rows and take feedback for them (http/request_log.py)."""
         self.request_log = RequestLog(config, self.metrics.registry)
         return self.request_log
 
@@ -168,25 +162,26 @@ class InferenceServer:
             if key == _HEADER_LENGTH_KEY:
                 header_length = value.decode("latin-1")
         t0, code, served_version = time.perf_counter(), 200, version or "-"
-        held: ServedModel | None = None
-        holds: list[ServedModel] = []  # a fallback version that answered (ModelVersions.acquire_fallback)
+        holds: list[ServedObject] = []  # the routed version and a fallback that answered: released after answering
         try:
-            served = self._target(name, version, hold=True)
-            if isinstance(served, ServedModel):
-                held = served
+            versions = self.model_versions(name)
+            served = self._hold(versions, version, holds)
             served_version = served.version
             body = await self._asgi_body(scope, receive)
             if body is None:
                 code = 499  # the client went away: nobody to answer
                 return
-            payload, headers, served_version = await self._answer(served, body, header_length, version is not None, holds)
+            live = versions.fields()
+            served, (payload, headers) = await _routed(
+                versions, served, version is not None, lambda s: s.infer(body, header_length, live), holds
+            )
+            served_version = served.version
             raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         except Exception as e:
             code = _status(e)
             payload, raw = _error_body(e, code), _error_headers(code)
         finally:
-            for h in holds if held is None else [held, *holds]:
-                self.model_versions(name).release(h)
+            _release(self.models.get(name), holds)
             if code != 499:
                 self._observe(name, served_version, "infer", code, t0)
         await _send(send, code, raw, payload)
@@ -202,10 +197,9 @@ class InferenceServer:
                 code = 499
                 return
             body = _json_object(raw_body)
-            wanted, version = body.get("pipeline"), body.get("version")
-            if wanted is not None and not isinstance(wanted, str):
-                raise RequestError(f"field 'pipeline' must be a string, got {wanted!r}")
-            served = self._pipeline(wanted, None if version is None else str(version))
+            versions = self._recommender(body.get("pipeline"))
+            version = body.get("version")
+            served = self._route(versions, None if version is None else str(version))
             name, served_version = served.name, served.version
             payload, raw = dump_json(await asyncio.to_thread(served.recommend, body)), [(b"content-type", b"application/json")]
         except Exception as e:
@@ -237,44 +231,55 @@ class InferenceServer:
             more = message.get("more_body", False)
         return b"".join(chunks)
 
-    async def _answer(
-        self,
-        served: ServedModel | NextItemsModel | ServedPipeline,
-        body: bytes,
-        header_length: str | None,
-        pinned: bool,
-        holds: list[ServedModel],
-    ) -> tuple[bytes, dict[str, str], str]:
-        """An infer request's body -> the response's body and headers, and the version that answered
-        (`pinned`: the request named the version, which then answers or refuses it)."""
-        if isinstance(served, NextItemsModel | ServedPipeline):  # index, stores and a model call: off the event loop
-            return (*await asyncio.to_thread(served.answer, body, header_length), served.version)
-        versions = self.models[served.name]
-        live = versions.fields()
-        served, (inputs, options) = _decode_routed(
-            versions, served, pinned, lambda s: decode_infer_request(body, header_length, s.signature, live), holds
-        )
-        logits = await served.logits(inputs)
-        payload, headers = encode_infer_response(served.name, served.version, options, _outputs(logits, options.outputs))
-        return payload, headers, served.version
+    # -- loading -----------------------------------------------------------------------------
+    def add_bundle(self, path: str | Path, name: str | None = None, version: str | None = None) -> ServedObject:
+        """Load any bundle and serve it as a version of `name` (name and version default to the manifest's). The
+        manifest's kind says what it holds: a model bundle (no kind), "gbm", "next_items" or "pipeline"."""
+        match bundle_kind(path):
+            case None:
+                return self._add_model_bundle(path, name, version)
+            case gbm_bundle.KIND:
+                loaded = load_gbm_bundle(path, self.config.max_request_rows, verify=self.options.verify)
+                info = {"bundle": str(loaded.path), "bundle_id": loaded.bundle_id, "kind": "gbm", **loaded.manifest["info"]}
+                return self.add_model(name or loaded.name, version or loaded.version, loaded.model, loaded.preprocess, (), info)
+            case next_items_bundle.KIND:
+                model = load_next_items(path, name, version, self.config.max_request_rows)
+                return self._serve(replace(model, info={"bundle": str(path)}))
+            case pipeline_bundle.KIND:
+                p = load_pipeline(path, self.pipeline_options, name, version)
+                return self._serve(ServedPipeline(p.name, p.version, p.pipeline, self.pipeline_metrics, {"bundle": str(path)}, [p.close]))
+            case other:
+                raise ValueError(f"{path}: manifest kind {other!r} is none of model, gbm, next_items, pipeline")
 
-    # -- models ------------------------------------------------------------------------------
+    def _add_model_bundle(self, path: str | Path, name: str | None, version: str | None) -> ServedModel:
+        loaded = load_bundle(path, self.options, self.config.max_request_rows)
+        m = loaded.bundle.manifest
+        name, version = name or m.name, version or m.version
+        info = {"bundle": str(loaded.bundle.path), "bundle_id": loaded.bundle.id, **m.info}
+        try:
+            served = self.add_model(name, version, loaded.model, loaded.preprocess, [loaded.close], info, loaded.model)
+        except BaseException:
+            loaded.close()
+            raise
+        updates = self.metrics.updates
+        loaded.start_updates(lambda result: updates.labels(name, version, result).inc())
+        served.info["watchers"] = loaded.watchers
+        return served
+
     def add_model(
         self,
         name: str,
         version: str,
-        model: InferenceModel | GBMModel,
+        model: Scorer,
         preprocess: RequestPreprocessor | None = None,
         closers: Sequence[Callable[[], None]] = (),
         info: dict[str, Any] | None = None,
+        bundle_model: InferenceModel | None = None,
     ) -> ServedModel:
-        """Serve `model` as version `version` of `name` (the first version of a model becomes stable)."""
-        if isinstance(model, GBMModel):  # trees: NaN dense values are missing values, one id per feature
-            signature = model.signature(self.config.max_request_rows)
-        else:
-            signature = Signature(
-                model.num_dense, model.features, self.config.max_request_rows, vectors=model.vector_signature
-            )
+        """Serve a scoring model (InferenceModel or GBMModel) as version `version` of `name`, behind a dynamic
+        batcher (the first version of a name becomes stable). bundle_model: the same model when it was loaded
+        from a model bundle, so that version deltas apply to it."""
+        signature = model.signature(self.config.max_request_rows)
         batcher = DynamicBatcher(
             model.predict, self.config.batching, self.metrics.batch_observer(name, version), name=f"{name}:{version}"
         )
@@ -287,34 +292,16 @@ class InferenceServer:
             preprocess or RequestPreprocessor(signature),
             dict(info or {}),
             [batcher.close, *closers],  # no model call runs once the stores close
+            bundle_model,
         )
-        with self._lock:
-            versions = self.models.setdefault(name, ModelVersions(name, self.config.seed))
         try:
-            versions.add(served)
+            self._serve(served, close_on_error=False)
         except ValueError:
-            batcher.close()
+            batcher.close()  # the caller closes what it loaded
             raise
-        if isinstance(model, InferenceModel):  # a GBM version has no parameter server
-            self.metrics.parameter_servers.add(name, version, model.ps)
-        return served
-
-    def add_bundle(self, path: str | Path, name: str | None = None, version: str | None = None) -> ServedModel:
-        """Load an exported bundle and serve it (name and version default to the bundle's manifest)."""
-        if is_gbm_bundle(path):
-            return self._add_gbm_bundle(path, name, version)
-        loaded = load_bundle(path, self.options, self.config.max_request_rows)
-        m = loaded.bundle.manifest
-        name, version = name or m.name, version or m.version
-        info = {"bundle": str(loaded.bundle.path), "bundle_id": loaded.bundle.id, **m.info}
-        try:
-            served = self.add_model(name, version, loaded.model, loaded.preprocess, [loaded.close], info)
-        except BaseException:
-            loaded.close()
-            raise
-        updates = self.metrics.updates
-        loaded.start_updates(lambda result: updates.labels(name, version, result).inc())
-        served.info["watchers"] = loaded.watchers
+        ps = served.parameter_server()
+        if ps is not None:
+            self.metrics.parameter_servers.add(name, version, ps)
         return served
 
     def add_version_delta(self, path: str | Path, name: str, base: str, version: str) -> ServedModel:
@@ -329,96 +316,31 @@ class InferenceServer:
             served_base = versions.get(base)
         except KeyError as e:
             raise RequestError(f"field 'base': {e.args[0]}", status=404) from None
-        if not isinstance(served_base.model, InferenceModel) or "bundle" not in served_base.info:
-            raise ValueError(f"model {name!r}: version {base!r} is not a bundle-loaded model a delta can apply to")
+        target = served_base.delta_base()  # Unsupported (400) for a kind that takes no deltas
         delta = read_version_delta(path)
         if delta.base_version != base:
             raise ValueError(f"version delta {path} was made against version {delta.base_version!r}, not {base!r}")
-        derived = derive_version(served_base.model, served_base.preprocess, served_base.info, delta, version, self.options)
+        derived = derive_version(target.model, target.preprocess, target.info, delta, version, self.options)
         try:
-            return self.add_model(name, version, derived.model, derived.preprocess, [derived.close], derived.info)
+            return self.add_model(
+                name, version, derived.model, derived.preprocess, [derived.close], derived.info, derived.model
+            )
         except BaseException:
             derived.close()
             raise
 
-    def _add_gbm_bundle(self, path: str | Path, name: str | None, version: str | None) -> ServedModel:
-        """A GBM bundle (`hugerec export` of a lightgbm / xgboost model; see serving/gbm.py)."""
-        loaded = load_gbm_bundle(path, self.config.max_request_rows, verify=self.options.verify)
-        info = {"bundle": str(loaded.path), "bundle_id": loaded.bundle_id, "kind": "gbm", **loaded.manifest["info"]}
-        return self.add_model(name or loaded.name, version or loaded.version, loaded.model, loaded.preprocess, (), info)
-
-    def add_next_items_bundle(self, path: str | Path, name: str | None = None, version: str | None = None) -> NextItemsModel:
-        """Serve a next-items bundle (`hugerec export` of a sequential model; see serving/next_items.py)."""
-        model = load_next_items(path, name, version, self.config.max_request_rows)
+    def _serve(self, served: ServedObject, close_on_error: bool = True) -> ServedObject:
+        """Add a loaded version under its name (ValueError: the version is loaded, or the name serves another
+        family; the version is then closed unless close_on_error is False)."""
         with self._lock:
-            if model.name in self.models or model.name in self.next_item_models:
-                raise ValueError(f"a model named {model.name!r} is already served")
-            self.next_item_models[model.name] = model
-        return model
-
-    def add_pipeline_bundle(self, path: str | Path, name: str | None = None, version: str | None = None) -> ServedPipeline:
-        """Serve a pipeline bundle (pipeline/bundle.py) as a version of the pipeline `name`."""
-        loaded = load_pipeline(path, self.pipeline_options, name, version)
-        served = ServedPipeline(loaded.name, loaded.version, loaded.pipeline, self.pipeline_metrics, {"bundle": str(path)}, [loaded.close])
-        with self._lock:
-            if served.name in self.models or served.name in self.next_item_models:
-                served.close()
-                raise ValueError(f"a model named {served.name!r} is already served")
-            versions = self.pipelines.setdefault(served.name, ModelVersions(served.name, self.config.seed))
+            versions = self.models.setdefault(served.name, ModelVersions(served.name, self.config.seed))
         try:
-            versions.add(served)  # type: ignore[arg-type]  # ModelVersions needs only name, version and close
+            versions.add(served)
         except ValueError:
-            served.close()
+            if close_on_error:
+                served.close()
             raise
         return served
-
-    def _pipeline(self, name: str | None, version: str | None) -> ServedPipeline:
-        """The pipeline version a /recommend request goes to (canary routing as for models)."""
-        if name is None:
-            if len(self.pipelines) != 1:
-                raise RequestError(f"field 'pipeline' must name one of the pipelines served: {sorted(self.pipelines)}")
-            name = next(iter(self.pipelines))
-        versions = self.pipelines.get(name)
-        if versions is None:
-            raise RequestError(f"field 'pipeline': unknown pipeline {name!r}; serving {sorted(self.pipelines)}", status=404)
-        try:
-            served = versions.route() if version is None else versions.get(version)
-        except KeyError as e:
-            raise RequestError(f"field 'version': {e.args[0]}", status=404) from None
-        assert isinstance(served, ServedPipeline)
-        return served
-
-    async def _pipeline_update(self, request: Request) -> Response:
-        """/recommend/interactions and /recommend/features: online updates of every version of a pipeline."""
-        t0, code, name = time.perf_counter(), 200, "-"
-        endpoint = request.url.path.rsplit("/", 1)[1]
-        try:
-            if endpoint == "features":
-                check_admin_token(self.config.admin_token, request)
-            body = await self.json_body(request)
-            served = self._pipeline(body.get("pipeline"), None)
-            name = served.name
-            versions = self.pipelines[name]
-            targets = [t for t in (versions.get(v) for v in versions.versions()) if isinstance(t, ServedPipeline)]
-            apply = update_features if endpoint == "features" else add_interactions
-            return JSONResponse(await asyncio.to_thread(apply, targets, body))
-        except Exception as e:
-            code = _status(e)
-            return _error(e, code)
-        finally:
-            self._observe(name, "-", endpoint, code, t0)
-
-    def _target(self, name: str, version: str | None, hold: bool = False) -> ServedModel | NextItemsModel | ServedPipeline:
-        """The model an infer request names: a next-items model, or a version of a scoring model (held for
-        the request when `hold`: ModelVersions.release it after answering)."""
-        if name in self.pipelines:
-            return self._pipeline(name, version)
-        nxt = self.next_item_models.get(name)
-        if nxt is None:
-            return self._served(name, version, hold)
-        if version is not None and version != nxt.version:
-            raise RequestError(f"model {name!r} has no version {version!r}; it serves {nxt.version!r}", status=404)
-        return nxt
 
     def unload(self, name: str, version: str) -> None:
         """Unload a version that is neither stable nor canary, once the requests it is answering are done."""
@@ -429,25 +351,71 @@ class InferenceServer:
     def close(self) -> None:
         for versions in self.models.values():
             versions.close()
-        for versions in self.pipelines.values():
-            versions.close()
 
+    # -- routing -----------------------------------------------------------------------------
     def model_versions(self, name: str) -> ModelVersions:
-        versions = self.models.get(name) or self.pipelines.get(name)
+        versions = self.models.get(name)
         if versions is None:
             raise RequestError(f"unknown model {name!r}; serving {sorted(self.models)}", status=404)
         return versions
 
-    def _served(self, name: str, version: str | None, hold: bool = False) -> ServedModel:
-        versions = self.model_versions(name)
+    @staticmethod
+    def _route(versions: ModelVersions, version: str | None) -> ServedObject:
+        """The version a request goes to (canary routing, or the named one; 404 when absent)."""
         try:
-            if hold:
-                return versions.acquire(version)
             return versions.route() if version is None else versions.get(version)
         except KeyError as e:
+            raise RequestError(f"field 'version': {e.args[0]}", status=404) from None
+
+    @staticmethod
+    def _hold(versions: ModelVersions, version: str | None, holds: list[ServedObject]) -> ServedObject:
+        """_route, holding the version for the request (appended to `holds`; an unload waits for it)."""
+        try:
+            served = versions.acquire(version)
+        except KeyError as e:
             raise RequestError(str(e.args[0]), status=404) from None
+        holds.append(served)
+        return served
+
+    def _recommender(self, name: object) -> ModelVersions:
+        """The versions a /recommend-family request goes to: the name in its 'pipeline' field, else the one
+        pipeline served."""
+        if name is None:
+            pipelines = sorted(n for n, v in self.models.items() if v.family == "pipeline")
+            if len(pipelines) != 1:
+                raise RequestError(f"field 'pipeline' must name one of the pipelines served: {pipelines}")
+            name = pipelines[0]
+        if not isinstance(name, str):
+            raise RequestError(f"field 'pipeline' must be a string, got {name!r}"[:200])
+        versions = self.models.get(name)
+        if versions is None:
+            raise RequestError(f"field 'pipeline': unknown pipeline {name!r}; serving {sorted(self.models)}", status=404)
+        return versions
 
     # -- HTTP --------------------------------------------------------------------------------
+    async def _pipeline_update(self, request: Request) -> Response:
+        """/recommend/interactions and /recommend/features: online updates of every version of a pipeline."""
+        t0, code, name = time.perf_counter(), 200, "-"
+        endpoint = request.url.path.rsplit("/", 1)[1]
+        try:
+            if endpoint == "features":
+                check_admin_token(self.config.admin_token, request)
+            body = await self.json_body(request)
+            versions = self._recommender(body.get("pipeline"))
+            name = versions.name
+            targets = [versions.get(v) for v in versions.versions()]
+
+            def apply() -> dict[str, Any]:
+                answers = [t.update_features(body) if endpoint == "features" else t.add_interactions(body) for t in targets]
+                return {**answers[0], "versions": [t.version for t in targets]}
+
+            return JSONResponse(await asyncio.to_thread(apply))
+        except Exception as e:
+            code = _status(e)
+            return _error(e, code)
+        finally:
+            self._observe(name, "-", endpoint, code, t0)
+
     async def _body(self, request: Request) -> bytes:
         limit = self.config.max_request_bytes
         declared = request.headers.get("content-length")
@@ -481,63 +449,47 @@ class InferenceServer:
 
     def _observe(self, model: str, version: str, endpoint: str, code: int, t0: float) -> None:
         # names of models not served are not kept as labels: any client could add them without end
-        model = model if model in self.models or model in self.next_item_models or model in self.pipelines else "-"
+        model = model if model in self.models else "-"
         self.metrics.answered(model, version, endpoint, code, time.perf_counter() - t0)
 
     async def _predict(self, request: Request) -> Response:
         t0, code, name, served_version = time.perf_counter(), 200, "-", "-"
-        held: ServedModel | None = None
-        holds: list[ServedModel] = []  # a fallback version that answered (ModelVersions.acquire_fallback)
+        holds: list[ServedObject] = []  # the routed version and a fallback that answered: released after answering
         try:
             body = await self.json_body(request)
-            name = body.get("model") or (next(iter(self.models)) if len(self.models) == 1 else "")
-            if not isinstance(name, str) or not name:
+            wanted = body.get("model") or (next(iter(self.models)) if len(self.models) == 1 else "")
+            if not isinstance(wanted, str) or not wanted:
                 raise RequestError(f"several models are served: name one with 'model' (one of {sorted(self.models)})")
+            name = wanted
             version = body.get("version")
-            served = held = self._served(name, None if version is None else str(version), hold=True)
+            versions = self.model_versions(name)
+            served = self._hold(versions, None if version is None else str(version), holds)
             served_version = served.version
-            versions, instances = self.model_versions(name), body.get("instances")
-            live = versions.fields()
-
-            def decode(s: ServedModel) -> ModelInputs:
-                return s.preprocess(instances, live)  # type: ignore[arg-type]  # validated inside
-
-            pinned = version is not None
-            fallback = None if pinned else versions.fallback(served.version)
-            if all(s.preprocess.workflow is None for s in (served, fallback) if s is not None):
-                served, inputs = _decode_routed(versions, served, pinned, decode, holds)
-            else:  # polars releases the GIL: keep the event loop free while the workflow runs
-                served, inputs = await asyncio.to_thread(_decode_routed, versions, served, pinned, decode, holds)
+            instances, live = body.get("instances"), versions.fields()
+            served, prediction = await _routed(
+                versions, served, version is not None, lambda s: s.predict(instances, live), holds
+            )
             served_version = served.version
-            scores = _outputs(await served.logits(inputs))["scores"]
-            answer = {"model_name": name, "model_version": served.version, "predictions": scores.tolist()}
+            answer = {"model_name": name, "model_version": served.version, "predictions": prediction.scores.tolist()}
             if self.request_log is not None:
                 answer["request_ids"] = self.request_log.record(
-                    name, served.version, inputs, scores, served.preprocess.dense_names
+                    name, served.version, prediction.inputs, prediction.scores, prediction.dense_names
                 )
             return JSONResponse(answer)
         except Exception as e:
             code = _status(e)
             return _error(e, code)
         finally:
-            for h in holds if held is None else [held, *holds]:
-                self.model_versions(name).release(h)
+            _release(self.models.get(name), holds)
             self._observe(name, served_version, "predict", code, t0)
 
     def _metadata(self, name: str, version: str | None) -> dict[str, Any]:
-        if name in self.pipelines:
-            return self._pipeline(name, version).metadata()
-        nxt = self._target(name, version) if name in self.next_item_models else None
-        if isinstance(nxt, NextItemsModel):
-            return nxt.metadata()
-        served = self._served(name, version)
-        versions = [served.version] if version is not None else self.model_versions(name).versions()
+        versions = self.model_versions(name)
+        served = self._route(versions, version)
         return {
             "name": name,
-            "versions": versions,
-            "platform": PLATFORM,
-            "inputs": served.signature.inputs_metadata(),
-            "outputs": served.signature.outputs_metadata(),
+            "versions": [served.version] if version is not None else versions.versions(),
+            **served.metadata(),
         }
 
     def _build_app(self) -> FastAPI:
@@ -569,7 +521,7 @@ class InferenceServer:
 
         @app.get("/v2/health/ready")
         async def ready() -> Response:
-            ok = bool(self.models or self.next_item_models or self.pipelines) and all(v.stable is not None for v in self.models.values())
+            ok = bool(self.models) and all(v.stable is not None for v in self.models.values())
             return Response(status_code=200 if ok else 503)
 
         @app.get("/v2/models/{name}")
@@ -582,26 +534,17 @@ class InferenceServer:
 
         @app.get("/v2/models/{name}/ready")
         async def model_ready(name: str) -> Response:
-            self._target(name, None)
+            self._route(self.model_versions(name), None)
             return Response(status_code=200)
 
         @app.get("/v2/models/{name}/versions/{version}/ready")
         async def version_ready(name: str, version: str) -> Response:
-            self._target(name, version)
+            self._route(self.model_versions(name), version)
             return Response(status_code=200)
 
         @app.get("/v2/models/{name}/config")
         async def model_config(name: str) -> dict[str, Any]:
-            served = self._served(name, None)
-            batching = self.config.batching
-            return {
-                "name": name,
-                "platform": PLATFORM,
-                "max_batch_size": batching.max_batch_size,
-                "input": served.signature.inputs_metadata(),
-                "output": served.signature.outputs_metadata(),
-                "dynamic_batching": {"max_queue_delay_microseconds": int(batching.max_delay_ms * 1000)},
-            }
+            return self._route(self.model_versions(name), None).config(self.config.batching)
 
         # /v2/models/.../infer and /recommend never reach the app: `__call__` answers them on raw ASGI messages
         app.add_route("/predict", self._predict, methods=["POST"])
@@ -661,42 +604,37 @@ class BackgroundServer:
         self._thread.join(timeout=30)
 
 
-def _decode_routed(
+async def _routed(
     versions: ModelVersions,
-    served: ServedModel,
+    served: ServedObject,
     pinned: bool,
-    decode: Callable[[ServedModel], T],
-    holds: list[ServedModel],
-) -> tuple[ServedModel, T]:
-    """A request's fields decoded for the version it was routed to, by `decode` -> (the version answering, what
-    decode gave). When that version cannot take the request (400: it lacks a field that version needs, or a
-    positional dense list has another width) and the request did not name a version (`pinned`), the other of
-    stable and canary answers it if it can take it (ModelVersions.fallback): while versions of two schemas share
-    the traffic, a client that sends only one schema's fields is answered by the version of that schema.
-    Otherwise the first version's error stands. The other version is held (appended to `holds`: the caller
-    releases them after answering), so an unload waits for it as for the routed one."""
+    answer: Callable[[ServedObject], Awaitable[T]],
+    holds: list[ServedObject],
+) -> tuple[ServedObject, T]:
+    """A request answered by the version it was routed to, by `answer` -> (the version answering, what answer
+    gave). When that version cannot take the request (400: it lacks a field that version needs, or a positional
+    dense list has another width) and the request did not name a version (`pinned`), the other of stable and
+    canary answers it if it can (ModelVersions.fallback): while versions of two schemas share the traffic, a
+    client that sends only one schema's fields is answered by the version of that schema. Otherwise the first
+    version's error stands. The other version is held (appended to `holds`: the caller releases them after
+    answering), so an unload waits for it as for the routed one."""
     try:
-        return served, decode(served)
+        return served, await answer(served)
     except RequestError as e:
         other = None if pinned or e.status != 400 else versions.acquire_fallback(served.version)
         if other is None:
             raise
         holds.append(other)
         try:
-            return other, decode(other)
+            return other, await answer(other)
         except RequestError:
             raise e from None
 
 
-def _outputs(logits: np.ndarray, names: Sequence[str] = OUTPUTS) -> dict[str, np.ndarray]:
-    """The outputs asked for (scores: the sigmoid of the logits)."""
-    out = {"logits": logits} if "logits" in names else {}
-    if "scores" in names:
-        # clipped: exp stays finite in float32 (sigmoid(-88) = 6e-39, below that the score is 0 anyway)
-        scores = np.exp(np.clip(logits, -88.0, 88.0, dtype=np.float32) * np.float32(-1.0))
-        scores += np.float32(1.0)
-        out["scores"] = np.reciprocal(scores, out=scores)
-    return out
+def _release(versions: ModelVersions | None, holds: list[ServedObject]) -> None:
+    for held in holds:
+        if versions is not None:
+            versions.release(held)
 
 
 def _status(e: Exception) -> int:
@@ -773,11 +711,7 @@ def serve(
         torch.set_num_threads(threads)
     try:
         for path in paths:
-            served: ServedModel | NextItemsModel | ServedPipeline
-            if is_pipeline_bundle(path):
-                served = server.add_pipeline_bundle(path)
-            else:
-                served = server.add_next_items_bundle(path) if is_next_items_bundle(path) else server.add_bundle(path)
+            served = server.add_bundle(path)
             log.info("serving %s version %s from %s on http://%s:%d", served.name, served.version, path, host, port)
         server.run()
     finally:

@@ -1,4 +1,5 @@
-"""ModelVersions: the loaded versions of one model and how traffic is split between them.
+"""ModelVersions: the loaded versions of one served name (any kind: runtime/served_object.py) and how traffic
+is split between them.
 
     stable   answers every request not sent to the canary
     canary   optional; receives `share` of the traffic (0..1) until promoted or rolled back
@@ -23,45 +24,10 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from hugerec.serving.runtime.batching import DynamicBatcher
-from hugerec.serving.runtime.gbm_model import GBMModel
-from hugerec.serving.runtime.inference_model import InferenceModel
-from hugerec.serving.runtime.inference_protocol import LiveFields, Signature
-from hugerec.serving.runtime.model_inputs import ModelInputs
-from hugerec.serving.runtime.request_preprocessor import RequestPreprocessor
-
-
-@dataclass(eq=False)
-class ServedModel:
-    """One loaded model version: the model, its batcher, its request signature and preprocessing.
-
-    preprocess   /predict's raw feature dicts -> ModelInputs (with the fitted workflow, when there is one)
-    closers      called on unload, in order (batcher, update watchers, parameter server)
-    """
-
-    name: str
-    version: str
-    model: InferenceModel | GBMModel  # a GBM version scores the same ModelInputs (serving/gbm.py)
-    batcher: DynamicBatcher
-    signature: Signature
-    preprocess: RequestPreprocessor
-    info: dict[str, Any] = field(default_factory=dict)
-    closers: list[Callable[[], None]] = field(default_factory=list)
-
-    async def logits(self, inputs: ModelInputs) -> np.ndarray:
-        return await self.batcher.submit(inputs)
-
-    def close(self) -> None:
-        """Release the version's resources (once; later calls do nothing)."""
-        closers, self.closers = self.closers, []
-        for close in closers:
-            close()
+from hugerec.serving.runtime.inference_protocol import LiveFields
+from hugerec.serving.runtime.served_object import ServedObject
 
 
 class ModelVersions:
@@ -69,7 +35,7 @@ class ModelVersions:
 
     def __init__(self, name: str, seed: int | None = None) -> None:
         self.name = name
-        self._versions: dict[str, ServedModel] = {}
+        self._versions: dict[str, ServedObject] = {}
         self.stable: str | None = None
         self.canary: str | None = None
         self.share = 0.0
@@ -77,7 +43,7 @@ class ModelVersions:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when a version's last request is answered
-        self._inflight: dict[int, int] = {}  # id(ServedModel) -> requests holding it
+        self._inflight: dict[int, int] = {}  # id(ServedObject) -> requests holding it
         self._fields: LiveFields | None = None  # computed on first use after a load or unload
 
     def __contains__(self, version: str) -> bool:
@@ -86,9 +52,23 @@ class ModelVersions:
     def versions(self) -> list[str]:
         return list(self._versions)
 
-    def add(self, served: ServedModel) -> None:
-        """Load a version; the first one becomes stable, later ones wait for set_canary/promote."""
+    @property
+    def family(self) -> str | None:
+        """The family of the loaded versions (served_object.py; None while none is loaded)."""
+        first = next(iter(self._versions.values()), None)
+        return None if first is None else first.family
+
+    def add(self, served: ServedObject) -> None:
+        """Load a version; the first one becomes stable, later ones wait for set_canary/promote. Versions of one
+        name are of one family (scoring models, next-items models or pipelines): ValueError otherwise."""
         with self._lock:
+            family = self.family
+            if family is not None and served.family != family:
+                kinds = sorted({s.kind for s in self._versions.values()})
+                raise ValueError(
+                    f"{self.name!r} serves {' / '.join(kinds)} versions; version {served.version!r} is a {served.kind}: "
+                    "serve it under another name"
+                )
             if served.version in self._versions:
                 raise ValueError(f"model {self.name!r}: version {served.version!r} is already loaded")
             self._versions[served.version] = served
@@ -96,13 +76,13 @@ class ModelVersions:
             if self.stable is None:
                 self.stable = served.version
 
-    def get(self, version: str) -> ServedModel:
+    def get(self, version: str) -> ServedObject:
         try:
             return self._versions[version]
         except KeyError:
             raise KeyError(f"model {self.name!r} has no version {version!r}; loaded: {list(self._versions)}") from None
 
-    def acquire(self, version: str | None = None) -> ServedModel:
+    def acquire(self, version: str | None = None) -> ServedObject:
         """The version a request goes to (route() or the named one), held until `release`: unloading it
         waits for the request."""
         with self._lock:
@@ -110,7 +90,7 @@ class ModelVersions:
             self._inflight[id(served)] = self._inflight.get(id(served), 0) + 1
             return served
 
-    def release(self, served: ServedModel) -> None:
+    def release(self, served: ServedObject) -> None:
         with self._lock:
             left = self._inflight.pop(id(served)) - 1
             if left:
@@ -118,7 +98,7 @@ class ModelVersions:
             else:
                 self._idle.notify_all()
 
-    def route(self) -> ServedModel:
+    def route(self) -> ServedObject:
         """The version this request goes to: the canary with probability `share`, else the stable one."""
         stable, canary, share = self.stable, self.canary, self.share
         if stable is None:
@@ -132,17 +112,17 @@ class ModelVersions:
         fields = self._fields
         if fields is None:
             with self._lock:
-                served = [s for s in self._versions.values() if isinstance(s, ServedModel)]
+                each = [s.fields() for s in self._versions.values()]
                 fields = LiveFields(
-                    frozenset().union(*(s.signature.input_names() for s in served)),
-                    frozenset().union(*(s.preprocess.keys for s in served)),
-                    frozenset(s.signature.num_dense for s in served),
-                    len(served),
+                    frozenset().union(*(f.inputs for f in each)),
+                    frozenset().union(*(f.keys for f in each)),
+                    frozenset().union(*(f.dense for f in each)),
+                    len(each),
                 )
                 self._fields = fields
         return fields
 
-    def fallback(self, version: str) -> ServedModel | None:
+    def fallback(self, version: str) -> ServedObject | None:
         """The version that answers a request `version` (routed to by share) cannot take: the canary for the
         stable one while the canary has a share of the traffic, the stable one for the canary; else None."""
         stable, canary, share = self.stable, self.canary, self.share
@@ -152,7 +132,7 @@ class ModelVersions:
             return self._versions.get(canary)
         return self._versions.get(stable) if version == canary else None
 
-    def acquire_fallback(self, version: str) -> ServedModel | None:
+    def acquire_fallback(self, version: str) -> ServedObject | None:
         """fallback(version), held like acquire() (release it after answering): once a rollback has made it
         neither stable nor canary, an unload still waits for the request it answers."""
         with self._lock:
@@ -197,7 +177,7 @@ class ModelVersions:
             assert self.stable is not None
             return self.stable
 
-    def remove(self, version: str, drain_s: float = 60.0) -> ServedModel:
+    def remove(self, version: str, drain_s: float = 60.0) -> ServedObject:
         """Take out a version that is neither stable nor canary and wait (at most drain_s seconds) until the
         requests holding it are answered; the caller then closes it. KeyError: no such version."""
         with self._lock:

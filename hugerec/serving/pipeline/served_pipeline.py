@@ -21,20 +21,24 @@ Every bad field is a RequestError (400) naming it; a stage that fails is a Stage
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from hugerec.serving.pipeline.runner import STAGE_NAMES, PipelineRunner, Query, Recommendation
-from hugerec.serving.runtime.inference_protocol import RequestError, decode_tensor, parse_json, split_body
+from hugerec.serving.runtime.inference_protocol import LiveFields, RequestError, decode_tensor, parse_json, split_body
+from hugerec.serving.runtime.served_object import ServedObject
 
 PLATFORM = "hugerec_pipeline"
 REQUEST_KEYS = ("user", "k", "history", "context", "pipeline", "version", "debug", "seed")
+INFER_INPUTS = frozenset({"user", "history", "history.lengths"})
+MAX_USERS = 4096  # users (and history tensors' rows) one infer request may carry
 _LATENCY_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
 _COUNT_BUCKETS = tuple(float(4**i) for i in range(0, 10))
 
@@ -66,8 +70,12 @@ class PipelineMetrics:
 
 
 @dataclass(eq=False)
-class ServedPipeline:
-    """One loaded pipeline version (what ModelVersions holds for pipelines)."""
+class ServedPipeline(ServedObject):
+    """One loaded pipeline version, a served object (served_object.py): /recommend, the KServe v2 infer route,
+    online updates of its seen-items and feature stores."""
+
+    family: ClassVar[str] = "pipeline"
+    platform: ClassVar[str] = PLATFORM
 
     name: str
     version: str
@@ -75,6 +83,19 @@ class ServedPipeline:
     metrics: PipelineMetrics | None = None
     info: dict[str, Any] = field(default_factory=dict)
     closers: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return "pipeline"
+
+    def max_rows(self) -> int:
+        return MAX_USERS
+
+    def fields(self) -> LiveFields:
+        return LiveFields(INFER_INPUTS, frozenset(REQUEST_KEYS), frozenset({0}))
+
+    async def infer(self, body: bytes, header_length: str | None, live: LiveFields) -> tuple[bytes, dict[str, str]]:
+        return await asyncio.to_thread(self.answer, body, header_length)  # index, stores, a model call: off the loop
 
     def close(self) -> None:
         closers, self.closers = self.closers, []
@@ -105,8 +126,8 @@ class ServedPipeline:
         tensors: dict[str, np.ndarray] = {}
         offset = 0
         for i, spec in enumerate(request["inputs"]):
-            name, array, offset = decode_tensor(spec, i, blob, offset, 4096)
-            if name not in ("user", "history", "history.lengths"):
+            name, array, offset = decode_tensor(spec, i, blob, offset, MAX_USERS)
+            if name not in INFER_INPUTS:
                 raise RequestError(f"unknown input {name!r}; a pipeline takes 'user' and optionally 'history' + 'history.lengths'")
             tensors[name] = array
         if "user" not in tensors:
@@ -148,10 +169,41 @@ class ServedPipeline:
             out["id"] = str(request["id"])
         return json.dumps(out, separators=(",", ":")).encode(), {"content-type": "application/json"}
 
+    def add_interactions(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """/recommend/interactions: append items to the user's history (seen items) of this version."""
+        unknown = sorted(set(body) - {"user", "items", "pipeline"})
+        if unknown:
+            raise RequestError(f"unknown field {unknown[0]!r}; /recommend/interactions takes 'user', 'items', 'pipeline'")
+        user = _int(body.get("user"), "user")
+        items = body.get("items")
+        if not isinstance(items, list) or not items or not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+            raise RequestError(f"field 'items' must be a non-empty list of integer item ids, got {items!r}"[:200])
+        self.pipeline.res.interactions.add(user, items)
+        return {"user": user, "added": len(items)}
+
+    def update_features(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """/recommend/features: overwrite columns of existing rows of a feature table of this version."""
+        unknown = sorted(set(body) - {"table", "ids", "columns", "pipeline"})
+        if unknown:
+            raise RequestError(f"unknown field {unknown[0]!r}; /recommend/features takes 'table', 'ids', 'columns', 'pipeline'")
+        table, ids, columns = body.get("table"), body.get("ids"), body.get("columns")
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise RequestError("field 'ids' must be a non-empty list of integer ids")
+        if not isinstance(columns, dict) or not columns:
+            raise RequestError("field 'columns' must map column names to lists of numbers, one per id")
+        arrays = {}
+        for name, values in columns.items():
+            if not isinstance(values, list) or len(values) != len(ids) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+                raise RequestError(f"field 'columns.{name}' must be a list of {len(ids)} numbers")
+            arrays[str(name)] = np.asarray(values)
+        try:
+            self.pipeline.res.features.update(str(table), np.asarray(ids, np.int64), arrays)
+        except ValueError as e:
+            raise RequestError(f"field 'table' / 'ids' / 'columns': {e}") from None
+        return {"table": table, "updated": len(ids)}
+
     def metadata(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "versions": [self.version],
             "platform": PLATFORM,
             "inputs": [
                 {"name": "user", "datatype": "INT64", "shape": [-1]},
@@ -166,43 +218,6 @@ class ServedPipeline:
             ],
             "stages": [n for n in STAGE_NAMES if n in {type(s).__name__.lower() for s in self.pipeline.spec.stages}],
         }
-
-
-def add_interactions(targets: Sequence[ServedPipeline], body: Mapping[str, Any]) -> dict[str, Any]:
-    """/recommend/interactions: append items to the user's history in every version given."""
-    unknown = sorted(set(body) - {"user", "items", "pipeline"})
-    if unknown:
-        raise RequestError(f"unknown field {unknown[0]!r}; /recommend/interactions takes 'user', 'items', 'pipeline'")
-    user = _int(body.get("user"), "user")
-    items = body.get("items")
-    if not isinstance(items, list) or not items or not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
-        raise RequestError(f"field 'items' must be a non-empty list of integer item ids, got {items!r}"[:200])
-    for served in targets:
-        served.pipeline.res.interactions.add(user, items)
-    return {"user": user, "added": len(items), "versions": [t.version for t in targets]}
-
-
-def update_features(targets: Sequence[ServedPipeline], body: Mapping[str, Any]) -> dict[str, Any]:
-    """/recommend/features: overwrite columns of existing rows of a feature table in every version given."""
-    unknown = sorted(set(body) - {"table", "ids", "columns", "pipeline"})
-    if unknown:
-        raise RequestError(f"unknown field {unknown[0]!r}; /recommend/features takes 'table', 'ids', 'columns', 'pipeline'")
-    table, ids, columns = body.get("table"), body.get("ids"), body.get("columns")
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise RequestError("field 'ids' must be a non-empty list of integer ids")
-    if not isinstance(columns, dict) or not columns:
-        raise RequestError("field 'columns' must map column names to lists of numbers, one per id")
-    arrays = {}
-    for name, values in columns.items():
-        if not isinstance(values, list) or len(values) != len(ids) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-            raise RequestError(f"field 'columns.{name}' must be a list of {len(ids)} numbers")
-        arrays[str(name)] = np.asarray(values)
-    for served in targets:
-        try:
-            served.pipeline.res.features.update(str(table), np.asarray(ids, np.int64), arrays)
-        except ValueError as e:
-            raise RequestError(f"field 'table' / 'ids' / 'columns': {e}") from None
-    return {"table": table, "updated": len(ids), "versions": [t.version for t in targets]}
 
 
 def parse_recommend(body: Mapping[str, Any]) -> tuple[Query, bool]:

@@ -26,6 +26,7 @@ from hugerec.models.gbm import Library, TreeModel
 from hugerec.serving.runtime.forest import Forest
 from hugerec.serving.runtime.inference_protocol import Signature
 from hugerec.serving.runtime.model_inputs import ModelInputs
+from hugerec.serving.store.parameter_server import ParameterServer
 
 
 class GBMPredictor(enum.Enum):
@@ -37,6 +38,7 @@ class GBMModel:
     """Scores ModelInputs with a forest: logits [B] float32 (the interface of InferenceModel)."""
 
     vector_signature: tuple[tuple[str, int], ...] = ()
+    ps: ParameterServer | None = None  # trees keep no embedding rows
 
     def __init__(
         self, tree: TreeModel, num_dense: int, features: tuple[str, ...], predictor: GBMPredictor = GBMPredictor.FOREST

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from hugerec.embedding.table_config import Pooling, TableConfig
+from hugerec.serving.runtime.inference_protocol import Signature
 from hugerec.serving.runtime.model_inputs import ModelInputs
 from hugerec.serving.runtime.program import ServedProgram, compile_program
 from hugerec.serving.store.parameter_server import ParameterServer, Snapshot, TableUpdate
@@ -146,6 +147,10 @@ class InferenceModel:
         self._widths = (num_dense, *(sum(layout.table_of(f).dim for f in layout.features) for layout in self.layouts))
         on_device = program if self.device.type == "cpu" else program.to(self.device)
         ps.publish_payload(compile_program(on_device, self._widths, self.device))
+
+    def signature(self, max_rows: int) -> Signature:
+        """What a request may send: the dense width, the sparse features, optional inline vectors."""
+        return Signature(self.num_dense, self.features, max_rows, vectors=self.vector_signature)
 
     def predict(self, inputs: ModelInputs) -> np.ndarray:
         """Logits [B] (or [B, T]) float32 for `inputs` (validated by the caller: see protocol.py)."""

@@ -15,10 +15,11 @@ items. Scoring is exact: the query vector against every item vector (one [B, I] 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -26,12 +27,14 @@ import torch
 from hugerec.models.sequence import PAD
 from hugerec.serving.runtime.inference_protocol import (
     HEADER_LENGTH,
+    LiveFields,
     RequestError,
     Signature,
     parse_tensors,
     split_body,
     to_model_inputs,
 )
+from hugerec.serving.runtime.served_object import ServedObject
 from hugerec.training.sequence_file import SavedSequenceModel
 from hugerec.training.sequential import SequenceModel, query_vectors
 
@@ -44,9 +47,13 @@ OUTPUTS = ("items", "scores", "unknown_items")
 _DATATYPES = {"items": "INT64", "scores": "FP32", "unknown_items": "INT64"}
 
 
-@dataclass(frozen=True)
-class NextItemsModel:
-    """A loaded next-items bundle: exact top-k next items for raw-id histories."""
+@dataclass(frozen=True, eq=False)
+class NextItemsModel(ServedObject):
+    """A loaded next-items bundle: exact top-k next items for raw-id histories (a served object: see
+    served_object.py; versions, canaries and the admin API treat it as any other kind)."""
+
+    family: ClassVar[str] = "next_items"
+    platform: ClassVar[str] = "hugerec_next_items"
 
     name: str
     version: str
@@ -54,11 +61,28 @@ class NextItemsModel:
     exclude_seen: bool
     saved: SavedSequenceModel
     item_vectors: torch.Tensor  # [I, D] rows of dense items 1..I
-    max_rows: int = 65536
+    request_rows: int = 65536  # histories per request
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return "next_items"
 
     @property
     def signature(self) -> Signature:
-        return Signature(0, (FEATURE,), self.max_rows)
+        return Signature(0, (FEATURE,), self.request_rows)
+
+    def max_rows(self) -> int:
+        return self.request_rows
+
+    def fields(self) -> LiveFields:
+        return LiveFields(self.signature.input_names(), frozenset(), frozenset({0}))
+
+    async def infer(self, body: bytes, header_length: str | None, live: LiveFields) -> tuple[bytes, dict[str, str]]:
+        return await asyncio.to_thread(self.answer, body, header_length)  # a [B, I] matmul: off the event loop
+
+    def close(self) -> None:
+        """Nothing to release: the model and the item vectors are tensors in memory."""
 
     def next_items(self, values: np.ndarray, lengths: np.ndarray, k: int | None = None) -> dict[str, np.ndarray]:
         """values [N] raw ids, lengths [B] -> {"items": [B, k] raw ids (-1: none), "scores": [B, k], "unknown_items": [B]}."""
@@ -103,7 +127,7 @@ class NextItemsModel:
     def answer(self, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
         """An infer request body -> (response body, headers); bad requests raise RequestError (400)."""
         header_bytes, blob = split_body(body, header_length)
-        request, tensors = parse_tensors(header_bytes, blob, self.max_rows)
+        request, tensors = parse_tensors(header_bytes, blob, self.request_rows)
         inputs = to_model_inputs(tensors, self.signature)
         values, lengths = inputs.ids[FEATURE]
         params = request.get("parameters") or {}
@@ -115,9 +139,7 @@ class NextItemsModel:
 
     def metadata(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "versions": [self.version],
-            "platform": "hugerec_next_items",
+            "platform": self.platform,
             "inputs": [
                 {"name": FEATURE, "datatype": "INT64", "shape": [-1]},
                 {"name": FEATURE + ".lengths", "datatype": "INT64", "shape": [-1]},

@@ -90,12 +90,17 @@ def test_unknown_items_are_skipped_and_counted(bundle: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(bundle: Path) -> Iterator[str]:
+def served(bundle: Path) -> Iterator[tuple[str, InferenceServer]]:
     srv = InferenceServer(ServerConfig(max_request_rows=16))
-    srv.add_next_items_bundle(bundle)
+    srv.add_bundle(bundle)
     with BackgroundServer(srv) as url:
-        yield url
+        yield url, srv
     srv.close()
+
+
+@pytest.fixture(scope="module")
+def server(served: tuple[str, InferenceServer]) -> str:
+    return served[0]
 
 
 def test_server_answers_next_items(bundle: Path, server: str) -> None:
@@ -151,3 +156,27 @@ def test_server_bad_requests_are_400(server: str, request_body: dict[str, object
     r = httpx.post(f"{server}/v2/models/seq/infer", json=request_body)
     assert r.status_code == 400 and message in r.json()["error"], r.text
     assert httpx.post(f"{server}/v2/models/seq/versions/9/infer", json=request_body).status_code == 404
+
+
+def test_every_kserve_route_answers_for_next_items_and_versions_share_the_traffic(
+    bundle: Path, served: tuple[str, InferenceServer]
+) -> None:
+    url, srv = served
+    r = httpx.get(f"{url}/v2/models/seq/config")
+    assert r.status_code == 200, r.text
+    assert r.json()["platform"] == "hugerec_next_items" and r.json()["max_batch_size"] == 16
+    assert [i["name"] for i in r.json()["input"]] == ["items", "items.lengths"]
+    r = httpx.post(f"{url}/predict", json={"model": "seq", "instances": [{"items": [1]}]})
+    assert r.status_code == 400 and "next_items 'seq' (version '1') does not support /predict" in r.json()["error"]
+    r = httpx.post(f"{url}/recommend", json={"pipeline": "seq", "user": 1})
+    assert r.status_code == 400 and "does not support /recommend" in r.json()["error"]
+    # a second version: canary routing, as for every kind
+    srv.add_bundle(bundle, version="2")
+    versions = srv.model_versions("seq")
+    assert httpx.get(f"{url}/v2/models/seq").json()["versions"] == ["1", "2"]
+    versions.set_canary("2", 1.0)
+    body = {"inputs": [{"name": "items", "datatype": "INT64", "shape": [1, 2], "data": [[1, 2]]}]}
+    assert httpx.post(f"{url}/v2/models/seq/infer", json=body).json()["model_version"] == "2"
+    versions.rollback()
+    assert httpx.post(f"{url}/v2/models/seq/infer", json=body).json()["model_version"] == "1"
+    srv.unload("seq", "2")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import random
-import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -299,18 +298,6 @@ def test_serve_runs_until_terminated(toy: Any, tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after a graceful stop
-
-
-def test_scores_are_the_sigmoid_of_the_logits_over_the_whole_float32_range() -> None:
-    from hugerec.serving.http.server import _outputs
-
-    logits = np.array([-np.inf, -3e38, -100, -88, -20, -1, 0, 1e-3, 1, 20, 88, 3e38, np.inf], np.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no overflow warning either
-        out = _outputs(logits)
-    assert out["scores"].dtype == np.float32 and out["logits"] is logits
-    np.testing.assert_allclose(out["scores"], torch.sigmoid(torch.from_numpy(logits)).numpy(), rtol=1e-6, atol=1e-38)
-    assert list(_outputs(logits, ("scores",))) == ["scores"]
 
 
 def test_a_body_shorter_than_its_content_length_gets_408_and_the_connection_closes(toy: Any, tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from hugerec.serving.http.versions import ModelVersions, ServedModel
+from hugerec.serving.http.versions import ModelVersions
+from hugerec.serving.runtime.served_model import ServedModel
 
 
 def fake(version: str) -> ServedModel:

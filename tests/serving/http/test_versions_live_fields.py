@@ -1,6 +1,6 @@
 """Two versions of one model trained on different schemas share the traffic: each ignores the request fields
 only the other takes (protocol.LiveFields, ModelVersions.fields), a request one version cannot take goes to
-the other (server._decode_routed), fields no loaded version takes and fields the answering version needs
+the other (server._routed), fields no loaded version takes and fields the answering version needs
 but lacks are still 4xx naming them, and after the canary is unloaded its fields are refused again."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from hugerec.embedding.table_config import TableConfig
 from hugerec.models.dlrm import DLRM
 from hugerec.serving.bundles.export import export_bundle
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
-from hugerec.serving.http.versions import ModelVersions, ServedModel
+from hugerec.serving.http.versions import ModelVersions
 from hugerec.serving.runtime.inference_protocol import (
     LiveFields,
     RequestError,
@@ -34,6 +34,7 @@ from hugerec.serving.runtime.inference_protocol import (
     to_model_inputs,
 )
 from hugerec.serving.runtime.request_preprocessor import RequestPreprocessor
+from hugerec.serving.runtime.served_model import ServedModel
 
 TOKEN = "live-fields-test-token"
 OLD = Schema.build(dense=["d0", "d1"], sparse=["c0", "c1"])  # the stable version's columns

@@ -23,6 +23,7 @@ from hugerec.serving.http.server import BackgroundServer, InferenceServer, Serve
 from hugerec.serving.pipeline import InteractionStore, Query, UserEncoder
 from hugerec.serving.pipeline.declaration import declaration_from_dict, declaration_to_dict
 from hugerec.serving.pipeline.feature_store import FeatureStore
+from hugerec.serving.pipeline.served_pipeline import ServedPipeline
 
 TOML = """
 [pipeline]
@@ -121,7 +122,7 @@ def _state(tmp: Path) -> Any:
 @pytest.fixture(scope="module")
 def server(bundle: Path, toy: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, InferenceServer, Path]]:
     srv = InferenceServer(ServerConfig(admin_token="t" * 16, seed=0))
-    srv.add_pipeline_bundle(bundle)
+    srv.add_bundle(bundle)
     v2 = build(toy, tmp_path_factory.mktemp("pipe2") / "recs", version="2", seed=1)
     with BackgroundServer(srv) as url:
         yield url, srv, v2
@@ -202,7 +203,8 @@ def test_versions_canary_and_rollback_work_for_pipelines(server: tuple[str, Infe
 
 def test_a_failing_stage_is_a_503_naming_it(server: tuple[str, InferenceServer, Path]) -> None:
     url, srv = server[0], server[1]
-    served = srv._pipeline("recs", "1")
+    served = srv.model_versions("recs").get("1")
+    assert isinstance(served, ServedPipeline)
     features = served.pipeline.res.features
     real = features.store
 
@@ -274,3 +276,47 @@ def test_recommend_on_raw_asgi_answers_like_the_rest_of_the_server(server: tuple
     assert answer.startswith(b"HTTP/1.1 413") and b"exceeds the limit" in answer
     count = 'hugerec_requests_total{code="200",endpoint="recommend",model="recs",version="1"}'
     assert count in httpx.get(f"{url}/metrics").text
+
+
+def test_every_kserve_route_answers_for_a_pipeline_or_is_a_4xx_saying_what_it_lacks(
+    server: tuple[str, InferenceServer, Path], toy: Any, tmp_path: Path
+) -> None:
+    """#28: GET /v2/models/<pipeline>/config was a 500 ('ServedPipeline' object has no attribute 'signature'),
+    and so was admin load_delta naming a pipeline."""
+    url = server[0]
+    auth = {"authorization": "Bearer " + "t" * 16}
+    r = httpx.get(f"{url}/v2/models/recs/config")
+    assert r.status_code == 200, r.text
+    config = r.json()
+    assert config["name"] == "recs" and config["platform"] == "hugerec_pipeline" and config["max_batch_size"] == 4096
+    assert [i["name"] for i in config["input"]] == ["user", "history", "history.lengths"]
+    assert [o["name"] for o in config["output"]] == ["items", "scores", "sources", "cold_start"]
+    meta = httpx.get(f"{url}/v2/models/recs").json()
+    assert meta["name"] == "recs" and "1" in meta["versions"] and meta["stages"]
+    assert httpx.get(f"{url}/v2/models/recs/versions/1/ready").status_code == 200
+    assert httpx.get(f"{url}/v2/models/recs/versions/nope/ready").status_code == 404
+
+    r = httpx.post(f"{url}/v2/repository/models/recs/load_delta", json={"delta": "/nowhere", "base": "1", "version": "9"}, headers=auth)
+    assert r.status_code == 400 and "pipeline 'recs' (version '1') does not support version deltas" in r.json()["error"]
+    r = httpx.post(f"{url}/predict", json={"model": "recs", "instances": [{"user": 3}]})
+    assert r.status_code == 400 and "pipeline 'recs'" in r.json()["error"] and "/predict" in r.json()["error"]
+
+    # a scoring model beside it: /recommend and the online updates naming it are 400s, not 500s
+    r = httpx.post(f"{url}/v2/repository/models/dlrm/load", json={"bundle": str(toy.bundle)}, headers=auth)
+    assert r.status_code == 200, r.text
+    for path, body in (
+        ("/recommend", {"pipeline": "dlrm", "user": 3}),
+        ("/recommend/interactions", {"pipeline": "dlrm", "user": 3, "items": [1]}),
+    ):
+        r = httpx.post(f"{url}{path}", json=body)
+        assert r.status_code == 400 and f"does not support {path}" in r.json()["error"], (path, r.text)
+    r = httpx.post(f"{url}/recommend", json={"pipeline": ["recs"], "user": 3})
+    assert r.status_code == 400 and "'pipeline' must be a string" in r.json()["error"]
+    assert httpx.post(f"{url}/recommend", json={"user": 3, "k": 5}).status_code == 200  # still the one pipeline
+    # one name serves one family: a model bundle is not a version of a pipeline
+    copy = tmp_path / "bundle"  # (toy.bundle's state folder is the loaded "dlrm"'s)
+    shutil.copytree(toy.bundle, copy, ignore=shutil.ignore_patterns("state"))
+    r = httpx.post(f"{url}/v2/repository/models/recs/load", json={"bundle": str(copy), "version": "m"}, headers=auth)
+    assert r.status_code == 400 and "'recs' serves pipeline versions; version 'm' is a model" in r.json()["error"]
+    r = httpx.post(f"{url}/v2/repository/models/dlrm/unload", json={"version": "1"}, headers=auth)
+    assert r.status_code == 400  # the stable one

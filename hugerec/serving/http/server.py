@@ -55,6 +55,7 @@ from hugerec.serving.bundles.version_delta import derive_version, read_version_d
 from hugerec.serving.http.admin import admin_router
 from hugerec.serving.http.auth import check_admin_token
 from hugerec.serving.http.feedback import feedback_router
+from hugerec.serving.http.limits import read_asgi_body, read_request_body
 from hugerec.serving.http.prometheus_metrics import ServerMetrics
 from hugerec.serving.http.request_log import RequestLog, RequestLogConfig
 from hugerec.serving.http.versions import ModelVersions
@@ -167,7 +168,7 @@ class InferenceServer:
             versions = self.model_versions(name)
             served = self._hold(versions, version, holds)
             served_version = served.version
-            body = await self._asgi_body(scope, receive)
+            body = await read_asgi_body(scope, receive, self.config.max_request_bytes, self.config.body_timeout_s)
             if body is None:
                 code = 499  # the client went away: nobody to answer
                 return
@@ -192,7 +193,7 @@ class InferenceServer:
         than the pipeline's own filter, score and order stages together)."""
         t0, code, name, served_version = time.perf_counter(), 200, "-", "-"
         try:
-            raw_body = await self._asgi_body(scope, receive)
+            raw_body = await read_asgi_body(scope, receive, self.config.max_request_bytes, self.config.body_timeout_s)
             if raw_body is None:
                 code = 499
                 return
@@ -209,27 +210,6 @@ class InferenceServer:
             if code != 499:
                 self._observe(name, served_version, "recommend", code, t0)
         await _send(send, code, raw, payload)
-
-    async def _asgi_body(self, scope: Scope, receive: Receive) -> bytes | None:
-        """The request body from raw ASGI messages (413 past max_request_bytes); None when the client left."""
-        limit = self.config.max_request_bytes
-        for key, value in scope["headers"]:
-            if key == b"content-length":
-                declared = value.decode("latin-1")
-                if declared.isdigit() and int(declared) > limit:
-                    raise RequestError(f"payload of {declared} bytes exceeds the limit of {limit}", status=413)
-        chunks, size, more = [], 0, True
-        while more:
-            message = await self._next_part(receive())
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise RequestError(f"payload exceeds the limit of {limit} bytes", status=413)
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        return b"".join(chunks)
 
     # -- loading -----------------------------------------------------------------------------
     def add_bundle(self, path: str | Path, name: str | None = None, version: str | None = None) -> ServedObject:
@@ -416,36 +396,9 @@ class InferenceServer:
         finally:
             self._observe(name, "-", endpoint, code, t0)
 
-    async def _body(self, request: Request) -> bytes:
-        limit = self.config.max_request_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise RequestError(f"payload of {declared} bytes exceeds the limit of {limit}", status=413)
-        chunks, size = [], 0
-        stream = request.stream()
-        while True:
-            try:
-                chunk = await self._next_part(anext(stream))
-            except StopAsyncIteration:
-                break
-            size += len(chunk)
-            if size > limit:
-                raise RequestError(f"payload exceeds the limit of {limit} bytes", status=413)
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    async def _next_part(self, part: Awaitable[T]) -> T:
-        """The next message of a request body, or 408 after body_timeout_s without one."""
-        try:
-            return await asyncio.wait_for(part, self.config.body_timeout_s)
-        except TimeoutError:
-            raise RequestError(
-                f"the request body did not arrive within {self.config.body_timeout_s} s (fewer bytes than Content-Length?)",
-                status=408,
-            ) from None
-
     async def json_body(self, request: Request) -> dict[str, Any]:
-        return _json_object(await self._body(request))
+        """The body of a framework route, within the limits (http/limits.py), as a JSON object."""
+        return _json_object(await read_request_body(request, self.config.max_request_bytes, self.config.body_timeout_s))
 
     def _observe(self, model: str, version: str, endpoint: str, code: int, t0: float) -> None:
         # names of models not served are not kept as labels: any client could add them without end

@@ -6,7 +6,7 @@
     bundle_loader.py      a model bundle -> a running InferenceModel (parameter server, updates); ServeOptions
     gbm_bundle.py         the GBM bundle -> GBMModel
     next_items_bundle.py  the next-items bundle -> NextItemsModel
-    pipeline_bundle.py    the pipeline bundle -> a Pipeline with its stores, index, encoder and ranker
+    pipeline_bundle.py    the pipeline bundle -> a PipelineRunner with its stores, index, encoder and ranker
     version_delta.py      a version delta: a new version made from a loaded one plus what changed
 
 Above store/, runtime/ and pipeline/ (what the folders are loaded into), below http/.

@@ -1,4 +1,4 @@
-"""Export: a trained RecModel (or a training checkpoint) -> a serving bundle (layout in bundle.py).
+"""Export: a trained RecModel (or a training checkpoint) -> a serving bundle (layout in model_bundle.py).
 
     model.embed(sparse)          -> the embedding rows go to embeddings/ (RocksDB, key -> row)
     model.dense_forward(dense, pooled...) -> dense.pt2 (torch.export; batch size dynamic)

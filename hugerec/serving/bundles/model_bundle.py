@@ -4,7 +4,7 @@
       manifest.json        format, name, version, tables, collections, files -> sha256
       dense.pt2            the dense part: torch.export program (dense, pooled...) -> logits
       dense.onnx           optional, the same program as ONNX
-      embeddings/          RocksDB (column family per table): key -> row, see persistent.py
+      embeddings/          RocksDB (column family per table): key -> row, see store/persistent.py
       schema.json          optional, hugerec.data.schema.Schema
       workflow/            optional, the fitted hugerec.data.preprocess Workflow (JSON + Parquet)
 

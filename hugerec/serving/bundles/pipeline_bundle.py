@@ -2,7 +2,7 @@
 
     pipeline/
       manifest.json              {"kind": "pipeline", "format": 1, name, version, "pipeline": the declaration
-                                  (config.py's structure), "parts": which of the parts below exist,
+                                  (pipeline/declaration.py's structure), "parts": which of the parts below exist,
                                   "sha256": {relative path: hash} of every other file}
       features/                  the feature tables (user, item): features.json + <table>.npz
       interactions.npz           what each user has interacted with (exclude-seen, history)

@@ -4,7 +4,7 @@
     POST /v2/repository/models/{m}/load        {"bundle": path, "version"?: v} (also as parameters.config JSON,
                                                what tritonclient's load_model(config=...) sends)
     POST /v2/repository/models/{m}/load_delta  {"delta": path, "base": v0, "version": v}: v = v0 + a version delta
-                                               (version_delta.py); v0 is only read
+                                               (bundles/version_delta.py); v0 is only read
     POST /v2/repository/models/{m}/unload      {"version": v}: neither the stable version nor the canary (400);
                                                404 for a version not loaded; answers once v's requests in
                                                flight are answered (versions.py)

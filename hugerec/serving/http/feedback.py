@@ -1,4 +1,4 @@
-"""Routes of the request log (serving/request_log.py):
+"""Routes of the request log (request_log.py):
 
 POST /feedback            {"labels": [{"request_id": "<id from /predict>", "label": 0 | 1}, ...]}
                           -> {"accepted": n, "unknown": m}; 409 when the server logs no requests

@@ -5,9 +5,9 @@
     GET  /v2/models/{m}[/versions/{v}]         model metadata (inputs, outputs, versions)
     GET  /v2/models/{m}[/versions/{v}]/ready   model readiness
     GET  /v2/models/{m}/config                 Triton-style config (max batch size, dynamic batching)
-    POST /v2/models/{m}[/versions/{v}]/infer   typed tensors, JSON or the binary extension (protocol.py)
+    POST /v2/models/{m}[/versions/{v}]/infer   typed tensors, JSON or the binary extension (runtime/inference_protocol.py)
     POST /predict                              {"instances": [raw feature dicts], "model"?: m} -> scores
-    POST /recommend                            {"user": id, "k": 20, ...} -> a pipeline's items (pipeline/served.py)
+    POST /recommend                            {"user": id, "k": 20, ...} -> a pipeline's items (pipeline/served_pipeline.py)
     GET  /metrics                              Prometheus
   admin (load/unload versions, canary, promote, rollback): see admin.py
   request log and feedback (when enable_request_log was called): see feedback.py
@@ -15,7 +15,7 @@
 Bad requests get a 4xx JSON {"error": message}; the server never answers 500 to bad input.
 
 Versions of one model trained on different schemas (a whole-bundle canary after a schema change) share
-the traffic: a version ignores request fields only another loaded version takes (protocol.LiveFields),
+the traffic: a version ignores request fields only another loaded version takes (inference_protocol.LiveFields),
 and a request the version it was routed to cannot take goes to the other of stable and canary
 (_routed) unless it names its version.
 
@@ -285,7 +285,7 @@ class InferenceServer:
         return served
 
     def add_version_delta(self, path: str | Path, name: str, base: str, version: str) -> ServedModel:
-        """Serve `base` + the version delta at `path` as a new version `version` of `name` (version_delta.py);
+        """Serve `base` + the version delta at `path` as a new version `version` of `name` (bundles/version_delta.py);
         the base version is only read. The new version waits for set_canary / promote like a loaded bundle."""
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", version):
             raise ValueError(f"version {version!r}: use letters, digits, '_', '.' and '-' (at most 128)")

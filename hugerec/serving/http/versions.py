@@ -12,7 +12,7 @@ Unloading never fails a request in flight: a request holds its version from rout
 get 404 when they name it) and then waits until the requests holding it are answered (at most `drain_s`)
 before the caller closes it.
 
-fields() is what the loaded versions take together (protocol.LiveFields): a version ignores request
+fields() is what the loaded versions take together (inference_protocol.LiveFields): a version ignores request
 fields only another loaded version takes, so a stable and a canary of different schemas share the
 traffic; it is computed once after each load or unload, not per request. fallback(v): the other of
 stable and canary, which answers a request the version it was routed to cannot take (the server's
@@ -108,7 +108,7 @@ class ModelVersions:
         return self._versions[stable]
 
     def fields(self) -> LiveFields:
-        """The request fields the loaded versions take together (protocol.LiveFields)."""
+        """The request fields the loaded versions take together (inference_protocol.LiveFields)."""
         fields = self._fields
         if fields is None:
             with self._lock:

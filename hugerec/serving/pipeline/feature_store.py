@@ -5,7 +5,7 @@
     store.update("item", ids, {"available": zeros})                              # some columns, online
     values, found = store.read("item", ids)        # ids [N] -> [N, C] float32 (columns in table order), [N] bool
 
-A feature table is one keyspace of a `Store` (tiers.py): id -> one float32 row holding the table's
+A feature table is one keyspace of a `Store` (store/tiers.py): id -> one float32 row holding the table's
 columns in order, so the same three tiers that hold embedding rows hold features (memory by default,
 Redis shared by replicas, RocksDB on disk), and a batch read is one `Store.get`. Values are float32:
 integer columns (categories, ids, flags) are exact below 2^24; a value that float32 cannot hold

@@ -93,7 +93,7 @@ class GBMModel:
         return np.ascontiguousarray(self.columns(inputs).T)
 
     def predict(self, inputs: ModelInputs) -> np.ndarray:
-        """Logits [B] float32 (the trees' raw scores) for `inputs` (validated by the caller: see protocol.py)."""
+        """Logits [B] float32 (the trees' raw scores) for `inputs` (validated by the caller: see inference_protocol.py)."""
         if self.forest is not None:
             return self.forest.margin_columns(self.columns(inputs)).astype(np.float32)
         return self.tree.margin(self.rows(inputs)).astype(np.float32)

@@ -153,7 +153,7 @@ class InferenceModel:
         return Signature(self.num_dense, self.features, max_rows, vectors=self.vector_signature)
 
     def predict(self, inputs: ModelInputs) -> np.ndarray:
-        """Logits [B] (or [B, T]) float32 for `inputs` (validated by the caller: see protocol.py)."""
+        """Logits [B] (or [B, T]) float32 for `inputs` (validated by the caller: see inference_protocol.py)."""
         with self.ps.snapshot() as snap, torch.inference_mode():
             program = snap.payload
             assert isinstance(program, ServedProgram), "InferenceModel publishes its program at construction"

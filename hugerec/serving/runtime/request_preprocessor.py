@@ -31,10 +31,10 @@ from hugerec.serving.runtime.model_inputs import ModelInputs
 class RequestPreprocessor:
     """Turns raw rows into model inputs with the fitted `workflow`.
 
-    Without a workflow the rows are already encoded: see protocol.decode_instances (dense values as
+    Without a workflow the rows are already encoded: see inference_protocol.decode_instances (dense values as
     "dense": [...] or, with a schema, one key per dense column). `keys`: the instance keys this version
     takes (the workflow's raw columns, or the encoded features); keys only other loaded versions of the
-    model take (LiveFields.keys) are ignored, as protocol.LiveFields says.
+    model take (LiveFields.keys) are ignored, as inference_protocol.LiveFields says.
     """
 
     def __init__(self, signature: Signature, schema: Schema | None = None, workflow: Workflow | None = None) -> None:

@@ -374,6 +374,8 @@ class HashTable:
         """Everything needed to continue exactly: mapping, scores, row history, free-row order, sketch, counters."""
         a = self._host()
         contents = self.export()
+        meta = a.meta.copy()
+        meta[layout.HEAP_SIZE] = 0  # the host kernels' eviction-heap fill: rebuilt on load, so not state
         return {
             "keys": contents.keys,
             "rows": contents.rows,
@@ -383,7 +385,7 @@ class HashTable:
             "free": torch.from_numpy(a.free[: a.counter(layout.N_FREE)].copy()),
             # uint16 counters travel as int16 bit patterns (torch's uint16 support is thin)
             "sketch": torch.from_numpy(a.sketch.view(np.int16).copy()),
-            "meta": torch.from_numpy(a.meta.copy()),
+            "meta": torch.from_numpy(meta),
         }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

@@ -162,6 +162,11 @@ class HashTable:
         self._tensors = device_ops.HashTableTensors.from_arrays(self._host(), target)
         return self
 
+    @property
+    def tensors(self) -> device_ops.HashTableTensors | None:
+        """The device state (`move`), or None on the host: what the device kernels take (benchmarks, tests)."""
+        return self._tensors
+
     def _host(self) -> ops.HashTableArrays:
         """The state as the host's arrays (a copy while the table is on a device)."""
         return self._arrays if self._tensors is None else self._tensors.to_arrays(self._eviction)

@@ -82,6 +82,8 @@ class HbmCache:
         self.stamp[slot[hit]] = self.clock
         self.counts["hits"] += int(numbers[2])
         self.counts["misses"] += misses
+        if misses > self.slots:
+            raise ValueError(f"HbmCache.prepare: {misses} rows to load but the cache has {self.slots} slots")
         if misses:
             fresh = self.stamp <= self.clock - self.pinned  # not stamped by the last `pinned` prepares
             # score = stamp (never used: 0) * slots + slot: least recently used first, the slot index breaking ties

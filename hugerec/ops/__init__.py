@@ -16,8 +16,9 @@ Common arguments (shape letters: B batch, F features, N ids, R rows, D dim, C ou
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 
 import torch
@@ -38,18 +39,38 @@ __all__ = [
     "pooled_lookup_groups",
     "sequence_lookup",
     "sparse_backward",
+    "triton_applies",
+    "triton_on_cpu",
 ]
 
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
+_TRITON_ON_CPU = [False]
+
+
+@contextlib.contextmanager
+def triton_on_cpu() -> Iterator[None]:
+    """Within it, CPU tensors take the Triton kernels too (run by Triton's interpreter: set TRITON_INTERPRET=1
+    before anything imports hugerec.ops.gpu). How the tests and the GPU benchmark's dry run exercise the CUDA
+    path without CUDA; far too slow for anything else."""
+    _TRITON_ON_CPU[0] = True
+    try:
+        yield
+    finally:
+        _TRITON_ON_CPU[0] = False
 
 
 def _numba(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu"
+    return weight.device.type == "cpu" and not _TRITON_ON_CPU[0]
 
 
 def _triton(weight: torch.Tensor) -> bool:
-    return HAS_TRITON and weight.device.type == "cuda"
+    return HAS_TRITON and (weight.device.type == "cuda" or (_TRITON_ON_CPU[0] and weight.device.type == "cpu"))
+
+
+def triton_applies(t: torch.Tensor) -> bool:
+    """Whether ops on tensors of t's device run the Triton kernels."""
+    return _triton(t)
 
 
 def _gpu(module: str) -> ModuleType:
@@ -63,7 +84,7 @@ def bag_offsets(lengths: torch.Tensor, out: torch.Tensor) -> None:
     Written into a buffer the caller reuses (SparseFeatures.offsets() allocates, which costs page faults
     at every step under glibc's malloc).
     """
-    if out.device.type == "cpu":
+    if _numba(out):
         cpu_lookup.bag_offsets(lengths, out)
     elif _triton(out):
         _gpu("lookup_kernels").bag_offsets(lengths, out)

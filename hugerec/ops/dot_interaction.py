@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hugerec.ops import HAS_TRITON, reference
+from hugerec.ops import reference, triton_applies
 from hugerec.ops.cpu import dot_interaction_kernels as _cpu
 from hugerec.ops.workspace import OutputPool
 
@@ -33,11 +33,11 @@ def kernel_applies(first: torch.Tensor | None, rest: torch.Tensor) -> bool:
     )
 
 
-def triton_applies(first: torch.Tensor | None, rest: torch.Tensor) -> bool:
-    """The Triton path: CUDA tensors of one float dtype, Triton installed, eager."""
+def triton_path(first: torch.Tensor | None, rest: torch.Tensor) -> bool:
+    """The Triton path: CUDA tensors (or CPU ones under `hugerec.ops.triton_on_cpu`) of one float dtype,
+    Triton installed, eager."""
     return (
-        HAS_TRITON
-        and rest.device.type == "cuda"
+        triton_applies(rest)
         and rest.dtype in (torch.float32, torch.bfloat16, torch.float16)
         and (first is None or (first.dtype == rest.dtype and first.device == rest.device))
         and not torch.compiler.is_compiling()
@@ -48,10 +48,10 @@ def triton_applies(first: torch.Tensor | None, rest: torch.Tensor) -> bool:
 
 def dot_interaction(first: torch.Tensor | None, rest: torch.Tensor, self_interaction: bool = False) -> torch.Tensor:
     """Pairwise dots of [first[b]] + rest[b] per example (see `hugerec.ops.reference.dot_interaction`)."""
+    if triton_path(first, rest):
+        return _TritonDotInteraction.apply(first, rest, self_interaction)
     if kernel_applies(first, rest):
         return _DotInteraction.apply(first, rest, self_interaction)
-    if triton_applies(first, rest):
-        return _TritonDotInteraction.apply(first, rest, self_interaction)
     return reference.dot_interaction(first, rest, self_interaction)
 
 

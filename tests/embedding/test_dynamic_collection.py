@@ -173,8 +173,9 @@ def test_cuda_matches_cpu() -> None:
         torch.testing.assert_close(gpu.state_dict()[k].cpu(), v, rtol=1e-5, atol=1e-6)
 
 
-def test_the_gpu_path_trains_like_the_cpu_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CUDA path without CUDA: the Triton lookup and backward (ops' dispatch pointed at them) and the hash
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's twin of test_cuda_matches_cpu")
+def test_the_gpu_path_trains_like_the_cpu_path() -> None:
+    """The CUDA path without CUDA: the Triton lookup and backward (`ops.triton_on_cpu`) and the hash
     tables on a device, all under Triton's interpreter on the CPU, train as the Numba path does."""
     pytest.importorskip("triton")
     from hugerec import ops
@@ -190,9 +191,8 @@ def test_the_gpu_path_trains_like_the_cpu_path(monkeypatch: pytest.MonkeyPatch) 
     want = _train(cpu, batches)
     for h in gpu.hash_tables.values():
         h.move(torch.device("cpu"))
-    monkeypatch.setattr(ops, "_numba", lambda weight: False)
-    monkeypatch.setattr(ops, "_triton", lambda weight: True)
-    got = _train(gpu, batches)
+    with ops.triton_on_cpu():
+        got = _train(gpu, batches)
     assert cpu.hash_tables["user"].stats().evictions > 0
     for g, w in zip(got, want, strict=True):  # fp32 sums in another order: Adam's tiny steps differ in the last bits
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)

@@ -56,7 +56,7 @@ def test_kernels_match_reference(batch: int, num_rest: int, dim: int, with_first
 def test_cuda_tensors_take_the_triton_op_with_autograd() -> None:
     rest = torch.randn(8, 26, 128, device="cuda", requires_grad=True)
     first = torch.randn(8, 128, device="cuda", requires_grad=True)
-    assert interaction.triton_applies(first, rest)
+    assert interaction.triton_path(first, rest)
     out = interaction.dot_interaction(first, rest)
     rest_ref, first_ref = rest.detach().clone().requires_grad_(True), first.detach().clone().requires_grad_(True)
     want = reference.dot_interaction(first_ref, rest_ref, False)

@@ -46,14 +46,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing (the GPU machine)
     sys.path.insert(0, str(ROOT))
 
-KERNEL_TESTS = [
+KERNEL_TESTS = [  # Triton against the torch reference first; the last three also run the Numba path (compiled here)
     "tests/ops/gpu",
     "tests/ops/test_hash_table_tensors.py",
     "tests/embedding/test_hbm_cache.py",
     "tests/sparse/test_device_copy.py",
-    "tests/embedding/test_dynamic_collection.py::test_cuda_matches_cpu",
-    "tests/embedding/test_collection.py::test_cuda_matches_cpu",
     "tests/embedding/test_feature_remap.py::test_tables_on_a_device_remap_as_on_the_host",
+    "tests/embedding/test_collection.py::test_cuda_matches_cpu",
+    "tests/embedding/test_dynamic_collection.py::test_cuda_matches_cpu",
 ]
 # MLPerf DLRM (Criteo Terabyte) table sizes; capped per run so that both methods fit
 MLPERF_ROWS = [
@@ -78,7 +78,7 @@ class Sizes:
     warmup: int
 
 
-FULL = Sizes(2_000_000, 65536, 16384, 1_000_000, 1 << 24, 1 << 22, 65536, 2_000_000, 8_000_000, 65536, 20, 3)
+FULL = Sizes(2_000_000, 65536, 16384, 1_000_000, 1 << 24, 1 << 22, 65536, 2_000_000, 8_000_000, 65536, 10, 3)
 QUICK = Sizes(200_000, 16384, 4096, 200_000, 1 << 21, 1 << 19, 8192, 200_000, 1_000_000, 16384, 8, 2)
 DRY = Sizes(64, 8, 2, 32, 64, 16, 8, 32, 64, 8, 1, 0)
 
@@ -123,16 +123,29 @@ class Timer:
 
 
 class Report:
-    def __init__(self, prefix: str) -> None:
+    """The records, printed as they come and rewritten to `path` after each (a run cut short keeps its figures)."""
+
+    def __init__(self, prefix: str, device: str, path: Path | None) -> None:
         self.prefix = prefix
+        self.device = device
+        self.path = path
         self.records: list[dict[str, Any]] = []
 
     def add(self, config: str, method: str, value: float, unit: str, higher: bool = True) -> None:
         config = f"{self.prefix}{config}"
         self.records.append(
-            {"config": config, "method": method, "value": value, "unit": unit, "higher_is_better": higher}
+            {
+                "config": config,
+                "method": method,
+                "value": value,
+                "unit": unit,
+                "higher_is_better": higher,
+                "device": self.device,
+            }
         )
-        print(f"  {config:<44} {method:<26} {value:>14,.3f} {unit}", flush=True)
+        print(f"  {config:<44} {method:<26} {value:>16,.4g} {unit}", flush=True)
+        if self.path is not None:
+            self.path.write_text(json.dumps(self.records, indent=1))
 
     def ratio(self, config: str, ours: str, theirs: str, label: str) -> None:
         by = {(r["config"], r["method"]): r["value"] for r in self.records}
@@ -549,7 +562,7 @@ def main() -> None:
     if cuda and not args.skip_tests:
         tests_ok = kernel_tests()
         print(f"kernel tests: {'passed' if tests_ok else 'FAILED'} ({time.perf_counter() - started:.0f} s)", flush=True)
-    rep = Report("dry-run " if args.dry_run else "")
+    rep = Report("dry-run " if args.dry_run else "", name, args.json)
     timer = Timer(cuda, sizes)
     forced = ops.triton_on_cpu() if args.dry_run else contextlib.nullcontext()
     with forced:
@@ -563,10 +576,6 @@ def main() -> None:
             if cuda:
                 torch.cuda.empty_cache()
     print(f"device: {name}; {time.perf_counter() - started:.0f} s in all", flush=True)
-    if args.json:
-        for r in rep.records:
-            r["device"] = name
-        args.json.write_text(json.dumps(rep.records, indent=1))
     if not tests_ok:
         sys.exit("benchmarks/gpu.py: the CUDA kernel tests failed (figures above were still measured)")
 

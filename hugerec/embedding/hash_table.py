@@ -340,18 +340,15 @@ class HashTable:
     # -- contents --------------------------------------------------------------------------------------
     def export(self) -> HashTableContents:
         """Every held key with its row and scores, ordered by row (CPU tensors)."""
-        a = self._host()
-        rows = np.flatnonzero(a.row_state == layout.USED).astype(np.int64)
-        return HashTableContents(
-            torch.from_numpy(a.info[rows, layout.KEY].copy()),
-            torch.from_numpy(rows),
-            torch.from_numpy(a.info[rows, layout.LAST].copy()),
-            torch.from_numpy(a.info[rows, layout.COUNT].copy()),
-        )
+        return self.changed_since(-(2**62))
 
     def changed_since(self, step: int) -> HashTableContents:
         """The held keys touched at a step > `step` (pass -1 for all), ordered by row (CPU tensors)."""
-        a = self._host()
+        if self._tensors is not None:  # selected on the device: only the changed keys cross to the host
+            t = self._tensors
+            held = torch.nonzero((t.row_state == layout.USED) & (t.last > step)).squeeze(1)
+            return HashTableContents(t.key[held].cpu(), held.cpu(), t.last[held].cpu(), t.count[held].cpu())
+        a = self._arrays
         rows = np.flatnonzero((a.row_state == layout.USED) & (a.info[:, layout.LAST] > step)).astype(np.int64)
         return HashTableContents(
             torch.from_numpy(a.info[rows, layout.KEY].copy()),

@@ -144,19 +144,6 @@ def _sequence_kernel(
             tl.atomic_add(invalid, wrong.to(tl.int64))
 
 
-@triton.jit
-def _bag_offsets_kernel(lengths, out, n, BLOCK: tl.constexpr):
-    """out[0] = 0, out[1:] = inclusive cumulative sum of lengths [n], in one program (tiles of BLOCK)."""
-    tl.store(out, tl.zeros([], dtype=tl.int64))
-    total = tl.zeros([], dtype=tl.int64)
-    for i0 in range(0, n, BLOCK):
-        idx = i0 + tl.arange(0, BLOCK)
-        x = tl.load(lengths + idx, mask=idx < n, other=0).to(tl.int64)
-        s = tl.cumsum(x, axis=0) + total
-        tl.store(out + 1 + idx, s, mask=idx < n)
-        total += tl.sum(x, axis=0)
-
-
 class LineTables:
     """Device copies of line tables, kept per content (plans are small and reused batch after batch; a
     copy per call would be one more host-to-device transfer per lookup)."""
@@ -200,8 +187,10 @@ def _warps(block: int) -> int:
 
 
 def bag_offsets(lengths: torch.Tensor, out: torch.Tensor) -> None:
-    n = lengths.shape[0]
-    _bag_offsets_kernel[(1,)](lengths, out, n, BLOCK=1024)
+    """out = [0, cumulative sums of lengths]: torch.cumsum, which is CUB's device-wide scan on CUDA (a Triton
+    scan in one program would walk the F * B lengths serially; several programs would need a second pass)."""
+    out[0] = 0
+    torch.cumsum(lengths, dim=0, dtype=torch.int64, out=out[1:])
 
 
 def pooled_lookup_groups(

@@ -160,11 +160,5 @@ def test_kernels_compile_for_hopper(hopper: Any) -> None:
                 for w in (False, True)
             ),
             (module, "_sequence_kernel", sequence, {"DTYPE": 1, "BLOCK_N": 16, "BLOCK_D": 128}),
-            (
-                module,
-                "_bag_offsets_kernel",
-                {"lengths": "*i32", "out": "*i64", "n": "i32", "BLOCK": "constexpr"},
-                {"BLOCK": 1024},
-            ),
         ]
     )

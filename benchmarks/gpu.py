@@ -534,7 +534,8 @@ def fused_steps(
 def kernel_tests() -> bool:
     """The CUDA kernel tests (compile-only checks skipped: the kernels run for real here)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not compile", *KERNEL_TESTS]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "150", "-k", "not compile"]
+    cmd += KERNEL_TESTS
     print("$", " ".join(cmd), flush=True)
     done = subprocess.run(cmd, cwd=ROOT, env=env)
     return done.returncode == 0

@@ -128,12 +128,15 @@ class HbmCache:
         return slots
 
     def flush(self) -> None:
-        """Writes every dirty slot back to host memory (they stay cached, now clean)."""
+        """Writes every dirty slot back to host memory (they stay cached, now clean); returns once the rows are
+        there (the GPU writes host memory asynchronously, so this waits for the device)."""
         dirty = torch.nonzero(self.dirty & (self.row_of_slot >= 0)).squeeze(1)
         _kernels().copy_rows(self.weight, dirty, self.host_weight, self.row_of_slot[dirty])
         _kernels().copy_rows(self.state, dirty, self.host_state, self.row_of_slot[dirty])
         self.counts["rows_written"] += int(dirty.shape[0])
         self.dirty[dirty] = False
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
     def stats(self) -> dict[str, float]:
         """hits and misses (distinct rows per prepare), rows read from and written to host memory, hit rate."""

@@ -446,8 +446,14 @@ def missing(keys: list[Key]) -> list[Key]:
     return [k for k in keys if not k.meaning and k.table]
 
 
+def table_anchor(config: ConfigFile, table: str) -> str:
+    """The stable anchor of a TOML table's section: `run-config-train-early_stopping`."""
+    return f"{config.anchor}-" + re.sub(r"[^a-z0-9_]+", "-", table.lower()).strip("-")
+
+
 def render(config: ConfigFile) -> str:
-    """The Markdown of one config file's reference: a table of keys per TOML table."""
+    """The Markdown of one config file's reference: a table of keys per TOML table (sections first, in
+    the root's field order); a key holding a table links to it."""
     keys = list(walk(config.root, "", config.variants()))
     out = [f"## {config.title} {{#{config.anchor}}}", "", f"Read by {config.commands}. {config.intro}", ""]
     by_table: dict[str, list[Key]] = {}
@@ -456,9 +462,14 @@ def render(config: ConfigFile) -> str:
     for table, rows in by_table.items():
         if not table:
             continue  # the root's fields are the sections themselves, each with its own table below
-        out += [f"### `{_heading(table)}`", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        anchor = table_anchor(config, table)
+        out += [f"### `{_heading(table)}` {{#{anchor}}}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for k in rows:
-            out.append(f"| `{k.name}` | {_code(k.type)} | {_code(k.default)} | {_cell(k.meaning or '')} |")
+            sub = f"{table}.{k.name}"
+            default = _code(k.default)
+            if sub in by_table:
+                default = f"[table]({'#' + table_anchor(config, sub)})"
+            out.append(f"| `{k.name}` | {_code(k.type)} | {default} | {_cell(k.meaning or '')} |")
         out.append("")
     return "\n".join(out)
 

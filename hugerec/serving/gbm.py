@@ -20,7 +20,12 @@ rank:pairwise) the logits are the raw ranking scores ("scores", their sigmoid, r
 Scoring path (`GBMPredictor`): "forest" (default) parses the model into flat arrays once and scores
 them with a Numba kernel, without the library's per-call overhead (500 trees, same run on the loaded
 2-core VM: 3.7x LightGBM's predict at batch 1, 1.7x at 256; 46x and 1.3x XGBoost's inplace_predict;
-benchmarks/serving.py --gbm-only); "library" calls the library's own predict.
+benchmarks/serving.py --gbm-only); "library" calls the library's own predict (a reference for tests
+and benchmarks: it loads the library in process, after the checks below; the server never uses it).
+
+Loading never runs the library's parser in this process (gbm_file.py): our reader checks every tree
+(forest_check.py), then the library loads the same bytes in a child process under a deadline and must
+score probe rows as the forest does; a crash, hang or disagreement is a refused load (ValueError).
 """
 
 from __future__ import annotations
@@ -51,7 +56,9 @@ from hugerec.serving.bundle import (
     staged_folder,
 )
 from hugerec.serving.forest import Forest
+from hugerec.serving.gbm_file import read_gbm_file
 from hugerec.serving.inference_model import ModelInputs
+from hugerec.serving.isolated_load import DEFAULT_LOAD_DEADLINE_S
 from hugerec.serving.preprocess import RequestPreprocessor
 from hugerec.serving.protocol import Signature
 
@@ -116,31 +123,28 @@ def export_gbm_bundle(
 
 
 class GBMModel:
-    """Scores ModelInputs with a forest: logits [B] float32 (the interface of InferenceModel)."""
+    """Scores ModelInputs with a forest: logits [B] float32 (the interface of InferenceModel).
+
+    forest: the checked flat trees (gbm_file.read_gbm_file), what predict scores; tree: the library's
+    booster, scored instead when given (GBMPredictor.LIBRARY)."""
 
     vector_signature: tuple[tuple[str, int], ...] = ()
 
     def __init__(
-        self, tree: TreeModel, num_dense: int, features: tuple[str, ...], predictor: GBMPredictor = GBMPredictor.FOREST
+        self, forest: Forest, library: Library, num_dense: int, features: tuple[str, ...], tree: TreeModel | None = None
     ) -> None:
-        expected = len(tree.feature_names)
+        expected = forest.num_features
         if num_dense + len(features) != expected:
             raise ValueError(
                 f"GBMModel: {num_dense} dense + {len(features)} sparse features, the trees read {expected} columns"
             )
+        self.forest = forest
         self.tree = tree
-        self.library = tree.library
+        self.library = library
         self.num_dense = num_dense
         self.features = tuple(features)
         self.device = torch.device("cpu")
-        self.predictor = predictor
-        self.forest: Forest | None = None
-        if predictor is GBMPredictor.FOREST:
-            match tree.library:
-                case Library.LIGHTGBM:
-                    self.forest = Forest.from_lightgbm(tree.booster.model_to_string())
-                case Library.XGBOOST:
-                    self.forest = Forest.from_xgboost_json(bytes(tree.booster.save_raw("json")))
+        self.predictor = GBMPredictor.FOREST if tree is None else GBMPredictor.LIBRARY
 
     def signature(self, max_rows: int) -> Signature:
         """What a request may send: NaN dense values and empty bags are missing values; one id at most."""
@@ -174,7 +178,7 @@ class GBMModel:
 
     def predict(self, inputs: ModelInputs) -> np.ndarray:
         """Logits [B] float32 (the trees' raw scores) for `inputs` (validated by the caller: see protocol.py)."""
-        if self.forest is not None:
+        if self.tree is None:
             return self.forest.margin_columns(self.columns(inputs)).astype(np.float32)
         return self.tree.margin(self.rows(inputs)).astype(np.float32)
 
@@ -197,9 +201,14 @@ class LoadedGBM:
 
 
 def load_gbm_bundle(
-    path: str | Path, max_request_rows: int = 65536, predictor: GBMPredictor = GBMPredictor.FOREST, verify: bool = True
+    path: str | Path,
+    max_request_rows: int = 65536,
+    predictor: GBMPredictor = GBMPredictor.FOREST,
+    verify: bool = True,
+    deadline_s: float = DEFAULT_LOAD_DEADLINE_S,
 ) -> LoadedGBM:
-    """Open a GBM bundle, check its checksums, load the trees (no code runs from the files)."""
+    """Open a GBM bundle, check its checksums, read and check the trees (gbm_file.py: the library parses
+    the file only in a child process, within `deadline_s`); no code runs from the files."""
     root = Path(path)
     where = root / MANIFEST
     try:
@@ -220,8 +229,10 @@ def load_gbm_bundle(
                 raise ValueError(f"GBM bundle {root}: file {rel} listed in the manifest is missing")
             if sha256_file(p) != expected:
                 raise ValueError(f"GBM bundle {root}: checksum mismatch for {rel}")
-    tree = TreeModel.load(root / library.model_file, library)
-    model = GBMModel(tree, num_dense, features, predictor)
+    model_file = root / library.model_file
+    checked = read_gbm_file(model_file, library, deadline_s, files[library.model_file] if verify else None)
+    tree = TreeModel.load(model_file, library) if predictor is GBMPredictor.LIBRARY else None  # the reference, checked above
+    model = GBMModel(checked.forest, library, num_dense, features, tree)
     schema = Schema.load(root / SCHEMA) if (root / SCHEMA).is_file() else None
     workflow = Workflow.load(root / WORKFLOW) if (root / WORKFLOW).is_dir() else None
     preprocess = RequestPreprocessor(model.signature(max_request_rows), schema, workflow)

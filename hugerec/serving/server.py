@@ -49,6 +49,7 @@ from hugerec.serving.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.feedback import feedback_router
 from hugerec.serving.gbm import GBMModel, is_gbm_bundle, load_gbm_bundle
 from hugerec.serving.inference_model import InferenceModel, ModelInputs
+from hugerec.serving.isolated_load import DEFAULT_LOAD_DEADLINE_S, commit_load, current_deadline
 from hugerec.serving.next_items import NextItemsModel, is_next_items_bundle, load_next_items
 from hugerec.serving.pipeline.bundle import PipelineOptions, is_pipeline_bundle, load_pipeline
 from hugerec.serving.pipeline.runner import StageError
@@ -84,7 +85,9 @@ class ServerConfig:
 
     body_timeout_s: the longest wait for the next part of a request body; a client that sends fewer
     bytes than its Content-Length gets 408 and the connection is closed. keep_alive_s: how long an
-    idle kept-alive connection stays open (uvicorn's timeout_keep_alive).
+    idle kept-alive connection stays open (uvicorn's timeout_keep_alive). load_deadline_s: the longest
+    an admin load (any bundle kind) may take, and a GBM model file's check by its library in a child
+    process (isolated_load.py); past it the load is refused and the server serves what it served.
     """
 
     host: str = "127.0.0.1"
@@ -96,8 +99,11 @@ class ServerConfig:
     seed: int | None = None  # canary routing; None: random
     body_timeout_s: float = 30.0
     keep_alive_s: int = 5
+    load_deadline_s: float = DEFAULT_LOAD_DEADLINE_S
 
     def __post_init__(self) -> None:
+        if not 0 < self.load_deadline_s <= 86400:
+            raise ValueError(f"ServerConfig: load_deadline_s must be in (0, 86400] seconds, got {self.load_deadline_s}")
         if not (0 < self.body_timeout_s <= 3600 and 0 < self.keep_alive_s <= 3600):
             raise ValueError(
                 f"ServerConfig: body_timeout_s and keep_alive_s must be in (0, 3600] seconds, got "
@@ -288,6 +294,7 @@ class InferenceServer:
         with self._lock:
             versions = self.models.setdefault(name, ModelVersions(name, self.config.seed))
         try:
+            commit_load()  # an admin load past its deadline is refused here (isolated_load.py)
             versions.add(served)
         except ValueError:
             batcher.close()
@@ -340,7 +347,9 @@ class InferenceServer:
 
     def _add_gbm_bundle(self, path: str | Path, name: str | None, version: str | None) -> ServedModel:
         """A GBM bundle (`hugerec export` of a lightgbm / xgboost model; see serving/gbm.py)."""
-        loaded = load_gbm_bundle(path, self.config.max_request_rows, verify=self.options.verify)
+        deadline = current_deadline()  # an admin load's; at start-up the configured one
+        seconds = self.config.load_deadline_s if deadline is None else deadline.remaining()
+        loaded = load_gbm_bundle(path, self.config.max_request_rows, verify=self.options.verify, deadline_s=seconds)
         info = {"bundle": str(loaded.path), "bundle_id": loaded.bundle_id, "kind": "gbm", **loaded.manifest["info"]}
         return self.add_model(name or loaded.name, version or loaded.version, loaded.model, loaded.preprocess, (), info)
 
@@ -350,6 +359,7 @@ class InferenceServer:
         with self._lock:
             if model.name in self.models or model.name in self.next_item_models:
                 raise ValueError(f"a model named {model.name!r} is already served")
+            commit_load()
             self.next_item_models[model.name] = model
         return model
 
@@ -363,6 +373,7 @@ class InferenceServer:
                 raise ValueError(f"a model named {served.name!r} is already served")
             versions = self.pipelines.setdefault(served.name, ModelVersions(served.name, self.config.seed))
         try:
+            commit_load()
             versions.add(served)  # type: ignore[arg-type]  # ModelVersions needs only name, version and close
         except ValueError:
             served.close()

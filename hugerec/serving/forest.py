@@ -231,7 +231,7 @@ class Forest:
                         words[c // 32] |= 1 << (c % 32)
                     b.inner(CATEGORICAL, f, 0.0, lc, rc, default_left, MISSING_NAN, list(words))
                 else:
-                    b.inner(NUMERICAL, f, float(np.float32(tree.condition[k])), lc, rc, default_left, MISSING_NAN)
+                    b.inner(NUMERICAL, f, tree.condition[k], lc, rc, default_left, MISSING_NAN)  # float32 in _fold
             b.roots.append(base_index)
         return b.build(XGBOOST, base, num_features)
 

@@ -60,7 +60,7 @@ def admin_router(server: InferenceServer) -> APIRouter:
         try:  # loading reads files and fills the parameter server: keep serving meanwhile
             add = server.add_pipeline_bundle if is_pipeline_bundle(bundle) else server.add_bundle
             served: Any = await within_deadline(deadline, add, bundle, name, None if version is None else str(version))
-        except (ValueError, FileNotFoundError, FileExistsError) as e:
+        except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:  # ImportError: a missing optional extra
             raise RequestError(f"cannot load {bundle!r}: {e}") from None
         return {"name": name, "version": served.version, **server.model_versions(name).status()}
 

@@ -423,3 +423,15 @@ def test_every_admin_load_is_refused_past_the_deadline(bundle: tuple[Library, Pa
         r = httpx.post(f"{url}/v2/repository/index", headers=auth)
         assert r.status_code == 200 and r.json() == []
     srv.close()
+
+
+def test_an_admin_load_without_the_library_is_a_400_naming_the_extra(
+    bundle: tuple[Library, Path, TreeModel], admin_served: tuple[InferenceServer, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hugerec.serving import gbm_file
+
+    _, path, _ = bundle
+    _, url = admin_served
+    monkeypatch.setattr(gbm_file.importlib.util, "find_spec", lambda name: None)
+    r = httpx.post(f"{url}/v2/repository/models/other/load", json={"bundle": str(path)}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 400 and "pip install 'hugerec[gbm]'" in r.json()["error"], r.text

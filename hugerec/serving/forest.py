@@ -456,9 +456,8 @@ def _score(  # pragma: no cover - compiled
             root = roots[t]
             for i in range(start, stop):
                 n = root
-                for _ in range(MAX_DEPTH):  # checked trees are no deeper: a bound, not a cut
-                    if n < 0:
-                        break
+                budget = MAX_DEPTH  # steps; checked trees are no deeper: a bound, not a cut
+                while n >= 0:
                     head = nodes[n, 0]
                     v = xt[head & _FEATURE_MASK, i]
                     flags = head >> 24
@@ -477,6 +476,9 @@ def _score(  # pragma: no cover - compiled
                     else:
                         right = v > floats[n, 1]
                     n = nodes[n, 2 + np.int64(right)]
+                    budget -= 1
+                    if budget == 0:  # tested after the step: the cheapest form of the bound
+                        break
                 if n < 0:
                     out[i] += leaves[~n]
                 else:

@@ -222,14 +222,13 @@ class Forest:
                     continue
                 lc, rc, f, default_left = index[tree.left[k]], index[tree.right[k]], tree.feature[k], bool(tree.default_left[k])
                 if tree.categorical[k]:
-                    values = tree.categories.get(k, [])
-                    words = np.zeros((max(values) // 32 + 1) if values else 0, np.int64)
+                    values = tree.categories.get(k, np.zeros(0, np.int64))
+                    words = np.zeros(int(values.max()) // 32 + 1 if values.size else 0, np.int64)
                     words_total += words.shape[0]
                     if words_total > MAX_BITSET_WORDS:
                         raise ModelFileError(f"{where}: tree {t} node {k}: the category bitsets pass {MAX_BITSET_WORDS * 4 >> 20} MiB")
-                    for c in values:
-                        words[c // 32] |= 1 << (c % 32)
-                    b.inner(CATEGORICAL, f, 0.0, lc, rc, default_left, MISSING_NAN, list(words))
+                    np.bitwise_or.at(words, values >> 5, np.left_shift(1, values & 31))
+                    b.inner(CATEGORICAL, f, 0.0, lc, rc, default_left, MISSING_NAN, words.tolist())
                 else:
                     b.inner(NUMERICAL, f, tree.condition[k], lc, rc, default_left, MISSING_NAN)  # float32 in _fold
             b.roots.append(base_index)

@@ -68,11 +68,20 @@ def json_ints(tree: Mapping[str, Any], key: str, n: int, where: str, default: li
     values = tree.get(key, default)
     if not isinstance(values, list) or len(values) != n:
         raise ModelFileError(f"{where}: {key} must be a list of {n} integers, got {_kind(values)}")
-    out = [int(v) for v in values if type(v) in (int, bool)]
-    if len(out) != n:
-        bad = next(v for v in values if type(v) not in (int, bool))
-        raise ModelFileError(f"{where}: {key} holds {shorten(bad)}, not an integer")
-    return out
+    try:  # NumPy types the whole list in C: integers (and booleans) only give an integer array
+        array = np.asarray(values)
+    except (ValueError, OverflowError, TypeError):
+        array = np.asarray([], np.float64)
+    if n == 0:
+        return []
+    if array.ndim == 1 and array.dtype.kind in "iub" and array.shape[0] == n:
+        out: list[int] = array.astype(np.int64).tolist()
+        return out
+    bad = next((v for v in values if type(v) not in (int, bool)), None)
+    if bad is None:  # Python integers, some beyond 64 bits
+        big = next((v for v in values if not -(1 << 63) <= v < 1 << 63), values[0])
+        raise ModelFileError(f"{where}: {key} holds {shorten(big)}, beyond a 64-bit integer")
+    raise ModelFileError(f"{where}: {key} holds {shorten(bad)}, not an integer")
 
 
 def json_floats(tree: Mapping[str, Any], key: str, n: int, where: str) -> list[float]:
@@ -183,7 +192,7 @@ class XGBoostTree:
     condition: list[float]
     default_left: list[int]
     categorical: list[bool]
-    categories: dict[int, list[int]]
+    categories: dict[int, np.ndarray]  # node -> its category values, int64 [K]
 
 
 def check_xgboost_tree(where: str, t: int, num_features: int, tree: Mapping[str, Any]) -> XGBoostTree:
@@ -231,14 +240,15 @@ def check_xgboost_tree(where: str, t: int, num_features: int, tree: Mapping[str,
     return XGBoostTree(order, leaf, left, right, feature, condition, default_left, [s == 1 for s in split_type], categories)
 
 
-def _xgboost_categories(at: str, tree: Mapping[str, Any], n: int, leaf: list[bool], split_type: list[int]) -> dict[int, list[int]]:
-    """node -> its category values, from categories_nodes / _segments / _sizes over categories."""
+def _xgboost_categories(at: str, tree: Mapping[str, Any], n: int, leaf: list[bool], split_type: list[int]) -> dict[int, np.ndarray]:
+    """node -> its category values (int64 [K]), from categories_nodes / _segments / _sizes over categories."""
     keys = ("categories_nodes", "categories_segments", "categories_sizes")
     m = len(tree.get("categories_nodes", []) or [])
     nodes, starts, sizes = (json_ints(tree, key, m, at, []) for key in keys)
     values_raw = tree.get("categories", [])
-    values = json_ints(tree, "categories", len(values_raw) if isinstance(values_raw, list) else -1, at, [])
-    out: dict[int, list[int]] = {}
+    count = len(values_raw) if isinstance(values_raw, list) else -1
+    values = np.asarray(json_ints(tree, "categories", count, at, []), np.int64)
+    out: dict[int, np.ndarray] = {}
     for node, start, size in zip(nodes, starts, sizes, strict=True):
         if not (0 <= node < n) or leaf[node] or split_type[node] != 1:
             raise ModelFileError(f"{at}: categories_nodes names node {node}, which is not a categorical split")
@@ -247,9 +257,9 @@ def _xgboost_categories(at: str, tree: Mapping[str, Any], n: int, leaf: list[boo
         if start < 0 or size < 0 or start + size > len(values):
             raise ModelFileError(f"{at} node {node}: categories {start}..{start + size} beyond the {len(values)} listed")
         cats = values[start : start + size]
-        bad = [c for c in cats if not 0 <= c <= MAX_CATEGORY]
-        if bad:
-            raise ModelFileError(f"{at} node {node}: category {bad[0]} is outside 0..{MAX_CATEGORY}")
+        bad = (cats < 0) | (cats > MAX_CATEGORY)
+        if bad.any():
+            raise ModelFileError(f"{at} node {node}: category {int(cats[bad][0])} is outside 0..{MAX_CATEGORY}")
         out[node] = cats
     return out
 

@@ -39,9 +39,9 @@ from hugerec.continuous.traffic import instances
 from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.data.windows import table_batches
 from hugerec.models.dlrm import DLRM
-from hugerec.serving.bundle import Bundle
-from hugerec.serving.export import export_bundle
-from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
+from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.model_bundle import Bundle
+from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.training.trainer import TrainConfig, fit
 
 

@@ -36,7 +36,7 @@ class Split(enum.Enum):
     TIME = "time"  # events at or after a global time cutoff are the test set
 
 
-class Windows(enum.Enum):
+class SequenceWindows(enum.Enum):
     LAST = "last"  # each sequence's last max_len (+ 1) items
     SLIDING = "sliding"  # windows over the whole of each sequence
 
@@ -141,7 +141,7 @@ class SequencesSection:
     test_files: str | None = None
     test_days: int = 1
     max_sequences: int | None = None
-    windows: Windows = Windows.LAST
+    windows: SequenceWindows = SequenceWindows.LAST
     augment_reversed: bool = False
     batch_size: int = 128
     ks: tuple[int, ...] = (10, 20)

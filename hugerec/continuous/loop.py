@@ -72,8 +72,8 @@ from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import Adagrad
 from hugerec.embedding.table_config import DynamicConfig, Eviction, Missing, TableConfig
 from hugerec.models.dlrm import DLRM
-from hugerec.serving.bundle import MANIFEST, sha256_file
-from hugerec.serving.export import export_bundle
+from hugerec.serving.bundles.bundle_files import MANIFEST, sha256_file
+from hugerec.serving.bundles.export import export_bundle
 from hugerec.training.checkpoint import atomic_save, read_weights
 from hugerec.training.trainer import TrainConfig, evaluate, fit
 

@@ -3,7 +3,7 @@
 from hugerec.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hugerec.training.defaults import auto_batch_size
 from hugerec.training.early_stopping import EarlyStopping
-from hugerec.training.gbm import TreeHistory, evaluate_trees, fit_trees, library_version
+from hugerec.training.gbm_fit import TreeHistory, evaluate_trees, fit_trees, library_version
 from hugerec.training.losses import BPR, Negatives, NegativeSampler, RetrievalLoss, SampledSoftmax, bpr, sampled_softmax
 from hugerec.training.metrics import BinaryMetrics, auc, calibration, logloss, ndcg_at_k, recall_at_k
 from hugerec.training.model_file import SavedModel, load_model, model_file_task, save_model

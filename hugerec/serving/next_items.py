@@ -5,7 +5,7 @@
     out = model.next_items(values, lengths)      # raw item ids [N] + lengths [B] -> items [B, k], scores [B, k]
 
 A next-items bundle is a folder: `manifest.json` ({"kind": "next_items", "format": 1, name, version, k,
-exclude_seen, sha256 of each file}) and `model.pt` (hugerec.training.sequence_file's format). Export
+exclude_seen, sha256 of each file}) and `model.pt` (hugerec.training.model_file's format). Export
 writes a temporary folder and renames it into place; load checks the checksums first.
 
 Request (KServe v2 / Triton, JSON or the binary extension):
@@ -41,7 +41,8 @@ from hugerec.serving.protocol import (
     parse_tensors,
     to_model_inputs,
 )
-from hugerec.training.sequence_file import SavedSequenceModel, load_sequence_model
+from hugerec.training.model_file import SavedModel as SavedSequenceModel
+from hugerec.training.model_file import load_model as load_sequence_model
 from hugerec.training.sequential import SequenceModel, all_item_vectors, query_vectors
 
 KIND = "next_items"

@@ -29,6 +29,7 @@ from hugerec.cli.config_file import ConfigError
 from hugerec.cli.interactions_config import Windows
 from hugerec.cli.run_config import RunConfig
 from hugerec.data.events import RetrievalData, SequenceData, retrieval_view, sequence_view
+from hugerec.data.input_spec import InputSpec
 from hugerec.data.interactions import held_out_csr, histories, iter_examples, last_items
 from hugerec.data.prepare import SplitKind, SplitSpec
 from hugerec.data.sessions import ItemVocabulary, Sequences, last_n, sliding_windows, with_reversed
@@ -66,7 +67,7 @@ def is_retrieval(cfg: RunConfig) -> bool:
 
 
 # -- the data: views of the declared input -------------------------------------------------------
-def _declared(cfg: RunConfig) -> tuple[Any, str]:
+def _declared(cfg: RunConfig) -> tuple[InputSpec, str]:
     """[preprocess]'s input spec (columns resolved) and its files."""
     from hugerec.cli.commands import input_spec
 

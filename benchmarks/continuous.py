@@ -77,9 +77,9 @@ from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.data.windows import Windows, WindowUnit, holdout_mask, table_batches
 from hugerec.embedding.optimizers import Adagrad
 from hugerec.models.model_config import DLRMConfig
-from hugerec.serving.export import export_bundle
-from hugerec.serving.request_log import RequestLogConfig
-from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
+from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.http.request_log import RequestLogConfig
+from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.training.trainer import TrainConfig, fit, predict
 
 TOKEN = "continuous-benchmark-token"

@@ -41,9 +41,9 @@ from hugerec.data.windows import table_batches
 from hugerec.embedding.optimizers import Adagrad
 from hugerec.models.dlrm import DLRM
 from hugerec.models.model_config import DLRMConfig
-from hugerec.serving.bundle import Bundle
-from hugerec.serving.export import export_bundle
-from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
+from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.model_bundle import Bundle
+from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.training.trainer import TrainConfig, fit
 
 

@@ -121,9 +121,9 @@ class BaselineRequest(BaseModel):
 
 
 def run_ours(bundle: str, state: str, port: int, max_delay_ms: float, offload_rows: int) -> None:
-    from hugerec.serving.batching import BatchingConfig
-    from hugerec.serving.bundle_loader import ServeOptions
-    from hugerec.serving.server import InferenceServer, ServerConfig
+    from hugerec.serving.bundles.bundle_loader import ServeOptions
+    from hugerec.serving.http.server import InferenceServer, ServerConfig
+    from hugerec.serving.runtime.batching import BatchingConfig
 
     server = InferenceServer(
         ServerConfig(
@@ -178,8 +178,8 @@ def gbm_train(library: str, out: Path, rows: int) -> tuple[Path, Path]:
     """A GBM_TREES-tree model of `library` on Criteo-shaped rows (no early stopping) -> (model file, bundle)."""
     from hugerec.data.schema import Schema
     from hugerec.models.gbm import FeatureMatrix, Library, LightGBMConfig, XGBoostConfig
-    from hugerec.serving.gbm import export_gbm_bundle
-    from hugerec.training.gbm import fit_trees
+    from hugerec.serving.bundles.gbm_bundle import export_gbm_bundle
+    from hugerec.training.gbm_fit import fit_trees
 
     dense, ids = make_requests(rows, 1, 1000, seed=7)[0]
     x = np.hstack([dense, ids.astype(np.float32)])
@@ -202,8 +202,8 @@ def gbm_train(library: str, out: Path, rows: int) -> tuple[Path, Path]:
 def gbm_in_process(library: str, path: Path, bundle: Path, seconds: float) -> list[dict[str, Any]]:
     """us per row of GBMModel.predict (hugerec-LIB) and of the library's predict (naive-LIB), same rows."""
     from hugerec.models.gbm import Library, TreeModel
-    from hugerec.serving.gbm import load_gbm_bundle
-    from hugerec.serving.inference_model import ModelInputs
+    from hugerec.serving.bundles.gbm_bundle import load_gbm_bundle
+    from hugerec.serving.runtime.model_inputs import ModelInputs
 
     model = load_gbm_bundle(bundle).model
     tree = TreeModel.load(path, Library(library), threads=1)
@@ -421,10 +421,10 @@ def _cpu_seconds(pid: int) -> float:
 def tier_throughput(rows: int, quick: bool) -> list[dict[str, Any]]:
     """Rows/s of each tier on its own (batches of 16384 Zipf keys, all present), and of the whole
     parameter server with a cache holding a quarter of the rows, against a Python dict of rows."""
-    from hugerec.serving.cache import CacheConfig, RowCache
-    from hugerec.serving.memory_store import MemoryStore
-    from hugerec.serving.parameter_server import ParameterServer, TableSpec
-    from hugerec.serving.persistent import PersistentStore
+    from hugerec.serving.store.cache import CacheConfig, RowCache
+    from hugerec.serving.store.memory_store import MemoryStore
+    from hugerec.serving.store.parameter_server import ParameterServer, TableSpec
+    from hugerec.serving.store.persistent import PersistentStore
 
     rng = np.random.default_rng(0)
     table = rng.standard_normal((rows, DIM)).astype(np.float32)
@@ -461,7 +461,7 @@ def tier_throughput(rows: int, quick: bool) -> list[dict[str, Any]]:
             "all (cache of 1/4 rows)": lambda q: ps.lookup("t", q),
         }
         if redis_proc is not None:
-            from hugerec.serving.redis_store import RedisStore
+            from hugerec.serving.store.redis_store import RedisStore
 
             redis_store = RedisStore(redis_proc[1], {"t": DIM}, namespace="bench")
             redis_store.put("t", keys, table)
@@ -542,7 +542,7 @@ def _record(config: str, method: str, value: float, unit: str, higher: bool, **e
 
 # -- main ------------------------------------------------------------------------------------------
 def main() -> None:
-    from hugerec.serving.batching import BatchingConfig
+    from hugerec.serving.runtime.batching import BatchingConfig
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small tables and short runs (< 1 minute)")
@@ -576,7 +576,7 @@ def main() -> None:
             args.json.write_text(json.dumps(records, indent=2))
         return None
 
-    from hugerec.serving.export import export_bundle
+    from hugerec.serving.bundles.export import export_bundle
 
     torch.set_num_threads(1)  # like the servers (OMP_NUM_THREADS=1): clients and servers share the cores
     rows = 5_000 if args.quick else 50_000

@@ -522,9 +522,9 @@ def _schema(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     """`hugerec serve` takes bundle paths, not a training config."""
     try:
-        from hugerec.serving.batching import BatchingConfig
-        from hugerec.serving.bundle_loader import ServeOptions
-        from hugerec.serving.server import ServerConfig, serve
+        from hugerec.serving.bundles.bundle_loader import ServeOptions
+        from hugerec.serving.http.server import ServerConfig, serve
+        from hugerec.serving.runtime.batching import BatchingConfig
 
         for b in args.bundles:
             if not (b / "manifest.json").is_file():
@@ -537,7 +537,7 @@ def _serve(args: argparse.Namespace) -> int:
             updates_dir=args.updates_dir,
             updates_stream=args.updates_stream,
         )
-        from hugerec.serving.request_log import RequestLogConfig
+        from hugerec.serving.http.request_log import RequestLogConfig
 
         request_log = None if args.request_log is None else RequestLogConfig(args.request_log)
         serve(

@@ -26,7 +26,7 @@ from hugerec.data.schema import Schema
 from hugerec.distributed.launch import launched_by_torchrun
 from hugerec.models.gbm import FeatureMatrix, GBMConfig, Library, TreeModel, is_ranking, library_of, require
 from hugerec.models.registry import Family
-from hugerec.training.gbm import TreeHistory, evaluate_trees, fit_trees
+from hugerec.training.gbm_fit import TreeHistory, evaluate_trees, fit_trees
 from hugerec.training.model_file import load_model, save_model
 
 
@@ -145,7 +145,7 @@ def predict_trees(cfg: RunConfig, model_path: Path | None = None) -> tuple[Path,
 
 def export_trees(cfg: RunConfig, model_path: Path | None = None, out: Path | None = None) -> Path:
     """The trained trees + schema + the fitted workflow (when there is one) -> a GBM serving bundle."""
-    from hugerec.serving.gbm import export_gbm_bundle  # the serving stack is only needed here
+    from hugerec.serving.bundles.gbm_bundle import export_gbm_bundle
 
     model, schema, path, config = _load(cfg, model_path)
     workflow_dir = Path(cfg.preprocess.out) / "workflow"

@@ -37,7 +37,7 @@ from hugerec.data.shards import expand_paths
 from hugerec.index.vector_index import IndexConfig, IndexKind
 
 
-class Windows(enum.Enum):
+class SequenceWindows(enum.Enum):
     LAST = "last"  # each sequence's last max_len (+ 1) items
     SLIDING = "sliding"  # windows over the whole of each sequence
 
@@ -104,7 +104,7 @@ class SequencesSection:
     min_item_count: int = 1
     protocol: SequenceProtocol = SequenceProtocol.LEAVE_LAST_OUT
     max_sequences: int | None = None
-    windows: Windows = Windows.LAST
+    windows: SequenceWindows = SequenceWindows.LAST
     augment_reversed: bool = False
     batch_size: int = 128
     ks: tuple[int, ...] = (10, 20)

@@ -74,7 +74,7 @@ class LoopSection:
 
 
 @dataclass(frozen=True)
-class DataSection:
+class LoopDataSection:
     paths: str | None = None
     label: str = "label"
     dense: tuple[str, ...] = ()
@@ -120,7 +120,7 @@ class LoopEmbedding:
 @dataclass(frozen=True)
 class LoopFile:
     loop: LoopSection = field(default_factory=LoopSection)
-    data: DataSection = field(default_factory=lambda: DataSection(stream=StreamConfig()))
+    data: LoopDataSection = field(default_factory=lambda: LoopDataSection(stream=StreamConfig()))
     windows: Windows = field(default_factory=Windows)
     model: ModelSpec = field(default_factory=ModelSpec)
     embedding: LoopEmbedding = field(default_factory=LoopEmbedding)
@@ -320,8 +320,8 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
             )
             return Loop(config, source, publisher, observer), None
         case _:
-            from hugerec.serving.request_log import RequestLogConfig
-            from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
+            from hugerec.serving.http.request_log import RequestLogConfig
+            from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 
             token = secrets.token_hex(16)
             server = InferenceServer(ServerConfig(admin_token=token, seed=config.seed))

@@ -3,7 +3,7 @@
     hugerec pipeline build configs/movielens_pipeline.toml [--out DIR] [--print-config]
     hugerec pipeline query runs/movielens_pipeline --user 1 --k 10 [--history 3,4] [--context hour=9] [--debug]
 
-The config is a pipeline declaration (hugerec.serving.pipeline.config: [pipeline], [retrieve],
+The config is a pipeline declaration (hugerec.serving.pipeline.declaration: [pipeline], [retrieve],
 [filter], [score], [order]) plus [inputs]:
 
     [inputs]
@@ -100,7 +100,7 @@ def _input(where: Path, key: str, value: object) -> Path:
 
 
 def read_config(path_text: str, out: str | None) -> tuple[Any, Inputs]:
-    from hugerec.serving.pipeline.config import declaration_from_dict
+    from hugerec.serving.pipeline.declaration import declaration_from_dict
 
     path = _config_path(path_text)
     try:
@@ -204,10 +204,10 @@ def build(config: str, out: str | None) -> tuple[Path, Any]:
     import numpy as np
 
     from hugerec.models.registry import Family
-    from hugerec.serving.features import FeatureStore
-    from hugerec.serving.pipeline.bundle import export_pipeline
+    from hugerec.serving.bundles.pipeline_bundle import export_pipeline
     from hugerec.serving.pipeline.encoder import UserEncoder
-    from hugerec.serving.pipeline.interactions import InteractionStore
+    from hugerec.serving.pipeline.feature_store import FeatureStore
+    from hugerec.serving.pipeline.interaction_store import InteractionStore
     from hugerec.training.model_file import load_model
 
     declaration, inputs = read_config(config, out)
@@ -250,9 +250,9 @@ def build(config: str, out: str | None) -> tuple[Path, Any]:
 
 
 def query(args: argparse.Namespace) -> dict[str, Any]:
-    from hugerec.serving.pipeline.bundle import load_pipeline
+    from hugerec.serving.bundles.pipeline_bundle import load_pipeline
     from hugerec.serving.pipeline.runner import Query, StageError
-    from hugerec.serving.protocol import RequestError
+    from hugerec.serving.runtime.inference_protocol import RequestError
 
     history: list[int] = []
     if args.history:
@@ -288,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "build":
             if args.print_config:
-                from hugerec.serving.pipeline.config import declaration_to_dict
+                from hugerec.serving.pipeline.declaration import declaration_to_dict
 
                 declaration, inputs = read_config(args.config, args.out)
                 shown: dict[str, Any] = {k: (None if v is None else str(v)) for k, v in vars(inputs).items()}

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import torch
 
 from hugerec.cli.config_file import ConfigError
-from hugerec.cli.interactions_config import Windows
+from hugerec.cli.interactions_config import SequenceWindows
 from hugerec.cli.run_config import RunConfig
 from hugerec.data.events import RetrievalData, SequenceData, retrieval_view, sequence_view
 from hugerec.data.input_spec import InputSpec
@@ -178,9 +178,9 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
     width = window_width(seq_model)
     train = with_reversed(d.train) if cfg.sequences.augment_reversed else d.train
     match cfg.sequences.windows:
-        case Windows.LAST:
+        case SequenceWindows.LAST:
             windows = last_n(train, width)
-        case Windows.SLIDING:
+        case SequenceWindows.SLIDING:
             windows = sliding_windows(train, width)
     report = fit_sequential(seq_model, windows, tc, item_counts=counts)
     losses = ", ".join(f"{x:.4f}" for x in report.losses)
@@ -285,7 +285,7 @@ def _item_vectors(saved: SavedModel) -> tuple[torch.Tensor, torch.Tensor]:
 # -- export --------------------------------------------------------------------------------------
 def export_task_model(cfg: RunConfig, model_path: Path | None, out: Path | None) -> Path:
     """A sequential model -> a next-items serving bundle (default <train.out_dir>/bundle), named after model.type."""
-    from hugerec.serving.next_items import export_next_items
+    from hugerec.serving.bundles.next_items_bundle import export_next_items
 
     if is_retrieval(cfg):
         raise ConfigError(

@@ -74,8 +74,8 @@ from hugerec.embedding.table_config import DynamicConfig, Eviction, Missing, Tab
 from hugerec.models.model import RecModel
 from hugerec.models.model_config import DLRMConfig
 from hugerec.models.registry import ModelConfig, build_model, config_to_dict, type_of
-from hugerec.serving.bundle import MANIFEST, sha256_file
-from hugerec.serving.export import export_bundle
+from hugerec.serving.bundles.bundle_files import MANIFEST, sha256_file
+from hugerec.serving.bundles.export import export_bundle
 from hugerec.training.checkpoint import atomic_save, read_weights
 from hugerec.training.trainer import TrainConfig, evaluate, fit
 

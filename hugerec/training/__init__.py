@@ -4,7 +4,7 @@ from hugerec.training.checkpoint import latest_checkpoint, load_checkpoint, save
 from hugerec.training.declared_loss import retrieval_loss, sequence_loss
 from hugerec.training.defaults import auto_batch_size
 from hugerec.training.early_stopping import EarlyStopping
-from hugerec.training.gbm import TreeHistory, evaluate_trees, fit_trees, library_version
+from hugerec.training.gbm_fit import TreeHistory, evaluate_trees, fit_trees, library_version
 from hugerec.training.losses import BPR, NegativeSampler, RetrievalLoss, SampledSoftmax, bpr, sampled_softmax
 from hugerec.training.metrics import BinaryMetrics, auc, calibration, logloss, ndcg_at_k, recall_at_k
 from hugerec.training.model_file import RawIds, SavedModel, load_model, save_model

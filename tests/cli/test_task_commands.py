@@ -436,7 +436,7 @@ def test_yoochoose_sasrec_config_runs(shared_data: Path, tmp_path: Path, monkeyp
 
 
 def test_export_sequential_model_to_a_next_items_bundle(sequential_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from hugerec.serving.next_items import load_next_items
+    from hugerec.serving.bundles.next_items_bundle import load_next_items
 
     assert main(["train", "sasrec.toml"]) == 0
     assert main(["export", "sasrec.toml", "recommend.k=4"]) == 0

@@ -14,8 +14,8 @@ from hugerec.continuous.loop import LoopConfig, ModelSpec
 from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.embedding.optimizers import Adagrad
 from hugerec.models.model_config import DLRMConfig
-from hugerec.serving.request_log import RequestLogConfig
-from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
+from hugerec.serving.http.request_log import RequestLogConfig
+from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 
 TOKEN = "continuous-test-token"  # the admin token of the `server` fixture
 SMALL = StreamConfig(days=5, rows_per_day=6000, num_sparse=4, num_dense=2, vocabulary=500, seed=3)

@@ -27,10 +27,11 @@ from hugerec.data.windows import table_batches
 from hugerec.embedding.optimizers import Adagrad
 from hugerec.models.dlrm import DLRM
 from hugerec.models.model_config import DLRMConfig
-from hugerec.serving.bundle import MANIFEST, Bundle
-from hugerec.serving.export import export_bundle
-from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
-from hugerec.serving.version_delta import ROWS, read_version_delta
+from hugerec.serving.bundles.bundle_files import MANIFEST
+from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.model_bundle import Bundle
+from hugerec.serving.bundles.version_delta import ROWS, read_version_delta
+from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.training.trainer import TrainConfig, fit
 
 TOKEN = "continuous-test-token"

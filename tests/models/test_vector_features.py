@@ -13,9 +13,9 @@ from hugerec.embedding.table_config import TableConfig
 from hugerec.models.model_config import DCNv2Config, DLRMConfig, build_ranking
 from hugerec.models.registry import config_from_dict, config_to_dict
 from hugerec.models.vector_features import VectorArch, VectorFeature
-from hugerec.serving.bundle_loader import ServeOptions, load_bundle
-from hugerec.serving.export import export_bundle
-from hugerec.serving.protocol import Signature, to_model_inputs
+from hugerec.serving.bundles.bundle_loader import ServeOptions, load_bundle
+from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.runtime.inference_protocol import Signature, to_model_inputs
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 
@@ -142,8 +142,8 @@ def test_inline_vectors_in_requests(tmp_path: Path) -> None:
     with a request without one, each keeps its own; a bad inline vector is a 400 naming the input."""
     import dataclasses
 
-    from hugerec.serving.inference_model import ModelInputs
-    from hugerec.serving.protocol import RequestError
+    from hugerec.serving.runtime.inference_protocol import RequestError
+    from hugerec.serving.runtime.model_inputs import ModelInputs
 
     feature = dataclasses.replace(FEATURE, normalize="l2")
     model = build_ranking(DLRMConfig(bottom=(8, DIM), top=(8, 1), vectors=(feature,)), TABLES, 2, RowWiseAdagrad())

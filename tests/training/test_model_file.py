@@ -177,7 +177,7 @@ def test_side_features_are_refused_not_lost(tmp_path: Path) -> None:
 @pytest.mark.parametrize("library", ["lightgbm", "xgboost"])
 def test_trees_round_trip_with_their_description(tmp_path: Path, library: str) -> None:
     pytest.importorskip(library)
-    from hugerec.training.gbm import fit_trees
+    from hugerec.training.gbm_fit import fit_trees
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(400, 3)).astype(np.float32)

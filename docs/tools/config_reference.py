@@ -66,9 +66,12 @@ def field_meanings(cls: type) -> dict[str, str]:
     """Field name -> meaning for the fields of `cls` the code documents (see the module docstring)."""
     names = {f.name for f in dataclasses.fields(cls)}
     out: dict[str, str] = {}
-    for source in (_comment_meanings(cls, names), _block_meanings(cls, names), _inline_meanings(cls, names)):
-        for k, v in source.items():
-            out.setdefault(k, v)
+    for klass in cls.__mro__:  # a subclass's own meanings first, then those of the config it extends
+        if not dataclasses.is_dataclass(klass):
+            continue
+        for source in (_comment_meanings(klass, names), _block_meanings(klass, names), _inline_meanings(klass, names)):
+            for k, v in source.items():
+                out.setdefault(k, v)
     return out
 
 
@@ -288,15 +291,17 @@ def optimizer_variants() -> Variants:
 
 
 def model_variants() -> Variants:
-    """Every `[model] type` of a run config and the dataclass that reads its other keys."""
-    from hugerec.cli.interactions_config import RETRIEVAL_TYPES, SEQUENTIAL_TYPES, read_task_model
-    from hugerec.models.gbm import GBM_TYPES
-    from hugerec.models.model_config import ModelConfig, model_name
+    """Every `[model] type` of the registry and the config class that reads its other keys."""
+    from hugerec.models import REGISTRY
 
-    choices: list[tuple[str, type]] = [(model_name(c()), c) for c in typing.get_args(ModelConfig)]
-    choices += list(GBM_TYPES.items())
-    choices += [(t, type(read_task_model({"type": t}))) for t in (*RETRIEVAL_TYPES, *SEQUENTIAL_TYPES)]
-    return Variants("type", tuple(choices), "dlrm")
+    return Variants("type", tuple((name, t.config) for name, t in REGISTRY.items()), "dlrm")
+
+
+def loop_model_variants() -> Variants:
+    """The loop's [model]: the registry's dialect, of the one type the loop trains."""
+    from hugerec.models import REGISTRY
+
+    return Variants("type", (("dlrm", REGISTRY["dlrm"].config),), "dlrm")
 
 
 @dataclass(frozen=True)
@@ -321,8 +326,8 @@ def _run_variants() -> dict[str, Variants]:
     }
 
 
-def _no_variants() -> dict[str, Variants]:
-    return {}
+def _loop_variants() -> dict[str, Variants]:
+    return {"model": loop_model_variants(), "embedding.optimizer": optimizer_variants()}
 
 
 @dataclass(frozen=True)
@@ -393,7 +398,7 @@ def config_files() -> list[ConfigFile]:
             "loop-config",
             "`hugerec loop`",
             LoopFile,
-            _no_variants,
+            _loop_variants,
             "The continuous-training loop's file (`configs/loop_synthetic.toml`).",
         ),
         ConfigFile(

@@ -27,6 +27,7 @@ import asyncio
 import base64
 import hashlib
 import html
+import itertools
 import json
 import math
 import os
@@ -238,12 +239,15 @@ def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None
 
 
 def read_decisions(path: str | None, tail_bytes: int, records: int) -> dict[str, Any]:
-    """The last `records` decisions of a loop's decision log and the drift figures of its last retrain, from at
-    most the last `tail_bytes` of the file (the log is only appended to: its end is what is recent).
+    """The last `records` decisions of a loop's decision log (newest first) and the drift figures of its newest
+    retrain, from at most the last `tail_bytes` of the file (the log is only appended to: its end is what is
+    recent). Lines are parsed from the end, only those needed: the last `records` records, and past them
+    only lines that mention a retrain.
 
     The log's format is hugerec.continuous.decision_log's (read here without importing it: serving sits below
     continuous). A torn last line (a write in progress) and the partial line where the tail begins are skipped;
-    a line that is not a record is reported (its offset in the file and why), never shown."""
+    a line that is not a record is reported (its offset in the file and why; at most five, the newest), never
+    shown."""
     if path is None:
         return {"log": None, "records": [], "drift": None, "problems": []}
     out: dict[str, Any] = {"log": _text(path), "records": [], "drift": None, "problems": []}
@@ -267,26 +271,37 @@ def read_decisions(path: str | None, tail_bytes: int, records: int) -> dict[str,
     lines = data.split(b"\n")[:-1]  # the part after the last newline is empty, or a write in progress
     if start > 0 and not lines:
         out["problems"].append(f"{_text(path)}: no whole record in its last {tail_bytes} bytes")
-    parsed: list[dict[str, Any]] = []
+    located = []  # (byte offset in the file, line)
     for line in lines:
-        where, offset = offset, offset + len(line) + 1
-        if not line.strip():
+        located.append((offset, line))
+        offset += len(line) + 1
+    # newest first, parsing only what is shown: the last `records` records, and the newest retrain (its drift)
+    shown: list[dict[str, Any]] = []
+    retrain: dict[str, Any] | None = None
+    problems: list[tuple[int, str]] = []
+    for where, line in reversed(located):
+        if len(shown) >= records and retrain is not None:
+            break
+        wanted = len(shown) < records
+        if not line.strip() or not (wanted or b"retrain" in line):
             continue
         record, why = _decision(line)
         if record is None:
-            if len(out["problems"]) < _PROBLEMS:
-                out["problems"].append(f"{_text(path)}, the line at byte {where}: not a decision record: {why}")
+            if len(problems) < _PROBLEMS:
+                problems.append((where, f"{_text(path)}, the line at byte {where}: not a decision record: {why}"))
             continue
-        parsed.append(record)
-    out["records"] = [_shown(r) for r in parsed[-records:]][::-1]  # newest first
-    retrains = [r for r in parsed if r["action"] == "retrain"]
-    if retrains:
-        last = retrains[-1]
-        figures = sorted(_figures(last.get("gate")), key=lambda kv: -(kv[1] if kv[1] is not None else -math.inf))
+        if wanted:
+            shown.append(_shown(record))
+        if retrain is None and record["action"] == "retrain":
+            retrain = record
+    out["records"] = shown
+    out["problems"] += [message for _, message in sorted(problems)]
+    if retrain is not None:
+        figures = sorted(_figures(retrain.get("gate"), 1024), key=lambda kv: -(kv[1] if kv[1] is not None else -math.inf))
         out["drift"] = {
-            "window": last["window"],
-            "time": last["time"],
-            "reason": _text(last["reason"]),
+            "window": _number(retrain["window"]),
+            "time": _number(retrain["time"]),
+            "reason": _text(retrain["reason"]),
             "psi": figures[:_FIGURES],
         }
     return out
@@ -316,15 +331,16 @@ def _shown(record: Mapping[str, Any]) -> dict[str, Any]:
         "reason": _text(record.get("reason")),
         "version": None if version is None else _text(version),
         "time": _number(record.get("time")),
-        "figures": _figures(record.get("gate"))[:_FIGURES],
+        "figures": _figures(record.get("gate"), _FIGURES),
     }
 
 
-def _figures(gate: object) -> list[tuple[str, float | int | None]]:
-    """A record's figures (its "gate" object: gate metrics, KPIs, or PSI per feature) as (name, value) pairs."""
+def _figures(gate: object, most: int) -> list[tuple[str, float | int | None]]:
+    """The first `most` of a record's figures (its "gate" object: gate metrics, KPIs, or PSI per feature) as
+    (name, value) pairs."""
     if not isinstance(gate, dict):
         return []
-    return [(_text(k), _number(v)) for k, v in list(gate.items())[: 4 * _FIGURES]]
+    return [(_text(k), _number(v)) for k, v in itertools.islice(gate.items(), most)]
 
 
 def _versions_status(name: str, versions: ModelVersions) -> dict[str, Any]:

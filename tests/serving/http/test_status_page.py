@@ -252,11 +252,19 @@ def test_lines_that_are_not_records_are_reported_by_offset_and_never_shown(tmp_p
     assert [r["window"] for r in out["records"]] == [4, 3]
     assert out["records"][1]["reason"] == "<img src=x onerror=alert(1)>"  # text: the page's script writes it as text
     assert out["records"][0]["time"] is None and out["records"][0]["figures"] == [["x", None], ["y", None]]
-    assert len(out["problems"]) == 5  # at most five per answer
-    offset = len(good) + 1
-    assert out["problems"][0] == f"{path}, the line at byte {offset}: not a decision record: not JSON (JSONDecodeError)"
-    assert "a list, not an object" in out["problems"][1] and "integer 'window'" in out["problems"][2]
-    assert "'time' is not a number" in out["problems"][3]
+    # at most five per answer, the newest, in the file's order
+    offsets = np.cumsum([0, *(len(line) + 1 for line in lines)])
+    assert out["problems"] == [
+        f"{path}, the line at byte {offsets[2]}: not a decision record: a list, not an object",
+        f"{path}, the line at byte {offsets[3]}: not a decision record: no integer 'window' and string 'action'",
+        f"{path}, the line at byte {offsets[4]}: not a decision record: 'time' is not a number",
+        f"{path}, the line at byte {offsets[5]}: not a decision record: not JSON (ValueError)",
+        f"{path}, the line at byte {offsets[6]}: not a decision record: not JSON (RecursionError)",
+    ]
+    path.write_bytes(("\n".join(lines[:2]) + "\n").encode())
+    assert read_decisions(str(path), 4096, 5)["problems"] == [
+        f"{path}, the line at byte {len(good) + 1}: not a decision record: not JSON (JSONDecodeError)"
+    ]
     assert "SECRET-LINE" not in json.dumps(out)
 
     missing = read_decisions(str(tmp_path / "none.jsonl"), 4096, 5)
@@ -305,3 +313,19 @@ def test_latency_quantile_without_observations_is_none() -> None:
     assert histogram_quantile(0.5, {0.1: 0.0, float("inf"): 0.0}) is None
     assert histogram_quantile(0.5, {0.1: 0.0, 1.0: 4.0, float("inf"): 4.0}) == pytest.approx(0.55)
     assert histogram_quantile(0.99, {0.1: 0.0, 1.0: 0.0, float("inf"): 2.0}) == 1.0
+
+
+def test_only_the_lines_shown_are_parsed_past_the_newest_records(tmp_path: Path) -> None:
+    """Past the last `records` records, only a line mentioning a retrain is parsed (for the drift figures): a
+    bad line older than both is never looked at, and the drift comes from the newest retrain."""
+    path = tmp_path / "decisions.jsonl"
+    records = [
+        Record(0, "retrain", "drift in a", {"a": 0.5}, "w0", time=1.0).to_json(),
+        "garbage that is never parsed",
+        Record(1, "retrain", "drift in b", {"b": 0.3, "c": 0.7}, "w1", time=2.0).to_json(),
+        *(Record(k, "wait", "not enough feedback", None, "w1", time=1.0 + k).to_json() for k in range(2, 40)),
+    ]
+    path.write_text("\n".join(records) + "\n")
+    out = read_decisions(str(path), 1 << 20, 5)
+    assert [r["window"] for r in out["records"]] == [39, 38, 37, 36, 35] and out["problems"] == []
+    assert out["drift"] == {"window": 1, "time": 2.0, "reason": "drift in b", "psi": [("c", 0.7), ("b", 0.3)]}

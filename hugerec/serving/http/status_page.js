@@ -115,6 +115,7 @@
     }
     const message = $("details-message");
     if (answer.status !== 200) {
+      if (answer.status === 401 || answer.status === 403) token = "";  // refused: not sent again
       message.textContent = (answer.body && answer.body.error) || "refused (" + answer.status + ")";
       message.className = "note error";
       $("details").hidden = true;
@@ -181,10 +182,14 @@
   // -- try a recommendation --------------------------------------------------------------------
   const INTEGER = /^-?\d{1,19}$/;
 
+  function digits(text) {
+    return text.replace(/^(-?)0+(?=\d)/, "$1");  // JSON numbers have no leading zeros
+  }
+
   function ids(text) {
     const parts = text.split(/[\s,]+/).filter((p) => p.length);
     for (const p of parts) if (!INTEGER.test(p)) throw new Error("history: " + JSON.stringify(p.slice(0, 40)) + " is not an integer id");
-    return parts;
+    return parts.map(digits);
   }
 
   function request(kind, name, user, history, k) {
@@ -226,7 +231,7 @@
       const k = $("try-k").value.trim();
       if (!INTEGER.test(user)) throw new Error("user: give an integer id");
       if (!/^\d{1,4}$/.test(k) || +k < 1) throw new Error("k: give an integer from 1");
-      call = request(option.dataset.kind, option.value, user, ids($("try-history").value), k);
+      call = request(option.dataset.kind, option.value, digits(user), ids($("try-history").value), String(+k));
     } catch (e) {
       message.textContent = e.message;
       message.className = "note error";

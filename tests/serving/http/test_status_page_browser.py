@@ -166,6 +166,12 @@ def test_the_page_in_a_browser(driver: Any, url: str) -> None:
     assert driver.title == "hugerec server" and not driver.find_elements(By.CSS_SELECTOR, "#served img")
     assert driver.find_element(By.ID, "details").is_displayed() is False
 
+    # a wrong token: refused, said so, the details stay hidden
+    driver.find_element(By.ID, "token").send_keys("wrong-token-" + "w" * 16)
+    driver.find_element(By.ID, "token-show").click()
+    wait_for(driver, lambda d: "Bearer" in d.find_element(By.ID, "details-message").text, "the refusal")
+    assert driver.find_element(By.ID, "details").is_displayed() is False
+
     # the token typed in goes out as a header: the details show, the URL and the page never hold it
     driver.find_element(By.ID, "token").send_keys(TOKEN)
     driver.find_element(By.ID, "token-show").click()
@@ -188,7 +194,7 @@ def test_the_page_in_a_browser(driver: Any, url: str) -> None:
     target.select_by_value("recs")
     k = driver.find_element(By.ID, "try-k")
     k.clear()
-    k.send_keys("5")
+    k.send_keys("05")  # leading zeros: no JSON number, so the script writes 5
     driver.find_element(By.ID, "try-submit").click()
     wait_for(driver, lambda d: len(rows(d, "try-items")) == 5, "five recommended items")
     assert "5 items from version 1" in driver.find_element(By.ID, "try-message").text
@@ -197,7 +203,7 @@ def test_the_page_in_a_browser(driver: Any, url: str) -> None:
     assert {r[3] for r in items} <= {"ann", "popular"}
 
     target.select_by_value("seq")
-    driver.find_element(By.ID, "try-history").send_keys("1000, 1003")
+    driver.find_element(By.ID, "try-history").send_keys("1000, 01003")
     driver.find_element(By.ID, "try-submit").click()
     wait_for(
         driver,

@@ -306,6 +306,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-delay-ms", type=float, default=None, help="dynamic batching: wait this long to merge")
     serve.add_argument("--admin-token", default=os.environ.get("HUGEREC_ADMIN_TOKEN"), help=argparse.SUPPRESS)
     serve.add_argument(
+        "--load-deadline",
+        type=float,
+        default=None,
+        help="seconds an admin load of a bundle may take, and a GBM model file's check by its library in a child "
+        "process (default: 120); past it the load is refused and the server keeps serving",
+    )
+    serve.add_argument(
         "--request-log",
         help="log /predict rows and their feedback (POST /feedback) as Parquet in this folder (for `hugerec loop`)",
     )
@@ -540,7 +547,8 @@ def _serve(args: argparse.Namespace) -> int:
             if not (b / "manifest.json").is_file():
                 raise FileNotFoundError(f"{b} is not a bundle (no manifest.json); make one with `hugerec export`")
         batching = BatchingConfig() if args.max_delay_ms is None else BatchingConfig(max_delay_ms=args.max_delay_ms)
-        config = ServerConfig(host=args.host, port=args.port, admin_token=args.admin_token, batching=batching)
+        deadline = {} if args.load_deadline is None else {"load_deadline_s": args.load_deadline}
+        config = ServerConfig(host=args.host, port=args.port, admin_token=args.admin_token, batching=batching, **deadline)
         options = ServeOptions(
             state_dir=args.state_dir,
             redis_url=args.redis_url,

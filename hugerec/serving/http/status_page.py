@@ -28,7 +28,6 @@ import base64
 import hashlib
 import html
 import itertools
-import json
 import math
 import os
 import time
@@ -40,11 +39,12 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, Response
 
 from hugerec.serving.http.auth import check_admin_token
-from hugerec.serving.runtime.inference_protocol import RequestError
+from hugerec.serving.runtime.inference_protocol import RequestError, parse_json
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Histogram
@@ -146,7 +146,7 @@ class StatusPage:
 
         @router.get("/status")
         async def public() -> Response:
-            return JSONResponse(self.public(), headers=_JSON_HEADERS)
+            return _json(self.public())
 
         @router.get("/status/details")
         async def details(request: Request) -> Response:
@@ -161,7 +161,7 @@ class StatusPage:
             # a bounded read of a file: off the event loop
             loop = await asyncio.to_thread(read_decisions, config.decision_log, config.tail_bytes, config.records)
             answer = {"served": [_versions_status(n, v) for n, v in served], "traffic": traffic, "loop": loop}
-            return JSONResponse(answer, headers=_JSON_HEADERS)
+            return _json(answer)
 
         return router
 
@@ -310,8 +310,8 @@ def read_decisions(path: str | None, tail_bytes: int, records: int) -> dict[str,
 def _decision(line: bytes) -> tuple[dict[str, Any] | None, str]:
     """One log line -> (the record's fields, "") or (None, why it is not a record)."""
     try:
-        value = json.loads(line)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, a 5,000-digit integer, deep nesting
+        value = parse_json(line)  # orjson, else the standard parser (NaN literals: the loop writes them)
+    except ValueError as e:  # JSONDecodeError (deep nesting too), bad UTF-8, a 5,000-digit integer
         return None, f"not JSON ({type(e).__name__})"
     if not isinstance(value, dict):
         return None, f"a {type(value).__name__}, not an object"
@@ -462,6 +462,13 @@ def _sha256(text: str) -> str:
 
 
 _JSON_HEADERS = {"cache-control": "no-store", "x-content-type-options": "nosniff", "referrer-policy": "no-referrer"}
+
+
+def _json(value: dict[str, Any]) -> Response:
+    """A JSON answer written by orjson (the details' 16 KB in ~0.05 ms; the standard writer takes ~1 ms). Every
+    float here went through _number (finite), so orjson's NaN -> null cannot happen; inference_protocol.dump_json's
+    search for a NaN behind each null would cost more than the writing, as these answers hold nulls."""
+    return Response(orjson.dumps(value), media_type="application/json", headers=_JSON_HEADERS)
 
 
 def _page_headers() -> dict[str, str]:

@@ -259,7 +259,7 @@ def test_lines_that_are_not_records_are_reported_by_offset_and_never_shown(tmp_p
         f"{path}, the line at byte {offsets[3]}: not a decision record: no integer 'window' and string 'action'",
         f"{path}, the line at byte {offsets[4]}: not a decision record: 'time' is not a number",
         f"{path}, the line at byte {offsets[5]}: not a decision record: not JSON (ValueError)",
-        f"{path}, the line at byte {offsets[6]}: not a decision record: not JSON (RecursionError)",
+        f"{path}, the line at byte {offsets[6]}: not a decision record: not JSON (JSONDecodeError)",
     ]
     path.write_bytes(("\n".join(lines[:2]) + "\n").encode())
     assert read_decisions(str(path), 4096, 5)["problems"] == [

@@ -58,18 +58,23 @@ def raw_response(code: int, message: str, retry_after_s: int | None = None) -> b
 def guarded_protocol(limits: RequestLimits) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with the limits above (pass it as uvicorn.Config(http=...))."""
 
-    async def refuse(scope: Any, receive: Any, send: Any) -> None:
-        body = json.dumps(
-            {"error": f"server busy: {limits.max_connections} connections are open; retry after {limits.retry_after_s} s"}
-        ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-            (b"retry-after", str(limits.retry_after_s).encode()),
-        ]
-        await send({"type": "http.response.start", "status": 503, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+    def answer(code: int, message: str, retry_after_s: int | None = None) -> Any:
+        """An ASGI app answering every request with `code` and closing the connection."""
+        body = json.dumps({"error": message}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+        if retry_after_s is not None:
+            headers.append((b"retry-after", str(retry_after_s).encode()))
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": code, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+        return app
+
+    refuse = answer(
+        503, f"server busy: {limits.max_connections} connections are open; retry after {limits.retry_after_s} s", limits.retry_after_s
+    )
+    oversized = answer(431, f"the request head exceeds {limits.max_header_bytes} bytes")
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -79,6 +84,7 @@ def guarded_protocol(limits: RequestLimits) -> type[HttpToolsProtocol]:
             self._timer: asyncio.TimerHandle | None = None
             self._request_cycle: Any = None  # the cycle whose head completed last
             self._refused = False
+            self._oversized = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -119,8 +125,14 @@ def guarded_protocol(limits: RequestLimits) -> type[HttpToolsProtocol]:
                 self._phase = _Phase.IDLE  # uvicorn's keep-alive timer runs from here
             # BODY: answered before the body was in; the body deadline still runs for the bytes still coming
 
+        def on_headers_complete(self) -> None:
+            # a head that came in one piece is measured here (one that trickles in, as it arrives)
+            size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
+            self._oversized = size > limits.max_header_bytes
+            super().on_headers_complete()
+
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:
-            super()._start_asgi_task(cycle, refuse if self._refused else app)
+            super()._start_asgi_task(cycle, refuse if self._refused else oversized if self._oversized else app)
 
         def _arm(self, seconds: float, callback: Any) -> None:
             self._disarm()

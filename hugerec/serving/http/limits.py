@@ -13,11 +13,12 @@ The connection-level limits (header deadline and size, connections, the whole-bo
 not read the body) live in the HTTP protocol (connection_limits.py); the per-field limits (users, history, k)
 in the decoders that read those fields (runtime/inference_protocol.py, pipeline/served_pipeline.py).
 
-Memory: a request holds at most its body once (read into one buffer) plus what decoding makes of it. The
-stated bound: decoded binary tensors take at most 2 x the body (views of it, plus a float32 copy of the dense
-values), a parsed JSON body at most `JSON_MEMORY_FACTOR` x its bytes (measured by benchmarks/serving.py
-`large body memory`); `max_inflight_bytes` bounds the sum of the bodies in flight, so the server's memory
-for requests is at most that factor x max_inflight_bytes.
+Memory: a request holds its body once (read into one buffer of its Content-Length) plus what decoding makes
+of it: binary tensors are views of the body (plus a float32 copy of the dense values), a request larger than a
+batch runs as model calls of max_batch_size rows (runtime/batching.py). The stated bounds, peak bytes per body
+byte: BINARY_MEMORY_FACTOR for binary tensors, JSON_MEMORY_FACTOR for a parsed JSON body (benchmarks/serving.py
+`large body memory` measures them); `max_inflight_bytes` bounds the sum of the bodies in flight, so the
+server's memory for requests is at most that factor x max_inflight_bytes.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ T = TypeVar("T")
 
 TICKET = "hugerec.ticket"  # the scope key of a request's Ticket (what it holds of the in-flight budget)
 RETRY_AFTER = "retry-after"
-JSON_MEMORY_FACTOR = 12  # peak bytes of memory per byte of a JSON body while it is parsed and decoded (stated bound)
+BINARY_MEMORY_FACTOR = 4  # peak bytes per byte of a body of binary tensors, one model call of a batch included
+# peak bytes per byte of a JSON body while it is parsed: 4 measured on tensors of numbers; the worst shapes
+# (arrays of empty arrays, of one-character strings: 3 to 4 bytes of text per 56-64 byte object) reach 24
+JSON_MEMORY_FACTOR = 24
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@
   admin (load/unload versions, canary, promote, rollback): see admin.py
   request log and feedback (when enable_request_log was called): see feedback.py
 
-Bad requests get a 4xx JSON {"error": message}; the server never answers 500 to bad input.
+Bad requests get a 4xx JSON {"error": message}; the server never answers 500 to bad input. Every request is
+bounded before work on it starts (limits.py, connection_limits.py: the README's table of limits); write
+routes take a token (auth.py).
 
 Versions of one model trained on different schemas (a whole-bundle canary after a schema change) share
 the traffic: a version ignores request fields only another loaded version takes (inference_protocol.LiveFields),

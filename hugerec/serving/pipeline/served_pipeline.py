@@ -16,7 +16,9 @@
     POST /recommend/features      {"table": "item", "ids": [...], "columns": {"available": [...]}, "pipeline"?}:
                                   overwrite some columns of existing rows (admin token required)
 
-Every bad field is a RequestError (400) naming it; a stage that fails is a StageError (503).
+Every bad field is a RequestError (4xx) naming it and its limit (QueryLimits: users per infer request,
+history ids, k; ids within int64); a stage that fails is a StageError (the server answers 503 when it could
+not reach a store, else 500).
 """
 
 from __future__ import annotations

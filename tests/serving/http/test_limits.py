@@ -108,3 +108,29 @@ def test_limits_are_checked_and_set_from_words() -> None:
         limits_from_overrides(["users=3"])
     with pytest.raises(ValueError, match="'many' is not a number"):
         limits_from_overrides(["max_users=many"])
+
+
+def test_past_max_requests_a_request_is_answered_503_at_once_over_http() -> None:
+    import socket
+    import time
+
+    import httpx
+
+    from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
+
+    srv = InferenceServer(ServerConfig(limits=RequestLimits(max_requests=1, body_timeout_s=5)))
+    try:
+        with BackgroundServer(srv) as url:
+            host, port = url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port)), timeout=10) as held:  # in flight: its body never comes
+                held.sendall(b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n{")
+                time.sleep(0.3)
+                t0 = time.monotonic()
+                r = httpx.post(f"{url}/recommend", json={"user": 1}, timeout=10)
+                assert r.status_code == 503 and r.headers["retry-after"] == "1" and "1 requests are in flight" in r.json()["error"]
+                assert time.monotonic() - t0 < 1.0  # answered at once, not queued
+                assert httpx.get(f"{url}/v2/health/live").status_code == 200  # health checks are never refused
+            time.sleep(0.3)
+            assert httpx.post(f"{url}/recommend", json={"user": 1}).status_code == 400  # room again (no pipeline)
+    finally:
+        srv.close()

@@ -34,7 +34,7 @@ Under attack (`--attack-only` runs just this part; also run after the rest), the
     hostile requests       the fuzzing suite (tests/serving/http/test_server_fuzz.py) run for 10,000 generated
                            bad requests (--quick: 1,000) against a live server: requests sent, 5xx answers
     pipeline under attack  p99 of normal /recommend traffic (8 closed-loop clients, the pipeline of
-                           benchmarks/pipeline.py) alone, then while 6 clients send maximal legal KServe v2
+                           benchmarks/pipeline.py --quick: 50k items) alone, then while 6 clients send maximal legal KServe v2
                            requests (max_users users, k = the pipeline's max_k, max_history history ids each):
                            the ratio of the two p99s (target <= 3)
     slow clients           200 connections trickling their request heads a byte a second (reopened when the
@@ -797,7 +797,7 @@ def pipeline_attack(quick: bool) -> list[dict[str, Any]]:
     from hugerec.serving.http.limits import RequestLimits
 
     limits = RequestLimits()
-    items, users = bench.sizes(quick)
+    items, users = bench.sizes(True)  # the 50k-item world of pipeline.py --quick (the 1M one takes many minutes to build)
     seconds = 6.0 if quick else 20.0
     workdir = bench.world(items, users, False)
     proc, port = bench.start_server(bench.OURS, workdir, items, users, bench.RETRIEVE)

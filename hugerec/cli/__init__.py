@@ -315,6 +315,13 @@ def _parser() -> argparse.ArgumentParser:
         help="change a request limit (repeatable; names and defaults in the README's serving limits table)",
     )
     serve.add_argument(
+        "--load-deadline",
+        type=float,
+        default=None,
+        help="seconds an admin load of a bundle may take, and a GBM model file's check by its library in a child "
+        "process (default: 120); past it the load is refused and the server keeps serving",
+    )
+    serve.add_argument(
         "--request-log",
         help="log /predict rows and their feedback (POST /feedback) as Parquet in this folder (for `hugerec loop`)",
     )
@@ -546,6 +553,7 @@ def _serve(args: argparse.Namespace) -> int:
         batching = BatchingConfig() if args.max_delay_ms is None else BatchingConfig(max_delay_ms=args.max_delay_ms)
         from hugerec.serving.http.limits import limits_from_overrides
 
+        deadline = {} if args.load_deadline is None else {"load_deadline_s": args.load_deadline}
         config = ServerConfig(
             host=args.host,
             port=args.port,
@@ -553,6 +561,7 @@ def _serve(args: argparse.Namespace) -> int:
             ingest_token=args.ingest_token,
             batching=batching,
             limits=limits_from_overrides(args.limit),
+            **deadline,
         )
         options = ServeOptions(
             state_dir=args.state_dir,

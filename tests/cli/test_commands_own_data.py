@@ -283,3 +283,36 @@ def test_raw_parquet_of_integer_ids_is_not_mistaken_for_shards(
     capsys.readouterr()
     assert main(["evaluate", *run, "data.eval=runs/quickstart/raw"]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["count"] == 6000  # every raw row, transformed
+
+
+def test_schema_and_preprocess_of_a_truncated_gz_say_where_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28: `hugerec schema` printed a traceback for a truncated .gz; now one line naming the file, the
+    byte of its text and the line where it breaks off (preprocess too), and a .gz that is no gzip at all."""
+    import gzip
+    import zlib
+
+    monkeypatch.chdir(tmp_path)
+    text = b"label,user_id,item\n" + b"".join(b"%d,%d,ab%d\n" % (i % 2, i, i % 50) for i in range(20_000))
+    whole = gzip.compress(text)
+    (tmp_path / "cut.csv.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "tiny.csv.gz").write_bytes(whole[:30])
+    (tmp_path / "plain.csv.gz").write_bytes(b"label,user_id\n1,2\n")
+    readable = zlib.decompressobj(31).decompress(whole[: len(whole) // 2])  # what the cut file still holds
+    lines = readable.count(b"\n") + 1
+    where = f"its text breaks off at byte {len(readable):,} (line {lines:,})"
+    expected = {"cut.csv.gz": where, "tiny.csv.gz": "at byte 0 (line 1)", "plain.csv.gz": "Not a gzipped file"}
+    for name, message in expected.items():
+        assert main(["schema", name]) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"hugerec schema: error: {name}: truncated or damaged gzip file") and message in err, err
+        assert "\n" not in err and "Traceback" not in err
+    whole_file = tmp_path / "whole.csv.gz"
+    whole_file.write_bytes(whole)
+    config = _schema(tmp_path, "whole.csv.gz", capsys).replace('"whole.csv.gz"', '"cut.csv.gz"') + '\nout = "shards"\n'
+    (tmp_path / "cut.toml").write_text(config)
+    assert main(["preprocess", "cut.toml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hugerec preprocess: error: cut.csv.gz: truncated or damaged gzip file") and where in err, err
+    assert "\n" not in err

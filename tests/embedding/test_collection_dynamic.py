@@ -153,6 +153,7 @@ def test_too_many_new_keys_without_eviction_raise_with_the_table_name() -> None:
         emb(SparseFeatures.from_lists({"user": [[1], [2], [3]]}))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu() -> None:
     tables = [
@@ -170,3 +171,30 @@ def test_cuda_matches_cpu() -> None:
     assert cpu.hash_tables["user"].stats().evictions > 0
     for k, v in cpu.state_dict().items():
         torch.testing.assert_close(gpu.state_dict()[k].cpu(), v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's twin of test_cuda_matches_cpu")
+def test_the_gpu_path_trains_like_the_cpu_path() -> None:
+    """The CUDA path without CUDA: the Triton lookup and backward (`ops.triton_on_cpu`) and the hash
+    tables on a device, all under Triton's interpreter on the CPU, train as the Numba path does."""
+    pytest.importorskip("triton")
+    from hugerec import ops
+
+    tables = [
+        TableConfig("user", 12, 4, init=Uniform(0.1, 0.1), dynamic=DynamicConfig(eviction=Eviction.LRU)),
+        TableConfig("item", num_rows=50, dim=4, features=("item", "last"), dynamic=DynamicConfig()),
+    ]
+    cpu = EmbeddingCollection(tables, Adam(lr=0.05))
+    gpu = EmbeddingCollection(tables, Adam(lr=0.05))
+    gpu.load_state_dict(cpu.state_dict())
+    batches = [SparseFeatures.from_lists(b) for b in _batches(3, 4, batch=8)]
+    want = _train(cpu, batches)
+    for h in gpu.hash_tables.values():
+        h.move(torch.device("cpu"))
+    with ops.triton_on_cpu():
+        got = _train(gpu, batches)
+    assert cpu.hash_tables["user"].stats().evictions > 0
+    for g, w in zip(got, want, strict=True):  # fp32 sums in another order: Adam's tiny steps differ in the last bits
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    for k, v in cpu.state_dict().items():
+        torch.testing.assert_close(gpu.state_dict()[k], v, rtol=1e-4, atol=1e-5)

@@ -11,6 +11,12 @@ it into place; loading checks every checksum first.
 
 The trees are served by hugerec.serving.runtime.gbm_model.GBMModel (the same ModelInputs and
 `predict(inputs) -> logits [B]` as InferenceModel); `load_gbm_bundle` builds one from the folder.
+
+Loading never runs the library's parser in this process (gbm_file.py): our reader checks every tree
+(runtime/forest_check.py), then the library loads the same bytes in a child process under a deadline
+and must score probe rows as the forest does; a crash, hang or disagreement is a refused load
+(ValueError). The "library" predictor (a reference for tests and benchmarks) then loads the library in
+process too; the server never uses it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from hugerec.serving.bundles.bundle_files import (
     sha256_file,
     staged_folder,
 )
+from hugerec.serving.bundles.gbm_file import read_gbm_file
+from hugerec.serving.bundles.isolated_load import DEFAULT_LOAD_DEADLINE_S
 from hugerec.serving.bundles.model_bundle import SCHEMA, WORKFLOW
 from hugerec.serving.runtime.gbm_model import GBMModel, GBMPredictor
 from hugerec.serving.runtime.request_preprocessor import RequestPreprocessor
@@ -111,9 +119,14 @@ class LoadedGBM:
 
 
 def load_gbm_bundle(
-    path: str | Path, max_request_rows: int = 65536, predictor: GBMPredictor = GBMPredictor.FOREST, verify: bool = True
+    path: str | Path,
+    max_request_rows: int = 65536,
+    predictor: GBMPredictor = GBMPredictor.FOREST,
+    verify: bool = True,
+    deadline_s: float = DEFAULT_LOAD_DEADLINE_S,
 ) -> LoadedGBM:
-    """Open a GBM bundle, check its checksums, load the trees (no code runs from the files)."""
+    """Open a GBM bundle, check its checksums, read and check the trees (gbm_file.py: the library parses
+    the file only in a child process, within `deadline_s`); no code runs from the files."""
     root = Path(path)
     where = root / MANIFEST
     try:
@@ -134,8 +147,10 @@ def load_gbm_bundle(
                 raise ValueError(f"GBM bundle {root}: file {rel} listed in the manifest is missing")
             if sha256_file(p) != expected:
                 raise ValueError(f"GBM bundle {root}: checksum mismatch for {rel}")
-    tree = TreeModel.load(root / library.model_file, library)
-    model = GBMModel(tree, num_dense, features, predictor)
+    model_file = root / library.model_file
+    checked = read_gbm_file(model_file, library, deadline_s, files[library.model_file] if verify else None)
+    tree = TreeModel.load(model_file, library) if predictor is GBMPredictor.LIBRARY else None  # the reference, checked above
+    model = GBMModel(checked.forest, library, num_dense, features, tree)
     schema = Schema.load(root / SCHEMA) if (root / SCHEMA).is_file() else None
     workflow = Workflow.load(root / WORKFLOW) if (root / WORKFLOW).is_dir() else None
     preprocess = RequestPreprocessor(model.signature(max_request_rows), schema, workflow)

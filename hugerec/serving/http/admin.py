@@ -13,6 +13,9 @@
     POST /admin/models/{m}/promote             {"version"?: v}   (default: the canary)
     POST /admin/models/{m}/rollback            drop the canary, else back to the previous stable
 
+A load (load, load_delta) that takes longer than ServerConfig.load_deadline_s is refused (400) and what
+it loaded is never served (isolated_load.py); the server serves what it served meanwhile.
+
 Off (403) unless the server has an admin token; then every call needs "Authorization: Bearer <token>" (auth.py).
 """
 
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 
+from hugerec.serving.bundles.isolated_load import LoadDeadline, within_deadline
 from hugerec.serving.http.auth import TokenScope, check_token
 from hugerec.serving.runtime.inference_protocol import RequestError, parse_json
 
@@ -51,11 +55,12 @@ def admin_router(server: InferenceServer) -> APIRouter:
         if not isinstance(bundle, str) or not bundle:
             raise RequestError("load needs {'bundle': '<path of an exported bundle>', 'version'?: '<v>'}")
         version = body.get("version")
+        deadline = LoadDeadline(server.config.load_deadline_s)  # refused past it, whatever the kind
         try:  # loading reads files and fills the parameter server: keep serving meanwhile
-            served = await asyncio.to_thread(server.add_bundle, bundle, name, None if version is None else str(version))
+            served = await within_deadline(deadline, server.add_bundle, bundle, name, None if version is None else str(version))
         except RequestError:
             raise
-        except (ValueError, FileNotFoundError, FileExistsError) as e:
+        except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:  # ImportError: a missing optional extra
             raise RequestError(f"cannot load {bundle!r}: {e}") from None
         return {"name": name, "version": served.version, **server.model_versions(name).status()}
 
@@ -66,8 +71,9 @@ def admin_router(server: InferenceServer) -> APIRouter:
         delta, base, version = body.get("delta"), body.get("base"), body.get("version")
         if not all(isinstance(v, str) and v for v in (delta, base, version)):
             raise RequestError("load_delta needs {'delta': '<path of a version delta>', 'base': '<v>', 'version': '<v>'}")
+        deadline = LoadDeadline(server.config.load_deadline_s)
         try:  # checks files and copies the base's rows: keep serving meanwhile
-            served = await asyncio.to_thread(server.add_version_delta, str(delta), name, str(base), str(version))
+            served = await within_deadline(deadline, server.add_version_delta, str(delta), name, str(base), str(version))
         except RequestError:
             raise  # an unknown model or base version (404), a kind that takes no deltas (400)
         except (ValueError, FileNotFoundError) as e:

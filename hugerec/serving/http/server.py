@@ -53,6 +53,7 @@ from hugerec.serving.bundles import gbm_bundle, next_items_bundle, pipeline_bund
 from hugerec.serving.bundles.bundle_files import bundle_kind
 from hugerec.serving.bundles.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.bundles.gbm_bundle import load_gbm_bundle
+from hugerec.serving.bundles.isolated_load import DEFAULT_LOAD_DEADLINE_S, commit_load, current_deadline
 from hugerec.serving.bundles.next_items_bundle import load_next_items
 from hugerec.serving.bundles.pipeline_bundle import PipelineOptions, load_pipeline
 from hugerec.serving.bundles.version_delta import derive_version, read_version_delta
@@ -96,7 +97,11 @@ class ServerConfig:
     """host/port to bind (loopback by default); limits on requests and connections (http/limits.py
     RequestLimits, the README's table); the tokens of the write routes (http/auth.py): admin_token opens the
     admin API and every write, ingest_token only /feedback and /recommend/interactions (without a token a
-    scope is off: 403). pipeline_threads: the threads that run pipelines (None: one per CPU, at least 2)."""
+    scope is off: 403). pipeline_threads: the threads that run pipelines (None: one per CPU, at least 2).
+    load_deadline_s: the longest an admin load (any bundle kind) may take, and a GBM model file's check by its
+    library in a child process (isolated_load.py); past it the load is refused and the server serves what it
+    served.
+    """
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -106,8 +111,11 @@ class ServerConfig:
     ingest_token: str | None = None
     seed: int | None = None  # canary routing; None: random
     pipeline_threads: int | None = None
+    load_deadline_s: float = DEFAULT_LOAD_DEADLINE_S
 
     def __post_init__(self) -> None:
+        if not 0 < self.load_deadline_s <= 86400:
+            raise ValueError(f"ServerConfig: load_deadline_s must be in (0, 86400] seconds, got {self.load_deadline_s}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"ServerConfig: port must be in 0..65535, got {self.port}")
         if not isinstance(self.limits, RequestLimits):
@@ -259,7 +267,9 @@ class InferenceServer:
             case None:
                 return self._add_model_bundle(path, name, version)
             case gbm_bundle.KIND:
-                loaded = load_gbm_bundle(path, self.limits.max_request_rows, verify=self.options.verify)
+                deadline = current_deadline()  # an admin load's; at start-up the configured one
+                seconds = self.config.load_deadline_s if deadline is None else deadline.remaining()
+                loaded = load_gbm_bundle(path, self.limits.max_request_rows, verify=self.options.verify, deadline_s=seconds)
                 info = {"bundle": str(loaded.path), "bundle_id": loaded.bundle_id, "kind": "gbm", **loaded.manifest["info"]}
                 return self.add_model(name or loaded.name, version or loaded.version, loaded.model, loaded.preprocess, (), info)
             case next_items_bundle.KIND:
@@ -359,6 +369,7 @@ class InferenceServer:
         with self._lock:
             versions = self.models.setdefault(served.name, ModelVersions(served.name, self.config.seed))
         try:
+            commit_load()  # an admin load past its deadline is refused here (bundles/isolated_load.py)
             versions.add(served)
         except ValueError:
             if close_on_error:

@@ -9,15 +9,17 @@ The libraries' decision rules:
 
   LightGBM  numerical: NaN -> 0.0 unless missing_type is NaN; missing (NaN, or |x| <= 1e-35 when
             missing_type is Zero) -> the default child; else x <= threshold (float64) goes left.
-            categorical: NaN or a negative value -> right; int(x) in the node's bitset -> left.
+            categorical: NaN or int(x) < 0 -> right (int() truncates: -0.5 is category 0); int(x) in
+            the node's bitset -> left.
   XGBoost   NaN -> the default child; numerical: x < threshold (float32) goes left; categorical:
-            int(x) in the node's category set -> right, any other value -> left.
+            int(x) in the node's category set -> right, any other value (a negative one too) -> left.
 
 are folded, when the model is read, into one rule per node that the kernel applies to float32 inputs:
 
   NaN -> left if the node's NAN_LEFT flag is set, else right (LightGBM's "NaN as 0.0" is decided then);
   categorical (flag CATEGORICAL): int(x) in the bitset -> left, anything else -> right (XGBoost's
-  categorical nodes have their children swapped); |x| <= 1e-35 with flag ZERO_MISSING -> as NaN;
+  categorical nodes have their children swapped), where x in (-1, 0) is category 0 with flag TRUNCATE
+  (LightGBM's) and no category without it; |x| <= 1e-35 with flag ZERO_MISSING -> as NaN;
   numerical: x <= t -> left, with t the float32 that makes this exact: the largest float32 <= LightGBM's
   float64 threshold, the float32 just below XGBoost's (x < t  <=>  x <= nextafter(t, -inf)).
 
@@ -35,7 +37,6 @@ predict is the reference of the whole: tests/serving/runtime/test_gbm_model.py c
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,12 +45,26 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from hugerec.serving.runtime.forest_check import (
+    MAX_BITSET_WORDS,
+    MAX_DEPTH,
+    MAX_FEATURES,
+    ModelFileError,
+    check_forest,
+    check_lightgbm_tree,
+    check_tree_sizes,
+    check_xgboost_tree,
+    shorten,
+    text_int,
+    xgboost_base_margin,
+)
+
 NUMERICAL, CATEGORICAL, LEAF = 0, 1, 2  # node kinds while a model is read
 MISSING_AS_ZERO, MISSING_ZERO_OR_NAN, MISSING_NAN = 0, 1, 2  # how a LightGBM node treats NaN (and zero)
 LIGHTGBM, XGBOOST = 0, 1
 _ZERO = 1e-35  # LightGBM's kZeroThreshold
 # flags of a node in the kernel's layout (bits 24.. of nodes[:, 0]; the feature index is bits 0..23)
-FLAG_CATEGORICAL, FLAG_NAN_LEFT, FLAG_ZERO_MISSING = 1, 2, 4
+FLAG_CATEGORICAL, FLAG_NAN_LEFT, FLAG_ZERO_MISSING, FLAG_TRUNCATE = 1, 2, 4, 8
 _FEATURE_MASK = (1 << 24) - 1
 _BLOCK = 64  # rows that go through a tree together
 PARALLEL_ROWS = 128  # smaller batches stay in the calling thread (a parallel launch costs more than it saves)
@@ -68,6 +83,14 @@ class Forest:
     cat_bits: np.ndarray
     base: float
     num_features: int
+    source: str = "Forest"  # the model file (or caller) named by errors
+
+    def __post_init__(self) -> None:
+        """Check the arrays (forest_check.check_forest) and make them read-only: what the kernel reads was
+        checked, and stays as checked."""
+        check_forest(self, self.source)
+        for a in (self.roots, self.nodes, self.leaves, self.cat_bits):
+            a.flags.writeable = False
 
     @property
     def num_trees(self) -> int:
@@ -77,6 +100,11 @@ class Forest:
     def thresholds(self) -> np.ndarray:
         """[M] float32: each numerical node's threshold (the bits of nodes[:, 1])."""
         return self.nodes[:, 1].view(np.float32)
+
+    @property
+    def split_features(self) -> np.ndarray:
+        """[M] int32: the feature each inner node reads (bits 0..23 of nodes[:, 0])."""
+        return self.nodes[:, 0] & _FEATURE_MASK
 
     @property
     def flags(self) -> np.ndarray:
@@ -105,114 +133,121 @@ class Forest:
         out = np.empty(b, np.float64)
         if b >= PARALLEL_ROWS and numba.get_num_threads() > 1:
             chunks = -(-b // _BLOCK)
-            _score_parallel(xt, *self._arrays(), self.base, chunks, out)
+            unfinished = _score_parallel(xt, *self._arrays(), self.base, chunks, out)
         else:
-            _score(xt, *self._arrays(), self.base, 0, b, out)
+            unfinished = _score(xt, *self._arrays(), self.base, 0, b, out)
+        if unfinished:  # only arrays changed after check_forest can get here
+            raise RuntimeError(f"{self.source}: {unfinished} tree walks did not reach a leaf within {MAX_DEPTH} steps")
         return out
 
     # -- LightGBM ---------------------------------------------------------------------------------
     @staticmethod
-    def from_lightgbm(text: str) -> Forest:
-        """LightGBM's text model -> Forest; ValueError for what the kernel does not score (linear trees,
+    def from_lightgbm(text: str, where: str = "Forest.from_lightgbm") -> Forest:
+        """LightGBM's text model -> Forest; ModelFileError (a ValueError) naming `where`, the tree and the
+        node for a damaged file (forest_check.py) and for what the kernel does not score (linear trees,
         several classes, a sigmoid other than 1)."""
-        header, trees = _lightgbm_blocks(text)
-        if int(header.get("num_class", "1")) != 1 or int(header.get("num_tree_per_iteration", "1")) != 1:
-            raise ValueError("Forest.from_lightgbm: only models with one output (binary, regression, ranking)")
+        header, trees = _lightgbm_blocks(text, where)
+        if text_int(header, "num_class", where, "1") != 1 or text_int(header, "num_tree_per_iteration", where, "1") != 1:
+            raise ModelFileError(f"{where}: only models with one output (binary, regression, ranking) are scored")
         objective = header.get("objective", "")
         if "sigmoid:" in objective and not objective.endswith("sigmoid:1"):
-            raise ValueError(f"Forest.from_lightgbm: objective {objective!r}: only sigmoid:1 is scored as a logit")
-        b = _Builder()
-        for t, tree in enumerate(trees):
-            if tree.get("is_linear", "0") != "0":
-                raise ValueError(f"Forest.from_lightgbm: tree {t} is a linear tree")
-            leaves = _floats(tree["leaf_value"])
-            if int(tree["num_leaves"]) == 1:
-                b.roots.append(b.leaf(leaves[0]))
+            raise ModelFileError(f"{where}: objective {objective!r}: only sigmoid:1 is scored as a logit")
+        num_features = text_int(header, "max_feature_idx", where) + 1
+        if not 0 < num_features <= MAX_FEATURES:
+            raise ModelFileError(f"{where}: max_feature_idx={num_features - 1}; the forest holds 1..{MAX_FEATURES} features")
+        check_tree_sizes(text.encode(), where)
+        b = _Builder(where)
+        for t, block in enumerate(trees):
+            if block.get("is_linear", "0") != "0":
+                raise ModelFileError(f"{where}: tree {t} is a linear tree")
+            tree = check_lightgbm_tree(where, t, num_features, block)
+            if not tree.left:  # one leaf
+                b.roots.append(b.leaf(tree.leaves[0]))
                 continue
-            feature = _ints(tree["split_feature"])
-            threshold = _floats(tree["threshold"])
-            decision = _ints(tree["decision_type"])
-            left, right = _ints(tree["left_child"]), _ints(tree["right_child"])
-            boundaries = _ints(tree.get("cat_boundaries", ""))
-            bits = _ints(tree.get("cat_threshold", ""))
-            n_inner = len(feature)
             base = len(b.kind)  # inner nodes first, then the leaves: child k >= 0 -> base + k, ~k -> leaf k
-            first_leaf = base + n_inner
+            first_leaf = base + len(tree.left)
 
             def child(c: int, base: int = base, first_leaf: int = first_leaf) -> int:
                 return base + c if c >= 0 else first_leaf + ~c
 
-            for k in range(n_inner):
-                d = decision[k]
-                if d & 1:  # categorical: threshold is the index of the node's bitset
-                    cat = int(threshold[k])
-                    words = bits[boundaries[cat] : boundaries[cat + 1]]
-                    b.inner(CATEGORICAL, feature[k], 0.0, child(left[k]), child(right[k]), False, MISSING_NAN, words)
+            for k, d in enumerate(tree.decision):
+                lc, rc, f = child(tree.left[k]), child(tree.right[k]), tree.feature[k]
+                if d & 1:  # categorical: the node's bitset words (checked: in range)
+                    b.inner(CATEGORICAL, f, 0.0, lc, rc, False, MISSING_NAN, tree.words[k])
                 else:
                     missing = (MISSING_AS_ZERO, MISSING_ZERO_OR_NAN, MISSING_NAN)[(d >> 2) & 3]
-                    b.inner(NUMERICAL, feature[k], threshold[k], child(left[k]), child(right[k]), bool(d & 2), missing)
-            for v in leaves:
+                    b.inner(NUMERICAL, f, tree.threshold[k], lc, rc, bool(d & 2), missing)
+            for v in tree.leaves:
                 b.leaf(v)
             b.roots.append(base)
-        return b.build(LIGHTGBM, 0.0, int(header["max_feature_idx"]) + 1)
+        return b.build(LIGHTGBM, 0.0, num_features)
 
     # -- XGBoost ----------------------------------------------------------------------------------
     @staticmethod
-    def from_xgboost(model: Mapping[str, Any]) -> Forest:
-        """XGBoost's JSON model (as a dict) -> Forest; ValueError for what the kernel does not score."""
+    def from_xgboost(model: Mapping[str, Any], where: str = "Forest.from_xgboost") -> Forest:
+        """XGBoost's JSON model (as a dict) -> Forest; ModelFileError as for from_lightgbm."""
         try:
             learner = model["learner"]
             booster = learner["gradient_booster"]
             if booster.get("name") != "gbtree":
-                raise ValueError(f"Forest.from_xgboost: booster {booster.get('name')!r}; only gbtree is scored")
+                raise ModelFileError(f"{where}: booster {booster.get('name')!r}; only gbtree is scored")
             params = learner["learner_model_param"]
             if int(params.get("num_class", "0")) > 1 or int(params.get("num_target", "1")) > 1:
-                raise ValueError("Forest.from_xgboost: only models with one output")
+                raise ModelFileError(f"{where}: only models with one output are scored")
             trees = booster["model"]["trees"]
+            recoded = (booster["model"].get("cats") or {}).get("enc") or []
             objective = learner["objective"]["name"]
             num_features = int(params["num_feature"])
-            base_score = float(str(params["base_score"]).strip("[]"))
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"Forest.from_xgboost: not an XGBoost JSON model (missing {e})") from None
-        # logistic objectives keep the base score as a probability: the sum starts at its logit
-        logistic = objective in ("binary:logistic", "reg:logistic")
-        base = math.log(base_score / (1.0 - base_score)) if logistic else base_score
-        b = _Builder()
-        for tree in trees:
-            left, right = tree["left_children"], tree["right_children"]
-            feature, cond = tree["split_indices"], tree["split_conditions"]
-            default_left, split_type = tree["default_left"], tree.get("split_type", [0] * len(left))
-            cats: dict[int, list[int]] = {}
-            for node, start, size in zip(
-                tree.get("categories_nodes", []), tree.get("categories_segments", []), tree.get("categories_sizes", []),
-                strict=True,
-            ):
-                cats[int(node)] = [int(c) for c in tree["categories"][start : start + size]]
+            base_score = params["base_score"]
+        except ModelFileError:
+            raise
+        except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as e:
+            raise ModelFileError(f"{where}: not an XGBoost JSON model ({type(e).__name__}: {e})") from None
+        if not isinstance(trees, list):
+            raise ModelFileError(f"{where}: not an XGBoost JSON model (trees is a {type(trees).__name__})")
+        if recoded:
+            raise ModelFileError(f"{where}: the model re-codes categories (cats.enc); the forest scores the codes themselves")
+        if not 0 < num_features <= MAX_FEATURES:
+            raise ModelFileError(f"{where}: num_feature {num_features}; the forest holds 1..{MAX_FEATURES} features")
+        base = xgboost_base_margin(objective, base_score, where)
+        b = _Builder(where)
+        words_total = 0
+        for t, raw in enumerate(trees):
+            tree = check_xgboost_tree(where, t, num_features, raw)
             base_index = len(b.kind)
-            for n in range(len(left)):
-                if left[n] == -1:
-                    b.leaf(float(cond[n]))
+            index = {k: base_index + i for i, k in enumerate(tree.order)}  # pruned nodes left out
+            for k in tree.order:
+                if tree.leaf[k]:
+                    b.leaf(tree.condition[k])
                     continue
-                lc, rc = base_index + int(left[n]), base_index + int(right[n])
-                if split_type[n] == 1:
-                    values = cats.get(n, [])
-                    words = np.zeros((max(values) // 32 + 1) if values else 0, np.int64)
-                    for c in values:
-                        words[c // 32] |= 1 << (c % 32)
-                    b.inner(CATEGORICAL, int(feature[n]), 0.0, lc, rc, bool(default_left[n]), MISSING_NAN, list(words))
+                lc, rc, f, default_left = index[tree.left[k]], index[tree.right[k]], tree.feature[k], bool(tree.default_left[k])
+                if tree.categorical[k]:
+                    values = tree.categories.get(k, np.zeros(0, np.int64))
+                    words = np.zeros(int(values.max()) // 32 + 1 if values.size else 0, np.int64)
+                    words_total += words.shape[0]
+                    if words_total > MAX_BITSET_WORDS:
+                        raise ModelFileError(f"{where}: tree {t} node {k}: the category bitsets pass {MAX_BITSET_WORDS * 4 >> 20} MiB")
+                    np.bitwise_or.at(words, values >> 5, np.left_shift(1, values & 31))
+                    b.inner(CATEGORICAL, f, 0.0, lc, rc, default_left, MISSING_NAN, words.tolist())
                 else:
-                    threshold = float(np.float32(cond[n]))
-                    b.inner(NUMERICAL, int(feature[n]), threshold, lc, rc, bool(default_left[n]), MISSING_NAN)
+                    b.inner(NUMERICAL, f, tree.condition[k], lc, rc, default_left, MISSING_NAN)  # float32 in _fold
             b.roots.append(base_index)
         return b.build(XGBOOST, base, num_features)
 
     @staticmethod
-    def from_xgboost_json(text: str | bytes) -> Forest:
-        return Forest.from_xgboost(json.loads(text))
+    def from_xgboost_json(text: str | bytes, where: str = "Forest.from_xgboost") -> Forest:
+        try:
+            model = json.loads(text)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, too deep, a 5,000-digit integer
+            raise ModelFileError(f"{where}: not JSON ({shorten(e)})") from None
+        if not isinstance(model, dict):
+            raise ModelFileError(f"{where}: not an XGBoost JSON model (a JSON {type(model).__name__})")
+        return Forest.from_xgboost(model, where)
 
 
 class _Builder:
-    def __init__(self) -> None:
+    def __init__(self, where: str) -> None:
+        self.where = where  # named by the Forest's own checks
         self.roots: list[int] = []
         self.kind: list[int] = []
         self.feature: list[int] = []
@@ -266,21 +301,42 @@ class _Builder:
         kind = np.asarray(self.kind, np.uint8)
         f = np.asarray(self.feature, np.int64)
         inner = kind != LEAF
-        if inner.any() and (f[inner].min() < 0 or f[inner].max() >= num_features):
-            raise ValueError(f"Forest: a split reads feature {int(f[inner].max())} of a model with {num_features}")
-        if num_features > _FEATURE_MASK:
-            raise ValueError(f"Forest: {num_features} features; the layout holds at most {_FEATURE_MASK}")
         # builder index -> inner node index (>= 0) or ~leaf index
         slot = np.where(inner, np.cumsum(inner) - 1, ~(np.cumsum(~inner) - 1)).astype(np.int64)
         nodes = np.zeros((int(inner.sum()), 4), np.int32)
         floats = nodes.view(np.float32)
         cat_bits: list[int] = []
+        with np.errstate(over="ignore"):  # a threshold beyond float32 becomes +-inf (still the same split)
+            self._fold(library, kind, f, inner, slot, nodes, floats, cat_bits)
+        return Forest(
+            library=library,
+            roots=slot[np.asarray(self.roots, np.int64)].astype(np.int32),
+            nodes=nodes,
+            leaves=np.asarray(self.value, np.float64)[~inner],
+            cat_bits=np.asarray(cat_bits, np.uint32),
+            base=float(base),
+            num_features=num_features,
+            source=self.where,
+        )
+
+    def _fold(
+        self,
+        library: int,
+        kind: np.ndarray,
+        f: np.ndarray,
+        inner: np.ndarray,
+        slot: np.ndarray,
+        nodes: np.ndarray,
+        floats: np.ndarray,
+        cat_bits: list[int],
+    ) -> None:
+        """Fill nodes [M, 4] (floats: the same memory as float32) and cat_bits from the builder's lists."""
         for n in np.flatnonzero(inner):
             k = slot[n]
             left, right = int(slot[self.left[n]]), int(slot[self.right[n]])
             default_left, missing = self.default_left[n], self.missing[n]
             if kind[n] == CATEGORICAL:
-                flags = FLAG_CATEGORICAL
+                flags = FLAG_CATEGORICAL | (FLAG_TRUNCATE if library == LIGHTGBM else 0)
                 if library == XGBOOST:  # in the set -> right: swap, so that the set sends left as LightGBM's does
                     left, right = right, left
                     flags |= 0 if default_left else FLAG_NAN_LEFT
@@ -302,26 +358,22 @@ class _Builder:
                 floats[k, 1] = t
             nodes[k, 0] = int(f[n]) | (flags << 24)
             nodes[k, 2], nodes[k, 3] = left, right
-        return Forest(
-            library=library,
-            roots=slot[np.asarray(self.roots, np.int64)].astype(np.int32),
-            nodes=nodes,
-            leaves=np.asarray(self.value, np.float64)[~inner],
-            cat_bits=np.asarray(cat_bits, np.uint32),
-            base=float(base),
-            num_features=num_features,
-        )
 
 
-def _lightgbm_blocks(text: str) -> tuple[dict[str, str], list[dict[str, str]]]:
-    """The header's key=value lines and one dict of key=value per `Tree=k` block."""
+def _lightgbm_blocks(text: str, where: str) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """The header's key=value lines and one dict of key=value per `Tree=k` block (k = 0, 1, ... in
+    order), up to the line `end of trees`, which a whole file has."""
     header: dict[str, str] = {}
     trees: list[dict[str, str]] = []
     current = header
+    ended = False
     for line in text.splitlines():
         if line.startswith("end of trees"):
+            ended = True
             break
         if line.startswith("Tree="):
+            if line != f"Tree={len(trees)}":
+                raise ModelFileError(f"{where}: {shorten(line)!r} where Tree={len(trees)} was expected")
             current = {}
             trees.append(current)
             continue
@@ -329,16 +381,10 @@ def _lightgbm_blocks(text: str) -> tuple[dict[str, str], list[dict[str, str]]]:
         if sep:
             current[key] = value
     if "max_feature_idx" not in header or not trees:
-        raise ValueError("Forest.from_lightgbm: not a LightGBM text model (no header or no trees)")
+        raise ModelFileError(f"{where}: not a LightGBM text model (no header or no trees)")
+    if not ended:
+        raise ModelFileError(f"{where}: no 'end of trees' line after tree {len(trees) - 1} (a truncated model file?)")
     return header, trees
-
-
-def _floats(s: str) -> list[float]:
-    return [float(v) for v in s.split()]
-
-
-def _ints(s: str) -> list[int]:
-    return [int(v) for v in s.split()]
 
 
 def margin_reference(forest: Forest, x: np.ndarray) -> np.ndarray:
@@ -348,9 +394,11 @@ def margin_reference(forest: Forest, x: np.ndarray) -> np.ndarray:
     feature = forest.nodes[:, 0] & _FEATURE_MASK
     flags, thresholds = forest.flags, forest.thresholds
     out = np.full(x.shape[0], forest.base, np.float64)
-    for root in forest.roots:
+    for t, root in enumerate(forest.roots):
         n = np.full(x.shape[0], root, np.int64)
-        while (live := n >= 0).any():
+        for _ in range(MAX_DEPTH):
+            if not (live := n >= 0).any():
+                break
             i, k = rows[live], n[live]
             v, fl = x[i, feature[k]], flags[k]
             nan = np.isnan(v)
@@ -360,14 +408,19 @@ def margin_reference(forest: Forest, x: np.ndarray) -> np.ndarray:
             plain = numerical & ~zero
             right[plain] = v[plain] > thresholds[k[plain]]
             for j in np.flatnonzero(~nan & ((fl & FLAG_CATEGORICAL) > 0)):
-                right[j] = not _in_bitset(forest.cat_bits, int(forest.nodes[k[j], 1]), float(v[j]))
+                truncate = bool(fl[j] & FLAG_TRUNCATE)
+                right[j] = not _in_bitset(forest.cat_bits, int(forest.nodes[k[j], 1]), float(v[j]), truncate)
             n[live] = forest.nodes[k, 2 + right.astype(np.int64)]
+        if (n >= 0).any():
+            raise RuntimeError(f"margin_reference: tree {t} has a walk longer than MAX_DEPTH = {MAX_DEPTH} steps")
         out += forest.leaves[~n]
     return out
 
 
-def _in_bitset(cat_bits: np.ndarray, start: int, v: float) -> bool:
-    if v < 0.0 or v >= _CAT_LIMIT:
+def _in_bitset(cat_bits: np.ndarray, start: int, v: float, truncate: bool) -> bool:
+    """Whether category int(v) is in the bitset at `start`: negative values (with `truncate`, those
+    <= -1) and values from _CAT_LIMIT on are in none."""
+    if v >= _CAT_LIMIT or not (v >= 0.0 or (truncate and v > -1.0)):
         return False
     c = int(v)
     return c >> 5 < int(cat_bits[start]) and bool((int(cat_bits[start + 1 + (c >> 5)]) >> (c & 31)) & 1)
@@ -385,12 +438,15 @@ def _score(  # pragma: no cover - compiled
     first: int,
     last: int,
     out: np.ndarray,
-) -> None:
+) -> int:
     """out[i] = base + the leaf value of row xt[:, i] in every tree (summed in tree order) for i in
-    first..last - 1 (the rule of the module docstring; `floats` is `nodes` seen as float32).
+    first..last - 1 (the rule of the module docstring; `floats` is `nodes` seen as float32). Returns
+    the number of walks cut off after MAX_DEPTH steps without reaching a leaf (0 for checked arrays:
+    a cycle can only come from arrays that skipped check_forest), whose leaf is not added.
 
     Blocks of _BLOCK rows go through one tree after the other, so that the tree's nodes stay in cache
     while every row of the block reads them; the common step (a numerical node) has no branch."""
+    unfinished = 0
     for start in range(first, last, _BLOCK):
         stop = min(last, start + _BLOCK)
         for i in range(start, stop):
@@ -399,6 +455,7 @@ def _score(  # pragma: no cover - compiled
             root = roots[t]
             for i in range(start, stop):
                 n = root
+                budget = MAX_DEPTH  # steps; checked trees are no deeper: a bound, not a cut
                 while n >= 0:
                     head = nodes[n, 0]
                     v = xt[head & _FEATURE_MASK, i]
@@ -409,7 +466,7 @@ def _score(  # pragma: no cover - compiled
                         right = flags & FLAG_NAN_LEFT == 0
                     elif flags & FLAG_CATEGORICAL:
                         right = True
-                        if v >= 0.0 and v < _CAT_LIMIT:
+                        if v < _CAT_LIMIT and (v >= 0.0 or (flags & FLAG_TRUNCATE and v > -1.0)):
                             c = np.int64(v)
                             s = nodes[n, 1]
                             w = c >> 5
@@ -418,7 +475,14 @@ def _score(  # pragma: no cover - compiled
                     else:
                         right = v > floats[n, 1]
                     n = nodes[n, 2 + np.int64(right)]
-                out[i] += leaves[~n]
+                    budget -= 1
+                    if budget == 0:  # tested after the step: the cheapest form of the bound
+                        break
+                if n < 0:
+                    out[i] += leaves[~n]
+                else:
+                    unfinished += 1
+    return unfinished
 
 
 @njit(nogil=True, cache=True, parallel=True)
@@ -432,8 +496,11 @@ def _score_parallel(  # pragma: no cover - compiled
     base: float,
     chunks: int,
     out: np.ndarray,
-) -> None:
-    """_score over `chunks` blocks of _BLOCK rows, the blocks shared out among Numba's threads."""
+) -> int:
+    """_score over `chunks` blocks of _BLOCK rows, the blocks shared out among Numba's threads; returns
+    the walks cut off (summed over the blocks)."""
     b = xt.shape[1]
+    unfinished = 0
     for c in prange(chunks):
-        _score(xt, roots, nodes, floats, leaves, cat_bits, base, c * _BLOCK, min(b, (c + 1) * _BLOCK), out)
+        unfinished += _score(xt, roots, nodes, floats, leaves, cat_bits, base, c * _BLOCK, min(b, (c + 1) * _BLOCK), out)
+    return unfinished

@@ -11,8 +11,9 @@ rank:ndcg, rank:pairwise) the logits are the raw ranking scores ("scores", their
 Scoring path (`GBMPredictor`): "forest" (default) parses the model into flat arrays once and scores
 them with a Numba kernel, without the library's per-call overhead (500 trees, same run on the loaded
 2-core VM: 3.7x LightGBM's predict at batch 1, 1.7x at 256; 46x and 1.3x XGBoost's inplace_predict;
-benchmarks/serving.py --gbm-only); "library" calls the library's own predict. The bundle that holds the
-trees on disk is hugerec.serving.bundles.gbm_bundle.
+benchmarks/serving.py --gbm-only); "library" calls the library's own predict (a reference for tests and
+benchmarks, loaded in process after the bundle's checks; the server never uses it). The bundle that holds
+the trees on disk is hugerec.serving.bundles.gbm_bundle, which reads the model file without the library.
 """
 
 from __future__ import annotations
@@ -35,32 +36,29 @@ class GBMPredictor(enum.Enum):
 
 
 class GBMModel:
-    """Scores ModelInputs with a forest: logits [B] float32 (the interface of InferenceModel)."""
+    """Scores ModelInputs with a forest: logits [B] float32 (the interface of InferenceModel).
+
+    forest: the checked flat trees (bundles/gbm_file.read_gbm_file), what predict scores; tree: the
+    library's booster, scored instead when given (GBMPredictor.LIBRARY)."""
 
     vector_signature: tuple[tuple[str, int], ...] = ()
     ps: ParameterServer | None = None  # trees keep no embedding rows
 
     def __init__(
-        self, tree: TreeModel, num_dense: int, features: tuple[str, ...], predictor: GBMPredictor = GBMPredictor.FOREST
+        self, forest: Forest, library: Library, num_dense: int, features: tuple[str, ...], tree: TreeModel | None = None
     ) -> None:
-        expected = len(tree.feature_names)
+        expected = forest.num_features
         if num_dense + len(features) != expected:
             raise ValueError(
                 f"GBMModel: {num_dense} dense + {len(features)} sparse features, the trees read {expected} columns"
             )
+        self.forest = forest
         self.tree = tree
-        self.library = tree.library
+        self.library = library
         self.num_dense = num_dense
         self.features = tuple(features)
         self.device = torch.device("cpu")
-        self.predictor = predictor
-        self.forest: Forest | None = None
-        if predictor is GBMPredictor.FOREST:
-            match tree.library:
-                case Library.LIGHTGBM:
-                    self.forest = Forest.from_lightgbm(tree.booster.model_to_string())
-                case Library.XGBOOST:
-                    self.forest = Forest.from_xgboost_json(bytes(tree.booster.save_raw("json")))
+        self.predictor = GBMPredictor.FOREST if tree is None else GBMPredictor.LIBRARY
 
     def signature(self, max_rows: int) -> Signature:
         """What a request may send: NaN dense values and empty bags are missing values; one id at most."""
@@ -94,7 +92,7 @@ class GBMModel:
 
     def predict(self, inputs: ModelInputs) -> np.ndarray:
         """Logits [B] float32 (the trees' raw scores) for `inputs` (validated by the caller: see inference_protocol.py)."""
-        if self.forest is not None:
+        if self.tree is None:
             return self.forest.margin_columns(self.columns(inputs)).astype(np.float32)
         return self.tree.margin(self.rows(inputs)).astype(np.float32)
 

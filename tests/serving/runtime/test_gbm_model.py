@@ -4,6 +4,7 @@ missing values, bad requests, and the error without the optional extra."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -282,3 +283,157 @@ def test_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setitem(sys.modules, library.value, None)  # `import lightgbm` now raises ImportError
         with pytest.raises(ImportError, match=r"pip install 'hugerec\[gbm\]'"):
             require(library)
+
+
+# -- hostile model files (issue 28): refused in one line, the server keeps serving ----------------------
+TOKEN = "a" * 24
+
+
+def _lgb_edit(key: str, value: int) -> Any:
+    """Tree 1's first inner node gets `key` = value (tree_sizes dropped: the block's size changes)."""
+
+    def edit(raw: bytes) -> bytes:
+        text = re.sub(r"^tree_sizes=.*\n", "", raw.decode(), flags=re.M)
+        start = text.index("\nTree=1\n")
+        line = re.compile(rf"^{key}=(\S+)", re.M).search(text, start)
+        assert line is not None
+        return (text[: line.start(1)] + str(value) + text[line.end(1) :]).encode()
+
+    return edit
+
+
+def _xgb_edit(change: Any) -> Any:
+    def edit(raw: bytes) -> bytes:
+        model = json.loads(raw)
+        change(model["learner"], model["learner"]["gradient_booster"]["model"]["trees"])
+        return json.dumps(model).encode()
+
+    return edit
+
+
+def _first_categorical(trees: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(t for t in trees if t["categories"])
+
+
+HOSTILE: dict[Library, dict[str, tuple[Any, str]]] = {
+    Library.LIGHTGBM: {
+        "truncated": (lambda raw: raw[: raw.index(b"end of trees") // 2], "truncated"),
+        "tree_sizes": (lambda raw: re.sub(rb"tree_sizes=(\d+)", lambda m: b"tree_sizes=" + str(int(m.group(1)) + 9).encode(), raw, count=1),
+                       "tree 0: tree_sizes= says"),
+        "garbage": (lambda raw: bytes(np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)), "not UTF-8"),
+        "long line": (lambda raw: raw.replace(b"Tree=0\n", b"Tree=0\n" + b"x" * 5_000_000 + b"\n", 1), "tree_sizes"),
+        "own node": (_lgb_edit("left_child", 0), "tree 1 node 0: left child is the node itself"),
+    },
+    Library.XGBOOST: {
+        "truncated": (lambda raw: raw[: len(raw) // 2], "not JSON"),
+        "own node": (_xgb_edit(lambda learner, trees: trees[1]["left_children"].__setitem__(0, 0)),
+                     "tree 1 node 0: left child is the node itself"),
+        "out of range": (_xgb_edit(lambda learner, trees: trees[2]["right_children"].__setitem__(0, 99_999)),
+                         "tree 2 node 0: right child 99999 is out of range"),
+        "base_score 1": (_xgb_edit(lambda learner, trees: learner["learner_model_param"].__setitem__("base_score", "[1E0]")),
+                         "base_score 1.0 of objective binary:logistic"),
+        "category 2**40": (_xgb_edit(lambda learner, trees: _first_categorical(trees)["categories"].__setitem__(0, 2**40)),
+                           f"category {2**40} is outside"),
+    },
+}  # fmt: skip
+
+
+def _tampered(bundle: Path, out: Path, library: Library, edit: Any) -> Path:
+    """A copy of `bundle` whose model file is edit(its bytes), with the manifest's sha256 updated (as an
+    insider or a compromised build would)."""
+    import hashlib
+    import shutil
+
+    shutil.copytree(bundle, out)
+    model = out / library.model_file
+    model.write_bytes(edit(model.read_bytes()))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"][library.model_file] = hashlib.sha256(model.read_bytes()).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+@pytest.fixture(scope="module")
+def admin_served(bundle: tuple[Library, Path, TreeModel]) -> Iterator[tuple[InferenceServer, str]]:
+    _, path, _ = bundle
+    srv = InferenceServer(ServerConfig(admin_token=TOKEN, limits=RequestLimits(max_request_rows=512), load_deadline_s=120.0))
+    srv.add_bundle(path)
+    with BackgroundServer(srv) as url:
+        yield srv, url
+    srv.close()
+
+
+def _scores(url: str, x: np.ndarray) -> np.ndarray:
+    inputs = _inputs(x)
+    body = {"inputs": [
+        {"name": "dense", "datatype": "FP32", "shape": list(inputs.dense.shape), "data": inputs.dense.reshape(-1).tolist()},
+        *({"name": f, "datatype": "INT64", "shape": [x.shape[0]], "data": inputs.ids[f][0].tolist()} for f in SPARSE),
+    ]}  # fmt: skip
+    r = httpx.post(f"{url}/v2/models/gbm/infer", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    return np.asarray(next(o for o in r.json()["outputs"] if o["name"] == "logits")["data"])
+
+
+def test_hostile_model_files_are_refused_and_the_server_keeps_serving(
+    bundle: tuple[Library, Path, TreeModel], admin_served: tuple[InferenceServer, str], tmp_path: Path
+) -> None:
+    """Each finding of issue 28 as an admin load into a serving server: a 400 of one line naming the
+    model file and what is wrong; the served model answers as before, nothing new is served."""
+    library, path, tree = bundle
+    srv, url = admin_served
+    x = np.nan_to_num(_rows(16, 21))
+    before = _scores(url, x)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for case, (edit, needle) in HOSTILE[library].items():
+        bad = _tampered(path, tmp_path / case.replace(" ", "_").replace("*", ""), library, edit)
+        r = httpx.post(f"{url}/v2/repository/models/bad/load", json={"bundle": str(bad)}, headers=auth, timeout=300)
+        error = r.json()["error"]
+        assert r.status_code == 400 and "\n" not in error, (case, r.status_code, error)
+        assert str(bad / library.model_file) in error and needle in error, (case, error)
+        np.testing.assert_array_equal(_scores(url, x), before)  # still serving, the same answers
+    assert httpx.get(f"{url}/v2/health/live").status_code == 200
+    assert "bad" not in srv.models
+    np.testing.assert_allclose(before, tree.margin(x), rtol=1e-5, atol=1e-5)
+
+
+def test_every_admin_load_is_refused_past_the_deadline(bundle: tuple[Library, Path, TreeModel], tmp_path: Path) -> None:
+    """A load (here slowed down) that outlives load_deadline_s is a 400, and what it loaded is never served."""
+    import threading
+    import time
+
+    _, path, _ = bundle
+    srv = InferenceServer(ServerConfig(admin_token=TOKEN, load_deadline_s=1.0))
+    slow_done = threading.Event()
+    add = srv.add_bundle
+
+    def slow_add(*args: Any) -> Any:
+        time.sleep(2.5)
+        try:
+            return add(*args)
+        finally:
+            slow_done.set()
+
+    srv.add_bundle = slow_add  # type: ignore[method-assign, assignment]
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with BackgroundServer(srv) as url:
+        t0 = time.monotonic()
+        r = httpx.post(f"{url}/v2/repository/models/late/load", json={"bundle": str(path)}, headers=auth, timeout=60)
+        assert r.status_code == 400 and "not loaded within 1 s" in r.json()["error"], r.text
+        assert time.monotonic() - t0 < 2.4  # answered at the deadline, before the load ended
+        assert slow_done.wait(120)
+        assert "late" not in srv.models  # the late result was refused where it would have been registered
+        r = httpx.post(f"{url}/v2/repository/index", headers=auth)
+        assert r.status_code == 200 and r.json() == []
+    srv.close()
+
+
+def test_an_admin_load_without_the_library_is_a_400_naming_the_extra(
+    bundle: tuple[Library, Path, TreeModel], admin_served: tuple[InferenceServer, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hugerec.serving.bundles import gbm_file
+
+    _, path, _ = bundle
+    _, url = admin_served
+    monkeypatch.setattr(gbm_file.importlib.util, "find_spec", lambda name: None)
+    r = httpx.post(f"{url}/v2/repository/models/other/load", json={"bundle": str(path)}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 400 and "pip install 'hugerec[gbm]'" in r.json()["error"], r.text

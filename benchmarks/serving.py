@@ -619,6 +619,7 @@ def main() -> None:
     parser.add_argument("--library", help=argparse.SUPPRESS)
     parser.add_argument("--gbm-only", action="store_true", help="only the gradient-boosted trees part")
     parser.add_argument("--attack-only", action="store_true", help="only the under-attack part (limits and deadlines)")
+    parser.add_argument("--skip-attack", action="store_true", help="leave the under-attack part out")
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--state", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -724,7 +725,8 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     records += tier_throughput(10_000 if args.quick else 200_000, args.quick)
     records += run_gbm(args.quick)
-    records += run_attack(args.quick)
+    if not args.skip_attack:
+        records += run_attack(args.quick)
     _print_table(records)
     if args.json is not None:
         args.json.write_text(json.dumps(records, indent=2))

@@ -31,8 +31,8 @@ Then point a config at your own data: `hugerec schema clicks.csv --out my.toml` 
 
 CONFIG_HELP = """\
 Every command reads a TOML config (sections [synth], [preprocess], [data], [embedding], [model],
-[train], [predict]; for retrieval and sequential models [interactions] or [sequences], [index],
-[recommend]; see configs/*.toml). Without a config file the quickstart's settings are used.
+[train], [predict]; for retrieval and sequential models, whose events are [preprocess]'s declared
+input, [interactions] or [sequences], [index], [recommend]; see configs/*.toml). Without a config file the quickstart's settings are used.
 Override any key on the command line with dotted KEY=VALUE pairs, typed like the config:
   train.lr=0.01  train.max_steps=none  model.top=[256,64,1]  train.precision=bf16
 A config path `configs/NAME.toml` that is not in the current directory is read from the checkout's
@@ -383,9 +383,8 @@ def _preprocess(cfg: RunConfig, args: argparse.Namespace) -> None:
 
 
 def _is_task(cfg: RunConfig) -> bool:
-    from hugerec.cli.interactions_config import is_task_model
-
-    return is_task_model(cfg.model)
+    """A retrieval or sequential model (its data are views of the declared input, its commands task_commands')."""
+    return cfg.family.value in ("retrieval", "sequential")
 
 
 def _print_metrics(prefix: str, metrics: dict[str, float]) -> None:
@@ -393,9 +392,7 @@ def _print_metrics(prefix: str, metrics: dict[str, float]) -> None:
 
 
 def _is_gbm(cfg: RunConfig) -> bool:
-    from hugerec.cli.run_config import is_gbm_model
-
-    return is_gbm_model(cfg.model)
+    return cfg.family.value == "trees"
 
 
 def _train_trees(cfg: RunConfig) -> None:
@@ -504,7 +501,7 @@ def _index(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.task_commands import build_item_index
 
     if not _is_task(cfg):
-        raise ConfigError(f"index: model.type = {cfg.model.get('type')!r} has no item vectors; use a two_tower, mf, sasrec, mlm or gru4rec config")
+        raise ConfigError(f"index: model.type = {cfg.model_type!r} has no item vectors; use a two_tower, mf, sasrec, mlm or gru4rec config")
     t0 = time.perf_counter()
     folder, n, dim = build_item_index(cfg, args.model, args.out)
     print(f"index: {cfg.index.kind.value} index of {n:,} items x {dim} -> {folder} ({time.perf_counter() - t0:.1f} s)")
@@ -514,7 +511,7 @@ def _recommend(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.task_commands import recommend_to_parquet, warn
 
     if not _is_task(cfg):
-        raise ConfigError(f"recommend: model.type = {cfg.model.get('type')!r} is a ranking model; use `hugerec predict`")
+        raise ConfigError(f"recommend: model.type = {cfg.model_type!r} is a {cfg.family.value} model; use `hugerec predict`")
     out, rows, notes = recommend_to_parquet(cfg, args.model)
     warn(notes, "recommend")
     print(f"recommend: {rows:,} rows -> {out}")
@@ -616,7 +613,7 @@ def _quickstart(cfg: RunConfig, args: argparse.Namespace) -> None:
     report = synth(cfg)
     print(f"[2/3] preprocessing -> {cfg.preprocess.out} ...", flush=True)
     pre = preprocess(cfg)
-    model_name = cfg.model.get("type", "dlrm")
+    model_name = cfg.model_type
     print(f"[3/3] training {model_name} on {pre.train_rows:,} rows, evaluating on {pre.eval_rows:,} ...", flush=True)
     if _is_gbm(cfg):  # gradient-boosted trees: their own run (model.txt / model.json, no model.pt)
         from hugerec.cli.gbm_commands import train_trees

@@ -31,8 +31,8 @@ Then point a config at your own data: `hugerec schema clicks.csv --out my.toml` 
 
 CONFIG_HELP = """\
 Every command reads a TOML config (sections [synth], [preprocess], [data], [embedding], [model],
-[train], [predict]; for retrieval and sequential models [interactions] or [sequences], [index],
-[recommend]; see configs/*.toml). Without a config file the quickstart's settings are used.
+[train], [predict]; for retrieval and sequential models, whose events are [preprocess]'s declared
+input, [interactions] or [sequences], [index], [recommend]; see configs/*.toml). Without a config file the quickstart's settings are used.
 Override any key on the command line with dotted KEY=VALUE pairs, typed like the config:
   train.lr=0.01  train.max_steps=none  model.top=[256,64,1]  train.precision=bf16
 A config path `configs/NAME.toml` that is not in the current directory is read from the checkout's
@@ -170,8 +170,11 @@ SERVE_HELP = """\
 Serves exported bundles (`hugerec export`) over HTTP until Ctrl-C: the Open Inference Protocol v2
 used by KServe and Triton (/v2/health/live, /v2/models/NAME, /v2/models/NAME/infer; the official
 tritonclient works against it), /predict for raw feature rows, and Prometheus /metrics.
-Binds 127.0.0.1 unless --host says otherwise. The admin API (load, canary, promote, roll back) is
-off unless --admin-token (or $HUGEREC_ADMIN_TOKEN) is given.
+Binds 127.0.0.1 unless --host says otherwise. The admin API (load, canary, promote, roll back) and
+POST /recommend/features take the admin token ($HUGEREC_ADMIN_TOKEN), POST /feedback and
+POST /recommend/interactions the ingest token ($HUGEREC_INGEST_TOKEN) or the admin one; without a
+token those routes are off. Request limits (README: "Serving limits") have safe defaults; change one
+with --limit NAME=VALUE, e.g. --limit max_users=64 --limit header_timeout_s=5.
 Pipeline bundles (`hugerec pipeline build`) are served beside model bundles: POST /recommend
 {"user": 1, "k": 10} and the KServe v2 model of the pipeline's name.
 Open http://127.0.0.1:8000/ in a browser for the status page: what is served and, with the admin token,
@@ -305,6 +308,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--state-dir", help="RocksDB tier and kept dense weights (default: BUNDLE/state)")
     serve.add_argument("--max-delay-ms", type=float, default=None, help="dynamic batching: wait this long to merge")
     serve.add_argument("--admin-token", default=os.environ.get("HUGEREC_ADMIN_TOKEN"), help=argparse.SUPPRESS)
+    serve.add_argument("--ingest-token", default=os.environ.get("HUGEREC_INGEST_TOKEN"), help=argparse.SUPPRESS)
+    serve.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="change a request limit (repeatable; names and defaults in the README's serving limits table)",
+    )
     serve.add_argument(
         "--load-deadline",
         type=float,
@@ -379,9 +390,8 @@ def _preprocess(cfg: RunConfig, args: argparse.Namespace) -> None:
 
 
 def _is_task(cfg: RunConfig) -> bool:
-    from hugerec.cli.interactions_config import is_task_model
-
-    return is_task_model(cfg.model)
+    """A retrieval or sequential model (its data are views of the declared input, its commands task_commands')."""
+    return cfg.family.value in ("retrieval", "sequential")
 
 
 def _print_metrics(prefix: str, metrics: dict[str, float]) -> None:
@@ -389,9 +399,7 @@ def _print_metrics(prefix: str, metrics: dict[str, float]) -> None:
 
 
 def _is_gbm(cfg: RunConfig) -> bool:
-    from hugerec.cli.run_config import is_gbm_model
-
-    return is_gbm_model(cfg.model)
+    return cfg.family.value == "trees"
 
 
 def _train_trees(cfg: RunConfig) -> None:
@@ -500,7 +508,7 @@ def _index(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.task_commands import build_item_index
 
     if not _is_task(cfg):
-        raise ConfigError(f"index: model.type = {cfg.model.get('type')!r} has no item vectors; use a two_tower, mf, sasrec, mlm or gru4rec config")
+        raise ConfigError(f"index: model.type = {cfg.model_type!r} has no item vectors; use a two_tower, mf, sasrec, mlm or gru4rec config")
     t0 = time.perf_counter()
     folder, n, dim = build_item_index(cfg, args.model, args.out)
     print(f"index: {cfg.index.kind.value} index of {n:,} items x {dim} -> {folder} ({time.perf_counter() - t0:.1f} s)")
@@ -510,7 +518,7 @@ def _recommend(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.task_commands import recommend_to_parquet, warn
 
     if not _is_task(cfg):
-        raise ConfigError(f"recommend: model.type = {cfg.model.get('type')!r} is a ranking model; use `hugerec predict`")
+        raise ConfigError(f"recommend: model.type = {cfg.model_type!r} is a {cfg.family.value} model; use `hugerec predict`")
     out, rows, notes = recommend_to_parquet(cfg, args.model)
     warn(notes, "recommend")
     print(f"recommend: {rows:,} rows -> {out}")
@@ -547,8 +555,18 @@ def _serve(args: argparse.Namespace) -> int:
             if not (b / "manifest.json").is_file():
                 raise FileNotFoundError(f"{b} is not a bundle (no manifest.json); make one with `hugerec export`")
         batching = BatchingConfig() if args.max_delay_ms is None else BatchingConfig(max_delay_ms=args.max_delay_ms)
+        from hugerec.serving.http.limits import limits_from_overrides
+
         deadline = {} if args.load_deadline is None else {"load_deadline_s": args.load_deadline}
-        config = ServerConfig(host=args.host, port=args.port, admin_token=args.admin_token, batching=batching, **deadline)
+        config = ServerConfig(
+            host=args.host,
+            port=args.port,
+            admin_token=args.admin_token,
+            ingest_token=args.ingest_token,
+            batching=batching,
+            limits=limits_from_overrides(args.limit),
+            **deadline,
+        )
         options = ServeOptions(
             state_dir=args.state_dir,
             redis_url=args.redis_url,
@@ -603,7 +621,7 @@ def _quickstart(cfg: RunConfig, args: argparse.Namespace) -> None:
     report = synth(cfg)
     print(f"[2/3] preprocessing -> {cfg.preprocess.out} ...", flush=True)
     pre = preprocess(cfg)
-    model_name = cfg.model.get("type", "dlrm")
+    model_name = cfg.model_type
     print(f"[3/3] training {model_name} on {pre.train_rows:,} rows, evaluating on {pre.eval_rows:,} ...", flush=True)
     if _is_gbm(cfg):  # gradient-boosted trees: their own run (model.txt / model.json, no model.pt)
         from hugerec.cli.gbm_commands import train_trees

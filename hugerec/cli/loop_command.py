@@ -7,15 +7,21 @@
     [data]       paths (Parquet with the time column) + label, dense, sparse column names;
                  or, instead of paths, [data.stream]: a synthetic drifting stream (StreamConfig)
     [windows]    time_column, unit ("day" | "hour" | "minute"), size
-    [model] [gate] [decisions] [monitor] [recovery]   ModelSpec, GateConfig, DecisionConfig, MonitorConfig,
-                 Recovery (how the loop relearns after a concept drift)
+    [model]      the [model] of every command (hugerec.models.registry): type = "dlrm" (the loop trains
+                 DLRM for now), bottom, top, ...
+    [embedding]  dim, optimizer (the tables' sparse optimizer), capacity (rows of each dynamic table),
+                 min_count (sightings before a key gets a row), eviction ("lru" | "lfu")
+    [gate] [decisions] [monitor] [recovery]   GateConfig, DecisionConfig, MonitorConfig, Recovery (how the
+                 loop relearns after a concept drift)
     [server]     mode: "offline" (no server: a published candidate serves at once), "embedded" (a
                  server in this process on 127.0.0.1, with simulated traffic: `replay_rows` rows of
                  each next window sent to /predict in that window's own columns, dense features by
                  name, with their labels as feedback; its status page at / shows the decisions, the
                  details open with the token in `token_env` when it is set), "remote" (url,
                  model, the admin token from the environment variable `token_env`, and `log_dir`: the
-                 folder of that server's `hugerec serve --request-log DIR`, for the canary decisions)
+                 folder of that server's `hugerec serve --request-log DIR`, for the canary decisions);
+                 `ingest_token_env`: the environment variable of the token the simulated clients post their
+                 feedback with (the embedded server's ingest token; a fresh one when it is not set)
 
 The decision log (work_dir/decisions.jsonl) is printed as a table at the end; `--log` prints it
 without running. A loop stopped at any point (Ctrl-C, kill -9) continues where it stopped when the
@@ -45,6 +51,9 @@ from hugerec.continuous.window_schema import window_schemas
 from hugerec.data.schema import Schema
 from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.data.windows import Windows
+from hugerec.embedding.optimizers import Adagrad, Optimizer, optimizer_from_dict
+from hugerec.embedding.table_config import Eviction
+from hugerec.models.registry import config_to_dict
 
 if TYPE_CHECKING:
     from hugerec.continuous.traffic import Replay
@@ -88,6 +97,7 @@ class ServerSection:
     url: str = ""
     model: str = "model"
     token_env: str = "HUGEREC_ADMIN_TOKEN"
+    ingest_token_env: str = "HUGEREC_INGEST_TOKEN"
     log_dir: str = ""  # remote: the folder of the server's `hugerec serve --request-log` (same machine)
     replay_rows: int = 2000
 
@@ -101,11 +111,23 @@ class ServerSection:
 
 
 @dataclass(frozen=True)
+class LoopEmbedding:
+    """[embedding] of a loop: the dynamic tables of the model's sparse columns (ModelSpec's fields)."""
+
+    dim: int = 8
+    optimizer: Optimizer = field(default_factory=lambda: Adagrad(lr=0.05))
+    capacity: int = 50_000
+    min_count: int = 1
+    eviction: Eviction = Eviction.LRU
+
+
+@dataclass(frozen=True)
 class LoopFile:
     loop: LoopSection = field(default_factory=LoopSection)
     data: LoopDataSection = field(default_factory=lambda: LoopDataSection(stream=StreamConfig()))
     windows: Windows = field(default_factory=Windows)
     model: ModelSpec = field(default_factory=ModelSpec)
+    embedding: LoopEmbedding = field(default_factory=LoopEmbedding)
     gate: GateConfig = field(default_factory=GateConfig)
     decisions: DecisionConfig = field(default_factory=DecisionConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
@@ -116,7 +138,7 @@ class LoopFile:
 def load_loop_file(path: str | None, overrides: Sequence[str]) -> tuple[LoopFile, Path]:
     """The config (defaults without a file), with overrides; relative paths resolve against the current
     directory, then the config file's folder."""
-    from hugerec.cli.run_config import find_config
+    from hugerec.cli.run_config import find_config, read_model, switch_model_type
 
     data: dict[str, Any] = {}
     base = Path.cwd()
@@ -124,10 +146,47 @@ def load_loop_file(path: str | None, overrides: Sequence[str]) -> tuple[LoopFile
         found = find_config(path)
         data = read_toml(found)
         base = found.parent
-    cfg = from_dict(LoopFile, apply_overrides(data, overrides), "")
+    data = _upgrade_old_model(apply_overrides(switch_model_type(data, overrides), overrides))
+    model = read_model(data.pop("model", {"type": "dlrm", "bottom": [32, 8], "top": [32, 1]}))
+    cfg = from_dict(LoopFile, data, "", {Optimizer: optimizer_from_dict})
+    e = cfg.embedding
+    try:
+        spec = ModelSpec(model, e.dim, e.optimizer, e.capacity, e.min_count, e.eviction)
+    except ValueError as err:
+        raise ConfigError(f"model: {err}") from None
+    cfg = dataclasses.replace(cfg, model=spec)
     if cfg.data.paths is not None and not Path(cfg.data.paths).is_absolute() and not any(Path().glob(cfg.data.paths)):
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, paths=str(base / cfg.data.paths)))
     return cfg, base
+
+
+OLD_MODEL_KEYS = {"dim": "embedding.dim", "capacity": "embedding.capacity", "sparse_lr": "embedding.optimizer",
+                  "min_count": "embedding.min_count", "eviction": "embedding.eviction"}
+
+
+def _upgrade_old_model(data: dict[str, Any]) -> dict[str, Any]:
+    """The loop's old [model] (no type; dim, capacity, sparse_lr, min_count, eviction beside bottom / top) as
+    the dialect of every command ([model] type = "dlrm" + [embedding]), with a one-line note naming the new keys.
+    ConfigError when a config mixes both (a typed [model] or an [embedding] with the old keys)."""
+    model = data.get("model")
+    if not isinstance(model, dict):
+        return data
+    old = [k for k in OLD_MODEL_KEYS if k in model]
+    if not old:
+        return data
+    if "type" in model or "embedding" in data:
+        new = "model.type" if "type" in model else "[embedding]"
+        raise ConfigError(
+            f"model.{old[0]} and {new}: the config mixes the loop's old [model] with the dialect of every command; "
+            f"move model.{old[0]} to {OLD_MODEL_KEYS[old[0]]}"
+        )
+    embedding: dict[str, Any] = {k: model[k] for k in ("dim", "capacity", "min_count", "eviction") if k in model}
+    if "sparse_lr" in model:
+        embedding["optimizer"] = {"type": "adagrad", "lr": model["sparse_lr"]}
+    moved = ", ".join(f"model.{k} -> {OLD_MODEL_KEYS[k]}" for k in old)
+    print(f'note: the loop\'s old [model] is read for one more release: {moved} (adagrad), and model.type = "dlrm"', file=sys.stderr)
+    rest = {k: v for k, v in model.items() if k not in OLD_MODEL_KEYS}
+    return {**data, "model": {"type": "dlrm", **rest}, "embedding": embedding}
 
 
 def _schema(cfg: LoopFile) -> Schema:
@@ -162,7 +221,10 @@ def log_table(records: Sequence[Record]) -> str:
 def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bool, only_log: bool) -> int:
     cfg, _ = load_loop_file(config_path, overrides)
     if print_config:
-        print(json.dumps(to_dict(cfg, keep_none=True), indent=1, default=str))
+        out = to_dict(cfg, keep_none=True)
+        out["model"], out["embedding"] = config_to_dict(cfg.model.model), cfg.model.to_dict()
+        del out["embedding"]["model"]
+        print(json.dumps(out, indent=1, default=str))
         return 0
     work = Path(cfg.loop.work_dir)
     if only_log:
@@ -211,18 +273,18 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
     if last <= lc.first:
         raise ValueError(f"loop.last ({last}) must be > loop.first ({lc.first}): window last is the final holdout")
     with ExitStack() as stack:
-        loop, url = _make_loop(cfg, config, source, stack)
+        loop, url, ingest = _make_loop(cfg, config, source, stack)
         for k in range(lc.first, last):
             loop.step(k)
             if url is not None and cfg.server.replay_rows:
-                seen = simulate(url, loop, source(k + 1).slice(0, cfg.server.replay_rows), k + 1)
+                seen = simulate(url, loop, source(k + 1).slice(0, cfg.server.replay_rows), k + 1, ingest)
                 if seen.failed:
                     print(f"hugerec loop: {seen.failed} simulated requests failed: {seen.errors[:3]}", file=sys.stderr)
     print(log_table(read_log(work / "decisions.jsonl")))
     return 0
 
 
-def simulate(url: str, loop: Loop, rows: Any, k: int) -> Replay:
+def simulate(url: str, loop: Loop, rows: Any, k: int, token: str | None = None) -> Replay:
     """Window k's rows as simulated users of the embedded server: requests, then their labels as feedback. The rows
     carry window k's own columns that a live version takes (traffic.sent_schema), dense features by name: while a
     stable and a canary trained on different schemas share the traffic, both answer them."""
@@ -233,24 +295,25 @@ def simulate(url: str, loop: Loop, rows: Any, k: int) -> Replay:
     status = loop.publisher.status() if loop.publisher is not None else None
     live = [loop.schema_of(status[role]) for role in ("stable", "canary") if status and status.get(role)]
     sent = sent_schema(loop.config.schema, rows, live, loop.config.windows.time_column, f"window {k}")
-    return replay(url, loop.config.name, rows, sent)
+    return replay(url, loop.config.name, rows, sent, token=token)
 
 
-def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack) -> tuple[Loop, str | None]:
+def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack) -> tuple[Loop, str | None, str | None]:
+    """The loop, the URL of its embedded server (None: none) and the ingest token of that server's clients."""
     from hugerec.continuous.observer import ServerObserver
     from hugerec.continuous.publish import Publisher, ServerTarget
 
     schema = config.schema
     match cfg.server.mode:
         case "offline":
-            return Loop(config, source), None
+            return Loop(config, source), None, None
         case "remote":
             token = os.environ.get(cfg.server.token_env)
             if not token:
                 raise ConfigError(f"server.mode = 'remote': the environment variable {cfg.server.token_env} is not set")
             publisher = Publisher(ServerTarget(cfg.server.url, cfg.server.model, token))
             if not cfg.server.log_dir:  # no request log to read: the gate decides, nothing watches the canary
-                return Loop(config, source, publisher), None
+                return Loop(config, source, publisher), None, None
             observer = ServerObserver(
                 publisher,
                 cfg.server.log_dir,
@@ -260,10 +323,11 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
                 cfg.monitor,
                 window_schema=window_schemas(schema, source, cfg.windows.time_column),
             )
-            return Loop(config, source, publisher, observer), None
+            return Loop(config, source, publisher, observer), None, None
         case _:
+            ingest = os.environ.get(cfg.server.ingest_token_env) or secrets.token_hex(16)
             url, token = embedded_server(
-                Path(config.work_dir), config.log_path, config.seed, cfg.server.token_env, stack
+                Path(config.work_dir), config.log_path, config.seed, cfg.server.token_env, ingest, stack
             )
             logs = Path(config.work_dir) / "requests"
             publisher = Publisher(ServerTarget(url, config.name, token))
@@ -276,17 +340,18 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
                 cfg.monitor,
                 window_schema=window_schemas(schema, source, cfg.windows.time_column),
             )
-            return Loop(config, source, publisher, observer), url
+            return Loop(config, source, publisher, observer), url, ingest
 
 
 def embedded_server(
-    work_dir: Path, decision_log: Path, seed: int | None, token_env: str, stack: ExitStack
+    work_dir: Path, decision_log: Path, seed: int | None, token_env: str, ingest_token: str, stack: ExitStack
 ) -> tuple[str, str]:
     """Start the loop's embedded server on 127.0.0.1 (closed by `stack`) -> (its URL, its admin token).
 
     It logs requests to work_dir/requests and its status page shows the loop's `decision_log`. Its admin token
     is the one in the environment variable `token_env` when set, so that the operator can open the page's
-    details; else a random one that only this process knows."""
+    details; else a random one that only this process knows. `ingest_token` is the token its clients post
+    feedback with."""
     from hugerec.serving.http.request_log import RequestLogConfig
     from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 
@@ -294,7 +359,7 @@ def embedded_server(
     token = given or secrets.token_hex(16)
     if len(token) < 16:
         raise ConfigError(f"${token_env}: the admin token must have at least 16 characters")
-    server = InferenceServer(ServerConfig(admin_token=token, seed=seed))
+    server = InferenceServer(ServerConfig(admin_token=token, ingest_token=ingest_token, seed=seed))
     server.enable_request_log(RequestLogConfig(str(work_dir / "requests"), seed=seed))
     server.status.show_decision_log(decision_log)
     stack.callback(server.close)

@@ -203,22 +203,27 @@ def _merge(ids: np.ndarray, base_name: str, base: np.ndarray, given: tuple[np.nd
 def build(config: str, out: str | None) -> tuple[Path, Any]:
     import numpy as np
 
-    from hugerec.cli.run_config import RunConfig
-    from hugerec.cli.task_commands import load_task_model
+    from hugerec.models.registry import Family
     from hugerec.serving.bundles.pipeline_bundle import export_pipeline
     from hugerec.serving.pipeline.encoder import UserEncoder
     from hugerec.serving.pipeline.feature_store import FeatureStore
     from hugerec.serving.pipeline.interaction_store import InteractionStore
+    from hugerec.training.model_file import load_model
 
     declaration, inputs = read_config(config, out)
     if inputs.retrieval_model is None:
         raise ConfigError(f"{config} [inputs] retrieval_model: missing (the model `hugerec train` wrote for a two_tower or mf config)")
-    saved = load_task_model(RunConfig(), inputs.retrieval_model)
-    if not saved.retrieval or saved.users_raw is None or saved.train_csr is None:
-        raise ConfigError(f"{inputs.retrieval_model}: holds a {saved.model_type!r} model; [inputs] retrieval_model needs a two_tower or mf model")
-    encoder = UserEncoder(saved.model, saved.users_raw, saved.items_raw)  # type: ignore[arg-type]  # a retrieval model
-    offsets, dense_items = saved.train_csr
-    users_raw, items_raw = saved.users_raw, saved.items_raw
+    if not inputs.retrieval_model.is_file():
+        raise ConfigError(f"{config} [inputs] retrieval_model: no model at {inputs.retrieval_model}; run `hugerec train` first")
+    try:
+        saved = load_model(inputs.retrieval_model, Family.RETRIEVAL)
+    except ValueError as e:
+        raise ConfigError(f"{config} [inputs] retrieval_model: {e}") from None
+    ids = saved.ids
+    assert ids is not None and ids.users is not None and ids.train_csr is not None  # save_model's retrieval checks
+    encoder = UserEncoder(saved.model, ids.users, ids.items)  # type: ignore[arg-type]  # a retrieval model
+    offsets, dense_items = ids.train_csr
+    users_raw, items_raw = ids.users, ids.items
     per_user = np.diff(offsets)
     events_users = np.repeat(users_raw, per_user)
     events_items = items_raw[dense_items]

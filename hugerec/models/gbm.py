@@ -156,10 +156,6 @@ class XGBoostConfig:
 
 
 GBMConfig = LightGBMConfig | XGBoostConfig
-GBM_TYPES: dict[str, type[LightGBMConfig] | type[XGBoostConfig]] = {
-    Library.LIGHTGBM.value: LightGBMConfig,
-    Library.XGBOOST.value: XGBoostConfig,
-}
 
 
 def is_ranking(config: GBMConfig) -> bool:

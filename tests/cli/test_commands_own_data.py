@@ -177,7 +177,7 @@ def test_workflow_mistakes_name_the_key(
         ("preprocess.columns=[{name='x', type='int', role='labl'}]", "preprocess.columns[0].role: 'labl' is not one of"),
         ("preprocess.columns=[{name='x', type='text'}]", "preprocess.columns[0].type: 'text' is not one of"),
         ("preprocess.columns=[{name='x', type='string', role='dense'}]", "a dense column must be int or float"),
-        ("preprocess.split=time", "needs exactly one of time_cutoff"),
+        ("preprocess.last_days=-1", "last_days must be > 0, got -1"),
         ("preprocess.time_cutoff=yesterday", "neither epoch seconds nor a date"),
         ("preprocess.encoding=utf-16", "ASCII-compatible"),
     ],

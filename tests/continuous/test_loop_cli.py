@@ -15,7 +15,7 @@ SHRINK = [
     "data.stream.vocabulary=300",
     "data.stream.concept_drift_day=none",
     "data.stream.feature_shift_day=none",
-    "model.capacity=3000",
+    "embedding.capacity=3000",
     "server.replay_rows=300",
     "decisions.min_feedback=50",
 ]
@@ -56,6 +56,35 @@ def test_loop_config_mistakes_are_one_line(
     assert "exactly one of data.paths" in capsys.readouterr().err
     cfg, _ = load_loop_file("configs/loop_synthetic.toml", [])
     assert cfg.data.stream is not None and cfg.data.stream.concept_drift_day == 4
+    assert main(["loop", "configs/loop_synthetic.toml", "model.type=dcn_v2"]) == 2
+    assert "the loop trains model.type = 'dlrm' for now, got 'dcn_v2'" in capsys.readouterr().err
+    assert main(["loop", "configs/loop_synthetic.toml", "model.bottom=[32,4]"]) == 2
+    assert "model.bottom must end with dim (8)" in capsys.readouterr().err
+
+
+def test_loop_reads_the_model_dialect_of_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """[model] is the registry's (type, bottom, top); the tables are [embedding]'s. The old [model] (dim,
+    capacity, sparse_lr beside bottom / top) still reads, with one line naming the new keys; mixed, it is refused."""
+    from hugerec.embedding.optimizers import Adagrad
+    from hugerec.models.model_config import DLRMConfig
+
+    monkeypatch.chdir(tmp_path)
+    cfg, _ = load_loop_file("configs/loop_synthetic.toml", [])
+    assert cfg.model.model == DLRMConfig(bottom=(32, 8), top=(32, 1))
+    assert (cfg.model.dim, cfg.model.capacity, cfg.model.optimizer) == (8, 20000, Adagrad(lr=0.1))
+    old = tmp_path / "old.toml"
+    old.write_text("[model]\ndim = 4\ncapacity = 100\nbottom = [8, 4]\ntop = [8, 1]\nsparse_lr = 0.2\n")
+    capsys.readouterr()
+    back, _ = load_loop_file(str(old), [])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.sparse_lr -> embedding.optimizer" in err and "model.capacity -> embedding.capacity" in err
+    assert back.model.model == DLRMConfig(bottom=(8, 4), top=(8, 1))
+    assert (back.model.dim, back.model.capacity, back.model.optimizer) == (4, 100, Adagrad(lr=0.2))
+    assert main(["loop", str(old), "model.type=dlrm", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "model.dim and model.type: the config mixes the loop's old [model]" in err and err.count("\n") == 1
 
 
 def test_serve_takes_a_request_log_and_remote_needs_its_token(
@@ -86,7 +115,7 @@ def test_the_embedded_server_shows_the_loops_decisions_with_the_operators_token(
     token = "operator-token-" + "o" * 16
     monkeypatch.setenv("LOOP_TOKEN_FOR_TEST", token)
     with ExitStack() as stack:
-        url, used = embedded_server(tmp_path, log.path, 0, "LOOP_TOKEN_FOR_TEST", stack)
+        url, used = embedded_server(tmp_path, log.path, 0, "LOOP_TOKEN_FOR_TEST", "i" * 16, stack)
         assert used == token
         details = httpx.get(f"{url}/status/details", headers={"Authorization": f"Bearer {token}"}).json()
         assert details["loop"]["log"] == str(log.path)
@@ -95,9 +124,9 @@ def test_the_embedded_server_shows_the_loops_decisions_with_the_operators_token(
     assert f"status page {url}/ (details with the token in $LOOP_TOKEN_FOR_TEST)" in err and token not in err
     monkeypatch.setenv("LOOP_TOKEN_FOR_TEST", "short")
     with ExitStack() as stack, pytest.raises(ValueError, match=r"\$LOOP_TOKEN_FOR_TEST: the admin token must have at least 16"):
-        embedded_server(tmp_path, log.path, 0, "LOOP_TOKEN_FOR_TEST", stack)
+        embedded_server(tmp_path, log.path, 0, "LOOP_TOKEN_FOR_TEST", "i" * 16, stack)
     monkeypatch.delenv("LOOP_TOKEN_FOR_TEST")
     with ExitStack() as stack:
-        url, used = embedded_server(tmp_path, log.path, 0, "LOOP_TOKEN_FOR_TEST", stack)
+        url, used = embedded_server(tmp_path, log.path, 0, "LOOP_TOKEN_FOR_TEST", "i" * 16, stack)
         assert len(used) >= 16 and httpx.get(f"{url}/status/details", headers={"Authorization": f"Bearer {token}"}).status_code == 401
     assert "set $LOOP_TOKEN_FOR_TEST before `hugerec loop` to open its details" in capsys.readouterr().err

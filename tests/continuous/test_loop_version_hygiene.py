@@ -27,7 +27,9 @@ from hugerec.continuous.publish import Publisher, PublishError, ServerTarget
 from hugerec.continuous.traffic import BackgroundLoad, instances
 from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.data.windows import table_batches
+from hugerec.embedding.optimizers import Adagrad
 from hugerec.models.dlrm import DLRM
+from hugerec.models.model_config import DLRMConfig
 from hugerec.serving.bundles.bundle_loader import ServeOptions
 from hugerec.serving.bundles.export import export_bundle
 from hugerec.serving.bundles.model_bundle import Bundle
@@ -39,7 +41,7 @@ from hugerec.training.trainer import TrainConfig, fit
 
 TOKEN = "continuous-test-token"
 STREAM = StreamConfig(days=7, rows_per_day=1500, num_sparse=4, num_dense=2, vocabulary=300, seed=5)
-SPEC = ModelSpec(dim=4, capacity=400, bottom=(8, 4), top=(8, 1), sparse_lr=0.1)
+SPEC = ModelSpec(DLRMConfig(bottom=(8, 4), top=(8, 1)), dim=4, optimizer=Adagrad(lr=0.1), capacity=400)
 LENIENT = GateConfig(auc_margin=1.0, calibration_low=0.01, calibration_high=100.0, min_rows=10)
 
 

@@ -5,7 +5,7 @@
     out = model.next_items(values, lengths)      # raw item ids [N] + lengths [B] -> items [B, k], scores [B, k]
 
 A next-items bundle is a folder: `manifest.json` ({"kind": "next_items", "format": 1, name, version, k,
-exclude_seen, sha256 of each file}) and `model.pt` (hugerec.training.sequence_file's format). Export
+exclude_seen, sha256 of each file}) and `model.pt` (hugerec.training.model_file's format). Export
 writes a temporary folder and renames it into place; load checks the checksums first.
 
 The loaded model is hugerec.serving.runtime.next_items_model.NextItemsModel (its request and outputs are
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hugerec.serving.bundles.bundle_files import MANIFEST, bundle_kind, sha256_file, staged_folder
 from hugerec.serving.runtime.next_items_model import NextItemsModel
-from hugerec.training.sequence_file import load_sequence_model
+from hugerec.training.model_file import load_model as load_sequence_model
 from hugerec.training.sequential import SequenceModel, all_item_vectors
 
 KIND = "next_items"

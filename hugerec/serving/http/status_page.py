@@ -43,7 +43,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from hugerec.serving.http.auth import check_admin_token
+from hugerec.serving.http.auth import TokenScope, check_token
 from hugerec.serving.runtime.inference_protocol import RequestError, parse_json
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ class StatusPage:
 
     def _authorise(self, request: Request) -> None:
         """The admin token's check (auth.py): 403 while the server has none, 401 unless the header carries it."""
-        check_admin_token(self.server.config.admin_token, request)
+        check_token(self.server.tokens, TokenScope.ADMIN, request.headers)
 
     # -- parts ---------------------------------------------------------------------------------
     def _served(self) -> list[tuple[str, ModelVersions]]:
@@ -311,6 +311,8 @@ def _decision(line: bytes) -> tuple[dict[str, Any] | None, str]:
     """One log line -> (the record's fields, "") or (None, why it is not a record)."""
     try:
         value = parse_json(line)  # orjson, else the standard parser (NaN literals: the loop writes them)
+    except RequestError:  # parse_json refuses integer literals beyond 64 bits before converting them
+        return None, "an integer beyond 64 bits"
     except ValueError as e:  # JSONDecodeError (deep nesting too), bad UTF-8, a 5,000-digit integer
         return None, f"not JSON ({type(e).__name__})"
     if not isinstance(value, dict):

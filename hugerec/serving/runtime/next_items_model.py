@@ -35,7 +35,7 @@ from hugerec.serving.runtime.inference_protocol import (
     to_model_inputs,
 )
 from hugerec.serving.runtime.served_object import ServedObject
-from hugerec.training.sequence_file import SavedSequenceModel
+from hugerec.training.model_file import SavedModel as SavedSequenceModel
 from hugerec.training.sequential import SequenceModel, query_vectors
 
 FEATURE = "items"

@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from hugerec.embedding.optimizers import Adam
+from hugerec.models.registry import Family
 from hugerec.models.sasrec import SASRec
-from hugerec.models.sequence import SequenceConfig
+from hugerec.models.sequence import SASRecConfig
 from hugerec.serving.bundles.next_items_bundle import export_next_items, is_next_items_bundle, load_next_items
+from hugerec.serving.http.limits import RequestLimits
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.serving.runtime.inference_protocol import RequestError
-from hugerec.training.sequence_file import load_sequence_model, save_sequence_model
+from hugerec.training.model_file import RawIds, load_model, save_model
 from hugerec.training.sequential import SequentialTrainConfig, fit_sequential, recommend_next
 
 NUM_ITEMS, MAX_LEN = 40, 6
@@ -28,13 +30,14 @@ COUNTS = np.concatenate([[0], np.arange(NUM_ITEMS, 0, -1)]).astype(np.int64)  # 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
-    model = SASRec(SequenceConfig(num_items=NUM_ITEMS, max_len=MAX_LEN, dim=16, num_layers=1), Adam(lr=0.01))
+    config = SASRecConfig(max_len=MAX_LEN, dim=16, num_layers=1)
+    model = SASRec(config.sequence_config(NUM_ITEMS), Adam(lr=0.01))
     rng = np.random.default_rng(0)
     start = rng.integers(1, NUM_ITEMS + 1, 200)
     windows = (start[:, None] + np.arange(MAX_LEN + 1)[None, :] - 1) % NUM_ITEMS + 1  # walks i, i + 1, ...
     fit_sequential(model, windows, SequentialTrainConfig(epochs=2, batch_size=32, lr=0.01))
     root = tmp_path_factory.mktemp("next_items")
-    save_sequence_model(root / "model.pt", model, "sasrec", RAW, COUNTS, Adam(lr=0.01))
+    save_model(root / "model.pt", model, config, Adam(lr=0.01), ids=RawIds(RAW, COUNTS))
     return export_next_items(root / "model.pt", root / "bundle", name="seq", k=5)
 
 
@@ -62,7 +65,7 @@ def test_export_writes_a_verified_bundle(bundle: Path, tmp_path: Path) -> None:
 
 def test_next_items_match_the_library(bundle: Path) -> None:
     served = load_next_items(bundle)
-    saved = load_sequence_model(bundle / "model.pt")
+    saved = load_model(bundle / "model.pt", Family.SEQUENTIAL)
     histories = [np.array([3, 4, 5]), np.array([10]), np.arange(1, 20)]  # dense ids; the last is cut to max_len
     values = np.concatenate([RAW[h - 1] for h in histories])
     lengths = np.array([len(h) for h in histories])
@@ -91,7 +94,7 @@ def test_unknown_items_are_skipped_and_counted(bundle: Path) -> None:
 
 @pytest.fixture(scope="module")
 def served(bundle: Path) -> Iterator[tuple[str, InferenceServer]]:
-    srv = InferenceServer(ServerConfig(max_request_rows=16))
+    srv = InferenceServer(ServerConfig(limits=RequestLimits(max_request_rows=16)))
     srv.add_bundle(bundle)
     with BackgroundServer(srv) as url:
         yield url, srv

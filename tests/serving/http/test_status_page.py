@@ -243,9 +243,9 @@ def test_lines_that_are_not_records_are_reported_by_offset_and_never_shown(tmp_p
         "[1, 2]",
         '{"window": "3", "action": "wait", "time": 1.0}',
         '{"window": 3, "action": "wait", "time": "SECRET-LINE"}',
-        '{"window": ' + "9" * 5000 + ', "action": "wait"}',  # beyond Python's int digit limit
+        '{"window": ' + "9" * 5000 + ', "action": "wait"}',  # beyond 64 bits (and Python's int digit limit)
         "[" * 100000 + "]" * 100000,
-        '{"window": 4, "action": "wait", "time": 1e400, "gate": {"x": 1e400, "y": ' + "7" * 400 + "}}",
+        '{"window": 4, "action": "wait", "time": 1e400, "gate": {"x": 1e400, "y": -1e400}}',
     ]
     path.write_bytes(("\n".join(lines) + "\n").encode())
     out = json.loads(json.dumps(read_decisions(str(path), 1 << 20, 20), allow_nan=False))  # as the page gets it
@@ -258,7 +258,7 @@ def test_lines_that_are_not_records_are_reported_by_offset_and_never_shown(tmp_p
         f"{path}, the line at byte {offsets[2]}: not a decision record: a list, not an object",
         f"{path}, the line at byte {offsets[3]}: not a decision record: no integer 'window' and string 'action'",
         f"{path}, the line at byte {offsets[4]}: not a decision record: 'time' is not a number",
-        f"{path}, the line at byte {offsets[5]}: not a decision record: not JSON (ValueError)",
+        f"{path}, the line at byte {offsets[5]}: not a decision record: an integer beyond 64 bits",
         f"{path}, the line at byte {offsets[6]}: not a decision record: not JSON (JSONDecodeError)",
     ]
     path.write_bytes(("\n".join(lines[:2]) + "\n").encode())

@@ -23,7 +23,7 @@ from hugerec.embedding.optimizers import Adam
 from hugerec.index.vector_index import IndexConfig, IndexKind
 from hugerec.models.mf import MatrixFactorization
 from hugerec.models.sasrec import SASRec
-from hugerec.models.sequence import SequenceConfig
+from hugerec.models.sequence import SASRecConfig
 from hugerec.serving.bundles.bundle_loader import ServeOptions
 from hugerec.serving.bundles.next_items_bundle import export_next_items
 from hugerec.serving.bundles.pipeline_bundle import export_pipeline
@@ -31,7 +31,7 @@ from hugerec.serving.http.server import BackgroundServer, InferenceServer, Serve
 from hugerec.serving.pipeline import InteractionStore, UserEncoder
 from hugerec.serving.pipeline.declaration import declaration_from_dict
 from hugerec.serving.pipeline.feature_store import FeatureStore
-from hugerec.training.sequence_file import save_sequence_model
+from hugerec.training.model_file import RawIds, save_model
 
 TOKEN = "browser-token-" + "b" * 16
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"  # a model name from a bundle manifest is hostile
@@ -112,10 +112,11 @@ def pipeline_bundle(root: Path) -> Path:
 
 def next_items_bundle(root: Path) -> Path:
     torch.manual_seed(0)
-    model = SASRec(SequenceConfig(num_items=30, max_len=4, dim=8, num_layers=1), Adam(lr=0.01))
+    config = SASRecConfig(max_len=4, dim=8, num_layers=1)
+    model = SASRec(config.sequence_config(30), Adam(lr=0.01))
     raw = np.arange(1000, 1030, dtype=np.int64)
     counts = np.concatenate([[0], np.arange(30, 0, -1)]).astype(np.int64)
-    save_sequence_model(root / "seq.pt", model, "sasrec", raw, counts, Adam(lr=0.01))
+    save_model(root / "seq.pt", model, config, Adam(lr=0.01), ids=RawIds(raw, counts))
     return export_next_items(root / "seq.pt", root / "seq", name="seq", k=5)
 
 

@@ -28,38 +28,25 @@ import torch.distributed as dist
 
 from hugerec.cli.config_file import ConfigError
 from hugerec.cli.run_config import RawFormat, RunConfig
-from hugerec.data import (
-    InputSpec,
-    Loader,
-    PrepareReport,
-    Schema,
-    SyntheticReport,
-    count_rows,
-    expand_paths,
-    generate,
-    load,
-    load_vectors,
-    prepare,
-    preset,
-    transform_raw,
-)
-from hugerec.data.preprocess import Workflow
-from hugerec.distributed import Workload, init_from_env, launched_by_torchrun, plan, shard
-from hugerec.embedding import TableConfig
-from hugerec.models import Family, RecModel, build_model
-from hugerec.sparse import Batch
-from hugerec.training import (
-    History,
-    auto_batch_size,
-    evaluate,
-    fit,
-    load_checkpoint,
-    load_model,
-    predict,
-    resolve_device,
-    save_model,
-    seed_everything,
-)
+from hugerec.data.input_spec import InputSpec
+from hugerec.data.loader import Loader, load
+from hugerec.data.prepare import PrepareReport, prepare, transform_raw
+from hugerec.data.preprocess.workflow import Workflow
+from hugerec.data.schema import Schema
+from hugerec.data.shards import count_rows, expand_paths
+from hugerec.data.synthetic import SyntheticReport, generate, preset
+from hugerec.data.vector_tables import load_vectors
+from hugerec.distributed.launch import init_from_env, launched_by_torchrun
+from hugerec.distributed.planner import Workload, plan
+from hugerec.distributed.shard import shard
+from hugerec.embedding.table_config import TableConfig
+from hugerec.models.model import RecModel
+from hugerec.models.registry import Family, build_model
+from hugerec.sparse.batch import Batch
+from hugerec.training.checkpoint import load_checkpoint
+from hugerec.training.defaults import auto_batch_size
+from hugerec.training.model_file import load_model, save_model
+from hugerec.training.trainer import History, evaluate, fit, predict, resolve_device, seed_everything
 
 BEST_MODEL = "best.pt"  # beside model.pt: the best evaluation's weights; evaluate / predict / export's default
 
@@ -366,7 +353,7 @@ def predict_to_parquet(cfg: RunConfig, model_path: Path | None = None) -> tuple[
 # -- export -------------------------------------------------------------------------------------
 def export_model(cfg: RunConfig, model_path: Path | None = None, out: Path | None = None) -> Path:
     """model.pt (+ the fitted workflow next to the preprocessed data, when there is one) -> serving bundle."""
-    from hugerec.serving import export_bundle  # the serving stack is only needed here
+    from hugerec.serving.bundles.export import export_bundle  # the serving stack is only needed here
 
     model, schema = read_model(model_path or default_model(cfg))
     workflow_dir = Path(cfg.preprocess.out) / "workflow"

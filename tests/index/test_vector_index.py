@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from hugerec.index import ExactIndex, IndexConfig, IndexKind, build_index, load_index
-from hugerec.index.vector_index import HnswIndex
+from hugerec.index.vector_index import ExactIndex, HnswIndex, IndexConfig, IndexKind, build_index, load_index
 
 
 def _data(n: int = 2000, d: int = 16, q: int = 50, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

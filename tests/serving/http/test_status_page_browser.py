@@ -28,9 +28,10 @@ from hugerec.serving.bundles.bundle_loader import ServeOptions
 from hugerec.serving.bundles.next_items_bundle import export_next_items
 from hugerec.serving.bundles.pipeline_bundle import export_pipeline
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
-from hugerec.serving.pipeline import InteractionStore, UserEncoder
 from hugerec.serving.pipeline.declaration import declaration_from_dict
+from hugerec.serving.pipeline.encoder import UserEncoder
 from hugerec.serving.pipeline.feature_store import FeatureStore
+from hugerec.serving.pipeline.interaction_store import InteractionStore
 from hugerec.training.model_file import RawIds, save_model
 
 TOKEN = "browser-token-" + "b" * 16

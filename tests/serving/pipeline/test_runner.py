@@ -13,25 +13,22 @@ from scipy import stats
 from hugerec.index.vector_index import IndexConfig, IndexKind, build_index
 from hugerec.models.mf import MatrixFactorization
 from hugerec.serving.bundles.bundle_loader import load_bundle
-from hugerec.serving.pipeline import (
+from hugerec.serving.pipeline.encoder import UserEncoder
+from hugerec.serving.pipeline.feature_store import FeatureStore
+from hugerec.serving.pipeline.interaction_store import InteractionStore
+from hugerec.serving.pipeline.runner import PipelineRunner, Query, Resources, StageError
+from hugerec.serving.pipeline.stages import (
     Ann,
     Boost,
     Condition,
     Filter,
-    InteractionStore,
     ItemToItem,
     Order,
-    PipelineRunner,
     PipelineSpec,
     Popular,
-    Query,
-    Resources,
     Retrieve,
     Score,
-    StageError,
-    UserEncoder,
 )
-from hugerec.serving.pipeline.feature_store import FeatureStore
 from hugerec.serving.runtime.inference_protocol import RequestError
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures

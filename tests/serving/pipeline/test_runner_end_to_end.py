@@ -28,20 +28,11 @@ from hugerec.models.dcn import DCNv2
 from hugerec.models.mf import MatrixFactorization
 from hugerec.serving.bundles.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.bundles.export import export_bundle
-from hugerec.serving.pipeline import (
-    Ann,
-    Filter,
-    InteractionStore,
-    Order,
-    PipelineRunner,
-    PipelineSpec,
-    Query,
-    Resources,
-    Retrieve,
-    Score,
-    UserEncoder,
-)
+from hugerec.serving.pipeline.encoder import UserEncoder
 from hugerec.serving.pipeline.feature_store import FeatureStore
+from hugerec.serving.pipeline.interaction_store import InteractionStore
+from hugerec.serving.pipeline.runner import PipelineRunner, Query, Resources
+from hugerec.serving.pipeline.stages import Ann, Filter, Order, PipelineSpec, Retrieve, Score
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 

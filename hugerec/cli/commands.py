@@ -352,11 +352,38 @@ def predict_to_parquet(cfg: RunConfig, model_path: Path | None = None) -> tuple[
 
 # -- export -------------------------------------------------------------------------------------
 def export_model(cfg: RunConfig, model_path: Path | None = None, out: Path | None = None) -> Path:
-    """model.pt (+ the fitted workflow next to the preprocessed data, when there is one) -> serving bundle."""
-    from hugerec.serving.bundles.export import export_bundle  # the serving stack is only needed here
+    """The model file of any family (default: what `hugerec train` left) -> the bundle that serves it
+    (default <train.out_dir>/bundle), through hugerec.serving.export: a ranking model's or the trees' with
+    the fitted workflow next to the preprocessed data when there is one, a sequential model's next-items
+    bundle of recommend.k items, named after model.type."""
+    from hugerec.serving.bundles.export import export  # the serving stack is only needed here
 
-    model, schema = read_model(model_path or default_model(cfg))
+    if cfg.family is Family.RETRIEVAL:
+        raise ConfigError(
+            f"export: model.type = {cfg.model_type!r}: serving bundles of retrieval models are not built yet; "
+            "use `hugerec index` and `hugerec recommend`"
+        )
+    match cfg.family:
+        case Family.TREES:
+            from hugerec.cli.gbm_commands import default_tree_model
+
+            path = model_path or default_tree_model(cfg)
+        case Family.SEQUENTIAL:
+            path = model_path or cfg.out_dir / "model.pt"
+        case _:
+            path = model_path or default_model(cfg)
+    if not path.is_file():
+        raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
     workflow_dir = Path(cfg.preprocess.out) / "workflow"
-    workflow = Workflow.load(workflow_dir) if workflow_dir.is_dir() else None
-    target = out or cfg.out_dir / "bundle"
-    return export_bundle(model, target, schema=schema, workflow=workflow, overwrite=True)
+    workflow = Workflow.load(workflow_dir) if cfg.family is not Family.SEQUENTIAL and workflow_dir.is_dir() else None
+    try:
+        return export(
+            path,
+            out or cfg.out_dir / "bundle",
+            workflow=workflow,
+            k=cfg.recommend.k,
+            exclude_seen=cfg.recommend.exclude_seen,
+            overwrite=True,
+        )
+    except ImportError as e:  # the trees' library is an optional extra
+        raise ConfigError(str(e)) from None

@@ -21,7 +21,6 @@ import pyarrow.parquet as pq
 from hugerec.cli.config_file import ConfigError
 from hugerec.cli.run_config import RunConfig
 from hugerec.data.matrix import read_matrix
-from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.distributed.launch import launched_by_torchrun
 from hugerec.models.gbm import FeatureMatrix, GBMConfig, Library, TreeModel, is_ranking, library_of, require
@@ -141,15 +140,3 @@ def predict_trees(cfg: RunConfig, model_path: Path | None = None) -> tuple[Path,
     pq.write_table(table, tmp)
     tmp.replace(out)  # no half-written predictions under the final name
     return out, data.x.shape[0]
-
-
-def export_trees(cfg: RunConfig, model_path: Path | None = None, out: Path | None = None) -> Path:
-    """The trained trees + schema + the fitted workflow (when there is one) -> a GBM serving bundle."""
-    from hugerec.serving.bundles.gbm_bundle import export_gbm_bundle
-
-    model, schema, path, config = _load(cfg, model_path)
-    workflow_dir = Path(cfg.preprocess.out) / "workflow"
-    workflow = Workflow.load(workflow_dir) if workflow_dir.is_dir() else None
-    target = out or cfg.out_dir / "bundle"
-    info = {"objective": config.objective, **({"group": config.group} if is_ranking(config) else {})}
-    return export_gbm_bundle(path, model.library, target, schema, workflow, info=info, overwrite=True)

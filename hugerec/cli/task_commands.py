@@ -283,21 +283,6 @@ def _item_vectors(saved: SavedModel) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # -- export --------------------------------------------------------------------------------------
-def export_task_model(cfg: RunConfig, model_path: Path | None, out: Path | None) -> Path:
-    """A sequential model -> a next-items serving bundle (default <train.out_dir>/bundle), named after model.type."""
-    from hugerec.serving.bundles.next_items_bundle import export_next_items
-
-    if is_retrieval(cfg):
-        raise ConfigError(
-            f"export: model.type = {cfg.model_type!r}: serving bundles of retrieval models are not built yet; "
-            "use `hugerec index` and `hugerec recommend`"
-        )
-    path = model_path or cfg.out_dir / "model.pt"
-    if not path.is_file():
-        raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
-    saved = load_model(path, Family.SEQUENTIAL)
-    k = min(cfg.recommend.k, saved.num_items)
-    return export_next_items(path, out or cfg.out_dir / "bundle", cfg.model_type, "1", k, cfg.recommend.exclude_seen)
 
 
 # -- recommend -----------------------------------------------------------------------------------

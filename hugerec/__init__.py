@@ -17,17 +17,13 @@ from hugerec.embedding import (
     SGD,
     Adagrad,
     Adam,
-    DynamicConfig,
     Embedding,
     EmbeddingBag,
     EmbeddingCollection,
     Ftrl,
-    HashTable,
-    Pooling,
     RowWiseAdagrad,
     TableConfig,
 )
-from hugerec.sparse import Batch, JaggedTensor, PooledEmbeddings, SparseFeatures
 
 if TYPE_CHECKING:  # type checkers see the lazily imported subpackages (`hr.models.DLRM` is typed, not Any)
     from hugerec import data, distributed, index, models, serving, training
@@ -40,18 +36,11 @@ __all__ = [
     "SGD",
     "Adagrad",
     "Adam",
-    "Batch",
-    "DynamicConfig",
     "Embedding",
     "EmbeddingBag",
     "EmbeddingCollection",
     "Ftrl",
-    "HashTable",
-    "JaggedTensor",
-    "PooledEmbeddings",
-    "Pooling",
     "RowWiseAdagrad",
-    "SparseFeatures",
     "TableConfig",
     "__version__",
     "data",

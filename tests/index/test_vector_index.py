@@ -140,7 +140,7 @@ def test_import_order_with_torch_and_numba_threads() -> None:
 import torch, numba
 import hugerec as hr
 emb = hr.EmbeddingCollection([hr.TableConfig("t", num_rows=1000, dim=8)])
-f = hr.SparseFeatures(("t",), torch.randint(0, 1000, (4096,)), torch.ones(4096, dtype=torch.int32))
+f = hr.sparse.SparseFeatures(("t",), torch.randint(0, 1000, (4096,)), torch.ones(4096, dtype=torch.int32))
 emb(f).values.sum().backward()                     # Numba lookup + backward kernels
 torch.set_num_threads(2); (torch.randn(512, 512) @ torch.randn(512, 512)).sum()  # torch's OpenMP pool
 from hugerec.index import IndexConfig, build_index

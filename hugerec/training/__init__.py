@@ -1,8 +1,9 @@
-"""Training: `fit`, `evaluate`, `predict`, metrics, checkpoints, the model file and the learning-rate schedule."""
+"""Training: `fit` (one trainer; the families Ranking, Retrieval, Sequential), `evaluate`, `predict`, metrics, checkpoints, the model file and the learning-rate schedule."""
 
 from hugerec.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hugerec.training.defaults import auto_batch_size
 from hugerec.training.early_stopping import EarlyStopping
+from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.gbm import TreeHistory, evaluate_trees, fit_trees, library_version
 from hugerec.training.losses import BPR, Negatives, NegativeSampler, RetrievalLoss, SampledSoftmax, bpr, sampled_softmax
 from hugerec.training.metrics import BinaryMetrics, auc, calibration, logloss, ndcg_at_k, recall_at_k
@@ -11,11 +12,12 @@ from hugerec.training.precision import Precision
 from hugerec.training.ranking_metrics import evaluate_ranking, list_metrics
 from hugerec.training.retrieval import (
     Recommendations,
+    Retrieval,
     RetrievalModel,
-    RetrievalTrainConfig,
+    RetrievalValidation,
     all_item_vectors,
     evaluate_retrieval,
-    fit_retrieval,
+    rank_part,
     recommend,
     user_vectors,
 )
@@ -25,17 +27,19 @@ from hugerec.training.sequence_file import build_sequence_model, load_sequence_m
 from hugerec.training.sequential import (
     BCE,
     FullSoftmax,
+    NextItemValidation,
     SequenceLoss,
     SequenceModel,
-    SequentialTrainConfig,
+    Sequential,
     evaluate_next_item,
-    fit_sequential,
     query_vectors,
+    window_batches,
     window_width,
 )
 from hugerec.training.trainer import (
     DenseOptimizer,
     History,
+    Ranking,
     TrainConfig,
     evaluate,
     fit,
@@ -50,22 +54,26 @@ __all__ = [
     "BinaryMetrics",
     "DenseOptimizer",
     "EarlyStopping",
+    "EpochBatches",
     "FullSoftmax",
     "History",
     "NegativeSampler",
     "Negatives",
+    "NextItemValidation",
     "Precision",
+    "Ranking",
     "Recommendations",
+    "Retrieval",
     "RetrievalLoss",
     "RetrievalModel",
-    "RetrievalTrainConfig",
+    "RetrievalValidation",
     "SampledSoftmax",
     "SavedModel",
     "SavedRetrievalModel",
     "Schedule",
     "SequenceLoss",
     "SequenceModel",
-    "SequentialTrainConfig",
+    "Sequential",
     "TrainConfig",
     "TreeHistory",
     "all_item_vectors",
@@ -80,8 +88,6 @@ __all__ = [
     "evaluate_retrieval",
     "evaluate_trees",
     "fit",
-    "fit_retrieval",
-    "fit_sequential",
     "fit_trees",
     "latest_checkpoint",
     "library_version",
@@ -95,6 +101,7 @@ __all__ = [
     "ndcg_at_k",
     "predict",
     "query_vectors",
+    "rank_part",
     "recall_at_k",
     "recommend",
     "resolve_device",
@@ -105,5 +112,6 @@ __all__ = [
     "save_sequence_model",
     "seed_everything",
     "user_vectors",
+    "window_batches",
     "window_width",
 ]

@@ -300,7 +300,8 @@ def test_sessions_from_a_gap_and_a_day_split(sequential_dir: Path, capsys: pytes
     args = ["train", "sasrec.toml", "sequences.files=log.tsv", "sequences.test_files=none", "sequences.gap_seconds=600"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "36 training sequences" in out and "72 test queries" in out  # 24 sessions in the last day, 3 prefixes each
+    # 24 sessions in the last day, 3 prefixes each; of the 36 before it, the latest 3 are the validation split
+    assert "33 training sequences" in out and "9 validation / 72 test queries" in out
     assert main([*args, "sequences.protocol=leave_last_out"]) == 0
     assert "60 training sequences" in capsys.readouterr().out
 

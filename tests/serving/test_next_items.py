@@ -18,7 +18,8 @@ from hugerec.serving.next_items import export_next_items, is_next_items_bundle, 
 from hugerec.serving.protocol import RequestError
 from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.training.sequence_file import load_sequence_model, save_sequence_model
-from hugerec.training.sequential import SequentialTrainConfig, fit_sequential, recommend_next
+from hugerec.training.sequential import Sequential, recommend_next, window_batches
+from hugerec.training.trainer import TrainConfig, fit
 
 NUM_ITEMS, MAX_LEN = 40, 6
 RAW = np.arange(1000, 1000 + 3 * NUM_ITEMS, 3, dtype=np.int64)  # raw id of dense item i is RAW[i - 1]
@@ -32,7 +33,8 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = np.random.default_rng(0)
     start = rng.integers(1, NUM_ITEMS + 1, 200)
     windows = (start[:, None] + np.arange(MAX_LEN + 1)[None, :] - 1) % NUM_ITEMS + 1  # walks i, i + 1, ...
-    fit_sequential(model, windows, SequentialTrainConfig(epochs=2, batch_size=32, lr=0.01))
+    quiet = TrainConfig(epochs=2, lr=0.01, progress=False, tensorboard=False, plot=False)
+    fit(model, window_batches(windows, 32), None, quiet, family=Sequential())
     root = tmp_path_factory.mktemp("next_items")
     save_sequence_model(root / "model.pt", model, "sasrec", RAW, COUNTS, Adam(lr=0.01))
     return export_next_items(root / "model.pt", root / "bundle", name="seq", k=5)

@@ -36,13 +36,15 @@ from hugerec.embedding.optimizers import Adam
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SequenceConfig
 from hugerec.models.two_tower import TwoTower, TwoTowerConfig
+from hugerec.training.early_stopping import EarlyStopping
 from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.losses import Negatives, SampledSoftmax
 from hugerec.training.retrieval import Retrieval, RetrievalValidation, rank_part
 from hugerec.training.sequential import NextItemValidation, Sequential, window_batches
 from hugerec.training.trainer import TrainConfig, fit
 
-out, kind, world, resume, kill_at, dropout = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5], float(sys.argv[6])
+out, kind, world, resume, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5]
+dropout, dense = float(sys.argv[6]), sys.argv[7]
 rank = int(os.environ.get("RANK", "0"))
 marker = Path(out + f".marker{rank}")
 if world > 1:
@@ -129,8 +131,9 @@ if world > 1:
     pins = {t.name: Constraint("row_wise") for t in tables if t.name in row_wise}
     sharding = plan(tables, world, constraints=pins)
     model = shard(model, sharding)
-cfg = TrainConfig(epochs=3, lr=0.01, eval_every=4, checkpoint_every=3, log_every=1, keep_checkpoints=0, out_dir=out,
-                  resume=resume, seed=0, progress=False, tensorboard=False, plot=False)
+cfg = TrainConfig(epochs=3, lr=0.01 if dense == "adam" else 0.1, optimizer=dense, eval_every=4, checkpoint_every=3, log_every=1, keep_checkpoints=0, out_dir=out,
+                  resume=resume, seed=0, progress=False, tensorboard=False, plot=False,
+                  early_stopping=EarlyStopping(patience=None))  # every run takes all 18 steps
 history = fit(model, data, valid, cfg, family=Hooked(*family_args))
 if rank == 0:
     Path(out + ".done").write_text(str(history.steps))
@@ -145,17 +148,21 @@ class FamilyRuns:
         self.script = root / "family_script.py"
         self.script.write_text(FAMILY_SCRIPT)
 
-    def launch(self, out: str, kind: str, world: int = 1, resume: bool = False, kill_at: str = "none", dropout: float = 0.1) -> list[Any]:
+    def launch(
+        self, out: str, kind: str, world: int = 1, resume: bool = False, kill_at: str = "none", dropout: float = 0.1, dense: str = "adam"
+    ) -> list[Any]:
         from hugerec.distributed.launch import free_port
 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_THREADING_LAYER": "workqueue"}
         env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
-        args = [sys.executable, str(self.script), str(self.root / out), kind, str(world), "1" if resume else "0", kill_at, str(dropout)]
+        args = [sys.executable, str(self.script), str(self.root / out), kind, str(world), "1" if resume else "0", kill_at, str(dropout), dense]
         ranks = [{"RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world)] if world > 1 else [{}]
         return [subprocess.Popen(args, env=env | extra) for extra in ranks]
 
-    def run(self, out: str, kind: str, world: int = 1, resume: bool = False, dropout: float = 0.1) -> None:
-        for p in self.launch(out, kind, world, resume, "none", dropout):
+    def run(self, out: str, kind: str, world: int = 1, resume: bool = False, dropout: float = 0.1, dense: str = "adam") -> None:
+        """dense: the dense optimizer, "adam" or "sgd" (Adam turns float noise in a zero gradient, as attention's
+        key bias has, into full steps: comparing runs that differ in rounding needs sgd there)."""
+        for p in self.launch(out, kind, world, resume, "none", dropout, dense):
             assert p.wait(timeout=300) == 0
 
     def kill(self, out: str, kind: str, kill_at: str, world: int = 1) -> None:
@@ -180,7 +187,7 @@ class FamilyRuns:
         head = FAMILY_SCRIPT.split("class Hooked")[0].replace("if world > 1:\n    init_from_env(\"gloo\")\n", "")
         sys_argv = sys.argv
         try:
-            sys.argv = ["x", str(self.root / "unused"), kind, "1", "0", "none", "0.0"]
+            sys.argv = ["x", str(self.root / "unused"), kind, "1", "0", "none", "0.0", "adam"]
             exec(compile(head, "family_script_head", "exec"), namespace)  # the test's own script
         finally:
             sys.argv = sys_argv

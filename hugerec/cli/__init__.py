@@ -411,6 +411,8 @@ def _train(cfg: RunConfig, args: argparse.Namespace) -> None:
 
         t0 = time.perf_counter()
         metrics = train_retrieval(cfg) if is_retrieval(cfg) else train_sequential(cfg)
+        if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for every rank
+            return
         print(f"train: done in {time.perf_counter() - t0:.1f} s; held-out metrics (full ranking):")
         _print_metrics("  ", metrics)
         print(f"  model {cfg.out_dir / 'model.pt'}   metrics {cfg.out_dir / 'metrics.json'}")

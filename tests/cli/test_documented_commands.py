@@ -46,6 +46,20 @@ def documented_commands() -> list[tuple[str, list[str]]]:
 COMMANDS_AS_WRITTEN = documented_commands()
 
 
+def samples_read(argv: list[str]) -> tuple[str, ...]:
+    """The real data samples a documented command reads: `$HUGEREC_DATA/...` paths in its words and its config."""
+    text = " ".join(argv)
+    config = next((ROOT / a for a in argv if a.endswith(".toml") and (ROOT / a).is_file()), None)
+    if config is not None:
+        text += "\n" + config.read_text()
+    return tuple(sorted(set(re.findall(r"\$\{?HUGEREC_DATA\}?/([^\s\"']+)", text))))
+
+
+def as_param(where: str, argv: list[str]) -> object:
+    samples = samples_read(argv)
+    return pytest.param(where, argv, marks=[pytest.mark.shared_data(*samples)] if samples else [], id=" ".join(argv))
+
+
 def test_the_docs_show_commands() -> None:
     wheres = {w for w, _ in COMMANDS_AS_WRITTEN}
     assert {"README.md", "--help", "quickstart.toml", "criteo_sample.toml"} <= wheres
@@ -59,15 +73,19 @@ def readme_config() -> str:
     return after[after.index("```toml\n") + len("```toml\n") : after.index("```\n", after.index("```toml"))]
 
 
-@pytest.mark.parametrize(("where", "argv"), COMMANDS_AS_WRITTEN, ids=[" ".join(a) for _, a in COMMANDS_AS_WRITTEN])
+@pytest.mark.parametrize(("where", "argv"), [as_param(w, a) for w, a in COMMANDS_AS_WRITTEN])
 def test_documented_command_loads_from_another_directory(
     where: str,
     argv: list[str],
+    request: pytest.FixtureRequest,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     click_log: Callable[[Path], object],
 ) -> None:
+    """A command whose config reads the real samples runs with them (and skips without them, as in a fresh clone)."""
+    if request.node.get_closest_marker("shared_data") is not None:
+        request.getfixturevalue("shared_data")
     monkeypatch.chdir(tmp_path)
     click_log(tmp_path / "clicks.csv")  # the README's own-data example: its file and its edited config
     (tmp_path / "my_data.toml").write_text(readme_config())

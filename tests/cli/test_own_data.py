@@ -6,7 +6,6 @@ configs for the real samples (skipped without the data folder)."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -241,15 +240,6 @@ def test_on_error_skip_counts_bad_rows_of_a_csv(
 
 
 # -- the shipped configs for the real samples ------------------------------------------------------
-def _data_folder() -> Path | None:
-    env = os.environ.get("HUGEREC_DATA")
-    for folder in ([Path(env)] if env else []) + [ROOT.parent / "shared" / "data", ROOT.parents[1] / "shared" / "data"]:
-        if folder.is_dir():
-            return folder
-    return None
-
-
-DATA = _data_folder()
 REAL = [
     ("configs/criteo_sample.toml", "criteo/train_examples.txt.gz"),
     ("configs/movielens_100k_ctr.toml", "movielens/ml-100k/ua.base.gz"),
@@ -258,16 +248,15 @@ REAL = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("config", "needs"), REAL, ids=[c for c, _ in REAL])
+@pytest.mark.parametrize(
+    "config", [pytest.param(c, marks=pytest.mark.shared_data(needs), id=c) for c, needs in REAL]
+)
 def test_real_sample_trains_from_its_config_alone(
-    config: str, needs: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    config: str, shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Each real sample: preprocess, a short training and evaluate from the shipped config, run from another
     directory; prints the AUC / logloss (a full run: the same commands without the size overrides)."""
-    if DATA is None or not (DATA / needs).is_file():
-        pytest.skip(f"real data sample {needs} not found (set HUGEREC_DATA)")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HUGEREC_DATA", str(DATA))
     assert main(["preprocess", config]) == 0, capsys.readouterr().err
     assert main(["train", config, *FAST, "train.max_steps=40", "train.eval_every=20"]) == 0, capsys.readouterr().err
     capsys.readouterr()

@@ -16,8 +16,13 @@ def test_the_quickstart_file_spells_out_the_builtin_quickstart() -> None:
     assert load_run_config(CONFIGS / "quickstart.toml") == load_run_config(None)
 
 
-@pytest.mark.parametrize("name", ["quickstart", "criteo_sample", "criteo_kaggle"])
-def test_every_preset_config_reads(name: str) -> None:
+@pytest.mark.parametrize(
+    "name",
+    ["quickstart", pytest.param("criteo_sample", marks=pytest.mark.shared_data("criteo/train_examples.txt.gz")), "criteo_kaggle"],
+)
+def test_every_preset_config_reads(name: str, request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("shared_data") is not None:  # its input is $HUGEREC_DATA/...
+        request.getfixturevalue("shared_data")
     cfg = load_run_config(CONFIGS / f"{name}.toml")
     assert isinstance(cfg, RunConfig)
     assert cfg.train.out_dir == f"runs/{name}"

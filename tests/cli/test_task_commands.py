@@ -4,7 +4,6 @@ models, end to end on tiny logs written here (no real data needed), plus the shi
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -343,22 +342,11 @@ def test_reversed_augmentation_adds_a_window_per_sequence(sequential_dir: Path, 
 
 
 # -- the shipped configs on the real samples -----------------------------------------------------------
-def _data_root() -> Path | None:
-    env = os.environ.get("HUGEREC_DATA")
-    if env:
-        return Path(env)
-    for d in (ROOT, *ROOT.parents):
-        if (d / "shared" / "data").is_dir():
-            return d / "shared" / "data"
-    return None
-
-
-DATA = _data_root()
 FAST = ["train.max_steps=3", "train.epochs=1"]
 
 
-@pytest.mark.skipif(DATA is None or not (DATA / "movielens" / "ml-1m").is_dir(), reason="MovieLens-1M sample absent")
-def test_movielens_two_tower_config_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.shared_data("movielens/ml-1m/ratings.dat.gz")
+def test_movielens_two_tower_config_runs(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     small = [*FAST, "interactions.max_users=60", "model.num_negatives=64", "interactions.batch_size=256"]
     assert main(["train", "configs/movielens_two_tower.toml", *small]) == 0
@@ -368,8 +356,8 @@ def test_movielens_two_tower_config_runs(tmp_path: Path, monkeypatch: pytest.Mon
     assert pl.read_parquet(tmp_path / "runs" / "movielens_two_tower" / "recommendations.parquet").height == 30
 
 
-@pytest.mark.skipif(DATA is None or not (DATA / "movielens" / "ml-1m").is_dir(), reason="MovieLens-1M sample absent")
-def test_movielens_sasrec_config_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.shared_data("movielens/ml-1m/ratings.dat.gz")
+def test_movielens_sasrec_config_runs(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     small = [*FAST, "sequences.max_sequences=100"]
     assert main(["train", "configs/movielens_sasrec.toml", *small]) == 0
@@ -378,8 +366,8 @@ def test_movielens_sasrec_config_runs(tmp_path: Path, monkeypatch: pytest.Monkey
     assert main(["recommend", "configs/movielens_sasrec.toml", "--history", "1193,661,914", "--k", "10", *small]) == 0
 
 
-@pytest.mark.skipif(DATA is None or not (DATA / "yoochoose").is_dir(), reason="YOOCHOOSE sample absent")
-def test_yoochoose_sasrec_config_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.shared_data("yoochoose/yoochoose-clicks-100k_train_full.txt.gz", "yoochoose/yoochoose-clicks-100k_test.txt.gz")
+def test_yoochoose_sasrec_config_runs(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(["train", "configs/yoochoose_sasrec.toml", *FAST, "sequences.max_sequences=2000"]) == 0
     metrics = _last_json(capsys.readouterr().out)

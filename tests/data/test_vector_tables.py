@@ -181,16 +181,13 @@ def dataclasses_replace(obj: object, **changes: object) -> object:
 
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = Path(os.environ.get("HUGEREC_DATA", REPO / ".." / "shared" / "data"))
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not (DATA / "movielens" / "ml-100k").is_dir(), reason="MovieLens-100K is not in ../shared/data ($HUGEREC_DATA)"
-)
-def test_the_movielens_vectors_example_runs(tmp_path: Path) -> None:
+@pytest.mark.shared_data("movielens/ml-100k/u.item.gz", "movielens/ml-100k/u.data.gz")
+def test_the_movielens_vectors_example_runs(tmp_path: Path, shared_data: Path) -> None:
     """examples/movielens_vectors.py as documented, one epoch, from another directory."""
-    env = {**os.environ, "HUGEREC_DATA": str(DATA.resolve())}
+    env = {**os.environ, "HUGEREC_DATA": str(shared_data.resolve())}
     done = subprocess.run(
         [sys.executable, str(REPO / "examples" / "movielens_vectors.py"), "--epochs", "1"],
         cwd=tmp_path,

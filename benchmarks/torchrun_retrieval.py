@@ -46,6 +46,9 @@ def train(out: Path, ranks: int, overrides: list[str]) -> tuple[dict[str, float]
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"torchrun_retrieval: {' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    curve = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    valid = " ".join(f"{r['recall@10']:.4f}" for r in curve if r["split"] == "eval")
+    print(f"  {'one process' if ranks == 1 else f'{ranks} ranks'}: validation recall@10 per epoch {valid}", flush=True)
     return json.loads((out / "metrics.json").read_text()), proc.stdout, seconds
 
 

@@ -569,6 +569,7 @@ def _evals(path: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # seven training processes, each importing torch: minutes on a loaded machine
 @pytest.mark.parametrize("kind", ["two_tower", "sasrec"])
 def test_kill_9_mid_epoch_mid_checkpoint_and_mid_evaluation_then_resume_is_exact(family_runs: Any, kind: str) -> None:
     """A two-tower (sampled softmax with history masking) and a SASRec (dropout, mixed negatives) killed with
@@ -590,6 +591,7 @@ def test_kill_9_mid_epoch_mid_checkpoint_and_mid_evaluation_then_resume_is_exact
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # eleven training processes (1 + 2 + 3 + 2 + 3 ranks)
 @pytest.mark.parametrize("kind", ["two_tower", "sasrec"])
 def test_sharded_on_2_and_3_gloo_ranks_equals_one_process_and_resumes_on_another_count(family_runs: Any, kind: str) -> None:
     """The planner's plan with the id tables pinned row-wise (two-tower: user and item tables; SASRec: the

@@ -79,15 +79,18 @@ def test_fit_beats_popularity(split: tuple[Any, Any, Any], loss: SampledSoftmax 
     assert same == got
 
 
-def test_early_stopping_on_recall_keeps_the_best(split: tuple[Any, Any, Any], tmp_path: Path) -> None:
+def test_early_stopping_on_recall_keeps_the_best(split: tuple[Any, Any, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A learning rate that overshoots: recall@10 peaks, the run stops after `patience` evaluations and
-    the best evaluation's weights are restored (checkpoints/best/ too); curves.png plots recall@10."""
+    the best evaluation's weights are restored (checkpoints/best/ too); the progress bar shows recall@10,
+    metrics.jsonl and TensorBoard log it, curves.png plots it."""
     train = split[0]
     torch.manual_seed(0)
     model = MatrixFactorization(train.num_users, train.num_items, 16, hr.Adam(lr=0.3))
     es = hr.training.EarlyStopping(patience=1, min_delta=0.0, restore_best=True)
-    cfg = TrainConfig(epochs=8, early_stopping=es, out_dir=str(tmp_path), progress=False, tensorboard=False)
+    cfg = TrainConfig(epochs=8, early_stopping=es, out_dir=str(tmp_path))
     history = fit(model, examples(train, 64, 0), validation(split, 0), cfg, family=Retrieval(train.item_counts(), SampledSoftmax(num_negatives=16)))
+    assert f"recall@10={history.evals[-1]['recall@10']:.4f}" in capsys.readouterr().err
+    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tensorboard").iterdir())
     assert history.stopped_early and history.best_eval is not None and len(history.evals) < 8
     assert history.best_eval["recall@10"] == max(r["recall@10"] for r in history.evals)
     valid = validation(split, 0)

@@ -95,16 +95,20 @@ def _validation(n: int, seed: int) -> NextItemValidation:
     return NextItemValidation(np.pad(test.items.reshape(n, 6)[:, :5], ((0, 0), (1, 0))), test.items.reshape(n, 6)[:, 5])
 
 
-def test_early_stopping_on_recall_restores_the_best(tmp_path: Path) -> None:
+def test_early_stopping_on_recall_restores_the_best(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Early stopping on recall@5 keeps the best epoch's weights; progress bar, metrics.jsonl, TensorBoard, curves.png."""
     torch.manual_seed(0)
     model = SASRec(SequenceConfig(num_items=NUM_ITEMS, max_len=6, dim=16, num_layers=1, dropout=0.0), optimizer=Adam(lr=0.5))
     es = EarlyStopping(patience=1, min_delta=0.0, restore_best=True)
-    cfg = TrainConfig(epochs=10, lr=0.05, early_stopping=es, out_dir=str(tmp_path), progress=False, tensorboard=False)
+    cfg = TrainConfig(epochs=10, lr=0.05, early_stopping=es, out_dir=str(tmp_path))
     valid = _validation(40, 1)
     history = fit(model, window_batches(last_n(_chains(60, 7, 0), 7), 20), valid, cfg, family=Sequential(ks=(5,)))
     assert history.best_eval is not None and history.best_eval["recall@5"] == max(r["recall@5"] for r in history.evals)
     assert evaluate_next_item(model, valid.histories, valid.targets, ks=(5,))["recall@5"] == history.best_eval["recall@5"]
     assert history.stopped_early == (len(history.evals) < 10) and (tmp_path / "curves.png").is_file()
+    assert f"recall@5={history.evals[-1]['recall@5']:.4f}" in capsys.readouterr().err
+    assert (tmp_path / "metrics.jsonl").read_text().count('"recall@5"') == len(history.evals)
+    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tensorboard").iterdir())
 
 
 def _sasrec(table: Any, seed: int) -> SASRec:

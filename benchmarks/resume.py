@@ -61,8 +61,8 @@ def setup(kind: str, quick: bool) -> tuple[Any, Any, Any, Any, int]:
     from hugerec.models.two_tower import TwoTower, TwoTowerConfig
     from hugerec.training.epoch_batches import EpochBatches
     from hugerec.training.losses import SampledSoftmax
-    from hugerec.training.retrieval import Retrieval, RetrievalValidation
-    from hugerec.training.sequential import FullSoftmax, NextItemValidation, Sequential, window_batches
+    from hugerec.training.retrieval import RetrievalFamily, RetrievalValidation
+    from hugerec.training.sequential import FullSoftmax, NextItemValidation, SequentialFamily, window_batches
 
     with gzip.open(DATA / "movielens" / "ml-100k" / "u.data.gz", "rb") as f:
         raw = pl.read_csv(f.read(), separator="\t", has_header=False, new_columns=["user", "item", "rating", "timestamp"])
@@ -83,7 +83,7 @@ def setup(kind: str, quick: bool) -> tuple[Any, Any, Any, Any, int]:
             torch.manual_seed(0)
             return TwoTower(config, data.num_users, data.num_items, Adam(lr=0.01))
 
-        return build, batches, validation, Retrieval(train.item_counts(), SampledSoftmax(num_negatives=256, mask_history=True)), steps
+        return build, batches, validation, RetrievalFamily(train.item_counts(), SampledSoftmax(num_negatives=256, mask_history=True)), steps
     seqs = group_sequences(raw.select("user", "item", "timestamp"), key="user", drop_repeats=False)
     vocab = ItemVocabulary.fit(seqs.items)
     encoded, _ = vocab.encode(seqs, min_length=2)
@@ -97,7 +97,7 @@ def setup(kind: str, quick: bool) -> tuple[Any, Any, Any, Any, int]:
         return SASRec(SequenceConfig(num_items=vocab.num_items, max_len=20, dim=dim, num_layers=1, dropout=0.2), Adam(lr=0.005))
 
     del np
-    return build_sasrec, batches, validation, Sequential(FullSoftmax()), len(batches)
+    return build_sasrec, batches, validation, SequentialFamily(FullSoftmax()), len(batches)
 
 
 def worker(out: str, kind: str, quick: bool, point: str, resume: bool) -> None:

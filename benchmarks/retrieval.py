@@ -59,7 +59,7 @@ from hugerec.sparse.jagged import JaggedTensor
 from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.losses import NegativeSampler, SampledSoftmax, sampled_softmax, sampled_softmax_plain
 from hugerec.training.ranking_metrics import evaluate_ranking
-from hugerec.training.retrieval import Retrieval, RetrievalModel, user_vectors
+from hugerec.training.retrieval import RetrievalFamily, RetrievalModel, user_vectors
 from hugerec.training.trainer import TrainConfig, fit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,7 +152,7 @@ def train_model(
     )
     cfg = TrainConfig(epochs=params["epochs"], lr=params["lr"], seed=seed, progress=False, tensorboard=False, plot=False)
     start = time.perf_counter()
-    history = fit(model, batches, None, cfg, family=Retrieval(train.item_counts(), params["loss"]))
+    history = fit(model, batches, None, cfg, family=RetrievalFamily(train.item_counts(), params["loss"]))
     log(f"    {kind}: {history.steps} steps, loss {history.train[0]['loss']:.4f} -> {history.train[-1]['loss']:.4f}")
     return model, time.perf_counter() - start
 
@@ -318,7 +318,7 @@ def train_throughput(quick: bool, log: Callable[[str], None]) -> list[Record]:
         dim=dim, embedding_dim=dim, user_layers=(hidden,), max_history=hist, recent=(1, 5), similarity=Similarity.COSINE, temperature=0.05
     )
     ours = TwoTower(cfg, users, items, hr.Adam(lr=1e-3))  # trained by fit, and by main's loop in its own rounds
-    family = Retrieval(counts, loss_cfg)
+    family = RetrievalFamily(counts, loss_cfg)
     fit_cfg = TrainConfig(max_steps=per_round, lr=1e-3, seed=None, log_every=per_round, progress=False, tensorboard=False, plot=False)
     main_opt = torch.optim.Adam(ours.parameters(), lr=1e-3)
     ref = TorchTwoTower(users, items, dim, hidden)

@@ -69,7 +69,7 @@ from hugerec.training.losses import Negatives, SampledSoftmax
 from hugerec.training.next_item import CSR, rank_metrics, target_ranks
 from hugerec.training.sequential import (
     FullSoftmax,
-    Sequential,
+    SequentialFamily,
     all_item_vectors,
     query_vectors,
     window_batches,
@@ -174,7 +174,7 @@ def train_model(
             return inner.make(e)
 
         batches = EpochBatches(epoch, len(inner))
-    history = fit(model, batches, None, tc, family=Sequential(FullSoftmax(), mask_prob=0.2))
+    history = fit(model, batches, None, tc, family=SequentialFamily(FullSoftmax(), mask_prob=0.2))
     if progress is not None and max_steps is None:
         progress(model, epochs - 1)
     print(f"  {name}: {history.steps} steps, loss {history.train[0]['loss']:.3f} -> {history.train[-1]['loss']:.3f}", flush=True)
@@ -333,7 +333,7 @@ def throughput(records: Records, quick: bool, seed: int, seconds: float | None =
     cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=dim, num_layers=2, num_heads=1, dropout=0.2)
     ours = SASRec(cfg, optimizer=Adam(lr=3e-3))
     loss = SampledSoftmax(negatives=Negatives.MIXED, num_negatives=1024, alpha=1.0)
-    family = Sequential(loss, item_counts=np.bincount(train.items, minlength=num_items + 1))
+    family = SequentialFamily(loss, item_counts=np.bincount(train.items, minlength=num_items + 1))
     windows = last_n(train, window_width(ours))
     batches = window_batches(windows, 128, seed)
 

@@ -57,7 +57,7 @@ def main() -> None:
         batches,
         validation,
         hr.training.TrainConfig(epochs=args.epochs, lr=1e-3, early_stopping=es, tensorboard=False),
-        family=hr.training.Retrieval(fit_part.item_counts()),
+        family=hr.training.RetrievalFamily(fit_part.item_counts()),
     )
 
     offsets, items = hr.data.histories(train)

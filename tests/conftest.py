@@ -7,6 +7,10 @@ neither, and the suite must still pass there: a test that reads the samples decl
 folder, with `HUGEREC_DATA` set to it for the test). Without those files the test is skipped, naming
 them. CI runs the suite a second time from a clone with no samples in reach (`.ci/run`), which fails
 on any test that needs them without saying so.
+
+Without a CUDA device the Triton kernels (hugerec/ops/gpu) run under Triton's interpreter on the CPU.
+Triton decides interpreted or compiled when a kernel is defined, so the variable is set here, before any
+test module imports them; with a CUDA device they are compiled and run on it.
 """
 
 from __future__ import annotations
@@ -15,8 +19,12 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def find_shared_data() -> Path | None:

@@ -9,24 +9,26 @@
 <train.out_dir>/index/                   index: the exact or HNSW index over the item vectors
 <train.out_dir>/recommendations.parquet  recommend: one row per (user or history, rank)
 
-Data come from [interactions] (retrieval) or [sequences] (sequential) and are read, id-mapped and
-split the same way by every command, so `evaluate` scores exactly the held-out part `train` left out
-(it checks that the data still give the model's vocabulary). `train` cuts a validation split from the
-training part the same way the test split was cut (each user's last training events, the last time
-fraction, or the latest tenth of the sessions) and trains with [train] on the rest: epochs is the most it trains, early stopping on the
-validation metric ([train.early_stopping], recall@K by default) decides when to stop.
+Data are views of [preprocess]'s declared input (hugerec.data.events: user histories for retrieval,
+sessions or user histories for sequential models, as [interactions] / [sequences] say) and are read,
+id-mapped and split the same way by every command, so `evaluate` scores exactly the held-out part
+`train` left out (it checks that the data still give the model's vocabulary). `train` cuts a validation
+split from the training part the same way the test split was cut (each user's last training events, the
+latest time fraction, or the latest tenth of the sessions) and trains with [train] through the one
+trainer (`hugerec.training.fit`) on the rest: epochs is the most it trains, early stopping on the
+validation metric ([train.early_stopping], recall@K by default) decides when to stop. The model is built
+by the registry (`hugerec.models.build_model`); the model file is the library's
+(hugerec.training.save_model / load_model).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -34,56 +36,32 @@ import torch.distributed as dist
 from torch import nn
 
 from hugerec.cli.config_file import ConfigError
-from hugerec.cli.interactions_config import (
-    RETRIEVAL_TYPES,
-    MFModel,
-    Protocol,
-    SequentialModel,
-    Split,
-    TwoTowerModel,
-    Windows,
-    read_task_model,
-)
+from hugerec.cli.interactions_config import SequenceWindows
 from hugerec.cli.run_config import RunConfig
-from hugerec.data.interactions import (
-    Interactions,
-    categorify,
-    held_out_csr,
-    histories,
-    iter_examples,
-    last_items,
-    read_interactions,
-    time_split,
-)
+from hugerec.data.events import RetrievalData, SequenceData, SequenceProtocol, retrieval_view, sequence_view
+from hugerec.data.input_spec import InputSpec
+from hugerec.data.interactions import Interactions, held_out_csr, histories, iter_examples, last_items, time_split
 from hugerec.data.interactions import leave_last_out as interactions_leave_last_out
-from hugerec.data.schema import ValueType
-from hugerec.data.sessions import (
-    ItemVocabulary,
-    Sequences,
-    group_sequences,
-    last_n,
-    prefixes,
-    sliding_windows,
-    split_by_day,
-    with_reversed,
-)
+from hugerec.data.prepare import SplitKind, SplitSpec
+from hugerec.data.sessions import ItemVocabulary, Sequences, last_n, prefixes, sliding_windows, with_reversed
 from hugerec.data.sessions import leave_last_out as sequences_leave_last_out
-from hugerec.data.shards import expand_paths
 from hugerec.distributed.launch import DistEnv, init_from_env, launched_by_torchrun
 from hugerec.distributed.planner import Constraint, Workload, plan
 from hugerec.distributed.shard import shard
 from hugerec.distributed.sharding_plan import ShardingKind
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.index.vector_index import load_index
-from hugerec.models.mf import MatrixFactorization
-from hugerec.models.sequence import PAD
-from hugerec.models.two_tower import TwoTower
+from hugerec.models.mf import MatrixFactorization, MFConfig
+from hugerec.models.registry import Family, build_model
+from hugerec.models.sequence import PAD, MLMConfig, SequenceModelConfig
+from hugerec.models.two_tower import TwoTower, TwoTowerConfig
 from hugerec.sparse.jagged import JaggedTensor
 from hugerec.training.checkpoint import load_checkpoint
+from hugerec.training.declared_loss import retrieval_loss, sequence_loss
 from hugerec.training.epoch_batches import EpochBatches
-from hugerec.training.model_file import model_file_task
+from hugerec.training.model_file import RawIds, SavedModel, load_model, save_model
 from hugerec.training.retrieval import (
-    Retrieval,
+    RetrievalFamily,
     RetrievalModel,
     RetrievalValidation,
     all_item_vectors,
@@ -92,12 +70,10 @@ from hugerec.training.retrieval import (
     recommend,
     user_vectors,
 )
-from hugerec.training.retrieval_file import load_retrieval_model, save_retrieval_model
-from hugerec.training.sequence_file import build_sequence_model, load_sequence_model, save_sequence_model
 from hugerec.training.sequential import (
     NextItemValidation,
     SequenceModel,
-    Sequential,
+    SequentialFamily,
     evaluate_next_item,
     query_vectors,
     window_batches,
@@ -108,79 +84,54 @@ from hugerec.training.trainer import History, fit, seed_everything
 
 
 def is_retrieval(cfg: RunConfig) -> bool:
-    return cfg.model.get("type") in RETRIEVAL_TYPES
+    return cfg.family is Family.RETRIEVAL
 
 
-# -- reading events ------------------------------------------------------------------------------
-def read_events(
-    files: str | None, where: str, columns: tuple[str, ...], separator: str, header: bool, ids: dict[str, str], timestamp: str
-) -> pl.DataFrame:
-    """The id columns (renamed to ids' keys, Int64) and `timestamp` (Int64 seconds, fractions floored) of every file.
+# -- the data: views of the declared input -------------------------------------------------------
+def _declared(cfg: RunConfig) -> tuple[InputSpec, str]:
+    """[preprocess]'s input spec (columns resolved) and its files."""
+    from hugerec.cli.commands import input_spec
 
-    A bad value is one line naming the file, the line and the column.
-    """
-    if files is None:
-        raise ConfigError(f"{where}.files: no data given; set {where}.files to the event log (a file, folder or glob)")
-    try:
-        paths = expand_paths(files)
-    except (FileNotFoundError, ValueError) as e:
-        raise ConfigError(f"{where}.files: {e}") from None
-    types = {c: (ValueType.INT if c in ids.values() else ValueType.STRING) for c in columns}
-    frames = []
-    for p in paths:
-        try:
-            raw = read_interactions(p, columns, separator=separator, has_header=header, types=types)
-        except (ValueError, OSError) as e:
-            raise ConfigError(f"{where}.files: {' '.join(str(e).split())}") from None
-        ts = raw[timestamp].cast(pl.String).cast(pl.Float64, strict=False)
-        bad = (ts.is_null() | ts.is_nan()).arg_true()
-        if len(bad):
-            i = int(bad[0])
-            raise ConfigError(f"{p}: line {i + 1 + int(header)}, column {timestamp!r}: {raw[timestamp][i]!r} is not a time in seconds")
-        frames.append(raw.select(*(pl.col(c).alias(k) for k, c in ids.items()), ts.floor().cast(pl.Int64).alias("timestamp")))
-    out = pl.concat(frames)
-    if out.height == 0:
-        raise ConfigError(f"{where}.files: {files!r} holds no events")
-    return out
+    return input_spec(cfg), cfg.preprocess.input
 
 
-# -- retrieval data ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RetrievalData:
-    data: Interactions
-    users_raw: np.ndarray
-    items_raw: np.ndarray
-    train: Interactions
-    test: Interactions
+def _retrieval_split(cfg: RunConfig) -> SplitSpec:
+    """[preprocess]'s split for retrieval (default: each user's last `holdout` events)."""
+    p = cfg.preprocess
+    return p.split_spec() if p.split is not None else SplitSpec(SplitKind.LEAVE_LAST_OUT, holdout=p.holdout)
 
 
 def retrieval_data(cfg: RunConfig) -> RetrievalData:
-    s = cfg.interactions
-    raw = read_events(s.files, "interactions", s.columns, s.separator, s.header, {"user": s.user, "item": s.item}, s.timestamp)
-    if s.max_users is not None:
-        keep = raw["user"].unique().sort()[: s.max_users]
-        raw = raw.filter(pl.col("user").is_in(keep.implode()))
-    data, vocab = categorify(raw, min_item_count=s.min_item_count)
-    if data.num_events == 0:
-        raise ConfigError(f"interactions.min_item_count = {s.min_item_count} leaves no events")
-    match s.split:
-        case Split.LEAVE_LAST_OUT:
-            train, test = interactions_leave_last_out(data, s.holdout)
-        case Split.TIME:
-            train, test = time_split(data, cutoff=s.time_cutoff) if s.time_cutoff is not None else time_split(data, fraction=s.time_fraction)
-    if train.num_events == 0 or test.num_events == 0:
+    """User histories of the declared input, split by [preprocess] (default: each user's last `holdout` events)."""
+    p, s = cfg.preprocess, cfg.interactions
+    spec, paths = _declared(cfg)
+    try:
+        return retrieval_view(spec, paths, _retrieval_split(cfg), s.min_item_count, s.max_users, p.on_error)
+    except FileNotFoundError as e:
+        raise ConfigError(f"preprocess.input: {e}") from None
+
+
+def _retrieval_validation(d: RetrievalData, split: SplitSpec) -> tuple[Interactions, Interactions]:
+    """The training part less a validation split, and that split, cut as the test split was from the whole:
+    each user's last `holdout` training events, or by time (the latest eval_fraction of the training
+    part's events; 0.1 when eval_fraction is 0)."""
+    match split.kind:
+        case SplitKind.TIME:
+            fit_part, valid = time_split(d.train, fraction=1.0 - (split.eval_fraction or 0.1))
+        case _:  # leave_last_out (retrieval_view refuses the other kinds)
+            fit_part, valid = interactions_leave_last_out(d.train, split.holdout)
+    if fit_part.num_events == 0 or valid.num_events == 0:
         raise ConfigError(
-            f"interactions.split = {s.split.value!r} gives {train.num_events} training and {test.num_events} test events; both must be > 0"
+            f'preprocess.split = "{split.kind.value}" leaves {fit_part.num_events} training and {valid.num_events} validation '
+            "events in the training part; both must be > 0"
         )
-    return RetrievalData(data, vocab.users, vocab.items, train, test)
+    return fit_part, valid
 
 
-def build_retrieval_model(kind: TwoTowerModel | MFModel, num_users: int, num_items: int, cfg: RunConfig) -> RetrievalModel:
-    match kind:
-        case TwoTowerModel():
-            return TwoTower(kind.tower_config(), num_users, num_items, cfg.embedding.optimizer)
-        case MFModel(dim=dim, temperature=temperature, init_std=init_std):
-            return MatrixFactorization(num_users, num_items, dim, cfg.embedding.optimizer, temperature, init_std)
+def build_retrieval_model(kind: TwoTowerConfig | MFConfig, num_users: int, num_items: int, cfg: RunConfig) -> RetrievalModel:
+    model = build_model(kind, optimizer=cfg.embedding.optimizer, num_users=num_users, num_items=num_items)
+    assert isinstance(model, TwoTower | MatrixFactorization)  # the registry's retrieval builders
+    return model
 
 
 def _max_history(model: RetrievalModel) -> int:
@@ -188,28 +139,24 @@ def _max_history(model: RetrievalModel) -> int:
 
 
 def train_retrieval(cfg: RunConfig) -> dict[str, float]:
-    """Read, split, train with [train] (early stopping on a validation split: each user's last training
-    events), evaluate on the held-out part, save model.pt and metrics.json; returns the metrics.
+    """Read, split, train with [train] (early stopping on a validation split cut from the training part
+    as the test split was from the whole), evaluate on the held-out part, save model.pt and metrics.json;
+    returns the metrics.
 
     Under torchrun every rank trains its rows of each batch; the user and item tables are sharded row-wise
     (the plan is printed) and rank 0 writes the model."""
-    kind = read_task_model(cfg.model)
-    assert isinstance(kind, TwoTowerModel | MFModel)
+    kind = cfg.model
+    assert isinstance(kind, TwoTowerConfig | MFConfig)  # the CLI sends retrieval models here
     d = retrieval_data(cfg)
+    split = _retrieval_split(cfg)
+    fit_part, valid = _retrieval_validation(d, split)
     s = cfg.interactions
-    match s.split:  # the validation split, cut from the training part as the test split was from the whole
-        case Split.LEAVE_LAST_OUT:
-            fit_part, valid = interactions_leave_last_out(d.train, s.holdout)
-        case Split.TIME:
-            fit_part, valid = time_split(d.train, fraction=s.time_fraction)
-    if fit_part.num_events == 0 or valid.num_events == 0:
-        raise ConfigError(f"interactions.split = {s.split.value!r} leaves no validation events in the training part")
     env = _distributed()
     rank, world = (0, 1) if env is None else (env.rank, env.world_size)
     if rank == 0:
         print(
             f"train: {d.data.num_users:,} users, {d.data.num_items:,} items, {fit_part.num_events:,} training / "
-            f"{valid.num_events:,} validation / {d.test.num_events:,} test events ({s.split.value})",
+            f"{valid.num_events:,} validation / {d.test.num_events:,} test events ({split.kind.value})",
             flush=True,
         )
     try:
@@ -228,7 +175,7 @@ def train_retrieval(cfg: RunConfig) -> dict[str, float]:
                 yield batch if world == 1 else rank_part(batch, rank, world)
 
         batches = EpochBatches(epoch, length=-(-fit_part.num_events // s.batch_size))
-        family = Retrieval(fit_part.item_counts(), kind.loss_config(), ks=tuple(s.ks))
+        family = RetrievalFamily(fit_part.item_counts(), retrieval_loss(kind), ks=tuple(s.ks))
         history = fit(model, batches, validation, cfg.train, family=family)
     finally:
         if env is not None:
@@ -291,58 +238,23 @@ def retrieval_metrics(model: RetrievalModel, d: RetrievalData, ks: tuple[int, ..
 
 
 # -- sequential data -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SequenceData:
-    vocab: ItemVocabulary
-    train: Sequences
-    histories: np.ndarray  # [Q, max_len] left-padded dense ids of the test queries
-    targets: np.ndarray  # [Q]
-    exclude: tuple[np.ndarray, np.ndarray] | None
-    unknown_test_items: int
-
-
-def _sequences(cfg: RunConfig, files: str | None, where: str) -> Sequences:
-    s = cfg.sequences
-    events = read_events(files, where, s.columns, s.separator, s.header, {"key": s.sequence, "item": s.item}, s.timestamp)
-    seqs = group_sequences(events, key="key", gap_seconds=s.gap_seconds, drop_repeats=s.drop_repeats, min_length=s.min_length)
-    if not len(seqs):
-        raise ConfigError(f"{where}: no sequence has sequences.min_length = {s.min_length} items or more")
-    return seqs
-
-
 def sequence_data(cfg: RunConfig, max_len: int) -> SequenceData:
-    s = cfg.sequences
-    seqs = _sequences(cfg, s.files, "sequences")
-    if s.max_sequences is not None:
-        seqs = seqs.select(np.arange(min(s.max_sequences, len(seqs))))
-    match s.protocol:
-        case Protocol.LEAVE_LAST_OUT:
-            vocab = ItemVocabulary.fit(seqs.items)
-            encoded, _ = vocab.encode(seqs, min_length=2)
-            train, targets = sequences_leave_last_out(encoded)
-            return SequenceData(vocab, train, last_n(train, max_len), targets, (train.offsets, train.items), 0)
-        case Protocol.EVERY_PREFIX:
-            if s.test_files is not None:
-                train_raw, test_raw = seqs, _sequences(cfg, s.test_files, "sequences.test_files")
-            else:
-                train_raw, test_raw = split_by_day(seqs, s.test_days)
-            if not len(train_raw) or not len(test_raw):
-                raise ConfigError(f"sequences: the split leaves {len(train_raw)} training and {len(test_raw)} test sequences; both must be > 0")
-            vocab = ItemVocabulary.fit(train_raw.items)
-            train, _ = vocab.encode(train_raw, min_length=2)
-            test, report = vocab.encode(test_raw, min_length=2)
-            seq, end, targets = prefixes(test)
-            if not len(targets):
-                raise ConfigError("sequences: no test sequence keeps 2 items the training data knows")
-            return SequenceData(vocab, train, last_n(test, max_len, rows=seq, ends=end), targets, None, report.unknown_items)
+    """Sessions or user histories of the declared input, held out by [sequences].protocol."""
+    p = cfg.preprocess
+    split = p.split_spec() if p.split is not None else None
+    spec, paths = _declared(cfg)
+    try:
+        return sequence_view(spec, paths, cfg.sequences.spec(), max_len, split, p.test_input, p.on_error)
+    except FileNotFoundError as e:
+        raise ConfigError(f"preprocess.input: {e}") from None
 
 
 def train_sequential(cfg: RunConfig) -> dict[str, float]:
     """Read, split, train with [train] (early stopping on a validation split cut from the training
     sequences as the test split was from all of them), evaluate on the test queries, save model.pt and
     metrics.json. Under torchrun every rank trains its windows of each batch, the item table row-wise."""
-    kind = read_task_model(cfg.model)
-    assert isinstance(kind, SequentialModel)
+    kind = cfg.model
+    assert isinstance(kind, SequenceModelConfig)  # the CLI sends sequential models here
     d = sequence_data(cfg, kind.max_len)
     fit_part, validation = _sequence_validation(cfg, d.train, kind.max_len)
     env = _distributed()
@@ -354,10 +266,9 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
             + (f"; {d.unknown_test_items:,} test items unseen in training skipped)" if d.unknown_test_items else ")"),
             flush=True,
         )
-    model_type = str(cfg.model["type"])
 
     def build() -> nn.Module:
-        return build_sequence_model(model_type, kind.sequence_config(d.vocab.num_items), cfg.embedding.optimizer)
+        return build_model(kind, optimizer=cfg.embedding.optimizer, num_items=d.vocab.num_items)
 
     counts = np.bincount(d.train.items, minlength=d.vocab.num_items + 1)
     try:
@@ -366,15 +277,16 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
         width = window_width(model)  # type: ignore[arg-type]  # SASRec / MaskedTransformer / GRU4Rec
         train = with_reversed(fit_part) if cfg.sequences.augment_reversed else fit_part
         match cfg.sequences.windows:
-            case Windows.LAST:
+            case SequenceWindows.LAST:
                 windows = last_n(train, width)
-            case Windows.SLIDING:
+            case SequenceWindows.SLIDING:
                 windows = sliding_windows(train, width)
         if env is not None:
             model = _shard(model, ("item",), cfg.sequences.batch_size // world, rank, world)
         batches = window_batches(windows, cfg.sequences.batch_size, cfg.train.seed or 0, rank, world)
         fit_counts = np.bincount(fit_part.items, minlength=d.vocab.num_items + 1)
-        family = Sequential(kind.loss_config(), fit_counts, kind.mask_prob, tuple(cfg.sequences.ks))
+        mask_prob = kind.mask_prob if isinstance(kind, MLMConfig) else MLMConfig.mask_prob
+        family = SequentialFamily(sequence_loss(kind), fit_counts, mask_prob, tuple(cfg.sequences.ks))
         history = fit(model, batches, validation, cfg.train, family=family)
     finally:
         if env is not None:
@@ -386,7 +298,7 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
     seq_model: SequenceModel = trained  # type: ignore[assignment]
     metrics = evaluate_next_item(seq_model, d.histories, d.targets, d.exclude, cfg.sequences.ks)
     metrics["queries"] = float(len(d.targets))
-    save_sequence_model(cfg.out_dir / "model.pt", trained, model_type, d.vocab.raw, counts, cfg.embedding.optimizer, {"model": dict(cfg.model)})
+    save_model(cfg.out_dir / "model.pt", trained, kind, cfg.embedding.optimizer, ids=RawIds(d.vocab.raw, counts))
     _write_metrics(cfg, metrics)
     return metrics
 
@@ -396,10 +308,10 @@ def _sequence_validation(cfg: RunConfig, train: Sequences, max_len: int) -> tupl
     sequence's last training item; every-prefix takes the latest tenth of the training sequences by time."""
     s = cfg.sequences
     match s.protocol:
-        case Protocol.LEAVE_LAST_OUT:
+        case SequenceProtocol.LEAVE_LAST_OUT:
             fit_part, targets = sequences_leave_last_out(train)
             return fit_part, NextItemValidation(last_n(fit_part, max_len), targets, (fit_part.offsets, fit_part.items))
-        case Protocol.EVERY_PREFIX:
+        case SequenceProtocol.EVERY_PREFIX:
             # the latest tenth of the training sequences by their last event (at least one)
             ends = np.where(train.lengths > 0, train.timestamps[np.maximum(train.offsets[1:] - 1, 0)], np.iinfo(np.int64).min)
             latest = np.zeros(len(train), dtype=bool)
@@ -420,40 +332,27 @@ def save_task_model(
     item_counts: np.ndarray,
     train_csr: tuple[np.ndarray, np.ndarray],
 ) -> Path:
-    """A retrieval model.pt in the library's format (hugerec.training.save_retrieval_model), the [model]
-    section kept beside it. Sequential models use hugerec.training.save_sequence_model."""
-    path = cfg.out_dir / "model.pt"
-    extra = {"model": dict(cfg.model)}
-    return save_retrieval_model(path, model, users_raw, items_raw, item_counts, train_csr, cfg.embedding.optimizer, extra)
+    """A retrieval model.pt in the library's format (hugerec.training.save_model) with its raw ids."""
+    ids = RawIds(items_raw, item_counts, users_raw, train_csr)
+    return save_model(cfg.out_dir / "model.pt", model, cfg.model, cfg.embedding.optimizer, ids=ids)
 
 
-@dataclass(frozen=True)
-class TaskModelFile:
-    path: Path
-    model_type: str
-    model: nn.Module
-    items_raw: np.ndarray  # retrieval: dense item i is items_raw[i]; sequential: dense item i is items_raw[i - 1]
-    item_counts: np.ndarray
-    users_raw: np.ndarray | None = None
-    train_csr: tuple[np.ndarray, np.ndarray] | None = None
-
-    @property
-    def retrieval(self) -> bool:
-        return self.model_type in RETRIEVAL_TYPES
-
-
-def load_task_model(cfg: RunConfig, path: Path | None) -> TaskModelFile:
+def load_task_model(cfg: RunConfig, path: Path | None) -> SavedModel:
+    """A retrieval or sequential model file (default <train.out_dir>/model.pt); another family is one line."""
     path = path or cfg.out_dir / "model.pt"
     if not path.is_file():
         raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
-    task = model_file_task(path)
-    if task == "sequential":
-        seq = load_sequence_model(path)
-        return TaskModelFile(path, seq.model_type, seq.model, seq.items_raw, seq.item_counts)
-    if task != "retrieval":
-        raise ConfigError(f"{path}: not a model file `hugerec train` wrote for a retrieval or sequential model (a {task} model)")
-    r = load_retrieval_model(path)
-    return TaskModelFile(path, r.model_type, r.model, r.items_raw, r.item_counts, r.users_raw, r.train_csr)
+    saved = load_model(path)
+    if saved.family not in (Family.RETRIEVAL, Family.SEQUENTIAL):
+        raise ConfigError(f"{path}: holds a {saved.model_type!r} model ({saved.family.value}), not a retrieval or sequential one")
+    return saved
+
+
+def _users(saved: SavedModel) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """A retrieval model file's raw user ids [U] and each user's training items (CSR)."""
+    ids = saved.ids
+    assert ids is not None and ids.users is not None and ids.train_csr is not None  # save_model's retrieval checks
+    return ids.users, ids.train_csr
 
 
 def _write_metrics(cfg: RunConfig, metrics: dict[str, float]) -> None:
@@ -465,14 +364,14 @@ def _write_metrics(cfg: RunConfig, metrics: dict[str, float]) -> None:
 def evaluate_task(cfg: RunConfig, model_path: Path | None) -> dict[str, float]:
     """The held-out metrics of a trained model on the config's data, split as in training."""
     saved = load_task_model(cfg, model_path)
-    if saved.model_type != cfg.model.get("type"):
-        raise ConfigError(f"{saved.path} holds a {saved.model_type!r} model, the config's model.type is {cfg.model.get('type')!r}")
-    if saved.retrieval:
+    if saved.model_type != cfg.model_type:
+        raise ConfigError(f"{saved.path} holds a {saved.model_type!r} model, the config's model.type is {cfg.model_type!r}")
+    if saved.family is Family.RETRIEVAL:
         d = retrieval_data(cfg)
-        assert saved.users_raw is not None
-        if not (np.array_equal(d.users_raw, saved.users_raw) and np.array_equal(d.items_raw, saved.items_raw)):
+        users_raw = _users(saved)[0]
+        if not (np.array_equal(d.users_raw, users_raw) and np.array_equal(d.items_raw, saved.items_raw)):
             raise ConfigError(
-                f"[interactions] gives {len(d.users_raw):,} users / {len(d.items_raw):,} items, not the {len(saved.users_raw):,} / "
+                f"the declared input gives {len(d.users_raw):,} users / {len(d.items_raw):,} items, not the {len(users_raw):,} / "
                 f"{len(saved.items_raw):,} {saved.path} was trained on: evaluate with the training config"
             )
         return retrieval_metrics(saved.model, d, cfg.interactions.ks)  # type: ignore[arg-type]  # a retrieval model
@@ -480,7 +379,7 @@ def evaluate_task(cfg: RunConfig, model_path: Path | None) -> dict[str, float]:
     d2 = sequence_data(cfg, seq_model.cfg.max_len)
     if not np.array_equal(d2.vocab.raw, saved.items_raw):
         raise ConfigError(
-            f"[sequences] gives {d2.vocab.num_items:,} items, not the {len(saved.items_raw):,} {saved.path} was trained on: "
+            f"the declared input gives {d2.vocab.num_items:,} items, not the {len(saved.items_raw):,} {saved.path} was trained on: "
             "evaluate with the training config"
         )
     metrics = evaluate_next_item(seq_model, d2.histories, d2.targets, d2.exclude, cfg.sequences.ks)
@@ -506,8 +405,8 @@ def build_item_index(cfg: RunConfig, model_path: Path | None, out: Path | None) 
     return folder, vectors.shape[0], vectors.shape[1]
 
 
-def _item_vectors(saved: TaskModelFile) -> tuple[torch.Tensor, torch.Tensor]:
-    if saved.retrieval:
+def _item_vectors(saved: SavedModel) -> tuple[torch.Tensor, torch.Tensor]:
+    if saved.family is Family.RETRIEVAL:
         v = all_item_vectors(saved.model)  # type: ignore[arg-type]
         return v, torch.arange(v.shape[0])
     v = sequence_item_vectors(saved.model).float()  # type: ignore[arg-type]
@@ -517,19 +416,19 @@ def _item_vectors(saved: TaskModelFile) -> tuple[torch.Tensor, torch.Tensor]:
 # -- export --------------------------------------------------------------------------------------
 def export_task_model(cfg: RunConfig, model_path: Path | None, out: Path | None) -> Path:
     """A sequential model -> a next-items serving bundle (default <train.out_dir>/bundle), named after model.type."""
-    from hugerec.serving.next_items import export_next_items
+    from hugerec.serving.bundles.next_items_bundle import export_next_items
 
     if is_retrieval(cfg):
         raise ConfigError(
-            f"export: model.type = {cfg.model.get('type')!r}: serving bundles of retrieval models are not built yet; "
+            f"export: model.type = {cfg.model_type!r}: serving bundles of retrieval models are not built yet; "
             "use `hugerec index` and `hugerec recommend`"
         )
     path = model_path or cfg.out_dir / "model.pt"
     if not path.is_file():
         raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
-    saved = load_sequence_model(path)
+    saved = load_model(path, Family.SEQUENTIAL)
     k = min(cfg.recommend.k, saved.num_items)
-    return export_next_items(path, out or cfg.out_dir / "bundle", str(cfg.model["type"]), "1", k, cfg.recommend.exclude_seen)
+    return export_next_items(path, out or cfg.out_dir / "bundle", cfg.model_type, "1", k, cfg.recommend.exclude_seen)
 
 
 # -- recommend -----------------------------------------------------------------------------------
@@ -570,7 +469,8 @@ def recommend_to_parquet(cfg: RunConfig, model_path: Path | None) -> tuple[Path,
                 f"index {folder} holds {len(index):,} vectors of dim {index.dim}, the model {saved.path} has {num_items:,} items "
                 f"of dim {dim}: rebuild it with `hugerec index`"
             )
-    table, notes = _recommend_retrieval(saved, cfg, index) if saved.retrieval else _recommend_sequential(saved, cfg, index)
+    retrieval = saved.family is Family.RETRIEVAL
+    table, notes = _recommend_retrieval(saved, cfg, index) if retrieval else _recommend_sequential(saved, cfg, index)
     out = Path(r.out) if r.out else cfg.out_dir / "recommendations.parquet"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -620,18 +520,17 @@ def _rows(keys: np.ndarray, key_name: str, ids: np.ndarray, scores: np.ndarray, 
     )
 
 
-def _recommend_retrieval(saved: TaskModelFile, cfg: RunConfig, index: Any) -> tuple[pa.Table, list[str]]:
+def _recommend_retrieval(saved: SavedModel, cfg: RunConfig, index: Any) -> tuple[pa.Table, list[str]]:
     r = cfg.recommend
     users = list(r.users) + (_ints(" ".join(_read_lines(r.users_file, "recommend.users_file")), "recommend.users_file") if r.users_file else [])
     if not users:
         raise ConfigError("recommend: no users given; pass --users 1,2,3 or set recommend.users / recommend.users_file")
-    assert saved.users_raw is not None and saved.train_csr is not None
+    users_raw, (offsets, items) = _users(saved)
     model: RetrievalModel = saved.model  # type: ignore[assignment]
     raw = np.asarray(users, dtype=np.int64)
-    pos = np.clip(np.searchsorted(saved.users_raw, raw), 0, len(saved.users_raw) - 1)
-    known = saved.users_raw[pos] == raw
+    pos = np.clip(np.searchsorted(users_raw, raw), 0, len(users_raw) - 1)
+    known = users_raw[pos] == raw
     dense = np.where(known, pos, -1).astype(np.int64)
-    offsets, items = saved.train_csr
     seen = [items[offsets[u] : offsets[u + 1]] if u >= 0 and r.exclude_seen else np.empty(0, np.int64) for u in dense]
     notes = []
     n_cold = int((~known).sum())
@@ -666,7 +565,7 @@ def _recommend_retrieval(saved: TaskModelFile, cfg: RunConfig, index: Any) -> tu
     return _rows(raw, "user", ids, scores, saved.items_raw, source), notes
 
 
-def _recommend_sequential(saved: TaskModelFile, cfg: RunConfig, index: Any) -> tuple[pa.Table, list[str]]:
+def _recommend_sequential(saved: SavedModel, cfg: RunConfig, index: Any) -> tuple[pa.Table, list[str]]:
     r = cfg.recommend
     raw_histories: list[list[int]] = [list(r.history)] if r.history else []
     if r.history_file:

@@ -1,11 +1,12 @@
 """What a model family gives the one trainer (`fit`): its batch, its loss and its validation metrics.
 
-    fit(dlrm, loader, valid_batches, config)                                      # Ranking() by default
-    fit(two_tower, example_batches, RetrievalValidation(...), config, family=Retrieval(item_counts))
-    fit(sasrec, window_batches(windows, 128), NextItemValidation(...), config, family=Sequential(FullSoftmax()))
+    fit(dlrm, loader, valid_batches, config)                                      # RankingFamily() by default
+    fit(two_tower, example_batches, RetrievalValidation(...), config, family=RetrievalFamily(item_counts))
+    fit(sasrec, window_batches(windows, 128), NextItemValidation(...), config, family=SequentialFamily(FullSoftmax()))
 
-A family is a small frozen object (`Ranking` in trainer.py, `Retrieval` in retrieval.py, `Sequential`
-in sequential.py), not a subclass of anything: the trainer only calls the methods of `Family`.
+A family is a small frozen object (`RankingFamily` in trainer.py, `RetrievalFamily` in retrieval.py, `SequentialFamily`
+in sequential.py), not a subclass of anything: the trainer only calls the methods of `TrainerFamily`
+(the registry's `hugerec.models.Family` enum names a model type's family; this is what it trains by).
 
     prepare(model, batch, ctx)   the step's inputs from one training batch: moved to the device, negatives
                                  drawn from ctx.generator, the SparseFeatures of each embedding lookup built.
@@ -25,7 +26,7 @@ process takes on the whole batch (the same rule as DistributedDataParallel's ave
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -34,6 +35,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.distributed import ProcessGroup
 
+from hugerec.sparse.device_copy import DeviceCopy
 from hugerec.sparse.features import SparseFeatures
 from hugerec.training.precision import Precision
 from hugerec.training.schedule import Schedule
@@ -41,7 +43,7 @@ from hugerec.training.schedule import Schedule
 
 @dataclass(frozen=True)
 class Prepared:
-    """One training step's inputs, as `Family.prepare` made them.
+    """One training step's inputs, as `TrainerFamily.prepare` made them.
 
     inputs    the family's own (a Batch for ranking; tensors and negatives for the others)
     sparse    the SparseFeatures the model's embedding lookups will take, the very tensor objects (the
@@ -58,16 +60,21 @@ class Prepared:
 class StepContext:
     """What a family's step may use besides the model: the device, its random generator, and this rank's
     place in the process group (rank 0 of 1 in one process; `group` is the family's own process group
-    for per-step collectives, None in one process)."""
+    for per-step collectives, None in one process). `copy` moves a ranking Batch to the device (one copy
+    stream per context under CUDA)."""
 
     device: torch.device
     generator: torch.Generator
     rank: int = 0
     world: int = 1
     group: ProcessGroup | None = None
+    copy: DeviceCopy = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "copy", DeviceCopy(self.device))
 
 
-class Family(Protocol):
+class TrainerFamily(Protocol):
     """The seam between the trainer and a model family (see the module docstring)."""
 
     @property

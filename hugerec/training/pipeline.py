@@ -2,7 +2,8 @@
 
     main thread      step i-1 | step i           | step i+1
     worker thread    prep i   | prep i+1         | prep i+2
-                      (next(loader): decode; the family's `prepare`: to the device, negatives drawn,
+                      (next(loader): decode; the family's `prepare`: to the device (a ranking Batch
+                       through pinned memory on a copy stream under CUDA), negatives drawn,
                        the lookups' SparseFeatures built; then per embedding collection `stage`: the dynamic
                        tables' hash remap and the disk tier's loading of the rows into cache slots;
                        a sharded collection first sends the pooled ids to their owners, on a process
@@ -28,6 +29,7 @@ from torch import nn
 from hugerec.distributed.sharded import ShardedEmbeddingCollection
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.sparse.batch import Batch
+from hugerec.sparse.device_copy import DeviceCopy
 from hugerec.training.family import Prepared
 
 Stageable = EmbeddingCollection | ShardedEmbeddingCollection
@@ -48,7 +50,7 @@ def stageable(model: nn.Module) -> list[Stageable]:
 class Pipeline:
     """Iterates `data` with each batch prepared: moved to `device` and staged in the model's embedding collections.
 
-    prepare  a family's step preparation (`hugerec.training.family.Family.prepare`, bound to the model):
+    prepare  a family's step preparation (`hugerec.training.family.TrainerFamily.prepare`, bound to the model):
              the pipeline then yields its `Prepared` steps and stages their SparseFeatures, each in the
              collections that know all its features. Without it, batches are `Batch`es: moved, their
              `sparse` staged, and yielded as batches.
@@ -71,6 +73,7 @@ class Pipeline:
         self.waited_s = 0.0  # main-thread time spent waiting for them: the part not hidden behind a step
         self._pending: list[Future[Prepared | None]] = []
         self._known = [frozenset((*c.feature_names, *c.sequence_feature_names)) for c in self.collections]
+        self._copy = DeviceCopy(device)  # CUDA: pinned memory and a copy stream, overlapping the step
 
     def __call__(self, data: Iterable[Any]) -> Iterator[Any]:
         batches = iter(data)
@@ -110,7 +113,7 @@ class Pipeline:
         batch = next(batches, None)
         prepared = None
         if batch is not None:
-            prepared = self.prepare(batch) if self.prepare is not None else prepare_batch(batch, self.device)
+            prepared = self.prepare(batch) if self.prepare is not None else prepare_batch(batch, self._copy)
             for sparse in prepared.sparse:
                 keys = set(sparse.keys)
                 for c, known in zip(self.collections, self._known, strict=True):
@@ -125,9 +128,10 @@ class Pipeline:
         return {"prepare_s": self.prepare_s, "waited_s": self.waited_s, "hidden": max(0.0, hidden)}
 
 
-def prepare_batch(batch: Batch, device: torch.device) -> Prepared:
-    """A ranking `Batch` as a step: moved to the device, its `sparse` staged."""
-    batch = batch.to(device, non_blocking=True)
+def prepare_batch(batch: Batch, copy: DeviceCopy) -> Prepared:
+    """A ranking `Batch` as a step: copied to the device (on CUDA asynchronously, through pinned memory
+    on a copy stream: `hugerec.sparse.device_copy`), its `sparse` to be staged."""
+    batch = copy(batch)
     return Prepared(batch, (batch.sparse,), batch.batch_size)
 
 

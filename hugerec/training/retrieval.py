@@ -1,6 +1,6 @@
 """Retrieval models (TwoTower, MatrixFactorization): their training family, item vectors, top-K, metrics.
 
-    family = Retrieval(item_counts, SampledSoftmax(num_negatives=1024))
+    family = RetrievalFamily(item_counts, SampledSoftmax(num_negatives=1024))
     batches = EpochBatches(lambda epoch: iter_examples(train, 1024, 50, seed=epoch), length=n_batches)
     valid = RetrievalValidation(users, history, held_out, exclude)
     history = fit(model, batches, valid, TrainConfig(epochs=20), family=family)   # early stopping on recall@10
@@ -77,7 +77,7 @@ class _Step:
 
 
 @dataclass(frozen=True, eq=False)
-class Retrieval:
+class RetrievalFamily:
     """The retrieval family (TwoTower, MatrixFactorization): batches of (users [B], items [B], history),
     the loss over the positives and sampled candidates, validation by full ranking (RetrievalValidation).
 
@@ -93,7 +93,7 @@ class Retrieval:
 
     def __post_init__(self) -> None:
         if not self.ks or any(not isinstance(k, int) or k < 1 for k in self.ks):
-            raise ValueError(f"Retrieval: ks must be integers >= 1, got {self.ks!r}")
+            raise ValueError(f"RetrievalFamily: ks must be integers >= 1, got {self.ks!r}")
         object.__setattr__(self, "ks", tuple(self.ks))
         object.__setattr__(self, "sampler", NegativeSampler(self.loss, self.item_counts))
 

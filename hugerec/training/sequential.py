@@ -3,7 +3,7 @@
     model = SASRec(SequenceConfig(num_items=I, max_len=50))
     batches = window_batches(last_n(train, window_width(model)), batch_size=128, seed=0)
     valid = NextItemValidation(valid_histories, valid_targets, exclude)
-    fit(model, batches, valid, TrainConfig(epochs=30), family=Sequential(FullSoftmax()))   # early stopping on recall@10
+    fit(model, batches, valid, TrainConfig(epochs=30), family=SequentialFamily(FullSoftmax()))   # early stopping on recall@10
     metrics = evaluate_next_item(model, histories, targets, exclude=None, ks=(10, 20))
     top_items = recommend_next(model, [np.array([5, 17, 3])], k=10)
 
@@ -18,7 +18,7 @@ t + 1; the masked model (Objective.MASKED) trains the masked positions of the la
 Item rows are updated by the model's sparse optimizer inside the backward; the dense parameters
 (positions, attention, GRU) by the trainer's dense optimizer.
 
-A model family of the one trainer (`Sequential`): `prepare` cuts inputs and targets from the windows,
+A model family of the one trainer (`SequentialFamily`): `prepare` cuts inputs and targets from the windows,
 draws the mask and the negatives from the family generator and builds the item lookup's features
 (`ItemLookup.features`: staged by the training pipeline for dynamic and disk-tier item tables);
 `loss` runs the model and the loss. Sharded (torchrun), each rank trains its windows of the global
@@ -99,7 +99,7 @@ class _Step:
 
 
 @dataclass(frozen=True, eq=False)
-class Sequential:
+class SequentialFamily:
     """The sequential family (SASRec, MaskedTransformer, GRU4Rec; see SequenceModel): batches of windows
     [B, W] (`window_batches`), next-item or masked-item loss, validation by the next item's rank
     (NextItemValidation: Recall/MRR/NDCG@K).
@@ -119,14 +119,14 @@ class Sequential:
 
     def __post_init__(self) -> None:
         if not 0.0 < self.mask_prob < 1.0:
-            raise ValueError(f"Sequential: mask_prob must be in (0, 1), got {self.mask_prob}")
+            raise ValueError(f"SequentialFamily: mask_prob must be in (0, 1), got {self.mask_prob}")
         if not self.ks or any(not isinstance(k, int) or k < 1 for k in self.ks):
-            raise ValueError(f"Sequential: ks must be integers >= 1, got {self.ks!r}")
+            raise ValueError(f"SequentialFamily: ks must be integers >= 1, got {self.ks!r}")
         object.__setattr__(self, "ks", tuple(self.ks))
         sampler = None
         if isinstance(self.loss, SampledSoftmax):
             if self.item_counts is None:
-                raise ValueError("Sequential: SampledSoftmax needs item_counts ([I + 1] events per item id)")
+                raise ValueError("SequentialFamily: SampledSoftmax needs item_counts ([I + 1] events per item id)")
             counts = np.asarray(self.item_counts, dtype=np.float64).copy()
             counts[PAD] = 0.0
             sampler = NegativeSampler(self.loss, counts)
@@ -153,10 +153,10 @@ class Sequential:
         width = cfg.max_len + (1 if objective is Objective.NEXT else 0)
         windows = torch.as_tensor(batch, dtype=torch.int64)
         if windows.dim() != 2 or windows.shape[1] != width:
-            raise ValueError(f"Sequential: batches must be windows [B, {width}], got shape {tuple(windows.shape)}")
+            raise ValueError(f"SequentialFamily: batches must be windows [B, {width}], got shape {tuple(windows.shape)}")
         if windows.numel() and (int(windows.min()) < 0 or int(windows.max()) > cfg.num_items):
             raise ValueError(
-                f"Sequential: item ids must be in 1..{cfg.num_items} (0 = padding), got {int(windows.min())}..{int(windows.max())}"
+                f"SequentialFamily: item ids must be in 1..{cfg.num_items} (0 = padding), got {int(windows.min())}..{int(windows.max())}"
             )
         gen = ctx.generator
         match objective:

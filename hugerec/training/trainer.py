@@ -12,7 +12,7 @@ A plain loop, no callback framework.
     stop early                            after early_stopping.patience evaluations without a new best
 
 The family (hugerec.training.family) supplies the batch, the loss and the validation metrics:
-`Ranking()` (the default: Batch -> logits [B], BCE, AUC/logloss), `Retrieval` (two-tower, MF: sampled
+`RankingFamily()` (the default: Batch -> logits [B], BCE, AUC/logloss), `RetrievalFamily` (two-tower, MF: sampled
 softmax or BPR, Recall/NDCG@K), `Sequential` (SASRec, masked, GRU4Rec: next-item or masked-item
 cross entropy, full or sampled, Recall/NDCG@K). Everything else here is the same for all of them.
 
@@ -70,7 +70,7 @@ from hugerec.training.checkpoint import (
     set_rng_state,
 )
 from hugerec.training.early_stopping import BestTracker, EarlyStopping
-from hugerec.training.family import Family, Prepared, StepContext
+from hugerec.training.family import Prepared, StepContext, TrainerFamily
 from hugerec.training.metrics import BinaryMetrics
 from hugerec.training.pipeline import Pipeline, TieredStats, prepare_batch
 from hugerec.training.precision import Precision, autocast, unscale_sparse_gradients
@@ -207,7 +207,7 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class Ranking:
+class RankingFamily:
     """The ranking family: the model maps a `Batch` to logits [B]; binary cross-entropy on batch.labels;
     evaluated on an iterable of Batch by exact AUC, logloss and calibration (`evaluate`)."""
 
@@ -222,7 +222,7 @@ class Ranking:
         return {}
 
     def prepare(self, model: nn.Module, batch: Batch, ctx: StepContext) -> Prepared:
-        return prepare_batch(batch, ctx.device)
+        return prepare_batch(batch, ctx.copy)
 
     def step_loss(self, model: nn.Module, prepared: Prepared, ctx: StepContext) -> torch.Tensor:
         batch: Batch = prepared.inputs
@@ -258,10 +258,10 @@ def fit(
     eval_data: Any = None,
     config: TrainConfig | None = None,
     *,
-    family: Family | None = None,
+    family: TrainerFamily | None = None,
     optimizer: torch.optim.Optimizer | None = None,
 ) -> History:
-    """Train `model` of `family` (default Ranking(): Batch -> logits [B], binary cross-entropy) on `train_data`.
+    """Train `model` of `family` (default RankingFamily(): Batch -> logits [B], binary cross-entropy) on `train_data`.
 
     train_data  any re-iterable of the family's batches (one pass per epoch): Batch for ranking,
                 (users [B], items [B], history) for retrieval, windows [B, W] for sequential models. When it
@@ -273,7 +273,7 @@ def fit(
                 config.lr; none when the model has no dense parameter, e.g. matrix factorisation)
     """
     cfg = config or TrainConfig()
-    run = _Run(model, train_data, eval_data, cfg, family or Ranking(), optimizer)
+    run = _Run(model, train_data, eval_data, cfg, family or RankingFamily(), optimizer)
     found = find_latest_checkpoint(run.ckpt_dir) if cfg.resume and run.ckpt_dir is not None else None
     if found is not None:
         run.check_resumable(found, checkpoint_extra(found))
@@ -356,7 +356,7 @@ class _Run:
         train_data: Iterable[Any],
         eval_data: Any,
         cfg: TrainConfig,
-        family: Family,
+        family: TrainerFamily,
         optimizer: torch.optim.Optimizer | None,
     ) -> None:
         self.model, self.train_data, self.eval_data, self.cfg, self.family = model, train_data, eval_data, cfg, family

@@ -15,7 +15,7 @@ from hugerec.data.synthetic_interactions import InteractionConfig, generate_inte
 from hugerec.models.mf import MatrixFactorization
 from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.losses import SampledSoftmax
-from hugerec.training.retrieval import Retrieval, evaluate_retrieval
+from hugerec.training.retrieval import RetrievalFamily, evaluate_retrieval
 from hugerec.training.trainer import TrainConfig, fit
 
 
@@ -67,7 +67,7 @@ def test_gate_refuses_a_worse_retrieval_candidate() -> None:
             for u, t, h in iter_examples(train, 256, 0, seed=epoch):
                 yield u, (torch.from_numpy(items_shuffled)[t] if shuffle else t), h
 
-        family = Retrieval(train.item_counts(), SampledSoftmax(num_negatives=16))
+        family = RetrievalFamily(train.item_counts(), SampledSoftmax(num_negatives=16))
         quiet = TrainConfig(epochs=4, progress=False, tensorboard=False, plot=False)
         fit(model, EpochBatches(batches), None, quiet, family=family)
         return evaluate_retrieval(model, users, hist, held, excl, (10,))

@@ -39,8 +39,8 @@ from hugerec.models.two_tower import TwoTower, TwoTowerConfig
 from hugerec.training.early_stopping import EarlyStopping
 from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.losses import Negatives, SampledSoftmax
-from hugerec.training.retrieval import Retrieval, RetrievalValidation, rank_part
-from hugerec.training.sequential import NextItemValidation, Sequential, window_batches
+from hugerec.training.retrieval import RetrievalFamily, RetrievalValidation, rank_part
+from hugerec.training.sequential import NextItemValidation, SequentialFamily, window_batches
 from hugerec.training.trainer import TrainConfig, fit
 
 out, kind, world, resume, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5]
@@ -77,7 +77,7 @@ if kind == "two_tower":
             yield rank_part(batch, rank, world)
 
     data = EpochBatches(make, n_batches)
-    family_type, family_args = Retrieval, (train.item_counts(), SampledSoftmax(num_negatives=8, mask_history=True))
+    family_type, family_args = RetrievalFamily, (train.item_counts(), SampledSoftmax(num_negatives=8, mask_history=True))
     row_wise = ("user_id", "item_id")
 else:
     NUM_USERS, NUM_ITEMS = 0, 30
@@ -89,7 +89,7 @@ else:
     hist = last_n(seqs, 6)
     valid = NextItemValidation(hist[:30], items.reshape(90, 7)[:30, -1])
     counts = np.bincount(items, minlength=NUM_ITEMS + 1)
-    family_type, family_args = Sequential, (SampledSoftmax(Negatives.MIXED, num_negatives=8, alpha=0.5), counts)
+    family_type, family_args = SequentialFamily, (SampledSoftmax(Negatives.MIXED, num_negatives=8, alpha=0.5), counts)
     row_wise = ("item",)
 
 

@@ -26,7 +26,7 @@ from hugerec.training.family import StepContext
 from hugerec.training.losses import BPR, Negatives, SampledSoftmax
 from hugerec.training.ranking_metrics import evaluate_ranking
 from hugerec.training.retrieval import (
-    Retrieval,
+    RetrievalFamily,
     RetrievalValidation,
     all_item_vectors,
     evaluate_retrieval,
@@ -66,7 +66,7 @@ def test_fit_beats_popularity(split: tuple[Any, Any, Any], loss: SampledSoftmax 
     if isinstance(loss, SampledSoftmax) and loss.negatives is Negatives.MIXED:
         loss = SampledSoftmax(num_negatives=32)
     valid = validation(split, 10)
-    history = fit(model, examples(train, 256, 0), valid, quiet(epochs=5, log_every=2), family=Retrieval(train.item_counts(), loss, ks=(10,)))
+    history = fit(model, examples(train, 256, 0), valid, quiet(epochs=5, log_every=2), family=RetrievalFamily(train.item_counts(), loss, ks=(10,)))
     assert history.train[-1]["loss"] < history.train[0]["loss"]
     assert [r["step"] for r in history.evals] == [float(s) for s in range(history.steps // 5, history.steps + 1, history.steps // 5)]
     got = evaluate_retrieval(model, valid.users, valid.history, held, excl, (10,))
@@ -88,7 +88,7 @@ def test_early_stopping_on_recall_keeps_the_best(split: tuple[Any, Any, Any], tm
     model = MatrixFactorization(train.num_users, train.num_items, 16, hr.Adam(lr=0.3))
     es = hr.training.EarlyStopping(patience=1, min_delta=0.0, restore_best=True)
     cfg = TrainConfig(epochs=8, early_stopping=es, out_dir=str(tmp_path))
-    history = fit(model, examples(train, 64, 0), validation(split, 0), cfg, family=Retrieval(train.item_counts(), SampledSoftmax(num_negatives=16)))
+    history = fit(model, examples(train, 64, 0), validation(split, 0), cfg, family=RetrievalFamily(train.item_counts(), SampledSoftmax(num_negatives=16)))
     assert f"recall@10={history.evals[-1]['recall@10']:.4f}" in capsys.readouterr().err
     assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tensorboard").iterdir())
     assert history.stopped_early and history.best_eval is not None and len(history.evals) < 8
@@ -121,7 +121,7 @@ def test_dynamic_and_disk_tables_train_bit_for_bit_with_and_without_the_pipeline
     n_users, n_items = train.num_users, train.num_items
     memory = TableConfig("user_id", n_users, 8, init=Normal(0.0, 0.1))
     disk = dataclasses.replace(memory, storage="disk", cache_rows=128, path=str(tmp_path / "users.rows"))
-    family = Retrieval(train.item_counts(), SampledSoftmax(num_negatives=8))
+    family = RetrievalFamily(train.item_counts(), SampledSoftmax(num_negatives=8))
     ref = _mf_with(memory, 0, n_users, n_items)
     fit(ref, examples(train, 64, 0), None, quiet(epochs=2, pipeline=False), family=family)
     got = _mf_with(disk, 0, n_users, n_items)
@@ -165,7 +165,7 @@ def test_the_step_masks_history_items_out_of_the_negatives(split: tuple[Any, Any
     users, items, history = batch
     losses = {}
     for mask in (False, True):
-        family = Retrieval(train.item_counts(), SampledSoftmax(num_negatives=16, mask_history=mask))
+        family = RetrievalFamily(train.item_counts(), SampledSoftmax(num_negatives=16, mask_history=mask))
         ctx = StepContext(torch.device("cpu"), torch.Generator().manual_seed(3))
         losses[mask] = family.step_loss(model, family.prepare(model, batch, ctx), ctx)
     sampler = NegativeSampler(SampledSoftmax(num_negatives=16), train.item_counts())
@@ -181,6 +181,6 @@ def test_the_step_masks_history_items_out_of_the_negatives(split: tuple[Any, Any
 
 def test_family_errors() -> None:
     with pytest.raises(ValueError, match="ks must be integers >= 1"):
-        Retrieval(np.ones(5), ks=(0,))
+        RetrievalFamily(np.ones(5), ks=(0,))
     with pytest.raises(ValueError, match="item_counts must be a non-empty"):
-        Retrieval(np.zeros(5))
+        RetrievalFamily(np.zeros(5))

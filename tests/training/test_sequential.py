@@ -26,7 +26,7 @@ from hugerec.training.sequential import (
     BCE,
     FullSoftmax,
     NextItemValidation,
-    Sequential,
+    SequentialFamily,
     evaluate_next_item,
     recommend_next,
     window_batches,
@@ -62,7 +62,7 @@ def test_models_learn_a_deterministic_chain(model_type: type[SASRec], loss: Full
     model = model_type(cfg, optimizer=Adam(lr=0.02))
     train = _chains(120, 7, seed=0)
     counts = np.bincount(train.items, minlength=NUM_ITEMS + 1)
-    family = Sequential(loss, item_counts=counts)
+    family = SequentialFamily(loss, item_counts=counts)
     cfg = TrainConfig(epochs=12, lr=0.01, log_every=5, progress=False, tensorboard=False, plot=False)
     history = fit(model, window_batches(last_n(train, window_width(model)), 24), None, cfg, family=family)
     assert history.steps == 12 * 5 and history.train[-1]["loss"] < history.train[0]["loss"]
@@ -102,7 +102,7 @@ def test_early_stopping_on_recall_restores_the_best(tmp_path: Path, capsys: pyte
     es = EarlyStopping(patience=1, min_delta=0.0, restore_best=True)
     cfg = TrainConfig(epochs=10, lr=0.05, early_stopping=es, out_dir=str(tmp_path))
     valid = _validation(40, 1)
-    history = fit(model, window_batches(last_n(_chains(60, 7, 0), 7), 20), valid, cfg, family=Sequential(ks=(5,)))
+    history = fit(model, window_batches(last_n(_chains(60, 7, 0), 7), 20), valid, cfg, family=SequentialFamily(ks=(5,)))
     assert history.best_eval is not None and history.best_eval["recall@5"] == max(r["recall@5"] for r in history.evals)
     assert evaluate_next_item(model, valid.histories, valid.targets, ks=(5,))["recall@5"] == history.best_eval["recall@5"]
     assert history.stopped_early == (len(history.evals) < 10) and (tmp_path / "curves.png").is_file()
@@ -127,7 +127,7 @@ def test_dynamic_and_disk_item_tables_train_bit_for_bit(tmp_path: Path, pipeline
     disk = dataclasses.replace(memory, storage="disk", cache_rows=30, path=str(tmp_path / "items.rows"))
     dynamic = dataclasses.replace(memory, num_rows=64, dynamic=DynamicConfig())
     train = _chains(60, 7, seed=0)
-    family = Sequential(SampledSoftmax(Negatives.IN_BATCH), item_counts=np.ones(NUM_ITEMS + 1))
+    family = SequentialFamily(SampledSoftmax(Negatives.IN_BATCH), item_counts=np.ones(NUM_ITEMS + 1))
     cfg = TrainConfig(epochs=2, lr=0.01, log_every=3, progress=False, tensorboard=False, plot=False)
     no_pipeline = dataclasses.replace(cfg, pipeline=False)
     ref = _sasrec(memory, 0)
@@ -149,9 +149,9 @@ def test_family_and_window_errors() -> None:
     with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
         window_batches(np.ones((2, 3), dtype=np.int64), 0)
     with pytest.raises(ValueError, match="mask_prob"):
-        Sequential(mask_prob=1.0)
+        SequentialFamily(mask_prob=1.0)
     with pytest.raises(ValueError, match="SampledSoftmax needs item_counts"):
-        Sequential(SampledSoftmax())
+        SequentialFamily(SampledSoftmax())
     model = SASRec(SequenceConfig(num_items=5, max_len=4, dim=8))
     one = Sequences(np.arange(1), np.array([0, 1]), np.array([3]), np.zeros(1, np.int64))
     with pytest.raises(ValueError, match="no training sequence has 2 or more items"):
@@ -159,6 +159,6 @@ def test_family_and_window_errors() -> None:
     two = Sequences(np.arange(1), np.array([0, 2]), np.array([3, 4]), np.zeros(2, np.int64))
     quiet = TrainConfig(progress=False, tensorboard=False, plot=False)
     with pytest.raises(ValueError, match=r"batches must be windows \[B, 5\], got shape \(1, 4\)"):
-        fit(model, window_batches(last_n(two, 4), 8), None, quiet, family=Sequential())
+        fit(model, window_batches(last_n(two, 4), 8), None, quiet, family=SequentialFamily())
     with pytest.raises(ValueError, match=r"item ids must be in 1..5 \(0 = padding\), got 1..9"):
-        fit(model, window_batches(last_n(two, 5) * 2 + 1, 8), None, quiet, family=Sequential())
+        fit(model, window_batches(last_n(two, 5) * 2 + 1, 8), None, quiet, family=SequentialFamily())

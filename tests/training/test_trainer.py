@@ -618,7 +618,7 @@ def test_resume_refuses_a_changed_config_and_another_family(tmp_path: Path) -> N
     A checkpoint of another family is refused with one line naming it, before anything is loaded."""
     import numpy as np
 
-    from hugerec.training.retrieval import Retrieval
+    from hugerec.training.retrieval import RetrievalFamily
 
     run = str(tmp_path)
     fit(TinyModel(), make_batches(4), None, quiet(max_steps=2, out_dir=run, checkpoint_every=1, lr=0.01))
@@ -628,4 +628,4 @@ def test_resume_refuses_a_changed_config_and_another_family(tmp_path: Path) -> N
     history = fit(TinyModel(), make_batches(4), None, quiet(out_dir=run, resume=True, lr=0.01, epochs=2, log_every=1))
     assert history.steps == 8  # more epochs, another log window: allowed
     with pytest.raises(ValueError, match=r"step-0000000008 is a checkpoint of a ranking model; this run trains a retrieval model"):
-        fit(TinyModel(), make_batches(4), None, quiet(out_dir=run, resume=True), family=Retrieval(np.ones(4)))
+        fit(TinyModel(), make_batches(4), None, quiet(out_dir=run, resume=True), family=RetrievalFamily(np.ones(4)))

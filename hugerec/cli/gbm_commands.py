@@ -25,8 +25,9 @@ from hugerec.data.schema import Schema
 from hugerec.distributed.launch import launched_by_torchrun
 from hugerec.models.gbm import FeatureMatrix, GBMConfig, Library, TreeModel, is_ranking, library_of, require
 from hugerec.models.registry import Family
-from hugerec.training.gbm_fit import TreeHistory, evaluate_trees, fit_trees
+from hugerec.training.gbm_fit import TreeHistory, fit_trees
 from hugerec.training.model_file import load_model, save_model
+from hugerec.training.trainer import evaluate
 
 
 def _config(cfg: RunConfig) -> GBMConfig:
@@ -115,7 +116,7 @@ def evaluate_trees_cmd(cfg: RunConfig, model_path: Path | None = None) -> dict[s
         raise ConfigError("data.eval: no evaluation data set; give data.eval=PATH")
     group = config.group if is_ranking(config) else None
     data = _matrix(cfg.data.eval, "data.eval", schema, group=group)
-    return evaluate_trees(model, data, threads=0, eval_at=config.eval_at)
+    return evaluate(model, data, ks=(config.eval_at,))
 
 
 def predict_trees(cfg: RunConfig, model_path: Path | None = None) -> tuple[Path, int]:

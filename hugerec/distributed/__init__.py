@@ -5,7 +5,7 @@ env = init_from_env()                            # under torchrun (or spawn(worl
 sharding = plan(tables, env.world_size, memory_per_rank=8 << 30, load=Workload(batch_size=4096))
 model = shard(model, sharding)                   # sharded embeddings, dense part under DDP
 for batch in prefetching(model, loader): ...     # each batch's ids travel a step ahead
-hugerec.training.save_checkpoint("ckpt/", step, model, optimizer)   # load_checkpoint on any number of ranks
+hugerec.training.checkpoint.save_checkpoint("ckpt/", step, model, optimizer)   # load_checkpoint on any number of ranks
 """
 
 from hugerec.distributed.launch import init_from_env, spawn

@@ -38,6 +38,7 @@ from hugerec.cli.config_file import ConfigError
 
 if TYPE_CHECKING:  # the data, training and serving stacks load when the command runs: `hugerec --help` stays instant
     from hugerec.cli.run_config import RunConfig
+    from hugerec.continuous.publish import Publisher
     from hugerec.data.input_spec import InputSpec
     from hugerec.data.synthetic_interactions import SyntheticInteractions
 
@@ -52,7 +53,9 @@ OUT/pipeline.toml; OUT is --out, default runs/up), with the commands that run th
 them and run `hugerec up OUT/retriever.toml`. KEY=VALUE overrides apply to the retriever's config
 (e.g. train.epochs=2). Without a LOG it uses the synthetic interaction world (no download) and
 reports the served pipeline's hit rate@20 beside the oracle's (the best any model can do there).
-The log needs integer user and item ids and a time column (epoch seconds or a date).
+The log needs integer user and item ids and a time column (epoch seconds or a date); it may be a
+folder of files of one layout, and with --loop `up` keeps watching that folder: when new files land
+it retrains on all of them and serves the new pipeline version in place of the old one.
 example: hugerec up
 example: hugerec up events.csv --port 8000
 example: hugerec up --no-serve --world-users 300 --world-items 200 train.epochs=1"""
@@ -165,6 +168,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     p.add_argument("--no-serve", action="store_true", help="stop after building the pipeline (print the serve command)")
     p.add_argument("--print-config", action="store_true", help="print the configs it would write and exit (nothing is trained)")
+    p.add_argument("--loop", action="store_true", help="LOG is a folder: retrain and serve the new version whenever new files land in it")
+    p.add_argument("--loop-every", type=float, default=30.0, help="seconds between looks at the folder (default: 30)")
 
 
 # -- step 1: the log's columns -> retriever.toml ------------------------------------------------------
@@ -232,11 +237,11 @@ def _q(text: str) -> str:
     return json.dumps(text)  # a TOML basic string: JSON's escapes are TOML's
 
 
-def retriever_toml(spec: InputSpec, log: Path, out: Path, note: str, towers: dict[str, object]) -> str:
+def retriever_toml(spec: InputSpec, files: str, out: Path, note: str, towers: dict[str, object]) -> str:
     """retriever.toml: the log's [preprocess] section (`hugerec schema`'s, roles set) and the two-tower."""
     from hugerec.data.input_spec import spec_to_toml
 
-    section = spec_to_toml(spec, str(log.resolve()))
+    section = spec_to_toml(spec, files)
     section = section.replace("# Written by `hugerec schema`: check each column's type and role, then run `hugerec preprocess`.\n", "")
     head = (
         f"# Written by `hugerec up`{note}: a two-tower retriever on the event log. By hand:\n"
@@ -300,8 +305,9 @@ def hit_rates(synth: SyntheticInteractions, bundle: Path, k: int = HIT_K) -> dic
 
 
 # -- the command ------------------------------------------------------------------------------------------
-def _step(n: int, text: str) -> float:
-    print(f"[{n}/4] {text}", flush=True)
+def _step(n: int, text: str, quiet: bool = False) -> float:
+    if not quiet:  # --print-config prints the configs alone
+        print(f"[{n}/4] {text}", flush=True)
     return time.perf_counter()
 
 
@@ -329,41 +335,51 @@ def run(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     source, overrides = _split(list(args.args))
     out: Path = args.out
+    if args.loop and (source is None or not source.is_dir()):
+        raise ConfigError("--loop watches a folder of log files for new ones: give the folder (e.g. hugerec up logs/ --loop)")
+    if not 0 < args.loop_every <= 86400:
+        raise ConfigError(f"--loop-every must be in (0, 86400] seconds, got {args.loop_every}")
+    columns_given = any(getattr(args, f) is not None for f in ("user_column", "item_column", "time_column"))
+    if columns_given and (source is None or source.suffix == ".toml"):
+        raise ConfigError("--user-column / --item-column / --time-column name a log's columns; " + ("give the log" if source is None else f"{source} declares its columns"))
     synth = None
     t_start = time.perf_counter()
     if source is not None and source.suffix == ".toml":
-        if any(getattr(args, f) is not None for f in ("user_column", "item_column", "time_column")):
-            raise ConfigError(f"--user-column / --item-column / --time-column are for a log; {source} declares its columns")
         if not source.is_file():
             raise ConfigError(f"config file not found: {source}")
         config_path = source
         pipeline_path = source.with_name("pipeline.toml")
-        print(f"[1/4] config {config_path} (the log's columns as it declares them)", flush=True)
+        _step(1, f"config {config_path} (the log's columns as it declares them)", args.print_config)
     else:
         config_path, pipeline_path = out / "retriever.toml", out / "pipeline.toml"
         if source is None:
             world = World(args.world_users, args.world_items)
             log = out / "events.csv"
-            t0 = _step(1, f"synthetic interaction world: {world.users:,} users x {world.items:,} items -> {log}")
+            t0 = _step(1, f"synthetic interaction world: {world.users:,} users x {world.items:,} items -> {log}", args.print_config)
             if not args.print_config:
                 synth = make_world(world, log)
                 print(f"      {synth.data.num_events:,} events ({time.perf_counter() - t0:.1f} s)", flush=True)
-            note = " for the synthetic interaction world"
-            spec = None
-        else:
-            log, note = source, ""
-            t0 = _step(1, f"schema of {log}")
-            spec = log_spec(log, args.user_column, args.item_column, args.time_column)
-        if spec is None:  # the world's log: user, item, timestamp (int seconds) read like any log
             from hugerec.data.input_spec import ColumnSpec, ColumnType, InputSpec, Role
 
-            spec = InputSpec(columns=(
+            spec = InputSpec(columns=(  # the world's log: user, item, timestamp (int seconds), read like any log
                 ColumnSpec("user", ColumnType.INT, Role.USER),
                 ColumnSpec("item", ColumnType.INT, Role.ITEM),
                 ColumnSpec("timestamp", ColumnType.TIMESTAMP, Role.TIMESTAMP, format="unix"),
             ))  # fmt: skip
-        text = retriever_toml(spec, log, out, note, WORLD_TOWERS if source is None else LOG_TOWERS)
-        if args.print_config:
+            text = retriever_toml(spec, str(log.resolve()), out, " for the synthetic interaction world", WORLD_TOWERS)
+        else:
+            first, files = log_files(source)
+            t0 = _step(1, f"schema of {first}", args.print_config)
+            spec = log_spec(first, args.user_column, args.item_column, args.time_column)
+            text = retriever_toml(spec, files, out, "", LOG_TOWERS)
+        if args.print_config:  # checked as `hugerec train` would read it (overrides included), written nowhere
+            import tempfile
+
+            from hugerec.cli.run_config import load_run_config
+
+            with tempfile.TemporaryDirectory() as tmp:
+                (Path(tmp) / "retriever.toml").write_text(text)
+                load_run_config(Path(tmp) / "retriever.toml", overrides)
             print(f"# {config_path}\n{text}")
             return 0
         roles = ", ".join(f"{c.name} = {c.role_value}" for c in spec.columns)
@@ -371,28 +387,18 @@ def _up(args: argparse.Namespace) -> int:
         config_path.write_text(text)
         print(f"      columns: {roles} -> {config_path}", flush=True)
 
-    from hugerec.cli.pipeline_commands import build
-    from hugerec.cli.run_config import load_run_config
-    from hugerec.cli.task_commands import is_retrieval, train_retrieval
-
-    cfg: RunConfig = load_run_config(config_path, overrides)
-    if not is_retrieval(cfg):
-        raise ConfigError(f"{config_path}: model.type = {cfg.model_type!r}; `hugerec up` trains a retriever (two_tower or mf)")
+    cfg = _load(config_path, overrides)
     if args.print_config:
         print(f"# {config_path}\n{config_path.read_text()}")
         return 0
     t0 = _step(2, f"train {cfg.model_type} (hugerec train {config_path}{''.join(' ' + o for o in overrides)})")
-    metrics = train_retrieval(cfg)
-    shown = {k: round(v, 4) for k, v in metrics.items() if "@" in k}
-    print(f"      {time.perf_counter() - t0:.1f} s; held-out {json.dumps(shown)} -> {cfg.out_dir / 'model.pt'}", flush=True)
-
+    _train(cfg, t0)
     model = cfg.out_dir / "model.pt"
     num_items, user = _model_facts(model)
     if not pipeline_path.is_file() or source is None or source.suffix != ".toml":
         pipeline_path.write_text(pipeline_toml(pipeline_path, model, pipeline_path.parent / "pipeline", num_items))
     t0 = _step(3, f"pipeline (hugerec pipeline build {pipeline_path})")
-    bundle, declaration = build(str(pipeline_path), None)
-    print(f"      {declaration.name} version {declaration.version} -> {bundle} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    bundle, name, version = _build(pipeline_path, None, t0)
     if synth is not None:
         t0 = time.perf_counter()
         rates = hit_rates(synth, bundle)
@@ -408,8 +414,49 @@ def _up(args: argparse.Namespace) -> int:
     if args.no_serve:
         print(f"[4/4] not serving (--no-serve): hugerec serve {bundle} --port {args.port}")
         return 0
-    _serve(bundle, args.host, args.port, user)
+    loop = None
+    if args.loop:
+        assert source is not None  # checked above: a folder
+        loop = Loop(source, config_path, tuple(overrides), pipeline_path, name, version, args.loop_every)
+    _serve(bundle, args.host, args.port, user, loop)
     return 0
+
+
+def log_files(source: Path) -> tuple[Path, str]:
+    """A log file, or a folder of log files of one layout: (the file whose columns are read, the preprocess.input)."""
+    if not source.is_dir():
+        return source, str(source.resolve())
+    files = sorted(p for p in source.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise ConfigError(f"{source}: no log files in this folder")
+    suffix = "".join(files[0].suffixes)
+    return files[0], str(source.resolve() / f"*{suffix}")
+
+
+def _load(config_path: Path, overrides: list[str] | tuple[str, ...]) -> RunConfig:
+    from hugerec.cli.run_config import load_run_config
+    from hugerec.cli.task_commands import is_retrieval
+
+    cfg = load_run_config(config_path, overrides)
+    if not is_retrieval(cfg):
+        raise ConfigError(f"{config_path}: model.type = {cfg.model_type!r}; `hugerec up` trains a retriever (two_tower or mf)")
+    return cfg
+
+
+def _train(cfg: RunConfig, t0: float) -> None:
+    from hugerec.cli.task_commands import train_retrieval
+
+    metrics = train_retrieval(cfg)
+    shown = {k: round(v, 4) for k, v in metrics.items() if "@" in k}
+    print(f"      {time.perf_counter() - t0:.1f} s; held-out {json.dumps(shown)} -> {cfg.out_dir / 'model.pt'}", flush=True)
+
+
+def _build(pipeline_path: Path, out: Path | None, t0: float) -> tuple[Path, str, str]:
+    from hugerec.cli.pipeline_commands import build
+
+    bundle, declaration = build(str(pipeline_path), None if out is None else str(out))
+    print(f"      {declaration.name} version {declaration.version} -> {bundle} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return bundle, declaration.name, declaration.version
 
 
 def _model_facts(model: Path) -> tuple[int, int]:
@@ -421,12 +468,81 @@ def _model_facts(model: Path) -> tuple[int, int]:
     return len(saved.items_raw), int(users[0]) if users is not None and len(users) else 1
 
 
-def _serve(bundle: Path, host: str, port: int, user: int) -> None:
-    from hugerec.serving.http.server import serve
+# -- --loop: retrain as new files land ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Loop:
+    """What --loop watches and redoes: the folder's files; the retriever config (its input is the folder's
+    files), the pipeline config, the served pipeline's name and version, seconds between looks."""
+
+    folder: Path
+    config: Path
+    overrides: tuple[str, ...]
+    pipeline: Path
+    name: str
+    version: str
+    every_s: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.every_s <= 86400:
+            raise ValueError(f"--loop-every must be in (0, 86400] seconds, got {self.every_s}")
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")}
+
+
+def watch(loop: Loop, publisher: Publisher) -> None:
+    """Forever: when the folder's files change and then stay unchanged for one look (a file may still be
+    being written), retrain on all of them (`hugerec train`), build the pipeline as the next version
+    (`hugerec pipeline build --out OUT/pipeline-vN`) and publish it over the server's admin API as the loop
+    does (continuous.publish: load, promote, unload the previous version). A failed round is one line;
+    the server keeps serving the version it served."""
+    seen, pending = _snapshot(loop.folder), None
+    served = loop.version
+    number = int(served) if served.isdigit() else 1
+    while True:
+        time.sleep(loop.every_s)
+        now = _snapshot(loop.folder)
+        if now == seen or now != pending:
+            pending = None if now == seen else now
+            continue
+        seen, pending, number = now, None, number + 1
+        version = str(number)
+        t0 = time.perf_counter()
+        try:
+            print(f"[loop] {len(now)} files in {loop.folder}: retraining (hugerec train {loop.config})", flush=True)
+            _train(_load(loop.config, loop.overrides), t0)
+            bundle, _, _ = _build(loop.pipeline, loop.pipeline.parent / f"pipeline-v{version}", t0)
+            publisher.publish(bundle, version, 0.0)
+            publisher.promote(version)
+            publisher.unload(served)
+            print(f"[loop] {loop.name} version {version} serving, version {served} unloaded ({time.perf_counter() - t0:.1f} s)", flush=True)
+            served = version
+        except Exception as e:  # a bad new file or a refused load: said in one line, the served version stays
+            if os.environ.get("HUGEREC_DEBUG"):
+                import traceback
+
+                traceback.print_exc()
+            print(f"hugerec up: loop: error: {' '.join(str(e).split())}; still serving version {served}", file=sys.stderr, flush=True)
+
+
+def _serve(bundle: Path, host: str, port: int, user: int, loop: Loop | None) -> None:
+    from hugerec.serving.http.server import ServerConfig, serve
 
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     body = json.dumps({"user": user, "k": 10})
+    config = None
+    if loop is not None:  # the loop publishes through the admin API, with a token only this process knows
+        import secrets
+        import threading
+
+        from hugerec.continuous.publish import Publisher, ServerTarget
+
+        token = secrets.token_urlsafe(32)
+        config = ServerConfig(admin_token=token)
+        publisher = Publisher(ServerTarget(f"http://{shown}:{port}", loop.name, token))  # imported here: not inside the thread
+        threading.Thread(target=watch, args=(loop, publisher), name="up-loop", daemon=True).start()
+        print(f"[loop] watching {loop.folder} every {loop.every_s:g} s for new log files", flush=True)
     print(f"[4/4] serving {bundle} on http://{shown}:{port} (Ctrl-C stops it); try:", flush=True)
     print(f"      curl -s http://{shown}:{port}/recommend -H 'Content-Type: application/json' -d '{body}'", flush=True)
-    serve(bundle, host=host, port=port)
-
+    serve(bundle, host=host, port=port, config=config, threads=1)  # `hugerec serve`'s default: idle torch threads cost CPU per request

@@ -152,6 +152,30 @@ def test_up_without_a_log_serves_the_synthetic_world_and_reports_the_oracle(tmp_
     assert (tmp_path / "runs" / "up" / "events.csv").is_file()
 
 
+@pytest.mark.slow
+def test_up_loop_serves_a_new_version_when_a_file_lands(tmp_path: Path) -> None:
+    """--loop on a folder: a visitor first seen in a new file is unknown (popular items), then, once the
+    retrained version serves, known to the model."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_log(logs / "part-1.csv")
+    port = free_port()
+    up = Up([str(logs), "--loop", "--loop-every", "1", "--out", "out", "--port", str(port), "train.epochs=1"], tmp_path)
+    try:
+        up.wait_for(r"curl -s")
+        assert recommend(port, 5555, 3)["cold_start"] is True
+        lines = ["visitor_id,product_id,price,event_time"] + [f"5555,{7 * i + 3},9.99,2024-04-{1 + i:02d} 10:00:00" for i in range(8)]
+        (logs / ".part-2.csv.tmp").write_text("\n".join(lines) + "\n")
+        (logs / ".part-2.csv.tmp").rename(logs / "part-2.csv")  # lands whole
+        up.wait_for(r"\[loop\] up version 2 serving, version 1 unloaded")
+        answer = recommend(port, 5555, 3)
+        assert answer["cold_start"] is False and len(answer["items"]) == 3, answer  # type: ignore[arg-type]
+    finally:
+        rc = up.stop()
+    assert rc == 0, "\n".join(up.seen)
+    assert (tmp_path / "out" / "pipeline-v2" / "manifest.json").is_file()
+
+
 def test_the_configs_up_writes_run_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """--no-serve on a log: retriever.toml and pipeline.toml are what `hugerec train` / `pipeline build` take, from any directory."""
     log = tmp_path / "events.csv"
@@ -218,7 +242,9 @@ def test_bad_logs_are_one_line_naming_the_column_and_file(
 def test_missing_files_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for argv, expected in [
         ([str(tmp_path / "nope.csv")], f"{tmp_path / 'nope.csv'}: no such file"),
-        ([str(tmp_path)], "is not a file"),
+        ([str(tmp_path)], f"{tmp_path}: no log files in this folder"),
+        (["--loop"], "--loop watches a folder of log files"),
+        (["--user-column", "u"], "--user-column / --item-column / --time-column name a log's columns; give the log"),
         ([str(tmp_path / "nope.toml")], f"config file not found: {tmp_path / 'nope.toml'}"),
         (["a.csv", "b.csv"], "expected one event log or config file"),
     ]:

@@ -16,7 +16,8 @@
     [server]     mode: "offline" (no server: a published candidate serves at once), "embedded" (a
                  server in this process on 127.0.0.1, with simulated traffic: `replay_rows` rows of
                  each next window sent to /predict in that window's own columns, dense features by
-                 name, with their labels as feedback), "remote" (url,
+                 name, with their labels as feedback; its status page at / shows the decisions, the
+                 details open with the token in `token_env` when it is set), "remote" (url,
                  model, the admin token from the environment variable `token_env`, and `log_dir`: the
                  folder of that server's `hugerec serve --request-log DIR`, for the canary decisions);
                  `ingest_token_env`: the environment variable of the token the simulated clients post their
@@ -324,16 +325,11 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
             )
             return Loop(config, source, publisher, observer), None, None
         case _:
-            from hugerec.serving.http.request_log import RequestLogConfig
-            from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
-
-            token = secrets.token_hex(16)
             ingest = os.environ.get(cfg.server.ingest_token_env) or secrets.token_hex(16)
-            server = InferenceServer(ServerConfig(admin_token=token, ingest_token=ingest, seed=config.seed))
+            url, token = embedded_server(
+                Path(config.work_dir), config.log_path, config.seed, cfg.server.token_env, ingest, stack
+            )
             logs = Path(config.work_dir) / "requests"
-            server.enable_request_log(RequestLogConfig(str(logs), seed=config.seed))
-            stack.callback(server.close)
-            url = stack.enter_context(BackgroundServer(server))
             publisher = Publisher(ServerTarget(url, config.name, token))
             observer = ServerObserver(
                 publisher,
@@ -345,3 +341,33 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
                 window_schema=window_schemas(schema, source, cfg.windows.time_column),
             )
             return Loop(config, source, publisher, observer), url, ingest
+
+
+def embedded_server(
+    work_dir: Path, decision_log: Path, seed: int | None, token_env: str, ingest_token: str, stack: ExitStack
+) -> tuple[str, str]:
+    """Start the loop's embedded server on 127.0.0.1 (closed by `stack`) -> (its URL, its admin token).
+
+    It logs requests to work_dir/requests and its status page shows the loop's `decision_log`. Its admin token
+    is the one in the environment variable `token_env` when set, so that the operator can open the page's
+    details; else a random one that only this process knows. `ingest_token` is the token its clients post
+    feedback with."""
+    from hugerec.serving.http.request_log import RequestLogConfig
+    from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
+
+    given = os.environ.get(token_env)
+    token = given or secrets.token_hex(16)
+    if len(token) < 16:
+        raise ConfigError(f"${token_env}: the admin token must have at least 16 characters")
+    server = InferenceServer(ServerConfig(admin_token=token, ingest_token=ingest_token, seed=seed))
+    server.enable_request_log(RequestLogConfig(str(work_dir / "requests"), seed=seed))
+    server.status.show_decision_log(decision_log)
+    stack.callback(server.close)
+    url: str = stack.enter_context(BackgroundServer(server))
+    details = (
+        f"details with the token in ${token_env}"
+        if given
+        else f"set ${token_env} before `hugerec loop` to open its details"
+    )
+    print(f"hugerec loop: embedded server {url}, status page {url}/ ({details})", file=sys.stderr)
+    return url, token

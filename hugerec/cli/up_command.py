@@ -1,7 +1,8 @@
 """`hugerec up`: one command from an interaction log (or the synthetic interaction world) to a live recommender.
 
-    hugerec up [LOG | CONFIG.toml] [KEY=VALUE ...] [--out DIR] [--user-column C] [--item-column C]
+    hugerec up [LOG | FOLDER | CONFIG.toml] [KEY=VALUE ...] [--out DIR] [--user-column C] [--item-column C]
                [--time-column C] [--port 8000] [--host 127.0.0.1] [--no-serve] [--print-config]
+               [--loop [--loop-every SECONDS]] [--world-users U] [--world-items I]
 
 Each step is the entry point of the command a user would run by hand, on the config files `up` writes
 to --out (default runs/up), so that the next step is editing them:
@@ -20,6 +21,12 @@ then read like any log; before serving, `up` reports the served pipeline's hit r
 held-out last event beside the oracle's (the generator's true logits over the items the user has not
 seen). With CONFIG.toml (e.g. an edited OUT/retriever.toml) steps 2-4 run on it; its pipeline config
 is the pipeline.toml beside it when there is one (written there when not).
+
+A FOLDER is a log in several files of one layout (preprocess.input is its glob). With --loop a thread
+watches it: once its files changed and then stayed unchanged for one look, steps 2 and 3 run again
+(the bundle as OUT/pipeline-vN) and the new version is published through the server's admin API, as
+`hugerec loop` publishes (continuous.publish: load, promote, unload the previous version), with an admin
+token only this process knows.
 """
 
 from __future__ import annotations
@@ -545,4 +552,5 @@ def _serve(bundle: Path, host: str, port: int, user: int, loop: Loop | None) -> 
         print(f"[loop] watching {loop.folder} every {loop.every_s:g} s for new log files", flush=True)
     print(f"[4/4] serving {bundle} on http://{shown}:{port} (Ctrl-C stops it); try:", flush=True)
     print(f"      curl -s http://{shown}:{port}/recommend -H 'Content-Type: application/json' -d '{body}'", flush=True)
+    print(f"      or open http://{shown}:{port}/ (the status page, with a form to try it)", flush=True)
     serve(bundle, host=host, port=port, config=config, threads=1)  # `hugerec serve`'s default: idle torch threads cost CPU per request

@@ -424,7 +424,7 @@ def _up(args: argparse.Namespace) -> int:
     loop = None
     if args.loop:
         assert source is not None  # checked above: a folder
-        loop = Loop(source, config_path, tuple(overrides), pipeline_path, name, version, args.loop_every)
+        loop = FolderLoop(source, config_path, tuple(overrides), pipeline_path, name, version, args.loop_every)
     _serve(bundle, args.host, args.port, user, loop)
     return 0
 
@@ -477,7 +477,7 @@ def _model_facts(model: Path) -> tuple[int, int]:
 
 # -- --loop: retrain as new files land ------------------------------------------------------------------
 @dataclass(frozen=True)
-class Loop:
+class FolderLoop:
     """What --loop watches and redoes: the folder's files; the retriever config (its input is the folder's
     files), the pipeline config, the served pipeline's name and version, seconds between looks."""
 
@@ -498,7 +498,7 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")}
 
 
-def watch(loop: Loop, publisher: Publisher) -> None:
+def watch(loop: FolderLoop, publisher: Publisher) -> None:
     """Forever: when the folder's files change and then stay unchanged for one look (a file may still be
     being written), retrain on all of them (`hugerec train`), build the pipeline as the next version
     (`hugerec pipeline build --out OUT/pipeline-vN`) and publish it over the server's admin API as the loop
@@ -533,7 +533,7 @@ def watch(loop: Loop, publisher: Publisher) -> None:
             print(f"hugerec up: loop: error: {' '.join(str(e).split())}; still serving version {served}", file=sys.stderr, flush=True)
 
 
-def _serve(bundle: Path, host: str, port: int, user: int, loop: Loop | None) -> None:
+def _serve(bundle: Path, host: str, port: int, user: int, loop: FolderLoop | None) -> None:
     from hugerec.serving.http.server import ServerConfig, serve
 
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host

@@ -161,10 +161,10 @@ def add_parser(sub: Any) -> None:
         "up",
         help="an interaction log (or the synthetic world) -> a live recommender on 127.0.0.1, in one command",
         description=UP_HELP,
-        usage="hugerec up [LOG | CONFIG.toml] [KEY=VALUE ...] [options]",
+        usage="hugerec up [LOG | FOLDER | CONFIG.toml] [KEY=VALUE ...] [options]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("args", nargs="*", metavar="LOG | CONFIG.toml | KEY=VALUE", help="an event log or a retriever config, and overrides")
+    p.add_argument("args", nargs="*", metavar="LOG | FOLDER | CONFIG.toml | KEY=VALUE", help="an event log (a file or a folder of files) or a retriever config, and overrides")
     p.add_argument("--out", type=Path, default=Path("runs/up"), help="folder for the configs, models and bundle (default: runs/up)")
     p.add_argument("--user-column", help="the log's user id column (default: a column named user, user_id, ...)")
     p.add_argument("--item-column", help="the log's item id column (default: a column named item, item_id, movie_id, ...)")

@@ -251,3 +251,14 @@ def test_missing_files_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert main(["up", *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("hugerec up: error: ") and expected in err and "\n" not in err, err
+
+
+def test_a_folder_is_one_log_read_through_its_glob(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_log(logs / "day-1.csv", seed=1)
+    write_log(logs / "day-2.csv", seed=2)
+    (logs / ".half-written.csv.tmp").write_text("not,a,log\n")
+    assert main(["up", str(logs), "--print-config", "--out", str(tmp_path / "out")]) == 0
+    text = capsys.readouterr().out
+    assert f'input = "{logs.resolve() / "*.csv"}"' in text and '{ name = "visitor_id", type = "int", role = "user" }' in text

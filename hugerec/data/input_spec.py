@@ -26,18 +26,20 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
-from hugerec.data.preprocess.categorical import Categorify
 from hugerec.data.preprocess.dataset import CsvOptions, Dataset, Format, read_header, read_text_head
 from hugerec.data.preprocess.grouping import Groupby
 from hugerec.data.preprocess.lists import SplitList
 from hugerec.data.preprocess.numeric import Binarize, FillMissing, LogOp, Normalize
 from hugerec.data.preprocess.op import Op
 from hugerec.data.preprocess.temporal import ParseTime
-from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import ColumnKind, Schema
+
+if TYPE_CHECKING:  # the workflow's ops load Numba kernels: `hugerec schema` reads a sample without them
+    from hugerec.data.preprocess.workflow import Workflow
 
 
 class InputFormat(enum.Enum):
@@ -306,6 +308,8 @@ def default_ops(
 ) -> list[Op]:
     """The workflow a config without [[preprocess.ops]] gets: FillMissing(0) + (LogOp) + Normalize on dense
     columns, Categorify on categorical ones (user / item / session ids included)."""
+    from hugerec.data.preprocess.categorical import Categorify  # Numba kernels: loaded when a workflow is built
+
     dense = spec.names_with_role(Role.DENSE)
     sparse = spec.names_with_role(*ID_ROLES)
     ops: list[Op] = []

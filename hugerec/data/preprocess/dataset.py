@@ -30,7 +30,6 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from hugerec.data.preprocess.errors import MAX_EXAMPLES, BadInputError, OnError, RowError, SkipReport
-from hugerec.data.preprocess.textscan import keep_lines, scan_lines
 
 DEFAULT_PARTITION_BYTES = 32 << 20
 CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
@@ -491,6 +490,8 @@ def _cast_errors(
 def _parse_text(
     block: bytes, partition: Partition, lines: _LineNumbers, on_error: OnError
 ) -> tuple[pl.DataFrame, SkipReport]:
+    from hugerec.data.preprocess.textscan import keep_lines, scan_lines  # Numba: only when text is parsed
+
     source = partition.source
     names = list(source.schema)
     buf = np.frombuffer(block, dtype=np.uint8)

@@ -376,6 +376,10 @@ TIME_FORMATS = ("%Y-%m-%dT%H:%M:%S%.fZ", "%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%
 _LABEL_NAMES = ("label", "click", "clicked", "target", "y", "is_click", "converted")
 _TIME_NAME = re.compile(r"(time|date|^ts$|_ts$|timestamp)", re.I)
 _ID_NAME = re.compile(r"(^id$|_id$|^user|^item|^movie|^session|id$)", re.I)
+# integer codes by their name: C14 (the C<n> of click logs; not the c<n> given to headerless columns), *_type, *_pos
+_CODE_NAME = re.compile(r"^C\d+$|_(type|pos|code|category)$")
+MAX_CODES = 16  # an integer column with 3..MAX_CODES distinct values, not a run, is categorical (_few_codes)
+INT64_RANGE = (-(2**63), 2**63 - 1)
 
 
 def _sample_lines(path: str, max_bytes: int) -> list[bytes]:
@@ -429,7 +433,10 @@ def infer_spec(
     (tab, "::", comma, semicolon, pipe), whether line 1 is a header, each column's type (numbers, text,
     "|"-separated lists, timestamps in epoch seconds or common date formats) and a role from the type and
     the name (a 0/1 column named like a label, or the first 0/1 column of a headerless file, is the label).
-    Meant to be written out (`schema_toml`) and edited: roles of integer ids cannot be told from counts."""
+    Integers too long for int64 (20-digit ids) are text; integer columns named like ids or codes (`*_id`,
+    `C14`, `*_type`, `*_pos`) or holding a few scattered values (codes: `_few_codes`) are categorical, other
+    numbers dense.
+    Meant to be written out (`schema_toml`) and edited: an integer id and a count cannot always be told apart."""
     return _infer(str(path), separator, header, encoding, sample_bytes)[0]
 
 
@@ -504,6 +511,10 @@ def _infer(
 def _guess_column(name: str, values: pl.Series, first: bool = False) -> ColumnSpec:
     dtype = values.dtype
     present = values.drop_nulls()
+    if dtype.is_integer() and present.len():
+        smallest, largest = int(present.min()), int(present.max())  # type: ignore[arg-type]
+        if smallest < INT64_RANGE[0] or largest > INT64_RANGE[1]:  # a 20-digit id: only text holds it
+            return ColumnSpec(name, ColumnType.STRING, Role.CATEGORICAL)
     if dtype.is_integer() or dtype.is_float():
         if present.len() and not _ID_NAME.search(name):
             low, high = float(present.min()), float(present.max())  # type: ignore[arg-type]
@@ -515,7 +526,7 @@ def _guess_column(name: str, values: pl.Series, first: bool = False) -> ColumnSp
         zero_one = present.len() > 0 and bool(((present == 0) | (present == 1)).all())
         if zero_one and (name.lower() in _LABEL_NAMES or first):
             return ColumnSpec(name, ColumnType.INT if dtype.is_integer() else ColumnType.FLOAT, Role.LABEL)
-        if dtype.is_integer() and _ID_NAME.search(name):
+        if dtype.is_integer() and (_ID_NAME.search(name) or _CODE_NAME.search(name) or _few_codes(present)):
             return ColumnSpec(name, ColumnType.INT, Role.CATEGORICAL)
         return ColumnSpec(name, ColumnType.INT if dtype.is_integer() else ColumnType.FLOAT, Role.DENSE)
     if isinstance(dtype, pl.List):
@@ -527,6 +538,15 @@ def _guess_column(name: str, values: pl.Series, first: bool = False) -> ColumnSp
         if present.head(1000).str.contains("|", literal=True).mean() > 0.2:  # type: ignore[operator]
             return ColumnSpec(name, ColumnType.LIST, Role.CATEGORICAL, separator="|")
     return ColumnSpec(name, ColumnType.STRING, Role.CATEGORICAL)
+
+
+def _few_codes(present: pl.Series) -> bool:
+    """3..MAX_CODES distinct values, each seen about 10 times or more on average, scattered over more than
+    twice as many integers as they are: codes (banner widths 320, 480, 728, 1024), not a count or a rating
+    (1..5, or 0..6 with 5 never seen, stays dense, as does a 0/1 flag)."""
+    distinct = present.n_unique()
+    low, high = int(present.min()), int(present.max())  # type: ignore[arg-type]
+    return 3 <= distinct <= MAX_CODES and present.len() >= 10 * distinct and high - low + 1 > 2 * distinct
 
 
 def _one_label(columns: list[ColumnSpec]) -> list[ColumnSpec]:

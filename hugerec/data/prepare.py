@@ -322,7 +322,11 @@ def _stage(
     if writer.num_rows == 0:
         given = data.paths[0] if len(data.paths) == 1 else list(data.paths)
         what = "no rows to learn from" if where == "preprocess.input" else "no rows"
-        raise ValueError(f"{where}: {what} in {given!r} ({report.rows_read} read)")
+        skipped = ""
+        if report.examples:  # every row skipped as bad input: say why, and the remedy where it is known
+            first = report.examples[0]
+            skipped = f"; all skipped as bad input, first at {first}" + (f"; {first.fix}" if first.fix else "")
+        raise ValueError(f"{where}: {what} in {given!r} ({report.rows_read} read{skipped})")
     return report
 
 

@@ -37,6 +37,7 @@ from hugerec.data import (
     count_rows,
     expand_paths,
     generate,
+    lacks_labels,
     load,
     load_vectors,
     prepare,
@@ -302,11 +303,12 @@ def is_shards(paths: str, schema: Schema) -> bool:
     return True
 
 
-def open_rows(paths: str, where: str, schema: Schema, cfg: RunConfig) -> Loader:
-    """Shards as they are; raw files (as [preprocess] describes the input) through the fitted workflow
-    (<preprocess.out>/workflow) first, into <train.out_dir>/_<where>/."""
+def open_rows(paths: str, where: str, schema: Schema, cfg: RunConfig, *, unlabelled_ok: bool = False) -> tuple[Loader, bool]:
+    """(loader, labelled): shards as they are; raw files (as [preprocess] describes the input) through the
+    fitted workflow (<preprocess.out>/workflow) first, into <train.out_dir>/_<where>/. unlabelled_ok: raw
+    files may lack the label columns (traffic to score: labelled is then False, the batches' labels 0)."""
     if is_shards(paths, schema):
-        return open_shards(paths, where, schema, cfg)
+        return open_shards(paths, where, schema, cfg), True
     folder = Path(cfg.data.schema_path).parent / "workflow"
     if not folder.is_dir():
         folder = Path(cfg.preprocess.out) / "workflow"
@@ -317,31 +319,35 @@ def open_rows(paths: str, where: str, schema: Schema, cfg: RunConfig) -> Loader:
         )
     out = cfg.out_dir / f"_{where.replace('.', '_')}"
     joins = [j.join() for j in cfg.preprocess.join]
-    report = transform_raw(input_spec(cfg), paths, Workflow.load(folder), out, where, cfg.preprocess.on_error, joins)
+    spec = input_spec(cfg)
+    labelled = not (unlabelled_ok and lacks_labels(spec, paths))
+    workflow = Workflow.load(folder)
+    report = transform_raw(spec, paths, workflow, out, where, cfg.preprocess.on_error, joins, labelled=labelled)
     if report.rows_skipped:
         print(f"{where}: {report}", file=sys.stderr)
-    return open_shards(str(out), where, schema, cfg)
+    return open_shards(str(out), where, schema, cfg), labelled
 
 
 def evaluate_model(cfg: RunConfig, model_path: Path | None = None) -> dict[str, float]:
     model, schema = read_model(model_path or default_model(cfg))
     if cfg.data.eval is None:
         raise ConfigError("data.eval: no evaluation data set; give data.eval=PATH")
-    data = open_rows(cfg.data.eval, "data.eval", schema, cfg)
+    data, _ = open_rows(cfg.data.eval, "data.eval", schema, cfg)
     device = resolve_device(cfg.train.device)
     return evaluate(model.to(device), data, device=device, precision=cfg.train.precision)
 
 
 def predict_to_parquet(cfg: RunConfig, model_path: Path | None = None) -> tuple[Path, int]:
-    """Scores every row of predict.input (default data.eval) -> Parquet: label column(s) and `probability`."""
+    """Scores every row of predict.input (default data.eval) -> Parquet: label column(s) and `probability`;
+    raw files without the label columns (unlabelled traffic) -> `probability` alone."""
     model, schema = read_model(model_path or default_model(cfg))
     source, where = (cfg.predict.input, "predict.input") if cfg.predict.input else (cfg.data.eval, "data.eval")
     if source is None:
         raise ConfigError("predict.input: nothing to score; give predict.input=PATH")
-    data = open_rows(source, where, schema, cfg)
+    data, labelled = open_rows(source, where, schema, cfg, unlabelled_ok=True)
     out = Path(cfg.predict.out) if cfg.predict.out else cfg.out_dir / "predictions.parquet"
     device = resolve_device(cfg.train.device)
-    names = schema.label_names
+    names = schema.label_names if labelled else []
     arrow_schema = pa.schema([*((n, pa.float32()) for n in names), ("probability", pa.float32())])
     labels: list[torch.Tensor] = []
 

@@ -30,7 +30,16 @@ if TYPE_CHECKING:  # the public names, imported on first use (hugerec.lazy_expor
     )
     from hugerec.data.loader import Loader, load
     from hugerec.data.matrix import read_matrix
-    from hugerec.data.prepare import Join, PrepareReport, SplitKind, SplitSpec, prepare, transform_raw, with_joins
+    from hugerec.data.prepare import (
+        Join,
+        PrepareReport,
+        SplitKind,
+        SplitSpec,
+        lacks_labels,
+        prepare,
+        transform_raw,
+        with_joins,
+    )
     from hugerec.data.preprocess import Dataset, Workflow
     from hugerec.data.readers import ConvertReport, read, to_parquet
     from hugerec.data.schema import Column, ColumnKind, DimRule, Schema, ValueType
@@ -109,6 +118,7 @@ __all__ = [
     "infer_spec",
     "iter_examples",
     "iter_tables",
+    "lacks_labels",
     "last_items",
     "last_n",
     "leave_last_out",

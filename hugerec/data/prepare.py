@@ -28,7 +28,7 @@ from __future__ import annotations
 import datetime
 import enum
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -46,7 +46,7 @@ from hugerec.data.input_spec import (
     model_schema,
     output_columns,
 )
-from hugerec.data.preprocess.dataset import Dataset, Format, Partition, first_line, read_chunks
+from hugerec.data.preprocess.dataset import Dataset, Format, Partition, first_line, read_chunks, read_header
 from hugerec.data.preprocess.errors import MAX_EXAMPLES, BadInputError, OnError, RowError, SkipReport
 from hugerec.data.preprocess.op import Op
 from hugerec.data.preprocess.temporal import ParseTime
@@ -232,6 +232,27 @@ def prepare(
     return PrepareReport(_rows(root / "train"), _rows(root / "eval"), test_rows, root / "schema.json", root / "workflow", report)
 
 
+def lacks_labels(spec: InputSpec, paths: str | Sequence[str]) -> bool:
+    """Whether the raw files at `paths` are unlabelled traffic: the input's columns without its label
+    columns. Told from the first file: a header (or Parquet schema) naming none of the labels, or a
+    headerless first line with exactly as many fields as the declared columns less the labels."""
+    labels = spec.labels
+    if not labels:
+        return False
+    if spec.format is InputFormat.PARQUET:
+        first = Dataset(paths, format=Format.PARQUET, schema={"_": pl.Null()}).paths[0]
+        return not any(n in pq.read_schema(first).names for n in labels)
+    csv = spec.csv_options()
+    first = Dataset(paths, format=Format.CSV, schema={"_": pl.String()}, csv=csv).paths[0]
+    try:
+        fields = read_header(first, csv)  # the first line's fields, a header or a row
+    except ValueError:
+        return False  # an empty file: reading it as declared names the problem
+    if spec.header:
+        return not any(n in fields for n in labels)
+    return len(fields) == len(spec.columns) - len(labels)
+
+
 def transform_raw(
     spec: InputSpec,
     paths: str | Sequence[str],
@@ -240,13 +261,19 @@ def transform_raw(
     where: str,
     on_error: OnError | str = OnError.RAISE,
     joins: Sequence[Join] = (),
+    *,
+    labelled: bool = True,
 ) -> SkipReport:
     """Raw files (read and joined as the training input was) through a fitted workflow into shards at
-    `out`; a column read with another type than at fit time is an error naming it (Workflow.check_dtypes)."""
+    `out`; a column read with another type than at fit time is an error naming it (Workflow.check_dtypes).
+    labelled = False: the files lack the label columns (traffic to score, `lacks_labels`); the shards get
+    them as 0, which only keeps the loader's layout: the caller must not report them."""
     staged = Path(f"{out}_raw")
     shutil.rmtree(staged, ignore_errors=True)
     tables = [(j.on, j.table(f"preprocess.join[{i}].input")) for i, j in enumerate(joins)]
-    report = _stage(spec.dataset(paths, where), spec, staged, OnError(on_error), tables, where)
+    read = spec if labelled else replace(spec, columns=tuple(c for c in spec.columns if c.role is not Role.LABEL))
+    fill = {} if labelled else {c.name: c.polars_dtype() for c in spec.columns if c.role is Role.LABEL}
+    report = _stage(read.dataset(paths, where), read, staged, OnError(on_error), tables, where, fill)
     data = Dataset(str(staged), format=Format.PARQUET)
     workflow.check_dtypes(data.schema, where)
     shutil.rmtree(out, ignore_errors=True)
@@ -293,9 +320,11 @@ def _stage(
     on_error: OnError,
     tables: Sequence[tuple[str, pl.DataFrame]],
     where: str,
+    fill: Mapping[str, pl.DataType] | None = None,
 ) -> SkipReport:
     """The input as typed Parquet: every row parsed once, timestamps checked against their format (bad
-    rows raised or skipped with their file and line), each side table left-joined on its column."""
+    rows raised or skipped with their file and line), each side table left-joined on its column, and
+    the columns of `fill` (absent from the files) added as zeros of their type."""
     report = SkipReport()
     shutil.rmtree(out, ignore_errors=True)
     for on, table in tables:
@@ -317,6 +346,8 @@ def _stage(
                 exact = exact and times.rows_skipped == 0
                 for on, table in tables:
                     frame = frame.join(table, on=on, how="left", maintain_order="left")
+                if fill:
+                    frame = frame.with_columns(pl.lit(0, dtype).alias(name) for name, dtype in fill.items())
                 if frame.height:
                     writer.write(frame.to_arrow())
     if writer.num_rows == 0:

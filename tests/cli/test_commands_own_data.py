@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from hugerec.cli import main
+from tests.cli.conftest import write_click_log
 
 WriteLog = Callable[..., list[dict[str, object]]]
 
@@ -316,3 +317,34 @@ def test_schema_and_preprocess_of_a_truncated_gz_say_where_in_one_line(
     err = capsys.readouterr().err.strip()
     assert err.startswith("hugerec preprocess: error: cut.csv.gz: truncated or damaged gzip file") and where in err, err
     assert "\n" not in err
+
+
+@pytest.mark.parametrize("header", [True, False])
+def test_predict_scores_unlabelled_traffic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], header: bool
+) -> None:
+    """Paper cut 1: predict on raw rows without the label column (traffic to score) gives each row's
+    probability, the same as for the labelled rows, and writes no label column."""
+    import pyarrow.parquet as pq
+
+    monkeypatch.chdir(tmp_path)
+    rows = write_click_log(tmp_path / "clicks.csv", header=header)
+    toml = _schema(tmp_path, "clicks.csv", capsys)
+    if not header:  # headerless: the user names the label (the 0/1 column is not first)
+        toml = toml.replace('{ name = "c5", type = "int", role = "dense" }', '{ name = "c5", type = "int", role = "label" }')
+    (tmp_path / "c.toml").write_text(toml.replace("[preprocess]", '[preprocess]\nout = "data"') + TAIL)
+    assert main(["preprocess", "c.toml"]) == 0, capsys.readouterr().err
+    assert main(["train", "c.toml", *FAST]) == 0, capsys.readouterr().err
+    names = [k for k in rows[0] if k != "clicked"]
+    lines = [",".join(names)] if header else []
+    (tmp_path / "traffic.csv").write_text("\n".join(lines + [",".join(str(r[k]) for k in names) for r in rows]) + "\n")
+    assert main(["predict", "c.toml", "predict.input=traffic.csv", "predict.out=traffic.parquet"]) == 0, capsys.readouterr().err
+    assert main(["predict", "c.toml", "predict.input=clicks.csv", "predict.out=clicks.parquet"]) == 0, capsys.readouterr().err
+    traffic, labelled = pq.read_table(tmp_path / "traffic.parquet"), pq.read_table(tmp_path / "clicks.parquet")
+    assert traffic.column_names == ["probability"]
+    assert labelled.column_names == ["clicked" if header else "c5", "probability"]
+    assert traffic.column("probability").to_pylist() == labelled.column("probability").to_pylist()
+    assert traffic.num_rows == len(rows)
+    # evaluate still needs labels: the unlabelled file there is the usual one-line error
+    assert main(["evaluate", "c.toml", "data.eval=traffic.csv"]) == 2
+    assert "traffic.csv" in capsys.readouterr().err

@@ -364,7 +364,7 @@ def _preprocess(cfg: RunConfig, args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     r = preprocess(cfg)
     print(
-        f"preprocess: {r.train_rows:,} train + {r.eval_rows:,} eval rows -> {cfg.preprocess.out} "
+        f"preprocess: {r.train_rows:,} train + {r.eval_rows:,} eval + {r.test_rows:,} test rows -> {cfg.preprocess.out} "
         f"({time.perf_counter() - t0:.1f} s); schema {r.schema}, workflow {r.workflow}"
     )
     if r.skipped.rows_skipped:

@@ -133,6 +133,10 @@ class PreprocessSection:
                    given, else "random". The workflow is fitted on the train part only.
     time_column, user_column   the columns the time splits read (default: role timestamp / user)
     test_input     raw files for a test set, written to out/test (transformed, never fitted on)
+    test_split     true: hold out a test part of the input too, written to out/test, by the split's rule
+                   applied once more (random: eval_fraction of the rows each; time: the last `last_days`
+                   days or latest eval_fraction are test, the same span before them eval; leave_last_out:
+                   each user's last `holdout` rows test, the `holdout` before them eval)
     join           [[preprocess.join]] side tables (input, on, columns, ...: see JoinSection), left-joined
                    to every row before the split; their columns take part in the workflow like the input's
     out            writes out/train/, out/eval/, out/workflow/ (for serving and raw evaluation), out/schema.json
@@ -157,6 +161,7 @@ class PreprocessSection:
     split: SplitKind | None = None
     eval_input: str | None = None
     test_input: str | None = None
+    test_split: bool = False
     eval_fraction: float = 0.1
     time_cutoff: str | int | None = None
     last_days: float | None = None
@@ -211,6 +216,7 @@ class PreprocessSection:
             self.holdout,
             self.time_column,
             self.user_column,
+            self.test_split,
         )
 
 

@@ -348,3 +348,27 @@ def test_predict_scores_unlabelled_traffic(
     # evaluate still needs labels: the unlabelled file there is the usual one-line error
     assert main(["evaluate", "c.toml", "data.eval=traffic.csv"]) == 2
     assert "traffic.csv" in capsys.readouterr().err
+
+
+def test_three_way_split_from_one_file_is_in_the_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Paper cut 7: preprocess.test_split holds out train / eval / test from one file, the summary counts
+    all three, and the test shards evaluate like the eval ones."""
+    monkeypatch.chdir(tmp_path)
+    write_click_log(tmp_path / "clicks.csv")
+    toml = _schema(tmp_path, "clicks.csv", capsys)
+    (tmp_path / "c.toml").write_text(toml.replace("[preprocess]", '[preprocess]\nout = "data"') + TAIL)
+    assert main(["preprocess", "c.toml", "preprocess.test_split=true", "preprocess.eval_fraction=0.2"]) == 0
+    out = capsys.readouterr().out
+    counts = {part: sum(1 for _ in (tmp_path / "data" / part).glob("*.parquet")) for part in ("train", "eval", "test")}
+    assert all(counts.values()), counts
+    import pyarrow.parquet as pq
+
+    rows = {p: sum(pq.read_metadata(f).num_rows for f in (tmp_path / "data" / p).glob("*.parquet")) for p in counts}
+    assert f"preprocess: {rows['train']:,} train + {rows['eval']:,} eval + {rows['test']:,} test rows" in out
+    assert sum(rows.values()) == 400
+    assert main(["train", "c.toml", *FAST]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["evaluate", "c.toml", "data.eval=data/test"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["count"] == rows["test"]

@@ -108,6 +108,8 @@ def preprocess(cfg: RunConfig) -> PrepareReport:
             log_dense=p.log_dense,
             min_frequency=p.min_frequency,
             max_vocab=p.max_vocab,
+            eval_header=p.eval_header,
+            test_header=p.test_header,
         )
     except FileNotFoundError as e:
         raise ConfigError(f"preprocess.input: {e}") from None

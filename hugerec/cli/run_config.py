@@ -122,6 +122,9 @@ class PreprocessSection:
     format         "csv" (any delimited text, plain or .gz), "parquet", or "criteo" (the Criteo TSV layout)
     separator, header, encoding, quote, null_values   how csv text is laid out (separator may be "::";
                    quote = "" for no quoting; encoding: utf-8, latin-1, ...)
+    eval_header, test_header   whether eval_input's / test_input's files start with a header line
+                   (default: as `header` says for the input; a headered train file beside headerless
+                   dev / test files is header = true, eval_header = false, test_header = false)
     columns        [{name, type, role, separator, format, threshold}, ...]: see hugerec.data.input_spec
                    (`hugerec schema FILE` writes them); parquet without columns reads a schema.json beside
                    the files (preprocess.schema) or guesses roles from the column types
@@ -152,6 +155,8 @@ class PreprocessSection:
     schema: str | None = None
     separator: str = ","
     header: bool = True
+    eval_header: bool | None = None
+    test_header: bool | None = None
     encoding: str = "utf-8"
     quote: str = '"'
     null_values: tuple[str, ...] = ()

@@ -227,12 +227,14 @@ class InputSpec:
                 for path in probe.paths:
                     _require_text(path, where)
                 declared = {c.name: c.polars_dtype() for c in self.columns}
+                key = header_key(where)
                 if self.header:
                     header = read_header(probe.paths[0], csv)
                     missing = [n for n in declared if n not in header]
                     if missing:
                         raise ValueError(
                             f"{where}: {probe.paths[0]} header {header} lacks the declared column(s) {missing}"
+                            f" (a file without a header line: {key} = false)"
                         )
                     dup = sorted({n for n in header if header.count(n) > 1})
                     if dup:
@@ -242,6 +244,13 @@ class InputSpec:
                             raise ValueError(f"{where}: {path} has another header than {probe.paths[0]}: {header}")
                     schema = {n: declared.get(n, pl.String()) for n in header}
                 else:
+                    for path in probe.paths:  # a header line would be read as a row (and fail, or worse, not)
+                        try:
+                            first = read_header(path, csv)
+                        except ValueError:  # empty, or an empty first line: no header either way
+                            continue
+                        if first == list(declared):
+                            raise ValueError(f"{where}: {path} starts with a header line {first}; set {key} = true")
                     schema = declared
                 return Dataset(probe.paths, format=Format.CSV, schema=schema, csv=csv, binary=self._binary())
 
@@ -300,6 +309,17 @@ def infer_parquet_spec(path: str) -> InputSpec:
     sample = pl.read_parquet(path, n_rows=10_000)
     columns = [_guess_column(name, sample[name]) for name in sample.columns]
     return InputSpec(format=InputFormat.PARQUET, columns=tuple(_one_label(columns)))
+
+
+def header_key(where: str) -> str:
+    """The config key that says whether the files of `where` start with a header line: each of
+    preprocess's inputs has its own (input: header, eval_input: eval_header, test_input: test_header);
+    other raw files (evaluate's and predict's) are read as the input is."""
+    match where:
+        case "preprocess.eval_input" | "preprocess.test_input":
+            return where.removesuffix("_input") + "_header"
+        case _:
+            return "preprocess.header"
 
 
 # -- the default workflow and the output schema ------------------------------------------------------

@@ -204,9 +204,13 @@ def prepare(
     log_dense: bool = False,
     min_frequency: int = 1,
     max_vocab: int | None = None,
+    eval_header: bool | None = None,
+    test_header: bool | None = None,
 ) -> PrepareReport:
     """Stage (parse, join), split, fit on train, transform every part. ops: the workflow after the spec's
-    input ops (None: `default_ops`). Errors name where they came from (`preprocess.input`, ...)."""
+    input ops (None: `default_ops`). eval_header / test_header: whether the eval / test files start with a
+    header line (None: as spec.header says for the input). Errors name where they came from
+    (`preprocess.input`, ...)."""
     split = split or SplitSpec()
     mode = OnError(on_error)
     root = Path(out)
@@ -225,7 +229,7 @@ def prepare(
     tables = [(j.on, j.table(f"preprocess.join[{i}].input")) for i, j in enumerate(joins)]
     report = _stage(spec.dataset(paths, "preprocess.input"), spec, staging / "all", mode, tables, "preprocess.input")
     if eval_paths is not None:
-        eval_data = spec.dataset(eval_paths, "preprocess.eval_input")
+        eval_data = _with_header(spec, eval_header).dataset(eval_paths, "preprocess.eval_input")
         report = report.merge(_stage(eval_data, spec, staging / "eval", mode, tables, "preprocess.eval_input"))
         train_dir = staging / "all"
     else:
@@ -241,7 +245,7 @@ def prepare(
     test_rows = 0
     shutil.rmtree(root / "test", ignore_errors=True)
     if test_paths is not None:
-        test_data = spec.dataset(test_paths, "preprocess.test_input")
+        test_data = _with_header(spec, test_header).dataset(test_paths, "preprocess.test_input")
         report = report.merge(_stage(test_data, spec, staging / "test", mode, tables, "preprocess.test_input"))
     if test_paths is not None or split.test_split:
         test_rows = workflow.transform(Dataset(str(staging / "test"), format=Format.PARQUET), root / "test").rows
@@ -253,6 +257,10 @@ def prepare(
     workflow.save(root / "workflow")
     shutil.rmtree(staging, ignore_errors=True)
     return PrepareReport(_rows(root / "train"), _rows(root / "eval"), test_rows, root / "schema.json", root / "workflow", report)
+
+
+def _with_header(spec: InputSpec, header: bool | None) -> InputSpec:
+    return spec if header is None else replace(spec, header=header)
 
 
 def lacks_labels(spec: InputSpec, paths: str | Sequence[str]) -> bool:

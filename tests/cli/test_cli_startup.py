@@ -32,7 +32,7 @@ def loaded_by(*args: str, cwd: Path) -> tuple[int, list[str], str]:
     return report["code"], report["loaded"], done.stdout
 
 
-@pytest.mark.parametrize("args", [["--help"], [], ["train", "--help"], ["schema", "--help"], ["pipeline", "--help"]])
+@pytest.mark.parametrize("args", [["--help"], [], ["train", "--help"], ["schema", "--help"], ["pipeline", "--help"], ["serve", "--help"]])
 def test_help_imports_neither_torch_nor_numba(args: list[str], tmp_path: Path) -> None:
     code, loaded, out = loaded_by(*args, cwd=tmp_path)
     assert code in (0, 2), out

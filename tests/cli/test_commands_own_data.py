@@ -372,3 +372,32 @@ def test_three_way_split_from_one_file_is_in_the_summary(
     capsys.readouterr()
     assert main(["evaluate", "c.toml", "data.eval=data/test"]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["count"] == rows["test"]
+
+
+def test_a_headered_train_file_beside_headerless_dev_and_test_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Paper cut 2: each input says whether it has a header line (header, eval_header, test_header), so
+    the common layout needs no on_error = "skip"; a mismatch is one line naming the key to set."""
+    monkeypatch.chdir(tmp_path)
+    write_click_log(tmp_path / "train.csv", n=300, seed=0)
+    write_click_log(tmp_path / "dev.csv", n=60, header=False, seed=1)
+    write_click_log(tmp_path / "test.csv", n=70, header=False, seed=2)
+    toml = _schema(tmp_path, "train.csv", capsys)
+    files = '[preprocess]\nout = "data"\neval_input = "dev.csv"\ntest_input = "test.csv"'
+    (tmp_path / "c.toml").write_text(toml.replace("[preprocess]", files) + TAIL)
+    assert main(["preprocess", "c.toml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "preprocess.eval_input: dev.csv header" in err
+    assert "(a file without a header line: preprocess.eval_header = false)" in err
+    assert main(["preprocess", "c.toml", "preprocess.eval_header=false", "preprocess.test_header=false"]) == 0
+    assert "300 train + 60 eval + 70 test rows" in capsys.readouterr().out
+    # the other way round: headerless files declared so, one dev file with a header line
+    write_click_log(tmp_path / "train.csv", n=300, header=False, seed=0)
+    write_click_log(tmp_path / "dev.csv", n=60, seed=1)
+    assert main(["preprocess", "c.toml", "preprocess.header=false", "preprocess.test_header=false"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "preprocess.eval_input: dev.csv starts with a header line" in err and "set preprocess.eval_header = true" in err
+    args = ["preprocess.header=false", "preprocess.eval_header=true", "preprocess.test_header=false"]
+    assert main(["preprocess", "c.toml", *args]) == 0, capsys.readouterr().err
+    assert "300 train + 60 eval + 70 test rows" in capsys.readouterr().out

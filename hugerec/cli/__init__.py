@@ -63,8 +63,11 @@ COMMANDS = {
         "\"parquet\" (columns from the files) or \"criteo\"; joins [[preprocess.join]] side tables; splits the\n"
         "rows (preprocess.split = random | time | leave_last_out | files); fits the workflow on the train part\n"
         "only ([[preprocess.ops]], or by default: normalize the dense features, map categorical values to ids\n"
-        "by frequency) and writes preprocess.out/{train,eval}/ (test/ with preprocess.test_input), schema.json\n"
+        "by frequency) and writes preprocess.out/{train,eval}/ (test/ with preprocess.test_input, or with\n"
+        "preprocess.test_split = true: a test part held out by the split's rule once more), schema.json\n"
         "and the fitted workflow/ (for serving, and for evaluate / predict on raw files).\n"
+        "preprocess.header says whether the input's files start with a header line; eval_header and\n"
+        "test_header say it for eval_input and test_input (default: as header).\n"
         "preprocess.on_error = \"skip\" drops bad rows and reports how many, with the first few.\n"
         "example: hugerec preprocess configs/criteo_sample.toml\n"
         "example: hugerec preprocess configs/movielens_1m_ctr.toml preprocess.holdout=1",
@@ -77,7 +80,10 @@ COMMANDS = {
         "train.early_stopping.metric (auc: higher is better, logloss: lower) as best.pt beside model.pt\n"
         "(the last weights); stops after train.early_stopping.patience evaluations without a new best\n"
         "(none: never stops early); train.early_stopping.min_delta is the smallest gain that counts.\n"
+        "Prints the model, its parameter count, the rows, the batch and the steps per epoch first.\n"
         "Defaults meant for small data too: data.batch_size = \"auto\" (2 * sqrt(train rows), 32 to 2048),\n"
+        "MLP widths the [model] leaves out capped at the same rule (64 to 1024; a DLRM without dense\n"
+        "features gets model.bottom = []), each change printed; keys you set stay as set;\n"
         "the dense lr (train.lr) decays linearly to 0 over the first epoch (train.schedule.decay_epochs = 1);\n"
         "on a small set give train.epochs an upper bound (e.g. 20) and let early stopping end the run.\n"
         "Continue an interrupted run exactly where it stopped with train.resume=true.\n"
@@ -107,10 +113,11 @@ COMMANDS = {
     ),
     "predict": (
         "score rows into a Parquet file of click probabilities",
-        "Scores predict.input (default: data.eval; shards, or raw files with the training columns, label\n"
-        "included, run through the fitted workflow) with train.out_dir/best.pt (the best evaluation of\n"
-        "training; model.pt when there is none) or --model, and writes\n"
-        "predict.out (default: train.out_dir/predictions.parquet): the label and the probability per row.\n"
+        "Scores predict.input (default: data.eval; shards, or raw files with the training columns, with or\n"
+        "without the label, run through the fitted workflow) with train.out_dir/best.pt (the best evaluation\n"
+        "of training; model.pt when there is none) or --model, and writes\n"
+        "predict.out (default: train.out_dir/predictions.parquet): the label (when the rows have one) and the\n"
+        "probability per row.\n"
         "example: hugerec predict configs/criteo_sample.toml predict.out=scores.parquet",
     ),
     "export": (

@@ -47,13 +47,14 @@ from hugerec.data import (
 from hugerec.data.preprocess import Workflow
 from hugerec.distributed import Workload, init_from_env, launched_by_torchrun, plan, shard
 from hugerec.embedding import TableConfig
-from hugerec.models import Family, RecModel, build_model
+from hugerec.models import DCNv2Config, DeepFMConfig, DLRMConfig, Family, RecModel, WideAndDeepConfig, build_model
 from hugerec.sparse import Batch
 from hugerec.training import (
     History,
     auto_batch_size,
     evaluate,
     fit,
+    fitted_to_data,
     load_checkpoint,
     load_model,
     predict,
@@ -128,8 +129,12 @@ def _rows(folder: Path) -> int:
 
 # -- train --------------------------------------------------------------------------------------
 def train(cfg: RunConfig) -> History:
+    """Trains the [model] on data.train; the model keys the config left out fitted to the data first
+    (fitted_to_data), and a line saying what runs (model, parameters, rows, batch, steps) before it does."""
     schema = read_schema(cfg.data.schema_path, "data.schema")
     tables = [replace(t, dtype=cfg.embedding.dtype) for t in schema.table_configs(dim=cfg.embedding.dim)]
+    rows = _rows_in(cfg.data.train, "data.train")
+    cfg = with_data_defaults(cfg, rows, len(schema.dense))
     if launched_by_torchrun():
         return _train_distributed(cfg, schema, tables)
     if cfg.train.seed is not None:  # the same seed, the same initial weights
@@ -138,11 +143,37 @@ def train(cfg: RunConfig) -> History:
     _load_vectors(cfg, model)
     train_data = open_shards(cfg.data.train, "data.train", schema, cfg, shuffle=cfg.data.shuffle)
     eval_data = None if cfg.data.eval is None else open_shards(cfg.data.eval, "data.eval", schema, cfg)
+    print(run_summary(cfg, model, tables, rows, len(train_data)), flush=True)
     history = fit(model, train_data, eval_data, cfg.train)
     write_model(cfg.out_dir / "model.pt", model, cfg, schema, tables)
     _save_best(cfg, history, schema, tables)
     write_config(cfg)
     return history
+
+
+def with_data_defaults(cfg: RunConfig, rows: int, num_dense: int) -> RunConfig:
+    """`cfg` with the ranking model's MLP widths it left out fitted to `rows` training rows and
+    `num_dense` dense features (hugerec.training.fitted_to_data), each change printed on one line."""
+    if not isinstance(cfg.model, DLRMConfig | DCNv2Config | DeepFMConfig | WideAndDeepConfig) or rows < 1:
+        return cfg  # no rows: opening the data names the problem
+    model, notes = fitted_to_data(cfg.model, cfg.model_keys, rows, num_dense, cfg.embedding.dim)
+    for note in notes:
+        print(f"train: {note}; set the key to choose", flush=True)
+    return replace(cfg, model=model)
+
+
+def run_summary(cfg: RunConfig, model: torch.nn.Module, tables: list[TableConfig], rows: int, steps_per_epoch: int) -> str:
+    """One line before training: the model and its size, the data, the batch and the steps."""
+    dense = sum(p.numel() for p in model.parameters())  # the embedding rows are buffers, counted below
+    embedding = sum(t.num_rows * t.dim for t in tables)
+    batch = batch_size(cfg, rows)
+    epochs = f"{cfg.train.epochs} epoch{'s' if cfg.train.epochs != 1 else ''}"
+    stop = "" if cfg.train.max_steps is None else f", at most {cfg.train.max_steps:,} steps"
+    return (
+        f"train: {cfg.model_type}, {dense + embedding:,} parameters ({dense:,} dense, {embedding:,} in {len(tables)} "
+        f"embedding tables of dim {cfg.embedding.dim}); {rows:,} rows, batch {batch}"
+        f"{' (auto)' if cfg.data.batch_size == 'auto' else ''}, {steps_per_epoch:,} steps per epoch x {epochs}{stop}"
+    )
 
 
 def _build(cfg: RunConfig, tables: list[TableConfig], schema: Schema) -> RecModel:

@@ -304,6 +304,9 @@ class RunConfig:
     sequences: SequencesSection = field(default_factory=SequencesSection)
     index: IndexSection = field(default_factory=IndexSection)
     recommend: RecommendSection = field(default_factory=RecommendSection)
+    # the [model] keys the config and the overrides set (not a config key): the others are defaults,
+    # which `train` fits to the data (hugerec.training.defaults.fitted_to_data)
+    model_keys: frozenset[str] = frozenset()
 
     @property
     def family(self) -> Family:
@@ -346,6 +349,12 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     if path is not None:
         path = find_config(path)
     data = read_toml(path) if path is not None else copy.deepcopy(QUICKSTART)
+    # the [model] keys set by the file (or the built-in quickstart, which configs/quickstart.toml spells
+    # out) and by the overrides; a file without [model] leaves every key to the defaults
+    written = data.get("model")
+    overridden = (o.split("=", 1)[0].removeprefix("model.").split(".")[0] for o in overrides if o.startswith("model."))
+    given = {*(written if isinstance(written, dict) else ()), *overridden}
+    given.discard("type")
     model = data.get("model")
     if isinstance(model, dict) and "type" not in model:  # [model] without a type: the default model, amended
         data["model"] = {**QUICKSTART["model"], **model}
@@ -370,10 +379,13 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
             {**v, "path": _find_input(v["path"], config_dir)} if isinstance(v, dict) and isinstance(v.get("path"), str) else v
             for v in model["vectors"]
         ]
-    cfg = dataclasses.replace(from_dict(RunConfig, data, "", READERS), model=read_model(model))
+    if "model_keys" in data:
+        raise ConfigError("unknown key 'model_keys'")
+    cfg = dataclasses.replace(from_dict(RunConfig, data, "", READERS), model=read_model(model), model_keys=frozenset(given))
     if cfg.train.out_dir is None:
         raise ConfigError("train.out_dir: give a folder for the model, the log and the plot")
-    _check_model_fits_embedding(cfg.model, cfg.embedding.dim)  # now, not after the data was read
+    if "bottom" in given:  # a default bottom is fitted to the embedding dim by `train`
+        _check_model_fits_embedding(cfg.model, cfg.embedding.dim)  # now, not after the data was read
     _check_roles(cfg)
     if path is not None:
         cfg = _resolve_inputs(cfg, Path(path).resolve().parent)
@@ -445,6 +457,7 @@ def switch_model_type(data: dict[str, Any], overrides: Sequence[str]) -> dict[st
 def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
     """Every key of `cfg` with its value (None included), as `--print-config` shows it."""
     out: dict[str, Any] = to_dict(cfg, keep_none=True)
+    del out["model_keys"]  # bookkeeping, not a key of the config
     out["embedding"]["optimizer"] = optimizer_to_dict(cfg.embedding.optimizer)
     out["model"] = config_to_dict(cfg.model)
     return out

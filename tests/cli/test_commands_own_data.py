@@ -401,3 +401,34 @@ def test_a_headered_train_file_beside_headerless_dev_and_test_files(
     args = ["preprocess.header=false", "preprocess.eval_header=true", "preprocess.test_header=false"]
     assert main(["preprocess", "c.toml", *args]) == 0, capsys.readouterr().err
     assert "300 train + 60 eval + 70 test rows" in capsys.readouterr().out
+
+
+def test_train_fits_default_widths_to_the_data_and_says_what_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Paper cuts 5 and 8: a DLRM on data without dense features needs no `bottom = []`, the default
+    widths shrink to the data, each change is one line, and a line before training gives the model's
+    parameters, the rows, the batch and the steps; keys the user sets stay as set."""
+    monkeypatch.chdir(tmp_path)
+    write_click_log(tmp_path / "clicks.csv")
+    toml = _schema(tmp_path, "clicks.csv", capsys).replace(
+        '{ name = "price", type = "float", role = "dense" }', '{ name = "price", type = "float", role = "none" }'
+    )
+    tail = TAIL.replace("bottom = [16, 8]\ntop = [16, 1]\n", "")
+    (tmp_path / "c.toml").write_text(toml.replace("[preprocess]", '[preprocess]\nout = "data"') + tail)
+    assert main(["preprocess", "c.toml"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["train", "c.toml", *FAST]) == 0, capsys.readouterr().err
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "train: model.bottom = [] (default [512, 256, 64]: no dense features); set the key to choose"
+    assert lines[1] == (
+        "train: model.top = [64, 64, 64, 64, 1] (default [1024, 1024, 512, 256, 1]: widths <= 64 for 3"
+        + lines[1].split("widths <= 64 for 3")[1]
+    )
+    summary = next(line for line in lines if line.startswith("train: dlrm, "))
+    assert "embedding tables of dim 8" in summary and "batch 64, " in summary and "steps per epoch x 1 epoch, at most 4 steps" in summary
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["model"]["bottom"] == [] and saved["model"]["top"] == [64, 64, 64, 64, 1] and "model_keys" not in saved
+    assert main(["train", "c.toml", *FAST, "model.top=[32,1]", "model.bottom=[]"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "model.top =" not in out and "model.bottom =" not in out

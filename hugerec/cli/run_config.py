@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hugerec.cli.config_file import ConfigError, apply_overrides, from_dict, parse_value, read_toml, to_dict
+from hugerec.cli.config_file import INTERNAL, ConfigError, apply_overrides, from_dict, parse_value, read_toml, to_dict
 from hugerec.cli.interactions_config import (
     IndexSection,
     InteractionsSection,
@@ -320,9 +320,9 @@ class RunConfig:
     sequences: SequencesSection = field(default_factory=SequencesSection)
     index: IndexSection = field(default_factory=IndexSection)
     recommend: RecommendSection = field(default_factory=RecommendSection)
-    # the [model] keys the config and the overrides set (not a config key): the others are defaults,
-    # which `train` fits to the data (hugerec.training.defaults.fitted_to_data)
-    model_keys: frozenset[str] = frozenset()
+    # the [model] keys the config and the overrides set (bookkeeping, not a config key): the others are
+    # defaults, which `train` fits to the data (hugerec.training.defaults.fitted_to_data)
+    model_keys: frozenset[str] = field(default=frozenset(), metadata=INTERNAL)
 
     @property
     def family(self) -> Family:
@@ -395,8 +395,6 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
             {**v, "path": _find_input(v["path"], config_dir)} if isinstance(v, dict) and isinstance(v.get("path"), str) else v
             for v in model["vectors"]
         ]
-    if "model_keys" in data:
-        raise ConfigError("unknown key 'model_keys'")
     cfg = dataclasses.replace(from_dict(RunConfig, data, "", READERS), model=read_model(model), model_keys=frozenset(given))
     if cfg.train.out_dir is None:
         raise ConfigError("train.out_dir: give a folder for the model, the log and the plot")
@@ -473,7 +471,6 @@ def switch_model_type(data: dict[str, Any], overrides: Sequence[str]) -> dict[st
 def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
     """Every key of `cfg` with its value (None included), as `--print-config` shows it."""
     out: dict[str, Any] = to_dict(cfg, keep_none=True)
-    del out["model_keys"]  # bookkeeping, not a key of the config
     out["embedding"]["optimizer"] = optimizer_to_dict(cfg.embedding.optimizer)
     out["model"] = config_to_dict(cfg.model)
     return out

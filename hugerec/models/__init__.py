@@ -1,5 +1,5 @@
 """Layers (MLP, interactions, cross network, wide part) and models (DLRM, DCNv2, DeepFM, WideAndDeep;
-sequential: SASRec, MaskedTransformer, GRU4Rec over [B, L] item sequences).
+sequential: SASRec, MaskedTransformer, GRU4Rec, HSTU over [B, L] item sequences).
 
 Every model takes a Batch and returns logits [B]; `build_model(config, tables, num_dense, optimizer)`
 builds one from plain data (`model_config_from_dict({"type": "dlrm", ...})`).
@@ -12,6 +12,7 @@ from hugerec.models.dlrm import DLRM
 from hugerec.models.feature_interactions import DotInteraction, FMInteraction
 from hugerec.models.gbm import GBM_TYPES, FeatureMatrix, GBMConfig, Library, TreeModel, is_ranking, library_of, require
 from hugerec.models.gru4rec import GRU4Rec
+from hugerec.models.hstu import HSTU, HSTUOptions
 from hugerec.models.masked import MaskedTransformer
 from hugerec.models.mf import MatrixFactorization
 from hugerec.models.mlp import MLP, Activation
@@ -37,6 +38,7 @@ from hugerec.models.wide_deep import WideAndDeep
 __all__ = [
     "DLRM",
     "GBM_TYPES",
+    "HSTU",
     "MLP",
     "PAD",
     "Activation",
@@ -52,6 +54,7 @@ __all__ = [
     "FeatureMatrix",
     "GBMConfig",
     "GRU4Rec",
+    "HSTUOptions",
     "Library",
     "MaskedTransformer",
     "MatrixFactorization",

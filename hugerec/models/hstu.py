@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +76,32 @@ class HSTUOptions:
             raise ValueError(f"HSTUOptions: temperature must be >= 0, got {self.temperature!r}")
 
 
+class _TableGather(torch.autograd.Function):
+    """table[index] for a small 1-D table and many indices; the backward sums by bincount (one pass) rather
+    than autograd's index_put with accumulation (160x slower here on a million pair indices)."""
+
+    @staticmethod
+    def forward(ctx: Any, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(index)
+        ctx.size = table.shape[0]
+        return table[index]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (index,) = ctx.saved_tensors
+        flat = index.reshape(-1)
+        summed = torch.bincount(flat, weights=grad.reshape(-1).to(torch.float64), minlength=ctx.size)
+        return summed.to(grad.dtype), None
+
+
+def table_gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """table [T] at index [...] (int64 in 0..T-1) -> [...], differentiable in table."""
+    if index.device.type != "cpu":
+        return table[index]
+    out: torch.Tensor = _TableGather.apply(table, index)
+    return out
+
+
 def time_buckets(delta: torch.Tensor, num_buckets: int) -> torch.Tensor:
     """int64 bucket of each time difference (seconds): floor(ln(max(|dt|, 1)) / 0.301), capped at num_buckets."""
     return (torch.log(delta.abs().clamp(min=1).double()) / _TIME_LOG_BASE).long().clamp(max=num_buckets)
@@ -103,8 +129,8 @@ class HSTULayer(nn.Module):
         return u, v.reshape(*lead, self.heads, self.dv), q.reshape(*lead, self.heads, self.dq), k.reshape(*lead, self.heads, self.dq)
 
     def bias(self, distance: torch.Tensor, buckets: torch.Tensor | None) -> torch.Tensor:
-        b = self.pos_bias[distance.clamp(0, len(self.pos_bias) - 1)]
-        return b if buckets is None else b + self.time_bias[buckets]
+        b = table_gather(self.pos_bias, distance.clamp(0, len(self.pos_bias) - 1))
+        return b if buckets is None else b + table_gather(self.time_bias, buckets)
 
     def finish(self, x: torch.Tensor, u: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """x + W2 dropout(u * LayerNorm(attn)); attn [..., H, Dv]."""

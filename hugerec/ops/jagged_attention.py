@@ -6,19 +6,27 @@
 out_i = sum_{j <= i} silu(q_i . k_j + bias_ij) * scale * v_j inside each sequence (pointwise SiLU
 attention: no softmax, so nothing is normalised over the keys). `pair_positions(offsets)` gives each
 pair's absolute query and key rows, from which a caller builds `bias` (HSTU: relative position and time
-buckets; see `hugerec.models.hstu`). The kernels are `hugerec.ops.cpu.jagged_attention_kernels`.
+buckets; see `hugerec.models.hstu`). The kernels are `hugerec.ops.cpu.jagged_attention_kernels`; a call
+with less than SERIAL_WORK multiply-adds (one serving history) runs them on the calling thread only.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numba
 import torch
 
 from hugerec.ops import reference
 from hugerec.ops.cpu import jagged_attention_kernels as _cpu
 
 pair_offsets = reference.pair_offsets
+SERIAL_WORK = 1 << 22  # multiply-adds below which the kernels run on the calling thread (a parallel region costs more)
+
+
+def _threads(pairs: torch.Tensor, q: torch.Tensor, v: torch.Tensor) -> int:
+    work = int(pairs[-1]) * q.shape[1] * (q.shape[2] + v.shape[2])
+    return 1 if work < SERIAL_WORK else numba.get_num_threads()
 
 
 def kernel_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> bool:
@@ -80,7 +88,12 @@ class _JaggedCausalAttention(torch.autograd.Function):
     ) -> torch.Tensor:
         q_c, k_c, v_c, b_c = (t.detach().contiguous() for t in (q, k, v, bias))
         out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=torch.float32)
-        _cpu.attention_forward(q_c.numpy(), k_c.numpy(), v_c.numpy(), b_c.numpy(), offsets.numpy(), pairs.numpy(), float(scale), out.numpy())
+        before = numba.get_num_threads()
+        numba.set_num_threads(_threads(pairs, q, v))  # the calling thread's setting only
+        try:
+            _cpu.attention_forward(q_c.numpy(), k_c.numpy(), v_c.numpy(), b_c.numpy(), offsets.numpy(), pairs.numpy(), float(scale), out.numpy())
+        finally:
+            numba.set_num_threads(before)
         ctx.save_for_backward(q_c, k_c, v_c, b_c, offsets, pairs)
         ctx.scale = float(scale)
         return out
@@ -89,8 +102,13 @@ class _JaggedCausalAttention(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
         q, k, v, bias, offsets, pairs = ctx.saved_tensors
         grad_q, grad_k, grad_v, grad_bias = (torch.empty_like(t) for t in (q, k, v, bias))
-        _cpu.attention_backward(
-            grad.detach().contiguous().numpy(), q.numpy(), k.numpy(), v.numpy(), bias.numpy(), offsets.numpy(), pairs.numpy(), ctx.scale,
-            grad_q.numpy(), grad_k.numpy(), grad_v.numpy(), grad_bias.numpy(),
-        )
+        before = numba.get_num_threads()
+        numba.set_num_threads(_threads(pairs, q, v))
+        try:
+            _cpu.attention_backward(
+                grad.detach().contiguous().numpy(), q.numpy(), k.numpy(), v.numpy(), bias.numpy(), offsets.numpy(), pairs.numpy(), ctx.scale,
+                grad_q.numpy(), grad_k.numpy(), grad_v.numpy(), grad_bias.numpy(),
+            )
+        finally:
+            numba.set_num_threads(before)
         return grad_q, grad_k, grad_v, grad_bias, None, None, None

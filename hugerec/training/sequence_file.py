@@ -1,11 +1,12 @@
-"""A trained sequential model (SASRec, masked transformer, GRU4Rec) on disk, with its raw item ids.
+"""A trained sequential model (SASRec, masked transformer, GRU4Rec, HSTU) on disk, with its raw item ids.
 
     save_sequence_model(path, model, "sasrec", items_raw, item_counts, optimizer, extra={"model": {...}})
     saved = load_sequence_model(path)      # saved.model, saved.items_raw, saved.lookup(raw ids) -> dense ids
 
 model.pt   torch.save of {"spec": JSON text, "state": state dict, "items_raw": [I] int64, "item_counts": [I + 1] int64}
-  spec = {"format": 1, "task": "sequential", "model_type": "sasrec" | "mlm" | "gru4rec",
-          "sequence_config": SequenceConfig's fields, "optimizer": the item table's sparse optimizer, ...extra}
+  spec = {"format": 1, "task": "sequential", "model_type": "sasrec" | "mlm" | "gru4rec" | "hstu",
+          "sequence_config": SequenceConfig's fields, "optimizer": the item table's sparse optimizer,
+          "hstu_options": HSTUOptions' fields (HSTU only), ...extra}
 
 Dense item id i (1..I) is raw id items_raw[i - 1]; item_counts[i] is its count in the training data
 (index 0, the padding id, is 0): the popularity fallback for a history with no known item. Only
@@ -28,23 +29,27 @@ from torch import nn
 
 from hugerec.embedding.optimizers import Optimizer, optimizer_from_dict, optimizer_to_dict
 from hugerec.models.gru4rec import GRU4Rec
+from hugerec.models.hstu import HSTU, HSTUOptions
 from hugerec.models.masked import MaskedTransformer
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import PAD, SequenceConfig
 from hugerec.training.checkpoint import atomic_save, read_weights
 
 SEQUENCE_FORMAT = 1
-SEQUENCE_MODELS: dict[str, type[SASRec] | type[MaskedTransformer] | type[GRU4Rec]] = {
+SEQUENCE_MODELS: dict[str, type[SASRec] | type[MaskedTransformer] | type[GRU4Rec] | type[HSTU]] = {
     "sasrec": SASRec,
     "mlm": MaskedTransformer,
     "gru4rec": GRU4Rec,
+    "hstu": HSTU,
 }
 
 
-def build_sequence_model(model_type: str, cfg: SequenceConfig, optimizer: Optimizer) -> nn.Module:
+def build_sequence_model(model_type: str, cfg: SequenceConfig, optimizer: Optimizer, hstu_options: HSTUOptions | None = None) -> nn.Module:
     cls = SEQUENCE_MODELS.get(model_type)
     if cls is None:
         raise ValueError(f"sequential model type must be one of {list(SEQUENCE_MODELS)}, got {model_type!r}")
+    if cls is HSTU:
+        return HSTU(cfg, optimizer, hstu_options)
     return cls(cfg, optimizer)
 
 
@@ -85,7 +90,7 @@ def save_sequence_model(
 ) -> Path:
     cfg = getattr(model, "cfg", None)
     if not isinstance(cfg, SequenceConfig) or model_type not in SEQUENCE_MODELS:
-        raise ValueError(f"save_sequence_model: need a SASRec / MaskedTransformer / GRU4Rec and its type, got {type(model).__name__}, {model_type!r}")
+        raise ValueError(f"save_sequence_model: need a SASRec / MaskedTransformer / GRU4Rec / HSTU and its type, got {type(model).__name__}, {model_type!r}")
     if cfg.dynamic is not None:
         raise ValueError("save_sequence_model: models with a dynamic item table are not saved in this format")
     if len(items_raw) != cfg.num_items or len(item_counts) != cfg.num_items + 1:
@@ -99,6 +104,7 @@ def save_sequence_model(
         "model_type": model_type,
         "sequence_config": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "dynamic"},
         "optimizer": optimizer_to_dict(optimizer),
+        **({"hstu_options": dataclasses.asdict(model.options)} if isinstance(model, HSTU) else {}),
     }
     return atomic_save(
         {
@@ -120,7 +126,8 @@ def load_sequence_model(path: str | Path) -> SavedSequenceModel:
         if not isinstance(spec, dict) or spec.get("format") != SEQUENCE_FORMAT or spec.get("task") != "sequential":
             raise ValueError("its spec is not a sequential model's (format 1, task 'sequential')")
         cfg = SequenceConfig(**spec["sequence_config"])
-        model = build_sequence_model(str(spec["model_type"]), cfg, optimizer_from_dict(spec["optimizer"]))
+        options = HSTUOptions(**spec["hstu_options"]) if spec["model_type"] == "hstu" else None
+        model = build_sequence_model(str(spec["model_type"]), cfg, optimizer_from_dict(spec["optimizer"]), options)
         model.load_state_dict(saved["state"])
         items_raw, counts = saved["items_raw"].numpy(), saved["item_counts"].numpy()
         if len(items_raw) != cfg.num_items or len(counts) != cfg.num_items + 1:

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hugerec.ops import reference
-from hugerec.ops.jagged_attention import jagged_causal_attention, pair_offsets, pair_positions
+from hugerec.ops.jagged_attention import SERIAL_WORK, jagged_causal_attention, pair_offsets, pair_positions
 
 
 def _inputs(lengths: list[int], heads: int = 2, dq: int = 4, dv: int = 3, seed: int = 0, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
@@ -75,3 +75,18 @@ def test_bad_shapes_are_named() -> None:
         jagged_causal_attention(q, k, v, bias, torch.tensor([0, 2, 4]), 1.0)
     with pytest.raises(ValueError, match="q, k must be"):
         jagged_causal_attention(q, k[:, :1], v, bias, offsets, 1.0)
+
+
+def test_a_problem_above_the_serial_size_runs_parallel_and_agrees() -> None:
+    *tensors, offsets = _inputs([400, 3, 390], heads=2, dq=8, dv=8)
+    assert int(pair_offsets(offsets)[-1]) * 2 * 16 > SERIAL_WORK
+    ours = [t.clone().requires_grad_() for t in tensors]
+    ref = [t.clone().requires_grad_() for t in tensors]
+    out = jagged_causal_attention(*ours, offsets, 1 / 400)
+    want = reference.jagged_causal_attention(*ref, offsets, 1 / 400)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    out.sum().backward()
+    want.sum().backward()
+    for a, b in zip(ours, ref, strict=True):
+        assert a.grad is not None and b.grad is not None
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-4)

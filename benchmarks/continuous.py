@@ -75,13 +75,15 @@ from hugerec.continuous.publish import Publisher, ServerTarget
 from hugerec.continuous.traffic import BackgroundLoad, Replay, instances, replay
 from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.data.windows import Windows, WindowUnit, holdout_mask, table_batches
-from hugerec.serving.export import export_bundle
-from hugerec.serving.request_log import RequestLogConfig
-from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
+from hugerec.embedding.optimizers import Adagrad
+from hugerec.models.model_config import DLRMConfig
+from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.http.request_log import RequestLogConfig
+from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.training.trainer import TrainConfig, fit, predict
 
 TOKEN = "continuous-benchmark-token"
-SPEC = ModelSpec(dim=8, capacity=50_000, bottom=(32, 8), top=(32, 1), sparse_lr=0.05)
+SPEC = ModelSpec(DLRMConfig(bottom=(32, 8), top=(32, 1)), dim=8, optimizer=Adagrad(lr=0.05), capacity=50_000)
 
 
 def _record(config: str, method: str, value: float, unit: str, higher_is_better: bool, **extra: Any) -> dict[str, Any]:
@@ -359,7 +361,7 @@ def week_load(rows_per_day: int) -> list[dict[str, Any]]:
     lc = LoopConfig(
         str(work / "loop"),
         cfg.schema,
-        model=ModelSpec(dim=4, capacity=4000, bottom=(8, 4), top=(8, 1), sparse_lr=0.1),
+        model=ModelSpec(DLRMConfig(bottom=(8, 4), top=(8, 1)), dim=4, optimizer=Adagrad(lr=0.1), capacity=4000),
         batch_size=128,
         lr=1e-2,
         epochs=2,

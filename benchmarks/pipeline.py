@@ -98,8 +98,8 @@ def make_world(items: int, users: int, workdir: Path) -> None:
     from hugerec.embedding.table_config import TableConfig
     from hugerec.models.dlrm import DLRM
     from hugerec.models.mf import MatrixFactorization
-    from hugerec.serving.export import export_bundle
-    from hugerec.serving.features import FeatureStore
+    from hugerec.serving.bundles.export import export_bundle
+    from hugerec.serving.bundles.pipeline_bundle import export_pipeline
     from hugerec.serving.pipeline import (
         Ann,
         Boost,
@@ -112,8 +112,8 @@ def make_world(items: int, users: int, workdir: Path) -> None:
         Score,
         UserEncoder,
     )
-    from hugerec.serving.pipeline.bundle import export_pipeline
-    from hugerec.serving.pipeline.config import PipelineDeclaration
+    from hugerec.serving.pipeline.declaration import PipelineDeclaration
+    from hugerec.serving.pipeline.feature_store import FeatureStore
 
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
@@ -273,11 +273,11 @@ def serve(side: str, workdir: Path, port: int, items: int, users: int, expansion
 
     torch.set_num_threads(1)
     if side == OURS:
-        from hugerec.serving.server import InferenceServer, ServerConfig
+        from hugerec.serving.http.server import InferenceServer, ServerConfig
 
         server = InferenceServer(ServerConfig(port=port))
         server.pipeline_options = replace(server.pipeline_options, expansion_search=expansion_search)
-        server.add_pipeline_bundle(workdir / "pipeline")
+        server.add_bundle(workdir / "pipeline")
         server.run()
         return
     from fastapi import FastAPI
@@ -354,8 +354,8 @@ def main() -> None:
     workdir = world(items, users, args.rebuild)
     records: list[dict[str, Any]] = []
     from hugerec.index.vector_index import HnswIndex
+    from hugerec.serving.bundles.pipeline_bundle import load_pipeline
     from hugerec.serving.pipeline import Query
-    from hugerec.serving.pipeline.bundle import load_pipeline
 
     loaded = load_pipeline(workdir / "pipeline")
     res = loaded.pipeline.res

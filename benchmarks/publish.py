@@ -38,10 +38,12 @@ from hugerec.continuous.publish import Publisher, ServerTarget
 from hugerec.continuous.traffic import instances
 from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.data.windows import table_batches
+from hugerec.embedding.optimizers import Adagrad
 from hugerec.models.dlrm import DLRM
-from hugerec.serving.bundle import Bundle
-from hugerec.serving.export import export_bundle
-from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
+from hugerec.models.model_config import DLRMConfig
+from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.model_bundle import Bundle
+from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.training.trainer import TrainConfig, fit
 
 
@@ -76,7 +78,7 @@ def main() -> None:
         raise SystemExit(f"--history-days must be >= 1, got {history}")
     stream = Stream(StreamConfig(days=history + 2, rows_per_day=rows, num_sparse=6, num_dense=4, vocabulary=vocabulary, seed=0))
     schema = stream.config.schema
-    spec = ModelSpec(dim=16, capacity=2 * vocabulary, bottom=(64, 16), top=(64, 1), sparse_lr=0.05)
+    spec = ModelSpec(DLRMConfig(bottom=(64, 16), top=(64, 1)), dim=16, optimizer=Adagrad(lr=0.05), capacity=2 * vocabulary)
     t0 = time.perf_counter()
     stable = spec.build(schema, 0)
     for day in range(history):

@@ -87,7 +87,7 @@ from hugerec.training.next_item_baselines import (
     Baseline,
     ItemKNN,
     LinearScorer,
-    Popular,
+    MostPopular,
     Scorer,
     SlistGrams,
     TrainingSequences,
@@ -163,7 +163,7 @@ def training_sequences(train: Sequences, num_items: int) -> TrainingSequences:
 def baseline_grid(quick: bool) -> dict[str, list[Baseline]]:
     """The written-down grids every baseline's settings are chosen from (on the valid split); --quick: the first point."""
     grids: dict[str, list[Baseline]] = {
-        "popular": [Popular()],
+        "popular": [MostPopular()],
         "item-knn": [ItemKNN(n_last=n, decay=d) for n in (1, 3, 5, 10) for d in (0.7, 1.0)],
         "ease": [EASE(lam=lam, n_last=n, decay=d) for lam in (100.0, 500.0, 2000.0) for n in (10, 50) for d in (0.8, 0.95)],
         "slist": [SLIST(alpha=a, lam=lam, n_last=n, decay=d) for n in (10, 20) for d in (0.7, 0.8, 0.9) for lam in (10.0, 100.0, 1000.0) for a in (0.0, 0.5)],

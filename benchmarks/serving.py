@@ -25,6 +25,11 @@ hugerec-lightgbm-1thread, when NUMBA_NUM_THREADS > 1) against naive-lightgbm (Bo
 scores, one thread) on the same rows, us per row at batch 1 and 256. Over HTTP: our server with the GBM bundle (KServe v2 binary, dynamic batching)
 against naive-lightgbm (FastAPI + pydantic, Booster.predict per request), batch 1 from 16 clients and
 batch 256 from 4 clients: p50 / p99 latency and throughput, interleaved like the DLRM runs.
+Loading (config "gbm load", seconds, median of 3 or 7 interleaved repeats): hugerec-lightgbm (the
+server's load_gbm_bundle: our reader with every tree checked, then the library's parse of the same bytes
+in a child process under the load deadline, its probe scores compared) against in-process-lightgbm (the
+load before: the library parses the file in the server's process, the forest is flattened from its
+dump), and hugerec-lightgbm-no-child (our reader and checks alone: what isolation adds is the rest).
 
     python benchmarks/serving.py --gbm-only [--quick] [--json PATH]
 """
@@ -121,9 +126,9 @@ class BaselineRequest(BaseModel):
 
 
 def run_ours(bundle: str, state: str, port: int, max_delay_ms: float, offload_rows: int) -> None:
-    from hugerec.serving.batching import BatchingConfig
-    from hugerec.serving.bundle_loader import ServeOptions
-    from hugerec.serving.server import InferenceServer, ServerConfig
+    from hugerec.serving.bundles.bundle_loader import ServeOptions
+    from hugerec.serving.http.server import InferenceServer, ServerConfig
+    from hugerec.serving.runtime.batching import BatchingConfig
 
     server = InferenceServer(
         ServerConfig(
@@ -178,8 +183,8 @@ def gbm_train(library: str, out: Path, rows: int) -> tuple[Path, Path]:
     """A GBM_TREES-tree model of `library` on Criteo-shaped rows (no early stopping) -> (model file, bundle)."""
     from hugerec.data.schema import Schema
     from hugerec.models.gbm import FeatureMatrix, Library, LightGBMConfig, XGBoostConfig
-    from hugerec.serving.gbm import export_gbm_bundle
-    from hugerec.training.gbm import fit_trees
+    from hugerec.serving.bundles.gbm_bundle import export_gbm_bundle
+    from hugerec.training.gbm_fit import fit_trees
 
     dense, ids = make_requests(rows, 1, 1000, seed=7)[0]
     x = np.hstack([dense, ids.astype(np.float32)])
@@ -202,8 +207,8 @@ def gbm_train(library: str, out: Path, rows: int) -> tuple[Path, Path]:
 def gbm_in_process(library: str, path: Path, bundle: Path, seconds: float) -> list[dict[str, Any]]:
     """us per row of GBMModel.predict (hugerec-LIB) and of the library's predict (naive-LIB), same rows."""
     from hugerec.models.gbm import Library, TreeModel
-    from hugerec.serving.gbm import load_gbm_bundle
-    from hugerec.serving.inference_model import ModelInputs
+    from hugerec.serving.bundles.gbm_bundle import load_gbm_bundle
+    from hugerec.serving.runtime.model_inputs import ModelInputs
 
     model = load_gbm_bundle(bundle).model
     tree = TreeModel.load(path, Library(library), threads=1)
@@ -235,6 +240,49 @@ def gbm_in_process(library: str, path: Path, bundle: Path, seconds: float) -> li
                 _record(f"gbm in-process b={batch}", method, us, "us/row", False, trees=GBM_TREES, threads=n)
             )
             print(f"gbm in-process b={batch:<4d} {method:26s} {us:9.2f} us/row", flush=True)
+    return records
+
+
+def gbm_load(library: str, path: Path, bundle: Path, repeats: int) -> list[dict[str, Any]]:
+    """Seconds to load the 500-tree bundle's model (median of `repeats`), same run: hugerec-LIB (what the
+    server does: checksums, our reader with every tree checked, the library's parse in a child process
+    whose probe scores must match), hugerec-LIB-no-child (our reader and checks alone), and
+    in-process-LIB (the load before the checks: the library parses the file in process, then the
+    forest is flattened from its dump)."""
+    from hugerec.models.gbm import Library, TreeModel
+    from hugerec.serving.bundles.gbm_bundle import load_gbm_bundle
+    from hugerec.serving.runtime.forest import Forest
+
+    lib = Library(library)
+
+    def in_process() -> Forest:
+        tree = TreeModel.load(path, lib)
+        if lib is Library.LIGHTGBM:
+            return Forest.from_lightgbm(tree.booster.model_to_string())
+        return Forest.from_xgboost_json(bytes(tree.booster.save_raw("json")))
+
+    def no_child() -> Forest:
+        raw = path.read_bytes()
+        return Forest.from_lightgbm(raw.decode(), str(path)) if lib is Library.LIGHTGBM else Forest.from_xgboost_json(raw, str(path))
+
+    sides = {
+        f"hugerec-{library}": lambda: load_gbm_bundle(bundle).model.forest,
+        f"hugerec-{library}-no-child": no_child,
+        f"in-process-{library}": in_process,
+    }
+    times: dict[str, list[float]] = {m: [] for m in sides}
+    for _ in range(repeats):  # interleaved: each side sees the same load on the shared cores
+        for method, load in sides.items():
+            t0 = time.perf_counter()
+            forest = load()
+            times[method].append(time.perf_counter() - t0)
+            assert forest.num_trees == GBM_TREES
+    records = []
+    base = float(np.median(times[f"in-process-{library}"]))
+    for method, ts in times.items():
+        median = float(np.median(ts))
+        records.append(_record("gbm load", method, median, "s", False, trees=GBM_TREES, repeats=repeats))
+        print(f"gbm load {GBM_TREES} trees {method:28s} {median:7.3f} s  ({median / base:4.2f}x in-process)", flush=True)
     return records
 
 
@@ -310,6 +358,7 @@ def run_gbm(quick: bool) -> list[dict[str, Any]]:
             t0 = time.perf_counter()
             path, bundle = gbm_train(library, tmp, 5_000 if quick else 10_000)
             print(f"gbm {library}: {GBM_TREES} trees trained in {time.perf_counter() - t0:.0f} s", flush=True)
+            records += gbm_load(library, path, bundle, 3 if quick else 7)
             records += gbm_in_process(library, path, bundle, 0.5 if quick else 2.0)
             records += gbm_http(library, path, bundle, tmp, 1.6 if quick else 8.0)
         finally:
@@ -421,10 +470,10 @@ def _cpu_seconds(pid: int) -> float:
 def tier_throughput(rows: int, quick: bool) -> list[dict[str, Any]]:
     """Rows/s of each tier on its own (batches of 16384 Zipf keys, all present), and of the whole
     parameter server with a cache holding a quarter of the rows, against a Python dict of rows."""
-    from hugerec.serving.cache import CacheConfig, RowCache
-    from hugerec.serving.memory_store import MemoryStore
-    from hugerec.serving.parameter_server import ParameterServer, TableSpec
-    from hugerec.serving.persistent import PersistentStore
+    from hugerec.serving.store.cache import CacheConfig, RowCache
+    from hugerec.serving.store.memory_store import MemoryStore
+    from hugerec.serving.store.parameter_server import ParameterServer, TableSpec
+    from hugerec.serving.store.persistent import PersistentStore
 
     rng = np.random.default_rng(0)
     table = rng.standard_normal((rows, DIM)).astype(np.float32)
@@ -461,7 +510,7 @@ def tier_throughput(rows: int, quick: bool) -> list[dict[str, Any]]:
             "all (cache of 1/4 rows)": lambda q: ps.lookup("t", q),
         }
         if redis_proc is not None:
-            from hugerec.serving.redis_store import RedisStore
+            from hugerec.serving.store.redis_store import RedisStore
 
             redis_store = RedisStore(redis_proc[1], {"t": DIM}, namespace="bench")
             redis_store.put("t", keys, table)
@@ -542,7 +591,7 @@ def _record(config: str, method: str, value: float, unit: str, higher: bool, **e
 
 # -- main ------------------------------------------------------------------------------------------
 def main() -> None:
-    from hugerec.serving.batching import BatchingConfig
+    from hugerec.serving.runtime.batching import BatchingConfig
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small tables and short runs (< 1 minute)")
@@ -576,7 +625,7 @@ def main() -> None:
             args.json.write_text(json.dumps(records, indent=2))
         return None
 
-    from hugerec.serving.export import export_bundle
+    from hugerec.serving.bundles.export import export_bundle
 
     torch.set_num_threads(1)  # like the servers (OMP_NUM_THREADS=1): clients and servers share the cores
     rows = 5_000 if args.quick else 50_000
@@ -665,12 +714,14 @@ def _print_table(records: list[dict[str, Any]]) -> None:
     baseline = {r["config"]: r["value"] for r in records if r["method"] in (BASELINE, "baseline-dict")}
     # the GBM part: hugerec-LIB against naive-LIB of the same config
     naive = {(r["config"], r["method"].removeprefix("naive-")): r["value"] for r in records if r["method"].startswith("naive-")}
+    # loading: hugerec-LIB(-no-child) against in-process-LIB (the load without checks or a child process)
+    naive |= {(r["config"], r["method"].removeprefix("in-process-")): r["value"] for r in records if r["method"].startswith("in-process-")}
     for r in records:
         base = baseline.get(r["config"]) or (
             baseline.get("ps lookup") if r["config"].startswith("ps lookup tier") else None
         )
         if r["config"].startswith(("gbm", "throughput gbm", "p50 gbm", "p99 gbm")):
-            library = r["method"].removeprefix("hugerec-").removesuffix("-1thread")
+            library = r["method"].removeprefix("hugerec-").removesuffix("-1thread").removesuffix("-no-child")
             base = naive.get((r["config"], library)) if r["method"].startswith("hugerec-") else None
         ratio = ""
         if base and r["method"] not in (BASELINE, "baseline-dict"):

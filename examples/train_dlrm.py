@@ -40,7 +40,7 @@ with tempfile.TemporaryDirectory() as tmp:
     print(f"eval AUC {final['auc']:.4f} (oracle {report.oracle_auc['label']:.4f}), logloss {final['logloss']:.4f}")
 
     # 4. Save the trained model (config, tables, schema and weights), rebuild it from the file, score again.
-    path = training.save_model(Path(tmp) / "model.pt", model, model_config, tables, optimizer, schema.to_dict())
+    path = training.save_model(Path(tmp) / "model.pt", model, model_config, optimizer, tables=tables, schema=schema.to_dict())
     saved = training.load_model(path)
     again = training.evaluate(saved.model, eval_data)
     print(f"reloaded from {path.name}: eval AUC {again['auc']:.4f}")

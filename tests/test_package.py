@@ -76,3 +76,17 @@ def test_nothing_the_package_reads_can_unpickle_code() -> None:
             if _may_unpickle(name, call, rel):
                 bad.append(f"{rel}:{call.lineno} {name}")
     assert bad == []
+
+
+def test_tests_find_the_data_samples_in_one_place() -> None:
+    """A fresh clone has no data samples: tests that read them declare them with
+    `@pytest.mark.shared_data(...)` (tests/conftest.py skips them without the files) instead of building
+    their own path to `$HUGEREC_DATA` or `../shared/data`, which failed instead of skipping."""
+    own_paths = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if path in (ROOT / "tests" / "conftest.py", Path(__file__).resolve()):
+            continue
+        text = path.read_text()
+        if 'environ.get("HUGEREC_DATA"' in text or '"shared" / "data"' in text:
+            own_paths.append(str(path.relative_to(ROOT)))
+    assert own_paths == []

@@ -31,8 +31,8 @@ Then point a config at your own data: `hugerec schema clicks.csv --out my.toml` 
 
 CONFIG_HELP = """\
 Every command reads a TOML config (sections [synth], [preprocess], [data], [embedding], [model],
-[train], [predict]; for retrieval and sequential models [interactions] or [sequences], [index],
-[recommend]; see configs/*.toml). Without a config file the quickstart's settings are used.
+[train], [predict]; for retrieval and sequential models, whose events are [preprocess]'s declared
+input, [interactions] or [sequences], [index], [recommend]; see configs/*.toml). Without a config file the quickstart's settings are used.
 Override any key on the command line with dotted KEY=VALUE pairs, typed like the config:
   train.lr=0.01  train.max_steps=none  model.top=[256,64,1]  train.precision=bf16
 A config path `configs/NAME.toml` that is not in the current directory is read from the checkout's
@@ -304,6 +304,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-delay-ms", type=float, default=None, help="dynamic batching: wait this long to merge")
     serve.add_argument("--admin-token", default=os.environ.get("HUGEREC_ADMIN_TOKEN"), help=argparse.SUPPRESS)
     serve.add_argument(
+        "--load-deadline",
+        type=float,
+        default=None,
+        help="seconds an admin load of a bundle may take, and a GBM model file's check by its library in a child "
+        "process (default: 120); past it the load is refused and the server keeps serving",
+    )
+    serve.add_argument(
         "--request-log",
         help="log /predict rows and their feedback (POST /feedback) as Parquet in this folder (for `hugerec loop`)",
     )
@@ -365,9 +372,8 @@ def _preprocess(cfg: RunConfig, args: argparse.Namespace) -> None:
 
 
 def _is_task(cfg: RunConfig) -> bool:
-    from hugerec.cli.interactions_config import is_task_model
-
-    return is_task_model(cfg.model)
+    """A retrieval or sequential model (its data are views of the declared input, its commands task_commands')."""
+    return cfg.family.value in ("retrieval", "sequential")
 
 
 def _print_metrics(prefix: str, metrics: dict[str, float]) -> None:
@@ -375,9 +381,7 @@ def _print_metrics(prefix: str, metrics: dict[str, float]) -> None:
 
 
 def _is_gbm(cfg: RunConfig) -> bool:
-    from hugerec.cli.run_config import is_gbm_model
-
-    return is_gbm_model(cfg.model)
+    return cfg.family.value == "trees"
 
 
 def _train_trees(cfg: RunConfig) -> None:
@@ -486,7 +490,7 @@ def _index(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.task_commands import build_item_index
 
     if not _is_task(cfg):
-        raise ConfigError(f"index: model.type = {cfg.model.get('type')!r} has no item vectors; use a two_tower, mf, sasrec, mlm or gru4rec config")
+        raise ConfigError(f"index: model.type = {cfg.model_type!r} has no item vectors; use a two_tower, mf, sasrec, mlm or gru4rec config")
     t0 = time.perf_counter()
     folder, n, dim = build_item_index(cfg, args.model, args.out)
     print(f"index: {cfg.index.kind.value} index of {n:,} items x {dim} -> {folder} ({time.perf_counter() - t0:.1f} s)")
@@ -496,7 +500,7 @@ def _recommend(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.task_commands import recommend_to_parquet, warn
 
     if not _is_task(cfg):
-        raise ConfigError(f"recommend: model.type = {cfg.model.get('type')!r} is a ranking model; use `hugerec predict`")
+        raise ConfigError(f"recommend: model.type = {cfg.model_type!r} is a {cfg.family.value} model; use `hugerec predict`")
     out, rows, notes = recommend_to_parquet(cfg, args.model)
     warn(notes, "recommend")
     print(f"recommend: {rows:,} rows -> {out}")
@@ -525,22 +529,23 @@ def _schema(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     """`hugerec serve` takes bundle paths, not a training config."""
     try:
-        from hugerec.serving.batching import BatchingConfig
-        from hugerec.serving.bundle_loader import ServeOptions
-        from hugerec.serving.server import ServerConfig, serve
+        from hugerec.serving.bundles.bundle_loader import ServeOptions
+        from hugerec.serving.http.server import ServerConfig, serve
+        from hugerec.serving.runtime.batching import BatchingConfig
 
         for b in args.bundles:
             if not (b / "manifest.json").is_file():
                 raise FileNotFoundError(f"{b} is not a bundle (no manifest.json); make one with `hugerec export`")
         batching = BatchingConfig() if args.max_delay_ms is None else BatchingConfig(max_delay_ms=args.max_delay_ms)
-        config = ServerConfig(host=args.host, port=args.port, admin_token=args.admin_token, batching=batching)
+        deadline = {} if args.load_deadline is None else {"load_deadline_s": args.load_deadline}
+        config = ServerConfig(host=args.host, port=args.port, admin_token=args.admin_token, batching=batching, **deadline)
         options = ServeOptions(
             state_dir=args.state_dir,
             redis_url=args.redis_url,
             updates_dir=args.updates_dir,
             updates_stream=args.updates_stream,
         )
-        from hugerec.serving.request_log import RequestLogConfig
+        from hugerec.serving.http.request_log import RequestLogConfig
 
         request_log = None if args.request_log is None else RequestLogConfig(args.request_log)
         serve(
@@ -587,7 +592,7 @@ def _quickstart(cfg: RunConfig, args: argparse.Namespace) -> None:
     report = synth(cfg)
     print(f"[2/3] preprocessing -> {cfg.preprocess.out} ...", flush=True)
     pre = preprocess(cfg)
-    model_name = cfg.model.get("type", "dlrm")
+    model_name = cfg.model_type
     print(f"[3/3] training {model_name} on {pre.train_rows:,} rows, evaluating on {pre.eval_rows:,} ...", flush=True)
     if _is_gbm(cfg):  # gradient-boosted trees: their own run (model.txt / model.json, no model.pt)
         from hugerec.cli.gbm_commands import train_trees

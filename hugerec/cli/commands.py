@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 
-from hugerec.cli.config_file import ConfigError, to_dict
+from hugerec.cli.config_file import ConfigError
 from hugerec.cli.run_config import RawFormat, RunConfig
 from hugerec.data import (
     InputSpec,
@@ -46,7 +46,7 @@ from hugerec.data import (
 from hugerec.data.preprocess import Workflow
 from hugerec.distributed import Workload, init_from_env, launched_by_torchrun, plan, shard
 from hugerec.embedding import TableConfig
-from hugerec.models import RecModel, build_model
+from hugerec.models import Family, RecModel, build_model
 from hugerec.sparse import Batch
 from hugerec.training import (
     History,
@@ -131,20 +131,27 @@ def train(cfg: RunConfig) -> History:
         return _train_distributed(cfg, schema, tables)
     if cfg.train.seed is not None:  # the same seed, the same initial weights
         seed_everything(cfg.train.seed)
-    model = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
+    model = _build(cfg, tables, schema)
     _load_vectors(cfg, model)
     train_data = open_shards(cfg.data.train, "data.train", schema, cfg, shuffle=cfg.data.shuffle)
     eval_data = None if cfg.data.eval is None else open_shards(cfg.data.eval, "data.eval", schema, cfg)
     history = fit(model, train_data, eval_data, cfg.train)
     write_model(cfg.out_dir / "model.pt", model, cfg, schema, tables)
     _save_best(cfg, history, schema, tables)
-    (cfg.out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str) + "\n")
+    write_config(cfg)
     return history
+
+
+def _build(cfg: RunConfig, tables: list[TableConfig], schema: Schema) -> RecModel:
+    """The [model] ranking model over the schema's tables (the registry's builder)."""
+    model = build_model(cfg.model, tables, len(schema.dense), cfg.embedding.optimizer)
+    assert isinstance(model, RecModel)  # a ranking config: train dispatches the other families elsewhere
+    return model
 
 
 def _load_vectors(cfg: RunConfig, model: RecModel) -> None:
     """[[model.vectors]] side tables into the model's vector features, encoded by the data's workflow."""
-    if not getattr(cfg.model_config(), "vectors", ()):
+    if not getattr(cfg.model, "vectors", ()):
         return
     folder = Path(cfg.data.schema_path).parent / "workflow"
     workflow = Workflow.load(folder) if folder.is_dir() else None
@@ -157,7 +164,7 @@ def _train_distributed(cfg: RunConfig, schema: Schema, tables: list[TableConfig]
     env = init_from_env()
     try:
         seed_everything(0 if cfg.train.seed is None else cfg.train.seed)  # every rank must build the same model
-        model = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
+        model = _build(cfg, tables, schema)
         sharding = plan(
             tables,
             env.world_size,
@@ -177,12 +184,20 @@ def _train_distributed(cfg: RunConfig, schema: Schema, tables: list[TableConfig]
         dist.destroy_process_group()
     if env.rank == 0:  # the final sharded checkpoint, read whole in this one process
         assert history.checkpoint is not None  # fit writes one at the end: the CLI always has an out_dir
-        whole = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
+        whole = _build(cfg, tables, schema)
         load_checkpoint(history.checkpoint, whole)
         write_model(cfg.out_dir / "model.pt", whole, cfg, schema, tables)
         _save_best(cfg, history, schema, tables)
-        (cfg.out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str) + "\n")
+        write_config(cfg)
     return history
+
+
+def write_config(cfg: RunConfig) -> None:
+    """<train.out_dir>/config.json: every key of the run's config (what --print-config shows)."""
+    from hugerec.cli.run_config import resolved_dict
+
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.out_dir / "config.json").write_text(json.dumps(resolved_dict(cfg), indent=1, default=str) + "\n")
 
 
 def _save_best(cfg: RunConfig, history: History, schema: Schema, tables: list[TableConfig]) -> None:
@@ -195,7 +210,7 @@ def _save_best(cfg: RunConfig, history: History, schema: Schema, tables: list[Ta
     if history.best_checkpoint is None:
         path.unlink(missing_ok=True)
         return
-    best = build_model(cfg.model_config(), tables, len(schema.dense), cfg.embedding.optimizer)
+    best = _build(cfg, tables, schema)
     load_checkpoint(history.best_checkpoint, best)
     write_model(path, best, cfg, schema, tables)
 
@@ -236,16 +251,17 @@ def open_shards(
 # -- the model file ---------------------------------------------------------------------------
 def write_model(path: Path, model: RecModel, cfg: RunConfig, schema: Schema, tables: list[TableConfig]) -> Path:
     """model.pt in the library's model format (hugerec.training.save_model), with the data schema."""
-    return save_model(path, model, cfg.model_config(), tables, cfg.embedding.optimizer, schema.to_dict())
+    return save_model(path, model, cfg.model, cfg.embedding.optimizer, tables=tables, schema=schema.to_dict())
 
 
 def read_model(path: Path) -> tuple[RecModel, Schema]:
-    """A model file `hugerec train` wrote (hugerec.training.load_model) and the schema of its data."""
+    """A ranking model file `hugerec train` wrote (hugerec.training.load_model) and the schema of its data."""
     if not path.is_file():
         raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
-    saved = load_model(path)
+    saved = load_model(path, Family.RANKING)
     if saved.schema is None:
         raise ConfigError(f"{path}: the model file holds no data schema (it was not written by `hugerec train`)")
+    assert isinstance(saved.model, RecModel)  # load_model checked the family
     return saved.model, Schema.from_dict(saved.schema)
 
 

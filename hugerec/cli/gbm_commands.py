@@ -1,8 +1,9 @@
 """train / evaluate / predict / export for model.type = "lightgbm" | "xgboost" (gradient-boosted trees).
 
 The same shards, schema and run directory as the deep models:
-    train.out_dir/model.txt (LightGBM text) or model.json (XGBoost JSON): the best round's trees
-    train.out_dir/model.meta.json   library, [model] config, data schema, rounds, best round
+    train.out_dir/model.txt (LightGBM text) or model.json (XGBoost JSON): the best round's trees, and
+    train.out_dir/model.meta.json   the [model] config, data schema, rounds, best round
+    (hugerec.training.save_model / load_model: the model file of every family)
     train.out_dir/metrics.jsonl, tensorboard/, curves.png, config.json
 
 A ranking objective (model.objective = "lambdarank" | "rank:ndcg" | "rank:pairwise") reads the query
@@ -12,27 +13,30 @@ and `predict` writes the raw ranking `score` instead of a probability.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hugerec.cli.config_file import ConfigError, to_dict
+from hugerec.cli.config_file import ConfigError
 from hugerec.cli.run_config import RunConfig
 from hugerec.data.matrix import read_matrix
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.distributed.launch import launched_by_torchrun
 from hugerec.models.gbm import FeatureMatrix, GBMConfig, Library, TreeModel, is_ranking, library_of, require
-from hugerec.training.gbm import TreeHistory, evaluate_trees, fit_trees, library_version
+from hugerec.models.registry import Family
+from hugerec.training.gbm_fit import TreeHistory, evaluate_trees, fit_trees
+from hugerec.training.model_file import load_model, save_model
 
-META_SUFFIX = ".meta.json"
+
+def _config(cfg: RunConfig) -> GBMConfig:
+    assert isinstance(cfg.model, GBMConfig)  # the CLI sends only trees here
+    return cfg.model
 
 
 def _library(cfg: RunConfig) -> Library:
-    return library_of(cfg.gbm_config())
+    return library_of(_config(cfg))
 
 
 def default_tree_model(cfg: RunConfig) -> Path:
@@ -50,15 +54,15 @@ def _matrix(
 
 def train_trees(cfg: RunConfig) -> TreeHistory:
     """Train the [model] trees on data.train, stop early on data.eval; write the run directory."""
-    from hugerec.cli.commands import read_schema
+    from hugerec.cli.commands import read_schema, write_config
 
-    kind = cfg.model.get("type")
+    kind = cfg.model_type
     if launched_by_torchrun():
         raise ConfigError(
             f"model.type = {kind!r} trains in one process; sharded / distributed training (torchrun) is for the "
             "deep models: run `hugerec train` without torchrun (the library uses every core of the machine)"
         )
-    config = cfg.gbm_config()
+    config = _config(cfg)
     try:
         require(library_of(config))  # before reading any data
     except ImportError as e:
@@ -76,19 +80,10 @@ def train_trees(cfg: RunConfig) -> TreeHistory:
         log_every=cfg.train.log_every,
         seed=cfg.train.seed,
     )
-    library = library_of(config)
-    path = model.save(cfg.out_dir / library.model_file)
-    meta = {
-        "library": library.value,
-        "library_version": library_version(library),
-        "model": {"type": kind, **to_dict(config)},
-        "schema": schema.to_dict(),
-        "rounds": history.rounds,
-        "best_round": history.best_round,
-        "final_eval": history.final_eval,
-    }
-    path.with_suffix(META_SUFFIX).write_text(json.dumps(meta, indent=1, default=str) + "\n")
-    (cfg.out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str) + "\n")
+    path = cfg.out_dir / library_of(config).model_file
+    extra = {"rounds": history.rounds, "best_round": history.best_round, "final_eval": history.final_eval}
+    save_model(path, model, config, schema=schema.to_dict(), extra=extra)
+    write_config(cfg)
     return history
 
 
@@ -99,24 +94,18 @@ def load_tree_model(cfg: RunConfig, model_path: Path | None) -> tuple[TreeModel,
 
 
 def _load(cfg: RunConfig, model_path: Path | None) -> tuple[TreeModel, Schema, Path, GBMConfig]:
-    """load_tree_model and the [model] config the trees were trained with (from model.meta.json)."""
-    from hugerec.cli.run_config import read_gbm_config
-
+    """load_tree_model and the [model] config the trees were trained with (hugerec.training.load_model)."""
     path = model_path or default_tree_model(cfg)
-    meta_path = path.with_suffix(META_SUFFIX)
-    if not path.is_file() or not meta_path.is_file():
-        raise ConfigError(f"no trained trees at {path} (with {meta_path.name}); run `hugerec train` first")
+    if not path.is_file():
+        raise ConfigError(f"no trained trees at {path}; run `hugerec train` first")
     try:
-        meta: dict[str, Any] = json.loads(meta_path.read_text())
-        library = Library(meta["library"])
-        schema = Schema.from_dict(meta["schema"])
-        config = read_gbm_config(meta["model"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, ConfigError) as e:
-        raise ConfigError(f"{meta_path}: not a hugerec tree-model description ({type(e).__name__}: {e})") from None
-    try:
-        return TreeModel.load(path, library, threads=0), schema, path, config
+        saved = load_model(path, Family.TREES)
     except ImportError as e:
         raise ConfigError(str(e)) from None
+    if saved.schema is None:
+        raise ConfigError(f"{path}: the model file holds no data schema (it was not written by `hugerec train`)")
+    assert isinstance(saved.model, TreeModel) and isinstance(saved.config, GBMConfig)  # trees
+    return saved.model, Schema.from_dict(saved.schema), path, saved.config
 
 
 def evaluate_trees_cmd(cfg: RunConfig, model_path: Path | None = None) -> dict[str, float]:
@@ -156,7 +145,7 @@ def predict_trees(cfg: RunConfig, model_path: Path | None = None) -> tuple[Path,
 
 def export_trees(cfg: RunConfig, model_path: Path | None = None, out: Path | None = None) -> Path:
     """The trained trees + schema + the fitted workflow (when there is one) -> a GBM serving bundle."""
-    from hugerec.serving.gbm import export_gbm_bundle  # the serving stack is only needed here
+    from hugerec.serving.bundles.gbm_bundle import export_gbm_bundle
 
     model, schema, path, config = _load(cfg, model_path)
     workflow_dir = Path(cfg.preprocess.out) / "workflow"

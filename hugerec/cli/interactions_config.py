@@ -1,102 +1,67 @@
 """The config sections of the retrieval and sequential tasks (kept apart from run_config's CTR sections).
 
-    [interactions]  retrieval data: an implicit-feedback log (user, item, timestamp) and its split
-    [sequences]     sequential data: events grouped into sessions / user histories and the protocol
+    [preprocess]    the declared input, as for every model: files, layout, columns with their roles (user,
+                    item, session, timestamp with its format) and the split (leave_last_out / time /
+                    test_input): retrieval and sequential data are views of it (hugerec.data.events)
+    [interactions]  how a retrieval model reads it: user histories (min_item_count, max_users), batch, ks
+    [sequences]     how a sequential model reads it: sessions or user histories, the protocol, windows
     [index]         hugerec index: the exact or HNSW index over a trained model's item vectors
     [recommend]     hugerec recommend: users (retrieval) or histories (sequential) -> top-K Parquet
-    [model]         type = "two_tower" | "mf" (retrieval) or "sasrec" | "mlm" | "gru4rec" (sequential)
+    [model]         type = "two_tower" | "mf" (retrieval) or "sasrec" | "mlm" | "gru4rec" (sequential):
+                    the registry's configs (hugerec.models.registry)
 
 The [train] section's epochs, max_steps, lr (dense Adam), seed and out_dir apply to these models too;
 [embedding].optimizer is the sparse optimizer of their tables (their widths are model.dim /
-model.embedding_dim). Raw user and item ids are integers; they are mapped to dense ids in training
-and back in every output.
+model.embedding_dim). Raw user, item and session ids are integers; they are mapped to dense ids in
+training and back in every output.
+
+The old dialect, where [interactions] and [sequences] read their own files (files, columns, separator,
+header, user / item / sequence / timestamp, split, holdout, time_fraction, time_cutoff, test_files,
+test_days), is read for one more release: `upgrade_old_sections` rewrites it into [preprocess] and says
+so in one line; a config that also declares [preprocess]'s input is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from hugerec.cli.config_file import ConfigError, from_dict, to_dict
+from hugerec.cli.config_file import ConfigError
+from hugerec.data.events import SequenceProtocol, SequenceSpec
+from hugerec.data.input_spec import Role, infer_spec
+from hugerec.data.shards import expand_paths
 from hugerec.index.vector_index import IndexConfig, IndexKind
-from hugerec.models.sequence import SequenceConfig
-from hugerec.models.two_tower import Similarity, TwoTowerConfig
-from hugerec.training.losses import BPR, Negatives, RetrievalLoss, SampledSoftmax
-from hugerec.training.sequential import BCE, FullSoftmax, SequenceLoss
-
-RETRIEVAL_TYPES = ("two_tower", "mf")
-SEQUENTIAL_TYPES = ("sasrec", "mlm", "gru4rec")
 
 
-class Split(enum.Enum):
-    LEAVE_LAST_OUT = "leave_last_out"  # each user's last `holdout` events (by time) are the test set
-    TIME = "time"  # events at or after a global time cutoff are the test set
-
-
-class Windows(enum.Enum):
+class SequenceWindows(enum.Enum):
     LAST = "last"  # each sequence's last max_len (+ 1) items
     SLIDING = "sliding"  # windows over the whole of each sequence
 
 
-class Protocol(enum.Enum):
-    LEAVE_LAST_OUT = "leave_last_out"  # one query per sequence: all but its last item predict the last
-    EVERY_PREFIX = "every_prefix"  # every prefix of every test sequence predicts its next item
-
-
-def _check_columns(columns: tuple[str, ...], needed: Mapping[str, str]) -> None:
-    if len(set(columns)) != len(columns):
-        raise ValueError(f"columns has duplicate names: {list(columns)}")
-    for key, name in needed.items():
-        if name not in columns:
-            raise ValueError(f"{key} = {name!r} is not one of columns = {list(columns)}")
-
-
 @dataclass(frozen=True)
 class InteractionsSection:
-    """An implicit-feedback log for retrieval (model.type = "two_tower" | "mf").
+    """How a retrieval model (model.type = "two_tower" | "mf") reads the declared input's user histories.
 
-    files           Parquet or delimited text (plain or .gz): a file, a folder or a glob
-    columns         the fields of each line in file order (text), or the columns to read (Parquet)
-    separator       field separator of text files; multi-byte ones such as MovieLens' "::" work
-    header          text files start with a header line
-    user, item, timestamp   which columns hold them (integer ids; timestamps in seconds, fractions floored)
-    split           "leave_last_out": each user's last `holdout` events are the test set (users with
-                    <= holdout events keep all of them for training); "time": events with timestamp >=
-                    time_cutoff (or, without it, the time_fraction quantile) are the test set
-    min_item_count  items with fewer events are dropped (with their rows) before the split
+    min_item_count  items with fewer events are dropped (with their events) before the split
     max_users       keep only the users with the max_users smallest raw ids (a quick look); none: all
     batch_size      training examples (events) per step
     ks              the K of Recall/NDCG/MRR/HitRate/coverage@K in train's and evaluate's report
+    The events, their roles (user, item, timestamp) and the split are [preprocess]'s.
     """
 
-    files: str | None = None
-    columns: tuple[str, ...] = ("user", "item", "timestamp")
-    separator: str = ","
-    header: bool = False
-    user: str = "user"
-    item: str = "item"
-    timestamp: str = "timestamp"
-    split: Split = Split.LEAVE_LAST_OUT
-    holdout: int = 1
-    time_fraction: float = 0.9
-    time_cutoff: int | None = None
     min_item_count: int = 1
     max_users: int | None = None
     batch_size: int = 1024
     ks: tuple[int, ...] = (10, 50)
 
     def __post_init__(self) -> None:
-        _check_columns(self.columns, {"user": self.user, "item": self.item, "timestamp": self.timestamp})
-        if not self.separator:
-            raise ValueError("separator must not be empty")
-        for name in ("holdout", "min_item_count", "batch_size"):
+        for name in ("min_item_count", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 < self.time_fraction < 1.0:
-            raise ValueError(f"time_fraction must be in (0, 1), got {self.time_fraction}")
         if self.max_users is not None and self.max_users < 1:
             raise ValueError(f"max_users must be >= 1 or none, got {self.max_users}")
         if not self.ks or any(k < 1 for k in self.ks):
@@ -105,18 +70,22 @@ class InteractionsSection:
 
 @dataclass(frozen=True)
 class SequencesSection:
-    """Events grouped into item sequences for the sequential models (model.type = "sasrec" | "mlm" | "gru4rec").
+    """How a sequential model (model.type = "sasrec" | "mlm" | "gru4rec") groups the declared input into
+    sequences (hugerec.data.events.SequenceSpec) and trains on them.
 
-    files, columns, separator, header, item, timestamp   as in [interactions]
-    sequence        the column whose value groups events into one sequence: a session id, or a user id
+    group           "session" | "user": the role whose column makes one sequence (none: the session
+                    column when one is declared, else the user column)
     gap_seconds     also start a new sequence after this much inactivity (a user log cut into sessions)
-    drop_repeats    drop an item equal to the one just before it
-    min_length      drop sequences shorter than this (after repeats and unknown test items are gone)
+    drop_repeats    drop an item equal to the one just before it; none: what the protocol expects
+                    (leave_last_out: true, its ranking leaves out the history's items; every_prefix: false,
+                    GRU4Rec's session protocol scores every click as logged)
+    min_length      drop sequences shorter than this (after repeats, rare and unknown test items are gone)
+    min_item_count  items with fewer training events are dropped before grouping
     protocol        "leave_last_out": each sequence's last item is its test target (user histories,
                     MovieLens); "every_prefix": every prefix of every test sequence predicts its next
-                    item, items unseen in training removed first (sessions, YOOCHOOSE)
-    test_files      every_prefix: the test sequences' files (same format); none: the sequences ending
-                    in the last `test_days` days of `files`
+                    item, items unseen in training removed first (sessions, YOOCHOOSE); the test sequences
+                    are preprocess.test_input's, or those ending after preprocess.split = "time"'s cutoff
+                    (time_cutoff, last_days; unset: the last day)
     max_sequences   keep only the first N training sequences (a quick look); none: all
     windows         "last": train on each sequence's last max_len items; "sliding": on windows covering
                     all of each sequence (consecutive windows share one item; long user histories give
@@ -125,42 +94,35 @@ class SequencesSection:
                     test side is never reversed)
     batch_size      training windows per step
     ks              the K of Recall/MRR/NDCG@K in train's and evaluate's report
+    The events' item and timestamp columns (and its format) are [preprocess]'s roles.
     """
 
-    files: str | None = None
-    columns: tuple[str, ...] = ("session", "item", "timestamp")
-    separator: str = ","
-    header: bool = False
-    sequence: str = "session"
-    item: str = "item"
-    timestamp: str = "timestamp"
+    group: str | None = None
     gap_seconds: int | None = None
-    drop_repeats: bool = True
+    drop_repeats: bool | None = None
     min_length: int = 2
-    protocol: Protocol = Protocol.LEAVE_LAST_OUT
-    test_files: str | None = None
-    test_days: int = 1
+    min_item_count: int = 1
+    protocol: SequenceProtocol = SequenceProtocol.LEAVE_LAST_OUT
     max_sequences: int | None = None
-    windows: Windows = Windows.LAST
+    windows: SequenceWindows = SequenceWindows.LAST
     augment_reversed: bool = False
     batch_size: int = 128
     ks: tuple[int, ...] = (10, 20)
 
     def __post_init__(self) -> None:
-        _check_columns(self.columns, {"sequence": self.sequence, "item": self.item, "timestamp": self.timestamp})
-        if not self.separator:
-            raise ValueError("separator must not be empty")
-        if self.gap_seconds is not None and self.gap_seconds < 1:
-            raise ValueError(f"gap_seconds must be >= 1 or none, got {self.gap_seconds}")
-        if self.min_length < 2:
-            raise ValueError(f"min_length must be >= 2 (a sequence needs an input and a target), got {self.min_length}")
-        for name in ("test_days", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_sequences is not None and self.max_sequences < 1:
-            raise ValueError(f"max_sequences must be >= 1 or none, got {self.max_sequences}")
+        self.spec()  # the grouping's own checks, now
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not self.ks or any(k < 1 for k in self.ks):
             raise ValueError(f"ks must be a non-empty list of K >= 1, got {list(self.ks)}")
+
+    def spec(self) -> SequenceSpec:
+        if self.group not in (None, "session", "user"):
+            raise ValueError(f"group must be 'session' or 'user' (or none), got {self.group!r}")
+        group = None if self.group is None else Role(self.group)
+        return SequenceSpec(
+            group, self.gap_seconds, self.drop_repeats, self.min_length, self.min_item_count, self.protocol, self.max_sequences
+        )
 
 
 @dataclass(frozen=True)
@@ -211,179 +173,117 @@ class RecommendSection:
             raise ValueError(f"k must be >= 1, got {self.k}")
 
 
-# -- [model] of these tasks ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class TwoTowerModel:
-    """hugerec.models.TwoTowerConfig's fields (no side features from a config yet) and the loss:
-    loss = "sampled_softmax" (negatives: "mixed" | "in_batch" | "uniform" | "popularity", num_negatives
-    sampled per batch, alpha: popularity exponent, logq correction, mask_history: a row's history items
-    are not its negatives) or "bpr"."""
-
-    dim: int = 64
-    embedding_dim: int = 64
-    user_layers: tuple[int, ...] = (256,)
-    item_layers: tuple[int, ...] = ()
-    use_user_id: bool = True
-    max_history: int = 50
-    recent: tuple[int, ...] = (1, 5)
-    similarity: Similarity = Similarity.DOT
-    temperature: float = 1.0
-    init_std: float = 0.05
-    loss: str = "sampled_softmax"
-    negatives: Negatives = Negatives.MIXED
-    num_negatives: int = 1024
-    alpha: float = 0.0
-    logq: bool = True
-    mask_history: bool = False
-
-    def __post_init__(self) -> None:
-        self.tower_config()
-        self.loss_config()
-
-    def tower_config(self) -> TwoTowerConfig:
-        return TwoTowerConfig(
-            dim=self.dim,
-            embedding_dim=self.embedding_dim,
-            user_layers=self.user_layers,
-            item_layers=self.item_layers,
-            use_user_id=self.use_user_id,
-            max_history=self.max_history,
-            recent=self.recent,
-            similarity=self.similarity,
-            temperature=self.temperature,
-            init_std=self.init_std,
-        )
-
-    def loss_config(self) -> RetrievalLoss:
-        loss = retrieval_loss(self.loss, self.negatives, self.num_negatives, self.alpha, self.logq)
-        if not self.mask_history:
-            return loss
-        if not isinstance(loss, SampledSoftmax):
-            raise ValueError(f"mask_history = true applies to loss = 'sampled_softmax', got loss = {self.loss!r}")
-        return dataclasses.replace(loss, mask_history=True)
-
-
-@dataclass(frozen=True)
-class MFModel:
-    """Matrix factorisation: dim, temperature, init_std, and the loss as for two_tower."""
-
-    dim: int = 64
-    temperature: float = 1.0
-    init_std: float = 0.1
-    loss: str = "sampled_softmax"
-    negatives: Negatives = Negatives.MIXED
-    num_negatives: int = 1024
-    alpha: float = 0.0
-    logq: bool = True
-
-    def __post_init__(self) -> None:
-        if self.dim < 1:
-            raise ValueError(f"dim must be >= 1, got {self.dim}")
-        if not self.temperature > 0 or not self.init_std > 0:
-            raise ValueError(f"temperature and init_std must be > 0, got {self.temperature}, {self.init_std}")
-        retrieval_loss(self.loss, self.negatives, self.num_negatives, self.alpha, self.logq)
-
-    def loss_config(self) -> RetrievalLoss:
-        return retrieval_loss(self.loss, self.negatives, self.num_negatives, self.alpha, self.logq)
-
-
-@dataclass(frozen=True)
-class SequentialModel:
-    """SASRec ("sasrec"), the masked transformer ("mlm") or GRU4Rec ("gru4rec"): SequenceConfig's fields and
-    loss = "full_softmax" (over the catalogue: small ones) | "sampled_softmax" (negatives, num_negatives,
-    alpha, logq as for two_tower: huge catalogues) | "bce" (one negative, classic SASRec);
-    mask_prob: the fraction of items the masked model hides. Histories longer than max_len keep their last max_len items."""
-
-    max_len: int = 50
-    dim: int = 64
-    num_layers: int = 2
-    num_heads: int = 1
-    dropout: float = 0.2
-    loss: str = "full_softmax"
-    negatives: Negatives = Negatives.MIXED
-    num_negatives: int = 1024
-    alpha: float = 0.0
-    logq: bool = True
-    mask_prob: float = 0.2
-
-    def __post_init__(self) -> None:
-        self.sequence_config(1)
-        self.loss_config()
-        if not 0.0 < self.mask_prob < 1.0:
-            raise ValueError(f"mask_prob must be in (0, 1), got {self.mask_prob}")
-
-    def sequence_config(self, num_items: int) -> SequenceConfig:
-        return SequenceConfig(num_items, self.max_len, self.dim, self.num_layers, self.num_heads, self.dropout)
-
-    def loss_config(self) -> SequenceLoss:
-        match self.loss:
-            case "full_softmax":
-                return FullSoftmax()
-            case "bce":
-                return BCE()
-            case _:
-                loss = retrieval_loss(self.loss, self.negatives, self.num_negatives, self.alpha, self.logq, ("full_softmax", "bce"))
-                assert isinstance(loss, SampledSoftmax)  # "bpr" is refused above for sequences
-                return loss
-
-
-def retrieval_loss(
-    name: str, negatives: Negatives, num_negatives: int, alpha: float, logq: bool, others: tuple[str, ...] = ("bpr",)
-) -> RetrievalLoss:
-    choices = ["sampled_softmax", *others]
-    if name == "sampled_softmax":
-        return SampledSoftmax(negatives, num_negatives, alpha, logq)
-    if name == "bpr" and "bpr" in others:
-        return BPR()
-    raise ValueError(f"loss must be one of {choices}, got {name!r}")
-
-
-TaskModel = TwoTowerModel | MFModel | SequentialModel
-_MODEL_CLASSES: dict[str, type[TwoTowerModel] | type[MFModel] | type[SequentialModel]] = {
-    "two_tower": TwoTowerModel,
-    "mf": MFModel,
-    "sasrec": SequentialModel,
-    "mlm": SequentialModel,
-    "gru4rec": SequentialModel,
+# -- the old dialect -------------------------------------------------------------------------------
+OLD_KEYS = {
+    "interactions": ("files", "columns", "separator", "header", "user", "item", "timestamp", "split", "holdout", "time_fraction", "time_cutoff"),
+    "sequences": ("files", "columns", "separator", "header", "sequence", "item", "timestamp", "test_files", "test_days"),
 }
+_OLD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "interactions": {"columns": ["user", "item", "timestamp"], "separator": ",", "header": False, "user": "user", "item": "item", "timestamp": "timestamp"},
+    "sequences": {"columns": ["session", "item", "timestamp"], "separator": ",", "header": False, "sequence": "session", "item": "item", "timestamp": "timestamp"},
+}
+# what the [preprocess] declaration takes over; a config that sets one of these and an old reader key mixes dialects
+DECLARATION_KEYS = ("input", "format", "columns", "separator", "header", "split", "holdout", "time_cutoff", "last_days", "eval_fraction", "test_input")
 
 
-def is_task_model(model: Mapping[str, Any]) -> bool:
-    """[model] names a retrieval or sequential model (not a CTR ranking model)."""
-    return model.get("type") in _MODEL_CLASSES
+def upgrade_old_sections(data: dict[str, Any], family: str | None, find: Callable[[str], str] = str) -> dict[str, Any]:
+    """`data` (a config's TOML, overrides applied) with an old-dialect [interactions] / [sequences] reader
+    rewritten into [preprocess] (and [sequences].group), and a one-line note on stderr naming the new keys.
 
-
-def task_model_fields(kind: str) -> set[str] | None:
-    """The [model] keys of a retrieval/sequential type, None for any other type."""
-    cls = _MODEL_CLASSES.get(kind)
-    return None if cls is None else set(cls.__dataclass_fields__)
-
-
-def read_task_model(model: Mapping[str, Any]) -> TaskModel:
-    """[model] of a retrieval / sequential type -> its dataclass (errors name model.KEY)."""
-    kind = model.get("type")
-    cls = _MODEL_CLASSES.get(str(kind))
-    if cls is None:
-        raise ConfigError(f"model.type: {kind!r} is not one of {list(_MODEL_CLASSES)}")
-    return from_dict(cls, {k: v for k, v in model.items() if k != "type"}, "model")
-
-
-def task_model_to_dict(model: Mapping[str, Any]) -> dict[str, Any]:
-    """Every key of the task model, defaults included (what --print-config shows)."""
-    out: dict[str, Any] = {"type": model["type"], **to_dict(read_task_model(model), keep_none=True)}
+    Only the section of the model's `family` ("retrieval" | "sequential") is read; old reader keys in the
+    other one are left out (named in the note). ConfigError when [preprocess] declares the input too.
+    `find` resolves an input path (for the header line of text with a header: the old columns named the
+    fields by position, the declared input names them as the header does)."""
+    old = {section: [k for k in OLD_KEYS[section] if k in (data.get(section) or {})] for section in OLD_KEYS}
+    if not any(old.values()):
+        return data
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    declared = [k for k in DECLARATION_KEYS if k in (data.get("preprocess") or {})]
+    section = {"retrieval": "interactions", "sequential": "sequences"}.get(family or "")
+    if declared and section is not None and old[section]:
+        raise ConfigError(
+            f"{section}.{old[section][0]} and preprocess.{declared[0]}: the config mixes the old dialect ([{section}] reading "
+            f"its own files) with the new one ([preprocess] declaring the input); declare the input once, in [preprocess]"
+        )
+    for other in OLD_KEYS:
+        if other != section and old[other]:
+            out[other] = {k: v for k, v in out[other].items() if k not in OLD_KEYS[other]}
+    notes = [f"{other}.{k}" for other in OLD_KEYS if other != section for k in old[other]]
+    moved = ""
+    if section is not None and old[section]:
+        given = out.pop(section)
+        reader = {**_OLD_DEFAULTS[section], **{k: given[k] for k in OLD_KEYS[section] if k in given}}
+        out[section] = {k: v for k, v in given.items() if k not in OLD_KEYS[section]}
+        out["preprocess"] = {**(out.get("preprocess") or {}), **_declaration(section, reader, out[section], find)}
+        moved = (
+            f"[{section}] {', '.join(old[section])} are the old dialect (read for one more release): declare the input in "
+            "[preprocess] (preprocess.input, preprocess.format, preprocess.separator, preprocess.header, preprocess.columns "
+            "with role = \"user\" / \"item\" / \"session\" / \"timestamp\", preprocess.split, preprocess.holdout, "
+            "preprocess.time_cutoff, preprocess.eval_fraction, preprocess.last_days, preprocess.test_input)"
+        )
+    ignored = f"{', '.join(notes)} do not apply to this model.type and are left out" if notes else ""
+    print("note: " + "; ".join(x for x in (moved, ignored) if x), file=sys.stderr)
     return out
+
+
+def _declaration(section: str, reader: dict[str, Any], view: dict[str, Any], find: Callable[[str], str]) -> dict[str, Any]:
+    """An old reader's keys as [preprocess] keys (and, for [sequences], the view's group)."""
+    files = reader.get("files")
+    parquet = isinstance(files, str) and files.endswith(".parquet")
+    key = "user" if section == "interactions" else "sequence"
+    roles = {reader[key]: "user" if section == "interactions" else "session", reader["item"]: "item"}
+    names = list(reader["columns"])
+    header = _header(files, reader["separator"], find) if isinstance(files, str) and reader["header"] and not parquet else None
+    columns = []
+    for i, name in enumerate(names):
+        field = header[i] if header is not None and i < len(header) else name  # the old names were positions
+        if name == reader["timestamp"]:
+            columns.append({"name": field, "type": "timestamp"})
+        elif name in roles:
+            columns.append({"name": field, "type": "int", "role": roles[name]})
+        else:
+            columns.append({"name": field, "type": "string", "role": "none"})
+    out: dict[str, Any] = {"format": "parquet" if parquet else "csv", "columns": columns}
+    if files is not None:
+        out["input"] = files
+    if not parquet:
+        out |= {"separator": reader["separator"], "header": reader["header"]}
+    if section == "interactions":
+        split = reader.get("split", "leave_last_out")
+        out["split"] = split
+        if split == "leave_last_out":
+            out["holdout"] = reader.get("holdout", 1)
+        elif reader.get("time_cutoff") is not None:
+            out["time_cutoff"] = reader["time_cutoff"]
+        else:
+            out["eval_fraction"] = 1.0 - float(reader.get("time_fraction", 0.9))
+    else:
+        view["group"] = "session"
+        if reader.get("test_files") is not None:
+            out["test_input"] = reader["test_files"]
+        elif view.get("protocol") == "every_prefix":
+            out |= {"split": "time", "last_days": float(reader.get("test_days", 1))}
+    return out
+
+
+def _header(files: str, separator: str, find: Callable[[str], str]) -> list[str] | None:
+    """The header line's names of the first of `files`, None when it cannot be read now (reading the data
+    later names the file)."""
+    try:
+        first = expand_paths(find(files))[0]
+        return [c.name for c in infer_spec(first, separator=separator, header=True, sample_bytes=1 << 16).columns]
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 C = TypeVar("C")
 
 
 def resolve_task_inputs(cfg: C, find: Callable[[str | None], str | None]) -> C:
-    """`cfg` (a RunConfig) with the input paths of these sections passed through `find` ($HUGEREC_DATA,
+    """`cfg` (a RunConfig) with the input paths of [recommend] passed through `find` ($HUGEREC_DATA,
     relative paths next to the config file)."""
-    inter, seqs, rec = cfg.interactions, cfg.sequences, cfg.recommend  # type: ignore[attr-defined]
+    rec = cfg.recommend  # type: ignore[attr-defined]
     return dataclasses.replace(
         cfg,  # type: ignore[type-var]
-        interactions=dataclasses.replace(inter, files=find(inter.files)),
-        sequences=dataclasses.replace(seqs, files=find(seqs.files), test_files=find(seqs.test_files)),
         recommend=dataclasses.replace(rec, users_file=find(rec.users_file), history_file=find(rec.history_file)),
     )

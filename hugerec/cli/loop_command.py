@@ -7,8 +7,12 @@
     [data]       paths (Parquet with the time column) + label, dense, sparse column names;
                  or, instead of paths, [data.stream]: a synthetic drifting stream (StreamConfig)
     [windows]    time_column, unit ("day" | "hour" | "minute"), size
-    [model] [gate] [decisions] [monitor] [recovery]   ModelSpec, GateConfig, DecisionConfig, MonitorConfig,
-                 Recovery (how the loop relearns after a concept drift)
+    [model]      the [model] of every command (hugerec.models.registry): type = "dlrm" (the loop trains
+                 DLRM for now), bottom, top, ...
+    [embedding]  dim, optimizer (the tables' sparse optimizer), capacity (rows of each dynamic table),
+                 min_count (sightings before a key gets a row), eviction ("lru" | "lfu")
+    [gate] [decisions] [monitor] [recovery]   GateConfig, DecisionConfig, MonitorConfig, Recovery (how the
+                 loop relearns after a concept drift)
     [server]     mode: "offline" (no server: a published candidate serves at once), "embedded" (a
                  server in this process on 127.0.0.1, with simulated traffic: `replay_rows` rows of
                  each next window sent to /predict in that window's own columns, dense features by
@@ -44,6 +48,9 @@ from hugerec.continuous.window_schema import window_schemas
 from hugerec.data.schema import Schema
 from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.data.windows import Windows
+from hugerec.embedding.optimizers import Adagrad, Optimizer, optimizer_from_dict
+from hugerec.embedding.table_config import Eviction
+from hugerec.models.registry import config_to_dict
 
 if TYPE_CHECKING:
     from hugerec.continuous.traffic import Replay
@@ -67,7 +74,7 @@ class LoopSection:
 
 
 @dataclass(frozen=True)
-class DataSection:
+class LoopDataSection:
     paths: str | None = None
     label: str = "label"
     dense: tuple[str, ...] = ()
@@ -100,11 +107,23 @@ class ServerSection:
 
 
 @dataclass(frozen=True)
+class LoopEmbedding:
+    """[embedding] of a loop: the dynamic tables of the model's sparse columns (ModelSpec's fields)."""
+
+    dim: int = 8
+    optimizer: Optimizer = field(default_factory=lambda: Adagrad(lr=0.05))
+    capacity: int = 50_000
+    min_count: int = 1
+    eviction: Eviction = Eviction.LRU
+
+
+@dataclass(frozen=True)
 class LoopFile:
     loop: LoopSection = field(default_factory=LoopSection)
-    data: DataSection = field(default_factory=lambda: DataSection(stream=StreamConfig()))
+    data: LoopDataSection = field(default_factory=lambda: LoopDataSection(stream=StreamConfig()))
     windows: Windows = field(default_factory=Windows)
     model: ModelSpec = field(default_factory=ModelSpec)
+    embedding: LoopEmbedding = field(default_factory=LoopEmbedding)
     gate: GateConfig = field(default_factory=GateConfig)
     decisions: DecisionConfig = field(default_factory=DecisionConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
@@ -115,7 +134,7 @@ class LoopFile:
 def load_loop_file(path: str | None, overrides: Sequence[str]) -> tuple[LoopFile, Path]:
     """The config (defaults without a file), with overrides; relative paths resolve against the current
     directory, then the config file's folder."""
-    from hugerec.cli.run_config import find_config
+    from hugerec.cli.run_config import find_config, read_model, switch_model_type
 
     data: dict[str, Any] = {}
     base = Path.cwd()
@@ -123,10 +142,47 @@ def load_loop_file(path: str | None, overrides: Sequence[str]) -> tuple[LoopFile
         found = find_config(path)
         data = read_toml(found)
         base = found.parent
-    cfg = from_dict(LoopFile, apply_overrides(data, overrides), "")
+    data = _upgrade_old_model(apply_overrides(switch_model_type(data, overrides), overrides))
+    model = read_model(data.pop("model", {"type": "dlrm", "bottom": [32, 8], "top": [32, 1]}))
+    cfg = from_dict(LoopFile, data, "", {Optimizer: optimizer_from_dict})
+    e = cfg.embedding
+    try:
+        spec = ModelSpec(model, e.dim, e.optimizer, e.capacity, e.min_count, e.eviction)
+    except ValueError as err:
+        raise ConfigError(f"model: {err}") from None
+    cfg = dataclasses.replace(cfg, model=spec)
     if cfg.data.paths is not None and not Path(cfg.data.paths).is_absolute() and not any(Path().glob(cfg.data.paths)):
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, paths=str(base / cfg.data.paths)))
     return cfg, base
+
+
+OLD_MODEL_KEYS = {"dim": "embedding.dim", "capacity": "embedding.capacity", "sparse_lr": "embedding.optimizer",
+                  "min_count": "embedding.min_count", "eviction": "embedding.eviction"}
+
+
+def _upgrade_old_model(data: dict[str, Any]) -> dict[str, Any]:
+    """The loop's old [model] (no type; dim, capacity, sparse_lr, min_count, eviction beside bottom / top) as
+    the dialect of every command ([model] type = "dlrm" + [embedding]), with a one-line note naming the new keys.
+    ConfigError when a config mixes both (a typed [model] or an [embedding] with the old keys)."""
+    model = data.get("model")
+    if not isinstance(model, dict):
+        return data
+    old = [k for k in OLD_MODEL_KEYS if k in model]
+    if not old:
+        return data
+    if "type" in model or "embedding" in data:
+        new = "model.type" if "type" in model else "[embedding]"
+        raise ConfigError(
+            f"model.{old[0]} and {new}: the config mixes the loop's old [model] with the dialect of every command; "
+            f"move model.{old[0]} to {OLD_MODEL_KEYS[old[0]]}"
+        )
+    embedding: dict[str, Any] = {k: model[k] for k in ("dim", "capacity", "min_count", "eviction") if k in model}
+    if "sparse_lr" in model:
+        embedding["optimizer"] = {"type": "adagrad", "lr": model["sparse_lr"]}
+    moved = ", ".join(f"model.{k} -> {OLD_MODEL_KEYS[k]}" for k in old)
+    print(f'note: the loop\'s old [model] is read for one more release: {moved} (adagrad), and model.type = "dlrm"', file=sys.stderr)
+    rest = {k: v for k, v in model.items() if k not in OLD_MODEL_KEYS}
+    return {**data, "model": {"type": "dlrm", **rest}, "embedding": embedding}
 
 
 def _schema(cfg: LoopFile) -> Schema:
@@ -161,7 +217,10 @@ def log_table(records: Sequence[Record]) -> str:
 def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bool, only_log: bool) -> int:
     cfg, _ = load_loop_file(config_path, overrides)
     if print_config:
-        print(json.dumps(to_dict(cfg, keep_none=True), indent=1, default=str))
+        out = to_dict(cfg, keep_none=True)
+        out["model"], out["embedding"] = config_to_dict(cfg.model.model), cfg.model.to_dict()
+        del out["embedding"]["model"]
+        print(json.dumps(out, indent=1, default=str))
         return 0
     work = Path(cfg.loop.work_dir)
     if only_log:
@@ -261,8 +320,8 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
             )
             return Loop(config, source, publisher, observer), None
         case _:
-            from hugerec.serving.request_log import RequestLogConfig
-            from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
+            from hugerec.serving.http.request_log import RequestLogConfig
+            from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 
             token = secrets.token_hex(16)
             server = InferenceServer(ServerConfig(admin_token=token, seed=config.seed))

@@ -3,7 +3,7 @@
     hugerec pipeline build configs/movielens_pipeline.toml [--out DIR] [--print-config]
     hugerec pipeline query runs/movielens_pipeline --user 1 --k 10 [--history 3,4] [--context hour=9] [--debug]
 
-The config is a pipeline declaration (hugerec.serving.pipeline.config: [pipeline], [retrieve],
+The config is a pipeline declaration (hugerec.serving.pipeline.declaration: [pipeline], [retrieve],
 [filter], [score], [order]) plus [inputs]:
 
     [inputs]
@@ -100,7 +100,7 @@ def _input(where: Path, key: str, value: object) -> Path:
 
 
 def read_config(path_text: str, out: str | None) -> tuple[Any, Inputs]:
-    from hugerec.serving.pipeline.config import declaration_from_dict
+    from hugerec.serving.pipeline.declaration import declaration_from_dict
 
     path = _config_path(path_text)
     try:
@@ -203,22 +203,27 @@ def _merge(ids: np.ndarray, base_name: str, base: np.ndarray, given: tuple[np.nd
 def build(config: str, out: str | None) -> tuple[Path, Any]:
     import numpy as np
 
-    from hugerec.cli.run_config import RunConfig
-    from hugerec.cli.task_commands import load_task_model
-    from hugerec.serving.features import FeatureStore
-    from hugerec.serving.pipeline.bundle import export_pipeline
+    from hugerec.models.registry import Family
+    from hugerec.serving.bundles.pipeline_bundle import export_pipeline
     from hugerec.serving.pipeline.encoder import UserEncoder
-    from hugerec.serving.pipeline.interactions import InteractionStore
+    from hugerec.serving.pipeline.feature_store import FeatureStore
+    from hugerec.serving.pipeline.interaction_store import InteractionStore
+    from hugerec.training.model_file import load_model
 
     declaration, inputs = read_config(config, out)
     if inputs.retrieval_model is None:
         raise ConfigError(f"{config} [inputs] retrieval_model: missing (the model `hugerec train` wrote for a two_tower or mf config)")
-    saved = load_task_model(RunConfig(), inputs.retrieval_model)
-    if not saved.retrieval or saved.users_raw is None or saved.train_csr is None:
-        raise ConfigError(f"{inputs.retrieval_model}: holds a {saved.model_type!r} model; [inputs] retrieval_model needs a two_tower or mf model")
-    encoder = UserEncoder(saved.model, saved.users_raw, saved.items_raw)  # type: ignore[arg-type]  # a retrieval model
-    offsets, dense_items = saved.train_csr
-    users_raw, items_raw = saved.users_raw, saved.items_raw
+    if not inputs.retrieval_model.is_file():
+        raise ConfigError(f"{config} [inputs] retrieval_model: no model at {inputs.retrieval_model}; run `hugerec train` first")
+    try:
+        saved = load_model(inputs.retrieval_model, Family.RETRIEVAL)
+    except ValueError as e:
+        raise ConfigError(f"{config} [inputs] retrieval_model: {e}") from None
+    ids = saved.ids
+    assert ids is not None and ids.users is not None and ids.train_csr is not None  # save_model's retrieval checks
+    encoder = UserEncoder(saved.model, ids.users, ids.items)  # type: ignore[arg-type]  # a retrieval model
+    offsets, dense_items = ids.train_csr
+    users_raw, items_raw = ids.users, ids.items
     per_user = np.diff(offsets)
     events_users = np.repeat(users_raw, per_user)
     events_items = items_raw[dense_items]
@@ -245,9 +250,9 @@ def build(config: str, out: str | None) -> tuple[Path, Any]:
 
 
 def query(args: argparse.Namespace) -> dict[str, Any]:
-    from hugerec.serving.pipeline.bundle import load_pipeline
+    from hugerec.serving.bundles.pipeline_bundle import load_pipeline
     from hugerec.serving.pipeline.runner import Query, StageError
-    from hugerec.serving.protocol import RequestError
+    from hugerec.serving.runtime.inference_protocol import RequestError
 
     history: list[int] = []
     if args.history:
@@ -283,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "build":
             if args.print_config:
-                from hugerec.serving.pipeline.config import declaration_to_dict
+                from hugerec.serving.pipeline.declaration import declaration_to_dict
 
                 declaration, inputs = read_config(args.config, args.out)
                 shown: dict[str, Any] = {k: (None if v is None else str(v)) for k, v in vars(inputs).items()}

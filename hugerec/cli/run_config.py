@@ -4,12 +4,14 @@
     [preprocess]  hugerec preprocess  raw rows -> fitted Workflow -> train/eval Parquet shards + schema.json
     [data]        train, evaluate     which shards to read and how to batch them
     [embedding]   train               embedding width and the sparse optimizer of the tables
-    [model]       train               type = "dlrm" | "dcn_v2" | "deepfm" | "wide_and_deep", then its fields
-                                      (or "lightgbm" | "xgboost": gradient-boosted trees, hugerec.models.gbm)
+    [model]       train, evaluate, export, ...   type = any model type of hugerec.models.registry, then its
+                                      fields: ranking "dlrm" | "dcn_v2" | "deepfm" | "wide_and_deep", retrieval
+                                      "two_tower" | "mf", sequential "sasrec" | "mlm" | "gru4rec", trees
+                                      "lightgbm" | "xgboost"; read into the registry's config, nothing else
     [train]       train               hugerec.training.TrainConfig (epochs, lr, precision, out_dir, ...)
     [predict]     predict             rows to score and where the Parquet of probabilities goes
-    [interactions], [sequences], [index], [recommend]: the retrieval and sequential tasks
-                  (model.type = "two_tower" | "mf" | "sasrec" | "mlm" | "gru4rec"; see interactions_config)
+    [interactions], [sequences], [index], [recommend]: the retrieval and sequential tasks, whose data are
+                  views of [preprocess]'s declared input (see interactions_config)
 
 The defaults are the quickstart (configs/quickstart.toml spells them out). Relative input paths
 are looked up in the current directory, then next to the config file; outputs go under the
@@ -34,11 +36,8 @@ from hugerec.cli.interactions_config import (
     InteractionsSection,
     RecommendSection,
     SequencesSection,
-    is_task_model,
-    read_task_model,
     resolve_task_inputs,
-    task_model_fields,
-    task_model_to_dict,
+    upgrade_old_sections,
 )
 from hugerec.data.input_spec import ColumnSpec, InputFormat, InputSpec
 from hugerec.data.prepare import Join, SplitKind, SplitSpec, with_joins
@@ -46,8 +45,15 @@ from hugerec.data.preprocess.errors import OnError
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad, optimizer_from_dict, optimizer_to_dict
 from hugerec.embedding.table_config import StorageDtype
-from hugerec.models.gbm import GBM_TYPES, GBMConfig
-from hugerec.models.model_config import DLRMConfig, ModelConfig, model_config_from_dict, model_config_to_dict
+from hugerec.models.model_config import DLRMConfig
+from hugerec.models.registry import (
+    Family,
+    ModelConfig,
+    config_from_dict,
+    config_to_dict,
+    model_type,
+    type_of,
+)
 from hugerec.training.trainer import TrainConfig
 
 READERS = {Optimizer: optimizer_from_dict}
@@ -280,7 +286,7 @@ class RunConfig:
     preprocess: PreprocessSection = field(default_factory=PreprocessSection)
     data: DataSection = field(default_factory=DataSection)
     embedding: EmbeddingSection = field(default_factory=EmbeddingSection)
-    model: dict[str, Any] = field(default_factory=lambda: dict(QUICKSTART["model"]))
+    model: ModelConfig = field(default_factory=lambda: config_from_dict(QUICKSTART["model"]))
     train: TrainConfig = field(default_factory=TrainConfig)
     predict: PredictSection = field(default_factory=PredictSection)
     interactions: InteractionsSection = field(default_factory=InteractionsSection)
@@ -288,39 +294,26 @@ class RunConfig:
     index: IndexSection = field(default_factory=IndexSection)
     recommend: RecommendSection = field(default_factory=RecommendSection)
 
-    def model_config(self) -> ModelConfig:
-        return read_model_config(self.model)
+    @property
+    def family(self) -> Family:
+        return type_of(self.model).family
 
-    def gbm_config(self) -> GBMConfig:
-        return read_gbm_config(self.model)
+    @property
+    def model_type(self) -> str:
+        return type_of(self.model).name
 
     @property
     def out_dir(self) -> Path:
         return Path(self.train.out_dir or ".")
 
 
-def read_model_config(d: Mapping[str, Any]) -> ModelConfig:
-    """[model] -> DLRMConfig | DCNv2Config | ..., typed by the chosen model's fields (with suggestions)."""
-    kind = d.get("type", "dlrm")
+def read_model(d: Mapping[str, Any]) -> ModelConfig:
+    """[model] -> the registry's config of model.type (default "dlrm"), typed by its fields (errors name model.KEY)."""
     try:
-        cls = type(model_config_from_dict({"type": kind}))
+        cls = model_type(d.get("type", "dlrm")).config
     except ValueError as e:
-        raise ConfigError(f"model.type: {e}") from None
+        raise ConfigError(str(e)) from None
     config: ModelConfig = from_dict(cls, {k: v for k, v in d.items() if k != "type"}, "model", READERS)
-    return config
-
-
-def is_gbm_model(model: Mapping[str, Any]) -> bool:
-    """[model] names gradient-boosted trees (model.type = "lightgbm" | "xgboost")."""
-    return model.get("type") in GBM_TYPES
-
-
-def read_gbm_config(d: Mapping[str, Any]) -> GBMConfig:
-    """[model] of a tree type -> LightGBMConfig | XGBoostConfig (errors name model.KEY)."""
-    cls = GBM_TYPES.get(str(d.get("type")))
-    if cls is None:
-        raise ConfigError(f"model.type: {d.get('type')!r} is not one of {list(GBM_TYPES)}")
-    config: GBMConfig = from_dict(cls, {k: v for k, v in d.items() if k != "type"}, "model", READERS)
     return config
 
 
@@ -345,24 +338,51 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     model = data.get("model")
     if isinstance(model, dict) and "type" not in model:  # [model] without a type: the default model, amended
         data["model"] = {**QUICKSTART["model"], **model}
-    data = apply_overrides(_switch_model_type(data, overrides), overrides)
+    data = apply_overrides(switch_model_type(data, overrides), overrides)
     if path is not None:
         train = data.setdefault("train", {})
         if isinstance(train, dict):
             train.setdefault("out_dir", f"runs/{Path(path).stem}")
-    cfg = from_dict(RunConfig, data, "", READERS)
+    model = data.pop("model", QUICKSTART["model"])
+    if not isinstance(model, Mapping):
+        raise ConfigError(f"model: expected a table of keys, got {model!r}")
+    model = dict(model)
+    try:
+        family = model_type(model.get("type", "dlrm")).family.value
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    base = Path(path).resolve().parent if path is not None else Path.cwd()
+    data = upgrade_old_sections(data, family, lambda p: _find_input(p, base) or p)
+    if path is not None and isinstance(model.get("vectors"), list):  # [[model.vectors]] side tables: found like the data
+        config_dir = Path(path).resolve().parent
+        model["vectors"] = [
+            {**v, "path": _find_input(v["path"], config_dir)} if isinstance(v, dict) and isinstance(v.get("path"), str) else v
+            for v in model["vectors"]
+        ]
+    cfg = dataclasses.replace(from_dict(RunConfig, data, "", READERS), model=read_model(model))
     if cfg.train.out_dir is None:
         raise ConfigError("train.out_dir: give a folder for the model, the log and the plot")
-    if is_task_model(cfg.model):  # a retrieval / sequential model: its own fields, checked now
-        read_task_model(cfg.model)
-    elif is_gbm_model(cfg.model):
-        read_gbm_config(cfg.model)
-    else:
-        _check_model_fits_embedding(cfg.model_config(), cfg.embedding.dim)  # now, not after the data was read
+    _check_model_fits_embedding(cfg.model, cfg.embedding.dim)  # now, not after the data was read
+    _check_roles(cfg)
     if path is not None:
         cfg = _resolve_inputs(cfg, Path(path).resolve().parent)
         cfg = resolve_task_inputs(cfg, lambda p: _find_input(p, Path(path).resolve().parent))
     return cfg
+
+
+def _check_roles(cfg: RunConfig) -> None:
+    """The model type fits the declared input's roles (a two-tower needs a user, an item and a time column)."""
+    p = cfg.preprocess
+    if not p.columns and p.format is not RawFormat.CRITEO:
+        return  # Parquet without declared columns: its roles come from the files, checked when they are read
+    declared = [c.role_value for c in p.input_spec().columns]
+    missing = model_type(cfg.model_type).missing_roles(declared)
+    if missing:
+        needs = ", ".join(f'"{m}"' for m in missing)
+        raise ConfigError(
+            f"model.type = {cfg.model_type!r} ({cfg.family.value}) needs a column with role {needs} in preprocess.columns; "
+            f"the declared roles are {sorted(set(declared))}"
+        )
 
 
 # The checkout's configs/ folder: `hugerec train configs/quickstart.toml` works from any directory.
@@ -380,7 +400,7 @@ def find_config(path: str | Path) -> Path:
     raise ConfigError(f"config file not found: {p} (looked in the current directory and in {SHIPPED_CONFIGS})")
 
 
-def _switch_model_type(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+def switch_model_type(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """`model.type=X` on the command line starts [model] afresh from X's defaults.
 
     The file's [model] fields describe the file's model type (DLRM's `bottom`, say) and mean nothing
@@ -396,13 +416,9 @@ def _switch_model_type(data: dict[str, Any], overrides: Sequence[str]) -> dict[s
     if new_type is None or not isinstance(model, dict) or model.get("type", "dlrm") == new_type:
         return data
     try:
-        task_fields = task_model_fields(str(new_type))
-        gbm = GBM_TYPES.get(str(new_type))
-        if gbm is not None:
-            task_fields = {f.name for f in dataclasses.fields(gbm)}
-        fields = task_fields or {f.name for f in dataclasses.fields(type(model_config_from_dict({"type": new_type})))}
+        fields = set(model_type(new_type).fields())
     except ValueError as e:
-        raise ConfigError(f"model.type: {e}") from None
+        raise ConfigError(str(e)) from None
     left_out = sorted(k for k in model if k != "type" and k not in fields)
     if left_out:
         names = ", ".join(f"model.{k}" for k in left_out)
@@ -419,10 +435,7 @@ def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
     """Every key of `cfg` with its value (None included), as `--print-config` shows it."""
     out: dict[str, Any] = to_dict(cfg, keep_none=True)
     out["embedding"]["optimizer"] = optimizer_to_dict(cfg.embedding.optimizer)
-    if is_gbm_model(cfg.model):
-        out["model"] = {"type": cfg.model["type"], **to_dict(cfg.gbm_config(), keep_none=True)}
-    else:
-        out["model"] = task_model_to_dict(cfg.model) if is_task_model(cfg.model) else model_config_to_dict(cfg.model_config())
+    out["model"] = config_to_dict(cfg.model)
     return out
 
 
@@ -437,16 +450,8 @@ def _resolve_inputs(cfg: RunConfig, config_dir: Path) -> RunConfig:
         beside = config_dir / p
         return str(beside) if _exists(str(beside)) else p
 
-    model = cfg.model
-    if isinstance(model.get("vectors"), list):  # [[model.vectors]] side tables: path resolved like the data's
-        model = dict(model)
-        model["vectors"] = [
-            {**v, "path": find(v["path"])} if isinstance(v, dict) and isinstance(v.get("path"), str) else v
-            for v in cfg.model["vectors"]
-        ]
     return dataclasses.replace(
         cfg,
-        model=model,
         preprocess=dataclasses.replace(
             cfg.preprocess,
             input=find(cfg.preprocess.input) or cfg.preprocess.input,

@@ -6,68 +6,41 @@
 <train.out_dir>/index/                   index: the exact or HNSW index over the item vectors
 <train.out_dir>/recommendations.parquet  recommend: one row per (user or history, rank)
 
-Data come from [interactions] (retrieval) or [sequences] (sequential) and are read, id-mapped and
-split the same way by every command, so `evaluate` scores exactly the held-out part `train` left out
-(it checks that the data still give the model's vocabulary).
+Data are views of [preprocess]'s declared input (hugerec.data.events: user histories for retrieval,
+sessions or user histories for sequential models, as [interactions] / [sequences] say) and are read,
+id-mapped and split the same way by every command, so `evaluate` scores exactly the held-out part
+`train` left out (it checks that the data still give the model's vocabulary). The model file is the
+library's (hugerec.training.save_model / load_model).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from torch import nn
 
 from hugerec.cli.config_file import ConfigError
-from hugerec.cli.interactions_config import (
-    RETRIEVAL_TYPES,
-    MFModel,
-    Protocol,
-    SequentialModel,
-    Split,
-    TwoTowerModel,
-    Windows,
-    read_task_model,
-)
+from hugerec.cli.interactions_config import SequenceWindows
 from hugerec.cli.run_config import RunConfig
-from hugerec.data.interactions import (
-    Interactions,
-    categorify,
-    held_out_csr,
-    histories,
-    iter_examples,
-    last_items,
-    read_interactions,
-    time_split,
-)
-from hugerec.data.interactions import leave_last_out as interactions_leave_last_out
-from hugerec.data.schema import ValueType
-from hugerec.data.sessions import (
-    ItemVocabulary,
-    Sequences,
-    group_sequences,
-    last_n,
-    prefixes,
-    sliding_windows,
-    split_by_day,
-    with_reversed,
-)
-from hugerec.data.sessions import leave_last_out as sequences_leave_last_out
-from hugerec.data.shards import expand_paths
+from hugerec.data.events import RetrievalData, SequenceData, retrieval_view, sequence_view
+from hugerec.data.input_spec import InputSpec
+from hugerec.data.interactions import held_out_csr, histories, iter_examples, last_items
+from hugerec.data.prepare import SplitKind, SplitSpec
+from hugerec.data.sessions import ItemVocabulary, Sequences, last_n, sliding_windows, with_reversed
 from hugerec.index.vector_index import load_index
-from hugerec.models.mf import MatrixFactorization
-from hugerec.models.sequence import PAD
-from hugerec.models.two_tower import TwoTower
+from hugerec.models.mf import MatrixFactorization, MFConfig
+from hugerec.models.registry import Family, build_model
+from hugerec.models.sequence import PAD, MLMConfig, SequenceModelConfig
+from hugerec.models.two_tower import TwoTower, TwoTowerConfig
 from hugerec.sparse.jagged import JaggedTensor
-from hugerec.training.model_file import model_file_task
+from hugerec.training.declared_loss import retrieval_loss, sequence_loss
+from hugerec.training.model_file import RawIds, SavedModel, load_model, save_model
 from hugerec.training.retrieval import (
     RetrievalModel,
     RetrievalTrainConfig,
@@ -77,8 +50,6 @@ from hugerec.training.retrieval import (
     recommend,
     user_vectors,
 )
-from hugerec.training.retrieval_file import load_retrieval_model, save_retrieval_model
-from hugerec.training.sequence_file import build_sequence_model, load_sequence_model, save_sequence_model
 from hugerec.training.sequential import (
     SequenceModel,
     SequentialTrainConfig,
@@ -92,79 +63,32 @@ from hugerec.training.trainer import seed_everything
 
 
 def is_retrieval(cfg: RunConfig) -> bool:
-    return cfg.model.get("type") in RETRIEVAL_TYPES
+    return cfg.family is Family.RETRIEVAL
 
 
-# -- reading events ------------------------------------------------------------------------------
-def read_events(
-    files: str | None, where: str, columns: tuple[str, ...], separator: str, header: bool, ids: dict[str, str], timestamp: str
-) -> pl.DataFrame:
-    """The id columns (renamed to ids' keys, Int64) and `timestamp` (Int64 seconds, fractions floored) of every file.
+# -- the data: views of the declared input -------------------------------------------------------
+def _declared(cfg: RunConfig) -> tuple[InputSpec, str]:
+    """[preprocess]'s input spec (columns resolved) and its files."""
+    from hugerec.cli.commands import input_spec
 
-    A bad value is one line naming the file, the line and the column.
-    """
-    if files is None:
-        raise ConfigError(f"{where}.files: no data given; set {where}.files to the event log (a file, folder or glob)")
-    try:
-        paths = expand_paths(files)
-    except (FileNotFoundError, ValueError) as e:
-        raise ConfigError(f"{where}.files: {e}") from None
-    types = {c: (ValueType.INT if c in ids.values() else ValueType.STRING) for c in columns}
-    frames = []
-    for p in paths:
-        try:
-            raw = read_interactions(p, columns, separator=separator, has_header=header, types=types)
-        except (ValueError, OSError) as e:
-            raise ConfigError(f"{where}.files: {' '.join(str(e).split())}") from None
-        ts = raw[timestamp].cast(pl.String).cast(pl.Float64, strict=False)
-        bad = (ts.is_null() | ts.is_nan()).arg_true()
-        if len(bad):
-            i = int(bad[0])
-            raise ConfigError(f"{p}: line {i + 1 + int(header)}, column {timestamp!r}: {raw[timestamp][i]!r} is not a time in seconds")
-        frames.append(raw.select(*(pl.col(c).alias(k) for k, c in ids.items()), ts.floor().cast(pl.Int64).alias("timestamp")))
-    out = pl.concat(frames)
-    if out.height == 0:
-        raise ConfigError(f"{where}.files: {files!r} holds no events")
-    return out
-
-
-# -- retrieval data ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RetrievalData:
-    data: Interactions
-    users_raw: np.ndarray
-    items_raw: np.ndarray
-    train: Interactions
-    test: Interactions
+    return input_spec(cfg), cfg.preprocess.input
 
 
 def retrieval_data(cfg: RunConfig) -> RetrievalData:
-    s = cfg.interactions
-    raw = read_events(s.files, "interactions", s.columns, s.separator, s.header, {"user": s.user, "item": s.item}, s.timestamp)
-    if s.max_users is not None:
-        keep = raw["user"].unique().sort()[: s.max_users]
-        raw = raw.filter(pl.col("user").is_in(keep.implode()))
-    data, vocab = categorify(raw, min_item_count=s.min_item_count)
-    if data.num_events == 0:
-        raise ConfigError(f"interactions.min_item_count = {s.min_item_count} leaves no events")
-    match s.split:
-        case Split.LEAVE_LAST_OUT:
-            train, test = interactions_leave_last_out(data, s.holdout)
-        case Split.TIME:
-            train, test = time_split(data, cutoff=s.time_cutoff) if s.time_cutoff is not None else time_split(data, fraction=s.time_fraction)
-    if train.num_events == 0 or test.num_events == 0:
-        raise ConfigError(
-            f"interactions.split = {s.split.value!r} gives {train.num_events} training and {test.num_events} test events; both must be > 0"
-        )
-    return RetrievalData(data, vocab.users, vocab.items, train, test)
+    """User histories of the declared input, split by [preprocess] (default: each user's last `holdout` events)."""
+    p, s = cfg.preprocess, cfg.interactions
+    split = p.split_spec() if p.split is not None else SplitSpec(SplitKind.LEAVE_LAST_OUT, holdout=p.holdout)
+    spec, paths = _declared(cfg)
+    try:
+        return retrieval_view(spec, paths, split, s.min_item_count, s.max_users, p.on_error)
+    except FileNotFoundError as e:
+        raise ConfigError(f"preprocess.input: {e}") from None
 
 
-def build_retrieval_model(kind: TwoTowerModel | MFModel, num_users: int, num_items: int, cfg: RunConfig) -> RetrievalModel:
-    match kind:
-        case TwoTowerModel():
-            return TwoTower(kind.tower_config(), num_users, num_items, cfg.embedding.optimizer)
-        case MFModel(dim=dim, temperature=temperature, init_std=init_std):
-            return MatrixFactorization(num_users, num_items, dim, cfg.embedding.optimizer, temperature, init_std)
+def build_retrieval_model(kind: TwoTowerConfig | MFConfig, num_users: int, num_items: int, cfg: RunConfig) -> RetrievalModel:
+    model = build_model(kind, optimizer=cfg.embedding.optimizer, num_users=num_users, num_items=num_items)
+    assert isinstance(model, TwoTower | MatrixFactorization)  # the registry's retrieval builders
+    return model
 
 
 def _max_history(model: RetrievalModel) -> int:
@@ -173,12 +97,12 @@ def _max_history(model: RetrievalModel) -> int:
 
 def train_retrieval(cfg: RunConfig) -> dict[str, float]:
     """Read, split, train, evaluate on the held-out part, save model.pt and metrics.json; returns the metrics."""
-    kind = read_task_model(cfg.model)
-    assert isinstance(kind, TwoTowerModel | MFModel)
+    kind = cfg.model
+    assert isinstance(kind, TwoTowerConfig | MFConfig)  # the CLI sends retrieval models here
     d = retrieval_data(cfg)
     print(
         f"train: {d.data.num_users:,} users, {d.data.num_items:,} items, {d.train.num_events:,} training / "
-        f"{d.test.num_events:,} test events ({cfg.interactions.split.value})",
+        f"{d.test.num_events:,} test events ({(cfg.preprocess.split or SplitKind.LEAVE_LAST_OUT).value})",
         flush=True,
     )
     if cfg.train.seed is not None:
@@ -199,7 +123,7 @@ def train_retrieval(cfg: RunConfig) -> dict[str, float]:
         model,
         batches,
         d.train.item_counts(),
-        RetrievalTrainConfig(epochs=cfg.train.epochs, lr=cfg.train.lr, loss=kind.loss_config(), seed=seed),
+        RetrievalTrainConfig(epochs=cfg.train.epochs, lr=cfg.train.lr, loss=retrieval_loss(kind), seed=seed),
         on_epoch=lambda e, loss, sec: print(f"  epoch {e + 1}: loss {loss:.4f} ({sec:.1f} s)", flush=True),
     )
     metrics = retrieval_metrics(model, d, cfg.interactions.ks)
@@ -217,55 +141,20 @@ def retrieval_metrics(model: RetrievalModel, d: RetrievalData, ks: tuple[int, ..
 
 
 # -- sequential data -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SequenceData:
-    vocab: ItemVocabulary
-    train: Sequences
-    histories: np.ndarray  # [Q, max_len] left-padded dense ids of the test queries
-    targets: np.ndarray  # [Q]
-    exclude: tuple[np.ndarray, np.ndarray] | None
-    unknown_test_items: int
-
-
-def _sequences(cfg: RunConfig, files: str | None, where: str) -> Sequences:
-    s = cfg.sequences
-    events = read_events(files, where, s.columns, s.separator, s.header, {"key": s.sequence, "item": s.item}, s.timestamp)
-    seqs = group_sequences(events, key="key", gap_seconds=s.gap_seconds, drop_repeats=s.drop_repeats, min_length=s.min_length)
-    if not len(seqs):
-        raise ConfigError(f"{where}: no sequence has sequences.min_length = {s.min_length} items or more")
-    return seqs
-
-
 def sequence_data(cfg: RunConfig, max_len: int) -> SequenceData:
-    s = cfg.sequences
-    seqs = _sequences(cfg, s.files, "sequences")
-    if s.max_sequences is not None:
-        seqs = seqs.select(np.arange(min(s.max_sequences, len(seqs))))
-    match s.protocol:
-        case Protocol.LEAVE_LAST_OUT:
-            vocab = ItemVocabulary.fit(seqs.items)
-            encoded, _ = vocab.encode(seqs, min_length=2)
-            train, targets = sequences_leave_last_out(encoded)
-            return SequenceData(vocab, train, last_n(train, max_len), targets, (train.offsets, train.items), 0)
-        case Protocol.EVERY_PREFIX:
-            if s.test_files is not None:
-                train_raw, test_raw = seqs, _sequences(cfg, s.test_files, "sequences.test_files")
-            else:
-                train_raw, test_raw = split_by_day(seqs, s.test_days)
-            if not len(train_raw) or not len(test_raw):
-                raise ConfigError(f"sequences: the split leaves {len(train_raw)} training and {len(test_raw)} test sequences; both must be > 0")
-            vocab = ItemVocabulary.fit(train_raw.items)
-            train, _ = vocab.encode(train_raw, min_length=2)
-            test, report = vocab.encode(test_raw, min_length=2)
-            seq, end, targets = prefixes(test)
-            if not len(targets):
-                raise ConfigError("sequences: no test sequence keeps 2 items the training data knows")
-            return SequenceData(vocab, train, last_n(test, max_len, rows=seq, ends=end), targets, None, report.unknown_items)
+    """Sessions or user histories of the declared input, held out by [sequences].protocol."""
+    p = cfg.preprocess
+    split = p.split_spec() if p.split is not None else None
+    spec, paths = _declared(cfg)
+    try:
+        return sequence_view(spec, paths, cfg.sequences.spec(), max_len, split, p.test_input, p.on_error)
+    except FileNotFoundError as e:
+        raise ConfigError(f"preprocess.input: {e}") from None
 
 
 def train_sequential(cfg: RunConfig) -> dict[str, float]:
-    kind = read_task_model(cfg.model)
-    assert isinstance(kind, SequentialModel)
+    kind = cfg.model
+    assert isinstance(kind, SequenceModelConfig)  # the CLI sends sequential models here
     d = sequence_data(cfg, kind.max_len)
     print(
         f"train: {len(d.train):,} training sequences, {d.vocab.num_items:,} items, {len(d.targets):,} test queries "
@@ -274,31 +163,31 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
     )
     if cfg.train.seed is not None:
         seed_everything(cfg.train.seed)
-    model = build_sequence_model(str(cfg.model["type"]), kind.sequence_config(d.vocab.num_items), cfg.embedding.optimizer)
+    model = build_model(kind, optimizer=cfg.embedding.optimizer, num_items=d.vocab.num_items)
     seq_model: SequenceModel = model  # type: ignore[assignment]  # SASRec / MaskedTransformer / GRU4Rec
     counts = np.bincount(d.train.items, minlength=d.vocab.num_items + 1)
     tc = SequentialTrainConfig(
-        loss=kind.loss_config(),
+        loss=sequence_loss(kind),
         epochs=cfg.train.epochs,
         batch_size=cfg.sequences.batch_size,
         lr=cfg.train.lr,
-        mask_prob=kind.mask_prob,
+        mask_prob=kind.mask_prob if isinstance(kind, MLMConfig) else MLMConfig.mask_prob,
         max_steps=cfg.train.max_steps,
         seed=cfg.train.seed or 0,
     )
     width = window_width(seq_model)
     train = with_reversed(d.train) if cfg.sequences.augment_reversed else d.train
     match cfg.sequences.windows:
-        case Windows.LAST:
+        case SequenceWindows.LAST:
             windows = last_n(train, width)
-        case Windows.SLIDING:
+        case SequenceWindows.SLIDING:
             windows = sliding_windows(train, width)
     report = fit_sequential(seq_model, windows, tc, item_counts=counts)
     losses = ", ".join(f"{x:.4f}" for x in report.losses)
     print(f"  {report.steps:,} steps, {report.samples_per_second:,.0f} sequences/s; loss per epoch {losses}", flush=True)
     metrics = evaluate_next_item(seq_model, d.histories, d.targets, d.exclude, cfg.sequences.ks)
     metrics["queries"] = float(len(d.targets))
-    save_sequence_model(cfg.out_dir / "model.pt", model, str(cfg.model["type"]), d.vocab.raw, counts, cfg.embedding.optimizer, {"model": dict(cfg.model)})
+    save_model(cfg.out_dir / "model.pt", model, kind, cfg.embedding.optimizer, ids=RawIds(d.vocab.raw, counts))
     _write_metrics(cfg, metrics)
     return metrics
 
@@ -312,40 +201,27 @@ def save_task_model(
     item_counts: np.ndarray,
     train_csr: tuple[np.ndarray, np.ndarray],
 ) -> Path:
-    """A retrieval model.pt in the library's format (hugerec.training.save_retrieval_model), the [model]
-    section kept beside it. Sequential models use hugerec.training.save_sequence_model."""
-    path = cfg.out_dir / "model.pt"
-    extra = {"model": dict(cfg.model)}
-    return save_retrieval_model(path, model, users_raw, items_raw, item_counts, train_csr, cfg.embedding.optimizer, extra)
+    """A retrieval model.pt in the library's format (hugerec.training.save_model) with its raw ids."""
+    ids = RawIds(items_raw, item_counts, users_raw, train_csr)
+    return save_model(cfg.out_dir / "model.pt", model, cfg.model, cfg.embedding.optimizer, ids=ids)
 
 
-@dataclass(frozen=True)
-class TaskModelFile:
-    path: Path
-    model_type: str
-    model: nn.Module
-    items_raw: np.ndarray  # retrieval: dense item i is items_raw[i]; sequential: dense item i is items_raw[i - 1]
-    item_counts: np.ndarray
-    users_raw: np.ndarray | None = None
-    train_csr: tuple[np.ndarray, np.ndarray] | None = None
-
-    @property
-    def retrieval(self) -> bool:
-        return self.model_type in RETRIEVAL_TYPES
-
-
-def load_task_model(cfg: RunConfig, path: Path | None) -> TaskModelFile:
+def load_task_model(cfg: RunConfig, path: Path | None) -> SavedModel:
+    """A retrieval or sequential model file (default <train.out_dir>/model.pt); another family is one line."""
     path = path or cfg.out_dir / "model.pt"
     if not path.is_file():
         raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
-    task = model_file_task(path)
-    if task == "sequential":
-        seq = load_sequence_model(path)
-        return TaskModelFile(path, seq.model_type, seq.model, seq.items_raw, seq.item_counts)
-    if task != "retrieval":
-        raise ConfigError(f"{path}: not a model file `hugerec train` wrote for a retrieval or sequential model (a {task} model)")
-    r = load_retrieval_model(path)
-    return TaskModelFile(path, r.model_type, r.model, r.items_raw, r.item_counts, r.users_raw, r.train_csr)
+    saved = load_model(path)
+    if saved.family not in (Family.RETRIEVAL, Family.SEQUENTIAL):
+        raise ConfigError(f"{path}: holds a {saved.model_type!r} model ({saved.family.value}), not a retrieval or sequential one")
+    return saved
+
+
+def _users(saved: SavedModel) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """A retrieval model file's raw user ids [U] and each user's training items (CSR)."""
+    ids = saved.ids
+    assert ids is not None and ids.users is not None and ids.train_csr is not None  # save_model's retrieval checks
+    return ids.users, ids.train_csr
 
 
 def _write_metrics(cfg: RunConfig, metrics: dict[str, float]) -> None:
@@ -357,14 +233,14 @@ def _write_metrics(cfg: RunConfig, metrics: dict[str, float]) -> None:
 def evaluate_task(cfg: RunConfig, model_path: Path | None) -> dict[str, float]:
     """The held-out metrics of a trained model on the config's data, split as in training."""
     saved = load_task_model(cfg, model_path)
-    if saved.model_type != cfg.model.get("type"):
-        raise ConfigError(f"{saved.path} holds a {saved.model_type!r} model, the config's model.type is {cfg.model.get('type')!r}")
-    if saved.retrieval:
+    if saved.model_type != cfg.model_type:
+        raise ConfigError(f"{saved.path} holds a {saved.model_type!r} model, the config's model.type is {cfg.model_type!r}")
+    if saved.family is Family.RETRIEVAL:
         d = retrieval_data(cfg)
-        assert saved.users_raw is not None
-        if not (np.array_equal(d.users_raw, saved.users_raw) and np.array_equal(d.items_raw, saved.items_raw)):
+        users_raw = _users(saved)[0]
+        if not (np.array_equal(d.users_raw, users_raw) and np.array_equal(d.items_raw, saved.items_raw)):
             raise ConfigError(
-                f"[interactions] gives {len(d.users_raw):,} users / {len(d.items_raw):,} items, not the {len(saved.users_raw):,} / "
+                f"the declared input gives {len(d.users_raw):,} users / {len(d.items_raw):,} items, not the {len(users_raw):,} / "
                 f"{len(saved.items_raw):,} {saved.path} was trained on: evaluate with the training config"
             )
         return retrieval_metrics(saved.model, d, cfg.interactions.ks)  # type: ignore[arg-type]  # a retrieval model
@@ -372,7 +248,7 @@ def evaluate_task(cfg: RunConfig, model_path: Path | None) -> dict[str, float]:
     d2 = sequence_data(cfg, seq_model.cfg.max_len)
     if not np.array_equal(d2.vocab.raw, saved.items_raw):
         raise ConfigError(
-            f"[sequences] gives {d2.vocab.num_items:,} items, not the {len(saved.items_raw):,} {saved.path} was trained on: "
+            f"the declared input gives {d2.vocab.num_items:,} items, not the {len(saved.items_raw):,} {saved.path} was trained on: "
             "evaluate with the training config"
         )
     metrics = evaluate_next_item(seq_model, d2.histories, d2.targets, d2.exclude, cfg.sequences.ks)
@@ -398,8 +274,8 @@ def build_item_index(cfg: RunConfig, model_path: Path | None, out: Path | None) 
     return folder, vectors.shape[0], vectors.shape[1]
 
 
-def _item_vectors(saved: TaskModelFile) -> tuple[torch.Tensor, torch.Tensor]:
-    if saved.retrieval:
+def _item_vectors(saved: SavedModel) -> tuple[torch.Tensor, torch.Tensor]:
+    if saved.family is Family.RETRIEVAL:
         v = all_item_vectors(saved.model)  # type: ignore[arg-type]
         return v, torch.arange(v.shape[0])
     v = sequence_item_vectors(saved.model).float()  # type: ignore[arg-type]
@@ -409,19 +285,19 @@ def _item_vectors(saved: TaskModelFile) -> tuple[torch.Tensor, torch.Tensor]:
 # -- export --------------------------------------------------------------------------------------
 def export_task_model(cfg: RunConfig, model_path: Path | None, out: Path | None) -> Path:
     """A sequential model -> a next-items serving bundle (default <train.out_dir>/bundle), named after model.type."""
-    from hugerec.serving.next_items import export_next_items
+    from hugerec.serving.bundles.next_items_bundle import export_next_items
 
     if is_retrieval(cfg):
         raise ConfigError(
-            f"export: model.type = {cfg.model.get('type')!r}: serving bundles of retrieval models are not built yet; "
+            f"export: model.type = {cfg.model_type!r}: serving bundles of retrieval models are not built yet; "
             "use `hugerec index` and `hugerec recommend`"
         )
     path = model_path or cfg.out_dir / "model.pt"
     if not path.is_file():
         raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
-    saved = load_sequence_model(path)
+    saved = load_model(path, Family.SEQUENTIAL)
     k = min(cfg.recommend.k, saved.num_items)
-    return export_next_items(path, out or cfg.out_dir / "bundle", str(cfg.model["type"]), "1", k, cfg.recommend.exclude_seen)
+    return export_next_items(path, out or cfg.out_dir / "bundle", cfg.model_type, "1", k, cfg.recommend.exclude_seen)
 
 
 # -- recommend -----------------------------------------------------------------------------------
@@ -462,7 +338,8 @@ def recommend_to_parquet(cfg: RunConfig, model_path: Path | None) -> tuple[Path,
                 f"index {folder} holds {len(index):,} vectors of dim {index.dim}, the model {saved.path} has {num_items:,} items "
                 f"of dim {dim}: rebuild it with `hugerec index`"
             )
-    table, notes = _recommend_retrieval(saved, cfg, index) if saved.retrieval else _recommend_sequential(saved, cfg, index)
+    retrieval = saved.family is Family.RETRIEVAL
+    table, notes = _recommend_retrieval(saved, cfg, index) if retrieval else _recommend_sequential(saved, cfg, index)
     out = Path(r.out) if r.out else cfg.out_dir / "recommendations.parquet"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -512,18 +389,17 @@ def _rows(keys: np.ndarray, key_name: str, ids: np.ndarray, scores: np.ndarray, 
     )
 
 
-def _recommend_retrieval(saved: TaskModelFile, cfg: RunConfig, index: Any) -> tuple[pa.Table, list[str]]:
+def _recommend_retrieval(saved: SavedModel, cfg: RunConfig, index: Any) -> tuple[pa.Table, list[str]]:
     r = cfg.recommend
     users = list(r.users) + (_ints(" ".join(_read_lines(r.users_file, "recommend.users_file")), "recommend.users_file") if r.users_file else [])
     if not users:
         raise ConfigError("recommend: no users given; pass --users 1,2,3 or set recommend.users / recommend.users_file")
-    assert saved.users_raw is not None and saved.train_csr is not None
+    users_raw, (offsets, items) = _users(saved)
     model: RetrievalModel = saved.model  # type: ignore[assignment]
     raw = np.asarray(users, dtype=np.int64)
-    pos = np.clip(np.searchsorted(saved.users_raw, raw), 0, len(saved.users_raw) - 1)
-    known = saved.users_raw[pos] == raw
+    pos = np.clip(np.searchsorted(users_raw, raw), 0, len(users_raw) - 1)
+    known = users_raw[pos] == raw
     dense = np.where(known, pos, -1).astype(np.int64)
-    offsets, items = saved.train_csr
     seen = [items[offsets[u] : offsets[u + 1]] if u >= 0 and r.exclude_seen else np.empty(0, np.int64) for u in dense]
     notes = []
     n_cold = int((~known).sum())
@@ -558,7 +434,7 @@ def _recommend_retrieval(saved: TaskModelFile, cfg: RunConfig, index: Any) -> tu
     return _rows(raw, "user", ids, scores, saved.items_raw, source), notes
 
 
-def _recommend_sequential(saved: TaskModelFile, cfg: RunConfig, index: Any) -> tuple[pa.Table, list[str]]:
+def _recommend_sequential(saved: SavedModel, cfg: RunConfig, index: Any) -> tuple[pa.Table, list[str]]:
     r = cfg.recommend
     raw_histories: list[list[int]] = [list(r.history)] if r.history else []
     if r.history_file:

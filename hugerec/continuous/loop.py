@@ -69,11 +69,13 @@ from hugerec.continuous.window_schema import adapt_schema, describe_change, wind
 from hugerec.data.schema import Schema
 from hugerec.data.windows import Windows, holdout_mask, table_batches
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.optimizers import Adagrad
+from hugerec.embedding.optimizers import Adagrad, Optimizer, optimizer_to_dict
 from hugerec.embedding.table_config import DynamicConfig, Eviction, Missing, TableConfig
-from hugerec.models.dlrm import DLRM
-from hugerec.serving.bundle import MANIFEST, sha256_file
-from hugerec.serving.export import export_bundle
+from hugerec.models.model import RecModel
+from hugerec.models.model_config import DLRMConfig
+from hugerec.models.registry import ModelConfig, build_model, config_to_dict, type_of
+from hugerec.serving.bundles.bundle_files import MANIFEST, sha256_file
+from hugerec.serving.bundles.export import export_bundle
 from hugerec.training.checkpoint import atomic_save, read_weights
 from hugerec.training.trainer import TrainConfig, evaluate, fit
 
@@ -83,35 +85,50 @@ Observer = Callable[[int, pa.Table | None], Observation]  # (k, training rows of
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The DLRM the loop trains: one dynamic table per sparse column (raw keys, `capacity` rows each)."""
+    """The model the loop trains: `model`, a registry config (`hugerec loop`'s [model], the dialect of every
+    command; the loop trains model.type = "dlrm" for now), over one dynamic table per sparse column of `dim`
+    wide rows ([embedding]: raw keys, `capacity` rows each, admitted after `min_count` sightings, `eviction`
+    when full), trained by the sparse `optimizer`."""
 
+    model: ModelConfig = field(default_factory=lambda: DLRMConfig(bottom=(32, 8), top=(32, 1)))
     dim: int = 8
+    optimizer: Optimizer = field(default_factory=lambda: Adagrad(lr=0.05))
     capacity: int = 50_000
-    bottom: tuple[int, ...] = (32, 8)
-    top: tuple[int, ...] = (32, 1)
-    sparse_lr: float = 0.05
     min_count: int = 1
     eviction: Eviction = Eviction.LRU
 
     def __post_init__(self) -> None:
         if isinstance(self.eviction, str):
             object.__setattr__(self, "eviction", Eviction(self.eviction))
+        if not isinstance(self.model, DLRMConfig):
+            raise ValueError(
+                f"ModelSpec: the loop trains model.type = 'dlrm' for now, got {type_of(self.model).name!r}"
+            )
         if self.dim < 1 or self.capacity < 1 or self.min_count < 1:
             raise ValueError(
                 f"ModelSpec: dim, capacity and min_count must be >= 1, got {self.dim}, {self.capacity}, {self.min_count}"
             )
-        if not self.bottom or self.bottom[-1] != self.dim or not self.top or self.top[-1] != 1:
-            raise ValueError(
-                f"ModelSpec: bottom must end with dim ({self.dim}) and top with 1, got {list(self.bottom)}, {list(self.top)}"
-            )
-        if not self.sparse_lr > 0:
-            raise ValueError(f"ModelSpec: sparse_lr must be > 0, got {self.sparse_lr}")
+        if not self.model.bottom or self.model.bottom[-1] != self.dim:
+            raise ValueError(f"ModelSpec: model.bottom must end with dim ({self.dim}), got {list(self.model.bottom)}")
 
-    def build(self, schema: Schema, seed: int) -> DLRM:
+    def build(self, schema: Schema, seed: int) -> RecModel:
         torch.manual_seed(seed)
         policy = DynamicConfig(eviction=self.eviction, min_count=self.min_count, missing=Missing.ZEROS)
         tables = [TableConfig(n, self.capacity, self.dim, dynamic=policy) for n in schema.sparse_names]
-        return DLRM(EmbeddingCollection(tables, Adagrad(lr=self.sparse_lr)), len(schema.dense), self.bottom, self.top)
+        model = build_model(self.model, tables, len(schema.dense), self.optimizer)
+        assert isinstance(model, RecModel)  # a ranking config (checked above)
+        return model
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON: what the loop's `trained` records keep (a change between windows means a whole bundle)."""
+        return {
+            "model": config_to_dict(self.model),
+            "dim": self.dim,
+            "optimizer": optimizer_to_dict(self.optimizer),
+            "capacity": self.capacity,
+            "min_count": self.min_count,
+            "eviction": self.eviction.value,
+        }
 
 
 @dataclass(frozen=True)
@@ -289,7 +306,7 @@ class Loop:
                 return float(r.gate["candidate_auc"]), _auc_se(r.gate, "candidate_auc")
         return None
 
-    def load(self, version: str) -> DLRM:
+    def load(self, version: str) -> RecModel:
         model = self.config.model.build(self.schema_of(version), self.config.seed)
         model.load_state_dict(read_weights(self.checkpoint(version), "Loop", "model checkpoint"))
         return model
@@ -358,8 +375,7 @@ class Loop:
                                 "base": start,
                                 "schema": schema.to_dict(),
                                 "columns": window_columns(rows, self.config.windows.time_column),
-                                "model": dataclasses.asdict(self.config.model)
-                                | {"eviction": self.config.model.eviction.value},
+                                "model": self.config.model.to_dict(),
                             }
                             | ({} if recovery is None else {"recovery": recovery})
                         )
@@ -410,7 +426,7 @@ class Loop:
 
     def _train(
         self, k: int, rows: pa.Table, span: int, schema: Schema, start: str | None, reset: bool
-    ) -> tuple[DLRM, list[int]]:
+    ) -> tuple[RecModel, list[int]]:
         """Train on the last `span` windows up to k (`rows`: window k's), from the checkpoint of `start` (None: a
         fresh model); `reset`: a concept-drift recovery (its sparse optimizer state reset, Recovery's epochs and
         lr). Returns the model and the earlier windows left out because they lack a column of window k (a
@@ -470,7 +486,7 @@ class Loop:
         mask = holdout_mask(rows.num_rows, self.config.holdout_share, self.config.seed)
         return rows.filter(pa.array(mask))
 
-    def _gate(self, k: int, candidate: DLRM) -> GateResult:
+    def _gate(self, k: int, candidate: RecModel) -> GateResult:
         cfg = self.config
         holdout = self.holdout(k + 1)
         if holdout.num_rows == 0:

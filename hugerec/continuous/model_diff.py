@@ -21,8 +21,8 @@ import torch
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.delta import collect_delta
 from hugerec.models.model import RecModel
-from hugerec.serving.parameter_server import TableUpdate
-from hugerec.serving.version_delta import write_version_delta
+from hugerec.serving.bundles.version_delta import write_version_delta
+from hugerec.serving.store.parameter_server import TableUpdate
 
 TableRows = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # keys [R] sorted, rows [R, D] fp32, default [D] | None
 

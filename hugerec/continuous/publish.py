@@ -106,7 +106,7 @@ class Publisher:
 
     def publish_delta(self, delta: str | Path, base: str, version: str, share: float) -> dict[str, Any]:
         """Make `version` on the server from the loaded version `base` plus the version delta at `delta`
-        (hugerec.serving.version_delta; `base` is not touched) and make it the canary with `share` of the
+        (hugerec.serving.bundles.version_delta; `base` is not touched) and make it the canary with `share` of the
         traffic. Returns the model's status afterwards."""
         m = self.target.model
         body = {"delta": str(delta), "base": base, "version": version}

@@ -2,7 +2,15 @@
 
 from hugerec.data import preprocess
 from hugerec.data.criteo import criteo_to_parquet, read_criteo
-from hugerec.data.input_spec import ColumnSpec, InputFormat, InputSpec, infer_spec, schema_toml
+from hugerec.data.events import (
+    RetrievalData,
+    SequenceData,
+    SequenceProtocol,
+    SequenceSpec,
+    retrieval_view,
+    sequence_view,
+)
+from hugerec.data.input_spec import ColumnSpec, InputFormat, InputSpec, Role, infer_spec, schema_toml
 from hugerec.data.interactions import (
     Interactions,
     Vocabulary,
@@ -65,7 +73,12 @@ __all__ = [
     "Join",
     "Loader",
     "PrepareReport",
+    "RetrievalData",
+    "Role",
     "Schema",
+    "SequenceData",
+    "SequenceProtocol",
+    "SequenceSpec",
     "Sequences",
     "ShardWriter",
     "SplitKind",
@@ -107,7 +120,9 @@ __all__ = [
     "read_matrix",
     "read_movielens",
     "read_yoochoose",
+    "retrieval_view",
     "schema_toml",
+    "sequence_view",
     "sliding_windows",
     "split_by_day",
     "split_shards",

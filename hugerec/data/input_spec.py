@@ -21,7 +21,6 @@ that the splits and sequence ops also use), timestamp (read by time ops and time
 from __future__ import annotations
 
 import enum
-import gzip
 import io
 import re
 from collections.abc import Mapping, Sequence
@@ -31,7 +30,7 @@ from pathlib import Path
 import polars as pl
 
 from hugerec.data.preprocess.categorical import Categorify
-from hugerec.data.preprocess.dataset import CsvOptions, Dataset, Format, read_header
+from hugerec.data.preprocess.dataset import CsvOptions, Dataset, Format, read_header, read_text_head
 from hugerec.data.preprocess.grouping import Groupby
 from hugerec.data.preprocess.lists import SplitList
 from hugerec.data.preprocess.numeric import Binarize, FillMissing, LogOp, Normalize
@@ -279,9 +278,7 @@ def _require_parquet(path: str, where: str) -> None:
 
 
 def _require_text(path: str, where: str) -> None:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        magic = f.read(4)
+    magic = read_text_head(path, 4)
     if magic == b"PAR1":
         raise ValueError(f'{where}: {path} is a Parquet file; set format = "parquet"')
 
@@ -378,9 +375,7 @@ _ID_NAME = re.compile(r"(^id$|_id$|^user|^item|^movie|^session|id$)", re.I)
 
 
 def _sample_lines(path: str, max_bytes: int) -> list[bytes]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        head = f.read(max_bytes)
+    head = read_text_head(path, max_bytes)  # a damaged .gz: one line naming the file and where it breaks off
     lines = head.split(b"\n")
     if len(head) == max_bytes:
         lines = lines[:-1]  # the last one may be cut

@@ -13,7 +13,8 @@ target encoding) sees evaluation rows:
     random          each row goes to eval with probability eval_fraction (seeded, streaming)
     time            rows at or after a cutoff go to eval: a date ("2014-04-01", "2014-04-01 12:00:00",
                     UTC) or epoch seconds; or the rows of the last `last_days` days, (latest - N days,
-                    latest]; rows without a time stay in train
+                    latest]; or, with neither, the latest eval_fraction of the rows; rows without a time
+                    stay in train
     leave_last_out  each user's last `holdout` rows by time go to eval (users with no more than
                     `holdout` rows stay in train); reads the user and time columns into memory
     files           the given eval (and test) files, each read as the input is
@@ -82,8 +83,8 @@ class SplitSpec:
             raise ValueError(f"holdout must be >= 1, got {self.holdout}")
         if self.last_days is not None and self.last_days <= 0:
             raise ValueError(f"last_days must be > 0, got {self.last_days}")
-        if self.kind is SplitKind.TIME and (self.cutoff is None) == (self.last_days is None):
-            raise ValueError('split = "time" needs exactly one of time_cutoff (a date or epoch seconds) and last_days')
+        if self.kind is SplitKind.TIME and self.cutoff is not None and self.last_days is not None:
+            raise ValueError('split = "time" takes one of time_cutoff (a date or epoch seconds) and last_days, not both')
         if self.cutoff is not None:
             cutoff_seconds(self.cutoff)  # its own check, now
 
@@ -104,6 +105,19 @@ def cutoff_seconds(cutoff: str | int) -> int:
     if when.tzinfo is None:
         when = when.replace(tzinfo=datetime.UTC)
     return int(when.timestamp())
+
+
+def time_cutoff(split: SplitSpec, seconds: np.ndarray) -> int:
+    """A time split's first held-out second: time_cutoff; or latest - last_days (the rows of the last N
+    days, (latest - N days, latest]); or, with neither, the time that leaves the latest eval_fraction of
+    the rows (the (1 - eval_fraction) quantile, rounded up to a row's time) for eval."""
+    if split.cutoff is not None:
+        return cutoff_seconds(split.cutoff)
+    if not len(seconds):
+        raise ValueError('preprocess.split: split = "time" finds no times to split (the time column is empty)')
+    if split.last_days is not None:
+        return int(seconds.max()) - int(split.last_days * 86400) + 1
+    return int(np.quantile(seconds, 1.0 - split.eval_fraction, method="higher"))
 
 
 @dataclass(frozen=True)
@@ -241,6 +255,33 @@ def transform_raw(
     return report
 
 
+def read_rows(
+    spec: InputSpec, paths: str | Sequence[str], where: str, on_error: OnError | str = OnError.RAISE
+) -> tuple[pl.DataFrame, SkipReport]:
+    """Every row of the declared input, in memory: the declared columns, each timestamp parsed to Int64
+    epoch seconds by its column's format; bad rows raised (file, line, column, value) or skipped and
+    counted, as `prepare` stages them. What the retrieval and sequential views read (hugerec.data.events)."""
+    mode = OnError(on_error)
+    data = spec.dataset(paths, where)
+    names = [c.name for c in spec.columns]
+    frames: list[pl.DataFrame] = []
+    report = SkipReport()
+    for partition in data.partitions():
+        exact = True  # line numbers are exact while no row of the partition was dropped
+        for chunk in read_chunks(partition, mode):
+            exact = exact and chunk.report.rows_skipped == 0
+            at = (partition, chunk.row_offset) if exact else None
+            frame, times = _check_times(chunk.frame, spec, partition.path, at, mode)
+            report = report.merge(chunk.report).merge(times)
+            exact = exact and times.rows_skipped == 0
+            frames.append(frame.select(names))
+    frame = pl.concat(frames) if frames else pl.DataFrame(schema={n: data.schema[n] for n in names})
+    parsed = [
+        _seconds(spec, c.name, frame.schema[c.name]).alias(c.name) for c in spec.columns if c.type is ColumnType.TIMESTAMP
+    ]
+    return (frame.with_columns(parsed) if parsed else frame), report
+
+
 def _rows(folder: Path) -> int:
     return sum(pq.read_metadata(f).num_rows for f in folder.glob("*.parquet"))
 
@@ -341,12 +382,7 @@ def _split(spec: InputSpec, split: SplitSpec, src: Path, train: Path, eval_: Pat
             column = _column(spec, split.time_column, Role.TIMESTAMP, "time_column", split.kind)
             _require(column, names, "time_column")
             seconds = scan.select(_seconds(spec, column, names[column]).alias("t")).collect()["t"]
-            if split.cutoff is not None:
-                held = seconds >= cutoff_seconds(split.cutoff)
-            else:  # the last N days: (latest - N days, latest]
-                latest = seconds.max()
-                assert split.last_days is not None and isinstance(latest, int)
-                held = seconds > latest - int(split.last_days * 86400)
+            held = seconds >= time_cutoff(split, seconds.drop_nulls().to_numpy())
             held_out = held.fill_null(False).to_numpy()
         case SplitKind.LEAVE_LAST_OUT:
             user = _column(spec, split.user_column, Role.USER, "user_column", split.kind)

@@ -228,7 +228,7 @@ def _unit(h: np.uint64) -> float:  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _effects(key: np.uint64, ids: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+def id_effects(key: np.uint64, ids: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
     """[N] ids -> [N] effects e(key, id)."""
     out = np.empty(ids.size)
     for i in range(ids.size):
@@ -263,7 +263,7 @@ def _latent(key: np.uint64, ids: np.ndarray, rank: int) -> np.ndarray:  # pragma
 
 
 @njit(cache=True, nogil=True, fastmath=True)
-def _power_law_ids(u: np.ndarray, cardinality: int, alpha: float) -> np.ndarray:  # pragma: no cover - compiled
+def power_law_ids(u: np.ndarray, cardinality: int, alpha: float) -> np.ndarray:  # pragma: no cover - compiled
     """[N] uniforms -> [N] ids in 0..cardinality-1: inverse CDF of x ** -alpha on [1, cardinality + 1), minus 1."""
     out = np.empty(u.size, np.int64)
     top = cardinality + 1.0
@@ -344,7 +344,7 @@ def _sample_ids(cfg: SyntheticConfig, rng: np.random.Generator, cardinality: int
         case IdDistribution.UNIFORM:
             return np.minimum((u * cardinality).astype(np.int64), cardinality - 1)
         case IdDistribution.ZIPF:
-            return _power_law_ids(u, cardinality, cfg.alpha)
+            return power_law_ids(u, cardinality, cfg.alpha)
 
 
 def _sample_chunk(cfg: SyntheticConfig, model: _Model, rng: np.random.Generator, n: int) -> _Chunk:
@@ -387,9 +387,9 @@ def _parts(cfg: SyntheticConfig, model: _Model, task: _Task, chunk: _Chunk) -> t
     n = chunk.dense.shape[0]
     per_id = np.zeros(n)
     for f, (ids, lens, keep) in enumerate(zip(chunk.ids, chunk.lengths, chunk.present, strict=True)):
-        eff = _effects(task.keys[f], ids) * _amplitude(cfg, ids)
+        eff = id_effects(task.keys[f], ids) * _amplitude(cfg, ids)
         eff = eff if lens is None else _bag_means(eff, lens)
-        missing = _effects(task.missing_keys[f], np.zeros(1, np.int64))[0]
+        missing = id_effects(task.missing_keys[f], np.zeros(1, np.int64))[0]
         per_id += task.w[f] * np.where(keep, eff, missing)
     pairwise = np.zeros(n)
     rank = cfg.interaction_rank

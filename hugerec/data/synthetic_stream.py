@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from hugerec.data.schema import Schema
-from hugerec.data.synthetic import _effects, _power_law_ids
+from hugerec.data.synthetic import id_effects, power_law_ids
 
 SECONDS_PER_DAY = 86400
 TIME_COLUMN = "ts"
@@ -140,7 +140,7 @@ class Stream:
         out = np.zeros(cfg.vocabulary, np.int64)
         for d in range(1, day + 1):
             key = self._churn_keys[feature] ^ np.uint64(d * 0x9E3779B1)
-            u = _effects(key, ranks) / (2 * math.sqrt(3.0)) + 0.5  # unit variance on [-sqrt3, sqrt3) -> [0, 1)
+            u = id_effects(key, ranks) / (2 * math.sqrt(3.0)) + 0.5  # unit variance on [-sqrt3, sqrt3) -> [0, 1)
             out += u < cfg.churn
         return out
 
@@ -150,7 +150,7 @@ class Stream:
         keys = np.empty((cfg.num_sparse, n), np.int64)
         for f in range(cfg.num_sparse):
             alpha = cfg.shift_alpha if f == 0 and cfg.shifted(day) else cfg.alpha
-            ranks = _power_law_ids(rng.random(n), cfg.vocabulary, alpha)
+            ranks = power_law_ids(rng.random(n), cfg.vocabulary, alpha)
             keys[f] = ranks + cfg.vocabulary * self.epochs(f, day)[ranks]
         dense = rng.standard_normal((n, cfg.num_dense))
         if cfg.shifted(day):
@@ -164,7 +164,7 @@ class Stream:
         logit = np.full(keys.shape[1], self._bias)
         for f in range(cfg.num_sparse):
             c = concept if f < drifted else 0
-            logit += self._w[f] * _effects(self._keys[c, f], keys[f])
+            logit += self._w[f] * id_effects(self._keys[c, f], keys[f])
         sign = -1.0 if concept else 1.0
         return logit + dense @ (sign * self._c)
 

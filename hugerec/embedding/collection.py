@@ -574,9 +574,15 @@ class EmbeddingCollection(nn.Module):
         return known
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> EmbeddingCollection:
-        """Device moves (`.to`, `.cuda`, `.cpu`) move the fused buffers; dtype casts leave the storage dtype."""
+        """Device moves (`.to`, `.cuda`, `.cpu`) move the fused buffers; dtype casts leave the storage dtype.
+        On CUDA with Triton installed the dynamic tables' hash tables move to the device too (their remap
+        then runs there); elsewhere they stay on the host."""
         super()._apply(fn, recurse)
         self._fused.apply(fn)
+        device = self._fused.device
+        on_device = device.type == "cuda" and ops.HAS_TRITON
+        for h in self._hash_tables.values():
+            h.move(device if on_device else None)
         return self
 
 

@@ -1,7 +1,8 @@
 """FeatureRemap: raw keys -> rows for every dynamic table of a batch, one kernel for the tables side by side.
 
 The collection calls it once per batch (training: `find_or_insert` at each table's step; eval: `find`)
-through each `HashTable`'s public numpy paths and `kernel_view()`.
+through each `HashTable`'s public numpy paths and `kernel_view()`, or, for tables moved to a device
+(`HashTable.move`, the collection on CUDA), through their tensor paths: the keys never leave the device.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ class FeatureRemap:
         """(rows [N], reset rows per table) of a batch; `bounds` [F + 1] int64, where the caller has them,
         are the features' value ranges in features.values (else they are summed from the lengths)."""
         values = features.values
+        if any(t.device is not None for t in self._tables.values()):
+            return self._on_device(features, steps, bounds)
         if bounds is None:
             num_features, batch = len(features.keys), features.batch_size
             counts = features.lengths.cpu().numpy().reshape(num_features, batch).sum(axis=1, dtype=np.int64)
@@ -111,6 +114,39 @@ class FeatureRemap:
             a, b = int(bounds[f]), int(bounds[f + 1])
             rows_np[a:b] = keys_np[a:b]
         return torch.from_numpy(rows_np).to(values.device), reset
+
+    def _on_device(
+        self, features: SparseFeatures, steps: Steps, bounds: np.ndarray | None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The remap of tables on a device: each table's keys (its features' spans, concatenated when it has
+        several) through its tensor path, on the device of the values; other features' ids pass through."""
+        values = features.values
+        if bounds is None:
+            num_features, batch = len(features.keys), features.batch_size
+            counts = features.lengths.cpu().numpy().reshape(num_features, batch).sum(axis=1, dtype=np.int64)
+            bounds = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(counts)])
+        layout = self._layout(features.keys)
+        rows = values.clone()
+        reset: dict[str, torch.Tensor] = {}
+        spans_of = [(name, (int(f),)) for name, f in zip(layout.single, layout.single_feature.tolist(), strict=True)]
+        for name, fs in [*spans_of, *layout.shared]:
+            table = self._tables[name]
+            spans = [(int(bounds[f]), int(bounds[f + 1])) for f in fs]
+            keys = values[spans[0][0] : spans[0][1]] if len(spans) == 1 else torch.cat([values[a:b] for a, b in spans])
+            if steps is None:
+                mapped = table.find_tensor(keys.contiguous())
+            else:
+                step = max(table.step, 0) + 1 if isinstance(steps, str) else steps[name]
+                if step < table.step:  # the host path's message
+                    table.find_or_insert(keys[:0], step)
+                mapped, recycled = table.find_or_insert_tensor(keys.contiguous(), step)
+                if recycled.numel():
+                    reset[name] = recycled
+            done = 0
+            for a, b in spans:
+                rows[a:b] = mapped[done : done + b - a]
+                done += b - a
+        return rows, reset
 
     def _one_table(
         self,

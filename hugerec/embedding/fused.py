@@ -83,7 +83,7 @@ def padded_dim(dim: int, itemsize: int) -> int:
 
 
 @dataclass
-class TableGroup:
+class FusedGroup:
     """Tables sharing (dim, dtype, optimizer): one weight buffer [R, D_pad] and one state buffer [R, S]."""
 
     dim: int
@@ -122,7 +122,7 @@ class FusedTables:
         keys: dict[tuple[int, torch.dtype, Optimizer], list[TableConfig]] = {}
         for t in tables:
             keys.setdefault((t.dim, t.dtype.torch_dtype, self.optimizers[t.name]), []).append(t)
-        self.groups: list[TableGroup] = []
+        self.groups: list[FusedGroup] = []
         self.slots: dict[str, TableSlot] = {}
         self.steps: dict[str, int] = {t.name: 0 for t in tables}
         self.outputs = OutputPool()  # lookup outputs, recycled across steps
@@ -141,7 +141,7 @@ class FusedTables:
             weight = huge_pages.empty((rows, d_pad), dtype, device)
             weight[:, dim:] = 0
             state = huge_pages.empty((rows, rule.state_width(dim)), torch.float32, device)
-            self.groups.append(TableGroup(dim, opt, rule, [t.name for t in members], weight, state))
+            self.groups.append(FusedGroup(dim, opt, rule, [t.name for t in members], weight, state))
         for name, t in self.configs.items():  # in table order: the random init is the in-memory tables'
             if t.storage is Storage.DISK:
                 self.tiers[name] = self._disk_tier(t)

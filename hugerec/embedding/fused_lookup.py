@@ -28,8 +28,18 @@ class GroupPlan:
     features: tuple[str, ...]  # feature name of each plan line, for error messages
 
 
-def raise_invalid(fused: FusedTables, gp: GroupPlan, values: torch.Tensor, offsets: torch.Tensor, batch: int) -> None:
-    """Names the first invalid id of the plan (the kernels only count them)."""
+def raise_invalid(
+    fused: FusedTables, plans: Sequence[GroupPlan], values: torch.Tensor, offsets: torch.Tensor, batch: int
+) -> None:
+    """Names the first invalid id of the plans (the kernels only count them)."""
+    for gp in plans:
+        _raise_first_invalid(fused, gp, values, offsets, batch)
+    raise AssertionError("a kernel counted invalid ids that the check did not find")
+
+
+def _raise_first_invalid(
+    fused: FusedTables, gp: GroupPlan, values: torch.Tensor, offsets: torch.Tensor, batch: int
+) -> None:
     group = fused.groups[gp.group]
     for name, line in zip(gp.features, gp.plan.tolist(), strict=True):
         f, num_rows, missing_ok = line[FEATURE], line[NUM_ROWS], line[MISSING_OK]
@@ -44,7 +54,6 @@ def raise_invalid(fused: FusedTables, gp: GroupPlan, values: torch.Tensor, offse
                 f"feature {name!r} (table {table!r}, num_rows {num_rows}): id {int(ids[i])} of example {example} "
                 f"is outside [0, {num_rows})"
             )
-    raise AssertionError("a kernel counted invalid ids that the check did not find")
 
 
 def _pooled_forward(
@@ -57,10 +66,10 @@ def _pooled_forward(
     columns: int,
 ) -> torch.Tensor:
     out = fused.outputs.empty((batch, columns), torch.float32, values.device)  # every column gets written
-    for gp in plans:
-        g = fused.groups[gp.group]
-        if ops.pooled_lookup(g.weight, values, offsets, per_sample_weights, gp.plan, g.dim, out):
-            raise_invalid(fused, gp, values, offsets, batch)
+    groups = [fused.groups[gp.group] for gp in plans]
+    weights, dims = [g.weight for g in groups], [g.dim for g in groups]
+    if ops.pooled_lookup_groups(weights, values, offsets, per_sample_weights, [gp.plan for gp in plans], dims, out):
+        raise_invalid(fused, plans, values, offsets, batch)
     return out
 
 
@@ -165,7 +174,7 @@ def _sequence_forward(
         g = fused.groups[gp.group]
         out = fused.outputs.empty((size, g.dim), torch.float32, values.device)
         if ops.sequence_lookup(g.weight, values, offsets, gp.plan, g.dim, batch, out):
-            raise_invalid(fused, gp, values, offsets, batch)
+            raise_invalid(fused, [gp], values, offsets, batch)
         outs.append(out)
     return tuple(outs)
 

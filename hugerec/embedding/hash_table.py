@@ -16,6 +16,11 @@ Row ids are handed out 0, 1, 2, ... until the table is full, then recycled by th
 
 Every row remembers the last step it was touched (`find_or_insert`) and how often; `changed_since`
 lists the keys touched after a step (delta export, `hugerec.embedding.delta`).
+
+Where it lives: on the host (Numba kernels over NumPy arrays, the default), or on a device after
+`move(device)` (Triton kernels over tensors, `hugerec.ops.hash_table_tensors`): then keys and rows stay
+on that device and a training step never copies ids to the host. Both give the same rows, reset
+rows, counters and state dict; `move` converts the whole state either way.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 
 from hugerec.embedding.table_config import DynamicConfig, Eviction, Missing
 from hugerec.ops import hash_table_arrays as ops
+from hugerec.ops import hash_table_tensors as device_ops
 from hugerec.ops.cpu import hash_table_kernels as layout
 
 
@@ -133,6 +139,44 @@ class HashTable:
         self._eviction = _eviction_code(self.policy.eviction)
         self._ttl = self.policy.ttl_steps if self.policy.eviction is Eviction.TTL else -1  # -1: no expiry
         self._arrays = self._allocate()
+        self._tensors: device_ops.HashTableTensors | None = None  # the state while on a device (`move`)
+
+    # -- where the table lives ---------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device | None:
+        """The device holding the table (`move`), or None: the host's NumPy arrays."""
+        return None if self._tensors is None else self._tensors.device
+
+    def move(self, device: torch.device | str | None) -> HashTable:
+        """Moves the whole state (mapping, scores, free rows, sketch, counters) to `device`'s tensors, or with
+        None back to the host's arrays; returns self. A CUDA device runs the Triton kernels; the CPU device
+        runs them only under Triton's interpreter (tests)."""
+        if device is None:
+            if self._tensors is not None:
+                self._arrays = self._tensors.to_arrays(self._eviction)
+                self._tensors = None
+            return self
+        target = torch.device(device)
+        if self._tensors is not None and self._tensors.device == target:
+            return self
+        self._tensors = device_ops.HashTableTensors.from_arrays(self._host(), target)
+        return self
+
+    @property
+    def tensors(self) -> device_ops.HashTableTensors | None:
+        """The device state (`move`), or None on the host: what the device kernels take (benchmarks, tests)."""
+        return self._tensors
+
+    def _host(self) -> ops.HashTableArrays:
+        """The state as the host's arrays (a copy while the table is on a device)."""
+        return self._arrays if self._tensors is None else self._tensors.to_arrays(self._eviction)
+
+    def _on_host(self, method: str) -> None:
+        if self._tensors is not None:
+            raise ValueError(f"{self._where(method)}: the table is on {self._tensors.device}; use the tensor methods")
+
+    def _meta(self) -> np.ndarray:
+        return self._arrays.meta if self._tensors is None else self._tensors.meta
 
     def _allocate(self) -> ops.HashTableArrays:
         admission = self.policy.min_count > 1
@@ -151,10 +195,10 @@ class HashTable:
     @property
     def step(self) -> int:
         """Last step given to find_or_insert (-1 before the first)."""
-        return self._arrays.counter(layout.STEP)
+        return int(self._meta()[layout.STEP])
 
     def __len__(self) -> int:
-        return self._arrays.counter(layout.SIZE)
+        return int(self._meta()[layout.SIZE])
 
     def __repr__(self) -> str:
         return f"HashTable({self.name!r}, {len(self)}/{self.key_capacity} keys, {self.policy})"
@@ -189,6 +233,12 @@ class HashTable:
         unchanged, when the keys do not fit (see hugerec.ops.hash_table_arrays).
         """
         where = self._where("find_or_insert")
+        if self._tensors is not None:
+            step = _check_step(step, where)
+            rows_t, reset_t = self.find_or_insert_tensor(self._device_keys(keys, where), step, admit_all)
+            if out is not None:
+                out.copy_(rows_t)
+            return Insertion(rows_t, reset_t)
         k = as_keys(keys, where)
         step = _check_step(step, where)
         dest = self._out(out, k.shape[0], where)
@@ -199,7 +249,8 @@ class HashTable:
         self, keys: np.ndarray, step: int, admit_all: bool = False, out: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """`find_or_insert` without argument checks, for callers that already hold contiguous int64 keys
-        [N] and an int step >= 0 (the per-batch remap): numpy (rows, reset rows)."""
+        [N] and an int step >= 0 (the per-batch remap): numpy (rows, reset rows). Host tables only."""
+        self._on_host("find_or_insert_numpy")
         if self._ttl >= 0 and step >= self.step:
             ops.expire(self._arrays, step, self._ttl)
         rows, reset = ops.find_or_insert(
@@ -215,15 +266,52 @@ class HashTable:
         self._fill_missing(rows)
         return rows, reset
 
+    def _device_keys(self, keys: torch.Tensor | np.ndarray, where: str) -> torch.Tensor:
+        """Keys as a contiguous int64 tensor on the table's device (checked as `as_keys` checks)."""
+        assert self._tensors is not None
+        if isinstance(keys, torch.Tensor) and keys.dim() == 1 and keys.dtype == torch.int64:
+            return keys.to(self._tensors.device).contiguous()
+        return torch.from_numpy(as_keys(keys, where)).to(self._tensors.device)
+
+    def find_or_insert_tensor(
+        self, keys: torch.Tensor, step: int, admit_all: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`find_or_insert` of a table on a device, without argument checks: keys [N] int64 on its device ->
+        (rows [N], reset rows [E]) there."""
+        t = self._tensors
+        assert t is not None, "find_or_insert_tensor: the table is on the host; move it to a device first"
+        if self._ttl >= 0 and step >= self.step:
+            device_ops.expire(t, step, self._ttl)
+        rows, reset = device_ops.find_or_insert(
+            t, keys, step, self._eviction, self.policy.min_count, admit_all, where=self._where("find_or_insert")
+        )
+        if self.unknown_row is not None:
+            rows.masked_fill_(rows < 0, self.unknown_row)
+        return rows, reset
+
+    def find_tensor(self, keys: torch.Tensor) -> torch.Tensor:
+        """`find` of a table on a device: keys [N] int64 on its device -> rows [N] there."""
+        assert self._tensors is not None, "find_tensor: the table is on the host; move it to a device first"
+        rows = device_ops.lookup(self._tensors, keys)
+        if self.unknown_row is not None:
+            rows.masked_fill_(rows < 0, self.unknown_row)
+        return rows
+
     def find(self, keys: torch.Tensor | np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
         """Eval / serving lookup: keys [N] -> rows [N] (into `out` if given); missing keys get -1 or the
         unknown row. Changes nothing: concurrent `find`s are safe, a concurrent writer is not."""
         where = self._where("find")
+        if self._tensors is not None:
+            rows = self.find_tensor(self._device_keys(keys, where))
+            if out is not None:
+                out.copy_(rows)
+            return rows
         k = as_keys(keys, where)
         return torch.from_numpy(self.find_numpy(k, self._out(out, k.shape[0], where)))
 
     def find_numpy(self, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """`find` without argument checks, for contiguous int64 keys [N]: numpy rows (into `out` if given)."""
+        self._on_host("find_numpy")
         return self._fill_missing(ops.lookup(self._arrays, keys, out))
 
     def advance_to(self, step: int) -> None:
@@ -231,31 +319,35 @@ class HashTable:
         expire, as at a training step); nothing happens when the table is at `step` or later."""
         step = _check_step(step, self._where("advance_to"))
         if step > self.step:
-            self.find_or_insert_numpy(np.empty(0, dtype=np.int64), step)
+            if self._tensors is not None:
+                self.find_or_insert_tensor(torch.empty(0, dtype=torch.int64, device=self._tensors.device), step)
+            else:
+                self.find_or_insert_numpy(np.empty(0, dtype=np.int64), step)
 
     def kernel_view(self) -> KernelView:
-        """The arrays and policy codes the multi-table kernels take (see `KernelView`)."""
+        """The arrays and policy codes the multi-table kernels take (see `KernelView`); host tables only."""
+        if self._tensors is not None:
+            raise ValueError(f"{self._where('kernel_view')}: the table is on {self._tensors.device}")
         unknown = -1 if self.unknown_row is None else self.unknown_row
         return KernelView(self._arrays, self._eviction, self.policy.min_count, self._ttl, unknown)
 
     def remove(self, keys: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Drop keys; returns the row each one held (-1 where absent). Freed rows are re-initialised on reuse."""
+        if self._tensors is not None:
+            return device_ops.remove(self._tensors, self._device_keys(keys, self._where("remove")))
         return torch.from_numpy(ops.remove(self._arrays, as_keys(keys, self._where("remove"))))
 
     # -- contents --------------------------------------------------------------------------------------
     def export(self) -> HashTableContents:
-        """Every held key with its row and scores, ordered by row."""
-        a = self._arrays
-        rows = np.flatnonzero(a.row_state == layout.USED).astype(np.int64)
-        return HashTableContents(
-            torch.from_numpy(a.info[rows, layout.KEY].copy()),
-            torch.from_numpy(rows),
-            torch.from_numpy(a.info[rows, layout.LAST].copy()),
-            torch.from_numpy(a.info[rows, layout.COUNT].copy()),
-        )
+        """Every held key with its row and scores, ordered by row (CPU tensors)."""
+        return self.changed_since(-(2**62))
 
     def changed_since(self, step: int) -> HashTableContents:
-        """The held keys touched at a step > `step` (pass -1 for all), ordered by row."""
+        """The held keys touched at a step > `step` (pass -1 for all), ordered by row (CPU tensors)."""
+        if self._tensors is not None:  # selected on the device: only the changed keys cross to the host
+            t = self._tensors
+            held = torch.nonzero((t.row_state == layout.USED) & (t.last > step)).squeeze(1)
+            return HashTableContents(t.key[held].cpu(), held.cpu(), t.last[held].cpu(), t.count[held].cpu())
         a = self._arrays
         rows = np.flatnonzero((a.row_state == layout.USED) & (a.info[:, layout.LAST] > step)).astype(np.int64)
         return HashTableContents(
@@ -266,24 +358,26 @@ class HashTable:
         )
 
     def stats(self) -> HashTableStats:
-        a = self._arrays
+        meta = self._meta()
         size = len(self)
         return HashTableStats(
             size=size,
             capacity=self.key_capacity,
             load_factor=size / self.key_capacity,
-            inserts=a.counter(layout.INSERTS),
-            evictions=a.counter(layout.EVICTIONS),
-            expired=a.counter(layout.EXPIRED),
-            refused=a.counter(layout.REFUSED),
-            removed=a.counter(layout.REMOVED),
+            inserts=int(meta[layout.INSERTS]),
+            evictions=int(meta[layout.EVICTIONS]),
+            expired=int(meta[layout.EXPIRED]),
+            refused=int(meta[layout.REFUSED]),
+            removed=int(meta[layout.REMOVED]),
         )
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Everything needed to continue exactly: mapping, scores, row history, free-row order, sketch, counters."""
-        a = self._arrays
+        a = self._host()
         contents = self.export()
+        meta = a.meta.copy()
+        meta[layout.HEAP_SIZE] = 0  # the host kernels' eviction-heap fill: rebuilt on load, so not state
         return {
             "keys": contents.keys,
             "rows": contents.rows,
@@ -293,7 +387,7 @@ class HashTable:
             "free": torch.from_numpy(a.free[: a.counter(layout.N_FREE)].copy()),
             # uint16 counters travel as int16 bit patterns (torch's uint16 support is thin)
             "sketch": torch.from_numpy(a.sketch.view(np.int16).copy()),
-            "meta": torch.from_numpy(a.meta.copy()),
+            "meta": torch.from_numpy(meta),
         }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -319,7 +413,7 @@ class HashTable:
         Rows not in `contents` become free and are handed out lowest first; those that held a key
         before are re-initialised when reused.
         """
-        a = self._arrays
+        a = self._host()
         rows = as_keys(contents.rows, self._where("load"))
         row_state = np.where(a.row_state == layout.FRESH, layout.FRESH, layout.FREED).astype(np.int8)
         row_state[rows[(rows >= 0) & (rows < self.key_capacity)]] = layout.USED
@@ -375,3 +469,5 @@ class HashTable:
         ops.insert_mapping(fresh, keys, rows)
         ops.rebuild_heap(fresh, self._eviction)
         self._arrays = fresh
+        if self._tensors is not None:
+            self._tensors = device_ops.HashTableTensors.from_arrays(fresh, self._tensors.device)

@@ -1,8 +1,10 @@
-"""Layers (MLP, interactions, cross network, wide part) and models (DLRM, DCNv2, DeepFM, WideAndDeep;
-sequential: SASRec, MaskedTransformer, GRU4Rec, HSTU over [B, L] item sequences).
+"""Layers (MLP, interactions, cross network, wide part), models (ranking: DLRM, DCNv2, DeepFM, WideAndDeep;
+retrieval: TwoTower, MatrixFactorization; sequential: SASRec, MaskedTransformer, GRU4Rec, HSTU over [B, L] item
+sequences; trees: LightGBM / XGBoost configs and boosters) and the registry that names them.
 
-Every model takes a Batch and returns logits [B]; `build_model(config, tables, num_dense, optimizer)`
-builds one from plain data (`model_config_from_dict({"type": "dlrm", ...})`).
+`config_from_dict({"type": "dlrm", ...})` reads any model type's config (`REGISTRY`, `model_type`);
+`build_model(config, tables, num_dense, optimizer)` builds a ranking model from plain data,
+`build_model(config, optimizer=..., num_users=U, num_items=I)` a retrieval or sequential one.
 """
 
 from hugerec.models.crossnet import CrossNet
@@ -10,26 +12,36 @@ from hugerec.models.dcn import CrossStructure, DCNv2
 from hugerec.models.deepfm import DeepFM
 from hugerec.models.dlrm import DLRM
 from hugerec.models.feature_interactions import DotInteraction, FMInteraction
-from hugerec.models.gbm import GBM_TYPES, FeatureMatrix, GBMConfig, Library, TreeModel, is_ranking, library_of, require
+from hugerec.models.gbm import (
+    FeatureMatrix,
+    GBMConfig,
+    Library,
+    TreeModel,
+    is_ranking,
+    library_of,
+    require,
+)
 from hugerec.models.gru4rec import GRU4Rec
-from hugerec.models.hstu import HSTU, HSTUOptions
+from hugerec.models.hstu import HSTU, HSTUConfig, HSTUOptions
 from hugerec.models.masked import MaskedTransformer
-from hugerec.models.mf import MatrixFactorization
+from hugerec.models.mf import MatrixFactorization, MFConfig
 from hugerec.models.mlp import MLP, Activation
 from hugerec.models.model import RecModel
-from hugerec.models.model_config import (
-    DCNv2Config,
-    DeepFMConfig,
-    DLRMConfig,
+from hugerec.models.model_config import DCNv2Config, DeepFMConfig, DLRMConfig, WideAndDeepConfig
+from hugerec.models.objectives import Negatives
+from hugerec.models.registry import (
+    REGISTRY,
+    Family,
     ModelConfig,
-    WideAndDeepConfig,
+    ModelType,
     build_model,
-    model_config_from_dict,
-    model_config_to_dict,
-    model_name,
+    config_from_dict,
+    config_to_dict,
+    model_type,
+    type_of,
 )
 from hugerec.models.sasrec import SASRec
-from hugerec.models.sequence import PAD, SequenceConfig
+from hugerec.models.sequence import PAD, GRU4RecConfig, MLMConfig, SASRecConfig, SequenceConfig, SequenceModelConfig
 from hugerec.models.two_tower import Similarity, TwoTower, TwoTowerConfig
 from hugerec.models.vector_features import VectorArch, VectorFeature
 from hugerec.models.wide import WideArch, wide_tables
@@ -37,10 +49,10 @@ from hugerec.models.wide_deep import WideAndDeep
 
 __all__ = [
     "DLRM",
-    "GBM_TYPES",
     "HSTU",
     "MLP",
     "PAD",
+    "REGISTRY",
     "Activation",
     "CrossNet",
     "CrossStructure",
@@ -51,17 +63,26 @@ __all__ = [
     "DeepFMConfig",
     "DotInteraction",
     "FMInteraction",
+    "Family",
     "FeatureMatrix",
     "GBMConfig",
     "GRU4Rec",
+    "GRU4RecConfig",
+    "HSTUConfig",
     "HSTUOptions",
     "Library",
+    "MFConfig",
+    "MLMConfig",
     "MaskedTransformer",
     "MatrixFactorization",
     "ModelConfig",
+    "ModelType",
+    "Negatives",
     "RecModel",
     "SASRec",
+    "SASRecConfig",
     "SequenceConfig",
+    "SequenceModelConfig",
     "Similarity",
     "TreeModel",
     "TwoTower",
@@ -72,11 +93,12 @@ __all__ = [
     "WideAndDeepConfig",
     "WideArch",
     "build_model",
+    "config_from_dict",
+    "config_to_dict",
     "is_ranking",
     "library_of",
-    "model_config_from_dict",
-    "model_config_to_dict",
-    "model_name",
+    "model_type",
     "require",
+    "type_of",
     "wide_tables",
 ]

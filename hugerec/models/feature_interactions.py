@@ -35,7 +35,7 @@ class DotInteraction(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 3 or x.shape[1] != self.num_features:
             raise ValueError(f"DotInteraction: expected [B, F={self.num_features}, D], got shape {tuple(x.shape)}")
-        if dot_interaction.kernel_applies(None, x):
+        if dot_interaction.kernel_applies(None, x) or dot_interaction.triton_path(None, x):
             return dot_interaction.dot_interaction(None, x, self.self_interaction)
         gram = torch.bmm(x, x.transpose(1, 2))  # [B, F, D] x [B, D, F] -> [B, F, F]
         return gram.flatten(1).index_select(1, self.pair_index)  # [B, F*F] -> [B, F*(F-1)/2]
@@ -52,7 +52,7 @@ class DotInteraction(nn.Module):
                 f"DotInteraction: expected [B, D] and [B, F-1={self.num_features - 1}, D], got shapes "
                 f"{tuple(first.shape)} and {tuple(rest.shape)}"
             )
-        if dot_interaction.kernel_applies(first, rest):
+        if dot_interaction.kernel_applies(first, rest) or dot_interaction.triton_path(first, rest):
             return dot_interaction.dot_interaction(first, rest, self.self_interaction)
         return self(torch.cat([first.unsqueeze(1), rest.to(first.dtype)], dim=1))
 

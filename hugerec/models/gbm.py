@@ -14,8 +14,8 @@
     TreeModel(library, booster).margin(x) -> raw scores [N] (logits for the binary objective)
 
 The model files are the libraries' own formats (LightGBM's text model, XGBoost's JSON); nothing is
-pickled. Training lives in hugerec.training.gbm, the matrix reader in hugerec.data.matrix, serving in
-hugerec.serving.gbm.
+pickled. Training lives in hugerec.training.gbm_fit, the matrix reader in hugerec.data.matrix, serving in
+hugerec.serving.bundles.gbm_bundle.
 """
 
 from __future__ import annotations
@@ -156,10 +156,6 @@ class XGBoostConfig:
 
 
 GBMConfig = LightGBMConfig | XGBoostConfig
-GBM_TYPES: dict[str, type[LightGBMConfig] | type[XGBoostConfig]] = {
-    Library.LIGHTGBM.value: LightGBMConfig,
-    Library.XGBOOST.value: XGBoostConfig,
-}
 
 
 def is_ranking(config: GBMConfig) -> bool:

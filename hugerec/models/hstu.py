@@ -44,7 +44,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from hugerec.embedding.optimizers import Optimizer
-from hugerec.models.sequence import DEFAULT_OPTIMIZER, PAD, ItemLookup, Objective, SequenceConfig, last_position
+from hugerec.models.sequence import (
+    DEFAULT_OPTIMIZER,
+    PAD,
+    ItemLookup,
+    Objective,
+    SequenceConfig,
+    SequenceModelConfig,
+    last_position,
+)
 from hugerec.ops.jagged_attention import jagged_causal_attention, pair_positions
 from hugerec.ops.reference import padded_causal_attention
 
@@ -65,15 +73,16 @@ class HSTUOptions:
 
     attention_dim: int = 0
     time_buckets: int = 64
-    temperature: float = 0.05
+    temperature: float = 0.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.attention_dim, int) or self.attention_dim < 0:
+        if isinstance(self.attention_dim, bool) or not isinstance(self.attention_dim, int) or self.attention_dim < 0:
             raise ValueError(f"HSTUOptions: attention_dim must be an int >= 0, got {self.attention_dim!r}")
-        if not isinstance(self.time_buckets, int) or self.time_buckets < 1:
+        if isinstance(self.time_buckets, bool) or not isinstance(self.time_buckets, int) or self.time_buckets < 1:
             raise ValueError(f"HSTUOptions: time_buckets must be an int >= 1, got {self.time_buckets!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"HSTUOptions: temperature must be >= 0, got {self.temperature!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < math.inf:
+            raise ValueError(f"HSTUOptions: temperature must be a finite number >= 0, got {t!r}")
 
 
 class _TableGather(torch.autograd.Function):
@@ -100,6 +109,23 @@ def table_gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return table[index]
     out: torch.Tensor = _TableGather.apply(table, index)
     return out
+
+
+@dataclass(frozen=True)
+class HSTUConfig(SequenceModelConfig):
+    """model.type = "hstu": SequenceModelConfig's fields (num_heads: HSTU heads) plus HSTUOptions' (the same
+    defaults: `build_model(HSTUConfig())` and `HSTU(cfg)` are the same model)."""
+
+    attention_dim: int = HSTUOptions.attention_dim
+    time_buckets: int = HSTUOptions.time_buckets
+    temperature: float = HSTUOptions.temperature
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.options()  # HSTUOptions' checks, now
+
+    def options(self) -> HSTUOptions:
+        return HSTUOptions(self.attention_dim, self.time_buckets, self.temperature)
 
 
 def time_buckets(delta: torch.Tensor, num_buckets: int) -> torch.Tensor:

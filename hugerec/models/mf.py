@@ -9,14 +9,41 @@ The same interface as `TwoTower`, so losses, metrics, the index and recommend wo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import Adam, Optimizer
 from hugerec.embedding.table_config import DynamicConfig, Normal, TableConfig
+from hugerec.models.objectives import RETRIEVAL_LOSSES, Negatives, check_objective
 from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import JaggedTensor
+
+
+@dataclass(frozen=True)
+class MFConfig:
+    """[model] type = "mf": dim, the rows' init_std, temperature (logits are p_u . q_i / temperature) and
+    the training objective as for the two-tower (`hugerec.models.objectives`)."""
+
+    dim: int = 64
+    temperature: float = 1.0
+    init_std: float = 0.1
+    loss: str = "sampled_softmax"
+    negatives: str = Negatives.MIXED.value  # a Negatives value
+    num_negatives: int = 1024
+    alpha: float = 0.0
+    logq: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 1:
+            raise ValueError(f"MFConfig: dim must be an integer >= 1, got {self.dim!r}")
+        for name in ("temperature", "init_std"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+                raise ValueError(f"MFConfig: {name} must be > 0, got {v!r}")
+        check_objective(self, "MFConfig", RETRIEVAL_LOSSES)
 
 
 class MatrixFactorization(nn.Module):

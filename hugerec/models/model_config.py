@@ -7,13 +7,12 @@ build_model(config, tables, num_dense=13, optimizer=RowWiseAdagrad(lr=0.01)) -> 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hugerec.embedding.collection import EmbeddingCollection
-from hugerec.embedding.optimizers import Ftrl, Optimizer, optimizer_from_dict, optimizer_to_dict
+from hugerec.embedding.optimizers import Ftrl, Optimizer
 from hugerec.embedding.table_config import TableConfig
 from hugerec.models.dcn import CrossStructure, DCNv2
 from hugerec.models.deepfm import DeepFM
@@ -127,65 +126,11 @@ class WideAndDeepConfig:
         _check_optimizer(self.wide_optimizer, "WideAndDeepConfig")
 
 
-ModelConfig = DLRMConfig | DCNv2Config | DeepFMConfig | WideAndDeepConfig
-_BY_NAME: dict[str, type] = {
-    "dlrm": DLRMConfig,
-    "dcn_v2": DCNv2Config,
-    "deepfm": DeepFMConfig,
-    "wide_and_deep": WideAndDeepConfig,
-}
+RankingConfig = DLRMConfig | DCNv2Config | DeepFMConfig | WideAndDeepConfig
 
 
-def model_name(config: ModelConfig) -> str:
-    match config:
-        case DLRMConfig():
-            return "dlrm"
-        case DCNv2Config():
-            return "dcn_v2"
-        case DeepFMConfig():
-            return "deepfm"
-        case WideAndDeepConfig():
-            return "wide_and_deep"
-
-
-def model_config_to_dict(config: ModelConfig) -> dict[str, Any]:
-    """JSON/TOML-ready: enums as their values, tuples as lists, the wide optimizer as its dict."""
-    out: dict[str, Any] = {"type": model_name(config)}
-    for f in dataclasses.fields(config):
-        v = getattr(config, f.name)
-        match v:
-            case Activation() | CrossStructure():
-                out[f.name] = v.value
-            case tuple() if f.name == "vectors":
-                out[f.name] = [dataclasses.asdict(x) for x in v]
-            case tuple():
-                out[f.name] = list(v)
-            case _ if f.name == "wide_optimizer":
-                out[f.name] = optimizer_to_dict(v)
-            case _:
-                out[f.name] = v
-    return out
-
-
-def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
-    """{"type": "dlrm" | "dcn_v2" | "deepfm" | "wide_and_deep", field: value, ...} -> config."""
-    d = dict(d)
-    kind = d.pop("type", None)
-    if kind not in _BY_NAME:
-        raise ValueError(f"model: unknown type {kind!r}; expected one of {sorted(_BY_NAME)}")
-    cls = _BY_NAME[kind]
-    known = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(d) - set(known))
-    if unknown:
-        raise ValueError(f"model {kind!r}: unknown keys {unknown}; valid keys are {known}")
-    if isinstance(d.get("wide_optimizer"), dict):
-        d["wide_optimizer"] = optimizer_from_dict(d["wide_optimizer"])
-    config: ModelConfig = cls(**d)
-    return config
-
-
-def build_model(config: ModelConfig, tables: Sequence[TableConfig], num_dense: int, optimizer: Optimizer) -> RecModel:
-    """The model `config` describes, with fresh EmbeddingCollections over `tables`.
+def build_ranking(config: RankingConfig, tables: Sequence[TableConfig], num_dense: int, optimizer: Optimizer) -> RecModel:
+    """The ranking model `config` describes, with fresh EmbeddingCollections over `tables`.
 
     `optimizer` is the sparse optimizer of the embedding tables (a table's own `optimizer` wins);
     wide parts get dim-1 twins of `tables` (see `wide_tables`) trained with `config.wide_optimizer`.

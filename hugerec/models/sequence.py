@@ -23,6 +23,7 @@ from torch import nn
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import Adam, Optimizer
 from hugerec.embedding.table_config import DynamicConfig, Normal, Pooling, TableConfig
+from hugerec.models.objectives import SEQUENCE_LOSSES, Negatives, check_objective
 from hugerec.sparse.features import SparseFeatures
 
 PAD = 0
@@ -67,6 +68,56 @@ class SequenceConfig:
     @property
     def mask_id(self) -> int:
         return self.num_items + 1
+
+
+@dataclass(frozen=True)
+class SequenceModelConfig:
+    """What [model] says of a sequential model (SASRecConfig, MLMConfig, GRU4RecConfig): SequenceConfig's
+    data-independent fields (the catalogue's size comes from the data: `sequence_config(num_items)`) and
+    the training objective (`hugerec.models.objectives`: "full_softmax" over the catalogue for small ones,
+    "sampled_softmax" for huge ones, "bce": one negative, classic SASRec). Histories longer than max_len
+    keep their last max_len items."""
+
+    max_len: int = 50
+    dim: int = 64
+    num_layers: int = 2
+    num_heads: int = 1
+    dropout: float = 0.2
+    loss: str = "full_softmax"
+    negatives: str = Negatives.MIXED.value  # a Negatives value
+    num_negatives: int = 1024
+    alpha: float = 0.0
+    logq: bool = True
+
+    def __post_init__(self) -> None:
+        self.sequence_config(1)  # SequenceConfig's checks of the shared fields, now
+        check_objective(self, type(self).__name__, SEQUENCE_LOSSES)
+
+    def sequence_config(self, num_items: int, dynamic: DynamicConfig | None = None) -> SequenceConfig:
+        """The built model's config over a catalogue of `num_items` items."""
+        return SequenceConfig(num_items, self.max_len, self.dim, self.num_layers, self.num_heads, self.dropout, dynamic)
+
+
+@dataclass(frozen=True)
+class SASRecConfig(SequenceModelConfig):
+    """model.type = "sasrec": causal self-attention, each position predicts the next item."""
+
+
+@dataclass(frozen=True)
+class GRU4RecConfig(SequenceModelConfig):
+    """model.type = "gru4rec": a GRU over the sequence (num_heads is not used)."""
+
+
+@dataclass(frozen=True)
+class MLMConfig(SequenceModelConfig):
+    """model.type = "mlm": the masked transformer (BERT4Rec); mask_prob: the fraction of items it hides."""
+
+    mask_prob: float = 0.2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.mask_prob, bool) or not isinstance(self.mask_prob, int | float) or not 0.0 < self.mask_prob < 1.0:
+            raise ValueError(f"mask_prob must be in (0, 1), got {self.mask_prob!r}")
 
 
 def item_table(cfg: SequenceConfig) -> TableConfig:

@@ -34,6 +34,7 @@ from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import Adam, Optimizer
 from hugerec.embedding.table_config import DynamicConfig, Normal, Pooling, TableConfig
 from hugerec.models.mlp import MLP
+from hugerec.models.objectives import RETRIEVAL_LOSSES, Negatives, check_objective
 from hugerec.models.vector_features import VectorArch, VectorFeature, vector_features
 from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import JaggedTensor, lengths_to_offsets
@@ -60,6 +61,9 @@ class TwoTowerConfig:
     item_features       (name, cardinality) of static item side features
     vectors             item vector features (VectorFeature keyed by feature "item_id", or their dicts),
                         each LayerNorm'ed and projected to embedding_dim in the item tower
+    loss, negatives, num_negatives, alpha, logq   the training objective (`hugerec.models.objectives`):
+                        "sampled_softmax" (in-batch and/or sampled negatives, log-Q corrected) or "bpr"
+    mask_history        sampled softmax: a row's history items are not its negatives
     """
 
     dim: int = 64
@@ -75,8 +79,17 @@ class TwoTowerConfig:
     user_features: tuple[tuple[str, int], ...] = field(default=())
     item_features: tuple[tuple[str, int], ...] = field(default=())
     vectors: tuple[VectorFeature, ...] = ()
+    loss: str = "sampled_softmax"
+    negatives: str = Negatives.MIXED.value  # a Negatives value
+    num_negatives: int = 1024
+    alpha: float = 0.0
+    logq: bool = True
+    mask_history: bool = False
 
     def __post_init__(self) -> None:
+        check_objective(self, "TwoTowerConfig", RETRIEVAL_LOSSES)
+        if self.mask_history and self.loss != "sampled_softmax":
+            raise ValueError(f"mask_history = true applies to loss = 'sampled_softmax', got loss = {self.loss!r}")
         object.__setattr__(self, "vectors", vector_features(self.vectors, "TwoTowerConfig"))
         keyed = [v.feature for v in self.vectors if v.feature != "item_id"]
         if keyed:

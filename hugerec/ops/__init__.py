@@ -1,5 +1,7 @@
 """Embedding kernels: tensor in, tensor out. Each op below is the contract; it runs the Numba kernel
-for CPU tensors and the plain-torch reference (`hugerec.ops.reference`) anywhere else.
+for CPU tensors, the Triton kernel (`hugerec.ops.gpu`) for CUDA tensors where Triton is installed
+(`HAS_TRITON`, decided once at import; Triton itself is imported only by the first CUDA call), and
+the plain-torch reference (`hugerec.ops.reference`) anywhere else.
 
 Common arguments (shape letters: B batch, F features, N ids, R rows, D dim, C output columns):
     weight             [R, D_pad] fp32 / bf16 / fp16: one table group, tables' rows back to back;
@@ -13,6 +15,11 @@ Common arguments (shape letters: B batch, F features, N ids, R rows, D dim, C ou
 """
 
 from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import Iterator, Sequence
+from types import ModuleType
 
 import torch
 
@@ -29,13 +36,46 @@ __all__ = [
     "bag_offsets",
     "per_sample_weight_grad",
     "pooled_lookup",
+    "pooled_lookup_groups",
     "sequence_lookup",
     "sparse_backward",
+    "triton_applies",
+    "triton_on_cpu",
 ]
 
 
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+_TRITON_ON_CPU = [False]
+
+
+@contextlib.contextmanager
+def triton_on_cpu() -> Iterator[None]:
+    """Within it, CPU tensors take the Triton kernels too (run by Triton's interpreter: set TRITON_INTERPRET=1
+    before anything imports hugerec.ops.gpu). How the tests and the GPU benchmark's dry run exercise the CUDA
+    path without CUDA; far too slow for anything else."""
+    _TRITON_ON_CPU[0] = True
+    try:
+        yield
+    finally:
+        _TRITON_ON_CPU[0] = False
+
+
 def _numba(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu"
+    return weight.device.type == "cpu" and not _TRITON_ON_CPU[0]
+
+
+def _triton(weight: torch.Tensor) -> bool:
+    return HAS_TRITON and (weight.device.type == "cuda" or (_TRITON_ON_CPU[0] and weight.device.type == "cpu"))
+
+
+def triton_applies(t: torch.Tensor) -> bool:
+    """Whether ops on tensors of t's device run the Triton kernels."""
+    return _triton(t)
+
+
+def _gpu(module: str) -> ModuleType:
+    """hugerec.ops.gpu.<module>, imported on first use (it imports Triton)."""
+    return importlib.import_module(f"hugerec.ops.gpu.{module}")
 
 
 def bag_offsets(lengths: torch.Tensor, out: torch.Tensor) -> None:
@@ -44,8 +84,10 @@ def bag_offsets(lengths: torch.Tensor, out: torch.Tensor) -> None:
     Written into a buffer the caller reuses (SparseFeatures.offsets() allocates, which costs page faults
     at every step under glibc's malloc).
     """
-    if out.device.type == "cpu":
+    if _numba(out):
         cpu_lookup.bag_offsets(lengths, out)
+    elif _triton(out):
+        _gpu("lookup_kernels").bag_offsets(lengths, out)
     else:
         reference.bag_offsets(lengths, out)
 
@@ -67,7 +109,44 @@ def pooled_lookup(
     """
     if _numba(weight):
         return cpu_lookup.pooled_lookup(weight, values, offsets, per_sample_weights, plan, dim, out)
+    if _triton(weight):
+        return int(_gpu("lookup_kernels").pooled_lookup(weight, values, offsets, per_sample_weights, plan, dim, out))
     return reference.pooled_lookup(weight, values, offsets, per_sample_weights, plan, dim, out)
+
+
+def pooled_lookup_groups(
+    weights: Sequence[torch.Tensor],
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: torch.Tensor | None,
+    plans: Sequence[torch.Tensor],
+    dims: Sequence[int],
+    out: torch.Tensor,
+) -> int:
+    """`pooled_lookup` of several table groups (weights[g], plans[g], dims[g]) into one out [B, C]; returns
+    the invalid ids of all groups. On CUDA the groups of one storage dtype share one launch (tables of
+    mixed dims in one kernel), and the count is read back once for all of them."""
+    if not weights or not _triton(weights[0]):
+        return sum(
+            pooled_lookup(w, values, offsets, per_sample_weights, p, d, out)
+            for w, p, d in zip(weights, plans, dims, strict=True)
+        )
+    kernels = _gpu("lookup_kernels")
+    counts = []
+    for dtype in dict.fromkeys(w.dtype for w in weights):
+        picked = [i for i, w in enumerate(weights) if w.dtype == dtype]
+        counts.append(
+            kernels.pooled_lookup_groups(
+                [weights[i] for i in picked],
+                values,
+                offsets,
+                per_sample_weights,
+                [plans[i] for i in picked],
+                [dims[i] for i in picked],
+                out,
+            )
+        )
+    return int(torch.cat(counts).sum().item())
 
 
 def sequence_lookup(
@@ -85,6 +164,8 @@ def sequence_lookup(
     """
     if _numba(weight):
         return cpu_lookup.sequence_lookup(weight, values, offsets, plan, dim, batch_size, out)
+    if _triton(weight):
+        return int(_gpu("lookup_kernels").sequence_lookup(weight, values, offsets, plan, dim, batch_size, out))
     return reference.sequence_lookup(weight, values, offsets, plan, dim, batch_size, out)
 
 
@@ -125,7 +206,8 @@ def sparse_backward(
             workspace,
         )
     else:
-        reference.sparse_backward(
+        backward = _gpu("sparse_backward").sparse_backward if _triton(weight) else reference.sparse_backward
+        backward(
             weight,
             state,
             values,

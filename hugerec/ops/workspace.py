@@ -23,6 +23,13 @@ class Workspace:
     def __init__(self) -> None:
         self._arrays: dict[str, np.ndarray] = {}
         self._row_map: np.ndarray | None = None
+        self._calls = 0
+
+    def next_seed(self) -> int:
+        """A new seed per call (0, 1, 2, ...): the GPU backward's stochastic rounding draws from it, so a
+        run is reproducible and two updates of one row never reuse their random bits."""
+        self._calls += 1
+        return self._calls
 
     def array(self, name: str, size: int, dtype: type[np.generic]) -> np.ndarray:
         """A [size] array (contents undefined) reused across calls; grows by 1.5x when too small."""

@@ -8,23 +8,24 @@ Embedding rows live in a hierarchical parameter server: cache (bounded, GPU when
 memory (in process, or Redis) -> RocksDB (survives restarts).
 """
 
-from hugerec.serving.batching import BatchingConfig
-from hugerec.serving.bundle import Bundle
-from hugerec.serving.bundle_loader import ServeOptions, load_bundle
-from hugerec.serving.cache import CacheConfig, CachePolicy
-from hugerec.serving.export import export_bundle, export_checkpoint
-from hugerec.serving.features import FeatureStore
-from hugerec.serving.gbm import GBMModel, export_gbm_bundle, load_gbm_bundle
-from hugerec.serving.inference_model import InferenceModel
-from hugerec.serving.next_items import export_next_items
-from hugerec.serving.parameter_server import ParameterServer, TableSpec, TableUpdate
-from hugerec.serving.pipeline.bundle import export_pipeline, load_pipeline
-from hugerec.serving.pipeline.config import declaration_from_dict, declaration_to_dict
-from hugerec.serving.protocol import RequestError
-from hugerec.serving.request_log import RequestLogConfig
-from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig, serve
-from hugerec.serving.updates import publish_to_directory, publish_to_stream
-from hugerec.serving.version_delta import read_version_delta, write_version_delta
+from hugerec.serving.bundles.bundle_loader import ServeOptions, load_bundle
+from hugerec.serving.bundles.export import export_bundle, export_checkpoint
+from hugerec.serving.bundles.gbm_bundle import export_gbm_bundle, load_gbm_bundle
+from hugerec.serving.bundles.model_bundle import Bundle
+from hugerec.serving.bundles.next_items_bundle import export_next_items
+from hugerec.serving.bundles.pipeline_bundle import export_pipeline, load_pipeline
+from hugerec.serving.bundles.version_delta import read_version_delta, write_version_delta
+from hugerec.serving.http.request_log import RequestLogConfig
+from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig, serve
+from hugerec.serving.pipeline.declaration import declaration_from_dict, declaration_to_dict
+from hugerec.serving.pipeline.feature_store import FeatureStore
+from hugerec.serving.runtime.batching import BatchingConfig
+from hugerec.serving.runtime.gbm_model import GBMModel
+from hugerec.serving.runtime.inference_model import InferenceModel
+from hugerec.serving.runtime.inference_protocol import RequestError
+from hugerec.serving.store.cache import CacheConfig, CachePolicy
+from hugerec.serving.store.parameter_server import ParameterServer, TableSpec, TableUpdate
+from hugerec.serving.store.updates import publish_to_directory, publish_to_stream
 
 __all__ = [
     "BackgroundServer",

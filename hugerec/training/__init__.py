@@ -1,12 +1,13 @@
 """Training: `fit`, `evaluate`, `predict`, metrics, checkpoints, the model file and the learning-rate schedule."""
 
 from hugerec.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from hugerec.training.declared_loss import retrieval_loss, sequence_loss
 from hugerec.training.defaults import auto_batch_size
 from hugerec.training.early_stopping import EarlyStopping
-from hugerec.training.gbm import TreeHistory, evaluate_trees, fit_trees, library_version
-from hugerec.training.losses import BPR, Negatives, NegativeSampler, RetrievalLoss, SampledSoftmax, bpr, sampled_softmax
+from hugerec.training.gbm_fit import TreeHistory, evaluate_trees, fit_trees, library_version
+from hugerec.training.losses import BPR, NegativeSampler, RetrievalLoss, SampledSoftmax, bpr, sampled_softmax
 from hugerec.training.metrics import BinaryMetrics, auc, calibration, logloss, ndcg_at_k, recall_at_k
-from hugerec.training.model_file import SavedModel, load_model, model_file_task, save_model
+from hugerec.training.model_file import RawIds, SavedModel, load_model, save_model
 from hugerec.training.precision import Precision
 from hugerec.training.ranking_metrics import evaluate_ranking, list_metrics
 from hugerec.training.retrieval import (
@@ -19,9 +20,7 @@ from hugerec.training.retrieval import (
     recommend,
     user_vectors,
 )
-from hugerec.training.retrieval_file import SavedRetrievalModel, load_retrieval_model, save_retrieval_model
 from hugerec.training.schedule import Schedule
-from hugerec.training.sequence_file import build_sequence_model, load_sequence_model, save_sequence_model
 from hugerec.training.sequential import (
     BCE,
     FullSoftmax,
@@ -53,15 +52,14 @@ __all__ = [
     "FullSoftmax",
     "History",
     "NegativeSampler",
-    "Negatives",
     "Precision",
+    "RawIds",
     "Recommendations",
     "RetrievalLoss",
     "RetrievalModel",
     "RetrievalTrainConfig",
     "SampledSoftmax",
     "SavedModel",
-    "SavedRetrievalModel",
     "Schedule",
     "SequenceLoss",
     "SequenceModel",
@@ -72,7 +70,6 @@ __all__ = [
     "auc",
     "auto_batch_size",
     "bpr",
-    "build_sequence_model",
     "calibration",
     "evaluate",
     "evaluate_next_item",
@@ -88,22 +85,19 @@ __all__ = [
     "list_metrics",
     "load_checkpoint",
     "load_model",
-    "load_retrieval_model",
-    "load_sequence_model",
     "logloss",
-    "model_file_task",
     "ndcg_at_k",
     "predict",
     "query_vectors",
     "recall_at_k",
     "recommend",
     "resolve_device",
+    "retrieval_loss",
     "sampled_softmax",
     "save_checkpoint",
     "save_model",
-    "save_retrieval_model",
-    "save_sequence_model",
     "seed_everything",
+    "sequence_loss",
     "user_vectors",
     "window_width",
 ]

@@ -19,7 +19,6 @@ row's own positive item but in another column, are masked out of the softmax.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-
-class Negatives(enum.Enum):
-    IN_BATCH = "in_batch"  # the other rows' positives
-    UNIFORM = "uniform"  # M items uniform over the catalogue
-    POPULARITY = "popularity"  # M items ~ count^alpha
-    MIXED = "mixed"  # in-batch plus M items ~ count^alpha (alpha = 0: uniform)
+from hugerec.models.objectives import Negatives
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@
 (`hugerec.data.sessions.last_n`), the same arrays the deep models read. A scorer returns [Q, I]
 float32 scores of items 1..I (column j is item j + 1). The variants (a closed union, one `match`):
 
-  Popular  training counts, the same row for every query.
+  MostPopular  training counts, the same row for every query.
   ItemKNN  cosine similarity of item columns of the binary sequence x item matrix (self-similarity 0),
            summed over the last n_last history items, the item a steps back weighted decay**a.
   EASE     Steck 2019: B = argmin ||X - XB||^2 + lam ||B||^2 with diag(B) = 0 on the binary sequence x
@@ -41,7 +41,8 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 import torch
-from numba import njit, prange
+
+from hugerec.ops.cpu.session_knn_kernels import session_knn_scores
 
 PAD = 0  # the padding id of histories (hugerec.models.sequence.PAD)
 ScoreBlock = Callable[[int, int], torch.Tensor]
@@ -87,7 +88,7 @@ def _check_history_params(name: str, n_last: int, decay: float) -> None:
 
 
 @dataclass(frozen=True)
-class Popular:
+class MostPopular:
     """Training counts."""
 
 
@@ -153,7 +154,7 @@ class VSKNN:
                 raise ValueError(f"VSKNN: {name} must be an int >= 1, got {v!r}")
 
 
-Baseline = Popular | ItemKNN | EASE | SLIST | SKNN | VSKNN
+Baseline = MostPopular | ItemKNN | EASE | SLIST | SKNN | VSKNN
 
 
 # -- shared pieces ------------------------------------------------------------------------------------------
@@ -258,7 +259,7 @@ class KNNScorer:
         if own_arr.shape != (len(h),):
             raise ValueError(f"KNNScorer: own must be [{len(h)}] sequence indices (-1: none), got shape {own_arr.shape}")
         out = np.zeros((len(h), self.num_items), dtype=np.float32)
-        _knn_scores(
+        session_knn_scores(
             np.ascontiguousarray(h[:, -self.n_last :]), own_arr, self.seq_offsets, self.seq_items, self.item_offsets, self.item_seqs,
             self.rank, self.k, self.sample, self.position_decay, out,
         )
@@ -268,69 +269,11 @@ class KNNScorer:
 Scorer = PopularScorer | LinearScorer | KNNScorer
 
 
-@njit(parallel=True, cache=True)
-def _knn_scores(
-    hist: np.ndarray, own: np.ndarray, seq_offsets: np.ndarray, seq_items: np.ndarray, item_offsets: np.ndarray,
-    item_seqs: np.ndarray, rank: np.ndarray, k: int, sample: int, position_decay: bool, out: np.ndarray,
-) -> None:
-    """out [Q, I] += each query's k nearest training sequences' votes (see the module docstring)."""
-    num_queries, width = hist.shape
-    num_seqs = len(rank)
-    num_items = out.shape[1]
-    for q in prange(num_queries):
-        weight = np.zeros(num_items + 1)
-        distinct = np.empty(width, dtype=np.int64)
-        n_distinct = 0
-        n_read = 0
-        for c in range(width):
-            if hist[q, c] != 0:
-                n_read += 1
-        p = 0
-        for c in range(width):  # oldest to newest: a repeat's later position overwrites its weight
-            item = hist[q, c]
-            if item == 0:
-                continue
-            p += 1
-            if weight[item] == 0.0:
-                distinct[n_distinct] = item
-                n_distinct += 1
-            weight[item] = p / n_read if position_decay else 1.0
-        if n_distinct == 0:
-            continue
-        acc = np.zeros(num_seqs)
-        touched = np.empty(num_seqs, dtype=np.int64)
-        n_touched = 0
-        for d in range(n_distinct):
-            item = distinct[d]
-            for e in range(item_offsets[item], item_offsets[item + 1]):
-                s = item_seqs[e]
-                if s == own[q]:
-                    continue
-                if acc[s] == 0.0:
-                    touched[n_touched] = s
-                    n_touched += 1
-                acc[s] += weight[item]
-        cand = touched[:n_touched]
-        if n_touched > sample:  # the `sample` most recent sequences holding a query item
-            cand = cand[np.argsort(rank[cand], kind="mergesort")[:sample]]
-        else:
-            cand = cand[np.argsort(rank[cand], kind="mergesort")]
-        sim = np.empty(len(cand))
-        for c in range(len(cand)):
-            s = cand[c]
-            sim[c] = acc[s] / np.sqrt(n_distinct * (seq_offsets[s + 1] - seq_offsets[s]))
-        order = np.argsort(-sim, kind="mergesort")[:k]  # ties: the more recent sequence first
-        for o in order:
-            s = cand[o]
-            for e in range(seq_offsets[s], seq_offsets[s + 1]):
-                out[q, seq_items[e] - 1] += sim[o]
-
-
 def fit_baseline(spec: Baseline, train: TrainingSequences) -> Scorer:
     """Fit one baseline on the training sequences."""
     num_items = train.num_items
     match spec:
-        case Popular():
+        case MostPopular():
             return PopularScorer(np.bincount(train.items - 1, minlength=num_items).astype(np.float32))
         case ItemKNN(n_last=n_last, decay=decay):
             x = binary_matrix(train)

@@ -1,4 +1,3 @@
-import os
 import shutil
 from pathlib import Path
 
@@ -21,9 +20,6 @@ from hugerec.data.schema import Schema
 from hugerec.training.defaults import auto_batch_size
 
 from .conftest import TINY
-
-DATA = Path(os.environ.get("HUGEREC_DATA", Path(__file__).resolve().parents[2] / ".." / "shared" / "data"))
-CRITEO = DATA / "criteo" / "train_examples.txt.gz"
 
 
 def test_synth_and_preprocess_write_trainable_shards(tiny_run: object, tmp_path: Path) -> None:
@@ -91,8 +87,8 @@ def test_dataset_mistakes_are_config_errors(prepared: Path, monkeypatch: pytest.
         evaluate_model(load_run_config(None, [*TINY, "train.out_dir=runs/never"]))
 
 
-@pytest.mark.skipif(not CRITEO.is_file(), reason="the Criteo sample is not in ../shared/data ($HUGEREC_DATA)")
-def test_the_criteo_sample_config_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.shared_data("criteo/train_examples.txt.gz")
+def test_the_criteo_sample_config_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_data: Path) -> None:
     config = Path(__file__).resolve().parents[2] / "configs" / "criteo_sample.toml"
     monkeypatch.chdir(tmp_path)
     cfg = load_run_config(config, ["train.max_steps=6", "train.progress=false", "train.tensorboard=false"])

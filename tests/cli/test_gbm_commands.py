@@ -16,8 +16,8 @@ from hugerec.cli.gbm_commands import evaluate_trees_cmd, export_trees, predict_t
 from hugerec.cli.run_config import load_run_config
 from hugerec.data.matrix import read_matrix
 from hugerec.data.schema import Schema
-from hugerec.serving.gbm import load_gbm_bundle
-from hugerec.serving.inference_model import ModelInputs
+from hugerec.serving.bundles.gbm_bundle import load_gbm_bundle
+from hugerec.serving.runtime.model_inputs import ModelInputs
 from tests.cli.conftest import TINY
 
 pytest.importorskip("lightgbm")

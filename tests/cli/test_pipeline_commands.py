@@ -14,7 +14,7 @@ from hugerec.cli import main
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.table_config import Pooling, TableConfig
 from hugerec.models.dlrm import DLRM
-from hugerec.serving.export import export_bundle
+from hugerec.serving.bundles.export import export_bundle
 
 RETRIEVAL = """
 [interactions]

@@ -16,8 +16,13 @@ def test_the_quickstart_file_spells_out_the_builtin_quickstart() -> None:
     assert load_run_config(CONFIGS / "quickstart.toml") == load_run_config(None)
 
 
-@pytest.mark.parametrize("name", ["quickstart", "criteo_sample", "criteo_kaggle"])
-def test_every_preset_config_reads(name: str) -> None:
+@pytest.mark.parametrize(
+    "name",
+    ["quickstart", pytest.param("criteo_sample", marks=pytest.mark.shared_data("criteo/train_examples.txt.gz")), "criteo_kaggle"],
+)
+def test_every_preset_config_reads(name: str, request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("shared_data") is not None:  # its input is $HUGEREC_DATA/...
+        request.getfixturevalue("shared_data")
     cfg = load_run_config(CONFIGS / f"{name}.toml")
     assert isinstance(cfg, RunConfig)
     assert cfg.train.out_dir == f"runs/{name}"
@@ -26,7 +31,7 @@ def test_every_preset_config_reads(name: str) -> None:
 def test_quickstart_defaults_and_typed_overrides() -> None:
     cfg = load_run_config(None, ["train.precision=bf16", "model.top=[32,1]", "embedding.optimizer={type='adam'}"])
     assert cfg.train.precision is Precision.BF16
-    assert cfg.model_config() == DLRMConfig(bottom=(64, 16), top=(32, 1))  # merged into the quickstart's [model]
+    assert cfg.model == DLRMConfig(bottom=(64, 16), top=(32, 1))  # merged into the quickstart's [model]
     assert cfg.embedding.optimizer == Adam()
     assert cfg.preprocess.format is RawFormat.PARQUET
     assert load_run_config(None).embedding.optimizer == RowWiseAdagrad(lr=0.03)
@@ -34,13 +39,13 @@ def test_quickstart_defaults_and_typed_overrides() -> None:
 
 def test_a_new_model_type_takes_its_own_fields(capsys: pytest.CaptureFixture[str]) -> None:
     cfg = load_run_config(None, ["model={type='dcn_v2', deep=[64]}"])
-    assert cfg.model_config() == DCNv2Config(deep=(64,))
+    assert cfg.model == DCNv2Config(deep=(64,))
     # The quickstart's DLRM arches do not fit DCN-v2: switching the type leaves them out, and says so.
-    assert load_run_config(None, ["model.type=dcn_v2"]).model_config() == DCNv2Config()
+    assert load_run_config(None, ["model.type=dcn_v2"]).model == DCNv2Config()
     assert "model.bottom, model.top from the config file do not apply" in capsys.readouterr().err
     # Fields the new type shares are kept; the switch's own fields still apply.
     cfg = load_run_config(None, ["model.type=dcn_v2", "model.deep=[32]"])
-    assert cfg.model_config() == DCNv2Config(deep=(32,))
+    assert cfg.model == DCNv2Config(deep=(32,))
     with pytest.raises(ConfigError, match=r"model\.type: .*unknown type 'dlrn'"):
         load_run_config(None, ["model.type=dlrn"])
 
@@ -88,7 +93,7 @@ def test_mistakes(override: str, message: str) -> None:
 def test_dlrm_bottom_must_end_at_the_embedding_width() -> None:
     with pytest.raises(ConfigError, match=r"model\.bottom must end at embedding\.dim = 16 .* e\.g\. model\.bottom=\[512,256,16\]"):
         load_run_config(None, ["model={type='dlrm'}"])
-    assert load_run_config(None, ["model={type='dlrm'}", "embedding.dim=64"]).model_config().bottom == (512, 256, 64)
+    assert load_run_config(None, ["model={type='dlrm'}", "embedding.dim=64"]).model.bottom == (512, 256, 64)
 
 
 def test_vector_features_in_the_config(tmp_path: Path) -> None:
@@ -101,11 +106,11 @@ def test_vector_features_in_the_config(tmp_path: Path) -> None:
         '[[model.vectors]]\nname = "item_text"\nfeature = "item_id"\ndim = 8\npath = "items.parquet"\n'
     )
     cfg = load_run_config(config)
-    model = cfg.model_config()
+    model = cfg.model
     assert type(model).__name__ == "DLRMConfig" and model.bottom == (64, 16)  # the default model's fields
     (feature,) = model.vectors  # type: ignore[union-attr]
     assert (feature.name, feature.feature, feature.dim) == ("item_text", "item_id", 8)
     assert feature.path == str(tmp_path / "cfg" / "items.parquet")
     config.write_text('[[model.vectors]]\nname = "t"\nfeature = "item_id"\ndim = 8\nsize = 3\n')
     with pytest.raises(ConfigError, match=r"unknown key 'model.vectors\[0\].size'; known keys: dim, feature"):
-        load_run_config(config).model_config()
+        load_run_config(config)

@@ -1,10 +1,9 @@
-"""`hugerec train / evaluate / index / recommend` for retrieval (two_tower, mf) and sequential (sasrec, mlm, gru4rec)
+"""`hugerec train / evaluate / index / recommend` for retrieval (two_tower, mf) and sequential (sasrec, mlm, gru4rec, hstu)
 models, end to end on tiny logs written here (no real data needed), plus the shipped configs on the real samples."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -40,10 +39,18 @@ def _write_sessions(path: Path, sessions: int, items: int = 25, seed: int = 0, f
 
 
 RETRIEVAL = """
-[interactions]
-files = "ratings.dat"
-columns = ["user", "item", "rating", "timestamp"]
+[preprocess]
+input = "ratings.dat"
+format = "csv"
 separator = "::"
+header = false
+columns = [
+  {{ name = "user", type = "int", role = "user" }},
+  {{ name = "item", type = "int", role = "item" }},
+  {{ name = "rating", type = "int", role = "none" }},
+  {{ name = "timestamp", type = "timestamp" }},
+]
+[interactions]
 batch_size = 64
 ks = [5, 10]
 [embedding]
@@ -59,6 +66,54 @@ out_dir = "run"
 """
 
 SEQUENTIAL = """
+[preprocess]
+input = "train.tsv"
+test_input = "test.tsv"
+format = "csv"
+separator = "\\t"
+header = true
+columns = [
+  {{ name = "SessionId", type = "int", role = "session" }},
+  {{ name = "ItemId", type = "int", role = "item" }},
+  {{ name = "Time", type = "timestamp" }},
+]
+[sequences]
+protocol = "every_prefix"
+batch_size = 32
+ks = [5, 10]
+[embedding]
+optimizer = {{ type = "adam", lr = 0.003 }}
+[model]
+type = "{model}"
+max_len = 8
+dim = 16
+[train]
+epochs = 1
+max_steps = 4
+out_dir = "run"
+"""
+
+# the same data in the old dialect: [interactions] / [sequences] reading their own files (read for one release)
+OLD_RETRIEVAL = """
+[interactions]
+files = "ratings.dat"
+columns = ["user", "item", "rating", "timestamp"]
+separator = "::"
+batch_size = 64
+ks = [5, 10]
+[embedding]
+optimizer = { type = "adam", lr = 0.01 }
+[model]
+type = "mf"
+dim = 16
+num_negatives = 16
+[train]
+epochs = 2
+max_steps = 6
+out_dir = "run"
+"""
+
+OLD_SEQUENTIAL = """
 [sequences]
 files = "train.tsv"
 test_files = "test.tsv"
@@ -69,9 +124,9 @@ protocol = "every_prefix"
 batch_size = 32
 ks = [5, 10]
 [embedding]
-optimizer = {{ type = "adam", lr = 0.003 }}
+optimizer = { type = "adam", lr = 0.003 }
 [model]
-type = "{model}"
+type = "sasrec"
 max_len = 8
 dim = 16
 [train]
@@ -94,7 +149,7 @@ def retrieval_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def sequential_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     _write_sessions(tmp_path / "train.tsv", 120)
     _write_sessions(tmp_path / "test.tsv", 20, seed=1, first=1000)
-    for m in ("sasrec", "mlm", "gru4rec"):
+    for m in ("sasrec", "mlm", "gru4rec", "hstu"):
         (tmp_path / f"{m}.toml").write_text(SEQUENTIAL.format(model=m))
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -158,7 +213,7 @@ def test_two_tower_train_evaluate_index_recommend(retrieval_dir: Path, capsys: p
 
 
 def test_mf_with_time_split_and_bpr(retrieval_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "mf.toml", "interactions.split=time", "interactions.time_fraction=0.8", "model.loss=bpr"]) == 0
+    assert main(["train", "mf.toml", "preprocess.split=time", "preprocess.eval_fraction=0.2", "model.loss=bpr"]) == 0
     out = capsys.readouterr().out
     assert "(time)" in out
     metrics = _last_json(out)
@@ -193,23 +248,24 @@ def test_retrieval_bad_input_is_one_line(retrieval_dir: Path, capsys: pytest.Cap
 def test_bad_log_names_file_line_and_column(retrieval_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (retrieval_dir / "ratings.dat").write_text("1::100::5::1000\n1::101::5::later\n")
     assert main(["train", "two_tower.toml"]) == 2
-    assert "line 2, column 'timestamp': 'later' is not a time in seconds" in _one_line_error(capsys, "train")
+    err = _one_line_error(capsys, "train")
+    assert "ratings.dat" in err and "line 2" in err and "column 'timestamp'" in err and "'later'" in err
     (retrieval_dir / "ratings.dat").write_text("1::100::5::1000\n1::x::5::1001\n")
     assert main(["train", "two_tower.toml"]) == 2
     err = _one_line_error(capsys, "train")
     assert "ratings.dat" in err and "line 2" in err and "item" in err
-    assert main(["train", "two_tower.toml", "interactions.files=nothing/*.dat"]) == 2
-    assert "interactions.files" in _one_line_error(capsys, "train")
+    assert main(["train", "two_tower.toml", "preprocess.input=nothing/*.dat"]) == 2
+    assert "preprocess.input" in _one_line_error(capsys, "train")
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ('interactions.columns=["a","b","c"]', "interactions: user = 'user' is not one of columns"),
-        ("interactions.split=random", "interactions.split: 'random' is not one of"),
+        ("preprocess.split=random", 'preprocess.split = "random": retrieval holds out by user or by time'),
+        ("preprocess.split=leave_one_out", "preprocess.split: 'leave_one_out' is not one of"),
         ("interactions.ks=[0]", "ks must be a non-empty list of K >= 1"),
         ("model.loss=hinge", "loss must be one of ['sampled_softmax', 'bpr']"),
-        ("model.negatives=some", "model.negatives: 'some' is not one of"),
+        ("model.negatives=some", "negatives must be one of ['in_batch', 'uniform', 'popularity', 'mixed'], got 'some'"),
         ("model.dimm=3", "unknown key 'model.dimm'; did you mean 'model.dim'?"),
         ("index.kind=ivf", "index.kind: 'ivf' is not one of ['exact', 'hnsw']"),
         ("index.dtype=i8", "dtype must be one of ['f32', 'f16'], got 'i8'"),
@@ -226,9 +282,10 @@ def test_config_mistakes_name_the_key(
 def test_print_config_lists_the_task_sections(retrieval_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "two_tower.toml", "--print-config"]) == 0
     cfg = json.loads(capsys.readouterr().out)
-    assert cfg["interactions"]["separator"] == "::" and cfg["interactions"]["time_cutoff"] is None
-    assert cfg["interactions"]["files"] == str(retrieval_dir / "ratings.dat") or cfg["interactions"]["files"] == "ratings.dat"
-    for section, key in [("sequences", "gap_seconds"), ("sequences", "test_files"), ("index", "expansion_search"), ("recommend", "history_file")]:
+    assert cfg["preprocess"]["separator"] == "::" and cfg["preprocess"]["time_cutoff"] is None
+    assert cfg["preprocess"]["input"] in (str(retrieval_dir / "ratings.dat"), "ratings.dat")
+    assert cfg["interactions"] == {"min_item_count": 1, "max_users": None, "batch_size": 64, "ks": [5, 10]}
+    for section, key in [("sequences", "gap_seconds"), ("sequences", "min_item_count"), ("index", "expansion_search"), ("recommend", "history_file")]:
         assert key in cfg[section], f"{section}.{key}"
     assert cfg["model"]["type"] == "two_tower" and cfg["model"]["recent"] == [1, 5] and cfg["model"]["negatives"] == "mixed"
     assert main(["train", "two_tower.toml", "model.type=sasrec", "--print-config"]) == 0
@@ -246,7 +303,7 @@ def test_index_and_recommend_refuse_ranking_models(tmp_path: Path, monkeypatch: 
 
 
 # -- sequential ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("model", ["sasrec", "mlm", "gru4rec"])
+@pytest.mark.parametrize("model", ["sasrec", "mlm", "gru4rec", "hstu"])
 def test_sequential_train_and_evaluate(sequential_dir: Path, model: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", f"{model}.toml"]) == 0
     out = capsys.readouterr().out
@@ -297,7 +354,7 @@ def test_sessions_from_a_gap_and_a_day_split(sequential_dir: Path, capsys: pytes
         for t in range(4):
             rows.append(f"1\t{5000 + (s + t) % 20}\t{1_396_000_000 + s * 3600 + t * 10}")
     (sequential_dir / "log.tsv").write_text("\n".join(rows) + "\n")
-    args = ["train", "sasrec.toml", "sequences.files=log.tsv", "sequences.test_files=none", "sequences.gap_seconds=600"]
+    args = ["train", "sasrec.toml", "preprocess.input=log.tsv", "preprocess.test_input=none", "sequences.gap_seconds=600"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "36 training sequences" in out and "72 test queries" in out  # 24 sessions in the last day, 3 prefixes each
@@ -312,8 +369,12 @@ def test_sequential_config_mistakes(sequential_dir: Path, capsys: pytest.Capture
     assert "loss must be one of ['sampled_softmax', 'full_softmax', 'bce']" in _one_line_error(capsys, "train")
     assert main(["train", "sasrec.toml", "model.dim=10", "model.num_heads=3"]) == 2
     assert "dim 10 is not divisible by num_heads 3" in _one_line_error(capsys, "train")
-    assert main(["train", "sasrec.toml", "sequences.sequence=user"]) == 2
-    assert "sequence = 'user' is not one of columns" in _one_line_error(capsys, "train")
+    assert main(["train", "sasrec.toml", "sequences.group=user"]) == 2
+    assert 'needs a column with role "user"' in _one_line_error(capsys, "train")
+    assert main(["train", "sasrec.toml", "sequences.group=item"]) == 2
+    assert "group must be 'session' or 'user' (or none), got 'item'" in _one_line_error(capsys, "train")
+    assert main(["train", "sasrec.toml", "model.mask_prob=0.3"]) == 2
+    assert "unknown key 'model.mask_prob'" in _one_line_error(capsys, "train")
 
 
 def test_sampled_softmax_and_bce_train(sequential_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -342,22 +403,11 @@ def test_reversed_augmentation_adds_a_window_per_sequence(sequential_dir: Path, 
 
 
 # -- the shipped configs on the real samples -----------------------------------------------------------
-def _data_root() -> Path | None:
-    env = os.environ.get("HUGEREC_DATA")
-    if env:
-        return Path(env)
-    for d in (ROOT, *ROOT.parents):
-        if (d / "shared" / "data").is_dir():
-            return d / "shared" / "data"
-    return None
-
-
-DATA = _data_root()
 FAST = ["train.max_steps=3", "train.epochs=1"]
 
 
-@pytest.mark.skipif(DATA is None or not (DATA / "movielens" / "ml-1m").is_dir(), reason="MovieLens-1M sample absent")
-def test_movielens_two_tower_config_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.shared_data("movielens/ml-1m/ratings.dat.gz")
+def test_movielens_two_tower_config_runs(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     small = [*FAST, "interactions.max_users=60", "model.num_negatives=64", "interactions.batch_size=256"]
     assert main(["train", "configs/movielens_two_tower.toml", *small]) == 0
@@ -367,8 +417,8 @@ def test_movielens_two_tower_config_runs(tmp_path: Path, monkeypatch: pytest.Mon
     assert pl.read_parquet(tmp_path / "runs" / "movielens_two_tower" / "recommendations.parquet").height == 30
 
 
-@pytest.mark.skipif(DATA is None or not (DATA / "movielens" / "ml-1m").is_dir(), reason="MovieLens-1M sample absent")
-def test_movielens_sasrec_config_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.shared_data("movielens/ml-1m/ratings.dat.gz")
+def test_movielens_sasrec_config_runs(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     small = [*FAST, "sequences.max_sequences=100"]
     assert main(["train", "configs/movielens_sasrec.toml", *small]) == 0
@@ -377,8 +427,8 @@ def test_movielens_sasrec_config_runs(tmp_path: Path, monkeypatch: pytest.Monkey
     assert main(["recommend", "configs/movielens_sasrec.toml", "--history", "1193,661,914", "--k", "10", *small]) == 0
 
 
-@pytest.mark.skipif(DATA is None or not (DATA / "yoochoose").is_dir(), reason="YOOCHOOSE sample absent")
-def test_yoochoose_sasrec_config_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.shared_data("yoochoose/yoochoose-clicks-100k_train_full.txt.gz", "yoochoose/yoochoose-clicks-100k_test.txt.gz")
+def test_yoochoose_sasrec_config_runs(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(["train", "configs/yoochoose_sasrec.toml", *FAST, "sequences.max_sequences=2000"]) == 0
     metrics = _last_json(capsys.readouterr().out)
@@ -386,7 +436,7 @@ def test_yoochoose_sasrec_config_runs(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_export_sequential_model_to_a_next_items_bundle(sequential_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from hugerec.serving.next_items import load_next_items
+    from hugerec.serving.bundles.next_items_bundle import load_next_items
 
     assert main(["train", "sasrec.toml"]) == 0
     assert main(["export", "sasrec.toml", "recommend.k=4"]) == 0
@@ -407,11 +457,43 @@ def test_export_of_a_retrieval_model_says_what_to_use(retrieval_dir: Path, capsy
     assert "use `hugerec index` and `hugerec recommend`" in _one_line_error(capsys, "export")
 
 
-def test_two_tower_model_mask_history_key() -> None:
-    """[model] mask_history = true reaches the sampled-softmax loss; with loss = "bpr" it is refused."""
-    from hugerec.cli.interactions_config import TwoTowerModel
+def test_a_model_that_does_not_fit_the_roles_names_the_key(retrieval_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A two-tower over an input without a user role is refused when the config is read, in one line."""
+    text = (retrieval_dir / "two_tower.toml").read_text().replace('role = "user"', 'role = "none"')
+    (retrieval_dir / "no_user.toml").write_text(text)
+    assert main(["train", "no_user.toml"]) == 2
+    err = _one_line_error(capsys, "train")
+    assert "model.type = 'two_tower' (retrieval) needs a column with role \"user\" in preprocess.columns" in err
+    assert "the declared roles are ['item', 'none', 'timestamp']" in err
+    assert main(["train", "no_user.toml", "model.type=sasrec"]) == 2  # a sequential model groups by session or user
+    assert 'needs a column with role "session | user"' in _one_line_error(capsys, "train")
 
-    assert TwoTowerModel(mask_history=True).loss_config().mask_history  # type: ignore[union-attr]
-    assert not TwoTowerModel().loss_config().mask_history  # type: ignore[union-attr]
-    with pytest.raises(ValueError, match="mask_history"):
-        TwoTowerModel(loss="bpr", mask_history=True)
+
+def test_the_old_dialect_reads_for_one_release_with_one_line(
+    retrieval_dir: Path, sequential_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """[interactions] / [sequences] with their own files train as before, saying once which keys replace them;
+    the same model and metrics as the new dialect's config."""
+    (retrieval_dir / "old_mf.toml").write_text(OLD_RETRIEVAL)
+    assert main(["train", "old_mf.toml"]) == 0
+    captured = capsys.readouterr()
+    notes = [line for line in captured.err.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and "[interactions] files, columns, separator are the old dialect" in notes[0]
+    assert "preprocess.input" in notes[0] and "preprocess.columns" in notes[0]
+    old = _last_json(captured.out)
+    assert main(["train", "mf.toml"]) == 0
+    assert _last_json(capsys.readouterr().out) == pytest.approx(old, abs=1e-6)
+
+    (sequential_dir / "old_sasrec.toml").write_text(OLD_SEQUENTIAL)
+    assert main(["train", "old_sasrec.toml"]) == 0
+    captured = capsys.readouterr()
+    assert "[sequences] files, columns, separator, header, test_files are the old dialect" in captured.err
+    old = _last_json(captured.out)
+    assert main(["train", "sasrec.toml"]) == 0
+    assert _last_json(capsys.readouterr().out) == pytest.approx(old, abs=1e-6)
+
+
+def test_a_config_mixing_the_dialects_is_refused(retrieval_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "two_tower.toml", "interactions.files=ratings.dat"]) == 2
+    err = _one_line_error(capsys, "train")
+    assert "interactions.files and preprocess.input: the config mixes the old dialect" in err

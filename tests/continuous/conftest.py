@@ -12,12 +12,14 @@ import pytest
 from hugerec.continuous.decisions import DecisionConfig
 from hugerec.continuous.loop import LoopConfig, ModelSpec
 from hugerec.data.synthetic_stream import Stream, StreamConfig
-from hugerec.serving.request_log import RequestLogConfig
-from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
+from hugerec.embedding.optimizers import Adagrad
+from hugerec.models.model_config import DLRMConfig
+from hugerec.serving.http.request_log import RequestLogConfig
+from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 
 TOKEN = "continuous-test-token"  # the admin token of the `server` fixture
 SMALL = StreamConfig(days=5, rows_per_day=6000, num_sparse=4, num_dense=2, vocabulary=500, seed=3)
-SPEC = ModelSpec(dim=4, capacity=4000, bottom=(8, 4), top=(8, 1), sparse_lr=0.1)
+SPEC = ModelSpec(DLRMConfig(bottom=(8, 4), top=(8, 1)), dim=4, optimizer=Adagrad(lr=0.1), capacity=4000)
 
 
 @cache

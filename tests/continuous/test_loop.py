@@ -91,9 +91,11 @@ import sys
 sys.path.insert(0, {root!r})
 from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec
 from hugerec.data.synthetic_stream import Stream, StreamConfig
+from hugerec.embedding.optimizers import Adagrad
+from hugerec.models.model_config import DLRMConfig
 small = StreamConfig(days=5, rows_per_day=40000, num_sparse=4, num_dense=2, vocabulary=500, seed=3)
 stream = Stream(small)
-spec = ModelSpec(dim=4, capacity=4000, bottom=(8, 4), top=(8, 1), sparse_lr=0.1)
+spec = ModelSpec(DLRMConfig(bottom=(8, 4), top=(8, 1)), dim=4, optimizer=Adagrad(lr=0.1), capacity=4000)
 config = LoopConfig({work!r}, small.schema, model=spec, batch_size=128, lr=1e-2, epochs=2)
 Loop(config, lambda k: stream.day(k).table).run(0, 4)
 print("done")

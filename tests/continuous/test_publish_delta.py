@@ -24,17 +24,20 @@ from hugerec.continuous.traffic import instances
 from hugerec.continuous.window_schema import adapt_schema, describe_change
 from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.data.windows import table_batches
+from hugerec.embedding.optimizers import Adagrad
 from hugerec.models.dlrm import DLRM
-from hugerec.serving.bundle import MANIFEST, Bundle
-from hugerec.serving.export import export_bundle
-from hugerec.serving.server import BackgroundServer, InferenceServer, ServerConfig
-from hugerec.serving.version_delta import ROWS, read_version_delta
+from hugerec.models.model_config import DLRMConfig
+from hugerec.serving.bundles.bundle_files import MANIFEST
+from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.model_bundle import Bundle
+from hugerec.serving.bundles.version_delta import ROWS, read_version_delta
+from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.training.trainer import TrainConfig, fit
 
 TOKEN = "continuous-test-token"
 Day = Callable[[int], pa.Table]
 SMALL = StreamConfig(days=4, rows_per_day=3000, num_sparse=4, num_dense=2, vocabulary=500, seed=3)  # as conftest's
-SPEC = ModelSpec(dim=4, capacity=300, bottom=(8, 4), top=(8, 1), sparse_lr=0.1)  # 300 rows: stale ids get evicted
+SPEC = ModelSpec(DLRMConfig(bottom=(8, 4), top=(8, 1)), dim=4, optimizer=Adagrad(lr=0.1), capacity=300)  # 300 rows: stale ids get evicted
 LENIENT = GateConfig(auc_margin=1.0, calibration_low=0.01, calibration_high=100.0, min_rows=10)
 
 

@@ -1,5 +1,4 @@
 import gzip
-import os
 from pathlib import Path
 
 import polars as pl
@@ -9,9 +8,6 @@ from hugerec.data import criteo
 from hugerec.data.criteo import criteo_to_parquet, read_criteo
 from hugerec.data.preprocess.errors import BadInputError
 from hugerec.data.schema import Schema
-
-DATA = Path(os.environ.get("HUGEREC_DATA", Path(__file__).resolve().parents[2] / ".." / "shared" / "data"))
-SAMPLE = DATA / "criteo" / "train_examples.txt.gz"
 
 
 def _line(label: str = "1", ints: list[str] | None = None, cats: list[str] | None = None) -> str:
@@ -72,9 +68,10 @@ def test_to_parquet_streams_shards(tmp_path: Path) -> None:
     assert Schema.load(tmp_path / "pq" / "schema.json")["C1"].dtype.value == "int"
 
 
-@pytest.mark.skipif(not SAMPLE.exists(), reason="real Criteo sample not available")
-def test_real_sample(tmp_path: Path) -> None:
-    frame, report = read_criteo(SAMPLE)
+@pytest.mark.shared_data("criteo/train_examples.txt.gz")
+def test_real_sample(tmp_path: Path, shared_data: Path) -> None:
+    sample = shared_data / "criteo/train_examples.txt.gz"
+    frame, report = read_criteo(sample)
     assert frame.height == 10_000 and report.rows_skipped == 0
     assert frame["label"].value_counts().sort("label")["count"].to_list() == [7818, 2182]
     first = frame.row(0)
@@ -83,5 +80,5 @@ def test_real_sample(tmp_path: Path) -> None:
     assert frame["I1"].null_count() == 4481 and frame["I12"].null_count() == 7735
     assert frame["C22"].null_count() == 8182
     assert frame["C9"].n_unique() == 3 and frame["C3"].n_unique() == 5521  # the missing value counted as one
-    out = criteo_to_parquet(SAMPLE, tmp_path / "pq", row_group_rows=4096)
+    out = criteo_to_parquet(sample, tmp_path / "pq", row_group_rows=4096)
     assert out.num_rows == 10_000 and pl.read_parquet(out.paths).equals(frame)

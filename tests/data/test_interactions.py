@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +23,6 @@ from hugerec.data.interactions import (
     read_interactions,
     time_split,
 )
-
-DATA = Path(os.environ.get("HUGEREC_DATA", Path(__file__).resolve().parents[2] / ".." / "shared" / "data"))
-ML1M = DATA / "movielens" / "ml-1m" / "ratings.dat.gz"
 
 
 def _frame(rows: list[tuple[int, int, int]]) -> pl.DataFrame:
@@ -117,9 +113,9 @@ def test_read_csv_through_project_readers(tmp_path: Path) -> None:
     assert frame.rows() == [(1, 2, 3), (4, 5, 6)]
 
 
-@pytest.mark.skipif(not ML1M.exists(), reason="MovieLens-1M sample not present")
-def test_movielens_1m_leave_last_out() -> None:
-    raw = read_interactions(ML1M, ("user", "item", "rating", "timestamp"), separator="::")
+@pytest.mark.shared_data("movielens/ml-1m/ratings.dat.gz")
+def test_movielens_1m_leave_last_out(shared_data: Path) -> None:
+    raw = read_interactions(shared_data / "movielens/ml-1m/ratings.dat.gz", ("user", "item", "rating", "timestamp"), separator="::")
     data, _ = categorify(raw)
     train, test = leave_last_out(data)
     assert test.num_events == data.num_users and train.num_events + test.num_events == raw.height

@@ -1,5 +1,4 @@
 import itertools
-import os
 from pathlib import Path
 
 import numpy as np
@@ -199,17 +198,15 @@ def test_prebatch_aligns_row_groups(data: Path, tmp_path: Path) -> None:
     assert _flat(_epoch(load(paths, SCHEMA, 32))) == list(range(1000))
 
 
-DATA = Path(os.environ.get("HUGEREC_DATA", Path(__file__).resolve().parents[2] / ".." / "shared" / "data"))
-SAMPLE = DATA / "criteo" / "train_examples.txt.gz"
 
 
-@pytest.mark.skipif(not SAMPLE.exists(), reason="real Criteo sample not available")
-def test_loads_the_preprocessed_criteo_sample(tmp_path: Path) -> None:
+@pytest.mark.shared_data("criteo/train_examples.txt.gz")
+def test_loads_the_preprocessed_criteo_sample(tmp_path: Path, shared_data: Path) -> None:
     """Raw TSV -> fitted Workflow -> Parquet -> loader, the documented path for real data."""
     dense, sparse = list(criteo.DENSE_NAMES), list(criteo.SPARSE_NAMES)
     wf = Workflow([FillMissing(dense), LogOp(dense), Normalize(dense), Categorify(sparse)])
-    wf.fit(Dataset.criteo(SAMPLE), engine=1)
-    out = wf.transform(Dataset.criteo(SAMPLE), tmp_path, engine=1)
+    wf.fit(Dataset.criteo(shared_data / "criteo" / "train_examples.txt.gz"), engine=1)
+    out = wf.transform(Dataset.criteo(shared_data / "criteo" / "train_examples.txt.gz"), tmp_path, engine=1)
     schema = Schema.build(dense=dense, sparse=wf.cardinalities())
     batches = list(load(out.paths, schema, 4096))
     assert [b.batch_size for b in batches] == [4096, 4096, 1808]

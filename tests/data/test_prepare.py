@@ -56,6 +56,10 @@ def test_time_split_by_last_days_and_cutoff(tmp_path: Path) -> None:
     assert (report.train_rows, report.eval_rows) == (276, 24)  # 2024-01-12 11:00 and later
     report = prepare(EVENTS, str(tmp_path / "e.csv"), tmp_path / "out", split=SplitSpec(SplitKind.TIME, cutoff="2024-01-13"))
     assert (report.train_rows, report.eval_rows) == (288, 12)
+    report = prepare(EVENTS, str(tmp_path / "e.csv"), tmp_path / "out", split=SplitSpec(SplitKind.TIME, eval_fraction=0.1))
+    assert (report.train_rows, report.eval_rows) == (270, 30)  # neither: the latest eval_fraction of the rows
+    with pytest.raises(ValueError, match=r'takes one of time_cutoff \(.*\) and last_days, not both'):
+        SplitSpec(SplitKind.TIME, cutoff="2024-01-13", last_days=1)
     assert cutoff_seconds("2024-01-13") == cutoff_seconds(int(datetime.datetime(2024, 1, 13, tzinfo=datetime.UTC).timestamp()))
 
 

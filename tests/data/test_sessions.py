@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import gzip
 import itertools
-import os
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +25,6 @@ from hugerec.data.sessions import (
     split_by_day,
     with_reversed,
 )
-
-DATA = Path(os.environ.get("HUGEREC_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
 
 
 def _events() -> pl.DataFrame:
@@ -132,11 +129,11 @@ def test_readers_name_the_bad_line(tmp_path: Path) -> None:
         read_movielens(tmp_path / "missing.dat")
 
 
-@pytest.mark.skipif(not (DATA / "yoochoose").exists(), reason="shared data not present")
-def test_real_data_loads() -> None:
-    ev = read_yoochoose(DATA / "yoochoose" / "yoochoose-clicks-100k_train_full.txt.gz")
+@pytest.mark.shared_data("yoochoose/yoochoose-clicks-100k_train_full.txt.gz", "movielens/ml-1m/ratings.dat.gz")
+def test_real_data_loads(shared_data: Path) -> None:
+    ev = read_yoochoose(shared_data / "yoochoose" / "yoochoose-clicks-100k_train_full.txt.gz")
     assert ev.height == 70_278 and ev["session"].n_unique() == 17_794
-    ml = read_movielens(DATA / "movielens" / "ml-1m" / "ratings.dat.gz")
+    ml = read_movielens(shared_data / "movielens" / "ml-1m" / "ratings.dat.gz")
     users = group_sequences(ml, key="user", drop_repeats=False)
     assert len(users) == 2999 and int(users.lengths.min()) >= 20 and len(users.items) == 487_650
 

@@ -18,13 +18,13 @@ from hugerec.data.synthetic import (
     _bag_means,
     _Chunk,
     _draw_model,
-    _effects,
     _latent,
     _parts,
-    _power_law_ids,
     _sample_chunk,
     generate,
+    id_effects,
     iter_tables,
+    power_law_ids,
     preset,
 )
 
@@ -133,7 +133,7 @@ def _ref_effect(key: int, ids: np.ndarray) -> np.ndarray:
 )
 def test_effect_kernels_match_reference(ids: list[int], key: int, lengths: list[int], rank: int) -> None:
     arr = np.array(ids, dtype=np.int64)
-    np.testing.assert_allclose(_effects(np.uint64(key), arr), _ref_effect(key, arr), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(id_effects(np.uint64(key), arr), _ref_effect(key, arr), rtol=1e-12, atol=1e-12)
     ref_latent = np.array([[_ref_unit(_ref_hash(_ref_hash(i ^ key) ^ k)) for k in range(rank)] for i in ids])
     np.testing.assert_allclose(_latent(np.uint64(key), arr, rank), ref_latent.reshape(len(ids), rank), atol=1e-12)
     lens = np.array(lengths, dtype=np.int64)
@@ -182,7 +182,7 @@ def test_calibration_splits_the_signal_and_hits_the_click_rate() -> None:
 @given(st.integers(1, 10**7), st.floats(0.3, 2.5))
 def test_power_law_ids_match_reference(cardinality: int, alpha: float) -> None:
     u = np.linspace(0.0, 1.0 - 1e-12, 101)
-    got = _power_law_ids(u, cardinality, alpha)
+    got = power_law_ids(u, cardinality, alpha)
     e = 1.0 - alpha
     x = (
         np.exp(u * math.log(cardinality + 1.0))

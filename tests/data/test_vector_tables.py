@@ -138,7 +138,7 @@ def test_load_vectors_fills_the_models_tables(tmp_path: Path) -> None:
     from hugerec.data.vector_tables import load_vectors
     from hugerec.embedding.optimizers import RowWiseAdagrad
     from hugerec.embedding.table_config import TableConfig
-    from hugerec.models.model_config import DLRMConfig, build_model
+    from hugerec.models.model_config import DLRMConfig, build_ranking
     from hugerec.models.vector_features import VectorFeature
     from hugerec.sparse.features import SparseFeatures
 
@@ -150,7 +150,7 @@ def test_load_vectors_fills_the_models_tables(tmp_path: Path) -> None:
     pl.DataFrame({"item": ["z", "x", "w"], "vec": [[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]]}).write_parquet(path)
     feature = VectorFeature("text", "item", 2, path=str(path), id_column="item", vector_column="vec")
     tables = [TableConfig("item", 5, 4, features=("item",))]
-    model = build_model(DLRMConfig(bottom=(4,), top=(1,), vectors=(feature,)), tables, 1, RowWiseAdagrad())
+    model = build_ranking(DLRMConfig(bottom=(4,), top=(1,), vectors=(feature,)), tables, 1, RowWiseAdagrad())
     lines = load_vectors(model, workflow)
     assert lines == [f"vectors text: 2 of the 5 rows of feature 'item' have a vector (3 in {path}, l2 normalised)"]
     arch = model.vector_arch
@@ -162,7 +162,7 @@ def test_load_vectors_fills_the_models_tables(tmp_path: Path) -> None:
         load_vectors(model, None)
     ints = tmp_path / "ints.parquet"
     pl.DataFrame({"item": [4, 2], "vec": [[0.0, 1.0], [2.0, 0.0]]}).write_parquet(ints)
-    model2 = build_model(
+    model2 = build_ranking(
         DLRMConfig(bottom=(4,), top=(1,), vectors=(dataclasses_replace(feature, path=str(ints)),)),
         tables,
         1,
@@ -181,16 +181,13 @@ def dataclasses_replace(obj: object, **changes: object) -> object:
 
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = Path(os.environ.get("HUGEREC_DATA", REPO / ".." / "shared" / "data"))
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not (DATA / "movielens" / "ml-100k").is_dir(), reason="MovieLens-100K is not in ../shared/data ($HUGEREC_DATA)"
-)
-def test_the_movielens_vectors_example_runs(tmp_path: Path) -> None:
+@pytest.mark.shared_data("movielens/ml-100k/u.item.gz", "movielens/ml-100k/u.data.gz")
+def test_the_movielens_vectors_example_runs(tmp_path: Path, shared_data: Path) -> None:
     """examples/movielens_vectors.py as documented, one epoch, from another directory."""
-    env = {**os.environ, "HUGEREC_DATA": str(DATA.resolve())}
+    env = {**os.environ, "HUGEREC_DATA": str(shared_data.resolve())}
     done = subprocess.run(
         [sys.executable, str(REPO / "examples" / "movielens_vectors.py"), "--epochs", "1"],
         cwd=tmp_path,

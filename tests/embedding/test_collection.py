@@ -359,6 +359,7 @@ def test_reset_optimizer_state_keeps_the_weights_and_then_trains_like_a_fresh_op
         trained.reset_optimizer_state(["zz"])
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu() -> None:
     cpu = EmbeddingCollection(TABLES, Adam(lr=0.1))

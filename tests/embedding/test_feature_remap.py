@@ -107,3 +107,36 @@ def test_feature_remap_follows_a_table_that_got_its_heap(monkeypatch: pytest.Mon
     # LFU (count, last step, row): 8, 9 (once, step 2) go first, then of 20..23 (once, step 3) the two
     # in the lowest rows: the freed rows 2..5 came off the stack as 5, 4, 3, 2, so 23 and 22
     assert sorted(together["a"].export().keys.tolist()) == [6, 7, 20, 21, 30, 31, 32, 33]
+
+
+def test_tables_on_a_device_remap_as_on_the_host() -> None:
+    """Tables moved to a device (Triton kernels; interpreted on the CPU without CUDA) give the host tables'
+    rows and resets, batch after batch, a table shared by two features included; eval lookups too."""
+    pytest.importorskip("triton")
+    from hugerec.embedding.feature_remap import NEXT, FeatureRemap
+    from hugerec.sparse.features import SparseFeatures
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    policies = {
+        "lru": (12, DynamicConfig(eviction=Eviction.LRU)),
+        "admit": (40, DynamicConfig(min_count=2, missing=Missing.UNKNOWN_ROW)),
+        "shared": (40, DynamicConfig(eviction=Eviction.LFU)),
+    }
+    features = {"lru": ("a",), "admit": ("b",), "shared": ("c", "d")}
+
+    def make() -> dict[str, HashTable]:
+        return {n: HashTable(cap, policy, n) for n, (cap, policy) in policies.items()}
+
+    host_tables, device_tables = make(), make()
+    for t in device_tables.values():
+        t.move(device)
+    host, on_device = FeatureRemap(host_tables, features), FeatureRemap(device_tables, features)
+    rng = np.random.default_rng(7)
+    for step in range(1, 6):
+        lists = {f: [[int(k) for k in rng.integers(-9, 9, size=rng.integers(0, 3))] for _ in range(3)] for f in "abcde"}
+        batch = SparseFeatures.from_lists(lists)
+        steps = None if step == 4 else NEXT
+        want_rows, want_reset = host(batch, steps)
+        got_rows, got_reset = on_device(batch.to(device), steps)
+        assert got_rows.cpu().tolist() == want_rows.tolist(), step
+        assert {k: v.cpu().tolist() for k, v in got_reset.items()} == {k: v.tolist() for k, v in want_reset.items()}

@@ -6,15 +6,8 @@ from hugerec.models.dcn import CrossStructure, DCNv2
 from hugerec.models.deepfm import DeepFM
 from hugerec.models.dlrm import DLRM
 from hugerec.models.mlp import Activation
-from hugerec.models.model_config import (
-    DCNv2Config,
-    DeepFMConfig,
-    DLRMConfig,
-    WideAndDeepConfig,
-    build_model,
-    model_config_from_dict,
-    model_config_to_dict,
-)
+from hugerec.models.model_config import DCNv2Config, DeepFMConfig, DLRMConfig, WideAndDeepConfig
+from hugerec.models.registry import build_model, config_from_dict, config_to_dict
 from hugerec.models.wide_deep import WideAndDeep
 
 TABLES = [TableConfig("a", 30, 4), TableConfig("b", 20, 4)]
@@ -30,22 +23,22 @@ TABLES = [TableConfig("a", 30, 4), TableConfig("b", 20, 4)]
     ],
 )
 def test_dict_round_trip(config) -> None:
-    d = model_config_to_dict(config)
-    assert model_config_from_dict(d) == config
+    d = config_to_dict(config)
+    assert config_from_dict(d) == config
     assert all(isinstance(v, str | int | float | bool | list | dict | None) for v in d.values())
 
 
 def test_from_dict_converts_toml_values() -> None:
-    c = model_config_from_dict({"type": "dcn_v2", "deep": [16, 8], "structure": "parallel", "activation": "silu"})
+    c = config_from_dict({"type": "dcn_v2", "deep": [16, 8], "structure": "parallel", "activation": "silu"})
     assert c == DCNv2Config(deep=(16, 8), structure=CrossStructure.PARALLEL, activation=Activation.SILU)
-    w = model_config_from_dict({"type": "wide_and_deep", "wide_optimizer": {"type": "ftrl", "lr": 0.2}})
+    w = config_from_dict({"type": "wide_and_deep", "wide_optimizer": {"type": "ftrl", "lr": 0.2}})
     assert isinstance(w, WideAndDeepConfig) and w.wide_optimizer == Ftrl(lr=0.2)
 
 
 @pytest.mark.parametrize(
     ("d", "match"),
     [
-        ({"type": "dlrn"}, r"unknown type 'dlrn'; expected one of \['dcn_v2', 'deepfm', 'dlrm', 'wide_and_deep'\]"),
+        ({"type": "dlrn"}, r"unknown type 'dlrn'; expected one of \['dlrm', 'dcn_v2', 'deepfm', 'wide_and_deep', 'two_tower'"),
         ({}, "unknown type None"),
         ({"type": "dlrm", "botom": [4]}, r"unknown keys \['botom'\]; valid keys are \['bottom'"),
         ({"type": "dlrm", "top": [8, 2]}, "top must end at 1"),
@@ -63,7 +56,7 @@ def test_from_dict_converts_toml_values() -> None:
 )
 def test_bad_config_dicts(d: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        model_config_from_dict(d)
+        config_from_dict(d)
 
 
 def test_build_model_for_every_kind() -> None:

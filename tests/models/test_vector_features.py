@@ -10,17 +10,12 @@ import torch
 
 from hugerec.embedding.optimizers import RowWiseAdagrad
 from hugerec.embedding.table_config import TableConfig
-from hugerec.models.model_config import (
-    DCNv2Config,
-    DLRMConfig,
-    build_model,
-    model_config_from_dict,
-    model_config_to_dict,
-)
+from hugerec.models.model_config import DCNv2Config, DLRMConfig, build_ranking
+from hugerec.models.registry import config_from_dict, config_to_dict
 from hugerec.models.vector_features import VectorArch, VectorFeature
-from hugerec.serving.bundle_loader import ServeOptions, load_bundle
-from hugerec.serving.export import export_bundle
-from hugerec.serving.protocol import Signature, to_model_inputs
+from hugerec.serving.bundles.bundle_loader import ServeOptions, load_bundle
+from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.runtime.inference_protocol import Signature, to_model_inputs
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 
@@ -90,7 +85,7 @@ def test_models_train_the_projection_and_keep_frozen_rows(config: DLRMConfig | D
 
     for trainable in (False, True):
         cfg = dataclasses.replace(config, vectors=(dataclasses.replace(FEATURE, trainable=trainable),))
-        model = build_model(cfg, TABLES, 2, RowWiseAdagrad(lr=0.5))
+        model = build_ranking(cfg, TABLES, 2, RowWiseAdagrad(lr=0.5))
         arch = model.vector_arch
         assert arch is not None
         arch.load_rows("text", _rows())
@@ -108,7 +103,7 @@ def test_models_train_the_projection_and_keep_frozen_rows(config: DLRMConfig | D
 def test_config_round_trip_and_errors() -> None:
     cfg = DLRMConfig(bottom=(8, DIM), top=(8, 1), vectors=({"name": "text", "feature": "item", "dim": VDIM},))  # type: ignore[arg-type]
     assert cfg.vectors == (FEATURE,)
-    again = model_config_from_dict(model_config_to_dict(cfg))
+    again = config_from_dict(config_to_dict(cfg))
     assert again == cfg
     with pytest.raises(ValueError, match=r"vectors\[0\]: unknown keys \['size'\]"):
         DLRMConfig(vectors=({"name": "t", "feature": "item", "size": 3},))  # type: ignore[arg-type]
@@ -122,7 +117,7 @@ def test_config_round_trip_and_errors() -> None:
 def test_served_bundle_equals_the_offline_model(tmp_path: Path) -> None:
     """The vector rows travel in the bundle like any table; the server's logits equal the model's."""
     cfg = DLRMConfig(bottom=(8, DIM), top=(8, 1), vectors=(FEATURE,))
-    model = build_model(cfg, TABLES, 2, RowWiseAdagrad())
+    model = build_ranking(cfg, TABLES, 2, RowWiseAdagrad())
     assert model.vector_arch is not None
     model.vector_arch.load_rows("text", _rows())
     model.eval()
@@ -147,11 +142,11 @@ def test_inline_vectors_in_requests(tmp_path: Path) -> None:
     with a request without one, each keeps its own; a bad inline vector is a 400 naming the input."""
     import dataclasses
 
-    from hugerec.serving.inference_model import ModelInputs
-    from hugerec.serving.protocol import RequestError
+    from hugerec.serving.runtime.inference_protocol import RequestError
+    from hugerec.serving.runtime.model_inputs import ModelInputs
 
     feature = dataclasses.replace(FEATURE, normalize="l2")
-    model = build_model(DLRMConfig(bottom=(8, DIM), top=(8, 1), vectors=(feature,)), TABLES, 2, RowWiseAdagrad())
+    model = build_ranking(DLRMConfig(bottom=(8, DIM), top=(8, 1), vectors=(feature,)), TABLES, 2, RowWiseAdagrad())
     assert model.vector_arch is not None
     rows = _rows()
     model.vector_arch.load_rows("text", rows)

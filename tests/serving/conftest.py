@@ -18,7 +18,7 @@ import torch
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.table_config import Pooling, TableConfig
 from hugerec.models.dlrm import DLRM
-from hugerec.serving.export import export_bundle
+from hugerec.serving.bundles.export import export_bundle
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 

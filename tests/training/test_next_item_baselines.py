@@ -13,7 +13,7 @@ from hugerec.training.next_item_baselines import (
     SLIST,
     VSKNN,
     ItemKNN,
-    Popular,
+    MostPopular,
     TrainingSequences,
     fit_baseline,
     score_block,
@@ -49,7 +49,7 @@ SEQS = [[1, 2, 3], [2, 3, 4, 2], [1, 3], [4, 1, 2, 3, 1]]
 
 
 def test_popular_counts() -> None:
-    model = fit_baseline(Popular(), _train(SEQS, 5))
+    model = fit_baseline(MostPopular(), _train(SEQS, 5))
     got = model.scores(_pad([[1], [2, 3]], 3))
     np.testing.assert_array_equal(got, [[4, 4, 4, 2, 0]] * 2)
 
@@ -186,7 +186,7 @@ def test_bad_input_names_the_value() -> None:
         VSKNN(sample=0)
     with pytest.raises(ValueError, match=r"1\.\.5"):
         _train([[1, 6]], 5)
-    model = fit_baseline(Popular(), _train(SEQS, 5))
+    model = fit_baseline(MostPopular(), _train(SEQS, 5))
     with pytest.raises(ValueError, match=r"0\.\.5"):
         model.scores(np.array([[7]]))
     with pytest.raises(ValueError, match="shape"):

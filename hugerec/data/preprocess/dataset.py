@@ -278,8 +278,7 @@ class Dataset:
             case Format.CSV:
                 if not self.csv.has_header:
                     raise ValueError("Dataset: CSV without a header needs schema=")
-                with _open_text(self.paths[0]) as f:
-                    head = f.read(4 << 20)
+                head = read_text_head(self.paths[0], 4 << 20)
                 cut = head.rfind(b"\n") + 1 or len(head)
                 sample = pl.read_csv(
                     io.BytesIO(self.csv.to_parser_bytes(head[:cut])),
@@ -341,10 +340,45 @@ def _open_text(path: str) -> gzip.GzipFile | io.BufferedReader:
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
+_GZIP_DAMAGE = (EOFError, gzip.BadGzipFile, zlib.error)  # a truncated or corrupt .gz, as the reads raise it
+
+
+def _read_text(f: gzip.GzipFile | io.BufferedReader, size: int, path: str, offset: int = 0, line: int = 1) -> bytes:
+    """Up to `size` bytes of text from `f` (fewer only at its end). A gzip stream that breaks off is a
+    ValueError naming `path`, the byte of the text and the line where it does (`offset` and `line`: where
+    this read starts). Reads go one gzip chunk at a time (read1), so the bytes before the break are
+    counted, not lost in a half-filled buffer."""
+    out = bytearray()
+    while len(out) < size:
+        try:
+            part = f.read1(size - len(out))
+        except _GZIP_DAMAGE as e:
+            at, lines = offset + len(out), line + out.count(b"\n")
+            raise ValueError(f"{path}: truncated or damaged gzip file: its text breaks off at byte {at:,} (line {lines:,}): {e}") from None
+        if not part:
+            break
+        out += part
+    return bytes(out)
+
+
+def read_text_head(path: str, max_bytes: int) -> bytes:
+    """The first `max_bytes` bytes of a text file, plain or gzip (see _read_text for a damaged one)."""
+    with _open_text(path) as f:
+        return _read_text(f, max_bytes, path)
+
+
+def _first_line(path: str) -> bytes:
+    """Line 1 of a text file (plain or gzip) with its newline."""
+    with _open_text(path) as f:
+        try:
+            return f.readline()
+        except _GZIP_DAMAGE as e:
+            raise ValueError(f"{path}: truncated or damaged gzip file: its text breaks off in line 1: {e}") from None
+
+
 def read_header(path: str, csv: CsvOptions) -> list[str]:
     """The column names on the first line of a delimited text file (plain or gzip)."""
-    with _open_text(path) as f:
-        line = csv.to_parser_bytes(f.readline())
+    line = csv.to_parser_bytes(_first_line(path))
     if not line.strip():
         raise ValueError(f"{path}: no header line (the file is empty or starts with an empty line)")
     quote = csv.quote_char
@@ -352,8 +386,7 @@ def read_header(path: str, csv: CsvOptions) -> list[str]:
 
 
 def _header_end(path: str) -> int:
-    with _open_text(path) as f:
-        return len(f.readline())
+    return len(_first_line(path))
 
 
 def _count_lines_before(path: str, offset: int) -> int:
@@ -385,16 +418,20 @@ def _read_range(path: str, start: int, end: int) -> tuple[int, bytes]:
         return start, data
 
 
-def _gzip_blocks(path: str, start: int, block_bytes: int) -> Iterator[bytes]:
+def _gzip_blocks(path: str, start: int, block_bytes: int, first_line: int = 1) -> Iterator[bytes]:
+    """The text of a gzip file from byte `start` (line `first_line`) on, in blocks of whole lines of
+    about `block_bytes`; a damaged stream is a ValueError naming the line where it breaks off."""
     with gzip.open(path, "rb") as f:
-        f.seek(start)
+        try:
+            f.seek(start)
+        except _GZIP_DAMAGE as e:
+            raise ValueError(f"{path}: truncated or damaged gzip file: its text breaks off before byte {start:,}: {e}") from None
         rest = b""
-        lines = 0  # complete lines handed out so far, to place a damaged stream in the file
+        offset, line = start, first_line  # where the next read starts, to place a damaged stream in the file
         while True:
-            try:
-                data = f.read(block_bytes)
-            except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-                raise ValueError(f"{path}: truncated or damaged gzip file after line {lines}: {e}") from None
+            data = _read_text(f, block_bytes, path, offset, line)
+            offset += len(data)
+            line += data.count(b"\n")
             if not data:
                 if rest:
                     yield rest
@@ -405,7 +442,6 @@ def _gzip_blocks(path: str, start: int, block_bytes: int) -> Iterator[bytes]:
                 rest = data
                 continue
             rest = data[cut:]
-            lines += data.count(b"\n", 0, cut)
             yield data[:cut]
 
 
@@ -621,7 +657,9 @@ def read_chunks(partition: Partition, on_error: OnError, block_bytes: int | None
                 lines.offset, block = _read_range(partition.path, partition.start, partition.end)
                 blocks: Iterator[bytes] = iter([block])
             else:
-                blocks = _gzip_blocks(partition.path, partition.start, block_bytes or source.block_bytes)
+                blocks = _gzip_blocks(
+                    partition.path, partition.start, block_bytes or source.block_bytes, partition.first_line or 1
+                )
             for block in blocks:
                 try:
                     parsed = source.csv.to_parser_bytes(block)

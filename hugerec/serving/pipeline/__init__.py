@@ -1,17 +1,19 @@
 """The four-stage recommendation pipeline: retrieve, filter, score, order (stages as data, one runner).
 
-    stages.py        Retrieve (Ann, ItemToItem, Popular, Sequential), Filter, Score, Order: frozen dataclasses
-    runner.py        Pipeline: runs the stages for one user in process; Resources, Query, Recommendation
-    encoder.py       UserEncoder: the retrieval model's user tower, online
-    interactions.py  InteractionStore: what each user has seen, updatable online
-    config.py        a pipeline declared in TOML
-    bundle.py        the pipeline bundle: export everything with a manifest and checksums, load verified
-    served.py        the pipeline behind HTTP: POST /recommend and a KServe v2 model
+    stages.py           Retrieve (Ann, ItemToItem, Popular, Sequential), Filter, Score, Order: frozen dataclasses
+    runner.py           PipelineRunner: runs the stages for one user in process; Resources, Query, Recommendation
+    encoder.py          UserEncoder: the retrieval model's user tower, online
+    feature_store.py    FeatureStore: user and item features on the parameter server's tiers
+    interaction_store.py InteractionStore: what each user has seen (the seen-items store), updatable online
+    declaration.py      a pipeline declared in TOML (or a bundle manifest's JSON)
+    served_pipeline.py  ServedPipeline: the pipeline behind HTTP, POST /recommend and a KServe v2 model
+
+Its bundle is hugerec.serving.bundles.pipeline_bundle. Imports store/ and runtime/, never bundles/ or http/.
 """
 
 from hugerec.serving.pipeline.encoder import UserEncoder
-from hugerec.serving.pipeline.interactions import InteractionStore
-from hugerec.serving.pipeline.runner import Pipeline, Query, Ranker, Recommendation, Resources, StageError
+from hugerec.serving.pipeline.interaction_store import InteractionStore
+from hugerec.serving.pipeline.runner import PipelineRunner, Query, Ranker, Recommendation, Resources, StageError
 from hugerec.serving.pipeline.stages import (
     Ann,
     Boost,
@@ -34,7 +36,7 @@ __all__ = [
     "InteractionStore",
     "ItemToItem",
     "Order",
-    "Pipeline",
+    "PipelineRunner",
     "PipelineSpec",
     "Popular",
     "Query",

@@ -1,6 +1,6 @@
-"""Pipeline: runs a PipelineSpec's stages for one user, in process, with a `match` per stage.
+"""PipelineRunner: runs a PipelineSpec's stages for one user, in process, with a `match` per stage.
 
-    pipeline = Pipeline(spec, Resources(features=..., interactions=..., index=..., encoder=..., ranker=...))
+    pipeline = PipelineRunner(spec, Resources(features=..., interactions=..., index=..., encoder=..., ranker=...))
     rec = pipeline.recommend(Query(user=17, k=20), debug=True)
     rec.items, rec.scores, rec.sources        # [k] item ids best first, their scores, the source of each
     rec.stages["filter"]                      # debug: the candidates after each stage
@@ -25,11 +25,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from hugerec.index.vector_index import VectorIndex
-from hugerec.serving.features import FeatureStore
-from hugerec.serving.inference_model import ModelInputs
-from hugerec.serving.next_items import NextItemsModel
 from hugerec.serving.pipeline.encoder import UserEncoder
-from hugerec.serving.pipeline.interactions import InteractionStore
+from hugerec.serving.pipeline.feature_store import FeatureStore
+from hugerec.serving.pipeline.interaction_store import InteractionStore
 from hugerec.serving.pipeline.stages import (
     Ann,
     Condition,
@@ -44,7 +42,9 @@ from hugerec.serving.pipeline.stages import (
     Source,
     source_name,
 )
-from hugerec.serving.protocol import RequestError
+from hugerec.serving.runtime.inference_protocol import RequestError
+from hugerec.serving.runtime.model_inputs import ModelInputs
+from hugerec.serving.runtime.next_items_model import NextItemsModel
 
 USER, ITEM = "user", "item"  # the feature tables a pipeline reads
 STAGE_NAMES = ("retrieve", "filter", "score", "order")
@@ -99,7 +99,7 @@ class Query:
 @dataclass(frozen=True)
 class Candidates:
     items: np.ndarray  # [K] int64
-    source: np.ndarray  # [K] int64 index into Pipeline.sources
+    source: np.ndarray  # [K] int64 index into PipelineRunner.sources
     scores: np.ndarray  # [K] float32
 
     def take(self, keep: np.ndarray) -> Candidates:
@@ -150,7 +150,7 @@ class _State:
     notes: list[str] = field(default_factory=list)
 
 
-class Pipeline:
+class PipelineRunner:
     def __init__(self, spec: PipelineSpec, resources: Resources, seed: int | None = None) -> None:
         self.spec, self.res = spec, resources
         retrieve: Retrieve = spec.stage(Retrieve)

@@ -8,7 +8,7 @@
     ))
 
 Every stage is a frozen dataclass checked on construction (errors name the field and its value);
-`Pipeline` (runner.py) runs them with a `match`. Names inside conditions and features refer to:
+`PipelineRunner` (runner.py) runs them with a `match`. Names inside conditions and features refer to:
     "<column>"            a column of the item feature table (conditions only)
     "item.<column>"       the same, explicitly;  "item.id" the candidate's id
     "user.<column>"       a column of the user feature table;  "user.id" the user's id

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +11,8 @@ import polars as pl
 import pytest
 
 from hugerec.data.preprocess.dataset import CRITEO_DENSE, CRITEO_SPARSE
+
+from ...conftest import SHARED_DATA, missing_samples
 
 
 def make_criteo_frame(rows: int, seed: int = 0) -> pl.DataFrame:
@@ -56,11 +57,12 @@ def criteo_tsv(tmp_path: Path, criteo_frame: pl.DataFrame) -> Path:
 
 @pytest.fixture
 def criteo_sample(tmp_path: Path) -> Path:
-    """The real 10,000-row Criteo sample, unzipped (skips when the data folder is absent)."""
-    root = Path(os.environ.get("HUGEREC_DATA", Path(__file__).resolve().parents[3] / ".." / "shared" / "data"))
-    source = root / "criteo" / "train_examples.txt.gz"
-    if not source.exists():
-        pytest.skip(f"real Criteo sample not found at {source}")
+    """The real 10,000-row Criteo sample, unzipped (skips when it is absent: tests/conftest.py)."""
+    missing = missing_samples(("criteo/train_examples.txt.gz",))
+    if missing:
+        pytest.skip(f"real data sample {missing[0]} not found (set HUGEREC_DATA or put shared/data beside the checkout)")
+    assert SHARED_DATA is not None
+    source = SHARED_DATA / "criteo" / "train_examples.txt.gz"
     target = tmp_path / "criteo_sample.tsv"
     target.write_bytes(gzip.decompress(source.read_bytes()))
     return target

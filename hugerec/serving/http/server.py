@@ -1,0 +1,680 @@
+"""InferenceServer: FastAPI + uvicorn, speaking the Open Inference Protocol v2 (KServe / Triton).
+
+    GET  /v2                                   server metadata
+    GET  /v2/health/live | /v2/health/ready    liveness, readiness (every model has a stable version)
+    GET  /v2/models/{m}[/versions/{v}]         model metadata (inputs, outputs, versions)
+    GET  /v2/models/{m}[/versions/{v}]/ready   model readiness
+    GET  /v2/models/{m}/config                 Triton-style config (max batch size, dynamic batching)
+    POST /v2/models/{m}[/versions/{v}]/infer   typed tensors, JSON or the binary extension (runtime/inference_protocol.py)
+    POST /predict                              {"instances": [raw feature dicts], "model"?: m} -> scores
+    POST /recommend                            {"user": id, "k": 20, ...} -> a pipeline's items (pipeline/served_pipeline.py)
+    GET  /metrics                              Prometheus
+  admin (load/unload versions, canary, promote, rollback): see admin.py
+  request log and feedback (when enable_request_log was called): see feedback.py
+
+Bad requests get a 4xx JSON {"error": message}; the server never answers 500 to bad input.
+
+Versions of one model trained on different schemas (a whole-bundle canary after a schema change) share
+the traffic: a version ignores request fields only another loaded version takes (inference_protocol.LiveFields),
+and a request the version it was routed to cannot take goes to the other of stable and canary
+(_routed) unless it names its version.
+
+Every name serves versions of one kind of served object (runtime/served_object.py: a deep model, GBM trees, a
+next-items model or a pipeline). The routes ask the version they route to: a route its kind does not answer
+(/predict of a pipeline, /recommend of a model, a version delta of trees) is a 400 saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
+
+from hugerec.serving.bundles import gbm_bundle, next_items_bundle, pipeline_bundle
+from hugerec.serving.bundles.bundle_files import bundle_kind
+from hugerec.serving.bundles.bundle_loader import ServeOptions, load_bundle
+from hugerec.serving.bundles.gbm_bundle import load_gbm_bundle
+from hugerec.serving.bundles.isolated_load import DEFAULT_LOAD_DEADLINE_S, commit_load, current_deadline
+from hugerec.serving.bundles.next_items_bundle import load_next_items
+from hugerec.serving.bundles.pipeline_bundle import PipelineOptions, load_pipeline
+from hugerec.serving.bundles.version_delta import derive_version, read_version_delta
+from hugerec.serving.http.admin import admin_router
+from hugerec.serving.http.auth import check_admin_token
+from hugerec.serving.http.feedback import feedback_router
+from hugerec.serving.http.limits import read_asgi_body, read_request_body
+from hugerec.serving.http.prometheus_metrics import ServerMetrics
+from hugerec.serving.http.request_log import RequestLog, RequestLogConfig
+from hugerec.serving.http.versions import ModelVersions
+from hugerec.serving.pipeline.runner import StageError
+from hugerec.serving.pipeline.served_pipeline import PipelineMetrics, ServedPipeline
+from hugerec.serving.runtime.batching import BatchingConfig, DynamicBatcher, QueueFull
+from hugerec.serving.runtime.inference_model import InferenceModel
+from hugerec.serving.runtime.inference_protocol import HEADER_LENGTH, RequestError, dump_json, parse_json
+from hugerec.serving.runtime.request_preprocessor import RequestPreprocessor
+from hugerec.serving.runtime.served_model import Scorer, ServedModel
+from hugerec.serving.runtime.served_object import ServedObject
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SERVER_NAME = "hugerec"
+_HEADER_LENGTH_KEY = HEADER_LENGTH.lower().encode("latin-1")
+_INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
+PLATFORM = "hugerec_pytorch"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """host/port to bind (loopback by default); limits on requests; admin_token enables the admin API.
+
+    body_timeout_s: the longest wait for the next part of a request body; a client that sends fewer
+    bytes than its Content-Length gets 408 and the connection is closed. keep_alive_s: how long an
+    idle kept-alive connection stays open (uvicorn's timeout_keep_alive). load_deadline_s: the longest
+    an admin load (any bundle kind) may take, and a GBM model file's check by its library in a child
+    process (isolated_load.py); past it the load is refused and the server serves what it served.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    max_request_bytes: int = 64 << 20
+    max_request_rows: int = 65536
+    admin_token: str | None = None
+    seed: int | None = None  # canary routing; None: random
+    body_timeout_s: float = 30.0
+    keep_alive_s: int = 5
+    load_deadline_s: float = DEFAULT_LOAD_DEADLINE_S
+
+    def __post_init__(self) -> None:
+        if not 0 < self.load_deadline_s <= 86400:
+            raise ValueError(f"ServerConfig: load_deadline_s must be in (0, 86400] seconds, got {self.load_deadline_s}")
+        if not (0 < self.body_timeout_s <= 3600 and 0 < self.keep_alive_s <= 3600):
+            raise ValueError(
+                f"ServerConfig: body_timeout_s and keep_alive_s must be in (0, 3600] seconds, got "
+                f"{self.body_timeout_s}, {self.keep_alive_s}"
+            )
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"ServerConfig: port must be in 0..65535, got {self.port}")
+        if self.max_request_bytes < 1024 or self.max_request_rows < 1:
+            raise ValueError(
+                f"ServerConfig: max_request_bytes must be >= 1024 and max_request_rows >= 1, got "
+                f"{self.max_request_bytes}, {self.max_request_rows}"
+            )
+        if self.admin_token is not None and len(self.admin_token) < 16:
+            raise ValueError("ServerConfig: admin_token must have at least 16 characters")
+
+
+class InferenceServer:
+    """Serves names, each with versions of one served object kind (runtime/served_object.py); `app` is the ASGI
+    app, `run()` binds it. Every route asks the version it routes to, never which kind it holds.
+
+    options: how bundles loaded by `add_bundle` (and the admin load endpoint) are served.
+    """
+
+    def __init__(self, config: ServerConfig | None = None, options: ServeOptions | None = None) -> None:
+        self.config = config or ServerConfig()
+        self.options = options or ServeOptions()
+        self.models: dict[str, ModelVersions] = {}  # every served name: scoring models, next-items models, pipelines
+        self.metrics = ServerMetrics()
+        self.pipeline_options = PipelineOptions(ranker=self.options)
+        self.pipeline_metrics = PipelineMetrics(self.metrics.registry)
+        self._lock = threading.Lock()
+        self._close_on_shutdown = False
+        self.request_log: RequestLog | None = None  # enable_request_log: /predict rows logged, /feedback taken
+        self.app = self._build_app()
+
+    def enable_request_log(self, config: RequestLogConfig) -> RequestLog:
+        """Log a sample of /predict rows and take feedback for them (http/request_log.py)."""
+        self.request_log = RequestLog(config, self.metrics.registry)
+        return self.request_log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI app uvicorn runs: inference requests are answered here on raw ASGI messages, skipping
+        the framework's request/response objects and middleware (most of the cost of a one-example
+        request); the rest goes to FastAPI."""
+        if scope["type"] == "http":
+            if scope["path"] == "/recommend":
+                if scope["method"] == "POST":
+                    await self._recommend_asgi(scope, receive, send)
+                else:
+                    await JSONResponse({"error": "method not allowed: use POST"}, status_code=405)(scope, receive, send)
+                return
+            match = _INFER_PATH.fullmatch(scope["path"])
+            if match is not None and scope["method"] == "POST":
+                await self._infer_asgi(match["name"], match["version"], scope, receive, send)
+                return
+            if match is not None:  # the infer path takes POST only
+                await JSONResponse({"error": "method not allowed: use POST"}, status_code=405)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    async def _infer_asgi(self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send) -> None:
+        header_length = None
+        for key, value in scope["headers"]:
+            if key == _HEADER_LENGTH_KEY:
+                header_length = value.decode("latin-1")
+        t0, code, served_version = time.perf_counter(), 200, version or "-"
+        holds: list[ServedObject] = []  # the routed version and a fallback that answered: released after answering
+        try:
+            versions = self.model_versions(name)
+            served = self._hold(versions, version, holds)
+            served_version = served.version
+            body = await read_asgi_body(scope, receive, self.config.max_request_bytes, self.config.body_timeout_s)
+            if body is None:
+                code = 499  # the client went away: nobody to answer
+                return
+            live = versions.fields()
+            served, (payload, headers) = await _routed(
+                versions, served, version is not None, lambda s: s.infer(body, header_length, live), holds
+            )
+            served_version = served.version
+            raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        except Exception as e:
+            code = _status(e)
+            payload, raw = _error_body(e, code), _error_headers(code)
+        finally:
+            _release(self.models.get(name), holds)
+            if code != 499:
+                self._observe(name, served_version, "infer", code, t0)
+        await _send(send, code, raw, payload)
+
+    async def _recommend_asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /recommend on raw ASGI messages, like infer: the body parsed by orjson, the pipeline run off the
+        event loop, the answer written by orjson (the framework's request, routing and JSONResponse cost more
+        than the pipeline's own filter, score and order stages together)."""
+        t0, code, name, served_version = time.perf_counter(), 200, "-", "-"
+        try:
+            raw_body = await read_asgi_body(scope, receive, self.config.max_request_bytes, self.config.body_timeout_s)
+            if raw_body is None:
+                code = 499
+                return
+            body = _json_object(raw_body)
+            versions = self._recommender(body.get("pipeline"))
+            version = body.get("version")
+            served = self._route(versions, None if version is None else str(version))
+            name, served_version = served.name, served.version
+            payload, raw = dump_json(await asyncio.to_thread(served.recommend, body)), [(b"content-type", b"application/json")]
+        except Exception as e:
+            code = _status(e)
+            payload, raw = _error_body(e, code), _error_headers(code)
+        finally:
+            if code != 499:
+                self._observe(name, served_version, "recommend", code, t0)
+        await _send(send, code, raw, payload)
+
+    # -- loading -----------------------------------------------------------------------------
+    def add_bundle(self, path: str | Path, name: str | None = None, version: str | None = None) -> ServedObject:
+        """Load any bundle and serve it as a version of `name` (name and version default to the manifest's). The
+        manifest's kind says what it holds: a model bundle (no kind), "gbm", "next_items" or "pipeline"."""
+        match bundle_kind(path):
+            case None:
+                return self._add_model_bundle(path, name, version)
+            case gbm_bundle.KIND:
+                deadline = current_deadline()  # an admin load's; at start-up the configured one
+                seconds = self.config.load_deadline_s if deadline is None else deadline.remaining()
+                loaded = load_gbm_bundle(path, self.config.max_request_rows, verify=self.options.verify, deadline_s=seconds)
+                info = {"bundle": str(loaded.path), "bundle_id": loaded.bundle_id, "kind": "gbm", **loaded.manifest["info"]}
+                return self.add_model(name or loaded.name, version or loaded.version, loaded.model, loaded.preprocess, (), info)
+            case next_items_bundle.KIND:
+                model = load_next_items(path, name, version, self.config.max_request_rows)
+                return self._serve(replace(model, info={"bundle": str(path)}))
+            case pipeline_bundle.KIND:
+                p = load_pipeline(path, self.pipeline_options, name, version)
+                return self._serve(ServedPipeline(p.name, p.version, p.pipeline, self.pipeline_metrics, {"bundle": str(path)}, [p.close]))
+            case other:
+                raise ValueError(f"{path}: manifest kind {other!r} is none of model, gbm, next_items, pipeline")
+
+    def _add_model_bundle(self, path: str | Path, name: str | None, version: str | None) -> ServedModel:
+        loaded = load_bundle(path, self.options, self.config.max_request_rows)
+        m = loaded.bundle.manifest
+        name, version = name or m.name, version or m.version
+        info = {"bundle": str(loaded.bundle.path), "bundle_id": loaded.bundle.id, **m.info}
+        try:
+            served = self.add_model(name, version, loaded.model, loaded.preprocess, [loaded.close], info, loaded.model)
+        except BaseException:
+            loaded.close()
+            raise
+        updates = self.metrics.updates
+        loaded.start_updates(lambda result: updates.labels(name, version, result).inc())
+        served.info["watchers"] = loaded.watchers
+        return served
+
+    def add_model(
+        self,
+        name: str,
+        version: str,
+        model: Scorer,
+        preprocess: RequestPreprocessor | None = None,
+        closers: Sequence[Callable[[], None]] = (),
+        info: dict[str, Any] | None = None,
+        bundle_model: InferenceModel | None = None,
+    ) -> ServedModel:
+        """Serve a scoring model (InferenceModel or GBMModel) as version `version` of `name`, behind a dynamic
+        batcher (the first version of a name becomes stable). bundle_model: the same model when it was loaded
+        from a model bundle, so that version deltas apply to it."""
+        signature = model.signature(self.config.max_request_rows)
+        batcher = DynamicBatcher(
+            model.predict, self.config.batching, self.metrics.batch_observer(name, version), name=f"{name}:{version}"
+        )
+        served = ServedModel(
+            name,
+            version,
+            model,
+            batcher,
+            signature,
+            preprocess or RequestPreprocessor(signature),
+            dict(info or {}),
+            [batcher.close, *closers],  # no model call runs once the stores close
+            bundle_model,
+        )
+        try:
+            self._serve(served, close_on_error=False)
+        except ValueError:
+            batcher.close()  # the caller closes what it loaded
+            raise
+        ps = served.parameter_server()
+        if ps is not None:
+            self.metrics.parameter_servers.add(name, version, ps)
+        return served
+
+    def add_version_delta(self, path: str | Path, name: str, base: str, version: str) -> ServedModel:
+        """Serve `base` + the version delta at `path` as a new version `version` of `name` (bundles/version_delta.py);
+        the base version is only read. The new version waits for set_canary / promote like a loaded bundle."""
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", version):
+            raise ValueError(f"version {version!r}: use letters, digits, '_', '.' and '-' (at most 128)")
+        versions = self.model_versions(name)
+        if version in versions:
+            raise ValueError(f"model {name!r}: version {version!r} is already loaded")
+        try:
+            served_base = versions.get(base)
+        except KeyError as e:
+            raise RequestError(f"field 'base': {e.args[0]}", status=404) from None
+        target = served_base.delta_base()  # Unsupported (400) for a kind that takes no deltas
+        delta = read_version_delta(path)
+        if delta.base_version != base:
+            raise ValueError(f"version delta {path} was made against version {delta.base_version!r}, not {base!r}")
+        derived = derive_version(target.model, target.preprocess, target.info, delta, version, self.options)
+        try:
+            return self.add_model(
+                name, version, derived.model, derived.preprocess, [derived.close], derived.info, derived.model
+            )
+        except BaseException:
+            derived.close()
+            raise
+
+    def _serve(self, served: ServedObject, close_on_error: bool = True) -> ServedObject:
+        """Add a loaded version under its name (ValueError: the version is loaded, or the name serves another
+        family; the version is then closed unless close_on_error is False)."""
+        with self._lock:
+            versions = self.models.setdefault(served.name, ModelVersions(served.name, self.config.seed))
+        try:
+            commit_load()  # an admin load past its deadline is refused here (bundles/isolated_load.py)
+            versions.add(served)
+        except ValueError:
+            if close_on_error:
+                served.close()
+            raise
+        return served
+
+    def unload(self, name: str, version: str) -> None:
+        """Unload a version that is neither stable nor canary, once the requests it is answering are done."""
+        served = self.model_versions(name).remove(version)
+        self.metrics.parameter_servers.remove(name, version)
+        served.close()
+
+    def close(self) -> None:
+        for versions in self.models.values():
+            versions.close()
+
+    # -- routing -----------------------------------------------------------------------------
+    def model_versions(self, name: str) -> ModelVersions:
+        versions = self.models.get(name)
+        if versions is None:
+            raise RequestError(f"unknown model {name!r}; serving {sorted(self.models)}", status=404)
+        return versions
+
+    @staticmethod
+    def _route(versions: ModelVersions, version: str | None) -> ServedObject:
+        """The version a request goes to (canary routing, or the named one; 404 when absent)."""
+        try:
+            return versions.route() if version is None else versions.get(version)
+        except KeyError as e:
+            raise RequestError(f"field 'version': {e.args[0]}", status=404) from None
+
+    @staticmethod
+    def _hold(versions: ModelVersions, version: str | None, holds: list[ServedObject]) -> ServedObject:
+        """_route, holding the version for the request (appended to `holds`; an unload waits for it)."""
+        try:
+            served = versions.acquire(version)
+        except KeyError as e:
+            raise RequestError(str(e.args[0]), status=404) from None
+        holds.append(served)
+        return served
+
+    def _recommender(self, name: object) -> ModelVersions:
+        """The versions a /recommend-family request goes to: the name in its 'pipeline' field, else the one
+        pipeline served."""
+        if name is None:
+            pipelines = sorted(n for n, v in self.models.items() if v.family == "pipeline")
+            if len(pipelines) != 1:
+                raise RequestError(f"field 'pipeline' must name one of the pipelines served: {pipelines}")
+            name = pipelines[0]
+        if not isinstance(name, str):
+            raise RequestError(f"field 'pipeline' must be a string, got {name!r}"[:200])
+        versions = self.models.get(name)
+        if versions is None:
+            raise RequestError(f"field 'pipeline': unknown pipeline {name!r}; serving {sorted(self.models)}", status=404)
+        return versions
+
+    # -- HTTP --------------------------------------------------------------------------------
+    async def _pipeline_update(self, request: Request) -> Response:
+        """/recommend/interactions and /recommend/features: online updates of every version of a pipeline."""
+        t0, code, name = time.perf_counter(), 200, "-"
+        endpoint = request.url.path.rsplit("/", 1)[1]
+        try:
+            if endpoint == "features":
+                check_admin_token(self.config.admin_token, request)
+            body = await self.json_body(request)
+            versions = self._recommender(body.get("pipeline"))
+            name = versions.name
+            targets = [versions.get(v) for v in versions.versions()]
+
+            def apply() -> dict[str, Any]:
+                answers = [t.update_features(body) if endpoint == "features" else t.add_interactions(body) for t in targets]
+                return {**answers[0], "versions": [t.version for t in targets]}
+
+            return JSONResponse(await asyncio.to_thread(apply))
+        except Exception as e:
+            code = _status(e)
+            return _error(e, code)
+        finally:
+            self._observe(name, "-", endpoint, code, t0)
+
+    async def json_body(self, request: Request) -> dict[str, Any]:
+        """The body of a framework route, within the limits (http/limits.py), as a JSON object."""
+        return _json_object(await read_request_body(request, self.config.max_request_bytes, self.config.body_timeout_s))
+
+    def _observe(self, model: str, version: str, endpoint: str, code: int, t0: float) -> None:
+        # names of models not served are not kept as labels: any client could add them without end
+        model = model if model in self.models else "-"
+        self.metrics.answered(model, version, endpoint, code, time.perf_counter() - t0)
+
+    async def _predict(self, request: Request) -> Response:
+        t0, code, name, served_version = time.perf_counter(), 200, "-", "-"
+        holds: list[ServedObject] = []  # the routed version and a fallback that answered: released after answering
+        try:
+            body = await self.json_body(request)
+            wanted = body.get("model") or (next(iter(self.models)) if len(self.models) == 1 else "")
+            if not isinstance(wanted, str) or not wanted:
+                raise RequestError(f"several models are served: name one with 'model' (one of {sorted(self.models)})")
+            name = wanted
+            version = body.get("version")
+            versions = self.model_versions(name)
+            served = self._hold(versions, None if version is None else str(version), holds)
+            served_version = served.version
+            instances, live = body.get("instances"), versions.fields()
+            served, prediction = await _routed(
+                versions, served, version is not None, lambda s: s.predict(instances, live), holds
+            )
+            served_version = served.version
+            answer = {"model_name": name, "model_version": served.version, "predictions": prediction.scores.tolist()}
+            if self.request_log is not None:
+                answer["request_ids"] = self.request_log.record(
+                    name, served.version, prediction.inputs, prediction.scores, prediction.dense_names
+                )
+            return JSONResponse(answer)
+        except Exception as e:
+            code = _status(e)
+            return _error(e, code)
+        finally:
+            _release(self.models.get(name), holds)
+            self._observe(name, served_version, "predict", code, t0)
+
+    def _metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        versions = self.model_versions(name)
+        served = self._route(versions, version)
+        return {
+            "name": name,
+            "versions": [served.version] if version is not None else versions.versions(),
+            **served.metadata(),
+        }
+
+    def _build_app(self) -> FastAPI:
+        @asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            yield
+            if (
+                self._close_on_shutdown
+            ):  # `run()`: uvicorn re-raises SIGTERM/SIGINT after this, skipping callers' cleanup
+                self.close()
+
+        app = FastAPI(title="hugerec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+
+        @app.exception_handler(RequestError)
+        async def request_error(request: Request, e: RequestError) -> Response:
+            return _error(e, e.status)
+
+        @app.exception_handler(HTTPException)
+        async def http_error(request: Request, e: HTTPException) -> Response:
+            return JSONResponse({"error": str(e.detail)}, status_code=e.status_code)
+
+        @app.get("/v2")
+        async def server_metadata() -> dict[str, Any]:
+            return {"name": SERVER_NAME, "version": "0.1.0", "extensions": ["binary_tensor_data", "model_repository"]}
+
+        @app.get("/v2/health/live")
+        async def live() -> Response:
+            return Response(status_code=200)
+
+        @app.get("/v2/health/ready")
+        async def ready() -> Response:
+            ok = bool(self.models) and all(v.stable is not None for v in self.models.values())
+            return Response(status_code=200 if ok else 503)
+
+        @app.get("/v2/models/{name}")
+        async def model_metadata(name: str) -> dict[str, Any]:
+            return self._metadata(name, None)
+
+        @app.get("/v2/models/{name}/versions/{version}")
+        async def version_metadata(name: str, version: str) -> dict[str, Any]:
+            return self._metadata(name, version)
+
+        @app.get("/v2/models/{name}/ready")
+        async def model_ready(name: str) -> Response:
+            self._route(self.model_versions(name), None)
+            return Response(status_code=200)
+
+        @app.get("/v2/models/{name}/versions/{version}/ready")
+        async def version_ready(name: str, version: str) -> Response:
+            self._route(self.model_versions(name), version)
+            return Response(status_code=200)
+
+        @app.get("/v2/models/{name}/config")
+        async def model_config(name: str) -> dict[str, Any]:
+            return self._route(self.model_versions(name), None).config(self.config.batching)
+
+        # /v2/models/.../infer and /recommend never reach the app: `__call__` answers them on raw ASGI messages
+        app.add_route("/predict", self._predict, methods=["POST"])
+        app.add_route("/recommend/interactions", self._pipeline_update, methods=["POST"])
+        app.add_route("/recommend/features", self._pipeline_update, methods=["POST"])
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            body, content_type = self.metrics.render()
+            return Response(body, media_type=content_type)
+
+        app.include_router(admin_router(self))
+        app.include_router(feedback_router(self))
+        return app
+
+    # -- running -----------------------------------------------------------------------------
+    def uvicorn_config(self, port: int | None = None) -> uvicorn.Config:
+        return uvicorn.Config(
+            self,
+            host=self.config.host,
+            port=self.config.port if port is None else port,
+            log_level="warning",
+            access_log=False,
+            proxy_headers=False,  # bound to loopback by default; no proxy's X-Forwarded-* is trusted
+            server_header=False,
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=self.config.keep_alive_s,
+        )
+
+    def run(self) -> None:
+        """Serve until interrupted (SIGINT / SIGTERM), then release every model version."""
+        self._close_on_shutdown = True
+        uvicorn.Server(self.uvicorn_config()).run()
+
+
+class BackgroundServer:
+    """Runs an ASGI app with uvicorn in a thread (tests, benchmarks): `with BackgroundServer(server) as url:`."""
+
+    def __init__(self, server: InferenceServer, port: int = 0) -> None:
+        self._server = uvicorn.Server(server.uvicorn_config(port))
+        self._thread = threading.Thread(target=self._server.run, name="uvicorn", daemon=True)
+        self.url = ""
+
+    def __enter__(self) -> str:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("BackgroundServer: uvicorn did not start")
+            time.sleep(0.01)
+        host, port = self._server.servers[0].sockets[0].getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+
+
+async def _routed(
+    versions: ModelVersions,
+    served: ServedObject,
+    pinned: bool,
+    answer: Callable[[ServedObject], Awaitable[T]],
+    holds: list[ServedObject],
+) -> tuple[ServedObject, T]:
+    """A request answered by the version it was routed to, by `answer` -> (the version answering, what answer
+    gave). When that version cannot take the request (400: it lacks a field that version needs, or a positional
+    dense list has another width) and the request did not name a version (`pinned`), the other of stable and
+    canary answers it if it can (ModelVersions.fallback): while versions of two schemas share the traffic, a
+    client that sends only one schema's fields is answered by the version of that schema. Otherwise the first
+    version's error stands. The other version is held (appended to `holds`: the caller releases them after
+    answering), so an unload waits for it as for the routed one."""
+    try:
+        return served, await answer(served)
+    except RequestError as e:
+        other = None if pinned or e.status != 400 else versions.acquire_fallback(served.version)
+        if other is None:
+            raise
+        holds.append(other)
+        try:
+            return other, await answer(other)
+        except RequestError:
+            raise e from None
+
+
+def _release(versions: ModelVersions | None, holds: list[ServedObject]) -> None:
+    for held in holds:
+        if versions is not None:
+            versions.release(held)
+
+
+def _status(e: Exception) -> int:
+    match e:
+        case RequestError():
+            return e.status
+        case QueueFull() | StageError():
+            return 503
+        case _:
+            log.exception("internal error while answering a request", exc_info=e)
+            return 500
+
+
+def _error(e: Exception, code: int) -> Response:
+    headers = {"connection": "close"} if code == 408 else None  # the rest of that body is not read
+    return Response(_error_body(e, code), status_code=code, media_type="application/json", headers=headers)
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    """A request body that must be a JSON object ({} when empty); RequestError otherwise."""
+    if not body:
+        return {}
+    try:
+        value = parse_json(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(f"request body is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise RequestError(f"request body must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _error_headers(code: int) -> list[tuple[bytes, bytes]]:
+    raw = [(b"content-type", b"application/json")]
+    if code == 408:  # the rest of that body is not read
+        raw.append((b"connection", b"close"))
+    return raw
+
+
+async def _send(send: Send, code: int, headers: list[tuple[bytes, bytes]], payload: bytes) -> None:
+    await send({"type": "http.response.start", "status": code, "headers": [*headers, (b"content-length", str(len(payload)).encode("latin-1"))]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _error_body(e: Exception, code: int) -> bytes:
+    message = str(e) if code < 500 or isinstance(e, QueueFull | StageError) else f"internal error: {type(e).__name__}: {e}"
+    return json.dumps({"error": message}).encode()
+
+
+def serve(
+    bundles: str | Path | Sequence[str | Path],
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    options: ServeOptions | None = None,
+    config: ServerConfig | None = None,
+    threads: int | None = None,
+    request_log: RequestLogConfig | None = None,
+) -> None:
+    """Serve exported bundles over HTTP until SIGINT/SIGTERM (what `hugerec serve BUNDLE...` runs).
+
+    host/port override `config`'s (binding anything but loopback exposes the server to the network);
+    threads: torch intra-op threads of this process (None: torch's default);
+    request_log: log a sample of /predict rows and take /feedback (serving/request_log.py).
+    """
+    base = config or ServerConfig()
+    server = InferenceServer(replace(base, host=host, port=port), options)
+    if request_log is not None:
+        server.enable_request_log(request_log)
+    paths = [bundles] if isinstance(bundles, str | Path) else list(bundles)
+    if not paths:
+        raise ValueError("serve: no bundle given")
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"serve: threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    try:
+        for path in paths:
+            served = server.add_bundle(path)
+            log.info("serving %s version %s from %s on http://%s:%d", served.name, served.version, path, host, port)
+        server.run()
+    finally:
+        server.close()

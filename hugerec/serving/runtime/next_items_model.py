@@ -1,0 +1,223 @@
+"""NextItemsModel: a sequential model served as "next items for this sequence" over the Open Inference Protocol v2.
+
+    model = load_next_items("runs/movielens_sasrec/bundle")   # hugerec.serving.bundles.next_items_bundle
+    out = model.next_items(values, lengths)      # raw item ids [N] + lengths [B] -> items [B, k], scores [B, k]
+
+Request (KServe v2 / Triton, JSON or the binary extension):
+    "items"          INT64 [N] the raw item ids of every history, oldest first, one after another
+    "items.lengths"  INT64 [B] items per history            (or "items" [B, L] padded with -1)
+    parameters.k     optional, 1..catalogue size (default: the bundle's k)
+Outputs: "items" INT64 [B, k] (raw ids, best first; -1 where fewer than k remain), "scores" FP32
+[B, k], "unknown_items" INT64 [B] (ids the model does not know, skipped), "truncated_items" INT64 [B]
+(known ids left out because the history is longer than the model's max_len: it keeps the last max_len).
+A history with no known item gets the most popular items. Scoring is exact: the query vector against
+every item vector (one [B, I] matmul).
+
+A bundle of an HSTU also ranks given candidates for one history (`candidate_scores`, the pipeline's
+Score stage with `sequential = true`): the history is encoded once and the candidates are scored by
+the model's ranking head in micro-batches (`hugerec.models.hstu`, M-FALCON).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from hugerec.models.hstu import HSTU
+from hugerec.models.sequence import PAD
+from hugerec.serving.runtime.inference_protocol import (
+    HEADER_LENGTH,
+    LiveFields,
+    RequestError,
+    Signature,
+    parse_tensors,
+    split_body,
+    to_model_inputs,
+)
+from hugerec.serving.runtime.served_object import ServedObject
+from hugerec.training.model_file import SavedModel as SavedSequenceModel
+from hugerec.training.sequential import SequenceModel, query_vectors
+
+FEATURE = "items"
+OUTPUTS = ("items", "scores", "unknown_items", "truncated_items")
+_DATATYPES = {"items": "INT64", "scores": "FP32", "unknown_items": "INT64", "truncated_items": "INT64"}
+
+
+@dataclass(frozen=True, eq=False)
+class NextItemsModel(ServedObject):
+    """A loaded next-items bundle: exact top-k next items for raw-id histories (a served object: see
+    served_object.py; versions, canaries and the admin API treat it as any other kind)."""
+
+    family: ClassVar[str] = "next_items"
+    platform: ClassVar[str] = "hugerec_next_items"
+
+    name: str
+    version: str
+    k: int
+    exclude_seen: bool
+    saved: SavedSequenceModel
+    item_vectors: torch.Tensor  # [I, D] rows of dense items 1..I
+    request_rows: int = 65536  # histories per request
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return "next_items"
+
+    @property
+    def signature(self) -> Signature:
+        return Signature(0, (FEATURE,), self.request_rows)
+
+    def max_rows(self) -> int:
+        return self.request_rows
+
+    def fields(self) -> LiveFields:
+        return LiveFields(self.signature.input_names(), frozenset(), frozenset({0}))
+
+    async def infer(self, body: bytes, header_length: str | None, live: LiveFields) -> tuple[bytes, dict[str, str]]:
+        return await asyncio.to_thread(self.answer, body, header_length)  # a [B, I] matmul: off the event loop
+
+    def close(self) -> None:
+        """Nothing to release: the model and the item vectors are tensors in memory."""
+
+    def next_items(self, values: np.ndarray, lengths: np.ndarray, k: int | None = None) -> dict[str, np.ndarray]:
+        """values [N] raw ids, lengths [B] -> {"items": [B, k] raw ids (-1: none), "scores": [B, k], "unknown_items": [B]}."""
+        k = self.k if k is None else k
+        num_items = self.saved.num_items
+        if not 1 <= k <= num_items:
+            raise RequestError(f"parameter 'k' = {k} must be in 1..{num_items} (the catalogue's size)")
+        lengths = np.asarray(lengths, dtype=np.int64)
+        b = len(lengths)
+        dense = self.saved.lookup(values)  # [N], PAD where unknown
+        row = np.repeat(np.arange(b), lengths)  # [N] history of each id
+        known = dense != PAD
+        unknown = np.bincount(row[~known], minlength=b).astype(np.int64)  # [B]
+        dense, row = dense[known], row[known]
+        n_known = np.bincount(row, minlength=b)
+        max_len = self.saved.max_len
+        # [B, L] left-padded: the last max_len known ids of each history (position from the history's end)
+        ends = np.cumsum(n_known)
+        from_end = ends[row] - np.arange(len(row)) - 1  # 0 for a history's most recent id
+        keep = from_end < max_len
+        truncated = np.bincount(row[~keep], minlength=b).astype(np.int64)  # [B]
+        padded = np.full((b, max_len), PAD, dtype=np.int64)
+        padded[row[keep], max_len - 1 - from_end[keep]] = dense[keep]
+        scores = torch.full((b, num_items), float("-inf"))
+        warm = n_known > 0
+        if warm.any():
+            model: SequenceModel = self.saved.model  # type: ignore[assignment]
+            q = query_vectors(model, torch.from_numpy(padded[warm])).float()  # [W, D]
+            scores[torch.from_numpy(warm)] = q @ self.item_vectors.T  # [W, I]
+        if not warm.all():  # nothing known to go on: the most popular items
+            scores[torch.from_numpy(~warm)] = torch.from_numpy(self.saved.item_counts[1:].astype(np.float32))
+        if self.exclude_seen and len(row):
+            scores[torch.from_numpy(row), torch.from_numpy(dense - 1)] = float("-inf")
+        top = torch.topk(scores, k, dim=1)
+        found = torch.isfinite(top.values)
+        items = torch.where(found, torch.from_numpy(self.saved.items_raw)[top.indices], torch.full_like(top.indices, -1))
+        return {
+            "items": items.numpy().astype(np.int64),
+            "scores": torch.where(found, top.values, torch.zeros_like(top.values)).numpy().astype(np.float32),
+            "unknown_items": unknown,
+            "truncated_items": truncated,
+        }
+
+    @property
+    def scores_candidates(self) -> bool:
+        """True when the model ranks given candidates itself (an HSTU: cached candidate scoring)."""
+        return isinstance(self.saved.model, HSTU)
+
+    def candidate_scores(self, history: np.ndarray, candidates: np.ndarray, micro_batch: int = 256) -> tuple[np.ndarray, int]:
+        """One history's raw ids (oldest first) and K candidates' raw ids -> ([K] float32 ranking-head logits,
+        -inf for a candidate the model does not know; the number of known history ids left out because
+        the history is longer than max_len - 1, the slot before the candidate's)."""
+        model = self.saved.model
+        if not isinstance(model, HSTU):
+            raise ValueError(f"next-items model {self.name!r} is a {self.saved.model_type}, which has no candidate scoring (an HSTU has)")
+        dense = self.saved.lookup(np.asarray(history, dtype=np.int64))
+        dense = dense[dense != PAD]
+        room = self.saved.max_len - 1
+        truncated = max(len(dense) - room, 0)
+        cand = self.saved.lookup(np.asarray(candidates, dtype=np.int64))
+        known = cand != PAD
+        out = np.full(len(cand), -np.inf, dtype=np.float32)
+        if known.any():
+            hist = torch.from_numpy(dense[len(dense) - min(len(dense), room) :])[None]  # [1, Lh]
+            with torch.no_grad():
+                scores = model.candidate_scores(hist, torch.from_numpy(cand[known])[None], micro_batch=micro_batch)
+            out[known] = scores[0].numpy()
+        return out, truncated
+
+    def answer(self, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
+        """An infer request body -> (response body, headers); bad requests raise RequestError (400)."""
+        header_bytes, blob = split_body(body, header_length)
+        request, tensors = parse_tensors(header_bytes, blob, self.request_rows)
+        inputs = to_model_inputs(tensors, self.signature)
+        values, lengths = inputs.ids[FEATURE]
+        params = request.get("parameters") or {}
+        k = params.get("k") if isinstance(params, dict) else None
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int)):
+            raise RequestError(f"parameter 'k' must be an integer, got {k!r}")
+        outputs = self.next_items(values, lengths, k)
+        return encode(self.name, self.version, request, outputs)
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "platform": self.platform,
+            "inputs": [
+                {"name": FEATURE, "datatype": "INT64", "shape": [-1]},
+                {"name": FEATURE + ".lengths", "datatype": "INT64", "shape": [-1]},
+            ],
+            "outputs": [
+                {"name": "items", "datatype": "INT64", "shape": [-1, -1]},
+                {"name": "scores", "datatype": "FP32", "shape": [-1, -1]},
+                {"name": "unknown_items", "datatype": "INT64", "shape": [-1]},
+                {"name": "truncated_items", "datatype": "INT64", "shape": [-1]},
+            ],
+        }
+
+
+def encode(model: str, version: str, request: Mapping[str, Any], outputs: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+    """The response: JSON data, or the binary extension for outputs asked for as binary."""
+    params = request.get("parameters") or {}
+    binary_all = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
+    wanted = request.get("outputs")
+    names, binary = list(OUTPUTS), set(OUTPUTS) if binary_all else set()
+    if wanted is not None:
+        if not isinstance(wanted, list):
+            raise RequestError("'outputs' must be a list")
+        names, binary = [], set()
+        for spec in wanted:
+            name = spec.get("name") if isinstance(spec, dict) else None
+            if name not in OUTPUTS:
+                raise RequestError(f"unknown output {name!r}; the model has {list(OUTPUTS)}")
+            names.append(name)
+            p = spec.get("parameters") or {}
+            if isinstance(p, dict) and p.get("binary_data", binary_all):
+                binary.add(name)
+    described, blobs = [], []
+    for name in names:
+        dtype = "<i8" if _DATATYPES[name] == "INT64" else "<f4"
+        array = np.ascontiguousarray(outputs[name], dtype=dtype)
+        entry: dict[str, Any] = {"name": name, "datatype": _DATATYPES[name], "shape": list(array.shape)}
+        if name in binary:
+            raw = array.tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            entry["data"] = array.ravel().tolist()
+        described.append(entry)
+    body: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": described}
+    if request.get("id") is not None:
+        body["id"] = str(request["id"])
+    header = json.dumps(body, separators=(",", ":")).encode()
+    if not blobs:
+        return header, {"content-type": "application/json"}
+    return header + b"".join(blobs), {HEADER_LENGTH: str(len(header)), "content-type": "application/octet-stream"}
+

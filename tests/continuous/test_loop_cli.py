@@ -1,0 +1,100 @@
+"""`hugerec loop` as documented: runs a shrunk synthetic stream with the embedded server, prints the log table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hugerec.cli import main
+from hugerec.cli.loop_command import load_loop_file
+
+SHRINK = [
+    "data.stream.days=3",
+    "data.stream.rows_per_day=3000",
+    "data.stream.vocabulary=300",
+    "data.stream.concept_drift_day=none",
+    "data.stream.feature_shift_day=none",
+    "embedding.capacity=3000",
+    "server.replay_rows=300",
+    "decisions.min_feedback=50",
+]
+
+
+@pytest.mark.slow
+def test_loop_command_runs_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["loop", "configs/loop_synthetic.toml", *SHRINK]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["window", "action", "version"]
+    actions = [line.split()[:3] for line in out[1:]]
+    outcomes = [(w, a) for w, a, _ in actions if a in ("publish", "refuse", "skip")]
+    assert [w for w, _ in outcomes] == ["0", "1"] and ("1", "publish") in outcomes
+    # the same command again: everything is done, nothing is published twice
+    assert main(["loop", "configs/loop_synthetic.toml", *SHRINK]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == out[1:]
+    assert main(["loop", "configs/loop_synthetic.toml", "--log"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == out[1:]
+
+
+def test_loop_config_mistakes_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["loop", "configs/loop_synthetic.toml", "server.mode=cloud"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hugerec loop: error:") and "server.mode must be" in err and "\n" not in err
+    assert main(["loop", "configs/loop_synthetic.toml", "gate.auc_margin=-1"]) == 2
+    assert "auc_margin must be a finite number >= 0" in capsys.readouterr().err
+    assert main(["loop", "configs/loop_synthetic.toml", "loop.keep_versions=-1"]) == 2
+    assert "LoopConfig: keep_versions must be >= 0, got -1" in capsys.readouterr().err
+    assert main(["loop", "data.paths=x/*.parquet"]) == 2
+    assert "data.sparse must name the sparse columns" in capsys.readouterr().err
+    assert main(["loop", "configs/loop_synthetic.toml", "data.paths=x/*.parquet"]) == 2
+    assert "exactly one of data.paths" in capsys.readouterr().err
+    cfg, _ = load_loop_file("configs/loop_synthetic.toml", [])
+    assert cfg.data.stream is not None and cfg.data.stream.concept_drift_day == 4
+    assert main(["loop", "configs/loop_synthetic.toml", "model.type=dcn_v2"]) == 2
+    assert "the loop trains model.type = 'dlrm' for now, got 'dcn_v2'" in capsys.readouterr().err
+    assert main(["loop", "configs/loop_synthetic.toml", "model.bottom=[32,4]"]) == 2
+    assert "model.bottom must end with dim (8)" in capsys.readouterr().err
+
+
+def test_loop_reads_the_model_dialect_of_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """[model] is the registry's (type, bottom, top); the tables are [embedding]'s. The old [model] (dim,
+    capacity, sparse_lr beside bottom / top) still reads, with one line naming the new keys; mixed, it is refused."""
+    from hugerec.embedding.optimizers import Adagrad
+    from hugerec.models.model_config import DLRMConfig
+
+    monkeypatch.chdir(tmp_path)
+    cfg, _ = load_loop_file("configs/loop_synthetic.toml", [])
+    assert cfg.model.model == DLRMConfig(bottom=(32, 8), top=(32, 1))
+    assert (cfg.model.dim, cfg.model.capacity, cfg.model.optimizer) == (8, 20000, Adagrad(lr=0.1))
+    old = tmp_path / "old.toml"
+    old.write_text("[model]\ndim = 4\ncapacity = 100\nbottom = [8, 4]\ntop = [8, 1]\nsparse_lr = 0.2\n")
+    capsys.readouterr()
+    back, _ = load_loop_file(str(old), [])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.sparse_lr -> embedding.optimizer" in err and "model.capacity -> embedding.capacity" in err
+    assert back.model.model == DLRMConfig(bottom=(8, 4), top=(8, 1))
+    assert (back.model.dim, back.model.capacity, back.model.optimizer) == (4, 100, Adagrad(lr=0.2))
+    assert main(["loop", str(old), "model.type=dlrm", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "model.dim and model.type: the config mixes the loop's old [model]" in err and err.count("\n") == 1
+
+
+def test_serve_takes_a_request_log_and_remote_needs_its_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hugerec.cli import _parser
+
+    assert _parser().parse_args(["serve", "b", "--request-log", "logs"]).request_log == "logs"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NO_SUCH_TOKEN_VAR", raising=False)
+    argv = ["loop", "configs/loop_synthetic.toml", "server.mode=remote", "server.url=http://127.0.0.1:9"]
+    assert main([*argv, "server.token_env=NO_SUCH_TOKEN_VAR", "data.stream.rows_per_day=500"]) == 2
+    assert "the environment variable NO_SUCH_TOKEN_VAR is not set" in capsys.readouterr().err

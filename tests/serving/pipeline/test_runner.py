@@ -1,0 +1,356 @@
+"""Each pipeline stage against a slow NumPy/pandas twin on random inputs: same items, same order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy import stats
+
+from hugerec.embedding.optimizers import Adam
+from hugerec.index.vector_index import IndexConfig, IndexKind, build_index
+from hugerec.models.hstu import HSTU, HSTUConfig
+from hugerec.models.mf import MatrixFactorization
+from hugerec.models.sasrec import SASRec
+from hugerec.models.sequence import SASRecConfig
+from hugerec.serving.bundles.bundle_loader import load_bundle
+from hugerec.serving.bundles.next_items_bundle import export_next_items, load_next_items
+from hugerec.serving.pipeline import (
+    Ann,
+    Boost,
+    Condition,
+    Filter,
+    InteractionStore,
+    ItemToItem,
+    Order,
+    PipelineRunner,
+    PipelineSpec,
+    Popular,
+    Query,
+    Resources,
+    Retrieve,
+    Score,
+    StageError,
+    UserEncoder,
+)
+from hugerec.serving.pipeline.feature_store import FeatureStore
+from hugerec.serving.runtime.inference_protocol import RequestError
+from hugerec.sparse.batch import Batch
+from hugerec.sparse.features import SparseFeatures
+from hugerec.training.model_file import RawIds, save_model
+
+USERS, ITEMS, DIM = 300, 200, 8  # the toy DLRM's tables: user 300 rows, item 200 rows
+USER_COLS = ("age", "region")
+ITEM_COLS = ("available", "region", "min_age", "category", "price", "promoted")
+
+
+def make_world(seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    users = pd.DataFrame({"user": np.arange(USERS - 20), "age": rng.integers(10, 70, USERS - 20), "region": rng.integers(0, 3, USERS - 20)})
+    items = pd.DataFrame(
+        {
+            "item": np.arange(ITEMS),
+            "available": (rng.random(ITEMS) < 0.8).astype(np.int64),
+            "region": rng.integers(0, 3, ITEMS),
+            "min_age": rng.choice([0, 0, 0, 18], ITEMS),
+            "category": rng.integers(0, 6, ITEMS),
+            "price": rng.random(ITEMS).round(3),
+            "promoted": (rng.random(ITEMS) < 0.1).astype(np.int64),
+        }
+    )
+    store = FeatureStore.in_memory({"user": USER_COLS, "item": ITEM_COLS})
+    store.write("user", users["user"].to_numpy(), {c: users[c].to_numpy() for c in USER_COLS})
+    store.write("item", items["item"].to_numpy(), {c: items[c].to_numpy() for c in ITEM_COLS})
+    torch.manual_seed(seed)
+    mf = MatrixFactorization(USERS, ITEMS, DIM)
+    encoder = UserEncoder(mf)
+    vectors = encoder.item_vectors()
+    index = build_index(vectors, config=IndexConfig(IndexKind.EXACT))
+    events_u = rng.integers(0, USERS, 3000)
+    events_i = rng.integers(0, ITEMS, 3000)
+    popular = np.lexsort((np.arange(ITEMS), -np.bincount(events_i, minlength=ITEMS)))
+    interactions = InteractionStore.from_pairs(events_u, events_i)
+    return {"users": users, "items": items, "store": store, "encoder": encoder, "vectors": vectors, "index": index,
+            "popular": popular, "interactions": interactions, "events": pd.DataFrame({"user": events_u, "item": events_i})}
+
+
+# -- the slow twin -----------------------------------------------------------------------------------
+def ref_retrieve(w: dict[str, Any], user: int, history: list[int], k_ann: int, k_i2i: int, last: int, k_pop: int) -> pd.DataFrame:
+    seen = [*w["events"].query("user == @user")["item"].tolist(), *history]
+    known = user in set(w["users"]["user"])
+    frames = []
+    if known:
+        u = w["encoder"].model.user_vectors(torch.tensor([user])).detach().numpy()[0]
+        s = w["vectors"] @ u
+        top = sorted(range(ITEMS), key=lambda i: (-s[i], i))[:k_ann]
+        frames.append(pd.DataFrame({"item": top, "source": "ann", "score": s[top]}))
+    if seen:
+        q = w["vectors"][seen[-last:]].mean(axis=0)
+        s = w["vectors"] @ q
+        top = sorted(range(ITEMS), key=lambda i: (-s[i], i))[:k_i2i]
+        frames.append(pd.DataFrame({"item": top, "source": "item_to_item", "score": s[top]}))
+    pop = list(w["popular"][:k_pop])
+    frames.append(pd.DataFrame({"item": pop, "source": "popular", "score": -np.arange(len(pop), dtype=float)}))
+    return pd.concat(frames).drop_duplicates("item", keep="first").reset_index(drop=True)
+
+
+def ref_filter(w: dict[str, Any], cands: pd.DataFrame, user: int, history: list[int], deny: list[int]) -> pd.DataFrame:
+    seen = set(w["events"].query("user == @user")["item"]) | set(history)
+    urow = w["users"].set_index("user").loc[user]
+    df = cands.merge(w["items"], on="item", how="left", sort=False)
+    df = df[~df["item"].isin(seen) & ~df["item"].isin(deny)]
+    df = df[(df["available"] == 1) & (df["region"] == urow["region"]) & (df["min_age"] <= urow["age"])]
+    return df.reset_index(drop=True)
+
+
+def ref_order(df: pd.DataFrame, k: int, per_category: int, boost: float) -> pd.DataFrame:
+    df = df.copy()
+    df.loc[df["promoted"] == 1, "score"] = df.loc[df["promoted"] == 1, "score"] * boost
+    df = df.sort_values(["score", "item"], ascending=[False, True], kind="mergesort")
+    df = df[df.groupby("category").cumcount() < per_category]
+    return df.head(k)
+
+
+def spec(k_ann: int = 40, k_i2i: int = 20, k_pop: int = 20, per_category: int = 2, boost: float = 1.5, deny: tuple[int, ...] = (), score: Score | None = None) -> PipelineSpec:
+    stages: list[Any] = [
+        Retrieve((Ann(k_ann), ItemToItem(k_i2i, last=3), Popular(k_pop))),
+        Filter(True, (Condition("available", "==", 1.0), Condition("region", "==", "user.region"), Condition("min_age", "<=", "user.age")), deny=deny),
+    ]
+    if score is not None:
+        stages.append(score)
+    stages.append(Order((Boost(Condition("promoted", "==", 1), multiply=boost),), "category", per_category))
+    return PipelineSpec(tuple(stages), context=(("hour", 12.0),))
+
+
+def resources(w: dict[str, Any], ranker: Any = None) -> Resources:
+    return Resources(w["store"], w["interactions"], w["index"], w["encoder"], w["vectors"], w["popular"], ranker)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_retrieve_filter_order_match_the_slow_twin(seed: int) -> None:
+    w = make_world(seed)
+    rng = np.random.default_rng(100 + seed)
+    deny = tuple(int(i) for i in rng.integers(0, ITEMS, 10))
+    p = PipelineRunner(spec(deny=deny), resources(w))
+    for user in rng.integers(0, USERS - 20, 8).tolist():
+        history = rng.integers(0, ITEMS, 2).tolist()
+        rec = p.recommend(Query(user, 10, tuple(history)), debug=True)
+        assert rec.stages is not None
+        cands = ref_retrieve(w, user, history, 40, 20, 3, 20)
+        assert rec.stages["retrieve"]["items"] == cands["item"].tolist()
+        assert rec.stages["retrieve"]["sources"] == cands["source"].tolist()
+        np.testing.assert_allclose(rec.stages["retrieve"]["scores"], cands["score"], rtol=1e-4, atol=1e-5)
+        kept = ref_filter(w, cands, user, history, list(deny))
+        assert rec.stages["filter"]["items"] == kept["item"].tolist()
+        top = ref_order(kept, 10, 2, 1.5)
+        assert rec.items.tolist() == top["item"].tolist()
+        np.testing.assert_allclose(rec.scores, top["score"], rtol=1e-4, atol=1e-5)
+        if len(top) < 10:
+            assert any("only" in n for n in rec.notes)
+
+
+def test_score_is_one_batched_call_matching_the_model_row_by_row(toy: Any) -> None:
+    w = make_world(3)
+    loaded = load_bundle(toy.bundle)
+    try:
+        calls: list[int] = []
+        model = loaded.model
+
+        class Counting:
+            num_dense, features = model.num_dense, model.features
+
+            def predict(self, inputs: Any) -> np.ndarray:
+                calls.append(inputs.batch_size)
+                return model.predict(inputs)
+
+        score = Score(dense=("user.age", "item.price", "context.hour", "item.category"),
+                      sparse=(("user", "user.id"), ("item", "item.id"), ("last_item", "item.category")))
+        p = PipelineRunner(spec(per_category=100, boost=1.0, score=score), resources(w, Counting()))
+        user = 5
+        rec = p.recommend(Query(user, 20, context={"hour": 9.0}), debug=True)
+        assert rec.stages is not None
+        assert len(calls) == 1 and calls[0] == len(rec.stages["filter"]["items"])
+        items = np.array(rec.stages["filter"]["items"])
+        urow = w["users"].set_index("user").loc[user]
+        irows = w["items"].set_index("item").loc[items]
+        expected = []
+        for i, item in enumerate(items.tolist()):  # the slow twin: the trained model, one row at a time
+            dense = torch.tensor([[urow["age"], irows["price"].iloc[i], 9.0, irows["category"].iloc[i]]], dtype=torch.float32)
+            sparse = SparseFeatures.from_lists({"user": [[user]], "item": [[item]], "last_item": [[int(irows["category"].iloc[i])]]})
+            expected.append(float(toy.offline(Batch(dense, sparse, torch.zeros(1)))[0]))
+        np.testing.assert_allclose(rec.stages["score"]["scores"], expected, rtol=1e-4, atol=1e-6)
+        ref = pd.DataFrame({"item": items, "score": np.float32(expected)}).merge(w["items"], on="item")
+        top = ref_order(ref, 20, 100, 1.0)
+        assert rec.items.tolist() == top["item"].tolist()
+    finally:
+        loaded.close()
+
+
+def test_exploration_samples_from_the_softmax_with_a_true_temperature() -> None:
+    w = make_world(4)
+    store = w["store"]
+    scores = np.array([2.0, 1.0, 0.5, 0.0, -1.0])
+    items = np.arange(5)
+
+    class Fixed:
+        num_dense, features = 0, ("item",)
+
+        def predict(self, inputs: Any) -> np.ndarray:
+            return scores[inputs.one_id[0]] * 4  # logits: the pipeline's scores are their sigmoid
+
+    stages = (Retrieve((Popular(5),)), Score(sparse=(("item", "item.id"),)), Order(temperature=0.5))
+    p = PipelineRunner(PipelineSpec(stages), Resources(store, popular=items, ranker=Fixed()), seed=0)
+    n = 4000
+    first = np.zeros(5)
+    second_given_first0 = np.zeros(5)
+    for _ in range(n):
+        rec = p.recommend(Query(0, 2))
+        first[rec.items[0]] += 1
+        if rec.items[0] == 0:
+            second_given_first0[rec.items[1]] += 1
+    served = p.recommend(Query(0, 5), debug=True)
+    assert served.stages is not None
+    s = np.array(served.stages["score"]["scores"])[np.argsort(served.stages["score"]["items"])]  # score per item id
+    prob = np.exp(s / 0.5) / np.exp(s / 0.5).sum()
+    assert stats.chisquare(first, prob * n).pvalue > 1e-3
+    rest = prob.copy()
+    rest[0] = 0
+    rest /= rest.sum()  # without replacement: the second draw is the softmax over the others
+    m = second_given_first0.sum()
+    assert stats.chisquare(second_given_first0[1:], rest[1:] * m).pvalue > 1e-3
+    # a lower temperature is greedier: the best item comes first more often
+    cold = PipelineRunner(PipelineSpec((stages[0], stages[1], Order(temperature=0.05))), Resources(store, popular=items, ranker=Fixed()), seed=1)
+    greedy = sum(int(cold.recommend(Query(0, 1)).items[0] == 0) for _ in range(500))
+    assert greedy / 500 > first[0] / n + 0.1
+    # the same seed, the same draw
+    assert p.recommend(Query(0, 5, seed=7)).items.tolist() == p.recommend(Query(0, 5, seed=7)).items.tolist()
+
+
+def test_cold_start_and_shortfall_are_said() -> None:
+    w = make_world(5)
+    p = PipelineRunner(spec(), resources(w))
+    rec = p.recommend(Query(USERS + 50, 10))
+    assert rec.cold_start and set(rec.sources) == {"popular"} and "cold start" in rec.notes[0]
+    rec = p.recommend(Query(USERS + 50, 10, history=(1, 2)))
+    assert "item_to_item" in rec.sources
+    small = PipelineRunner(spec(k_ann=3, k_i2i=1, k_pop=1), resources(w))
+    rec = small.recommend(Query(1, 50))
+    assert len(rec.items) < 50 and any(n.startswith("only") for n in rec.notes)
+
+
+def test_bad_queries_name_the_field_and_failing_stages_say_which() -> None:
+    w = make_world(6)
+    p = PipelineRunner(spec(), resources(w))
+    for k in (0, -1, 101, True):
+        with pytest.raises(RequestError, match="'k'"):
+            p.recommend(Query(1, k))
+    with pytest.raises(RequestError, match=r"context.*'nope'"):
+        p.recommend(Query(1, 5, context={"nope": 1.0}))
+
+    class Down:
+        num_dense, features = 0, ("item",)
+
+        def predict(self, inputs: Any) -> np.ndarray:
+            raise ConnectionError("feature store unreachable")
+
+    down = PipelineRunner(spec(score=Score(sparse=(("item", "item.id"),))), resources(w, Down()))
+    with pytest.raises(StageError, match="'score' failed: ConnectionError"):
+        down.recommend(Query(1, 5))
+
+
+def test_specs_are_checked_against_the_resources() -> None:
+    w = make_world(7)
+    with pytest.raises(ValueError, match="no column 'colour'"):
+        PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Filter(keep=(Condition("colour", "==", 1),)), Order())), resources(w))
+    with pytest.raises(ValueError, match="context key 'day'"):
+        PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Order(boosts=(Boost(Condition("price", ">", "context.day"), add=1),)))), resources(w))
+    with pytest.raises(ValueError, match="Retrieve, \\[Filter\\], \\[Score\\], Order"):
+        PipelineSpec((Order(), Retrieve((Popular(5),))))
+    with pytest.raises(ValueError, match="op must be one of"):
+        Condition("price", "~", 1)
+    with pytest.raises(ValueError, match="temperature must be a number > 0"):
+        Order(temperature=0)
+    with pytest.raises(ValueError, match="ranker takes"):
+        PipelineRunner(spec(score=Score(sparse=(("user", "user.id"),))), resources(w, type("R", (), {"num_dense": 0, "features": ("item",), "predict": None})()))
+
+
+def test_feature_store_refuses_inexact_values_and_updates_online() -> None:
+    store = FeatureStore.in_memory({"item": ("a", "b")})
+    store.write("item", np.array([3, 1]), {"a": np.array([1, 2]), "b": np.array([0.5, 0.25])})
+    store.update("item", np.array([1]), {"b": np.array([9.0])})
+    values, found = store.read("item", np.array([1, 3, 7]))
+    assert found.tolist() == [True, True, False]
+    assert values.tolist() == [[2.0, 9.0], [1.0, 0.5], [0.0, 0.0]]
+    with pytest.raises(ValueError, match="not exact in float32"):
+        store.write("item", np.array([5]), {"a": np.array([1 << 25]), "b": np.array([0.0])})
+    with pytest.raises(ValueError, match="lacks columns \\['b'\\]"):
+        store.write("item", np.array([5]), {"a": np.array([1])})
+    with pytest.raises(ValueError, match="no row for id 8"):
+        store.update("item", np.array([8]), {"a": np.array([1])})
+
+
+@pytest.mark.parametrize("recent", [(1, 3), ()])
+def test_user_encoder_matches_the_two_tower_and_maps_raw_ids(recent: tuple[int, ...]) -> None:
+    from hugerec.models.two_tower import TwoTower, TwoTowerConfig
+
+    torch.manual_seed(0)
+    model = TwoTower(TwoTowerConfig(dim=8, embedding_dim=8, user_layers=(16,), max_history=6, recent=recent), 30, 50)
+    users_raw, items_raw = np.arange(30) * 10 + 7, np.arange(50) * 3 + 1000
+    enc = UserEncoder(model, users_raw, items_raw)
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 4, 9):
+        user, hist = int(rng.integers(0, 30)), rng.integers(0, 50, n)
+        got = enc.encode(int(users_raw[user]), np.r_[items_raw[hist], 5])  # 5: an unknown raw item, skipped
+        np.testing.assert_allclose(got, enc.reference(user, hist), rtol=1e-5, atol=1e-6)
+    assert enc.encode(8, np.zeros(0, np.int64)) is None  # a raw user id the model does not know
+    assert enc.dense_items(np.array([1003, 999, 1147])).tolist() == [1, -1, 49]
+
+
+@pytest.mark.parametrize("tier", ["rocksdb", "redis"])
+def test_feature_store_on_the_other_tiers(tier: str, tmp_path: Any, request: pytest.FixtureRequest) -> None:
+    location = str(tmp_path / "rocks") if tier == "rocksdb" else request.getfixturevalue("redis_url")
+    store = FeatureStore.on_tier({"item": ("a", "b")}, tier, location, namespace=f"test:{tmp_path.name}")
+    try:
+        store.write("item", np.array([10, -3]), np.array([[1.0, 2.0], [3.0, 4.0]], np.float32))
+        store.update("item", np.array([-3]), {"a": np.array([7])})
+        values, found = store.read("item", np.array([-3, 10, 11]))
+        assert found.tolist() == [True, True, False] and values.tolist() == [[7.0, 4.0], [1.0, 2.0], [0.0, 0.0]]
+        saved = store.save(tmp_path / "saved")
+        again = FeatureStore.load(saved)
+        assert again.read("item", np.array([10, -3]))[0].tolist() == [[1.0, 2.0], [7.0, 4.0]]
+    finally:
+        store.close()
+
+
+def _sequential(tmp_path: Any, model_type: str) -> Any:
+    """A next-items model over the toy catalogue (raw item id i = dense id i + 1), untrained."""
+    torch.manual_seed(0)
+    config = HSTUConfig(max_len=6, dim=8, num_layers=1, num_heads=2) if model_type == "hstu" else SASRecConfig(max_len=6, dim=8, num_layers=1, num_heads=2)
+    cfg = config.sequence_config(ITEMS)
+    model = HSTU(cfg) if model_type == "hstu" else SASRec(cfg)
+    counts = np.concatenate([[0], np.ones(ITEMS)]).astype(np.int64)
+    save_model(tmp_path / f"{model_type}.pt", model, config, Adam(lr=0.01), ids=RawIds(np.arange(ITEMS), counts))
+    return load_next_items(export_next_items(tmp_path / f"{model_type}.pt", tmp_path / model_type))
+
+
+def test_score_with_the_sequential_model_ranks_by_its_cached_candidate_scores(tmp_path: Any) -> None:
+    w = make_world(8)
+    seq = _sequential(tmp_path, "hstu")
+    res = resources(w)
+    res.sequential = seq
+    history = (5, 17, 3, 9, 11, 40, 2, 8)  # longer than the model reads before the candidate: said in the notes
+    p = PipelineRunner(PipelineSpec((Retrieve((Popular(60),)), Score(sequential=True), Order())), res)
+    rec = p.recommend(Query(USERS + 1, 10, history=history))
+    cands = w["popular"][:60]
+    logits, truncated = seq.candidate_scores(np.array(history), cands)
+    want = cands[np.lexsort((cands, -logits))][:10]
+    np.testing.assert_array_equal(rec.items, want)
+    assert truncated == len(history) - 5 and any("oldest items were left out" in n for n in rec.notes)
+    with pytest.raises(ValueError, match=r"needs an HSTU next-items model .* it has a sasrec"):
+        res.sequential = _sequential(tmp_path, "sasrec")
+        PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Score(sequential=True), Order())), res)
+    with pytest.raises(ValueError, match="sequential = true takes no dense or sparse inputs"):
+        Score(sparse=(("item", "item.id"),), sequential=True)

@@ -1,0 +1,329 @@
+"""The pipeline bundle (export, verified load, TOML) and the pipeline served: /recommend, KServe v2,
+metrics, versions, and the answers to bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from hugerec.index.vector_index import IndexConfig, IndexKind
+from hugerec.models.mf import MatrixFactorization
+from hugerec.serving.bundles.pipeline_bundle import PipelineOptions, export_pipeline, load_pipeline
+from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
+from hugerec.serving.pipeline import InteractionStore, Query, UserEncoder
+from hugerec.serving.pipeline.declaration import declaration_from_dict, declaration_to_dict
+from hugerec.serving.pipeline.feature_store import FeatureStore
+from hugerec.serving.pipeline.served_pipeline import ServedPipeline
+
+TOML = """
+[pipeline]
+name = "recs"
+version = "1"
+context = { hour = 12.0 }
+
+[retrieve]
+sources = [{ kind = "ann", k = 60 }, { kind = "item_to_item", k = 20, last = 3 }, { kind = "popular", k = 20, cold_k = 40 }]
+
+[filter]
+exclude_seen = true
+keep = [{ column = "available", op = "==", value = 1 }, { column = "min_age", op = "<=", value = "user.age" }]
+deny = [3]
+
+[score]
+dense = ["user.age", "item.price", "context.hour", "item.category"]
+sparse = [["user", "user.id"], ["item", "item.id"], ["last_item", "item.category"]]
+
+[order]
+boosts = [{ when = { column = "promoted", op = "==", value = 1 }, multiply = 1.5 }]
+diversity = "category"
+per_category = 4
+max_k = 50
+"""
+
+
+def build(toy: Any, out: Path, version: str = "1", seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    store = FeatureStore.in_memory({"user": ("age",), "item": ("available", "min_age", "category", "price", "promoted")})
+    store.write("user", np.arange(250), {"age": rng.integers(10, 70, 250)})
+    store.write("item", np.arange(200), {"available": (rng.random(200) < 0.9).astype(int), "min_age": rng.choice([0, 18], 200),
+                                         "category": rng.integers(0, 8, 200), "price": rng.random(200), "promoted": (rng.random(200) < 0.1).astype(int)})
+    torch.manual_seed(seed)
+    encoder = UserEncoder(MatrixFactorization(250, 200, 8))
+    interactions = InteractionStore.from_pairs(rng.integers(0, 250, 2000), rng.integers(0, 200, 2000))
+    data = tomllib.loads(TOML)
+    data["pipeline"]["version"] = version
+    decl = declaration_from_dict(data, "test.toml")
+    return export_pipeline(out, decl, store, interactions, np.arange(200), encoder, IndexConfig(IndexKind.HNSW), toy.bundle)
+
+
+@pytest.fixture(scope="module")
+def bundle(toy: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(toy, tmp_path_factory.mktemp("pipe") / "recs")
+
+
+def test_declaration_round_trips_and_mistakes_name_the_key() -> None:
+    decl = declaration_from_dict(tomllib.loads(TOML), "p.toml")
+    assert declaration_from_dict(declaration_to_dict(decl), "again") == decl
+    bad = tomllib.loads(TOML)
+    bad["filter"]["keep"][1]["op"] = "=<"
+    with pytest.raises(ValueError, match=r"p.toml \[filter\] keep\[1\]: Condition: op must be one of"):
+        declaration_from_dict(bad, "p.toml")
+    bad = tomllib.loads(TOML)
+    bad["order"]["colour"] = 1
+    with pytest.raises(ValueError, match=r"\[order\]: unknown key 'colour'"):
+        declaration_from_dict(bad, "p.toml")
+    seq = tomllib.loads(TOML)
+    seq["score"] = {"sequential": True}  # ranked by an HSTU next-items bundle
+    decl = declaration_from_dict(seq, "p.toml")
+    assert declaration_from_dict(declaration_to_dict(decl), "again") == decl
+    seq["score"]["sparse"] = [["item", "item.id"]]
+    with pytest.raises(ValueError, match=r"\[score\]: Score: sequential = true takes no dense or sparse inputs"):
+        declaration_from_dict(seq, "p.toml")
+    bad = tomllib.loads(TOML)
+    bad["retrieve"]["sources"][0]["kind"] = "faiss"
+    with pytest.raises(ValueError, match=r"sources\[0\]: kind must be one of"):
+        declaration_from_dict(bad, "p.toml")
+
+
+def test_bundle_loads_verified_and_refuses_a_changed_file(bundle: Path, tmp_path: Path) -> None:
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["kind"] == "pipeline" and set(manifest["parts"]) == {"features", "retrieval", "ranker"}
+    assert "ranker/manifest.json" in manifest["sha256"] and "retrieval/index/index.json" in manifest["sha256"]
+    loaded = load_pipeline(bundle, PipelineOptions(ranker=_state(tmp_path)))
+    try:
+        rec = loaded.pipeline.recommend(Query(3, 10))
+        assert len(rec.items) == 10 and not rec.cold_start
+    finally:
+        loaded.close()
+    # the HNSW search breadth: as built (IndexConfig's 512), or PipelineOptions', never below the largest ANN k (60)
+    for asked, want in ((None, 512), (100, 100), (10, 60)):
+        loaded = load_pipeline(bundle, PipelineOptions(ranker=_state(tmp_path), expansion_search=asked))
+        try:
+            assert loaded.pipeline.res.index is not None and loaded.pipeline.res.index.config.expansion_search == want
+        finally:
+            loaded.close()
+    copy = tmp_path / "copy"
+    shutil.copytree(bundle, copy, ignore=shutil.ignore_patterns("state"))
+    with open(copy / "features" / "item.npz", "ab") as f:
+        f.write(b"x")
+    with pytest.raises(ValueError, match=r"item\.npz is missing or does not match its checksum"):
+        load_pipeline(copy)
+
+
+def _state(tmp: Path) -> Any:
+    from hugerec.serving.bundles.bundle_loader import ServeOptions
+
+    return ServeOptions(state_dir=str(tmp / "state"))
+
+
+@pytest.fixture(scope="module")
+def server(bundle: Path, toy: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, InferenceServer, Path]]:
+    srv = InferenceServer(ServerConfig(admin_token="t" * 16, seed=0))
+    srv.add_bundle(bundle)
+    v2 = build(toy, tmp_path_factory.mktemp("pipe2") / "recs", version="2", seed=1)
+    with BackgroundServer(srv) as url:
+        yield url, srv, v2
+    srv.close()
+
+
+def test_recommend_answers_with_sources_and_debug_stages(server: tuple[str, InferenceServer, Path]) -> None:
+    url = server[0]
+    r = httpx.post(f"{url}/recommend", json={"user": 3, "k": 20, "debug": True, "context": {"hour": 8}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["items"]) == 20 and len(body["scores"]) == 20 and set(body["sources"]) <= {"ann", "item_to_item", "popular"}
+    assert body["cold_start"] is False and list(body["stages"]) == ["retrieve", "filter", "score", "order"]
+    assert body["stages"]["order"]["items"] == body["items"]
+    assert set(body["items"]) <= set(body["stages"]["filter"]["items"]) and 3 not in body["items"]
+    r = httpx.post(f"{url}/recommend", json={"user": 100000, "k": 5})
+    assert r.status_code == 200 and r.json()["cold_start"] is True and "cold start" in r.json()["notes"][0]
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'hugerec_pipeline_stage_seconds_count{pipeline="recs",stage="score",version="1"}' in metrics
+    assert 'hugerec_pipeline_candidates_bucket{le="1.0",pipeline="recs",side="in",stage="retrieve",version="1"}' in metrics
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"user": 3, "k": 0}, "'k'"),
+        ({"user": 3, "k": 51}, "'k'"),
+        ({"user": 3, "k": "ten"}, "'k'"),
+        ({"k": 5}, "'user'"),
+        ({"user": 3, "context": {"weather": 1}}, "'context'"),
+        ({"user": 3, "context": {"hour": "noon"}}, "'context.hour'"),
+        ({"user": 3, "colour": 1}, "'colour'"),
+        ({"user": 3, "history": [1, "x"]}, "'history'"),
+        ({"user": 3, "pipeline": "nope"}, "'pipeline'"),
+    ],
+)
+def test_bad_requests_get_4xx_naming_the_field(server: tuple[str, InferenceServer, Path], body: dict[str, Any], field: str) -> None:
+    r = httpx.post(f"{server[0]}/recommend", json=body)
+    assert 400 <= r.status_code < 500 and field in r.json()["error"], r.text
+
+
+def test_kserve_infer_with_history(server: tuple[str, InferenceServer, Path]) -> None:
+    url = server[0]
+    request = {
+        "inputs": [
+            {"name": "user", "datatype": "INT64", "shape": [2], "data": [3, 100000]},
+            {"name": "history", "datatype": "INT64", "shape": [2], "data": [5, 6]},
+            {"name": "history.lengths", "datatype": "INT64", "shape": [2], "data": [0, 2]},
+        ],
+        "parameters": {"k": 6},
+    }
+    r = httpx.post(f"{url}/v2/models/recs/infer", json=request)
+    assert r.status_code == 200, r.text
+    out = {o["name"]: o for o in r.json()["outputs"]}
+    assert out["items"]["shape"] == [2, 6] and out["cold_start"]["data"] == [False, True]
+    assert "item_to_item" in out["sources"]["data"][6:]
+    single = httpx.post(f"{url}/recommend", json={"user": 3, "k": 6}).json()
+    assert out["items"]["data"][:6] == single["items"]
+    meta = httpx.get(f"{url}/v2/models/recs").json()
+    assert meta["platform"] == "hugerec_pipeline" and meta["stages"] == ["retrieve", "filter", "score", "order"]
+    r = httpx.post(f"{url}/v2/models/recs/infer", json={"inputs": [{"name": "user", "datatype": "INT64", "shape": [1], "data": [3]}], "parameters": {"k": 0}})
+    assert r.status_code == 400 and "'k'" in r.json()["error"]
+
+
+def test_versions_canary_and_rollback_work_for_pipelines(server: tuple[str, InferenceServer, Path]) -> None:
+    url, _, v2 = server
+    auth = {"authorization": "Bearer " + "t" * 16}
+    r = httpx.post(f"{url}/v2/repository/models/recs/load", json={"bundle": str(v2)}, headers=auth)
+    assert r.status_code == 200, r.text
+    one = httpx.post(f"{url}/recommend", json={"user": 3, "k": 5, "version": "1"}).json()
+    two = httpx.post(f"{url}/recommend", json={"user": 3, "k": 5, "version": "2"}).json()
+    assert one["version"] == "1" and two["version"] == "2" and one["items"] != two["items"]
+    assert httpx.post(f"{url}/admin/models/recs/canary", json={"version": "2", "share": 1.0}, headers=auth).status_code == 200
+    assert httpx.post(f"{url}/recommend", json={"user": 3, "k": 5}).json()["version"] == "2"
+    assert httpx.post(f"{url}/admin/models/recs/rollback", headers=auth).json()["stable"] == "1"
+    assert httpx.post(f"{url}/recommend", json={"user": 3, "k": 5}).json()["version"] == "1"
+
+
+def test_a_failing_stage_is_a_503_naming_it(server: tuple[str, InferenceServer, Path]) -> None:
+    url, srv = server[0], server[1]
+    served = srv.model_versions("recs").get("1")
+    assert isinstance(served, ServedPipeline)
+    features = served.pipeline.res.features
+    real = features.store
+
+    class Down:
+        name, dims = real.name, real.dims
+
+        def get(self, table: str, keys: np.ndarray) -> Any:
+            raise ConnectionError("feature store is down")
+
+    features.store = Down()  # type: ignore[assignment]
+    try:
+        r = httpx.post(f"{url}/recommend", json={"user": 3, "k": 5, "version": "1"})
+    finally:
+        features.store = real
+    assert r.status_code == 503 and "'features' failed: ConnectionError: feature store is down" in r.json()["error"]
+
+
+def test_online_updates_of_interactions_and_features(server: tuple[str, InferenceServer, Path]) -> None:
+    url = server[0]
+    before = httpx.post(f"{url}/recommend", json={"user": 7, "k": 5, "version": "1"}).json()["items"]
+    r = httpx.post(f"{url}/recommend/interactions", json={"user": 7, "items": before[:2]})
+    assert r.status_code == 200, r.text
+    after = httpx.post(f"{url}/recommend", json={"user": 7, "k": 5, "version": "1"}).json()["items"]
+    assert not set(before[:2]) & set(after)  # now seen: filtered out
+    update = {"table": "item", "ids": [after[0]], "columns": {"available": [0]}}
+    assert httpx.post(f"{url}/recommend/features", json=update).status_code == 401  # admin only
+    auth = {"authorization": "Bearer " + "t" * 16}
+    assert httpx.post(f"{url}/recommend/features", json=update, headers=auth).status_code == 200
+    assert after[0] not in httpx.post(f"{url}/recommend", json={"user": 7, "k": 5, "version": "1"}).json()["items"]
+    bad = httpx.post(f"{url}/recommend/features", json={**update, "columns": {"colour": [1]}}, headers=auth)
+    assert bad.status_code == 400 and "colour" in bad.json()["error"]
+    bad = httpx.post(f"{url}/recommend/interactions", json={"user": 7, "items": []})
+    assert bad.status_code == 400 and "'items'" in bad.json()["error"]
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One whole HTTP response from `sock`: the head and then content-length bytes of body, which may
+    arrive in separate segments (one recv can return the head alone)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed inside the response head: {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed inside the response body: {data!r}"
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def test_recommend_on_raw_asgi_answers_like_the_rest_of_the_server(server: tuple[str, InferenceServer, Path]) -> None:
+    """POST /recommend skips the framework (server.py): its answers and errors keep the server's contract."""
+    url = server[0]
+    r = httpx.post(f"{url}/recommend", content=b'{"user": 3, "k": 4, "version": "1"}')
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    assert r.json()["items"] == httpx.post(f"{url}/recommend", json={"user": 3, "k": 4, "version": "1"}).json()["items"]
+    assert int(r.headers["content-length"]) == len(r.content)
+    for body, code, says in ((b"{not json", 400, "not valid JSON"), (b"[1, 2]", 400, "must be a JSON object"), (b"", 400, "'user'")):
+        r = httpx.post(f"{url}/recommend", content=body)
+        assert r.status_code == code and says in r.json()["error"], r.text
+    r = httpx.get(f"{url}/recommend")
+    assert r.status_code == 405 and "use POST" in r.json()["error"]
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /recommend HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n{" % (100 << 20))
+        answer = _read_response(sock)
+    assert answer.startswith(b"HTTP/1.1 413") and b"exceeds the limit" in answer
+    count = 'hugerec_requests_total{code="200",endpoint="recommend",model="recs",version="1"}'
+    assert count in httpx.get(f"{url}/metrics").text
+
+
+def test_every_kserve_route_answers_for_a_pipeline_or_is_a_4xx_saying_what_it_lacks(
+    server: tuple[str, InferenceServer, Path], toy: Any, tmp_path: Path
+) -> None:
+    """#28: GET /v2/models/<pipeline>/config was a 500 ('ServedPipeline' object has no attribute 'signature'),
+    and so was admin load_delta naming a pipeline."""
+    url = server[0]
+    auth = {"authorization": "Bearer " + "t" * 16}
+    r = httpx.get(f"{url}/v2/models/recs/config")
+    assert r.status_code == 200, r.text
+    config = r.json()
+    assert config["name"] == "recs" and config["platform"] == "hugerec_pipeline" and config["max_batch_size"] == 4096
+    assert [i["name"] for i in config["input"]] == ["user", "history", "history.lengths"]
+    assert [o["name"] for o in config["output"]] == ["items", "scores", "sources", "cold_start"]
+    meta = httpx.get(f"{url}/v2/models/recs").json()
+    assert meta["name"] == "recs" and "1" in meta["versions"] and meta["stages"]
+    assert httpx.get(f"{url}/v2/models/recs/versions/1/ready").status_code == 200
+    assert httpx.get(f"{url}/v2/models/recs/versions/nope/ready").status_code == 404
+
+    r = httpx.post(f"{url}/v2/repository/models/recs/load_delta", json={"delta": "/nowhere", "base": "1", "version": "9"}, headers=auth)
+    assert r.status_code == 400 and "pipeline 'recs' (version '1') does not support version deltas" in r.json()["error"]
+    r = httpx.post(f"{url}/predict", json={"model": "recs", "instances": [{"user": 3}]})
+    assert r.status_code == 400 and "pipeline 'recs'" in r.json()["error"] and "/predict" in r.json()["error"]
+
+    # a scoring model beside it: /recommend and the online updates naming it are 400s, not 500s
+    r = httpx.post(f"{url}/v2/repository/models/dlrm/load", json={"bundle": str(toy.bundle)}, headers=auth)
+    assert r.status_code == 200, r.text
+    for path, body in (
+        ("/recommend", {"pipeline": "dlrm", "user": 3}),
+        ("/recommend/interactions", {"pipeline": "dlrm", "user": 3, "items": [1]}),
+    ):
+        r = httpx.post(f"{url}{path}", json=body)
+        assert r.status_code == 400 and f"does not support {path}" in r.json()["error"], (path, r.text)
+    r = httpx.post(f"{url}/recommend", json={"pipeline": ["recs"], "user": 3})
+    assert r.status_code == 400 and "'pipeline' must be a string" in r.json()["error"]
+    assert httpx.post(f"{url}/recommend", json={"user": 3, "k": 5}).status_code == 200  # still the one pipeline
+    # one name serves one family: a model bundle is not a version of a pipeline
+    copy = tmp_path / "bundle"  # (toy.bundle's state folder is the loaded "dlrm"'s)
+    shutil.copytree(toy.bundle, copy, ignore=shutil.ignore_patterns("state"))
+    r = httpx.post(f"{url}/v2/repository/models/recs/load", json={"bundle": str(copy), "version": "m"}, headers=auth)
+    assert r.status_code == 400 and "'recs' serves pipeline versions; version 'm' is a model" in r.json()["error"]
+    r = httpx.post(f"{url}/v2/repository/models/dlrm/unload", json={"version": "1"}, headers=auth)
+    assert r.status_code == 400  # the stable one

@@ -1,0 +1,166 @@
+"""The rules of ARCHITECTURE.md that a program can check: one base name per module and per class, no private
+name used outside its module, tests that mirror the package, and where Numba and Triton may be imported.
+(The layering is import-linter's: the contracts in pyproject.toml.)"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "hugerec"
+
+# ops/gpu/X.py mirrors ops/cpu/X.py by design: the same file names, function and class names, argument order
+MIRRORED = (PurePosixPath("hugerec/ops/cpu"), PurePosixPath("hugerec/ops/gpu"))
+# where a module may import Numba: the kernels of ops/, the NumPy-in/NumPy-out helpers of data/ (see "Where we
+# departed from DESIGN.md"), the GBM forest's scoring kernel
+NUMBA_ALLOWED = ("hugerec/ops/", "hugerec/data/", "hugerec/serving/runtime/forest.py")
+TRITON_ALLOWED = ("hugerec/ops/",)
+
+
+def _modules() -> Iterator[tuple[PurePosixPath, ast.Module]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield PurePosixPath(path.relative_to(ROOT).as_posix()), ast.parse(path.read_text(encoding="utf-8"))
+
+
+def _mirrored(paths: list[PurePosixPath]) -> bool:
+    """True for exactly one module in ops/cpu and its namesake in ops/gpu."""
+    return len(paths) == 2 and sorted(p.parent for p in paths) == sorted(MIRRORED)
+
+
+def duplicates(names: dict[str, list[PurePosixPath]]) -> dict[str, list[str]]:
+    return {n: [str(p) for p in ps] for n, ps in sorted(names.items()) if len(ps) > 1 and not _mirrored(ps)}
+
+
+def test_module_base_names_are_unique() -> None:
+    """A file says what it holds: no two modules share a base name (package __init__s aside), except that
+    ops/gpu/X.py mirrors ops/cpu/X.py."""
+    names: dict[str, list[PurePosixPath]] = defaultdict(list)
+    for path, _ in _modules():
+        if path.name not in ("__init__.py", "__main__.py"):
+            names[path.stem].append(path)
+    assert duplicates(names) == {}
+
+
+def test_class_names_are_unique() -> None:
+    """One name per concept: no two public top-level classes share a name (ops/gpu mirrors ops/cpu)."""
+    names: dict[str, list[PurePosixPath]] = defaultdict(list)
+    for path, tree in _modules():
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                names[node.name].append(path)
+    assert duplicates(names) == {}
+
+
+def _module_path(dotted: str) -> Path | None:
+    base = ROOT / dotted.replace(".", "/")
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_crossings(path: PurePosixPath, tree: ast.Module) -> list[str]:
+    """`from hugerec.x import _y`, and `m._y` where `m` is a hugerec module imported by name: a private name
+    used outside the module that defines it."""
+    found: list[tuple[int, str]] = []
+    modules: set[str] = set()  # local names bound to hugerec modules
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "hugerec":
+            for alias in node.names:
+                if _private(alias.name) and _module_path(f"{node.module}.{alias.name}") is None:
+                    found.append((node.lineno, f"{path}:{node.lineno} imports {node.module}.{alias.name}"))
+                if _module_path(f"{node.module}.{alias.name}") is not None:
+                    modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "hugerec" and alias.asname is not None:
+                    modules.add(alias.asname)
+    for node in ast.walk(tree):
+        owner = node.value.id if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) else None
+        if owner in modules and isinstance(node, ast.Attribute) and _private(node.attr):
+            found.append((node.lineno, f"{path}:{node.lineno} reads {owner}.{node.attr}"))
+    return [line for _, line in sorted(found)]
+
+
+def test_no_private_name_crosses_modules() -> None:
+    """A leading underscore means "this module only": the package never imports or reads another module's
+    private name (a helper two modules need gets a public name in the module where it belongs). Tests may
+    reach into the module they test."""
+    found = [line for path, tree in _modules() for line in private_crossings(path, tree)]
+    assert found == []
+
+
+def test_the_private_name_check_finds_both_forms() -> None:
+    tree = ast.parse(
+        "from hugerec.serving.http import auth as a\nfrom hugerec.sparse.features import _x\nimport hugerec.ops.cpu as c\n"
+        "a._check(1)\nc._kernel\nfrom hugerec.ops import cpu\ncpu._y\nself._z\n"
+    )
+    found = private_crossings(PurePosixPath("m.py"), tree)
+    assert found == [
+        "m.py:2 imports hugerec.sparse.features._x",
+        "m.py:4 reads a._check",
+        "m.py:5 reads c._kernel",
+        "m.py:7 reads cpu._y",
+    ]
+
+
+def test_duplicate_check_exempts_only_the_cpu_gpu_mirror() -> None:
+    p = PurePosixPath
+    names = {
+        "lookup_kernels": [p("hugerec/ops/cpu/lookup_kernels.py"), p("hugerec/ops/gpu/lookup_kernels.py")],
+        "gbm": [p("hugerec/models/gbm.py"), p("hugerec/training/gbm.py")],
+        "rows": [p("hugerec/ops/cpu/rows.py"), p("hugerec/ops/gpu/rows.py"), p("hugerec/data/rows.py")],
+    }
+    assert duplicates(names) == {
+        "gbm": ["hugerec/models/gbm.py", "hugerec/training/gbm.py"],
+        "rows": ["hugerec/ops/cpu/rows.py", "hugerec/ops/gpu/rows.py", "hugerec/data/rows.py"],
+    }
+
+
+def test_tests_mirror_the_package() -> None:
+    """tests/<folder>/test_<name>.py tests hugerec/<folder>/: <name> is a module of that folder (or of a
+    sub-package named so), or such a module's name + "_" + the aspect tested (test_loop_server.py). The
+    files directly in tests/ are about the package as a whole."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        folder = path.parent.relative_to(ROOT / "tests")
+        if folder == Path("."):
+            continue
+        package = PACKAGE / folder
+        if not (package / "__init__.py").is_file():
+            bad.append(f"{path.relative_to(ROOT)}: no package hugerec/{folder.as_posix()}")
+            continue
+        modules = {p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
+        modules |= {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+        modules.add(package.name)  # the package's own __init__
+        name = path.stem.removeprefix("test_")
+        if not any(name == m or name.startswith(m + "_") for m in modules):
+            bad.append(f"{path.relative_to(ROOT)}: names no module of hugerec/{folder.as_posix()}")
+    assert bad == []
+
+
+def _imported_roots(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module.split(".")[0]
+
+
+def test_numba_and_triton_are_imported_only_where_kernels_live() -> None:
+    """Numba in ops/ (the kernels), data/ (its NumPy helpers) and the GBM forest kernel; Triton in ops/ only."""
+    bad = []
+    for path, tree in _modules():
+        for line, root in _imported_roots(tree):
+            allowed = {"numba": NUMBA_ALLOWED, "triton": TRITON_ALLOWED}.get(root)
+            if allowed is not None and not str(path).startswith(allowed):
+                bad.append(f"{path}:{line} imports {root}")
+    assert bad == []

@@ -391,7 +391,7 @@ def week_load(rows_per_day: int) -> list[dict[str, Any]]:
         with BackgroundLoad(url, "model", instances(truth[0].slice(0, 200), cfg.schema)) as load:
             step(1)
             for d in range(2, 7):
-                seen = replay(url, "model", truth[d].slice(0, 1600), cfg.schema, batch=40)
+                seen = replay(url, "model", truth[d].slice(0, 1600), cfg.schema, batch=40, token=TOKEN)
                 replayed.answered.update(seen.answered)
                 replayed.failed += seen.failed
                 step(d)

@@ -32,6 +32,24 @@ load before: the library parses the file in the server's process, the forest is 
 dump), and hugerec-lightgbm-no-child (our reader and checks alone: what isolation adds is the rest).
 
     python benchmarks/serving.py --gbm-only [--quick] [--json PATH]
+
+Under attack (`--attack-only` runs just this part; also run after the rest), the server with its default limits
+(serving/http/limits.py RequestLimits):
+
+    hostile requests       the fuzzing suite (tests/serving/http/test_server_fuzz.py) run for 10,000 generated
+                           bad requests (--quick: 1,000) against a live server: requests sent, 5xx answers
+    pipeline under attack  p99 of normal /recommend traffic (8 closed-loop clients, the pipeline of
+                           benchmarks/pipeline.py --quick: 50k items) alone, then while 6 clients send maximal legal KServe v2
+                           requests (max_users users, k = the pipeline's max_k, max_history history ids each):
+                           the ratio of the two p99s (target <= 3)
+    slow clients           200 connections trickling their request heads a byte a second (reopened when the
+                           server cuts them) while one client sends /recommend requests one after another: the
+                           slowest answer (target <= 1 s)
+    large body memory      the DLRM server's peak RSS growth (VmHWM after clearing it, minus VmRSS before) over
+                           the body size, for the largest legal binary infer body (max_request_rows rows), four of
+                           them at once, and the largest JSON infer body (target <= 3 for binary bodies)
+
+    python benchmarks/serving.py --attack-only [--quick] [--json PATH]
 """
 
 from __future__ import annotations
@@ -47,6 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -599,6 +618,8 @@ def main() -> None:
     parser.add_argument("--serve", choices=["ours", "baseline", "naive-gbm"], help=argparse.SUPPRESS)
     parser.add_argument("--library", help=argparse.SUPPRESS)
     parser.add_argument("--gbm-only", action="store_true", help="only the gradient-boosted trees part")
+    parser.add_argument("--attack-only", action="store_true", help="only the under-attack part (limits and deadlines)")
+    parser.add_argument("--skip-attack", action="store_true", help="leave the under-attack part out")
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--state", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -618,8 +639,8 @@ def main() -> None:
         return run_baseline(args.path, args.port, args.rows)
     if args.serve == "naive-gbm":
         return run_naive_gbm(args.library, args.path, args.port)
-    if args.gbm_only:
-        records = run_gbm(args.quick)
+    if args.gbm_only or args.attack_only:
+        records = run_gbm(args.quick) if args.gbm_only else run_attack(args.quick)
         _print_table(records)
         if args.json is not None:
             args.json.write_text(json.dumps(records, indent=2))
@@ -704,10 +725,255 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     records += tier_throughput(10_000 if args.quick else 200_000, args.quick)
     records += run_gbm(args.quick)
+    if not args.skip_attack:
+        records += run_attack(args.quick)
     _print_table(records)
     if args.json is not None:
         args.json.write_text(json.dumps(records, indent=2))
 
+
+
+# -- under attack ----------------------------------------------------------------------------------
+ATTACKERS, NORMAL_CLIENTS, SLOW_CONNECTIONS = 6, 8, 200
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_attack(quick: bool) -> list[dict[str, Any]]:
+    """The four figures of #28 (see the module docstring), each beside the load of the machine."""
+    load = os.getloadavg()[0]
+    records = hostile_requests(quick)
+    records += pipeline_attack(quick)
+    records += large_body_memory(quick)
+    for r in records:
+        r.setdefault("load", round(load, 1))
+    return records
+
+
+def hostile_requests(quick: bool) -> list[dict[str, Any]]:
+    examples = 1000 if quick else 10_000
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "fuzz.json"
+        env = {**os.environ, "HUGEREC_FUZZ_EXAMPLES": str(examples), "HUGEREC_FUZZ_SECONDS": "3000",
+               "HUGEREC_FUZZ_COUNT_ONLY": "1", "HUGEREC_FUZZ_REPORT": str(report)}
+        test = "tests/serving/http/test_server_fuzz.py::test_no_generated_request_gets_a_5xx_or_a_slow_answer_or_grows_the_process"
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "3600", test],
+                       cwd=REPO, env=env, check=False)
+        seconds = time.perf_counter() - t0
+        if not report.is_file():
+            raise RuntimeError("hostile requests: the fuzzing suite wrote no report")
+        out = json.loads(report.read_text())
+    print(f"hostile requests: {out['requests']} sent in {seconds:.0f} s, {out['5xx']} answered 5xx, slowest "
+          f"{out['slowest_s']:.2f} s, RSS +{out['rss_growth_bytes'] >> 20} MiB, statuses {out['by_status']}")
+    return [
+        _record("hostile requests", "hugerec", out["requests"], "requests", True),
+        _record("hostile requests", "hugerec-5xx", out["5xx"], "answers", False),
+        _record("hostile requests", "hugerec-slowest", out["slowest_s"], "s", False),
+    ]
+
+
+async def _attackers(url: str, body: bytes, clients: int, until: float) -> int:
+    """`clients` closed-loop connections sending `body` (a maximal legal request) until `until`: answers."""
+    host, port, path = _split_url(url)
+    request = _http_request(host, port, path, body, {"content-type": "application/json"})
+    answered = 0
+
+    async def one() -> None:
+        nonlocal answered
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            while time.perf_counter() < until:
+                writer.write(request)
+                status, payload = await _read_response(reader)
+                if status != 200:
+                    raise RuntimeError(f"a maximal legal request was answered {status}: {payload[:200]!r}")
+                answered += 1
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(one() for _ in range(clients)))
+    return answered
+
+
+async def _slow_connections(host: str, port: int, count: int, until: float) -> int:
+    """`count` connections each sending a request head a byte a second, reopened when the server cuts them."""
+    cut = 0
+    head = b"POST /recommend HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-slow: " + b"a" * 4000
+
+    async def one(k: int) -> None:
+        nonlocal cut
+        await asyncio.sleep(k / count)  # spread over a second
+        while time.perf_counter() < until:
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+                for byte in head:
+                    if time.perf_counter() >= until or reader.at_eof():
+                        break
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                    await asyncio.sleep(1.0)
+                writer.close()
+            except OSError:
+                pass
+            if time.perf_counter() < until:  # the server cut it before the run ended
+                cut += 1
+
+    await asyncio.gather(*(one(k) for k in range(count)))
+    return cut
+
+
+async def _one_by_one(url: str, bodies: list[bytes], until: float) -> list[float]:
+    host, port, path = _split_url(url)
+    reader, writer = await asyncio.open_connection(host, port)
+    latencies, i = [], 0
+    try:
+        while time.perf_counter() < until:
+            t0 = time.perf_counter()
+            writer.write(_http_request(host, port, path, bodies[i % len(bodies)], {"content-type": "application/json"}))
+            status, _ = await _read_response(reader)
+            if status != 200:
+                raise RuntimeError(f"a normal request was answered {status}")
+            latencies.append(time.perf_counter() - t0)
+            i += 1
+            await asyncio.sleep(0.05)
+    finally:
+        writer.close()
+    return latencies
+
+
+def pipeline_attack(quick: bool) -> list[dict[str, Any]]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import pipeline as bench  # benchmarks/pipeline.py: its world and its server
+
+    from hugerec.serving.http.limits import RequestLimits
+
+    limits = RequestLimits()
+    items, users = bench.sizes(True)  # the 50k-item world of pipeline.py --quick (the 1M one takes many minutes to build)
+    seconds = 6.0 if quick else 20.0
+    workdir = bench.world(items, users, False)
+    proc, port = bench.start_server(bench.OURS, workdir, items, users, bench.RETRIEVE)
+    url = f"http://127.0.0.1:{port}"
+    rng = np.random.default_rng(3)
+    normal = [(json.dumps({"user": int(u), "k": bench.K}).encode(), {"content-type": "application/json"}) for u in rng.integers(0, users, 512)]
+    b, history = limits.max_users, limits.max_history
+    attack = json.dumps({
+        "inputs": [
+            {"name": "user", "datatype": "INT64", "shape": [b], "data": rng.integers(0, users, b).tolist()},
+            {"name": "history", "datatype": "INT64", "shape": [b * history], "data": rng.integers(0, items, b * history).tolist()},
+            {"name": "history.lengths", "datatype": "INT64", "shape": [b], "data": [history] * b},
+        ],
+        "parameters": {"k": 100},  # the pipeline's max_k (Order.max_k)
+    }).encode()
+    records: list[dict[str, Any]] = []
+    try:
+        alone, _ = asyncio.run(drive(f"{url}/recommend", normal, NORMAL_CLIENTS, seconds))
+
+        async def attacked() -> tuple[list[float], int]:
+            until = time.perf_counter() + seconds + 1.0
+            (latencies, _), answered = await asyncio.gather(
+                drive(f"{url}/recommend", normal, NORMAL_CLIENTS, seconds),
+                _attackers(f"{url}/v2/models/bench/infer", attack, ATTACKERS, until),
+            )
+            return latencies, answered
+
+        under, answered = asyncio.run(attacked())
+        p99_alone, p99_under = float(np.percentile(alone, 99)) * 1e3, float(np.percentile(under, 99)) * 1e3
+        print(f"pipeline under attack: normal p99 {p99_alone:.1f} ms alone, {p99_under:.1f} ms while {ATTACKERS} clients sent "
+              f"{answered} requests of {b} users x k 100 x {history} history ids ({len(attack) >> 10} KiB): {p99_under / p99_alone:.2f}x")
+        records += [
+            _record("pipeline under attack", "hugerec-normal-alone-p99", p99_alone, "ms", False),
+            _record("pipeline under attack", "hugerec-normal-attacked-p99", p99_under, "ms", False),
+            _record("pipeline under attack", "hugerec-p99-ratio", p99_under / p99_alone, "x", False),
+            _record("pipeline under attack", "hugerec-attack-requests", answered, "requests", True),
+        ]
+
+        async def slow() -> tuple[list[float], int]:
+            until = time.perf_counter() + seconds + 2.0
+            bodies = [body for body, _ in normal]
+            cut, latencies = await asyncio.gather(
+                _slow_connections("127.0.0.1", port, SLOW_CONNECTIONS, until),
+                _one_by_one(f"{url}/recommend", bodies, until),
+            )
+            return latencies, cut
+
+        latencies, cut = asyncio.run(slow())
+        worst = max(latencies)
+        print(f"slow clients: {SLOW_CONNECTIONS} connections trickling their heads ({cut} cut by the head deadline); "
+              f"a normal client's {len(latencies)} requests: p50 {np.median(latencies) * 1e3:.1f} ms, slowest {worst * 1e3:.1f} ms")
+        records += [
+            _record("slow clients", "hugerec-slowest", worst, "s", False),
+            _record("slow clients", "hugerec-p50", float(np.median(latencies)), "s", False),
+        ]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return records
+
+
+def _memory(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process in bytes."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]) << 10, int(fields["VmHWM"].split()[0]) << 10
+
+
+def _peak_growth(pid: int, send: Any) -> int:
+    """Peak RSS growth of process `pid` while `send()` runs (its peak cleared first: /proc/pid/clear_refs 5)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    rss0, _ = _memory(pid)
+    send()
+    _, peak = _memory(pid)
+    return peak - rss0
+
+
+def large_body_memory(quick: bool) -> list[dict[str, Any]]:
+    import httpx
+
+    from hugerec.serving.bundles.export import export_bundle
+    from hugerec.serving.http.limits import RequestLimits
+
+    limits = RequestLimits()
+    rows = limits.max_request_rows
+    tmp = Path(tempfile.mkdtemp(prefix="hugerec-memory-bench-"))
+    records: list[dict[str, Any]] = []
+    port = free_port()
+    proc = None
+    try:
+        bundle = export_bundle(build_model(5_000), tmp / "bundle", name="dlrm")
+        proc = start(["--serve", "ours", "--path", str(bundle), "--state", str(tmp / "state")], port)
+        wait_ready(proc, port)
+        url = f"http://127.0.0.1:{port}/v2/models/dlrm/infer"
+        (dense, ids), = make_requests(rows, 1, 5_000, seed=5)
+        binary, headers = kserve_binary(dense, ids)
+        json_rows = 8_000
+        as_json, json_headers = kserve_json(dense[:json_rows], ids[:json_rows])
+        while len(as_json) > limits.max_json_bytes:
+            json_rows //= 2
+            as_json, json_headers = kserve_json(dense[:json_rows], ids[:json_rows])
+        with httpx.Client(timeout=600) as http:
+            def post(body: bytes, h: dict[str, str]) -> None:
+                r = http.post(url, content=body, headers=h)
+                if r.status_code != 200:
+                    raise RuntimeError(f"large body memory: {r.status_code} {r.text[:200]}")
+
+            post(binary, headers)  # warm: the first request allocates what every later one reuses
+            post(as_json, json_headers)
+            cases = [("binary", binary, headers, 1), ("json", as_json, json_headers, 1)]
+            if not quick:
+                cases.append(("binary x4", binary, headers, 4))
+            for label, body, h, n in cases:
+                def send(body: bytes = body, h: dict[str, str] = h, n: int = n) -> None:
+                    with ThreadPoolExecutor(n) as pool:
+                        list(pool.map(lambda _: post(body, h), range(n)))
+
+                growth = _peak_growth(proc.pid, send)
+                ratio = growth / (n * len(body))
+                print(f"large body memory: {label}: {n} x {len(body) / 2**20:.1f} MiB body -> peak RSS +{growth / 2**20:.1f} MiB ({ratio:.2f}x)")
+                records.append(_record(f"large body memory {label}", "hugerec", ratio, "x body", False, body_bytes=len(body), bodies=n))
+    finally:
+        if proc is not None:
+            _stop([proc])
+        shutil.rmtree(tmp, ignore_errors=True)
+    return records
 
 def _print_table(records: list[dict[str, Any]]) -> None:
     print(f"\n{'config':34s} {'method':16s} {'value':>14s} {'unit':12s} {'ours/baseline':>14s}")

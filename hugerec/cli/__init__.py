@@ -170,8 +170,11 @@ SERVE_HELP = """\
 Serves exported bundles (`hugerec export`) over HTTP until Ctrl-C: the Open Inference Protocol v2
 used by KServe and Triton (/v2/health/live, /v2/models/NAME, /v2/models/NAME/infer; the official
 tritonclient works against it), /predict for raw feature rows, and Prometheus /metrics.
-Binds 127.0.0.1 unless --host says otherwise. The admin API (load, canary, promote, roll back) is
-off unless --admin-token (or $HUGEREC_ADMIN_TOKEN) is given.
+Binds 127.0.0.1 unless --host says otherwise. The admin API (load, canary, promote, roll back) and
+POST /recommend/features take the admin token ($HUGEREC_ADMIN_TOKEN), POST /feedback and
+POST /recommend/interactions the ingest token ($HUGEREC_INGEST_TOKEN) or the admin one; without a
+token those routes are off. Request limits (README: "Serving limits") have safe defaults; change one
+with --limit NAME=VALUE, e.g. --limit max_users=64 --limit header_timeout_s=5.
 Pipeline bundles (`hugerec pipeline build`) are served beside model bundles: POST /recommend
 {"user": 1, "k": 10} and the KServe v2 model of the pipeline's name.
 example: hugerec serve runs/quickstart/bundle --port 8000"""
@@ -303,6 +306,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--state-dir", help="RocksDB tier and kept dense weights (default: BUNDLE/state)")
     serve.add_argument("--max-delay-ms", type=float, default=None, help="dynamic batching: wait this long to merge")
     serve.add_argument("--admin-token", default=os.environ.get("HUGEREC_ADMIN_TOKEN"), help=argparse.SUPPRESS)
+    serve.add_argument("--ingest-token", default=os.environ.get("HUGEREC_INGEST_TOKEN"), help=argparse.SUPPRESS)
+    serve.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="change a request limit (repeatable; names and defaults in the README's serving limits table)",
+    )
     serve.add_argument(
         "--load-deadline",
         type=float,
@@ -537,8 +548,18 @@ def _serve(args: argparse.Namespace) -> int:
             if not (b / "manifest.json").is_file():
                 raise FileNotFoundError(f"{b} is not a bundle (no manifest.json); make one with `hugerec export`")
         batching = BatchingConfig() if args.max_delay_ms is None else BatchingConfig(max_delay_ms=args.max_delay_ms)
+        from hugerec.serving.http.limits import limits_from_overrides
+
         deadline = {} if args.load_deadline is None else {"load_deadline_s": args.load_deadline}
-        config = ServerConfig(host=args.host, port=args.port, admin_token=args.admin_token, batching=batching, **deadline)
+        config = ServerConfig(
+            host=args.host,
+            port=args.port,
+            admin_token=args.admin_token,
+            ingest_token=args.ingest_token,
+            batching=batching,
+            limits=limits_from_overrides(args.limit),
+            **deadline,
+        )
         options = ServeOptions(
             state_dir=args.state_dir,
             redis_url=args.redis_url,

@@ -18,7 +18,9 @@
                  each next window sent to /predict in that window's own columns, dense features by
                  name, with their labels as feedback), "remote" (url,
                  model, the admin token from the environment variable `token_env`, and `log_dir`: the
-                 folder of that server's `hugerec serve --request-log DIR`, for the canary decisions)
+                 folder of that server's `hugerec serve --request-log DIR`, for the canary decisions);
+                 `ingest_token_env`: the environment variable of the token the simulated clients post their
+                 feedback with (the embedded server's ingest token; a fresh one when it is not set)
 
 The decision log (work_dir/decisions.jsonl) is printed as a table at the end; `--log` prints it
 without running. A loop stopped at any point (Ctrl-C, kill -9) continues where it stopped when the
@@ -94,6 +96,7 @@ class ServerSection:
     url: str = ""
     model: str = "model"
     token_env: str = "HUGEREC_ADMIN_TOKEN"
+    ingest_token_env: str = "HUGEREC_INGEST_TOKEN"
     log_dir: str = ""  # remote: the folder of the server's `hugerec serve --request-log` (same machine)
     replay_rows: int = 2000
 
@@ -269,18 +272,18 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
     if last <= lc.first:
         raise ValueError(f"loop.last ({last}) must be > loop.first ({lc.first}): window last is the final holdout")
     with ExitStack() as stack:
-        loop, url = _make_loop(cfg, config, source, stack)
+        loop, url, ingest = _make_loop(cfg, config, source, stack)
         for k in range(lc.first, last):
             loop.step(k)
             if url is not None and cfg.server.replay_rows:
-                seen = simulate(url, loop, source(k + 1).slice(0, cfg.server.replay_rows), k + 1)
+                seen = simulate(url, loop, source(k + 1).slice(0, cfg.server.replay_rows), k + 1, ingest)
                 if seen.failed:
                     print(f"hugerec loop: {seen.failed} simulated requests failed: {seen.errors[:3]}", file=sys.stderr)
     print(log_table(read_log(work / "decisions.jsonl")))
     return 0
 
 
-def simulate(url: str, loop: Loop, rows: Any, k: int) -> Replay:
+def simulate(url: str, loop: Loop, rows: Any, k: int, token: str | None = None) -> Replay:
     """Window k's rows as simulated users of the embedded server: requests, then their labels as feedback. The rows
     carry window k's own columns that a live version takes (traffic.sent_schema), dense features by name: while a
     stable and a canary trained on different schemas share the traffic, both answer them."""
@@ -291,24 +294,25 @@ def simulate(url: str, loop: Loop, rows: Any, k: int) -> Replay:
     status = loop.publisher.status() if loop.publisher is not None else None
     live = [loop.schema_of(status[role]) for role in ("stable", "canary") if status and status.get(role)]
     sent = sent_schema(loop.config.schema, rows, live, loop.config.windows.time_column, f"window {k}")
-    return replay(url, loop.config.name, rows, sent)
+    return replay(url, loop.config.name, rows, sent, token=token)
 
 
-def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack) -> tuple[Loop, str | None]:
+def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack) -> tuple[Loop, str | None, str | None]:
+    """The loop, the URL of its embedded server (None: none) and the ingest token of that server's clients."""
     from hugerec.continuous.observer import ServerObserver
     from hugerec.continuous.publish import Publisher, ServerTarget
 
     schema = config.schema
     match cfg.server.mode:
         case "offline":
-            return Loop(config, source), None
+            return Loop(config, source), None, None
         case "remote":
             token = os.environ.get(cfg.server.token_env)
             if not token:
                 raise ConfigError(f"server.mode = 'remote': the environment variable {cfg.server.token_env} is not set")
             publisher = Publisher(ServerTarget(cfg.server.url, cfg.server.model, token))
             if not cfg.server.log_dir:  # no request log to read: the gate decides, nothing watches the canary
-                return Loop(config, source, publisher), None
+                return Loop(config, source, publisher), None, None
             observer = ServerObserver(
                 publisher,
                 cfg.server.log_dir,
@@ -318,13 +322,14 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
                 cfg.monitor,
                 window_schema=window_schemas(schema, source, cfg.windows.time_column),
             )
-            return Loop(config, source, publisher, observer), None
+            return Loop(config, source, publisher, observer), None, None
         case _:
             from hugerec.serving.http.request_log import RequestLogConfig
             from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 
             token = secrets.token_hex(16)
-            server = InferenceServer(ServerConfig(admin_token=token, seed=config.seed))
+            ingest = os.environ.get(cfg.server.ingest_token_env) or secrets.token_hex(16)
+            server = InferenceServer(ServerConfig(admin_token=token, ingest_token=ingest, seed=config.seed))
             logs = Path(config.work_dir) / "requests"
             server.enable_request_log(RequestLogConfig(str(logs), seed=config.seed))
             stack.callback(server.close)
@@ -339,4 +344,4 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
                 cfg.monitor,
                 window_schema=window_schemas(schema, source, cfg.windows.time_column),
             )
-            return Loop(config, source, publisher, observer), url
+            return Loop(config, source, publisher, observer), url, ingest

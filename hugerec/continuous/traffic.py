@@ -67,8 +67,10 @@ def replay(
     batch: int = 32,
     feedback: bool = True,
     client: httpx.Client | None = None,
+    token: str | None = None,
 ) -> Replay:
-    """Send `table`'s rows in requests of `batch` rows; with feedback, post every answered row's label."""
+    """Send `table`'s rows in requests of `batch` rows; with feedback, post every answered row's label (POST
+    /feedback takes the server's ingest or admin `token`; a refused post is counted as a failure)."""
     out = Replay()
     own = client is None
     http = client or httpx.Client(timeout=60)
@@ -96,10 +98,14 @@ def replay(
                         for rid, y in zip(ids, labels[s : s + batch], strict=True)
                     ]
                 }
-                f = http.post(f"{url}/feedback", json=body)
+                headers = {"authorization": f"Bearer {token}"} if token else None
+                f = http.post(f"{url}/feedback", json=body, headers=headers)
                 if f.status_code == 200:
                     out.feedback_accepted += f.json()["accepted"]
                     out.feedback_unknown += f.json()["unknown"]
+                else:
+                    out.failed += 1
+                    out.errors.append(f"feedback of rows {s}..: HTTP {f.status_code}: {f.text[:200]}")
     finally:
         if own:
             http.close()

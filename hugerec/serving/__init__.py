@@ -15,6 +15,7 @@ from hugerec.serving.bundles.model_bundle import Bundle
 from hugerec.serving.bundles.next_items_bundle import export_next_items
 from hugerec.serving.bundles.pipeline_bundle import export_pipeline, load_pipeline
 from hugerec.serving.bundles.version_delta import read_version_delta, write_version_delta
+from hugerec.serving.http.limits import RequestLimits, limits_from_overrides
 from hugerec.serving.http.request_log import RequestLogConfig
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig, serve
 from hugerec.serving.pipeline.declaration import declaration_from_dict, declaration_to_dict
@@ -39,6 +40,7 @@ __all__ = [
     "InferenceServer",
     "ParameterServer",
     "RequestError",
+    "RequestLimits",
     "RequestLogConfig",
     "ServeOptions",
     "ServerConfig",
@@ -51,6 +53,7 @@ __all__ = [
     "export_gbm_bundle",
     "export_next_items",
     "export_pipeline",
+    "limits_from_overrides",
     "load_bundle",
     "load_gbm_bundle",
     "load_pipeline",

@@ -75,7 +75,7 @@ def test_a_new_column_goes_out_as_a_whole_bundle_canary_and_both_versions_answer
     seen = {}
     for k in range(4):
         loop.step(k)
-        seen[k + 1] = simulate(url, loop, day(k + 1).slice(0, 800), k + 1)  # window k + 1's users and clicks
+        seen[k + 1] = simulate(url, loop, day(k + 1).slice(0, 800), k + 1, TOKEN)  # window k + 1's users and clicks
         assert seen[k + 1].failed == 0 and seen[k + 1].feedback_accepted == 800, seen[k + 1].errors
     records = loop.log.records
     w2 = next(r for r in records if r.action == "publish" and r.version == "w2")
@@ -155,7 +155,7 @@ def test_a_removed_column_makes_the_canary_that_reads_the_new_rows_stable(
     seen = {}
     for k in range(4):
         loop.step(k)
-        seen[k + 1] = simulate(url, loop, day(k + 1).slice(0, 400), k + 1)
+        seen[k + 1] = simulate(url, loop, day(k + 1).slice(0, 400), k + 1, TOKEN)
     assert not seen[2].answered and seen[2].failed > 0, seen[2]  # only versions that need d1 were live
     assert "missing dense features ['d1']" in seen[2].errors[0]
     assert seen[3].failed == 0 and set(seen[3].answered) == {"w2"}, (seen[3].answered, seen[3].errors[:1])

@@ -84,7 +84,7 @@ def test_a_week_of_publishes_promotions_and_rollbacks_under_load_never_fails_a_r
     with BackgroundLoad(url, "model", instances(truth[0].slice(0, 200), schema)) as load:
         step(1)
         for d in range(2, 7):
-            seen = replay(url, "model", truth[d].slice(0, 1600), schema, batch=40)  # day d's users and clicks
+            seen = replay(url, "model", truth[d].slice(0, 1600), schema, batch=40, token=TOKEN)  # day d's users and clicks
             assert seen.failed == 0 and seen.feedback_accepted == 1600, seen.errors
             step(d)
     records = loop.log.records
@@ -192,9 +192,10 @@ def read_publishes(config: LoopConfig) -> list[Record]:
 
 def test_feedback_for_unknown_ids_is_counted_not_fatal(server: tuple[str, Path]) -> None:
     url, _ = server
-    with httpx.Client() as http:
+    assert httpx.post(f"{url}/feedback", json={"labels": [{"request_id": "nope", "label": 1}]}).status_code == 401
+    with httpx.Client(headers={"authorization": f"Bearer {TOKEN}"}) as http:
         r = http.post(f"{url}/feedback", json={"labels": [{"request_id": "nope", "label": 1}]})
-        assert r.status_code == 200 and r.json() == {"accepted": 0, "unknown": 1}
+        assert r.status_code == 200 and r.json() == {"accepted": 0, "unknown": 1, "duplicate": 0, "expired": 0}
         bad = http.post(f"{url}/feedback", json={"labels": [{"request_id": "x", "label": "yes"}]})
         assert bad.status_code == 400 and "labels[0]" in bad.json()["error"]
         assert http.post(f"{url}/feedback", json={"labels": 3}).status_code == 400

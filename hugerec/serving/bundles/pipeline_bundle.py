@@ -36,7 +36,7 @@ from hugerec.serving.bundles.next_items_bundle import load_next_items
 from hugerec.serving.pipeline.declaration import PipelineDeclaration, declaration_from_dict, declaration_to_dict
 from hugerec.serving.pipeline.encoder import UserEncoder
 from hugerec.serving.pipeline.feature_store import FeatureStore
-from hugerec.serving.pipeline.interaction_store import InteractionStore
+from hugerec.serving.pipeline.interaction_store import DEFAULT_MAX_ITEMS, InteractionStore
 from hugerec.serving.pipeline.runner import PipelineRunner, Resources
 
 KIND = "pipeline"
@@ -57,6 +57,8 @@ class PipelineOptions:
     expansion_search   HNSW search breadth (None: as built; at least the largest ANN k is used)
     verify             check the checksums before loading
     seed               exploration's generator (None: fresh entropy)
+    max_interactions   the items kept per user in the seen-items store (the last ones; /recommend/interactions
+                       appends): bounds the memory a client can make a user's history take
     """
 
     feature_tier: str = "memory"
@@ -65,8 +67,11 @@ class PipelineOptions:
     expansion_search: int | None = None
     verify: bool = True
     seed: int | None = None
+    max_interactions: int = DEFAULT_MAX_ITEMS
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_interactions, bool) or not isinstance(self.max_interactions, int) or self.max_interactions < 1:
+            raise ValueError(f"PipelineOptions: max_interactions must be an integer >= 1, got {self.max_interactions!r}")
         if self.feature_tier not in ("memory", "redis", "rocksdb"):
             raise ValueError(f"PipelineOptions: feature_tier must be 'memory', 'redis' or 'rocksdb', got {self.feature_tier!r}")
         if self.feature_tier != "memory" and not self.feature_location:
@@ -161,7 +166,7 @@ def load_pipeline(path: str | Path, options: PipelineOptions | None = None, name
         features = FeatureStore.load(folder / "features", options.feature_tier, options.feature_location,
                                      namespace=f"hugerec:features:{declaration.name}:{declaration.version}")
         closers.append(features.close)
-        resources = Resources(features, InteractionStore.load(folder / "interactions.npz"), popular=np.load(folder / "popular.npy", allow_pickle=False))
+        resources = Resources(features, InteractionStore.load(folder / "interactions.npz", options.max_interactions), popular=np.load(folder / "popular.npy", allow_pickle=False))
         if "retrieval" in parts:
             ks = [getattr(s, "k", 0) for s in declaration.spec.stages[0].sources]  # type: ignore[union-attr]  # stage 0 is Retrieve
             index = load_index(folder / "retrieval" / "index", options.expansion_search)

@@ -16,7 +16,7 @@
 A load (load, load_delta) that takes longer than ServerConfig.load_deadline_s is refused (400) and what
 it loaded is never served (isolated_load.py); the server serves what it served meanwhile.
 
-Off (403) unless the server has an admin token; then every call needs "Authorization: Bearer <token>".
+Off (403) unless the server has an admin token; then every call needs "Authorization: Bearer <token>" (auth.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 
 from hugerec.serving.bundles.isolated_load import LoadDeadline, within_deadline
-from hugerec.serving.http.auth import check_admin_token
+from hugerec.serving.http.auth import TokenScope, check_token
 from hugerec.serving.runtime.inference_protocol import RequestError, parse_json
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def admin_router(server: InferenceServer) -> APIRouter:
 
     @router.post("/v2/repository/index")
     async def repository_index(request: Request) -> list[dict[str, str]]:
-        check_admin_token(server.config.admin_token, request)
+        check_token(server.tokens, TokenScope.ADMIN, request.headers)
         return [
             {"name": name, "version": v, "state": "READY"}
             for name, vs in server.models.items()
@@ -49,7 +49,7 @@ def admin_router(server: InferenceServer) -> APIRouter:
 
     @router.post("/v2/repository/models/{name}/load")
     async def load(name: str, request: Request) -> dict[str, Any]:
-        check_admin_token(server.config.admin_token, request)
+        check_token(server.tokens, TokenScope.ADMIN, request.headers)
         body = _load_parameters(await server.json_body(request))
         bundle = body.get("bundle")
         if not isinstance(bundle, str) or not bundle:
@@ -66,7 +66,7 @@ def admin_router(server: InferenceServer) -> APIRouter:
 
     @router.post("/v2/repository/models/{name}/load_delta")
     async def load_delta(name: str, request: Request) -> dict[str, Any]:
-        check_admin_token(server.config.admin_token, request)
+        check_token(server.tokens, TokenScope.ADMIN, request.headers)
         body = await server.json_body(request)
         delta, base, version = body.get("delta"), body.get("base"), body.get("version")
         if not all(isinstance(v, str) and v for v in (delta, base, version)):
@@ -82,7 +82,7 @@ def admin_router(server: InferenceServer) -> APIRouter:
 
     @router.post("/v2/repository/models/{name}/unload")
     async def unload(name: str, request: Request) -> dict[str, Any]:
-        check_admin_token(server.config.admin_token, request)
+        check_token(server.tokens, TokenScope.ADMIN, request.headers)
         body = _load_parameters(await server.json_body(request))
         version = body.get("version")
         if version is None:
@@ -99,17 +99,19 @@ def admin_router(server: InferenceServer) -> APIRouter:
 
     @router.get("/admin/models/{name}")
     async def status(name: str, request: Request) -> dict[str, Any]:
-        check_admin_token(server.config.admin_token, request)
+        check_token(server.tokens, TokenScope.ADMIN, request.headers)
         return server.model_versions(name).status()
 
     @router.post("/admin/models/{name}/canary")
     async def canary(name: str, request: Request) -> dict[str, Any]:
-        check_admin_token(server.config.admin_token, request)
+        check_token(server.tokens, TokenScope.ADMIN, request.headers)
         body = await server.json_body(request)
         versions = server.model_versions(name)
         share = body.get("share")
         if "version" not in body or not isinstance(share, int | float) or isinstance(share, bool):
             raise RequestError("canary needs {'version': '<v>', 'share': <0..1>}")
+        if not 0 <= share <= 1:  # compared before float(): an integer of any size compares
+            raise RequestError(f"field 'share' must be in [0, 1], got {share}"[:200])
         try:
             versions.set_canary(str(body["version"]), float(share))
         except (KeyError, ValueError) as e:
@@ -118,7 +120,7 @@ def admin_router(server: InferenceServer) -> APIRouter:
 
     @router.post("/admin/models/{name}/promote")
     async def promote(name: str, request: Request) -> dict[str, Any]:
-        check_admin_token(server.config.admin_token, request)
+        check_token(server.tokens, TokenScope.ADMIN, request.headers)
         body = await server.json_body(request)
         versions = server.model_versions(name)
         try:
@@ -129,7 +131,7 @@ def admin_router(server: InferenceServer) -> APIRouter:
 
     @router.post("/admin/models/{name}/rollback")
     async def rollback(name: str, request: Request) -> dict[str, Any]:
-        check_admin_token(server.config.admin_token, request)
+        check_token(server.tokens, TokenScope.ADMIN, request.headers)
         versions = server.model_versions(name)
         try:
             versions.rollback()

@@ -5,10 +5,13 @@
     <dir>/feedback-<seq>.parquet   request_id, label, ts
 
 Every row answered gets a request id (returned by /predict as "request_ids"); a share `sample` of
-them is logged. Feedback (POST /feedback {"labels": [{"request_id": id, "label": 0 or 1}, ...]}) is
-kept for ids of logged requests; any other id (never issued, not sampled, or older than the last
-`remember` logged ones) is counted as unknown and dropped, never an error. Buffers are written when
-they reach `rotate_rows` rows and on `flush()` (POST /admin/logs/flush), each file under a temporary
+them is logged. Feedback (POST /feedback {"labels": [{"request_id": id, "label": 0 or 1}, ...]}, an ingest
+token) is kept for ids of logged requests issued within the last `feedback_window_s`, once per id: the first
+label of an id wins, a later one (in the same post or another) is counted as a duplicate and dropped, so a
+client repeating labels cannot weigh a version's KPIs. Any other id is counted and dropped, never an error:
+unknown (never issued, not sampled, or older than the last `remember` logged ones) or expired (issued
+before the window). The counts are in the answer and in hugerec_feedback_total{result}. Buffers are written
+when they reach `rotate_rows` rows and on `flush()` (POST /admin/logs/flush), each file under a temporary
 name then renamed: a reader sees whole files only. A monitor joins the two by request_id.
 """
 
@@ -31,6 +34,16 @@ from prometheus_client import CollectorRegistry, Counter
 from hugerec.serving.runtime.model_inputs import ModelInputs
 
 
+@dataclass
+class FeedbackCounts:
+    """What became of the labels of one /feedback post."""
+
+    accepted: int = 0
+    unknown: int = 0
+    duplicate: int = 0
+    expired: int = 0
+
+
 @dataclass(frozen=True)
 class RequestLogConfig:
     directory: str
@@ -38,12 +51,15 @@ class RequestLogConfig:
     rotate_rows: int = 100_000
     remember: int = 1_000_000
     seed: int | None = None
+    feedback_window_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if not self.directory:
             raise ValueError("RequestLogConfig: directory must be a folder path, got an empty string")
         if not 0 < self.sample <= 1:
             raise ValueError(f"RequestLogConfig: sample must be in (0, 1], got {self.sample}")
+        if not 0 < self.feedback_window_s <= 30 * 86400:
+            raise ValueError(f"RequestLogConfig: feedback_window_s must be in (0, 30 days], got {self.feedback_window_s}")
         if self.rotate_rows < 1 or self.remember < 1:
             raise ValueError(
                 f"RequestLogConfig: rotate_rows and remember must be >= 1, got {self.rotate_rows}, {self.remember}"
@@ -60,7 +76,8 @@ class RequestLog:
         self._requests: list[pa.Table] = []
         self._request_rows = 0
         self._feedback: list[tuple[str, float, float]] = []
-        self._known: OrderedDict[str, None] = OrderedDict()
+        self._known: OrderedDict[str, float] = OrderedDict()  # logged request id -> when it was issued
+        self._labelled: set[str] = set()  # ids of _known that have their label
         existing = sorted(self.directory.glob("*-*.parquet"))
         self._seq = 1 + max((int(p.stem.rsplit("-", 1)[1]) for p in existing), default=-1)
         self.logged = Counter(
@@ -97,27 +114,41 @@ class RequestLog:
         with self._lock:
             self._requests.append(table)
             self._request_rows += table.num_rows
+            now = time.time()
             for i in keep:
-                self._known[ids[i]] = None
+                self._known[ids[i]] = now
             while len(self._known) > self.config.remember:
-                self._known.popitem(last=False)
+                self._labelled.discard(self._known.popitem(last=False)[0])
             if self._request_rows >= self.config.rotate_rows:
                 self._write_requests()
         self.logged.labels(model, version).inc(keep.size)
         return ids
 
-    def add_feedback(self, labels: list[tuple[str, float]]) -> tuple[int, int]:
-        """(accepted, unknown) of (request_id, label) pairs; unknown ids are counted and dropped."""
+    def add_feedback(self, labels: list[tuple[str, float]]) -> FeedbackCounts:
+        """Keep the first label of each logged request id issued within the window; count the others."""
         now = time.time()
+        counts = FeedbackCounts()
         with self._lock:
-            accepted = [(rid, y, now) for rid, y in labels if rid in self._known]
+            accepted = []
+            for rid, y in labels:
+                issued = self._known.get(rid)
+                if issued is None:
+                    counts.unknown += 1
+                elif now - issued > self.config.feedback_window_s:
+                    counts.expired += 1
+                elif rid in self._labelled:
+                    counts.duplicate += 1
+                else:
+                    self._labelled.add(rid)
+                    accepted.append((rid, y, now))
+            counts.accepted = len(accepted)
             self._feedback.extend(accepted)
             if len(self._feedback) >= self.config.rotate_rows:
                 self._write_feedback()
-        unknown = len(labels) - len(accepted)
-        self.feedback.labels("joined").inc(len(accepted))
-        self.feedback.labels("unknown").inc(unknown)
-        return len(accepted), unknown
+        for result, n in (("joined", counts.accepted), ("unknown", counts.unknown), ("duplicate", counts.duplicate),
+                          ("expired", counts.expired)):
+            self.feedback.labels(result).inc(n)
+        return counts
 
     def flush(self) -> None:
         with self._lock:

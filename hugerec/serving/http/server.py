@@ -12,7 +12,9 @@
   admin (load/unload versions, canary, promote, rollback): see admin.py
   request log and feedback (when enable_request_log was called): see feedback.py
 
-Bad requests get a 4xx JSON {"error": message}; the server never answers 500 to bad input.
+Bad requests get a 4xx JSON {"error": message}; the server never answers 500 to bad input. Every request is
+bounded before work on it starts (limits.py, connection_limits.py: the README's table of limits); write
+routes take a token (auth.py).
 
 Versions of one model trained on different schemas (a whole-bundle canary after a schema change) share
 the traffic: a version ignores request fields only another loaded version takes (inference_protocol.LiveFields),
@@ -29,10 +31,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -54,14 +58,23 @@ from hugerec.serving.bundles.next_items_bundle import load_next_items
 from hugerec.serving.bundles.pipeline_bundle import PipelineOptions, load_pipeline
 from hugerec.serving.bundles.version_delta import derive_version, read_version_delta
 from hugerec.serving.http.admin import admin_router
-from hugerec.serving.http.auth import check_admin_token
+from hugerec.serving.http.auth import Tokens, TokenScope, check_token
+from hugerec.serving.http.connection_limits import guarded_protocol
 from hugerec.serving.http.feedback import feedback_router
-from hugerec.serving.http.limits import read_asgi_body, read_request_body
+from hugerec.serving.http.limits import (
+    Admission,
+    RequestLimits,
+    error_headers,
+    header_dict,
+    overloaded,
+    read_asgi_body,
+    read_request_body,
+)
 from hugerec.serving.http.prometheus_metrics import ServerMetrics
 from hugerec.serving.http.request_log import RequestLog, RequestLogConfig
 from hugerec.serving.http.versions import ModelVersions
 from hugerec.serving.pipeline.runner import StageError
-from hugerec.serving.pipeline.served_pipeline import PipelineMetrics, ServedPipeline
+from hugerec.serving.pipeline.served_pipeline import PipelineMetrics, QueryLimits, ServedPipeline
 from hugerec.serving.runtime.batching import BatchingConfig, DynamicBatcher, QueueFull
 from hugerec.serving.runtime.inference_model import InferenceModel
 from hugerec.serving.runtime.inference_protocol import HEADER_LENGTH, RequestError, dump_json, parse_json
@@ -76,47 +89,44 @@ SERVER_NAME = "hugerec"
 _HEADER_LENGTH_KEY = HEADER_LENGTH.lower().encode("latin-1")
 _INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 PLATFORM = "hugerec_pytorch"
+_UNCOUNTED = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics"})  # no work: never refused for overload
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """host/port to bind (loopback by default); limits on requests; admin_token enables the admin API.
-
-    body_timeout_s: the longest wait for the next part of a request body; a client that sends fewer
-    bytes than its Content-Length gets 408 and the connection is closed. keep_alive_s: how long an
-    idle kept-alive connection stays open (uvicorn's timeout_keep_alive). load_deadline_s: the longest
-    an admin load (any bundle kind) may take, and a GBM model file's check by its library in a child
-    process (isolated_load.py); past it the load is refused and the server serves what it served.
+    """host/port to bind (loopback by default); limits on requests and connections (http/limits.py
+    RequestLimits, the README's table); the tokens of the write routes (http/auth.py): admin_token opens the
+    admin API and every write, ingest_token only /feedback and /recommend/interactions (without a token a
+    scope is off: 403). pipeline_threads: the threads that run pipelines (None: one per CPU, at least 2).
+    load_deadline_s: the longest an admin load (any bundle kind) may take, and a GBM model file's check by its
+    library in a child process (isolated_load.py); past it the load is refused and the server serves what it
+    served.
     """
 
     host: str = "127.0.0.1"
     port: int = 8000
     batching: BatchingConfig = field(default_factory=BatchingConfig)
-    max_request_bytes: int = 64 << 20
-    max_request_rows: int = 65536
+    limits: RequestLimits = field(default_factory=RequestLimits)
     admin_token: str | None = None
+    ingest_token: str | None = None
     seed: int | None = None  # canary routing; None: random
-    body_timeout_s: float = 30.0
-    keep_alive_s: int = 5
+    pipeline_threads: int | None = None
     load_deadline_s: float = DEFAULT_LOAD_DEADLINE_S
 
     def __post_init__(self) -> None:
         if not 0 < self.load_deadline_s <= 86400:
             raise ValueError(f"ServerConfig: load_deadline_s must be in (0, 86400] seconds, got {self.load_deadline_s}")
-        if not (0 < self.body_timeout_s <= 3600 and 0 < self.keep_alive_s <= 3600):
-            raise ValueError(
-                f"ServerConfig: body_timeout_s and keep_alive_s must be in (0, 3600] seconds, got "
-                f"{self.body_timeout_s}, {self.keep_alive_s}"
-            )
         if not 0 <= self.port < 65536:
             raise ValueError(f"ServerConfig: port must be in 0..65535, got {self.port}")
-        if self.max_request_bytes < 1024 or self.max_request_rows < 1:
-            raise ValueError(
-                f"ServerConfig: max_request_bytes must be >= 1024 and max_request_rows >= 1, got "
-                f"{self.max_request_bytes}, {self.max_request_rows}"
-            )
-        if self.admin_token is not None and len(self.admin_token) < 16:
-            raise ValueError("ServerConfig: admin_token must have at least 16 characters")
+        if not isinstance(self.limits, RequestLimits):
+            raise ValueError(f"ServerConfig: limits must be a RequestLimits, got {type(self.limits).__name__}")
+        if self.pipeline_threads is not None and not 1 <= self.pipeline_threads <= 256:
+            raise ValueError(f"ServerConfig: pipeline_threads must be in 1..256, got {self.pipeline_threads}")
+        Tokens(self.admin_token, self.ingest_token)  # ValueError naming a token too short, or both equal
+
+    @property
+    def tokens(self) -> Tokens:
+        return Tokens(self.admin_token, self.ingest_token)
 
 
 class InferenceServer:
@@ -136,6 +146,11 @@ class InferenceServer:
         self._lock = threading.Lock()
         self._close_on_shutdown = False
         self.request_log: RequestLog | None = None  # enable_request_log: /predict rows logged, /feedback taken
+        self.tokens = self.config.tokens
+        self.limits = self.config.limits
+        self.admission = Admission(self.limits)
+        threads = self.config.pipeline_threads or max(2, os.cpu_count() or 1)
+        self.pipeline_work = ThreadPoolExecutor(threads, thread_name_prefix="pipeline")
         self.app = self._build_app()
 
     def enable_request_log(self, config: RequestLogConfig) -> RequestLog:
@@ -146,22 +161,43 @@ class InferenceServer:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI app uvicorn runs: inference requests are answered here on raw ASGI messages, skipping
         the framework's request/response objects and middleware (most of the cost of a one-example
-        request); the rest goes to FastAPI."""
-        if scope["type"] == "http":
-            if scope["path"] == "/recommend":
+        request); the rest goes to FastAPI. Past `max_requests` in flight a request is answered 503 with
+        Retry-After at once (health checks and /metrics excepted: they do no work)."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if path in _UNCOUNTED:
+            await self.app(scope, receive, send)
+            return
+        if not self.admission.enter(scope):
+            e = overloaded(f"{self.limits.max_requests} requests are in flight", self.limits)
+            self._observe("-", "-", "overload", 503, time.perf_counter())
+            await _send(send, 503, error_headers(503, self.limits), _error_body(e, 503))
+            return
+        try:
+            if path == "/recommend":
                 if scope["method"] == "POST":
                     await self._recommend_asgi(scope, receive, send)
                 else:
                     await JSONResponse({"error": "method not allowed: use POST"}, status_code=405)(scope, receive, send)
                 return
-            match = _INFER_PATH.fullmatch(scope["path"])
+            match = _INFER_PATH.fullmatch(path)
             if match is not None and scope["method"] == "POST":
                 await self._infer_asgi(match["name"], match["version"], scope, receive, send)
                 return
             if match is not None:  # the infer path takes POST only
                 await JSONResponse({"error": "method not allowed: use POST"}, status_code=405)(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+        finally:
+            self.admission.leave(scope)
+
+    async def _read(self, scope: Scope, receive: Receive, binary: bool) -> bytes | None:
+        """A raw-ASGI request's body within the limits (binary: it may carry binary tensors)."""
+        limits = self.limits
+        max_bytes = limits.max_request_bytes if binary else limits.max_json_bytes
+        return await read_asgi_body(scope, receive, max_bytes, limits.body_timeout_s, self.admission)
 
     async def _infer_asgi(self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send) -> None:
         header_length = None
@@ -174,7 +210,12 @@ class InferenceServer:
             versions = self.model_versions(name)
             served = self._hold(versions, version, holds)
             served_version = served.version
-            body = await read_asgi_body(scope, receive, self.config.max_request_bytes, self.config.body_timeout_s)
+            if header_length is not None and header_length.isdigit() and int(header_length) > self.limits.max_json_bytes:
+                raise RequestError(
+                    f"{HEADER_LENGTH} {header_length}: the JSON header exceeds the limit of {self.limits.max_json_bytes} bytes",
+                    status=413,
+                )
+            body = await self._read(scope, receive, header_length is not None)
             if body is None:
                 code = 499  # the client went away: nobody to answer
                 return
@@ -186,7 +227,7 @@ class InferenceServer:
             raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         except Exception as e:
             code = _status(e)
-            payload, raw = _error_body(e, code), _error_headers(code)
+            payload, raw = _error_body(e, code), error_headers(code, self.limits)
         finally:
             _release(self.models.get(name), holds)
             if code != 499:
@@ -199,7 +240,7 @@ class InferenceServer:
         than the pipeline's own filter, score and order stages together)."""
         t0, code, name, served_version = time.perf_counter(), 200, "-", "-"
         try:
-            raw_body = await read_asgi_body(scope, receive, self.config.max_request_bytes, self.config.body_timeout_s)
+            raw_body = await self._read(scope, receive, False)
             if raw_body is None:
                 code = 499
                 return
@@ -208,10 +249,11 @@ class InferenceServer:
             version = body.get("version")
             served = self._route(versions, None if version is None else str(version))
             name, served_version = served.name, served.version
-            payload, raw = dump_json(await asyncio.to_thread(served.recommend, body)), [(b"content-type", b"application/json")]
+            answer = await asyncio.get_running_loop().run_in_executor(self.pipeline_work, served.recommend, body)
+            payload, raw = dump_json(answer), [(b"content-type", b"application/json")]
         except Exception as e:
             code = _status(e)
-            payload, raw = _error_body(e, code), _error_headers(code)
+            payload, raw = _error_body(e, code), error_headers(code, self.limits)
         finally:
             if code != 499:
                 self._observe(name, served_version, "recommend", code, t0)
@@ -227,20 +269,24 @@ class InferenceServer:
             case gbm_bundle.KIND:
                 deadline = current_deadline()  # an admin load's; at start-up the configured one
                 seconds = self.config.load_deadline_s if deadline is None else deadline.remaining()
-                loaded = load_gbm_bundle(path, self.config.max_request_rows, verify=self.options.verify, deadline_s=seconds)
+                loaded = load_gbm_bundle(path, self.limits.max_request_rows, verify=self.options.verify, deadline_s=seconds)
                 info = {"bundle": str(loaded.path), "bundle_id": loaded.bundle_id, "kind": "gbm", **loaded.manifest["info"]}
                 return self.add_model(name or loaded.name, version or loaded.version, loaded.model, loaded.preprocess, (), info)
             case next_items_bundle.KIND:
-                model = load_next_items(path, name, version, self.config.max_request_rows)
+                model = load_next_items(path, name, version, self.limits.max_request_rows)
                 return self._serve(replace(model, info={"bundle": str(path)}))
             case pipeline_bundle.KIND:
                 p = load_pipeline(path, self.pipeline_options, name, version)
-                return self._serve(ServedPipeline(p.name, p.version, p.pipeline, self.pipeline_metrics, {"bundle": str(path)}, [p.close]))
+                limits = QueryLimits(self.limits.max_users, self.limits.max_history, self.limits.max_k)
+                served = ServedPipeline(
+                    p.name, p.version, p.pipeline, self.pipeline_metrics, {"bundle": str(path)}, [p.close], limits, self.pipeline_work
+                )
+                return self._serve(served)
             case other:
                 raise ValueError(f"{path}: manifest kind {other!r} is none of model, gbm, next_items, pipeline")
 
     def _add_model_bundle(self, path: str | Path, name: str | None, version: str | None) -> ServedModel:
-        loaded = load_bundle(path, self.options, self.config.max_request_rows)
+        loaded = load_bundle(path, self.options, self.limits.max_request_rows)
         m = loaded.bundle.manifest
         name, version = name or m.name, version or m.version
         info = {"bundle": str(loaded.bundle.path), "bundle_id": loaded.bundle.id, **m.info}
@@ -267,7 +313,7 @@ class InferenceServer:
         """Serve a scoring model (InferenceModel or GBMModel) as version `version` of `name`, behind a dynamic
         batcher (the first version of a name becomes stable). bundle_model: the same model when it was loaded
         from a model bundle, so that version deltas apply to it."""
-        signature = model.signature(self.config.max_request_rows)
+        signature = model.signature(self.limits.max_request_rows)
         batcher = DynamicBatcher(
             model.predict, self.config.batching, self.metrics.batch_observer(name, version), name=f"{name}:{version}"
         )
@@ -340,6 +386,7 @@ class InferenceServer:
     def close(self) -> None:
         for versions in self.models.values():
             versions.close()
+        self.pipeline_work.shutdown(wait=False, cancel_futures=True)
 
     # -- routing -----------------------------------------------------------------------------
     def model_versions(self, name: str) -> ModelVersions:
@@ -387,8 +434,7 @@ class InferenceServer:
         t0, code, name = time.perf_counter(), 200, "-"
         endpoint = request.url.path.rsplit("/", 1)[1]
         try:
-            if endpoint == "features":
-                check_admin_token(self.config.admin_token, request)
+            check_token(self.tokens, TokenScope.ADMIN if endpoint == "features" else TokenScope.INGEST, request.headers)
             body = await self.json_body(request)
             versions = self._recommender(body.get("pipeline"))
             name = versions.name
@@ -401,13 +447,14 @@ class InferenceServer:
             return JSONResponse(await asyncio.to_thread(apply))
         except Exception as e:
             code = _status(e)
-            return _error(e, code)
+            return _error(e, code, self.limits)
         finally:
             self._observe(name, "-", endpoint, code, t0)
 
     async def json_body(self, request: Request) -> dict[str, Any]:
         """The body of a framework route, within the limits (http/limits.py), as a JSON object."""
-        return _json_object(await read_request_body(request, self.config.max_request_bytes, self.config.body_timeout_s))
+        limits = self.limits
+        return _json_object(await read_request_body(request, limits.max_json_bytes, limits.body_timeout_s, self.admission))
 
     def _observe(self, model: str, version: str, endpoint: str, code: int, t0: float) -> None:
         # names of models not served are not kept as labels: any client could add them without end
@@ -440,7 +487,7 @@ class InferenceServer:
             return JSONResponse(answer)
         except Exception as e:
             code = _status(e)
-            return _error(e, code)
+            return _error(e, code, self.limits)
         finally:
             _release(self.models.get(name), holds)
             self._observe(name, served_version, "predict", code, t0)
@@ -467,11 +514,16 @@ class InferenceServer:
 
         @app.exception_handler(RequestError)
         async def request_error(request: Request, e: RequestError) -> Response:
-            return _error(e, e.status)
+            return _error(e, e.status, self.limits)
 
         @app.exception_handler(HTTPException)
         async def http_error(request: Request, e: HTTPException) -> Response:
             return JSONResponse({"error": str(e.detail)}, status_code=e.status_code)
+
+        @app.exception_handler(Exception)
+        async def internal_error(request: Request, e: Exception) -> Response:
+            code = _status(e)  # logs what is not a request's fault
+            return Response(_error_body(e, code), code, headers=header_dict(error_headers(code, self.limits)))
 
         @app.get("/v2")
         async def server_metadata() -> dict[str, Any]:
@@ -524,8 +576,11 @@ class InferenceServer:
 
     # -- running -----------------------------------------------------------------------------
     def uvicorn_config(self, port: int | None = None) -> uvicorn.Config:
+        """uvicorn runs this app with the connection limits of connection_limits.py (head and body deadlines,
+        head size, open connections) and the keep-alive timeout of the limits."""
         return uvicorn.Config(
             self,
+            http=guarded_protocol(self.limits),
             host=self.config.host,
             port=self.config.port if port is None else port,
             log_level="warning",
@@ -533,7 +588,8 @@ class InferenceServer:
             proxy_headers=False,  # bound to loopback by default; no proxy's X-Forwarded-* is trusted
             server_header=False,
             timeout_graceful_shutdown=5,
-            timeout_keep_alive=self.config.keep_alive_s,
+            timeout_keep_alive=self.limits.keep_alive_s,
+            backlog=max(2048, self.limits.max_connections),
         )
 
     def run(self) -> None:
@@ -600,19 +656,24 @@ def _release(versions: ModelVersions | None, holds: list[ServedObject]) -> None:
 
 
 def _status(e: Exception) -> int:
+    """The HTTP status of an error: a request's fault is its RequestError's 4xx; 503 (with Retry-After) only
+    for a full server (a full batch queue, a store a stage could not reach); anything else is a bug: 500."""
     match e:
         case RequestError():
             return e.status
-        case QueueFull() | StageError():
+        case QueueFull():
+            return 503
+        case StageError() if isinstance(e.__cause__, ConnectionError | TimeoutError):
             return 503
         case _:
             log.exception("internal error while answering a request", exc_info=e)
             return 500
 
 
-def _error(e: Exception, code: int) -> Response:
-    headers = {"connection": "close"} if code == 408 else None  # the rest of that body is not read
-    return Response(_error_body(e, code), status_code=code, media_type="application/json", headers=headers)
+def _error(e: Exception, code: int, limits: RequestLimits) -> Response:
+    return Response(
+        _error_body(e, code), status_code=code, media_type="application/json", headers=header_dict(error_headers(code, limits)[1:])
+    )
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
@@ -628,20 +689,13 @@ def _json_object(body: bytes) -> dict[str, Any]:
     return value
 
 
-def _error_headers(code: int) -> list[tuple[bytes, bytes]]:
-    raw = [(b"content-type", b"application/json")]
-    if code == 408:  # the rest of that body is not read
-        raw.append((b"connection", b"close"))
-    return raw
-
-
 async def _send(send: Send, code: int, headers: list[tuple[bytes, bytes]], payload: bytes) -> None:
     await send({"type": "http.response.start", "status": code, "headers": [*headers, (b"content-length", str(len(payload)).encode("latin-1"))]})
     await send({"type": "http.response.body", "body": payload})
 
 
 def _error_body(e: Exception, code: int) -> bytes:
-    message = str(e) if code < 500 or isinstance(e, QueueFull | StageError) else f"internal error: {type(e).__name__}: {e}"
+    message = str(e) if code < 500 or isinstance(e, QueueFull | StageError | RequestError) else f"internal error: {type(e).__name__}: {e}"
     return json.dumps({"error": message}).encode()
 
 

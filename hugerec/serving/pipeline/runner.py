@@ -10,8 +10,9 @@ names, scores [K] float32). Item feature rows are read once, after retrieval, an
 candidates are dropped. Ties are broken by the smaller item id everywhere, so a run is
 deterministic (exploration draws from the request's seed or the pipeline's generator).
 
-A stage that raises (a store that is down, a model that fails) becomes StageError naming the stage:
-the server answers 503. Bad requests raise RequestError (400) before any stage runs.
+A stage that raises (a store that is down, a model that fails) becomes StageError naming the stage: the
+server answers 503 when the cause is a store it could not reach (ConnectionError, TimeoutError), else 500.
+Bad requests raise RequestError (400) before any stage runs.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class Ranker(Protocol):
 
 
 class StageError(Exception):
-    """A stage could not run (answered 503)."""
+    """A stage could not run (answered 503 when it could not reach a store, else 500)."""
 
     def __init__(self, stage: str, error: BaseException) -> None:
         super().__init__(f"pipeline stage {stage!r} failed: {type(error).__name__}: {error}")

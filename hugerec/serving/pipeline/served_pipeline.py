@@ -16,7 +16,9 @@
     POST /recommend/features      {"table": "item", "ids": [...], "columns": {"available": [...]}, "pipeline"?}:
                                   overwrite some columns of existing rows (admin token required)
 
-Every bad field is a RequestError (400) naming it; a stage that fails is a StageError (503).
+Every bad field is a RequestError (4xx) naming it and its limit (QueryLimits: users per infer request,
+history ids, k; ids within int64); a stage that fails is a StageError (the server answers 503 when it could
+not reach a store, else 500).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import asyncio
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from concurrent.futures import Executor
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -38,7 +41,6 @@ from hugerec.serving.runtime.served_object import ServedObject
 PLATFORM = "hugerec_pipeline"
 REQUEST_KEYS = ("user", "k", "history", "context", "pipeline", "version", "debug", "seed")
 INFER_INPUTS = frozenset({"user", "history", "history.lengths"})
-MAX_USERS = 4096  # users (and history tensors' rows) one infer request may carry
 _LATENCY_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
 _COUNT_BUCKETS = tuple(float(4**i) for i in range(0, 10))
 
@@ -69,10 +71,32 @@ class PipelineMetrics:
             self.cold.labels(name, version).inc()
 
 
+@dataclass(frozen=True)
+class QueryLimits:
+    """What one request to a pipeline may ask (the server's RequestLimits give them): users per KServe v2 request
+    (413 beyond), history ids per user and items per /recommend/interactions post (413 beyond), k (400 beyond;
+    the pipeline's own Order.max_k may be lower)."""
+
+    max_users: int = 256
+    max_history: int = 1000
+    max_k: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("max_users", "max_history", "max_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"QueryLimits: {name} must be an integer >= 1, got {value!r}")
+
+
 @dataclass(eq=False)
 class ServedPipeline(ServedObject):
     """One loaded pipeline version, a served object (served_object.py): /recommend, the KServe v2 infer route,
-    online updates of its seen-items and feature stores."""
+    online updates of its seen-items and feature stores.
+
+    work: the executor that runs pipelines (the server's, shared by every pipeline; None: asyncio's default).
+    A KServe v2 request of B users runs as B tasks one after another, each queued behind at most one task of
+    every other request in flight: a request of many users takes its turn with the others instead of
+    holding the workers while small requests wait."""
 
     family: ClassVar[str] = "pipeline"
     platform: ClassVar[str] = PLATFORM
@@ -83,19 +107,28 @@ class ServedPipeline(ServedObject):
     metrics: PipelineMetrics | None = None
     info: dict[str, Any] = field(default_factory=dict)
     closers: list[Callable[[], None]] = field(default_factory=list)
+    limits: QueryLimits = field(default_factory=QueryLimits)
+    work: Executor | None = None
+
+    def __post_init__(self) -> None:
+        # the server's k limit, or the pipeline's own (Order.max_k) when lower: the one a refusal names
+        self.limits = replace(self.limits, max_k=min(self.limits.max_k, self.pipeline.order.max_k))
 
     @property
     def kind(self) -> str:
         return "pipeline"
 
     def max_rows(self) -> int:
-        return MAX_USERS
+        return self.limits.max_users
 
     def fields(self) -> LiveFields:
         return LiveFields(INFER_INPUTS, frozenset(REQUEST_KEYS), frozenset({0}))
 
     async def infer(self, body: bytes, header_length: str | None, live: LiveFields) -> tuple[bytes, dict[str, str]]:
-        return await asyncio.to_thread(self.answer, body, header_length)  # index, stores, a model call: off the loop
+        loop = asyncio.get_running_loop()
+        request = await loop.run_in_executor(self.work, self.decode, body, header_length)
+        recs = [await loop.run_in_executor(self.work, self.run, query, False) for query in request.queries]
+        return await loop.run_in_executor(self.work, self.encode, request, recs)
 
     def close(self) -> None:
         closers, self.closers = self.closers, []
@@ -110,12 +143,17 @@ class ServedPipeline(ServedObject):
 
     def recommend(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The /recommend body (already parsed; pipeline/version already routed) -> the response object."""
-        query, debug = parse_recommend(body)
+        query, debug = parse_recommend(body, self.limits)
         rec = self.run(query, debug)
         return {"pipeline": self.name, "version": self.version, "user": query.user, **rec.to_json()}
 
     def answer(self, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
-        """A KServe v2 infer request -> (JSON response body, headers)."""
+        """A KServe v2 infer request -> (JSON response body, headers), in the calling thread."""
+        request = self.decode(body, header_length)
+        return self.encode(request, [self.run(q, False) for q in request.queries])
+
+    def decode(self, body: bytes, header_length: str | None) -> InferRequest:
+        """A KServe v2 infer request -> its queries, one per user; RequestError naming the first bad input."""
         header_bytes, blob = split_body(body, header_length)
         try:
             request = parse_json(header_bytes)
@@ -123,33 +161,47 @@ class ServedPipeline(ServedObject):
             raise RequestError(f"request body is not valid JSON: {e}") from None
         if not isinstance(request, dict) or not isinstance(request.get("inputs"), list) or not request["inputs"]:
             raise RequestError("request must be a JSON object with a non-empty list 'inputs'")
+        limits = self.limits
         tensors: dict[str, np.ndarray] = {}
         offset = 0
         for i, spec in enumerate(request["inputs"]):
-            name, array, offset = decode_tensor(spec, i, blob, offset, MAX_USERS)
+            # rows: users, or the history ids of all users together
+            name, array, offset = decode_tensor(spec, i, blob, offset, limits.max_users * max(limits.max_history, 1))
             if name not in INFER_INPUTS:
                 raise RequestError(f"unknown input {name!r}; a pipeline takes 'user' and optionally 'history' + 'history.lengths'")
-            tensors[name] = array
+            if name in tensors:
+                raise RequestError(f"input {name!r} is given twice")
+            tensors[name] = _ids(array, name)
         if "user" not in tensors:
             raise RequestError("input 'user' (INT64 [B]) is required")
-        users = tensors["user"].reshape(-1).astype(np.int64)
-        lengths = tensors.get("history.lengths", np.zeros(len(users), np.int64)).reshape(-1).astype(np.int64)
-        history = tensors.get("history", np.zeros(0, np.int64)).reshape(-1).astype(np.int64)
+        users = tensors["user"].reshape(-1)
+        if len(users) == 0:
+            raise RequestError("input 'user' holds no users")
+        if len(users) > limits.max_users:
+            raise RequestError(f"input 'user' has {len(users)} users; this server takes at most {limits.max_users} per request", status=413)
+        lengths = tensors.get("history.lengths", np.zeros(len(users), np.int64)).reshape(-1)
+        history = tensors.get("history", np.zeros(0, np.int64)).reshape(-1)
         if len(lengths) != len(users) or (lengths < 0).any() or int(lengths.sum()) != len(history):
             raise RequestError(f"input 'history.lengths' must give one length >= 0 per user ({len(users)}) summing to the {len(history)} history ids")
+        if len(lengths) and int(lengths.max()) > limits.max_history:
+            raise RequestError(f"input 'history': a user has {int(lengths.max())} history ids; this server takes at most {limits.max_history}", status=413)
         params = request.get("parameters") or {}
         if not isinstance(params, dict):
             raise RequestError("'parameters' must be an object")
         unknown = sorted(set(params) - {"k", "context", "seed"})
         if unknown:
             raise RequestError(f"unknown parameter {unknown[0]!r}; a pipeline takes 'k', 'context' and 'seed'")
-        k = params.get("k", 20)
+        k = _k(params.get("k", 20), "parameters.k", limits)
         context = _context(params.get("context"), "parameters.context")
-        seed = _optional_int(params.get("seed"), "parameters.seed")
+        seed = _seed(params.get("seed"), "parameters.seed")
         starts = np.r_[0, np.cumsum(lengths)]
-        recs = [self.run(Query(int(u), _int(k, "parameters.k"), tuple(history[starts[i] : starts[i + 1]].tolist()), context, seed), False)
-                for i, u in enumerate(users.tolist())]
-        b, kk = len(users), int(k)
+        queries = [Query(u, k, tuple(history[starts[i] : starts[i + 1]].tolist()), context, seed) for i, u in enumerate(users.tolist())]
+        for q in queries:
+            self.pipeline.check_query(q)
+        return InferRequest(queries, k, None if request.get("id") is None else str(request["id"])[:256])
+
+    def encode(self, request: InferRequest, recs: list[Recommendation]) -> tuple[bytes, dict[str, str]]:
+        b, kk = len(recs), request.k
         items = np.full((b, kk), -1, np.int64)
         scores = np.zeros((b, kk), np.float32)
         sources = [["" for _ in range(kk)] for _ in range(b)]
@@ -165,8 +217,8 @@ class ServedPipeline(ServedObject):
         ]
         out: dict[str, Any] = {"model_name": self.name, "model_version": self.version, "outputs": outputs,
                                "parameters": {"notes": json.dumps([list(r.notes) for r in recs])}}
-        if request.get("id") is not None:
-            out["id"] = str(request["id"])
+        if request.request_id is not None:
+            out["id"] = request.request_id
         return json.dumps(out, separators=(",", ":")).encode(), {"content-type": "application/json"}
 
     def add_interactions(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -174,10 +226,10 @@ class ServedPipeline(ServedObject):
         unknown = sorted(set(body) - {"user", "items", "pipeline"})
         if unknown:
             raise RequestError(f"unknown field {unknown[0]!r}; /recommend/interactions takes 'user', 'items', 'pipeline'")
-        user = _int(body.get("user"), "user")
-        items = body.get("items")
-        if not isinstance(items, list) or not items or not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
-            raise RequestError(f"field 'items' must be a non-empty list of integer item ids, got {items!r}"[:200])
+        user = _id(body.get("user"), "user")
+        items = _id_list(body.get("items"), "items", self.limits.max_history)
+        if not items:
+            raise RequestError("field 'items' must be a non-empty list of integer item ids")
         self.pipeline.res.interactions.add(user, items)
         return {"user": user, "added": len(items)}
 
@@ -187,15 +239,18 @@ class ServedPipeline(ServedObject):
         if unknown:
             raise RequestError(f"unknown field {unknown[0]!r}; /recommend/features takes 'table', 'ids', 'columns', 'pipeline'")
         table, ids, columns = body.get("table"), body.get("ids"), body.get("columns")
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        if not isinstance(table, str):
+            raise RequestError(f"field 'table' must be a table name, got {table!r}"[:200])
+        ids = _id_list(ids, "ids", None)
+        if not ids:
             raise RequestError("field 'ids' must be a non-empty list of integer ids")
         if not isinstance(columns, dict) or not columns:
             raise RequestError("field 'columns' must map column names to lists of numbers, one per id")
         arrays = {}
         for name, values in columns.items():
-            if not isinstance(values, list) or len(values) != len(ids) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-                raise RequestError(f"field 'columns.{name}' must be a list of {len(ids)} numbers")
-            arrays[str(name)] = np.asarray(values)
+            if not isinstance(values, list) or len(values) != len(ids) or not all(_finite(v) for v in values):
+                raise RequestError(f"field 'columns.{name}' must be a list of {len(ids)} finite numbers (within float64)"[:200])
+            arrays[str(name)] = np.asarray(values, np.float64)
         try:
             self.pipeline.res.features.update(str(table), np.asarray(ids, np.int64), arrays)
         except ValueError as e:
@@ -220,32 +275,84 @@ class ServedPipeline(ServedObject):
         }
 
 
-def parse_recommend(body: Mapping[str, Any]) -> tuple[Query, bool]:
+def parse_recommend(body: Mapping[str, Any], limits: QueryLimits | None = None) -> tuple[Query, bool]:
     """The /recommend JSON object -> (Query, debug); RequestError naming the first bad field."""
+    limits = limits or QueryLimits()
     unknown = sorted(set(body) - set(REQUEST_KEYS))
     if unknown:
-        raise RequestError(f"unknown field {unknown[0]!r}; /recommend takes {list(REQUEST_KEYS)}")
+        raise RequestError(f"unknown field {unknown[0]!r}; /recommend takes {list(REQUEST_KEYS)}"[:300])
     if "user" not in body:
         raise RequestError("field 'user' (an integer id) is required")
-    user = _int(body["user"], "user")
-    k = _int(body.get("k", 20), "k")
-    history = body.get("history", [])
-    if not isinstance(history, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in history):
-        raise RequestError(f"field 'history' must be a list of integer item ids, got {history!r}"[:200])
+    user = _id(body["user"], "user")
+    k = _k(body.get("k", 20), "k", limits)
+    history = _id_list(body.get("history", []), "history", limits.max_history)
     debug = body.get("debug", False)
     if not isinstance(debug, bool):
-        raise RequestError(f"field 'debug' must be true or false, got {debug!r}")
-    return Query(user, k, tuple(history), _context(body.get("context"), "context"), _optional_int(body.get("seed"), "seed")), debug
+        raise RequestError(f"field 'debug' must be true or false, got {debug!r}"[:200])
+    return Query(user, k, tuple(history), _context(body.get("context"), "context"), _seed(body.get("seed"), "seed")), debug
 
 
-def _int(v: object, name: str) -> int:
+@dataclass(frozen=True)
+class InferRequest:
+    """A decoded KServe v2 request of a pipeline: one query per user."""
+
+    queries: list[Query]
+    k: int
+    request_id: str | None
+
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _id(v: object, name: str) -> int:
+    """An id: an integer within int64 (what the stores and indexes hold)."""
     if isinstance(v, bool) or not isinstance(v, int):
-        raise RequestError(f"field {name!r} must be an integer, got {v!r}"[:200])
+        raise RequestError(f"field {name!r} must be an integer id, got {v!r}"[:200])
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise RequestError(f"field {name!r} = {v} is outside the int64 range of ids (-2**63 .. 2**63 - 1)"[:200])
     return v
 
 
-def _optional_int(v: object, name: str) -> int | None:
-    return None if v is None else _int(v, name)
+def _id_list(v: object, name: str, max_len: int | None) -> list[int]:
+    if not isinstance(v, list):
+        raise RequestError(f"field {name!r} must be a list of integer ids, got {v!r}"[:200])
+    if max_len is not None and len(v) > max_len:
+        raise RequestError(f"field {name!r} has {len(v)} ids; this server takes at most {max_len}", status=413)
+    for i, x in enumerate(v):
+        _id(x, f"{name}[{i}]")
+    return v
+
+
+def _k(v: object, name: str, limits: QueryLimits) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limits.max_k:
+        raise RequestError(f"field {name!r} = {v!r} must be an integer in 1..{limits.max_k}"[:200])
+    return v
+
+
+def _seed(v: object, name: str) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= INT64_MAX:
+        raise RequestError(f"field {name!r} = {v!r} must be an integer in 0..2**63 - 1"[:200])
+    return v
+
+
+def _finite(v: object) -> bool:
+    """A JSON number that is a finite float64 (an integer beyond float64's range is not)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    if isinstance(v, int):
+        return -1.7e308 <= v <= 1.7e308  # compared as ints: float(v) of a larger one raises
+    return math.isfinite(v)
+
+
+def _ids(array: np.ndarray, name: str) -> np.ndarray:
+    """An infer input of ids -> int64; floats (NaN, 1e300) are refused, never cast."""
+    if array.dtype.kind not in "iu":
+        raise RequestError(f"input {name!r} must hold integers (INT64 or another integer type), got {array.dtype}")
+    if array.dtype == np.uint64 and array.size and int(array.max()) > INT64_MAX:
+        raise RequestError(f"input {name!r} has values above the int64 range")
+    return array.astype(np.int64, copy=False)
 
 
 def _context(v: object, name: str) -> dict[str, float]:
@@ -255,7 +362,7 @@ def _context(v: object, name: str) -> dict[str, float]:
         raise RequestError(f"field {name!r} must be an object of numbers, got {v!r}"[:200])
     out = {}
     for key, value in v.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise RequestError(f"field '{name}.{key}' must be a finite number, got {value!r}"[:200])
+        if not _finite(value):
+            raise RequestError(f"field '{name}.{key}' must be a finite number (within float64), got {value!r}"[:200])
         out[str(key)] = float(value)
     return out

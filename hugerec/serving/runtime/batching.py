@@ -6,7 +6,9 @@
 Lives on the server's event loop. A batch starts when `max_batch_size` rows wait or `max_delay_ms`
 after the first request arrived (0, the default: once the loop has handled what was already
 received, so a lone request waits for nothing); one batch runs at a time, and requests arriving
-meanwhile form the next one. A request bigger than `max_batch_size` runs alone. Small batches run inline on the
+meanwhile form the next one. A request bigger than `max_batch_size` runs alone, as model calls of
+`max_batch_size` rows each: the memory a model call takes stays that of one batch whatever a request's size
+(the request's own memory is its body's: serving/http/limits.py). Small batches run inline on the
 event loop: they take less time than handing them to a thread would; batches of `offload_rows`
 or more run on a worker thread, so the loop keeps decoding requests while torch kernels (which
 release the GIL) compute.
@@ -147,7 +149,11 @@ class DynamicBatcher:
     def _call(self, merged: ModelInputs) -> tuple[np.ndarray | Exception, float]:
         t0 = time.perf_counter()
         try:
-            outputs = self.run(merged)
+            size, b = self.config.max_batch_size, merged.batch_size
+            if b <= size:
+                outputs = self.run(merged)
+            else:  # one request larger than a batch: in batches, one after another
+                outputs = np.concatenate([self.run(merged.rows(s, min(s + size, b))) for s in range(0, b, size)])
             if outputs.shape[0] != merged.batch_size:
                 raise RuntimeError(f"model returned {outputs.shape[0]} rows for a batch of {merged.batch_size}")
         except Exception as e:  # the model failed: every request of the batch gets the error

@@ -263,22 +263,64 @@ def _binary_layout(header: bytes, signature: Signature) -> _BinaryLayout | None:
 
 
 def parse_json(raw: bytes) -> Any:
-    """JSON text -> Python values; raises json.JSONDecodeError (or UnicodeDecodeError).
+    """JSON text -> Python values; raises json.JSONDecodeError (or UnicodeDecodeError), or RequestError naming
+    where an integer too large for 64 bits stands.
 
     orjson when it is installed (3 to 7 times faster on the number lists of tensors); what it refuses
-    (NaN literals, integers beyond 64 bits) goes to the standard parser, so that both give every
-    request the same answer. Nesting deeper than the standard parser's recursion allows is a
-    JSONDecodeError too (a request, not a server fault).
+    (NaN literals, numbers beyond its range) goes to the standard parser, so that both give every
+    request the same answer. An integer literal that fits neither int64 nor uint64 (10**400, 5,000 digits)
+    is a 400 naming its place in the body ("labels[0].label"), never converted: the standard parser would
+    spend quadratic time on a long one, or raise an error that is not a request's. Nesting deeper than the
+    standard parser's recursion allows is a JSONDecodeError too (a request, not a server fault).
     """
     if _orjson is not None:
         try:
             return _orjson.loads(raw)
         except _orjson.JSONDecodeError:
             pass
+    found: list[int] = []  # digits of the integers too large
     try:
-        return json.loads(raw)
+        value = json.loads(raw, parse_int=functools.partial(_parse_int, found=found))
     except RecursionError:
         raise json.JSONDecodeError("arrays or objects nested too deeply", "", 0) from None
+    if found:
+        where = _path_of(value, _TooLarge)
+        raise RequestError(
+            f"field {where!r}: an integer of {found[0]} digits; JSON integers must fit in 64 bits "
+            f"(-2**63 .. 2**64 - 1)"
+        )
+    return value
+
+
+INT64_MIN, UINT64_MAX = -(1 << 63), (1 << 64) - 1
+INT64_MAX = (1 << 63) - 1
+
+
+class _TooLarge:
+    """Stands in the parsed value for an integer literal beyond 64 bits, until parse_json finds its place."""
+
+
+def _parse_int(text: str, found: list[int]) -> int | _TooLarge:
+    if len(text) <= 20:  # 20 characters hold every 64-bit integer; int() of them is cheap
+        v = int(text)
+        if INT64_MIN <= v <= UINT64_MAX:
+            return v
+    found.append(len(text.lstrip("-")))
+    return _TooLarge()
+
+
+def _path_of(value: Any, kind: type) -> str:
+    """The JSON path ("a.b[3]") of the first instance of `kind` inside `value` ("" when it is the value)."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, kind):
+            return path or "(the body)"
+        if isinstance(v, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), x) for k, x in reversed(list(v.items())))
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+    return "(the body)"
 
 
 def dump_json(value: Any) -> bytes:
@@ -430,15 +472,16 @@ def _ones(b: int) -> np.ndarray:
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    """(JSON header, binary part) of a body; the binary part is a view of the body (never a copy of it)."""
     if header_length is None:
         return body, b""
-    try:
-        n = int(header_length)
-    except ValueError:
-        raise RequestError(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+    if not header_length.isdigit() or len(header_length) > 18:
+        raise RequestError(f"{HEADER_LENGTH} must be an integer, got {header_length[:30]!r}")
+    n = int(header_length)
     if not 0 < n <= len(body):
         raise RequestError(f"{HEADER_LENGTH} is {n} but the body has {len(body)} bytes")
-    return body[:n], body[n:]
+    view = memoryview(body)
+    return bytes(view[:n]), view[n:]  # type: ignore[return-value]  # a memoryview reads like bytes here
 
 
 def decode_tensor(spec: object, i: int, blob: bytes, offset: int, max_rows: int) -> tuple[str, np.ndarray, int]:

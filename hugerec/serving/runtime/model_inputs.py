@@ -45,6 +45,20 @@ class ModelInputs:
             )
         return ModelInputs(dense, _OneIdFeatures(tuple(features), one_id), one_id)
 
+    def rows(self, start: int, stop: int) -> ModelInputs:
+        """Examples start..stop-1 (views where the layout allows)."""
+        vectors = {k: v[start:stop] for k, v in self.vectors.items()}
+        if self.one_id is not None and isinstance(self.ids, _OneIdFeatures):
+            part = ModelInputs.from_one_id(self.dense[start:stop], self.ids.names, self.one_id[:, start:stop])
+            return dataclasses.replace(part, vectors=vectors)
+        ids = {}
+        for f in self.ids:
+            values, lengths = self.ids[f]
+            offsets = np.zeros(len(lengths) + 1, np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            ids[f] = (values[offsets[start] : offsets[stop]], lengths[start:stop])
+        return ModelInputs(self.dense[start:stop], ids, vectors=vectors)
+
     @staticmethod
     def concat(parts: Sequence[ModelInputs]) -> ModelInputs:
         """Requests -> one batch (rows in order)."""

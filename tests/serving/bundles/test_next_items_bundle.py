@@ -17,6 +17,7 @@ from hugerec.models.registry import Family
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SASRecConfig
 from hugerec.serving.bundles.next_items_bundle import export_next_items, is_next_items_bundle, load_next_items
+from hugerec.serving.http.limits import RequestLimits
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.serving.runtime.inference_protocol import RequestError
 from hugerec.training.model_file import RawIds, load_model, save_model
@@ -95,7 +96,7 @@ def test_unknown_items_are_skipped_and_counted(bundle: Path) -> None:
 
 @pytest.fixture(scope="module")
 def served(bundle: Path) -> Iterator[tuple[str, InferenceServer]]:
-    srv = InferenceServer(ServerConfig(max_request_rows=16))
+    srv = InferenceServer(ServerConfig(limits=RequestLimits(max_request_rows=16)))
     srv.add_bundle(bundle)
     with BackgroundServer(srv) as url:
         yield url, srv

@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from hugerec.serving.bundles.bundle_loader import ServeOptions
 from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.http.limits import RequestLimits
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.serving.runtime.batching import BatchingConfig
 
@@ -31,8 +32,7 @@ def server(toy: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     srv = InferenceServer(
         ServerConfig(
             batching=BatchingConfig(max_batch_size=64, max_delay_ms=2),
-            max_request_bytes=1 << 16,
-            max_request_rows=256,
+            limits=RequestLimits(max_request_bytes=1 << 16, max_json_bytes=1 << 16, max_request_rows=256),
             admin_token=TOKEN,
             seed=0,
         ),
@@ -305,7 +305,7 @@ def test_a_body_shorter_than_its_content_length_gets_408_and_the_connection_clos
     import socket
     import time
 
-    srv = InferenceServer(ServerConfig(body_timeout_s=0.5), ServeOptions(state_dir=str(tmp_path / "state")))
+    srv = InferenceServer(ServerConfig(limits=RequestLimits(body_timeout_s=0.5)), ServeOptions(state_dir=str(tmp_path / "state")))
     srv.add_bundle(toy.bundle)
     try:
         with BackgroundServer(srv) as url:
@@ -324,4 +324,4 @@ def test_a_body_shorter_than_its_content_length_gets_408_and_the_connection_clos
     finally:
         srv.close()
     with pytest.raises(ValueError, match="body_timeout_s"):
-        ServerConfig(body_timeout_s=0)
+        RequestLimits(body_timeout_s=0)

@@ -51,6 +51,10 @@ max_k = 50
 """
 
 
+INGEST = {"authorization": "Bearer " + "i" * 16}
+INGEST_TOKEN = "i" * 16
+
+
 def build(toy: Any, out: Path, version: str = "1", seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     store = FeatureStore.in_memory({"user": ("age",), "item": ("available", "min_age", "category", "price", "promoted")})
@@ -128,7 +132,7 @@ def _state(tmp: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def server(bundle: Path, toy: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, InferenceServer, Path]]:
-    srv = InferenceServer(ServerConfig(admin_token="t" * 16, seed=0))
+    srv = InferenceServer(ServerConfig(admin_token="t" * 16, ingest_token=INGEST_TOKEN, seed=0))
     srv.add_bundle(bundle)
     v2 = build(toy, tmp_path_factory.mktemp("pipe2") / "recs", version="2", seed=1)
     with BackgroundServer(srv) as url:
@@ -162,7 +166,7 @@ def test_recommend_answers_with_sources_and_debug_stages(server: tuple[str, Infe
         ({"user": 3, "context": {"weather": 1}}, "'context'"),
         ({"user": 3, "context": {"hour": "noon"}}, "'context.hour'"),
         ({"user": 3, "colour": 1}, "'colour'"),
-        ({"user": 3, "history": [1, "x"]}, "'history'"),
+        ({"user": 3, "history": [1, "x"]}, "'history[1]'"),
         ({"user": 3, "pipeline": "nope"}, "'pipeline'"),
     ],
 )
@@ -191,7 +195,7 @@ def test_kserve_infer_with_history(server: tuple[str, InferenceServer, Path]) ->
     meta = httpx.get(f"{url}/v2/models/recs").json()
     assert meta["platform"] == "hugerec_pipeline" and meta["stages"] == ["retrieve", "filter", "score", "order"]
     r = httpx.post(f"{url}/v2/models/recs/infer", json={"inputs": [{"name": "user", "datatype": "INT64", "shape": [1], "data": [3]}], "parameters": {"k": 0}})
-    assert r.status_code == 400 and "'k'" in r.json()["error"]
+    assert r.status_code == 400 and "'parameters.k' = 0 must be an integer in 1..50" in r.json()["error"]
 
 
 def test_versions_canary_and_rollback_work_for_pipelines(server: tuple[str, InferenceServer, Path]) -> None:
@@ -233,17 +237,20 @@ def test_online_updates_of_interactions_and_features(server: tuple[str, Inferenc
     url = server[0]
     before = httpx.post(f"{url}/recommend", json={"user": 7, "k": 5, "version": "1"}).json()["items"]
     r = httpx.post(f"{url}/recommend/interactions", json={"user": 7, "items": before[:2]})
+    assert r.status_code == 401 and "ingest endpoints need" in r.json()["error"]  # #28: anyone could hide any user's items
+    r = httpx.post(f"{url}/recommend/interactions", json={"user": 7, "items": before[:2]}, headers=INGEST)
     assert r.status_code == 200, r.text
     after = httpx.post(f"{url}/recommend", json={"user": 7, "k": 5, "version": "1"}).json()["items"]
     assert not set(before[:2]) & set(after)  # now seen: filtered out
     update = {"table": "item", "ids": [after[0]], "columns": {"available": [0]}}
     assert httpx.post(f"{url}/recommend/features", json=update).status_code == 401  # admin only
+    assert httpx.post(f"{url}/recommend/features", json=update, headers=INGEST).status_code == 401
     auth = {"authorization": "Bearer " + "t" * 16}
     assert httpx.post(f"{url}/recommend/features", json=update, headers=auth).status_code == 200
     assert after[0] not in httpx.post(f"{url}/recommend", json={"user": 7, "k": 5, "version": "1"}).json()["items"]
     bad = httpx.post(f"{url}/recommend/features", json={**update, "columns": {"colour": [1]}}, headers=auth)
     assert bad.status_code == 400 and "colour" in bad.json()["error"]
-    bad = httpx.post(f"{url}/recommend/interactions", json={"user": 7, "items": []})
+    bad = httpx.post(f"{url}/recommend/interactions", json={"user": 7, "items": []}, headers=INGEST)
     assert bad.status_code == 400 and "'items'" in bad.json()["error"]
 
 
@@ -295,7 +302,7 @@ def test_every_kserve_route_answers_for_a_pipeline_or_is_a_4xx_saying_what_it_la
     r = httpx.get(f"{url}/v2/models/recs/config")
     assert r.status_code == 200, r.text
     config = r.json()
-    assert config["name"] == "recs" and config["platform"] == "hugerec_pipeline" and config["max_batch_size"] == 4096
+    assert config["name"] == "recs" and config["platform"] == "hugerec_pipeline" and config["max_batch_size"] == 256  # RequestLimits.max_users
     assert [i["name"] for i in config["input"]] == ["user", "history", "history.lengths"]
     assert [o["name"] for o in config["output"]] == ["items", "scores", "sources", "cold_start"]
     meta = httpx.get(f"{url}/v2/models/recs").json()
@@ -315,7 +322,7 @@ def test_every_kserve_route_answers_for_a_pipeline_or_is_a_4xx_saying_what_it_la
         ("/recommend", {"pipeline": "dlrm", "user": 3}),
         ("/recommend/interactions", {"pipeline": "dlrm", "user": 3, "items": [1]}),
     ):
-        r = httpx.post(f"{url}{path}", json=body)
+        r = httpx.post(f"{url}{path}", json=body, headers=INGEST)
         assert r.status_code == 400 and f"does not support {path}" in r.json()["error"], (path, r.text)
     r = httpx.post(f"{url}/recommend", json={"pipeline": ["recs"], "user": 3})
     assert r.status_code == 400 and "'pipeline' must be a string" in r.json()["error"]

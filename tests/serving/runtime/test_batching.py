@@ -52,7 +52,7 @@ def test_concurrent_requests_merge_and_split_back(offload_rows: int) -> None:
         batcher.close()
 
 
-def test_big_request_runs_alone_and_delay_bounds_latency() -> None:
+def test_big_request_runs_alone_in_calls_of_a_batch_and_delay_bounds_latency() -> None:
     model = Recorder()
     batcher = DynamicBatcher(model, BatchingConfig(max_batch_size=4, max_delay_ms=5))
     try:
@@ -62,7 +62,7 @@ def test_big_request_runs_alone_and_delay_bounds_latency() -> None:
         assert time.perf_counter() - t0 < 2.0
         np.testing.assert_array_equal(out, [10, 20, 30, 40, 50, 60])
         np.testing.assert_array_equal(single, [70])
-        assert model.batches == [6, 1]
+        assert model.batches == [4, 2, 1]  # the request of 6 rows as calls of max_batch_size: bounded memory
     finally:
         batcher.close()
 
@@ -111,3 +111,17 @@ def test_queue_limit_and_config_validation() -> None:
     for bad in ({"max_batch_size": 0}, {"max_delay_ms": -1}, {"max_queue": 0}, {"offload_rows": 0}):
         with pytest.raises(ValueError):
             BatchingConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_rows_of_model_inputs_slice_every_layout() -> None:
+    """ModelInputs.rows (what splits a large request into batches): jagged ids, one-id blocks, inline vectors."""
+    lengths = np.array([2, 0, 1, 3], np.int32)
+    jagged = ModelInputs(np.arange(8, dtype=np.float32).reshape(4, 2), {"f": (np.arange(6, dtype=np.int64), lengths)},
+                         vectors={"v": np.arange(4, dtype=np.float32).reshape(4, 1)})
+    part = jagged.rows(1, 4)
+    assert part.batch_size == 3 and part.ids["f"][0].tolist() == [2, 3, 4, 5] and part.ids["f"][1].tolist() == [0, 1, 3]
+    assert part.vectors["v"][:, 0].tolist() == [1, 2, 3]
+    block = ModelInputs.from_one_id(np.zeros((4, 0), np.float32), ["a", "b"], np.arange(8, dtype=np.int64).reshape(2, 4))
+    part = block.rows(2, 4)
+    assert part.one_id is not None and part.one_id.tolist() == [[2, 3], [6, 7]] and part.ids["b"][0].tolist() == [6, 7]
+    assert ModelInputs.concat([jagged.rows(0, 2), jagged.rows(2, 4)]).ids["f"][0].tolist() == list(range(6))

@@ -18,6 +18,7 @@ import tritonclient.http as triton
 from hugerec.data.schema import Schema
 from hugerec.models.gbm import FeatureMatrix, Library, LightGBMConfig, TreeModel, XGBoostConfig, require
 from hugerec.serving.bundles.gbm_bundle import export_gbm_bundle, is_gbm_bundle, load_gbm_bundle
+from hugerec.serving.http.limits import RequestLimits
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.serving.runtime.batching import BatchingConfig
 from hugerec.serving.runtime.forest import FLAG_CATEGORICAL, Forest, margin_reference
@@ -179,7 +180,7 @@ def test_damaged_bundle_is_refused(bundle: tuple[Library, Path, TreeModel], tmp_
 @pytest.fixture(scope="module")
 def served(bundle: tuple[Library, Path, TreeModel]) -> Iterator[tuple[str, TreeModel]]:
     _, path, tree = bundle
-    srv = InferenceServer(ServerConfig(batching=BatchingConfig(max_batch_size=64, max_delay_ms=2), max_request_rows=512))
+    srv = InferenceServer(ServerConfig(batching=BatchingConfig(max_batch_size=64, max_delay_ms=2), limits=RequestLimits(max_request_rows=512)))
     srv.add_bundle(path)
     with BackgroundServer(srv) as url:
         yield url, tree
@@ -355,7 +356,7 @@ def _tampered(bundle: Path, out: Path, library: Library, edit: Any) -> Path:
 @pytest.fixture(scope="module")
 def admin_served(bundle: tuple[Library, Path, TreeModel]) -> Iterator[tuple[InferenceServer, str]]:
     _, path, _ = bundle
-    srv = InferenceServer(ServerConfig(admin_token=TOKEN, max_request_rows=512, load_deadline_s=120.0))
+    srv = InferenceServer(ServerConfig(admin_token=TOKEN, limits=RequestLimits(max_request_rows=512), load_deadline_s=120.0))
     srv.add_bundle(path)
     with BackgroundServer(srv) as url:
         yield srv, url

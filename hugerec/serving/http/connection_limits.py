@@ -1,0 +1,173 @@
+"""Connection-level limits in the HTTP protocol, where uvicorn has none: a deadline for the request head, one for
+the whole body, a bound on the head's size and on the open connections.
+
+uvicorn (0.54, httptools) starts no timer while a connection sends its request line and headers (its
+keep-alive timer is cancelled by the first byte), so a client sending one byte every few seconds holds a
+connection for ever; headers are collected without a size bound; and its `limit_concurrency` answers 503
+without Retry-After and counts idle connections and requests together. `guarded_protocol(limits)` is
+uvicorn's httptools protocol with:
+
+    head deadline   header_timeout_s from a connection's first byte (or from when it opened) to the end of the
+                    headers: 408 and the connection closed
+    head size       max_header_bytes of request line + headers: 431, closed
+    body deadline   body_timeout_s for the whole body once the headers are in, whether or not the app reads it:
+                    408 when nothing was answered yet, then closed (the app's own reading has the same deadline
+                    and answers 408 itself: limits.read_asgi_body)
+    connections     beyond max_connections open ones, a new connection's request is answered 503 with
+                    Retry-After and the connection closed, without reaching the app
+
+Idle kept-alive connections keep uvicorn's keep-alive timer (keep_alive_s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from enum import Enum
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from hugerec.serving.http.limits import RequestLimits
+
+
+class _Phase(Enum):
+    HEAD = "head"  # waiting for (the rest of) a request head
+    BODY = "body"  # headers in, body still arriving
+    ANSWER = "answer"  # the whole request is in: the app answers it
+    IDLE = "idle"  # answered; a kept-alive connection waits for its next request (uvicorn's keep-alive timer)
+
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+
+
+def raw_response(code: int, message: str, retry_after_s: int | None = None) -> bytes:
+    """A whole HTTP/1.1 error response with a JSON body that closes the connection."""
+    body = json.dumps({"error": message}).encode()
+    head = [
+        b"HTTP/1.1 %d %s" % (code, _REASONS[code]),
+        b"content-type: application/json",
+        b"content-length: %d" % len(body),
+        b"connection: close",
+    ]
+    if retry_after_s is not None:
+        head.append(b"retry-after: %d" % retry_after_s)
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def guarded_protocol(limits: RequestLimits) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with the limits above (pass it as uvicorn.Config(http=...))."""
+
+    def answer(code: int, message: str, retry_after_s: int | None = None) -> Any:
+        """An ASGI app answering every request with `code` and closing the connection."""
+        body = json.dumps({"error": message}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+        if retry_after_s is not None:
+            headers.append((b"retry-after", str(retry_after_s).encode()))
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": code, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+        return app
+
+    refuse = answer(
+        503, f"server busy: {limits.max_connections} connections are open; retry after {limits.retry_after_s} s", limits.retry_after_s
+    )
+    oversized = answer(431, f"the request head exceeds {limits.max_header_bytes} bytes")
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._phase = _Phase.HEAD
+            self._head_bytes = 0
+            self._timer: asyncio.TimerHandle | None = None
+            self._request_cycle: Any = None  # the cycle whose head completed last
+            self._refused = False
+            self._oversized = False
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._refused = len(self.connections) > limits.max_connections
+            self._arm(limits.header_timeout_s, self._head_expired)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._phase is _Phase.IDLE:  # the first byte of a kept-alive connection's next request
+                self._phase, self._head_bytes = _Phase.HEAD, 0
+                self._arm(limits.header_timeout_s, self._head_expired)
+            if self._phase is _Phase.HEAD:
+                self._head_bytes += len(data)
+            super().data_received(data)
+            if self.transport.is_closing():
+                return
+            cycle = self.cycle
+            if self._phase is _Phase.HEAD:
+                if cycle is not None and cycle is not self._request_cycle:  # the head is complete
+                    self._request_cycle = cycle
+                    self._phase = _Phase.BODY
+                    self._arm(limits.body_timeout_s, self._body_expired)
+                elif self._head_bytes > limits.max_header_bytes:
+                    self._close_with(431, f"the request head exceeds {limits.max_header_bytes} bytes")
+                    return
+            if self._phase is _Phase.BODY and cycle is not None and not cycle.more_body:
+                self._phase = _Phase.ANSWER
+                self._disarm()
+                if cycle.response_complete:  # answered before its body was in (413, 503...)
+                    self._phase = _Phase.IDLE
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self._phase is _Phase.ANSWER:
+                self._phase = _Phase.IDLE  # uvicorn's keep-alive timer runs from here
+            # BODY: answered before the body was in; the body deadline still runs for the bytes still coming
+
+        def on_headers_complete(self) -> None:
+            # a head that came in one piece is measured here (one that trickles in, as it arrives)
+            size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
+            self._oversized = size > limits.max_header_bytes
+            super().on_headers_complete()
+
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+            super()._start_asgi_task(cycle, refuse if self._refused else oversized if self._oversized else app)
+
+        def _arm(self, seconds: float, callback: Any) -> None:
+            self._disarm()
+            self._timer = self.loop.call_later(seconds, callback)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _head_expired(self) -> None:
+            self._timer = None
+            if self._phase is not _Phase.HEAD or self.transport.is_closing():
+                return
+            if self._head_bytes == 0:  # opened and never used
+                self.transport.close()
+                return
+            self._close_with(408, f"the request head did not arrive within {limits.header_timeout_s} s")
+
+        def _body_expired(self) -> None:
+            self._timer = None
+            if self._phase is not _Phase.BODY or self.transport.is_closing():
+                return
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_started:
+                self._close_with(408, f"the request body did not arrive within {limits.body_timeout_s} s")
+            else:
+                self.transport.close()
+
+        def _close_with(self, code: int, message: str) -> None:
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True  # the app's answer, if any, is not written; its reading sees a disconnect
+                cycle.message_event.set()
+            self.transport.write(raw_response(code, message))
+            self.transport.close()
+
+    return GuardedHttpToolsProtocol

@@ -33,6 +33,15 @@ dump), and hugerec-lightgbm-no-child (our reader and checks alone: what isolatio
 
     python benchmarks/serving.py --gbm-only [--quick] [--json PATH]
 
+The status page (`--status-only` runs just this part; config "status page"): our server with the DLRM
+bundle, an admin token and a loop's decision log of 2,000 records (so that every details request parses the
+64 KiB tail), after some inference traffic. Closed-loop GET clients, interleaved in short rounds:
+hugerec-status-details (GET /status/details with the token: versions, traffic from the metrics, the log's
+tail), hugerec-status (GET /status) and hugerec-status-page (GET /, the HTML) against health-ready
+(GET /v2/health/ready of the same server: the cheapest route it has). p50 / p99 latency in ms.
+
+    python benchmarks/serving.py --status-only [--quick] [--json PATH]
+
 Under attack (`--attack-only` runs just this part; also run after the rest), the server with its default limits
 (serving/http/limits.py RequestLimits):
 
@@ -423,6 +432,12 @@ async def drive(
     """
     host, port, path = _split_url(url)
     requests = [_http_request(host, port, path, body, headers) for body, headers in bodies]
+    return await drive_raw(host, port, requests, clients, seconds)
+
+
+async def drive_raw(host: str, port: int, requests: list[bytes], clients: int, seconds: float) -> tuple[list[float], int]:
+    """drive() on requests already written out as bytes (any method)."""
+    url = f"http://{host}:{port}"
     latencies: list[float] = []
     failures = 0
     warmup = 0
@@ -453,6 +468,11 @@ async def drive(
     if failures:
         raise RuntimeError(f"{url}: {failures} requests failed")
     return latencies, warmup
+
+
+def _http_get(host: str, port: int, path: str, headers: dict[str, str]) -> bytes:
+    lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{port}", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
 def _split_url(url: str) -> tuple[str, int, str]:
@@ -550,6 +570,86 @@ def tier_throughput(rows: int, quick: bool) -> list[dict[str, Any]]:
     return results
 
 
+# -- the status page -------------------------------------------------------------------------------
+STATUS_TOKEN_ENV = "HUGEREC_BENCH_STATUS_TOKEN"
+STATUS_ROUTES = {  # method -> (path, with the admin token)
+    "hugerec-status-details": ("/status/details", True),
+    "hugerec-status": ("/status", False),
+    "hugerec-status-page": ("/", False),
+    "health-ready": ("/v2/health/ready", False),
+}
+
+
+def run_status_server(bundle: str, state: str, port: int, decision_log: str) -> None:
+    from hugerec.serving.bundles.bundle_loader import ServeOptions
+    from hugerec.serving.http.server import InferenceServer, ServerConfig
+
+    server = InferenceServer(ServerConfig(port=port, admin_token=os.environ[STATUS_TOKEN_ENV]), ServeOptions(state_dir=state))
+    server.add_bundle(bundle)
+    server.status.show_decision_log(decision_log)
+    server.run()
+
+
+def run_status_page(quick: bool) -> list[dict[str, Any]]:
+    """p50 / p99 of the status page's routes against /v2/health/ready of the same server (see the docstring)."""
+    import secrets
+
+    import httpx
+
+    from hugerec.continuous.decision_log import DecisionLog, Record
+    from hugerec.serving.bundles.export import export_bundle
+
+    rows, seconds, clients = (5_000, 2.0, 4) if quick else (50_000, 8.0, 4)
+    tmp = Path(tempfile.mkdtemp(prefix="hugerec-status-bench-"))
+    token = secrets.token_hex(16)
+    procs: list[subprocess.Popen[bytes]] = []
+    records: list[dict[str, Any]] = []
+    try:
+        bundle = export_bundle(build_model(rows), tmp / "bundle", name="dlrm")
+        log = DecisionLog(tmp / "decisions.jsonl")
+        rng = np.random.default_rng(0)
+        for k in range(2000):
+            drift = {f"C{i}": float(rng.random() / 4) for i in range(1, 27)}
+            log.append(Record(k, "retrain" if k % 7 == 0 else "wait", f"window {k}", drift, f"w{k}", time=1.7e9 + 60 * k))
+        port = free_port()
+        args = ["--serve", "status", "--path", str(bundle), "--state", str(tmp / "state"), "--decision-log", str(log.path)]
+        procs.append(
+            subprocess.Popen([sys.executable, __file__, *args, "--port", str(port)], env={**os.environ, STATUS_TOKEN_ENV: token})
+        )
+        wait_ready(procs[0], port)
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client() as client:  # traffic for the metrics the details read: infer and /predict rows
+            for body, headers in [kserve_json(d, i) for d, i in make_requests(8, 20, rows, seed=3)]:
+                assert client.post(f"{url}/v2/models/dlrm/infer", content=body, headers=headers).status_code == 200
+            details = client.get(f"{url}/status/details", headers={"Authorization": f"Bearer {token}"}).json()
+            assert len(details["loop"]["records"]) == 20 and details["loop"]["drift"] is not None, details["loop"]
+        requests = {
+            method: [_http_get("127.0.0.1", port, path, {"Authorization": f"Bearer {token}"} if auth else {})]
+            for method, (path, auth) in STATUS_ROUTES.items()
+        }
+        latencies: dict[str, list[float]] = {m: [] for m in requests}
+        for _ in range(ROUNDS):  # interleaved: each method sees the same load on the shared cores
+            for method, raw in requests.items():
+                got, _ = asyncio.run(drive_raw("127.0.0.1", port, raw, clients, seconds / ROUNDS))
+                latencies[method] += got
+        load = os.getloadavg()[0]
+        for method, got in latencies.items():
+            if not got:
+                raise RuntimeError(f"status page {method}: no request finished inside the measured windows")
+            lat = np.array(got) * 1000
+            extra = {"clients": clients, "seconds": seconds, "requests": len(got), "load": load}
+            for q in (50, 99):
+                records.append(_record(f"p{q} status page", method, float(np.percentile(lat, q)), "ms", False, **extra))
+        reference = {r["config"]: r["value"] for r in records if r["method"] == "health-ready"}
+        for r in records:
+            ratio = r["value"] / reference[r["config"]]
+            print(f"{r['config']:16s} {r['method']:24s} {r['value']:8.2f} ms  {ratio:6.2f}x health-ready  (load {load:.1f})")
+    finally:
+        _stop(procs)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return records
+
+
 def _start_redis() -> tuple[subprocess.Popen[bytes], str] | None:
     binary = shutil.which("redis-server")
     if binary is None:
@@ -615,7 +715,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small tables and short runs (< 1 minute)")
     parser.add_argument("--json", type=Path, help="write the records to this JSON file")
-    parser.add_argument("--serve", choices=["ours", "baseline", "naive-gbm"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=["ours", "baseline", "naive-gbm", "status"], help=argparse.SUPPRESS)
+    parser.add_argument("--decision-log", help=argparse.SUPPRESS)
+    parser.add_argument("--status-only", action="store_true", help="only the status page part")
     parser.add_argument("--library", help=argparse.SUPPRESS)
     parser.add_argument("--gbm-only", action="store_true", help="only the gradient-boosted trees part")
     parser.add_argument("--attack-only", action="store_true", help="only the under-attack part (limits and deadlines)")
@@ -639,8 +741,15 @@ def main() -> None:
         return run_baseline(args.path, args.port, args.rows)
     if args.serve == "naive-gbm":
         return run_naive_gbm(args.library, args.path, args.port)
-    if args.gbm_only or args.attack_only:
-        records = run_gbm(args.quick) if args.gbm_only else run_attack(args.quick)
+    if args.serve == "status":
+        return run_status_server(args.path, args.state, args.port, args.decision_log)
+    if args.gbm_only or args.status_only or args.attack_only:
+        if args.gbm_only:
+            records = run_gbm(args.quick)
+        elif args.status_only:
+            records = run_status_page(args.quick)
+        else:
+            records = run_attack(args.quick)
         _print_table(records)
         if args.json is not None:
             args.json.write_text(json.dumps(records, indent=2))
@@ -725,6 +834,7 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     records += tier_throughput(10_000 if args.quick else 200_000, args.quick)
     records += run_gbm(args.quick)
+    records += run_status_page(args.quick)
     if not args.skip_attack:
         records += run_attack(args.quick)
     _print_table(records)

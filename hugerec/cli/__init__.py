@@ -177,6 +177,8 @@ token those routes are off. Request limits (README: "Serving limits") have safe 
 with --limit NAME=VALUE, e.g. --limit max_users=64 --limit header_timeout_s=5.
 Pipeline bundles (`hugerec pipeline build`) are served beside model bundles: POST /recommend
 {"user": 1, "k": 10} and the KServe v2 model of the pipeline's name.
+Open http://127.0.0.1:8000/ in a browser for the status page: what is served and, with the admin token,
+versions, canary share, request rate and latency, and a `hugerec loop`'s recent decisions (--decision-log).
 example: hugerec serve runs/quickstart/bundle --port 8000"""
 
 
@@ -324,6 +326,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--request-log",
         help="log /predict rows and their feedback (POST /feedback) as Parquet in this folder (for `hugerec loop`)",
+    )
+    serve.add_argument(
+        "--decision-log",
+        help="a `hugerec loop`'s decisions.jsonl (in its work_dir): the status page at / shows its recent "
+        "decisions and drift figures (read only)",
     )
     return parser
 
@@ -577,6 +584,7 @@ def _serve(args: argparse.Namespace) -> int:
             config=config,
             threads=args.threads,
             request_log=request_log,
+            decision_log=args.decision_log,
         )
         return 0
     except (ValueError, FileNotFoundError) as e:

@@ -16,7 +16,8 @@
     [server]     mode: "offline" (no server: a published candidate serves at once), "embedded" (a
                  server in this process on 127.0.0.1, with simulated traffic: `replay_rows` rows of
                  each next window sent to /predict in that window's own columns, dense features by
-                 name, with their labels as feedback), "remote" (url,
+                 name, with their labels as feedback; its status page at / shows the decisions, the
+                 details open with the token in `token_env` when it is set), "remote" (url,
                  model, the admin token from the environment variable `token_env`, and `log_dir`: the
                  folder of that server's `hugerec serve --request-log DIR`, for the canary decisions);
                  `ingest_token_env`: the environment variable of the token the simulated clients post their
@@ -60,28 +61,32 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LoopSection:
-    work_dir: str = "runs/loop"
-    first: int = 0
+    """The loop itself: where it keeps its state, which windows it trains, how it trains and publishes."""
+
+    work_dir: str = "runs/loop"  # decisions.jsonl, checkpoints/, bundles/, updates/, reports/ go here
+    first: int = 0  # the first window trained
     last: int | None = None  # default: the stream's last day, or the last window present in the data
-    name: str = "model"
-    batch_size: int = 512
-    lr: float = 3e-3
-    epochs: int = 1
-    holdout_share: float = 0.1
-    canary_share: float = 0.1
-    retrain_windows: int = 3
-    seed: int = 0
+    name: str = "model"  # the model's name on the server
+    batch_size: int = 512  # rows per training step
+    lr: float = 3e-3  # the dense learning rate (Adam)
+    epochs: int = 1  # epochs over each window
+    holdout_share: float = 0.1  # the share of each window's rows held out (for the gate), never trained on
+    canary_share: float = 0.1  # the share of the traffic a published canary gets
+    retrain_windows: int = 3  # a retraining from scratch (a feature drifted) trains on this many last windows
+    seed: int = 0  # the holdout draw's and the training's seed
     deltas: bool = True  # publish version deltas onto the stable version when the schema and model are unchanged
     keep_versions: int = 1  # previous stables kept loaded; older ones and rolled-back canaries are unloaded
 
 
 @dataclass(frozen=True)
 class LoopDataSection:
-    paths: str | None = None
-    label: str = "label"
-    dense: tuple[str, ...] = ()
-    sparse: tuple[str, ...] = ()
-    stream: StreamConfig | None = None
+    """Where the windows' rows come from: Parquet files with a time column, or a synthetic drifting stream."""
+
+    paths: str | None = None  # Parquet files (a folder, a file or a glob) with the windows' time column
+    label: str = "label"  # the 0/1 label column
+    dense: tuple[str, ...] = ()  # the dense (numeric) feature columns
+    sparse: tuple[str, ...] = ()  # the sparse (raw int64 id) feature columns, one dynamic table each
+    stream: StreamConfig | None = None  # [data.stream]: a synthetic drifting stream instead of paths
 
     def __post_init__(self) -> None:
         if (self.paths is None) == (self.stream is None):
@@ -92,13 +97,15 @@ class LoopDataSection:
 
 @dataclass(frozen=True)
 class ServerSection:
-    mode: str = "offline"
-    url: str = ""
-    model: str = "model"
-    token_env: str = "HUGEREC_ADMIN_TOKEN"
-    ingest_token_env: str = "HUGEREC_INGEST_TOKEN"
+    """The server the loop publishes to (see the module docstring)."""
+
+    mode: str = "offline"  # "offline" (no server), "embedded" (one in this process, simulated traffic) or "remote"
+    url: str = ""  # remote: the server's http://host:port
+    model: str = "model"  # remote: the model's name on that server
+    token_env: str = "HUGEREC_ADMIN_TOKEN"  # the environment variable of the admin token (remote: the server's; embedded: opens its status page's details)
+    ingest_token_env: str = "HUGEREC_INGEST_TOKEN"  # embedded: the environment variable of the token its simulated clients post feedback with (a fresh one when unset)
     log_dir: str = ""  # remote: the folder of the server's `hugerec serve --request-log` (same machine)
-    replay_rows: int = 2000
+    replay_rows: int = 2000  # embedded: rows of each next window sent as traffic, with their labels as feedback
 
     def __post_init__(self) -> None:
         if self.mode not in ("offline", "embedded", "remote"):
@@ -113,11 +120,11 @@ class ServerSection:
 class LoopEmbedding:
     """[embedding] of a loop: the dynamic tables of the model's sparse columns (ModelSpec's fields)."""
 
-    dim: int = 8
-    optimizer: Optimizer = field(default_factory=lambda: Adagrad(lr=0.05))
-    capacity: int = 50_000
-    min_count: int = 1
-    eviction: Eviction = Eviction.LRU
+    dim: int = 8  # embedding width of every table
+    optimizer: Optimizer = field(default_factory=lambda: Adagrad(lr=0.05))  # the tables' sparse optimizer
+    capacity: int = 50_000  # rows of each dynamic table (beyond it, `eviction` frees rows)
+    min_count: int = 1  # an id gets a row once seen this many times (count-min admission; before: zeros)
+    eviction: Eviction = Eviction.LRU  # which rows a full table frees: "lru", "lfu" or "ttl"
 
 
 @dataclass(frozen=True)
@@ -324,16 +331,11 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
             )
             return Loop(config, source, publisher, observer), None, None
         case _:
-            from hugerec.serving.http.request_log import RequestLogConfig
-            from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
-
-            token = secrets.token_hex(16)
             ingest = os.environ.get(cfg.server.ingest_token_env) or secrets.token_hex(16)
-            server = InferenceServer(ServerConfig(admin_token=token, ingest_token=ingest, seed=config.seed))
+            url, token = embedded_server(
+                Path(config.work_dir), config.log_path, config.seed, cfg.server.token_env, ingest, stack
+            )
             logs = Path(config.work_dir) / "requests"
-            server.enable_request_log(RequestLogConfig(str(logs), seed=config.seed))
-            stack.callback(server.close)
-            url = stack.enter_context(BackgroundServer(server))
             publisher = Publisher(ServerTarget(url, config.name, token))
             observer = ServerObserver(
                 publisher,
@@ -345,3 +347,33 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
                 window_schema=window_schemas(schema, source, cfg.windows.time_column),
             )
             return Loop(config, source, publisher, observer), url, ingest
+
+
+def embedded_server(
+    work_dir: Path, decision_log: Path, seed: int | None, token_env: str, ingest_token: str, stack: ExitStack
+) -> tuple[str, str]:
+    """Start the loop's embedded server on 127.0.0.1 (closed by `stack`) -> (its URL, its admin token).
+
+    It logs requests to work_dir/requests and its status page shows the loop's `decision_log`. Its admin token
+    is the one in the environment variable `token_env` when set, so that the operator can open the page's
+    details; else a random one that only this process knows. `ingest_token` is the token its clients post
+    feedback with."""
+    from hugerec.serving.http.request_log import RequestLogConfig
+    from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
+
+    given = os.environ.get(token_env)
+    token = given or secrets.token_hex(16)
+    if len(token) < 16:
+        raise ConfigError(f"${token_env}: the admin token must have at least 16 characters")
+    server = InferenceServer(ServerConfig(admin_token=token, ingest_token=ingest_token, seed=seed))
+    server.enable_request_log(RequestLogConfig(str(work_dir / "requests"), seed=seed))
+    server.status.show_decision_log(decision_log)
+    stack.callback(server.close)
+    url: str = stack.enter_context(BackgroundServer(server))
+    details = (
+        f"details with the token in ${token_env}"
+        if given
+        else f"set ${token_env} before `hugerec loop` to open its details"
+    )
+    print(f"hugerec loop: embedded server {url}, status page {url}/ ({details})", file=sys.stderr)
+    return url, token

@@ -70,9 +70,9 @@ class SynthSection:
     """preset: "criteo-like" (13 dense + 26 sparse, Criteo Kaggle cardinalities) or "seed-synthetic"."""
 
     preset: str = "criteo-like"
-    rows: int = 300_000
-    out: str = "runs/quickstart/raw"
-    seed: int = 0
+    rows: int = 300_000  # rows to generate
+    out: str = "runs/quickstart/raw"  # the folder of the Parquet shards, schema.json and synthetic.json (the oracle AUC)
+    seed: int = 0  # the generator's seed: the same seed, the same rows and labels
 
     def __post_init__(self) -> None:
         if self.rows < 1:
@@ -84,15 +84,15 @@ class JoinSection:
     """[[preprocess.join]]: a side table (user or item features) left-joined to every input row by `on`,
     a column both declare with the same type. Its other keys read its file as [preprocess]'s read the input."""
 
-    input: str
-    on: str
-    format: RawFormat = RawFormat.CSV
-    separator: str = ","
-    header: bool = True
-    encoding: str = "utf-8"
-    quote: str = '"'
-    null_values: tuple[str, ...] = ()
-    columns: tuple[ColumnSpec, ...] = ()
+    input: str  # the side table's file (csv or parquet)
+    on: str  # the column both the input and the side table declare, with the same type
+    format: RawFormat = RawFormat.CSV  # "csv" or "parquet"
+    separator: str = ","  # field separator of csv text (any length: "::" works)
+    header: bool = True  # the csv file's first line names the columns
+    encoding: str = "utf-8"  # text encoding of the csv file (utf-8, latin-1, ...)
+    quote: str = '"'  # quote character of csv fields ("" for no quoting)
+    null_values: tuple[str, ...] = ()  # field values read as missing
+    columns: tuple[ColumnSpec, ...] = ()  # the side table's columns, `on` among them (as [preprocess] columns)
 
     def __post_init__(self) -> None:
         if self.format is RawFormat.CRITEO:
@@ -131,16 +131,25 @@ class PreprocessSection:
     split          "random" (eval_fraction), "time" (time_cutoff or last_days), "leave_last_out" (each
                    user's last `holdout` rows), "files" (eval_input); default: "files" when eval_input is
                    given, else "random". The workflow is fitted on the train part only.
+    eval_input     raw files of the eval set (split = "files"; the default split when given)
+    eval_fraction  split = "random": the share of rows that go to eval (each row drawn on its own, seeded)
+    time_cutoff    split = "time": rows at or after this time are eval (a timestamp in the time column's
+                   format, or seconds since the epoch)
+    last_days      split = "time" without time_cutoff: the last this many days of the data are eval
+    holdout        split = "leave_last_out": each user's last this many rows (by time) are eval
     time_column, user_column   the columns the time splits read (default: role timestamp / user)
     test_input     raw files for a test set, written to out/test (transformed, never fitted on)
     join           [[preprocess.join]] side tables (input, on, columns, ...: see JoinSection), left-joined
                    to every row before the split; their columns take part in the workflow like the input's
     out            writes out/train/, out/eval/, out/workflow/ (for serving and raw evaluation), out/schema.json
+    schema         parquet input: the schema.json describing its columns (default: one beside the files,
+                   as `hugerec synth` writes it)
     min_frequency  sparse values seen fewer times share one out-of-vocabulary id (default ops)
     max_vocab      keep at most this many values per sparse column, most frequent first (default ops)
     log_dense      log1p the dense features first (default ops; Criteo's counts)
     on_error       "raise": stop at the first bad row, naming file, line and column; "skip": drop bad rows,
                    count them and report the count with the first examples
+    seed           the random split's seed
     """
 
     input: str = "runs/quickstart/raw"
@@ -218,8 +227,14 @@ class PreprocessSection:
 class DataSection:
     """Preprocessed Parquet shards; schema defaults to schema.json in the folder above `train`.
 
+    train       the training shards: a folder, a file or a glob (preprocess.out/train)
+    eval        the evaluation shards, or raw files read as [preprocess] reads its input and run through
+                the fitted workflow (none: no evaluation)
+    schema      the shards' schema.json (none: the one in the folder above `train`)
     batch_size  rows per batch, or "auto": the power of two nearest to 2 * sqrt(rows read), from 32 to
                 2048 (hugerec.training.defaults.auto_batch_size: 128 for 8,000 rows, 2048 from ~1 M rows)
+    shuffle     shuffle the training rows each epoch (a shuffle buffer over row groups)
+    seed        the shuffle's seed
     """
 
     train: str = "runs/quickstart/data/train"
@@ -243,7 +258,8 @@ class DataSection:
 
 @dataclass(frozen=True)
 class EmbeddingSection:
-    """dim: width of every table (DLRM and DeepFM need one width); optimizer: the tables' sparse optimizer."""
+    """dim: width of every table (DLRM and DeepFM need one width); optimizer: the tables' sparse optimizer;
+    dtype: how the rows are stored, "fp32", "bf16" or "fp16" (half the memory)."""
 
     dim: int = 16
     optimizer: Optimizer = field(default_factory=lambda: RowWiseAdagrad(lr=0.05))

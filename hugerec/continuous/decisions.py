@@ -45,11 +45,13 @@ class Action(enum.Enum):
 
 @dataclass(frozen=True)
 class DecisionConfig:
-    min_feedback: int = 200
-    kpi_margin: float = 0.005
-    ctr_margin: float = 0.5
-    baseline_margin: float = 0.03
-    psi_alarm: float = 0.2
+    """The thresholds of the canary's promotion or rollback and of a retraining (see the module docstring)."""
+
+    min_feedback: int = 200  # labelled requests each of stable and canary needs before a decision (fewer: wait)
+    kpi_margin: float = 0.005  # the AUC loss of the canary against the stable tolerated as "as good"
+    ctr_margin: float = 0.5  # the canary is rolled back when its CTR is below the stable's x (1 - ctr_margin)
+    baseline_margin: float = 0.03  # the stable's feedback AUC below its gate AUC by more than this (+ the noise): a concept drift
+    psi_alarm: float = 0.2  # a feature or the predictions drift when their PSI reaches this
     confidence_z: float = 1.645  # one-sided 95%: an equally good canary is rolled back about 5% of the time
 
     def __post_init__(self) -> None:

@@ -23,12 +23,14 @@ CTR_FIGURES = ("auc", "logloss", "calibration")
 
 @dataclass(frozen=True)
 class GateConfig:
-    auc_margin: float = 0.005
-    calibration_low: float = 0.8
-    calibration_high: float = 1.25
-    min_rows: int = 100
-    recall_k: int = 20
-    recall_margin: float = 0.01
+    """The validation gate's thresholds: a candidate passes when every check holds (see the module docstring)."""
+
+    auc_margin: float = 0.005  # the candidate's AUC may be at most this much below the serving model's
+    calibration_low: float = 0.8  # mean prediction / observed CTR must be at least this
+    calibration_high: float = 1.25  # ... and at most this
+    min_rows: int = 100  # holdout examples needed to judge (users or queries for a retrieval holdout)
+    recall_k: int = 20  # retrieval and sequential candidates: the K of the Recall@K compared
+    recall_margin: float = 0.01  # the candidate's Recall@K may be at most this much below the serving model's
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.auc_margin) and self.auc_margin >= 0):

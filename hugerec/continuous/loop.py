@@ -90,12 +90,12 @@ class ModelSpec:
     wide rows ([embedding]: raw keys, `capacity` rows each, admitted after `min_count` sightings, `eviction`
     when full), trained by the sparse `optimizer`."""
 
-    model: ModelConfig = field(default_factory=lambda: DLRMConfig(bottom=(32, 8), top=(32, 1)))
-    dim: int = 8
-    optimizer: Optimizer = field(default_factory=lambda: Adagrad(lr=0.05))
-    capacity: int = 50_000
-    min_count: int = 1
-    eviction: Eviction = Eviction.LRU
+    model: ModelConfig = field(default_factory=lambda: DLRMConfig(bottom=(32, 8), top=(32, 1)))  # [model]: the registry config trained ("dlrm" for now)
+    dim: int = 8  # embedding width of every table
+    optimizer: Optimizer = field(default_factory=lambda: Adagrad(lr=0.05))  # the tables' sparse optimizer
+    capacity: int = 50_000  # rows of each dynamic table (beyond it, `eviction` frees rows)
+    min_count: int = 1  # an id gets a row once seen this many times (count-min admission; before: zeros)
+    eviction: Eviction = Eviction.LRU  # which rows a full table frees: "lru", "lfu" or "ttl"
 
     def __post_init__(self) -> None:
         if isinstance(self.eviction, str):
@@ -143,10 +143,12 @@ class Recovery:
     the rows seen since the drift), while they span at most `hours`; between those retrains and after them it
     warm-starts as usual. Long windows (a day) make this one retrain on the drift window."""
 
-    epochs: int = 2
-    lr: float = 1e-2
-    growth: float = 1.5  # growth and hours chosen on another stream (benchmarks/README.md, continuous)
-    hours: float = 24.0
+    epochs: int = 2  # epochs of each recovery retrain
+    lr: float = 1e-2  # the dense learning rate of the recovery retrains
+    # retrain again each time the windows since the drift have grown this many times (growth and hours
+    # chosen on another stream: benchmarks/README.md, continuous)
+    growth: float = 1.5
+    hours: float = 24.0  # the recovery lasts while the windows since the drift span at most this many hours
 
     def __post_init__(self) -> None:
         if self.epochs < 1:

@@ -41,9 +41,11 @@ class CategoricalDrift(enum.Enum):
 
 @dataclass(frozen=True)
 class MonitorConfig:
-    numeric_buckets: int = 10
-    top_k: int = 50
-    categorical: CategoricalDrift = CategoricalDrift.PROFILE
+    """How the monitor buckets the features it compares (see the module docstring)."""
+
+    numeric_buckets: int = 10  # numeric features: buckets between the reference's quantiles
+    top_k: int = 50  # categorical features: the most frequent ids that get a bucket each
+    categorical: CategoricalDrift = CategoricalDrift.PROFILE  # "profile": the popularity curve's shape; "identity": the reference's top ids
 
     def __post_init__(self) -> None:
         if isinstance(self.categorical, str):

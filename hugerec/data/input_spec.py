@@ -81,7 +81,7 @@ class ColumnSpec:
     lists, timestamp for timestamps); separator: a list column's value separator; format: a timestamp's
     "unix" | "unix_ms" | strptime format; threshold: a label read as `value >= threshold`."""
 
-    name: str
+    name: str  # the column's name (with a header: as the header spells it)
     type: ColumnType = ColumnType.STRING
     role: Role | None = None
     separator: str = "|"

@@ -46,21 +46,21 @@ _ID_SHARE = 0.7  # share of the logit variance from the per-id effects (the rest
 class StreamConfig:
     """What the stream looks like; days are 0..days-1. None for a drift day: that drift never happens."""
 
-    days: int = 7
-    rows_per_day: int = 20_000
-    num_sparse: int = 6
-    num_dense: int = 4
-    vocabulary: int = 2000
-    alpha: float = 1.1
-    churn: float = 0.02
-    concept_drift_day: int | None = None
-    concept_drift_share: float = 0.5
-    feature_shift_day: int | None = None
-    feature_shift: float = 1.5
-    shift_alpha: float = 0.6
-    positive_rate: float = 0.2
-    signal: float = 2.0
-    seed: int = 0
+    days: int = 7  # days of the stream (0..days-1), one window per day at unit = "day"
+    rows_per_day: int = 20_000  # rows of each day
+    num_sparse: int = 6  # sparse (id) features c0, c1, ...: raw int64 keys
+    num_dense: int = 4  # dense features d0, d1, ...
+    vocabulary: int = 2000  # popularity ranks per sparse feature (the ids holding them change with `churn`)
+    alpha: float = 1.1  # Zipf exponent of the ranks (larger: a few ids take most rows)
+    churn: float = 0.02  # each day, the chance that a rank passes to a brand-new id
+    concept_drift_day: int | None = None  # from this day the hidden model changes (none: never)
+    concept_drift_share: float = 0.5  # the share of sparse features whose per-id effects change at the concept drift
+    feature_shift_day: int | None = None  # from this day half the dense features and feature 0's ids shift (none: never)
+    feature_shift: float = 1.5  # the dense shift, in standard deviations
+    shift_alpha: float = 0.6  # feature 0's Zipf exponent after the shift (a flatter id distribution)
+    positive_rate: float = 0.2  # the click rate on day 0
+    signal: float = 2.0  # standard deviation of the logit's feature part (larger: an easier task, a higher oracle AUC)
+    seed: int = 0  # the stream's seed: the same seed, the same rows
 
     def __post_init__(self) -> None:
         for name in ("days", "rows_per_day", "num_sparse", "vocabulary"):

@@ -47,9 +47,9 @@ class WindowUnit(enum.Enum):
 class Windows:
     """Windows of `size` units over the int64 seconds column `time_column`."""
 
-    time_column: str = "ts"
-    unit: WindowUnit = WindowUnit.DAY
-    size: int = 1
+    time_column: str = "ts"  # the int64 column of seconds since the epoch
+    unit: WindowUnit = WindowUnit.DAY  # "day", "hour" or "minute"
+    size: int = 1  # units per window (unit = "minute", size = 15: quarter-hour windows)
 
     def __post_init__(self) -> None:
         if isinstance(self.unit, str):

@@ -31,8 +31,8 @@ def _check(name: str, **values: float) -> None:
 class SGD:
     """w -= lr * g"""
 
-    lr: float = 0.01
-    weight_decay: float = 0.0
+    lr: float = 0.01  # learning rate of the rows
+    weight_decay: float = 0.0  # L2 penalty added to the gradient of each touched row (w * weight_decay)
 
     def __post_init__(self) -> None:
         _check("SGD", lr=self.lr, weight_decay=self.weight_decay)
@@ -42,10 +42,10 @@ class SGD:
 class Adagrad:
     """s += g*g;  w -= lr * g / (sqrt(s) + eps)   (torch.optim.Adagrad's sparse path)."""
 
-    lr: float = 0.01
-    eps: float = 1e-10
-    initial_accumulator_value: float = 0.0
-    weight_decay: float = 0.0
+    lr: float = 0.01  # learning rate of the rows
+    eps: float = 1e-10  # added to sqrt(s) in the denominator
+    initial_accumulator_value: float = 0.0  # the sums s start at this value (and return to it on a reset)
+    weight_decay: float = 0.0  # L2 penalty added to the gradient of each touched row (w * weight_decay)
 
     def __post_init__(self) -> None:
         _check(
@@ -61,10 +61,10 @@ class Adagrad:
 class RowWiseAdagrad:
     """s += mean(g*g) over the row;  w -= lr * g / (sqrt(s) + eps)   (FBGEMM's EXACT_ROWWISE_ADAGRAD)."""
 
-    lr: float = 0.01
-    eps: float = 1e-8
-    initial_accumulator_value: float = 0.0
-    weight_decay: float = 0.0
+    lr: float = 0.01  # learning rate of the rows
+    eps: float = 1e-8  # added to sqrt(s) in the denominator
+    initial_accumulator_value: float = 0.0  # each row's sum s starts at this value (and returns to it on a reset)
+    weight_decay: float = 0.0  # L2 penalty added to the gradient of each touched row (w * weight_decay)
 
     def __post_init__(self) -> None:
         _check(
@@ -84,11 +84,11 @@ class Adam:
     w -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)
     """
 
-    lr: float = 0.001
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.0
+    lr: float = 0.001  # learning rate of the rows
+    beta1: float = 0.9  # decay of the first moment m
+    beta2: float = 0.999  # decay of the second moment v
+    eps: float = 1e-8  # added to sqrt(v) in the denominator
+    weight_decay: float = 0.0  # L2 penalty added to the gradient of each touched row (w * weight_decay)
 
     def __post_init__(self) -> None:
         _check("Adam", lr=self.lr, eps=self.eps, weight_decay=self.weight_decay)
@@ -105,13 +105,13 @@ class Ftrl:
     w = 0 if |z| <= l1 else (sign(z) * l1 - z) / ((beta + n^(-lr_power)) / lr + 2 * l2)
     """
 
-    lr: float = 0.05
-    lr_power: float = -0.5
-    l1: float = 0.0
-    l2: float = 0.0
-    beta: float = 0.0
-    initial_accumulator_value: float = 0.1
-    weight_decay: float = 0.0
+    lr: float = 0.05  # learning rate (alpha in McMahan et al.)
+    lr_power: float = -0.5  # the exponent of the accumulated squared gradients n (-0.5: 1 / sqrt(n)); <= 0
+    l1: float = 0.0  # L1 strength: a coordinate with |z| <= l1 is exactly 0 (sparse weights)
+    l2: float = 0.0  # L2 strength
+    beta: float = 0.0  # added to n^(-lr_power) in the denominator (beta in McMahan et al.)
+    initial_accumulator_value: float = 0.1  # n starts at this value (> 0: n^(-lr_power) is finite)
+    weight_decay: float = 0.0  # L2 penalty added to the gradient of each touched row (w * weight_decay)
 
     def __post_init__(self) -> None:
         _check("Ftrl", lr=self.lr, l1=self.l1, l2=self.l2, beta=self.beta, weight_decay=self.weight_decay)

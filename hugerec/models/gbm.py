@@ -114,17 +114,17 @@ class LightGBMConfig:
     (labels: relevance grades 0, 1, 2, ...). `params`: further LightGBM parameters, passed as they are
     (they win over the fields here)."""
 
-    num_trees: int = 500
-    learning_rate: float = 0.05
-    num_leaves: int = 63
-    min_data_in_leaf: int = 20
-    categorical: Categorical = Categorical.NATIVE
+    num_trees: int = 500  # boosting rounds at most (early stopping usually ends sooner)
+    learning_rate: float = 0.05  # shrinkage of each tree's contribution
+    num_leaves: int = 63  # leaves per tree at most
+    min_data_in_leaf: int = 20  # rows a leaf needs at least
+    categorical: Categorical = Categorical.NATIVE  # how the sparse ids go in: "native" categorical splits or "codes" (numbers)
     early_stopping_rounds: int | None = 50  # stop after this many rounds without a better eval metric
-    threads: int = 0
+    threads: int = 0  # the library's threads (0: its default)
     params: dict[str, Any] = field(default_factory=dict)
-    objective: str = "binary"
-    group: str | None = None
-    eval_at: int = 10
+    objective: str = "binary"  # "binary" (clicks) or "lambdarank" (ranking the rows of each query by relevance)
+    group: str | None = None  # the column whose equal values make one query (a ranking objective only)
+    eval_at: int = 10  # the K of the ranking metrics (NDCG@K early stopping, evaluate's NDCG/MAP/MRR@K)
 
     def __post_init__(self) -> None:
         _common(self, "LightGBMConfig")
@@ -137,17 +137,17 @@ class XGBoostConfig:
     """XGBoost's hist trees with the binary:logistic objective, or "rank:ndcg" / "rank:pairwise" over the
     queries of the `group` column; `params` as for LightGBMConfig."""
 
-    num_trees: int = 500
-    learning_rate: float = 0.1
-    max_depth: int = 6
-    min_child_weight: float = 1.0
-    categorical: Categorical = Categorical.NATIVE
-    early_stopping_rounds: int | None = 50
-    threads: int = 0
-    params: dict[str, Any] = field(default_factory=dict)
-    objective: str = "binary:logistic"
-    group: str | None = None
-    eval_at: int = 10
+    num_trees: int = 500  # boosting rounds at most (early stopping usually ends sooner)
+    learning_rate: float = 0.1  # shrinkage of each tree's contribution (XGBoost's eta)
+    max_depth: int = 6  # depth of each tree at most
+    min_child_weight: float = 1.0  # the hessian sum a child needs at least
+    categorical: Categorical = Categorical.NATIVE  # how the sparse ids go in: "native" categorical splits or "codes" (numbers)
+    early_stopping_rounds: int | None = 50  # stop after this many rounds without a better eval metric
+    threads: int = 0  # the library's threads (0: its default)
+    params: dict[str, Any] = field(default_factory=dict)  # further XGBoost parameters, passed as they are (they win over the fields here)
+    objective: str = "binary:logistic"  # "binary:logistic" (clicks), "rank:ndcg" or "rank:pairwise" (ranking the rows of each query)
+    group: str | None = None  # the column whose equal values make one query (a ranking objective only)
+    eval_at: int = 10  # the K of the ranking metrics (NDCG@K early stopping, evaluate's NDCG/MAP/MRR@K)
 
     def __post_init__(self) -> None:
         _common(self, "XGBoostConfig")

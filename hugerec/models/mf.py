@@ -27,14 +27,14 @@ class MFConfig:
     """[model] type = "mf": dim, the rows' init_std, temperature (logits are p_u . q_i / temperature) and
     the training objective as for the two-tower (`hugerec.models.objectives`)."""
 
-    dim: int = 64
-    temperature: float = 1.0
-    init_std: float = 0.1
-    loss: str = "sampled_softmax"
-    negatives: str = Negatives.MIXED.value  # a Negatives value
-    num_negatives: int = 1024
-    alpha: float = 0.0
-    logq: bool = True
+    dim: int = 64  # the width of the user and item factors
+    temperature: float = 1.0  # logits are p_u . q_i / temperature
+    init_std: float = 0.1  # factors start as N(0, init_std^2)
+    loss: str = "sampled_softmax"  # "sampled_softmax" or "bpr"
+    negatives: str = Negatives.MIXED.value  # sampled_softmax's negatives, a Negatives value: "mixed", "in_batch", "uniform", "popularity"
+    num_negatives: int = 1024  # negatives sampled per batch (besides the in-batch ones for "mixed")
+    alpha: float = 0.0  # popularity negatives are drawn ~ count^alpha (0: uniform)
+    logq: bool = True  # subtract log of each candidate's sampling probability from its logit (logQ correction)
 
     def __post_init__(self) -> None:
         if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 1:

@@ -50,11 +50,13 @@ def _check_optimizer(opt: Any, where: str) -> None:
 
 @dataclass(frozen=True)
 class DLRMConfig:
-    bottom: tuple[int, ...] = (512, 256, 64)
-    top: tuple[int, ...] = (1024, 1024, 512, 256, 1)
-    self_interaction: bool = False
-    activation: Activation = Activation.RELU
-    dropout: float = 0.0
+    """DLRM: a bottom MLP over the dense features, the dot products of every pair of its output and the embeddings, a top MLP."""
+
+    bottom: tuple[int, ...] = (512, 256, 64)  # the dense arch's widths, ending at the embedding dim ([] without dense features)
+    top: tuple[int, ...] = (1024, 1024, 512, 256, 1)  # the over arch's widths, ending at 1 (the logit)
+    self_interaction: bool = False  # also the dot product of each vector with itself
+    activation: Activation = Activation.RELU  # of the hidden layers of both MLPs
+    dropout: float = 0.0  # after each hidden layer, in [0, 1)
     vectors: tuple[VectorFeature, ...] = ()  # each projected to the embedding dim, one more interaction input
 
     def __post_init__(self) -> None:
@@ -66,14 +68,16 @@ class DLRMConfig:
 
 @dataclass(frozen=True)
 class DCNv2Config:
-    num_cross_layers: int = 3
-    low_rank: int | None = None
-    num_experts: int = 1
-    structure: CrossStructure = CrossStructure.STACKED
-    deep: tuple[int, ...] = (1024, 1024)
-    activation: Activation = Activation.RELU
-    dropout: float = 0.0
-    vectors: tuple[VectorFeature, ...] = ()
+    """DCN-v2: cross layers (explicit feature crosses of x0 = [dense, embeddings]) beside or before a deep MLP."""
+
+    num_cross_layers: int = 3  # cross layers x_{l+1} = x0 * (W x_l + b) + x_l
+    low_rank: int | None = None  # factor each cross matrix W as U V^T of this rank (none: full D x D)
+    num_experts: int = 1  # mixture of low-rank experts per cross layer (needs low_rank)
+    structure: CrossStructure = CrossStructure.STACKED  # "stacked": cross then deep; "parallel": both on x0, outputs concatenated
+    deep: tuple[int, ...] = (1024, 1024)  # the deep MLP's widths ([] for the cross net alone)
+    activation: Activation = Activation.RELU  # of the deep MLP's hidden layers
+    dropout: float = 0.0  # after each hidden layer of the deep MLP, in [0, 1)
+    vectors: tuple[VectorFeature, ...] = ()  # pretrained vector features, each projected and concatenated into x0
     vector_dim: int = 16  # each vector feature's projection width in the input x0
 
     def __post_init__(self) -> None:
@@ -103,11 +107,13 @@ class DCNv2Config:
 
 @dataclass(frozen=True)
 class DeepFMConfig:
-    deep: tuple[int, ...] = (400, 400, 400)
+    """DeepFM: a factorisation machine's pairwise term and a deep MLP over the same embeddings, summed."""
+
+    deep: tuple[int, ...] = (400, 400, 400)  # the deep MLP's hidden widths (its output layer of 1 is added)
     first_order: bool = True  # dim-1 sparse weights (a wide collection); False: FM + deep only
-    wide_optimizer: Optimizer = field(default_factory=Ftrl)
-    activation: Activation = Activation.RELU
-    dropout: float = 0.0
+    wide_optimizer: Optimizer = field(default_factory=Ftrl)  # the sparse optimizer of the first-order weights
+    activation: Activation = Activation.RELU  # of the deep MLP's hidden layers
+    dropout: float = 0.0  # after each hidden layer, in [0, 1)
 
     def __post_init__(self) -> None:
         _normalize(self, "DeepFMConfig", {"deep": False})
@@ -116,10 +122,12 @@ class DeepFMConfig:
 
 @dataclass(frozen=True)
 class WideAndDeepConfig:
-    deep: tuple[int, ...] = (1024, 512, 256)
-    wide_optimizer: Optimizer = field(default_factory=Ftrl)
-    activation: Activation = Activation.RELU
-    dropout: float = 0.0
+    """Wide & Deep: a linear model over dim-1 sparse weights plus a deep MLP over the embeddings, summed."""
+
+    deep: tuple[int, ...] = (1024, 512, 256)  # the deep MLP's hidden widths (its output layer of 1 is added)
+    wide_optimizer: Optimizer = field(default_factory=Ftrl)  # the sparse optimizer of the wide part's weights
+    activation: Activation = Activation.RELU  # of the deep MLP's hidden layers
+    dropout: float = 0.0  # after each hidden layer, in [0, 1)
 
     def __post_init__(self) -> None:
         _normalize(self, "WideAndDeepConfig", {"deep": False})

@@ -78,16 +78,16 @@ class SequenceModelConfig:
     "sampled_softmax" for huge ones, "bce": one negative, classic SASRec). Histories longer than max_len
     keep their last max_len items."""
 
-    max_len: int = 50
-    dim: int = 64
-    num_layers: int = 2
-    num_heads: int = 1
-    dropout: float = 0.2
-    loss: str = "full_softmax"
-    negatives: str = Negatives.MIXED.value  # a Negatives value
-    num_negatives: int = 1024
-    alpha: float = 0.0
-    logq: bool = True
+    max_len: int = 50  # L: the model sees the last L items of a history (longer ones are truncated)
+    dim: int = 64  # D: item, position and hidden width
+    num_layers: int = 2  # transformer blocks (or GRU layers)
+    num_heads: int = 1  # attention heads (dim % num_heads == 0)
+    dropout: float = 0.2  # on embeddings, attention and feed-forward outputs
+    loss: str = "full_softmax"  # "full_softmax", "sampled_softmax" or "bce"
+    negatives: str = Negatives.MIXED.value  # sampled_softmax's negatives, a Negatives value: "mixed", "in_batch", "uniform", "popularity"
+    num_negatives: int = 1024  # negatives sampled per batch (besides the in-batch ones for "mixed")
+    alpha: float = 0.0  # popularity negatives are drawn ~ count^alpha (0: uniform)
+    logq: bool = True  # subtract log of each candidate's sampling probability from its logit (logQ correction)
 
     def __post_init__(self) -> None:
         self.sequence_config(1)  # SequenceConfig's checks of the shared fields, now

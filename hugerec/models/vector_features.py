@@ -44,9 +44,9 @@ class VectorFeature:
     trainable                       fine-tune the rows with the sparse optimizer (default: frozen)
     """
 
-    name: str
-    feature: str
-    dim: int
+    name: str  # the vector's name (an identifier; served requests may send it inline as vector.<name>)
+    feature: str  # the id feature that keys it (one id per example)
+    dim: int  # floats per vector
     path: str = ""
     id_column: str = "id"
     vector_column: str = "vector"

@@ -98,3 +98,35 @@ def test_serve_takes_a_request_log_and_remote_needs_its_token(
     argv = ["loop", "configs/loop_synthetic.toml", "server.mode=remote", "server.url=http://127.0.0.1:9"]
     assert main([*argv, "server.token_env=NO_SUCH_TOKEN_VAR", "data.stream.rows_per_day=500"]) == 2
     assert "the environment variable NO_SUCH_TOKEN_VAR is not set" in capsys.readouterr().err
+
+
+def test_the_embedded_server_shows_the_loops_decisions_with_the_operators_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from contextlib import ExitStack
+
+    import httpx
+
+    from hugerec.cli.loop_command import embedded_server
+    from hugerec.continuous.decision_log import DecisionLog, Record
+
+    log = DecisionLog(tmp_path / "decisions.jsonl")
+    log.append(Record(0, "skip", "window 0 had no rows"))
+    token = "operator-token-" + "o" * 16
+    monkeypatch.setenv("LOOP_TOKEN_FOR_TEST", token)
+    with ExitStack() as stack:
+        url, used = embedded_server(tmp_path, log.path, 0, "LOOP_TOKEN_FOR_TEST", "i" * 16, stack)
+        assert used == token
+        details = httpx.get(f"{url}/status/details", headers={"Authorization": f"Bearer {token}"}).json()
+        assert details["loop"]["log"] == str(log.path)
+        assert [(r["window"], r["action"]) for r in details["loop"]["records"]] == [(0, "skip")]
+    err = capsys.readouterr().err
+    assert f"status page {url}/ (details with the token in $LOOP_TOKEN_FOR_TEST)" in err and token not in err
+    monkeypatch.setenv("LOOP_TOKEN_FOR_TEST", "short")
+    with ExitStack() as stack, pytest.raises(ValueError, match=r"\$LOOP_TOKEN_FOR_TEST: the admin token must have at least 16"):
+        embedded_server(tmp_path, log.path, 0, "LOOP_TOKEN_FOR_TEST", "i" * 16, stack)
+    monkeypatch.delenv("LOOP_TOKEN_FOR_TEST")
+    with ExitStack() as stack:
+        url, used = embedded_server(tmp_path, log.path, 0, "LOOP_TOKEN_FOR_TEST", "i" * 16, stack)
+        assert len(used) >= 16 and httpx.get(f"{url}/status/details", headers={"Authorization": f"Bearer {token}"}).status_code == 401
+    assert "set $LOOP_TOKEN_FOR_TEST before `hugerec loop` to open its details" in capsys.readouterr().err

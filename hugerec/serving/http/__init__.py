@@ -8,6 +8,7 @@
     feedback.py            /feedback and /admin/logs/flush routes of the request log
     request_log.py         a sample of answered /predict rows and their feedback, as Parquet
     prometheus_metrics.py  the server's Prometheus registry
+    status_page.py         the status page at /: what is served, and with the admin token versions, traffic, a loop's decisions
 
 The top serving wing: it imports the others, none of them imports it.
 """

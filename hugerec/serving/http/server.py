@@ -9,6 +9,7 @@
     POST /predict                              {"instances": [raw feature dicts], "model"?: m} -> scores
     POST /recommend                            {"user": id, "k": 20, ...} -> a pipeline's items (pipeline/served_pipeline.py)
     GET  /metrics                              Prometheus
+    GET  /, /status, /status/details           the status page (status_page.py; details need the admin token)
   admin (load/unload versions, canary, promote, rollback): see admin.py
   request log and feedback (when enable_request_log was called): see feedback.py
 
@@ -72,6 +73,7 @@ from hugerec.serving.http.limits import (
 )
 from hugerec.serving.http.prometheus_metrics import ServerMetrics
 from hugerec.serving.http.request_log import RequestLog, RequestLogConfig
+from hugerec.serving.http.status_page import StatusPage
 from hugerec.serving.http.versions import ModelVersions
 from hugerec.serving.pipeline.runner import StageError
 from hugerec.serving.pipeline.served_pipeline import PipelineMetrics, QueryLimits, ServedPipeline
@@ -151,6 +153,7 @@ class InferenceServer:
         self.admission = Admission(self.limits)
         threads = self.config.pipeline_threads or max(2, os.cpu_count() or 1)
         self.pipeline_work = ThreadPoolExecutor(threads, thread_name_prefix="pipeline")
+        self.status = StatusPage(self)  # GET /: status.show_decision_log(path) adds a loop's decisions
         self.app = self._build_app()
 
     def enable_request_log(self, config: RequestLogConfig) -> RequestLog:
@@ -572,6 +575,7 @@ class InferenceServer:
 
         app.include_router(admin_router(self))
         app.include_router(feedback_router(self))
+        app.include_router(self.status.router())
         return app
 
     # -- running -----------------------------------------------------------------------------
@@ -707,17 +711,20 @@ def serve(
     config: ServerConfig | None = None,
     threads: int | None = None,
     request_log: RequestLogConfig | None = None,
+    decision_log: str | Path | None = None,
 ) -> None:
     """Serve exported bundles over HTTP until SIGINT/SIGTERM (what `hugerec serve BUNDLE...` runs).
 
     host/port override `config`'s (binding anything but loopback exposes the server to the network);
     threads: torch intra-op threads of this process (None: torch's default);
-    request_log: log a sample of /predict rows and take /feedback (serving/request_log.py).
+    request_log: log a sample of /predict rows and take /feedback (serving/request_log.py);
+    decision_log: a continuous loop's decision log, whose recent decisions the status page shows (read only).
     """
     base = config or ServerConfig()
     server = InferenceServer(replace(base, host=host, port=port), options)
     if request_log is not None:
         server.enable_request_log(request_log)
+    server.status.show_decision_log(decision_log)
     paths = [bundles] if isinstance(bundles, str | Path) else list(bundles)
     if not paths:
         raise ValueError("serve: no bundle given")

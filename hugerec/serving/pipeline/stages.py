@@ -48,7 +48,7 @@ def _reference(where: str, name: str) -> None:
 class Ann:
     """The two-tower's ANN index queried with the user vector computed online (user id + recent history)."""
 
-    k: int
+    k: int  # candidates this source adds
 
     def __post_init__(self) -> None:
         _positive("Ann", "k", self.k)
@@ -58,8 +58,8 @@ class Ann:
 class ItemToItem:
     """The index queried with the mean item vector of the user's last `last` items."""
 
-    k: int
-    last: int = 5
+    k: int  # candidates this source adds
+    last: int = 5  # the user's last items whose mean vector queries the index
 
     def __post_init__(self) -> None:
         _positive("ItemToItem", "k", self.k)
@@ -70,8 +70,8 @@ class ItemToItem:
 class Popular:
     """The most popular items (by training interactions); `cold_k` of them when the user is cold (default k)."""
 
-    k: int
-    cold_k: int | None = None
+    k: int  # candidates this source adds
+    cold_k: int | None = None  # candidates it adds for a user the models do not know (none: k)
 
     def __post_init__(self) -> None:
         _positive("Popular", "k", self.k)
@@ -83,7 +83,7 @@ class Popular:
 class Sequential:
     """A sequential model's next items for the user's recent history (a next-items bundle)."""
 
-    k: int
+    k: int  # candidates this source adds
 
     def __post_init__(self) -> None:
         _positive("Sequential", "k", self.k)
@@ -125,9 +125,9 @@ class Condition:
     """`column op value`: column a name of an item value ("price", "item.price"); value a number, a list
     of numbers (for "in" / "not in") or a reference ("user.region", "context.age")."""
 
-    column: str
-    op: str
-    value: float | tuple[float, ...] | str
+    column: str  # an item column: "price" or "item.price"
+    op: str  # one of "==", "!=", "<", "<=", ">", ">=", "in", "not in"
+    value: float | tuple[float, ...] | str  # a number, a list of numbers (in, not in) or a reference ("user.age", "context.hour")
 
     def __post_init__(self) -> None:
         _reference("Condition", self.column)
@@ -221,9 +221,9 @@ class Score:
 class Boost:
     """score * multiply + add for the items meeting `when` (applied in the order given)."""
 
-    when: Condition
-    multiply: float = 1.0
-    add: float = 0.0
+    when: Condition  # the items boosted
+    multiply: float = 1.0  # their score is multiplied by this (>= 0) ...
+    add: float = 0.0  # ... then this is added
 
     def __post_init__(self) -> None:
         if not (_number(self.multiply) and _number(self.add)) or self.multiply < 0:
@@ -236,9 +236,9 @@ class Order:
     temperature: sample without replacement from softmax(score / temperature) instead of taking the
     top (lower = greedier); max_k: the largest k a request may ask for."""
 
-    boosts: tuple[Boost, ...] = ()
-    diversity: str | None = None
-    per_category: int | None = None
+    boosts: tuple[Boost, ...] = ()  # score changes applied in order before ranking
+    diversity: str | None = None  # an item column; with per_category, at most that many items share one value of it
+    per_category: int | None = None  # the diversity cap (diversity and per_category go together)
     temperature: float | None = None
     max_k: int = 100
 

@@ -189,6 +189,9 @@ ROUTES = [
     Route("POST", "/admin/models/{name}/promote", objects({"version": versions}), ADMIN),
     Route("POST", "/admin/models/{name}/rollback", objects({}), ADMIN),
     Route("POST", "/admin/logs/flush", objects({}), ADMIN),
+    Route("GET", "/"),  # the status page (status_page.py)
+    Route("GET", "/status"),
+    Route("GET", "/status/details", None, ADMIN),
 ]
 RAW_ASGI = {"/recommend", "/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"}  # not FastAPI routes
 

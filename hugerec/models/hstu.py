@@ -116,9 +116,9 @@ class HSTUConfig(SequenceModelConfig):
     """model.type = "hstu": SequenceModelConfig's fields (num_heads: HSTU heads) plus HSTUOptions' (the same
     defaults: `build_model(HSTUConfig())` and `HSTU(cfg)` are the same model)."""
 
-    attention_dim: int = HSTUOptions.attention_dim
-    time_buckets: int = HSTUOptions.time_buckets
-    temperature: float = HSTUOptions.temperature
+    attention_dim: int = HSTUOptions.attention_dim  # per-head width of queries and keys (0: dim / num_heads)
+    time_buckets: int = HSTUOptions.time_buckets  # log-scale time-difference buckets of the relative attention bias
+    temperature: float = HSTUOptions.temperature  # > 0: cosine of outputs and item rows / temperature; 0: dot product
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -44,6 +44,7 @@ Timing parts:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
@@ -77,7 +78,9 @@ from hugerec.models.hstu import HSTU, HSTUOptions, Layout
 from hugerec.models.masked import MaskedTransformer
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SequenceConfig
-from hugerec.training.losses import Negatives, NegativeSampler, SampledSoftmax
+from hugerec.training.epoch_batches import EpochBatches
+from hugerec.training.family import StepContext
+from hugerec.training.losses import Negatives, SampledSoftmax
 from hugerec.training.next_item import CSR, rank_metrics, target_ranks
 from hugerec.training.next_item_baselines import (
     EASE,
@@ -98,13 +101,13 @@ from hugerec.training.next_item_baselines import (
 )
 from hugerec.training.sequential import (
     FullSoftmax,
-    SequentialTrainConfig,
+    SequentialFamily,
     all_item_vectors,
-    fit_sequential,
     query_vectors,
-    step_loss,
+    window_batches,
     window_width,
 )
+from hugerec.training.trainer import TrainConfig, fit
 
 DATA = Path(os.environ.get("HUGEREC_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
 Records = list[dict[str, Any]]
@@ -217,7 +220,7 @@ def choose_baselines(valid: Split, quick: bool, key: str, k: int) -> dict[str, t
 
 
 class _Stop(Exception):
-    """Raised from fit_sequential's epoch callback when validation stopped improving."""
+    """Raised from train_model's epoch callback when validation stopped improving."""
 
 
 @dataclass(frozen=True)
@@ -244,18 +247,33 @@ def train_model(
     name: str, split: Split, s: DeepSettings, epochs: int, seed: int, max_steps: int | None = None,
     on_epoch: Callable[[Any, int], None] | None = None,
 ) -> Any:
+    """The model trained by `fit` (the sequential family, full softmax); on_epoch(model, e) after each
+    epoch e (0-based) that ran to its end; it may raise _Stop to end training there."""
     model = build_model(name, split.num_items, s, seed)
-    tc = SequentialTrainConfig(loss=FullSoftmax(), epochs=epochs, batch_size=s.batch, lr=s.lr, mask_prob=0.2, seed=seed, max_steps=max_steps)
+    tc = TrainConfig(epochs=epochs, lr=s.lr, max_steps=max_steps, seed=seed, progress=False, tensorboard=False, plot=False)
     width = window_width(model)
     # "last": each sequence's last max_len (+ 1) items; "sliding": windows over the whole of each sequence
     data = last_n(split.train, width) if s.windows == "last" else sliding_windows(split.train, width)
-    report = None
+    batches = window_batches(data, s.batch, seed)
+    if on_epoch is not None:  # the callback after each epoch, as the next one starts (then back to training)
+        inner = batches
+
+        def epoch(e: int) -> Any:
+            if e:
+                on_epoch(model, e - 1)
+                model.train()
+            return inner.make(e)
+
+        batches = EpochBatches(epoch, len(inner))
+    t0 = time.perf_counter()
     try:
-        report = fit_sequential(model, data, tc, on_epoch=None if on_epoch is None else lambda epoch, _: on_epoch(model, epoch))
+        history = fit(model, batches, None, tc, family=SequentialFamily(FullSoftmax(), mask_prob=0.2))
+        if on_epoch is not None and (max_steps is None or history.steps == epochs * len(batches)):
+            on_epoch(model, epochs - 1)
+        print(f"  {name}: {history.steps} steps in {time.perf_counter() - t0:.0f} s, loss {history.train[0]['loss']:.3f} -> {history.train[-1]['loss']:.3f}", flush=True)
     except _Stop:
-        model.train(False)
-    if report is not None:
-        print(f"  {name}: {report.steps} steps in {report.seconds:.0f} s, loss {report.losses[0]:.3f} -> {report.losses[-1]:.3f}", flush=True)
+        print(f"  {name}: stopped after {time.perf_counter() - t0:.0f} s (validation stopped improving)", flush=True)
+    return model.train(False)
     return model
 
 
@@ -513,18 +531,29 @@ def throughput(records: Records, quick: bool, seed: int, seconds: float | None =
     cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=dim, num_layers=2, num_heads=1, dropout=0.2)
     ours = SASRec(cfg, optimizer=Adam(lr=3e-3))
     loss = SampledSoftmax(negatives=Negatives.MIXED, num_negatives=1024, alpha=1.0)
-    tc = SequentialTrainConfig(loss=loss, epochs=1, batch_size=128, lr=3e-3, max_steps=2, seed=seed)
+    family = SequentialFamily(loss, item_counts=np.bincount(train.items, minlength=num_items + 1))
     windows = last_n(train, window_width(ours))
-    fit_sequential(ours, windows, tc)  # warm-up (JIT, allocator)
+    batches = window_batches(windows, 128, seed)
+
+    def for_seconds(limit: float) -> EpochBatches[torch.Tensor]:  # the windows' batches until `limit` s have passed
+        def make(epoch: int) -> Any:
+            end = time.perf_counter() + limit
+            for e in itertools.count(epoch):
+                for b in batches.make(e):
+                    if time.perf_counter() >= end:
+                        return
+                    yield b
+
+        return EpochBatches(make)
+
+    # one fit, its pipeline on, over the batches the budget allows (the warm-up fit first: JIT, allocator)
+    quiet = TrainConfig(lr=3e-3, seed=seed, log_every=1_000_000, progress=False, tensorboard=False, plot=False)
+    fit(ours, for_seconds(3.0), None, quiet, family=family)
     t0 = time.perf_counter()
-    steps = 0
-    rep = None
-    while time.perf_counter() - t0 < budget:
-        rep = fit_sequential(ours, windows, SequentialTrainConfig(loss=loss, epochs=1, batch_size=128, lr=3e-3, max_steps=4, seed=seed + steps))
-        steps += 1
+    history = fit(ours, for_seconds(budget), None, quiet, family=family)
     elapsed = time.perf_counter() - t0
-    ours_sps = steps * 4 * 128 / elapsed
-    assert rep is not None
+    steps = history.steps
+    ours_sps = steps * 128 / elapsed
     ours_recall = recall_at_10(model_scores(ours, test_hist), test_tgt, num_items)
 
     # plain PyTorch: dense Adam over the 1M x 64 table, full softmax; batch 8 (the [N, 1M] logits take ~1.6 GB)
@@ -555,7 +584,7 @@ def throughput(records: Records, quick: bool, seed: int, seconds: float | None =
         w = ref.items.weight[1:]
     ref_recall = recall_at_10(lambda q0, q1: q[q0:q1] @ w.T, test_tgt, num_items)
     ratio = ours_sps / ref_sps
-    print(f"  hugerec-sasrec {ours_sps:8.1f} samples/s  recall@10 {ours_recall:.4f}  ({steps * 4} steps in {budget:.0f} s)", flush=True)
+    print(f"  hugerec-sasrec {ours_sps:8.1f} samples/s  recall@10 {ours_recall:.4f}  ({steps} steps in {elapsed:.0f} s)", flush=True)
     print(f"  torch-sasrec   {ref_sps:8.1f} samples/s  recall@10 {ref_recall:.4f}  ({ref_steps} steps of {ref_batch})", flush=True)
     print(f"  throughput ratio {ratio:.1f}x (target >= 3x at equal or better recall@10)", flush=True)
     record(records, f"train {shape}", "hugerec-sasrec", ours_sps, "samples/s")
@@ -630,24 +659,25 @@ def hstu_train(records: Records, quick: bool, seed: int) -> None:
     print(f"hstu train (ML-1M shape: {len(windows)} users' last {max_len} items, mean length {lengths.mean():.0f}, batch {batch})", flush=True)
     cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2)
     loss = SampledSoftmax(negatives=Negatives.UNIFORM, num_negatives=128)
-    tc = SequentialTrainConfig(loss=loss, epochs=1, batch_size=batch, lr=1e-3, seed=seed)
     counts = np.bincount(windows.ravel(), minlength=num_items + 1).astype(np.float64)
     counts[0] = 0.0
+    family = SequentialFamily(loss, item_counts=counts)  # the step `fit` runs: prepare, then the loss
     sides = {}
     for name, layout in (("hugerec-hstu-jagged", Layout.JAGGED), ("torch-hstu-padded", Layout.PADDED)):
         torch.manual_seed(seed)
         model = HSTU(cfg, optimizer=Adam(lr=1e-3), options=HSTUOptions(temperature=0.05), layout=layout)
         model.train()
-        sides[name] = (model, torch.optim.Adam(list(model.parameters()), lr=1e-3), NegativeSampler(loss, counts), torch.Generator().manual_seed(seed))
+        ctx = StepContext(torch.device("cpu"), torch.Generator().manual_seed(seed))
+        sides[name] = (model, torch.optim.Adam(list(model.parameters()), lr=1e-3), ctx)
     data = torch.from_numpy(windows)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))
     steps = 2 if quick else 8
     seconds = dict.fromkeys(sides, 0.0)
     for step in range(steps + 1):  # step 0 warms up (JIT, allocator)
         b = data[order[(step * batch) % len(data) :][:batch]]
-        for name, (model, opt, sampler, gen) in sides.items():
+        for name, (model, opt, ctx) in sides.items():
             t0 = time.perf_counter()
-            value = step_loss(model, b, tc, sampler, gen)
+            value = family.step_loss(model, family.prepare(model, b, ctx), ctx)
             opt.zero_grad()
             value.backward()
             opt.step()

@@ -1,7 +1,7 @@
 """HSTU (Zhai et al., ICML 2024, "Actions Speak Louder than Words"): hierarchical sequential transduction units.
 
     model = HSTU(SequenceConfig(num_items=3706, max_len=50, dim=64, num_layers=2, num_heads=2))
-    hidden, cand = model(seq, candidates)          # the SequenceModel protocol of SASRec (fit_sequential trains it)
+    hidden, cand = model(seq, candidates)          # the SequenceModel protocol of SASRec (`fit` trains it)
     scores = model.candidate_scores(history, candidates)   # M-FALCON cached scoring: [B, C] ranking-head scores
 
 One layer, on the jagged rows x [N, D] of the batch's sequences (padding never enters a product):
@@ -18,7 +18,7 @@ attention is `hugerec.ops.jagged_attention` (Numba forward and backward on the C
 from the shared item table (`ItemLookup`: one lookup per step, the sparse optimizer in the backward)
 with learned absolute positions counted back from the most recent item, as in SASRec. With
 `temperature > 0` the outputs and the item rows are L2-normalised and the outputs divided by it (HSTU's
-cosine similarity), so any loss of `fit_sequential` (full or sampled softmax) trains it.
+cosine similarity), so any loss of the sequential family (full or sampled softmax) trains it.
 
 `layout=Layout.PADDED` runs the same parameters on [B, L, D] tensors with the padded plain-torch attention
 (`hugerec.ops.reference.padded_causal_attention`): the baseline of the training benchmark, and a check

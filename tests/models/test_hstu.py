@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from hugerec.models.hstu import HSTU, HSTUOptions, Layout, table_gather, time_buckets
 from hugerec.models.sequence import PAD, SequenceConfig
 from hugerec.training.losses import Negatives, SampledSoftmax
-from hugerec.training.sequential import FullSoftmax, SequentialTrainConfig, evaluate_next_item, fit_sequential
+from hugerec.training.sequential import FullSoftmax, SequentialFamily, evaluate_next_item, window_batches
+from hugerec.training.trainer import TrainConfig, fit
 
 CFG = SequenceConfig(num_items=50, max_len=8, dim=16, num_layers=2, num_heads=2, dropout=0.0)
 
@@ -121,13 +122,19 @@ def _chains(n: int, length: int, seed: int) -> np.ndarray:
     return (start[:, None] + np.arange(length)[None, :]) % 50 + 1
 
 
-@pytest.mark.parametrize("loss", [FullSoftmax(), SampledSoftmax(negatives=Negatives.UNIFORM, num_negatives=16)])
-def test_fit_sequential_trains_hstu(loss: FullSoftmax | SampledSoftmax) -> None:
+@pytest.mark.parametrize(
+    ("loss", "pipeline"), [(FullSoftmax(), False), (SampledSoftmax(negatives=Negatives.UNIFORM, num_negatives=16), True)]
+)
+def test_the_one_trainer_trains_hstu(loss: FullSoftmax | SampledSoftmax, pipeline: bool) -> None:
+    """`fit` with the sequential family, as it trains SASRec (the pipeline stages the lookup a step ahead)."""
     torch.manual_seed(0)
     model = HSTU(CFG, options=HSTUOptions(temperature=0.1))
     windows = _chains(400, 9, 0)
-    report = fit_sequential(model, windows, SequentialTrainConfig(loss=loss, epochs=6, batch_size=32, lr=1e-2))
-    assert report.losses[-1] < report.losses[0]
+    family = SequentialFamily(loss, item_counts=np.bincount(windows.ravel(), minlength=51))
+    cfg = TrainConfig(epochs=6, lr=1e-2, pipeline=pipeline, progress=False, tensorboard=False, plot=False)
+    batches = window_batches(windows, 32)
+    history = fit(model, batches, None, cfg, family=family)
+    assert history.steps == 6 * len(batches) and history.train[-1]["loss"] < history.train[0]["loss"]
     test = _chains(100, 9, 1)
     metrics = evaluate_next_item(model, test[:, :-1], test[:, -1], ks=(1,))
     assert metrics["recall@1"] > 0.8

@@ -1,5 +1,5 @@
 """Layers (MLP, interactions, cross network, wide part), models (ranking: DLRM, DCNv2, DeepFM, WideAndDeep;
-retrieval: TwoTower, MatrixFactorization; sequential: SASRec, MaskedTransformer, GRU4Rec over [B, L] item
+retrieval: TwoTower, MatrixFactorization; sequential: SASRec, MaskedTransformer, GRU4Rec, HSTU over [B, L] item
 sequences; trees: LightGBM / XGBoost configs and boosters) and the registry that names them.
 
 `config_from_dict({"type": "dlrm", ...})` reads any model type's config (`REGISTRY`, `model_type`);
@@ -22,6 +22,7 @@ from hugerec.models.gbm import (
     require,
 )
 from hugerec.models.gru4rec import GRU4Rec
+from hugerec.models.hstu import HSTU, HSTUConfig, HSTUOptions
 from hugerec.models.masked import MaskedTransformer
 from hugerec.models.mf import MatrixFactorization, MFConfig
 from hugerec.models.mlp import MLP, Activation
@@ -48,6 +49,7 @@ from hugerec.models.wide_deep import WideAndDeep
 
 __all__ = [
     "DLRM",
+    "HSTU",
     "MLP",
     "PAD",
     "REGISTRY",
@@ -66,6 +68,8 @@ __all__ = [
     "GBMConfig",
     "GRU4Rec",
     "GRU4RecConfig",
+    "HSTUConfig",
+    "HSTUOptions",
     "Library",
     "MFConfig",
     "MLMConfig",

@@ -15,7 +15,16 @@ if TYPE_CHECKING:  # the public names, imported on first use (hugerec.lazy_expor
         retrieval_view,
         sequence_view,
     )
-    from hugerec.data.input_spec import ColumnSpec, InputFormat, InputSpec, Role, infer_spec, schema_toml
+    from hugerec.data.input_spec import (
+        ColumnSpec,
+        ColumnType,
+        InputFormat,
+        InputSpec,
+        Role,
+        infer_spec,
+        schema_toml,
+        spec_to_toml,
+    )
     from hugerec.data.interactions import (
         Interactions,
         Vocabulary,
@@ -74,6 +83,7 @@ __all__ = [
     "Column",
     "ColumnKind",
     "ColumnSpec",
+    "ColumnType",
     "ConvertReport",
     "Dataset",
     "DimRule",
@@ -139,6 +149,7 @@ __all__ = [
     "schema_toml",
     "sequence_view",
     "sliding_windows",
+    "spec_to_toml",
     "split_by_day",
     "split_shards",
     "time_split",

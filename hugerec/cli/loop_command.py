@@ -35,6 +35,7 @@ import json
 import os
 import secrets
 import sys
+import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -280,6 +281,10 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
         raise ValueError(f"loop.last ({last}) must be > loop.first ({lc.first}): window last is the final holdout")
     with ExitStack() as stack:
         loop, url, ingest = _make_loop(cfg, config, source, stack)
+        finished = {"publish", "refuse", "skip"}
+        pending = [k for k in range(lc.first, last) if not finished & {r.action for r in loop.log.of_window(k)}]
+        if url is not None and pending:
+            restart_embedded_server(loop)  # windows to go: the new server first serves what the log says was live
         for k in range(lc.first, last):
             loop.step(k)
             if url is not None and cfg.server.replay_rows:
@@ -347,6 +352,23 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
                 window_schema=window_schemas(schema, source, cfg.windows.time_column),
             )
             return Loop(config, source, publisher, observer), url, ingest
+
+
+def restart_embedded_server(loop: Loop) -> None:
+    """A loop started again on its work_dir with windows to go (after a kill, or a run extended): its new embedded server
+    gets the stable version, canary and canary share the decision log says were live (server_restore.py), before
+    the next window decides on that canary. A first run (an empty log) starts with an empty server."""
+    from hugerec.continuous.server_restore import restore_server
+
+    started = time.perf_counter()
+    live = restore_server(loop)
+    if live.stable is not None:
+        canary = "no canary" if live.canary is None else f"canary {live.canary} at share {live.share}"
+        print(
+            f"hugerec loop: embedded server restored from the decision log: stable {live.stable}, {canary} "
+            f"({time.perf_counter() - started:.1f} s)",
+            file=sys.stderr,
+        )
 
 
 def embedded_server(

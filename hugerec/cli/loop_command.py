@@ -48,6 +48,7 @@ from hugerec.continuous.decisions import DecisionConfig
 from hugerec.continuous.gate import GateConfig
 from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec, Recovery
 from hugerec.continuous.monitor import MonitorConfig
+from hugerec.continuous.server_restore import remove_interrupted_loads, restore_server
 from hugerec.continuous.window_schema import window_schemas
 from hugerec.data.schema import Schema
 from hugerec.data.synthetic_stream import Stream, StreamConfig
@@ -281,6 +282,9 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
         raise ValueError(f"loop.last ({last}) must be > loop.first ({lc.first}): window last is the final holdout")
     with ExitStack() as stack:
         loop, url, ingest = _make_loop(cfg, config, source, stack)
+        swept = remove_interrupted_loads(loop)  # before any load: what killed loads and publishes left behind
+        if swept:
+            print(f"hugerec loop: removed {len(swept)} folders left by interrupted loads: {swept[:3]}", file=sys.stderr)
         finished = {"publish", "refuse", "skip"}
         pending = [k for k in range(lc.first, last) if not finished & {r.action for r in loop.log.of_window(k)}]
         if url is not None and pending:
@@ -358,8 +362,6 @@ def restart_embedded_server(loop: Loop) -> None:
     """A loop started again on its work_dir with windows to go (after a kill, or a run extended): its new embedded server
     gets the stable version, canary and canary share the decision log says were live (server_restore.py), before
     the next window decides on that canary. A first run (an empty log) starts with an empty server."""
-    from hugerec.continuous.server_restore import restore_server
-
     started = time.perf_counter()
     live = restore_server(loop)
     if live.stable is not None:

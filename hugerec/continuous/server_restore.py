@@ -19,16 +19,27 @@ traffic and no canary phase. `restore_server` runs before the loop's next window
 A `restore` record is written for every version given back, so the log says when the server's state was
 rebuilt and how. Nothing is done when the server already serves what the log says (a remote server that
 stayed up) or when the log names no live version.
+
+`remove_interrupted_loads` runs first, on every start of the loop: a kill during a version-delta load leaves
+the server's working copy of the rows (updates/<v>/state-<v>.<random>/, a RocksDB checkpoint, and its lock
+file) and, when the publish never completed, the whole updates/<v>/ of a version no record commits. Only
+what the loop owns is removed: the working copies whose owner is dead (their flock is free: store/owned_dirs),
+the updates/<v> folders of versions without a publish record that no live process works in, and the hidden
+staging folders (.<v>.<random>) of a bundle or delta write that a kill cut short.
 """
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hugerec.continuous.decision_log import LiveRoles, Record, live_roles
 from hugerec.serving.bundles.bundle_files import MANIFEST, sha256_file
 from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.version_delta import STATE_PREFIX
+from hugerec.serving.store.owned_dirs import LOCK, remove_stale
 
 if TYPE_CHECKING:
     from hugerec.continuous.loop import Loop
@@ -94,3 +105,27 @@ def _holds(folder: Path, logged_id: str) -> bool:
     """Whether `folder` still holds the published content whose manifest id the log recorded."""
     manifest = folder / MANIFEST
     return bool(logged_id) and manifest.is_file() and sha256_file(manifest) == logged_id
+
+
+_VERSION = re.compile(r"w\d+")  # loop.version_of's names
+_STAGED = re.compile(r"\.w\d+\.")  # bundle_files.staged_folder's hidden folders of such a version
+
+
+def remove_interrupted_loads(loop: Loop) -> list[Path]:
+    """Remove what killed version-delta loads and publishes left in the loop's updates/ and bundles/ (see the
+    module doc); returns the removed folders. Safe while a server uses a version: a held lock is never taken."""
+    committed = {r.version for r in loop.log.records if r.action == "publish"}
+    removed: list[Path] = []
+    for root in (loop.work / "updates", loop.work / "bundles"):
+        if not root.is_dir():
+            continue
+        for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+            if _STAGED.match(folder.name):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+            elif root.name == "updates" and _VERSION.fullmatch(folder.name):
+                removed += remove_stale(folder, STATE_PREFIX)  # the working copies of dead servers
+                if folder.name not in committed and not any(folder.glob(f"{STATE_PREFIX}*{LOCK}")):
+                    shutil.rmtree(folder, ignore_errors=True)  # a publish that never completed
+                    removed.append(folder)
+    return removed

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +54,8 @@ class Seen(Exception):
 
 
 def _restart_and_look(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, canary_live: Path) -> dict[str, Any] | None:
-    shutil.copytree(canary_live, tmp_path, dirs_exist_ok=True)
+    if canary_live != tmp_path:
+        shutil.copytree(canary_live, tmp_path, dirs_exist_ok=True)
     monkeypatch.chdir(tmp_path)
 
     def look(self: Loop, k: int) -> None:
@@ -99,3 +103,43 @@ def test_restart_without_the_published_files_exports_from_checkpoints_and_goes_o
     after = records[records.index(restored[-1]) + 1 :]
     assert {r.window for r in after} == {2} and {"publish", "refuse"} & {r.action for r in after}
     assert any(r.action in ("promote", "rollback", "wait") for r in after)  # window 2 decided on the canary
+
+
+_KILLED_LOAD = """
+import os, signal, sys
+import hugerec.serving.bundles.version_delta as version_delta
+from hugerec.cli import main
+
+persistent = version_delta.PersistentStore
+
+def killed_mid_load(path, dims):
+    if "state-w2." in str(path):  # the server has copied the base's rows for w2; kill -9 before w2 exists
+        os.kill(os.getpid(), signal.SIGKILL)
+    return persistent(path, dims)
+
+version_delta.PersistentStore = killed_mid_load
+sys.exit(main(["loop", "configs/loop_synthetic.toml", *sys.argv[1:]]))
+"""
+
+
+@pytest.mark.slow
+def test_a_delta_load_killed_midway_is_cleaned_up_on_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, canary_live: Path
+) -> None:
+    """kill -9 inside the embedded server's load of window 2's version delta (after it copied the base's rows):
+    updates/w2 (never committed by a publish record) and its working copy are left; the next start removes
+    them, and keeps the committed w1 delta (whose dead working copies go too)."""
+    shutil.copytree(canary_live, tmp_path, dirs_exist_ok=True)
+    argv = [*RUN, "data.stream.days=4"]
+    proc = subprocess.run([sys.executable, "-c", _KILLED_LOAD, *argv], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    updates = tmp_path / WORK / "updates"
+    assert list((updates / "w2").glob("state-w2.*/rocksdb")), "the killed load's copy of the rows"
+    assert "w2" not in {r.version for r in read_log(tmp_path / WORK / "decisions.jsonl") if r.action == "publish"}
+    dead_copies = list((updates / "w1").glob("state-w1.*"))
+    assert dead_copies  # the killed server's working copy of w1 (the restored canary)
+    status = _restart_and_look(tmp_path, monkeypatch, tmp_path)
+    live = live_roles(read_log(tmp_path / WORK / "decisions.jsonl"), 0.5)  # window 2 decided on w1 before the kill
+    assert status is not None and (status["stable"], status["canary"]) == (live.stable, live.canary)
+    assert not (updates / "w2").exists()
+    assert (updates / "w1" / "manifest.json").is_file() and not any(p.exists() for p in dead_copies)

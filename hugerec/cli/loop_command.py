@@ -226,23 +226,12 @@ def log_table(records: Sequence[Record]) -> str:
     )
 
 
-def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bool, only_log: bool) -> int:
-    cfg, _ = load_loop_file(config_path, overrides)
-    if print_config:
-        out = to_dict(cfg, keep_none=True)
-        out["model"], out["embedding"] = config_to_dict(cfg.model.model), cfg.model.to_dict()
-        del out["embedding"]["model"]
-        print(json.dumps(out, indent=1, default=str))
-        return 0
-    work = Path(cfg.loop.work_dir)
-    if only_log:
-        print(log_table(read_log(work / "decisions.jsonl")))
-        return 0
-    schema = _schema(cfg)
+def build_loop_config(cfg: LoopFile) -> LoopConfig:
+    """The loop's LoopConfig from its config file's sections."""
     lc = cfg.loop
-    config = LoopConfig(
-        str(work),
-        schema,
+    return LoopConfig(
+        str(Path(lc.work_dir)),
+        _schema(cfg),
         cfg.windows,
         cfg.model,
         cfg.gate,
@@ -259,6 +248,22 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
         keep_versions=lc.keep_versions,
         recovery=cfg.recovery,
     )
+
+
+def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bool, only_log: bool) -> int:
+    cfg, _ = load_loop_file(config_path, overrides)
+    if print_config:
+        out = to_dict(cfg, keep_none=True)
+        out["model"], out["embedding"] = config_to_dict(cfg.model.model), cfg.model.to_dict()
+        del out["embedding"]["model"]
+        print(json.dumps(out, indent=1, default=str))
+        return 0
+    work = Path(cfg.loop.work_dir)
+    if only_log:
+        print(log_table(read_log(work / "decisions.jsonl")))
+        return 0
+    config = build_loop_config(cfg)
+    lc = cfg.loop
     if cfg.data.stream is not None:
         stream = Stream(cfg.data.stream)
         days = cfg.data.stream.days

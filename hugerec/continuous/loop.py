@@ -579,6 +579,7 @@ class Loop:
             how = f"whole bundle ({why})"
             extra = {"mode": "bundle"}
         extra |= {"id": sha256_file(path / MANIFEST), "bytes": _size(path), "stable": after.get("stable")}
+        extra["share"] = share  # a restarted embedded server gives the canary this share again (server_restore.py)
         role = "stable" if after.get("stable") == version else f"canary at share {share}"
         self.log.append(Record(k, "publish", f"gate passed; {role}; {how}", result.figures, version, extra=extra))
         self._retire(k)
@@ -614,7 +615,7 @@ class Loop:
         layout of the bundle its chain of deltas started from). Idempotent: a restart finishes the job."""
         root: dict[str, str] = {}  # version -> the whole-bundle version its chain of deltas starts from
         for r in self.log.records:
-            if r.action == "publish" and r.version is not None:
+            if r.version is not None and (r.action == "publish" or (r.action == "restore" and "id" in r.extra)):
                 base = r.extra.get("base")
                 root[r.version] = root.get(base, base) if r.extra.get("mode") == "delta" and base else r.version
         needed = {root.get(v, v) for v in loaded if v is not None}
@@ -627,7 +628,11 @@ class Loop:
 
     def _content_id(self, version: str) -> str:
         """The id of what the server serves as `version` (publish.py / version_delta.py), from the log."""
-        found = [r for r in self.log.records if r.action == "publish" and r.version == version]
+        found = [
+            r
+            for r in self.log.records
+            if r.version == version and (r.action == "publish" or (r.action == "restore" and "id" in r.extra))
+        ]  # a `restore` with an id: a restarted server was given a bundle exported anew (server_restore.py)
         return str(found[-1].extra.get("id", "")) if found else ""
 
     def _whole_bundle_reason(self, version: str, stable: str | None) -> str | None:

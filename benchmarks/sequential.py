@@ -34,6 +34,7 @@ and `--eval-every N` prints the validation curve during training.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
@@ -63,16 +64,18 @@ from hugerec.models.gru4rec import GRU4Rec
 from hugerec.models.masked import MaskedTransformer
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SequenceConfig
+from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.losses import Negatives, SampledSoftmax
 from hugerec.training.next_item import CSR, rank_metrics, target_ranks
 from hugerec.training.sequential import (
     FullSoftmax,
-    SequentialTrainConfig,
+    SequentialFamily,
     all_item_vectors,
-    fit_sequential,
     query_vectors,
+    window_batches,
     window_width,
 )
+from hugerec.training.trainer import TrainConfig, fit
 
 DATA = Path(os.environ.get("HUGEREC_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
 Records = list[dict[str, Any]]
@@ -156,12 +159,25 @@ def train_model(
     torch.manual_seed(seed)
     cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=layers, num_heads=heads, dropout=dropout)
     model = MODELS[name](cfg, optimizer=Adam(lr=lr))
-    tc = SequentialTrainConfig(loss=FullSoftmax(), epochs=epochs, batch_size=batch, lr=lr, mask_prob=0.2, seed=seed, max_steps=max_steps)
+    tc = TrainConfig(epochs=epochs, lr=lr, max_steps=max_steps, seed=seed, progress=False, tensorboard=False, plot=False)
     width = window_width(model)
     # "last": each sequence's last max_len (+ 1) items; "sliding": windows over the whole of each sequence
     data = last_n(train, width) if windows == "last" else sliding_windows(train, width)
-    report = fit_sequential(model, data, tc, on_epoch=None if progress is None else lambda epoch, _: progress(model, epoch))
-    print(f"  {name}: {report.steps} steps in {report.seconds:.0f} s, loss {report.losses[0]:.3f} -> {report.losses[-1]:.3f}", flush=True)
+    batches = window_batches(data, batch, seed)
+    if progress is not None:  # the callback after each epoch, as the next one starts (then back to training)
+        inner = batches
+
+        def epoch(e: int) -> Any:
+            if e:
+                progress(model, e - 1)
+                model.train()
+            return inner.make(e)
+
+        batches = EpochBatches(epoch, len(inner))
+    history = fit(model, batches, None, tc, family=SequentialFamily(FullSoftmax(), mask_prob=0.2))
+    if progress is not None and max_steps is None:
+        progress(model, epochs - 1)
+    print(f"  {name}: {history.steps} steps, loss {history.train[0]['loss']:.3f} -> {history.train[-1]['loss']:.3f}", flush=True)
     return model
 
 
@@ -317,18 +333,29 @@ def throughput(records: Records, quick: bool, seed: int, seconds: float | None =
     cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=dim, num_layers=2, num_heads=1, dropout=0.2)
     ours = SASRec(cfg, optimizer=Adam(lr=3e-3))
     loss = SampledSoftmax(negatives=Negatives.MIXED, num_negatives=1024, alpha=1.0)
-    tc = SequentialTrainConfig(loss=loss, epochs=1, batch_size=128, lr=3e-3, max_steps=2, seed=seed)
+    family = SequentialFamily(loss, item_counts=np.bincount(train.items, minlength=num_items + 1))
     windows = last_n(train, window_width(ours))
-    fit_sequential(ours, windows, tc)  # warm-up (JIT, allocator)
+    batches = window_batches(windows, 128, seed)
+
+    def for_seconds(limit: float) -> EpochBatches[torch.Tensor]:  # the windows' batches until `limit` s have passed
+        def make(epoch: int) -> Any:
+            end = time.perf_counter() + limit
+            for e in itertools.count(epoch):
+                for b in batches.make(e):
+                    if time.perf_counter() >= end:
+                        return
+                    yield b
+
+        return EpochBatches(make)
+
+    # one fit, its pipeline on, over the batches the budget allows (the warm-up fit first: JIT, allocator)
+    quiet = TrainConfig(lr=3e-3, seed=seed, log_every=1_000_000, progress=False, tensorboard=False, plot=False)
+    fit(ours, for_seconds(3.0), None, quiet, family=family)
     t0 = time.perf_counter()
-    steps = 0
-    rep = None
-    while time.perf_counter() - t0 < budget:
-        rep = fit_sequential(ours, windows, SequentialTrainConfig(loss=loss, epochs=1, batch_size=128, lr=3e-3, max_steps=4, seed=seed + steps))
-        steps += 1
+    history = fit(ours, for_seconds(budget), None, quiet, family=family)
     elapsed = time.perf_counter() - t0
-    ours_sps = steps * 4 * 128 / elapsed
-    assert rep is not None
+    steps = history.steps
+    ours_sps = steps * 128 / elapsed
     ours_recall = recall_at_10(model_scores(ours, test_hist), test_tgt, num_items)
 
     # plain PyTorch: dense Adam over the 1M x 64 table, full softmax; batch 8 (the [N, 1M] logits take ~1.6 GB)
@@ -359,7 +386,7 @@ def throughput(records: Records, quick: bool, seed: int, seconds: float | None =
         w = ref.items.weight[1:]
     ref_recall = recall_at_10(lambda q0, q1: q[q0:q1] @ w.T, test_tgt, num_items)
     ratio = ours_sps / ref_sps
-    print(f"  hugerec-sasrec {ours_sps:8.1f} samples/s  recall@10 {ours_recall:.4f}  ({steps * 4} steps in {budget:.0f} s)", flush=True)
+    print(f"  hugerec-sasrec {ours_sps:8.1f} samples/s  recall@10 {ours_recall:.4f}  ({steps} steps in {elapsed:.0f} s)", flush=True)
     print(f"  torch-sasrec   {ref_sps:8.1f} samples/s  recall@10 {ref_recall:.4f}  ({ref_steps} steps of {ref_batch})", flush=True)
     print(f"  throughput ratio {ratio:.1f}x (target >= 3x at equal or better recall@10)", flush=True)
     record(records, f"train {shape}", "hugerec-sasrec", ours_sps, "samples/s")

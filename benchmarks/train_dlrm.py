@@ -78,6 +78,7 @@ from hugerec.embedding.table_config import DynamicConfig, TableConfig
 from hugerec.models.dlrm import DLRM
 from hugerec.sparse.batch import Batch
 from hugerec.training.pipeline import Pipeline
+from hugerec.training.schedule import Schedule
 from hugerec.training.trainer import TrainConfig, fit
 
 NUM_TABLES = 26
@@ -378,6 +379,7 @@ def time_fit(shape: Shape, stream: Iterator[Batch], warmup: int, steps: int) -> 
     cfg = TrainConfig(
         max_steps=window + steps,
         lr=LR,
+        schedule=Schedule(),  # a constant lr: the stream has no length for the default's decay over an epoch
         log_every=window,
         device="cpu",
         progress=False,

@@ -1,9 +1,12 @@
-"""Two-tower retrieval on MovieLens-1M with the public API: read, split, train, evaluate, index, recommend.
+"""Two-tower retrieval on MovieLens-1M with the public API: read, split, train with early stopping on a
+validation split, evaluate, index, recommend.
 
-    python examples/retrieval_movielens.py [--data PATH/TO/ml-1m] [--epochs 4] [--users N]
+    python examples/retrieval_movielens.py [--data PATH/TO/ml-1m] [--epochs 10] [--users N]
 
 --data defaults to $HUGEREC_DATA/movielens/ml-1m (or ../shared/data/movielens/ml-1m beside the repo);
---users keeps only the first N users (a quick look).
+--users keeps only the first N users (a quick look). --epochs is the most it trains: each user's
+second-to-last event is the validation split, and training stops once recall@10 on it stops rising
+(the best epoch's weights are kept); the last event is the test split, scored once at the end.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ DEFAULT = Path(os.environ.get("HUGEREC_DATA", REPO / ".." / "shared" / "data")) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT)
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--users", type=int, default=None)
     args = parser.parse_args()
 
@@ -34,20 +37,30 @@ def main() -> None:
         raw = raw.filter(pl.col("user") <= args.users)
     data, vocab = hr.data.categorify(raw)
     train, test = hr.data.leave_last_out(data)
+    fit_part, valid = hr.data.leave_last_out(train)  # the validation split: each user's last training event
     print(f"{data.num_users} users, {data.num_items} items, {train.num_events} training events")
 
     config = hr.models.TwoTowerConfig(dim=64, recent=(1, 5), similarity="cosine", temperature=0.05)
     model = hr.models.TwoTower(config, data.num_users, data.num_items, hr.Adam(lr=1e-2))
-    hr.training.fit_retrieval(
+    users = torch.arange(train.num_users)
+    seen = hr.data.histories(fit_part)
+    validation = hr.training.RetrievalValidation(
+        users, hr.data.last_items(*seen, users.numpy(), config.max_history), hr.data.held_out_csr(valid), seen
+    )
+    batches = hr.training.EpochBatches(
+        lambda epoch: hr.data.iter_examples(fit_part, batch_size=1024, max_history=config.max_history, seed=epoch),
+        length=-(-fit_part.num_events // 1024),
+    )
+    es = hr.training.EarlyStopping(metric="recall@10", patience=2, restore_best=True)
+    hr.training.fit(
         model,
-        lambda epoch: hr.data.iter_examples(train, batch_size=1024, max_history=config.max_history, seed=epoch),
-        train.item_counts(),
-        hr.training.RetrievalTrainConfig(epochs=args.epochs),
-        on_epoch=lambda e, loss, sec: print(f"epoch {e}: loss {loss:.4f} ({sec:.0f}s)"),
+        batches,
+        validation,
+        hr.training.TrainConfig(epochs=args.epochs, lr=1e-3, early_stopping=es, tensorboard=False),
+        family=hr.training.RetrievalFamily(fit_part.item_counts()),
     )
 
     offsets, items = hr.data.histories(train)
-    users = torch.arange(train.num_users)
     history = hr.data.last_items(offsets, items, users.numpy(), config.max_history)
     metrics = hr.training.evaluate_retrieval(model, users, history, hr.data.held_out_csr(test), (offsets, items), ks=(10, 50))
     print({k: round(v, 4) for k, v in metrics.items()})

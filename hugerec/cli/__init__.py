@@ -74,19 +74,24 @@ COMMANDS = {
         "Trains the [model] on data.train, evaluates on data.eval, and writes model.pt, metrics.jsonl,\n"
         "curves.png, tensorboard/ and checkpoints/ to train.out_dir.\n"
         "Evaluates every train.eval_every steps (default: each epoch) and keeps the best evaluation by\n"
-        "train.early_stopping.metric (auc: higher is better, logloss: lower) as best.pt beside model.pt\n"
+        "train.early_stopping.metric (auc: higher is better, logloss: lower; recall@K, ndcg@K for retrieval\n"
+        "and sequential models, their default recall@10) as best.pt beside model.pt\n"
         "(the last weights); stops after train.early_stopping.patience evaluations without a new best\n"
         "(none: never stops early); train.early_stopping.min_delta is the smallest gain that counts.\n"
         "Defaults meant for small data too: data.batch_size = \"auto\" (2 * sqrt(train rows), 32 to 2048),\n"
-        "the dense lr (train.lr) decays linearly to 0 over the first epoch (train.schedule.decay_epochs = 1);\n"
+        "the dense lr (train.lr) decays linearly to 0 over the first epoch (train.schedule.decay_epochs = 1;\n"
+        "retrieval and sequential models keep it constant);\n"
         "on a small set give train.epochs an upper bound (e.g. 20) and let early stopping end the run.\n"
         "Continue an interrupted run exactly where it stopped with train.resume=true.\n"
-        "Retrieval (model.type = two_tower | mf) reads the event log of [interactions], splits it\n"
-        "(leave-last-out per user or a global time split), trains with sampled softmax and reports\n"
+        "Retrieval (model.type = two_tower | mf) takes one history per user from [preprocess]'s declared\n"
+        "input (roles user, item, timestamp), held out by preprocess.split (leave-last-out per user or a\n"
+        "time split), trains with the model's loss (sampled softmax or BPR) and reports\n"
         "Recall/NDCG/MRR/HitRate/coverage@K over the full catalogue (training items excluded).\n"
-        "Sequential (model.type = sasrec | mlm | gru4rec) reads [sequences]: events grouped by a session\n"
-        "or user column (or an inactivity gap), evaluated leave-last-out or on every prefix of the test\n"
-        "sessions. Both write model.pt and metrics.json to train.out_dir.\n"
+        "Sequential (model.type = sasrec | mlm | gru4rec) groups the events by the session or user column\n"
+        "([sequences]; or an inactivity gap), evaluated leave-last-out or on every prefix of the test\n"
+        "sessions. Both train through the same trainer on the training part less a validation split cut\n"
+        "the same way (early stopping on it; restore_best keeps the best epoch in model.pt), and write\n"
+        "model.pt and metrics.json to train.out_dir; under torchrun the id tables are sharded row-wise.\n"
         "Gradient-boosted trees (model.type = lightgbm | xgboost; pip install 'hugerec[gbm]') train on the\n"
         "same shards, stop early on data.eval after model.early_stopping_rounds rounds without a better\n"
         "train.early_stopping.metric, and write model.txt (LightGBM) or model.json (XGBoost) to train.out_dir.\n"
@@ -433,6 +438,8 @@ def _train(cfg: RunConfig, args: argparse.Namespace) -> None:
 
         t0 = time.perf_counter()
         metrics = train_retrieval(cfg) if is_retrieval(cfg) else train_sequential(cfg)
+        if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for every rank
+            return
         print(f"train: done in {time.perf_counter() - t0:.1f} s; held-out metrics (full ranking):")
         _print_metrics("  ", metrics)
         print(f"  model {cfg.out_dir / 'model.pt'}   metrics {cfg.out_dir / 'metrics.json'}")

@@ -76,7 +76,7 @@ def train_trees(cfg: RunConfig) -> TreeHistory:
         train,
         eval_,
         cfg.out_dir,
-        metric=cfg.train.early_stopping.metric,
+        metric=cfg.train.early_stopping.metric or "auc",
         log_every=cfg.train.log_every,
         seed=cfg.train.seed,
     )

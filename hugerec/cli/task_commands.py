@@ -2,6 +2,9 @@
 
 <train.out_dir>/model.pt                 train: the model, its raw-id vocabulary, item counts and (retrieval)
                                          the users' training histories, in one weights-only file
+<train.out_dir>/metrics.jsonl, checkpoints/, curves.png, tensorboard/
+                                         train: the one trainer's log, checkpoints (train.resume=true continues
+                                         a run exactly) and curves, as for the ranking models
 <train.out_dir>/metrics.json             train: the held-out metrics at the end of training
 <train.out_dir>/index/                   index: the exact or HNSW index over the item vectors
 <train.out_dir>/recommendations.parquet  recommend: one row per (user or history, rank)
@@ -9,8 +12,13 @@
 Data are views of [preprocess]'s declared input (hugerec.data.events: user histories for retrieval,
 sessions or user histories for sequential models, as [interactions] / [sequences] say) and are read,
 id-mapped and split the same way by every command, so `evaluate` scores exactly the held-out part
-`train` left out (it checks that the data still give the model's vocabulary). The model file is the
-library's (hugerec.training.save_model / load_model).
+`train` left out (it checks that the data still give the model's vocabulary). `train` cuts a validation
+split from the training part the same way the test split was cut (each user's last training events, the
+latest time fraction, or the latest tenth of the sessions) and trains with [train] through the one
+trainer (`hugerec.training.fit`) on the rest: epochs is the most it trains, early stopping on the
+validation metric ([train.early_stopping], recall@K by default) decides when to stop. The model is built
+by the registry (`hugerec.models.build_model`); the model file is the library's
+(hugerec.training.save_model / load_model).
 """
 
 from __future__ import annotations
@@ -24,42 +32,55 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from hugerec.cli.config_file import ConfigError
 from hugerec.cli.interactions_config import SequenceWindows
 from hugerec.cli.run_config import RunConfig
-from hugerec.data.events import RetrievalData, SequenceData, retrieval_view, sequence_view
+from hugerec.data.events import RetrievalData, SequenceData, SequenceProtocol, retrieval_view, sequence_view
 from hugerec.data.input_spec import InputSpec
-from hugerec.data.interactions import held_out_csr, histories, iter_examples, last_items
+from hugerec.data.interactions import Interactions, held_out_csr, histories, iter_examples, last_items, time_split
+from hugerec.data.interactions import leave_last_out as interactions_leave_last_out
 from hugerec.data.prepare import SplitKind, SplitSpec
-from hugerec.data.sessions import ItemVocabulary, Sequences, last_n, sliding_windows, with_reversed
+from hugerec.data.sessions import ItemVocabulary, Sequences, last_n, prefixes, sliding_windows, with_reversed
+from hugerec.data.sessions import leave_last_out as sequences_leave_last_out
+from hugerec.distributed.launch import DistEnv, init_from_env, launched_by_torchrun
+from hugerec.distributed.planner import Constraint, Workload, plan
+from hugerec.distributed.shard import shard
+from hugerec.distributed.sharding_plan import ShardingKind
+from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.index.vector_index import load_index
 from hugerec.models.mf import MatrixFactorization, MFConfig
 from hugerec.models.registry import Family, build_model
 from hugerec.models.sequence import PAD, MLMConfig, SequenceModelConfig
 from hugerec.models.two_tower import TwoTower, TwoTowerConfig
 from hugerec.sparse.jagged import JaggedTensor
+from hugerec.training.checkpoint import load_checkpoint
 from hugerec.training.declared_loss import retrieval_loss, sequence_loss
+from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.model_file import RawIds, SavedModel, load_model, save_model
 from hugerec.training.retrieval import (
+    RetrievalFamily,
     RetrievalModel,
-    RetrievalTrainConfig,
+    RetrievalValidation,
     all_item_vectors,
     evaluate_retrieval,
-    fit_retrieval,
+    rank_part,
     recommend,
     user_vectors,
 )
 from hugerec.training.sequential import (
+    NextItemValidation,
     SequenceModel,
-    SequentialTrainConfig,
+    SequentialFamily,
     evaluate_next_item,
-    fit_sequential,
     query_vectors,
+    window_batches,
     window_width,
 )
 from hugerec.training.sequential import all_item_vectors as sequence_item_vectors
-from hugerec.training.trainer import seed_everything
+from hugerec.training.trainer import History, fit, seed_everything
 
 
 def is_retrieval(cfg: RunConfig) -> bool:
@@ -74,15 +95,37 @@ def _declared(cfg: RunConfig) -> tuple[InputSpec, str]:
     return input_spec(cfg), cfg.preprocess.input
 
 
+def _retrieval_split(cfg: RunConfig) -> SplitSpec:
+    """[preprocess]'s split for retrieval (default: each user's last `holdout` events)."""
+    p = cfg.preprocess
+    return p.split_spec() if p.split is not None else SplitSpec(SplitKind.LEAVE_LAST_OUT, holdout=p.holdout)
+
+
 def retrieval_data(cfg: RunConfig) -> RetrievalData:
     """User histories of the declared input, split by [preprocess] (default: each user's last `holdout` events)."""
     p, s = cfg.preprocess, cfg.interactions
-    split = p.split_spec() if p.split is not None else SplitSpec(SplitKind.LEAVE_LAST_OUT, holdout=p.holdout)
     spec, paths = _declared(cfg)
     try:
-        return retrieval_view(spec, paths, split, s.min_item_count, s.max_users, p.on_error)
+        return retrieval_view(spec, paths, _retrieval_split(cfg), s.min_item_count, s.max_users, p.on_error)
     except FileNotFoundError as e:
         raise ConfigError(f"preprocess.input: {e}") from None
+
+
+def _retrieval_validation(d: RetrievalData, split: SplitSpec) -> tuple[Interactions, Interactions]:
+    """The training part less a validation split, and that split, cut as the test split was from the whole:
+    each user's last `holdout` training events, or by time (the latest eval_fraction of the training
+    part's events; 0.1 when eval_fraction is 0)."""
+    match split.kind:
+        case SplitKind.TIME:
+            fit_part, valid = time_split(d.train, fraction=1.0 - (split.eval_fraction or 0.1))
+        case _:  # leave_last_out (retrieval_view refuses the other kinds)
+            fit_part, valid = interactions_leave_last_out(d.train, split.holdout)
+    if fit_part.num_events == 0 or valid.num_events == 0:
+        raise ConfigError(
+            f'preprocess.split = "{split.kind.value}" leaves {fit_part.num_events} training and {valid.num_events} validation '
+            "events in the training part; both must be > 0"
+        )
+    return fit_part, valid
 
 
 def build_retrieval_model(kind: TwoTowerConfig | MFConfig, num_users: int, num_items: int, cfg: RunConfig) -> RetrievalModel:
@@ -96,40 +139,94 @@ def _max_history(model: RetrievalModel) -> int:
 
 
 def train_retrieval(cfg: RunConfig) -> dict[str, float]:
-    """Read, split, train, evaluate on the held-out part, save model.pt and metrics.json; returns the metrics."""
+    """Read, split, train with [train] (early stopping on a validation split cut from the training part
+    as the test split was from the whole), evaluate on the held-out part, save model.pt and metrics.json;
+    returns the metrics.
+
+    Under torchrun every rank trains its rows of each batch; the user and item tables are sharded row-wise
+    (the plan is printed) and rank 0 writes the model."""
     kind = cfg.model
     assert isinstance(kind, TwoTowerConfig | MFConfig)  # the CLI sends retrieval models here
     d = retrieval_data(cfg)
-    print(
-        f"train: {d.data.num_users:,} users, {d.data.num_items:,} items, {d.train.num_events:,} training / "
-        f"{d.test.num_events:,} test events ({(cfg.preprocess.split or SplitKind.LEAVE_LAST_OUT).value})",
-        flush=True,
-    )
-    if cfg.train.seed is not None:
-        seed_everything(cfg.train.seed)
-    model = build_retrieval_model(kind, d.data.num_users, d.data.num_items, cfg)
-    seed = cfg.train.seed or 0
-    steps = [0]
-    max_steps = cfg.train.max_steps
+    split = _retrieval_split(cfg)
+    fit_part, valid = _retrieval_validation(d, split)
+    s = cfg.interactions
+    env = _distributed()
+    rank, world = (0, 1) if env is None else (env.rank, env.world_size)
+    if rank == 0:
+        print(
+            f"train: {d.data.num_users:,} users, {d.data.num_items:,} items, {fit_part.num_events:,} training / "
+            f"{valid.num_events:,} validation / {d.test.num_events:,} test events ({split.kind.value})",
+            flush=True,
+        )
+    try:
+        seed_everything(cfg.train.seed or 0)  # every rank builds the same model
+        model: nn.Module = build_retrieval_model(kind, d.data.num_users, d.data.num_items, cfg)
+        max_history = _max_history(model)  # type: ignore[arg-type]
+        if env is not None:
+            model = _shard(model, ("user_id", "item_id"), s.batch_size // world, env.rank, world)
+        users = torch.arange(d.data.num_users)
+        seen = histories(fit_part)
+        validation = RetrievalValidation(users, last_items(*seen, users.numpy(), max_history), held_out_csr(valid), seen)
+        seed = cfg.train.seed or 0
 
-    def batches(epoch: int) -> Any:
-        for batch in iter_examples(d.train, cfg.interactions.batch_size, _max_history(model), seed=seed + epoch):
-            if max_steps is not None and steps[0] >= max_steps:
-                return
-            steps[0] += 1
-            yield batch
+        def epoch(e: int) -> Any:
+            for batch in iter_examples(fit_part, s.batch_size, max_history, seed=seed + e):
+                yield batch if world == 1 else rank_part(batch, rank, world)
 
-    fit_retrieval(
-        model,
-        batches,
-        d.train.item_counts(),
-        RetrievalTrainConfig(epochs=cfg.train.epochs, lr=cfg.train.lr, loss=retrieval_loss(kind), seed=seed),
-        on_epoch=lambda e, loss, sec: print(f"  epoch {e + 1}: loss {loss:.4f} ({sec:.1f} s)", flush=True),
-    )
-    metrics = retrieval_metrics(model, d, cfg.interactions.ks)
-    save_task_model(cfg, model, d.users_raw, d.items_raw, d.train.item_counts(), histories(d.train))
+        batches = EpochBatches(epoch, length=-(-fit_part.num_events // s.batch_size))
+        family = RetrievalFamily(fit_part.item_counts(), retrieval_loss(kind), ks=tuple(s.ks))
+        history = fit(model, batches, validation, cfg.train, family=family)
+    finally:
+        if env is not None:
+            dist.destroy_process_group()
+    if rank > 0:
+        return {}
+    _print_best(history)
+    trained = model if env is None else _whole(history, cfg, lambda: build_retrieval_model(kind, d.data.num_users, d.data.num_items, cfg))
+    metrics = retrieval_metrics(trained, d, s.ks)  # type: ignore[arg-type]  # a retrieval model
+    save_task_model(cfg, trained, d.users_raw, d.items_raw, d.train.item_counts(), histories(d.train))  # type: ignore[arg-type]
     _write_metrics(cfg, metrics)
     return metrics
+
+
+def _distributed() -> DistEnv | None:
+    """This rank's process group under torchrun (gloo on CPU), None in a plain process."""
+    return init_from_env() if launched_by_torchrun() else None
+
+
+def _shard(model: nn.Module, row_wise: tuple[str, ...], batch_size: int, rank: int, world: int) -> nn.Module:
+    """`model` sharded by the planner over the torchrun ranks, the tables in `row_wise` pinned row-wise
+    (the huge id tables: each rank holds 1/W of their rows); rank 0 prints the plan."""
+    collections = [m for m in model.modules() if isinstance(m, EmbeddingCollection)]
+    tables = [t for c in collections for t in c.tables]
+    pins = {t.name: Constraint(ShardingKind.ROW_WISE) for t in tables if t.name in row_wise}
+    sharding = plan(tables, world, load=Workload(batch_size=max(1, batch_size)), constraints=pins, optimizer=collections[0].optimizer)
+    if rank == 0:
+        print(sharding, flush=True)
+    return shard(model, sharding)
+
+
+def _whole(history: History, cfg: RunConfig, build: Any) -> nn.Module:
+    """The trained model read whole in this process from the sharded run's checkpoints (its best when
+    train.early_stopping.restore_best, else its last)."""
+    whole: nn.Module = build()
+    best = history.best_checkpoint if cfg.train.early_stopping.restore_best else None
+    path = best or history.checkpoint
+    assert path is not None  # fit writes a final checkpoint: the CLI always has an out_dir
+    load_checkpoint(path, whole)
+    return whole.eval()
+
+
+def _print_best(history: History) -> None:
+    """One line: steps, the last log window's samples/s, and the best validation epoch's metrics."""
+    speed = f", {history.train[-1]['samples_per_s']:,.0f} samples/s" if history.train else ""
+    line = f"  {history.steps:,} steps{speed}"
+    if history.best_eval is not None:
+        metrics = "  ".join(f"{k} {v:.4f}" for k, v in history.best_eval.items() if "@" in k and not k.startswith("coverage"))
+        stop = "stopped early; " if history.stopped_early else ""
+        line += f"; {stop}best validation at epoch {history.best_eval['epoch']:.0f}: {metrics}"
+    print(line, flush=True)
 
 
 def retrieval_metrics(model: RetrievalModel, d: RetrievalData, ks: tuple[int, ...]) -> dict[str, float]:
@@ -153,43 +250,77 @@ def sequence_data(cfg: RunConfig, max_len: int) -> SequenceData:
 
 
 def train_sequential(cfg: RunConfig) -> dict[str, float]:
+    """Read, split, train with [train] (early stopping on a validation split cut from the training
+    sequences as the test split was from all of them), evaluate on the test queries, save model.pt and
+    metrics.json. Under torchrun every rank trains its windows of each batch, the item table row-wise."""
     kind = cfg.model
     assert isinstance(kind, SequenceModelConfig)  # the CLI sends sequential models here
     d = sequence_data(cfg, kind.max_len)
-    print(
-        f"train: {len(d.train):,} training sequences, {d.vocab.num_items:,} items, {len(d.targets):,} test queries "
-        f"({cfg.sequences.protocol.value}" + (f"; {d.unknown_test_items:,} test items unseen in training skipped)" if d.unknown_test_items else ")"),
-        flush=True,
-    )
-    if cfg.train.seed is not None:
-        seed_everything(cfg.train.seed)
-    model = build_model(kind, optimizer=cfg.embedding.optimizer, num_items=d.vocab.num_items)
-    seq_model: SequenceModel = model  # type: ignore[assignment]  # SASRec / MaskedTransformer / GRU4Rec
+    fit_part, validation = _sequence_validation(cfg, d.train, kind.max_len)
+    env = _distributed()
+    rank, world = (0, 1) if env is None else (env.rank, env.world_size)
+    if rank == 0:
+        print(
+            f"train: {len(fit_part):,} training sequences, {d.vocab.num_items:,} items, {len(validation.targets):,} validation / "
+            f"{len(d.targets):,} test queries ({cfg.sequences.protocol.value}"
+            + (f"; {d.unknown_test_items:,} test items unseen in training skipped)" if d.unknown_test_items else ")"),
+            flush=True,
+        )
+
+    def build() -> nn.Module:
+        return build_model(kind, optimizer=cfg.embedding.optimizer, num_items=d.vocab.num_items)
+
     counts = np.bincount(d.train.items, minlength=d.vocab.num_items + 1)
-    tc = SequentialTrainConfig(
-        loss=sequence_loss(kind),
-        epochs=cfg.train.epochs,
-        batch_size=cfg.sequences.batch_size,
-        lr=cfg.train.lr,
-        mask_prob=kind.mask_prob if isinstance(kind, MLMConfig) else MLMConfig.mask_prob,
-        max_steps=cfg.train.max_steps,
-        seed=cfg.train.seed or 0,
-    )
-    width = window_width(seq_model)
-    train = with_reversed(d.train) if cfg.sequences.augment_reversed else d.train
-    match cfg.sequences.windows:
-        case SequenceWindows.LAST:
-            windows = last_n(train, width)
-        case SequenceWindows.SLIDING:
-            windows = sliding_windows(train, width)
-    report = fit_sequential(seq_model, windows, tc, item_counts=counts)
-    losses = ", ".join(f"{x:.4f}" for x in report.losses)
-    print(f"  {report.steps:,} steps, {report.samples_per_second:,.0f} sequences/s; loss per epoch {losses}", flush=True)
+    try:
+        seed_everything(cfg.train.seed or 0)  # every rank builds the same model
+        model = build()
+        width = window_width(model)  # type: ignore[arg-type]  # SASRec / MaskedTransformer / GRU4Rec
+        train = with_reversed(fit_part) if cfg.sequences.augment_reversed else fit_part
+        match cfg.sequences.windows:
+            case SequenceWindows.LAST:
+                windows = last_n(train, width)
+            case SequenceWindows.SLIDING:
+                windows = sliding_windows(train, width)
+        if env is not None:
+            model = _shard(model, ("item",), cfg.sequences.batch_size // world, rank, world)
+        batches = window_batches(windows, cfg.sequences.batch_size, cfg.train.seed or 0, rank, world)
+        fit_counts = np.bincount(fit_part.items, minlength=d.vocab.num_items + 1)
+        mask_prob = kind.mask_prob if isinstance(kind, MLMConfig) else MLMConfig.mask_prob
+        family = SequentialFamily(sequence_loss(kind), fit_counts, mask_prob, tuple(cfg.sequences.ks))
+        history = fit(model, batches, validation, cfg.train, family=family)
+    finally:
+        if env is not None:
+            dist.destroy_process_group()
+    if rank > 0:
+        return {}
+    _print_best(history)
+    trained = model if env is None else _whole(history, cfg, build)
+    seq_model: SequenceModel = trained  # type: ignore[assignment]
     metrics = evaluate_next_item(seq_model, d.histories, d.targets, d.exclude, cfg.sequences.ks)
     metrics["queries"] = float(len(d.targets))
-    save_model(cfg.out_dir / "model.pt", model, kind, cfg.embedding.optimizer, ids=RawIds(d.vocab.raw, counts))
+    save_model(cfg.out_dir / "model.pt", trained, kind, cfg.embedding.optimizer, ids=RawIds(d.vocab.raw, counts))
     _write_metrics(cfg, metrics)
     return metrics
+
+
+def _sequence_validation(cfg: RunConfig, train: Sequences, max_len: int) -> tuple[Sequences, NextItemValidation]:
+    """The training sequences minus the validation split, and the split's queries: leave-last-out takes each
+    sequence's last training item; every-prefix takes the latest tenth of the training sequences by time."""
+    s = cfg.sequences
+    match s.protocol:
+        case SequenceProtocol.LEAVE_LAST_OUT:
+            fit_part, targets = sequences_leave_last_out(train)
+            return fit_part, NextItemValidation(last_n(fit_part, max_len), targets, (fit_part.offsets, fit_part.items))
+        case SequenceProtocol.EVERY_PREFIX:
+            # the latest tenth of the training sequences by their last event (at least one)
+            ends = np.where(train.lengths > 0, train.timestamps[np.maximum(train.offsets[1:] - 1, 0)], np.iinfo(np.int64).min)
+            latest = np.zeros(len(train), dtype=bool)
+            latest[np.argsort(ends, kind="stable")[-max(1, len(train) // 10) :]] = True
+            fit_part, valid = train.select(~latest), train.select(latest)
+            if not len(fit_part):
+                raise ConfigError(f"sequences: {len(train)} training sequence(s) are too few to keep a validation split")
+            seq, end, targets = prefixes(valid)
+            return fit_part, NextItemValidation(last_n(valid, max_len, rows=seq, ends=end), targets, None)
 
 
 # -- the model file --------------------------------------------------------------------------------

@@ -351,6 +351,11 @@ def verify_checkpoint(path: str | Path) -> None:
         reader.check(name)
 
 
+def read_extra(path: str | Path) -> Any:
+    """The `extra` saved in the checkpoint at `path`, from its index (no data file is read)."""
+    return _Reader(Path(path)).extra
+
+
 def load_rank_state(path: str | Path) -> dict[str, Any] | None:
     """The `rank_state` this rank saved, when the checkpoint was written by a group of this size (None
     otherwise, or when none was saved)."""

@@ -3,6 +3,7 @@
     model = MatrixFactorization(num_users=U, num_items=I, dim=64, optimizer=hr.Adam(lr=1e-2))
     model.user_vectors(users, history)   # [B, D]  (history is accepted for the common interface, unused)
     model.item_vectors(items)            # [N, D]
+    model(model.user_features(users), model.item_features(items))   # a training step: ([B, D], [N, D])
 
 The same interface as `TwoTower`, so losses, metrics, the index and recommend work for both.
 """
@@ -76,10 +77,22 @@ class MatrixFactorization(nn.Module):
     def temperature(self) -> float:
         return self._temperature
 
+    def user_features(self, users: torch.Tensor, history: JaggedTensor | None = None) -> SparseFeatures:
+        """users [B] int64 -> the user table's lookup (history unused: the common interface)."""
+        return SparseFeatures(("user_id",), users, torch.ones_like(users, dtype=torch.int32))
+
+    def item_features(self, items: torch.Tensor) -> SparseFeatures:
+        """items [N] int64 -> the item table's lookup."""
+        return SparseFeatures(("item_id",), items, torch.ones_like(items, dtype=torch.int32))
+
+    def forward(self, users: SparseFeatures, items: SparseFeatures) -> tuple[torch.Tensor, torch.Tensor]:
+        """One training step's vectors from prebuilt lookups: users [B, D], items [N, D]."""
+        return self.user_embedding(users).values, self.item_embedding(items).values
+
     def user_vectors(self, users: torch.Tensor, history: JaggedTensor | None = None) -> torch.Tensor:
         """users [B] int64 -> [B, D]."""
-        return self.user_embedding(SparseFeatures(("user_id",), users, torch.ones_like(users, dtype=torch.int32))).values
+        return self.user_embedding(self.user_features(users)).values
 
     def item_vectors(self, items: torch.Tensor) -> torch.Tensor:
         """items [N] int64 -> [N, D]."""
-        return self.item_embedding(SparseFeatures(("item_id",), items, torch.ones_like(items, dtype=torch.int32))).values
+        return self.item_embedding(self.item_features(items)).values

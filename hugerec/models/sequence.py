@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -134,28 +135,67 @@ def item_table(cfg: SequenceConfig) -> TableConfig:
 
 
 class ItemLookup(nn.Module):
-    """Sequence and candidate rows of the item table in one lookup (one sparse optimizer step per backward)."""
+    """Sequence and candidate rows of the item table in one lookup (one sparse optimizer step per backward).
+
+    `features(seq, candidates)` builds the lookup's SparseFeatures ahead of the step (the training
+    pipeline's worker thread stages them: dynamic-table remap, disk-tier prefetch); the next forward of
+    those very tensors then looks up those very features, so the model's signature stays (seq, candidates).
+    """
 
     def __init__(self, cfg: SequenceConfig, optimizer: Optimizer) -> None:
         super().__init__()
         self.items = EmbeddingCollection([item_table(cfg)], optimizer=optimizer)
         self.dim = cfg.dim
+        self._prepared: list[tuple[torch.Tensor, torch.Tensor | None, SparseFeatures]] = []
+        self._lock = threading.Lock()  # `features` runs in the pipeline's thread, forward in the main one
+
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()  # copies and pickles carry no lock and no prepared step
+        state["_prepared"], state["_lock"] = [], None
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        super().__setstate__(state)
+        self._lock = threading.Lock()
+
+    def features(self, seq: torch.Tensor, candidates: torch.Tensor | None = None) -> SparseFeatures:
+        """The lookup of seq [B, L] and candidates [M], kept for the forward of these same tensors."""
+        feats = _lookup_features(seq, candidates)
+        with self._lock:
+            self._prepared.append((seq, candidates, feats))
+            del self._prepared[:-2]  # the step in use and the next one
+        return feats
 
     def forward(self, seq: torch.Tensor, candidates: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """seq [B, L], candidates [M] -> ([B, L, D] sequence rows, [M, D] candidate rows)."""
         b, length = seq.shape
-        cand = candidates if candidates is not None else seq.new_empty(0)
-        lengths = torch.zeros(2 * b, dtype=torch.int64)
-        lengths[:b] = length
-        if b:
-            lengths[b] = cand.numel()  # all candidates ride on example 0 of the candidate feature
-        feats = SparseFeatures((SEQ_FEATURE, CAND_FEATURE), torch.cat([seq.reshape(-1), cand]), lengths)
+        feats = None
+        with self._lock:
+            for i, (s, c, f) in enumerate(self._prepared):
+                if s is seq and c is candidates:
+                    feats = f
+                    del self._prepared[i]
+                    break
+        if feats is None:
+            feats = _lookup_features(seq, candidates)
         out = self.items.sequences(feats)
         return out[SEQ_FEATURE].values.view(b, length, self.dim), out[CAND_FEATURE].values  # [B*L, D] -> [B, L, D]
 
     def candidates(self, ids: torch.Tensor) -> torch.Tensor:
         """[M] ids -> [M, D] rows (the tied output layer's weights for these items)."""
         return self(ids.new_zeros(1, 0), ids)[1]
+
+
+def _lookup_features(seq: torch.Tensor, candidates: torch.Tensor | None) -> SparseFeatures:
+    """seq [B, L] and candidates [M] as one SparseFeatures: item_seq's B bags of L ids, item_cand's bags
+    all empty but the first, which holds every candidate."""
+    b, length = seq.shape
+    cand = candidates if candidates is not None else seq.new_empty(0)
+    lengths = torch.zeros(2 * b, dtype=torch.int64, device=seq.device)
+    lengths[:b] = length
+    if b:
+        lengths[b] = cand.numel()  # all candidates ride on example 0 of the candidate feature
+    return SparseFeatures((SEQ_FEATURE, CAND_FEATURE), torch.cat([seq.reshape(-1), cand]), lengths)
 
 
 def padding_mask(seq: torch.Tensor) -> torch.Tensor:

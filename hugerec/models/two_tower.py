@@ -3,6 +3,7 @@
     model = TwoTower(TwoTowerConfig(dim=64), num_users=U, num_items=I, optimizer=hr.Adam(lr=1e-3))
     u = model.user_vectors(users, history)    # [B] ids, JaggedTensor of recent item ids -> [B, D]
     v = model.item_vectors(items)             # [N] ids -> [N, D]
+    u, v = model(model.user_features(users, history), model.item_features(items))   # a training step
     score = (u * v).sum(-1) / config.temperature
 
 User tower: concat[user-id embedding, mean of the last `max_history` items, mean of the last r items
@@ -231,8 +232,8 @@ class TwoTower(nn.Module):
     def temperature(self) -> float:
         return self.config.temperature
 
-    def user_vectors(self, users: torch.Tensor, history: JaggedTensor) -> torch.Tensor:
-        """users [B] int64, history: item ids per user, oldest first (lengths [B]) -> [B, D]."""
+    def user_features(self, users: torch.Tensor, history: JaggedTensor) -> SparseFeatures:
+        """users [B] int64, history: item ids per user, oldest first (lengths [B]) -> the user tower's lookup."""
         if history.lengths.numel() != users.numel():
             raise ValueError(f"TwoTower: {users.numel()} users but {history.lengths.numel()} histories")
         cfg = self.config
@@ -245,18 +246,41 @@ class TwoTower(nn.Module):
             parts += [(f"recent{r}", *recent_tail(history, r)) for r in cfg.recent]
         if self.user_side.names:
             parts += [(n, v, ln) for n, (v, ln) in zip(self.user_side.names, self.user_side.gather(users), strict=True)]
-        pooled = self.user_embedding(sparse_features(parts)).values  # [B, sum E]
+        return sparse_features(parts)
+
+    def item_features(self, items: torch.Tensor) -> SparseFeatures:
+        """items [N] int64 -> the item tower's lookup (feature "item_id" first, then the side features)."""
+        parts = [("item_id", items, torch.ones_like(items))]
+        parts += [(n, v, ln) for n, (v, ln) in zip(self.item_side.names, self.item_side.gather(items), strict=True)]
+        return sparse_features(parts)
+
+    def forward(self, users: SparseFeatures, items: SparseFeatures) -> tuple[torch.Tensor, torch.Tensor]:
+        """One training step's vectors from prebuilt lookups (`user_features`, `item_features`): user
+        vectors [B, D] and item vectors [N, D]. Both towers run in one forward, so that a sharded model
+        (DistributedDataParallel) sees every dense parameter of the step."""
+        return self.encode_users(users), self.encode_items(items)
+
+    def encode_users(self, features: SparseFeatures) -> torch.Tensor:
+        """The user tower on its lookup's features -> [B, D]."""
+        pooled = self.user_embedding(features).values  # [B, sum E]
         return self._finish(self.user_mlp(pooled))
+
+    def encode_items(self, features: SparseFeatures) -> torch.Tensor:
+        """The item tower on its lookup's features -> [N, D]."""
+        pooled = self.item_embedding(features).values  # [N, sum E]
+        if self.vector_arch is not None:  # each vector: LayerNorm + Linear -> [N, E], beside the embeddings
+            ids = features["item_id"].values
+            rows = self.vector_arch.lookup(sparse_features([("item_id", ids, torch.ones_like(ids))]))
+            pooled = torch.cat([pooled, *self.vector_arch(rows)], dim=1)
+        return self._finish(pooled if self.item_mlp is None else self.item_mlp(pooled))
+
+    def user_vectors(self, users: torch.Tensor, history: JaggedTensor) -> torch.Tensor:
+        """users [B] int64, history: item ids per user, oldest first (lengths [B]) -> [B, D]."""
+        return self.encode_users(self.user_features(users, history))
 
     def item_vectors(self, items: torch.Tensor) -> torch.Tensor:
         """items [N] int64 -> [N, D] (one lookup: call once per step with positives and negatives together)."""
-        parts = [("item_id", items, torch.ones_like(items))]
-        parts += [(n, v, ln) for n, (v, ln) in zip(self.item_side.names, self.item_side.gather(items), strict=True)]
-        pooled = self.item_embedding(sparse_features(parts)).values  # [N, sum E]
-        if self.vector_arch is not None:  # each vector: LayerNorm + Linear -> [N, E], beside the embeddings
-            rows = self.vector_arch.lookup(sparse_features([("item_id", items, torch.ones_like(items))]))
-            pooled = torch.cat([pooled, *self.vector_arch(rows)], dim=1)
-        return self._finish(pooled if self.item_mlp is None else self.item_mlp(pooled))
+        return self.encode_items(self.item_features(items))
 
     def _finish(self, x: torch.Tensor) -> torch.Tensor:
         return F.normalize(x, dim=1) if self.config.similarity is Similarity.COSINE else x

@@ -1,9 +1,10 @@
-"""Training: `fit`, `evaluate`, `predict`, metrics, checkpoints, the model file and the learning-rate schedule."""
+"""Training: `fit` (one trainer; the families RankingFamily, RetrievalFamily, SequentialFamily), `evaluate`, `predict`, metrics, checkpoints, the model file and the learning-rate schedule."""
 
 from hugerec.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hugerec.training.declared_loss import retrieval_loss, sequence_loss
 from hugerec.training.defaults import auto_batch_size
 from hugerec.training.early_stopping import EarlyStopping
+from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.gbm_fit import TreeHistory, evaluate_trees, fit_trees, library_version
 from hugerec.training.losses import BPR, NegativeSampler, RetrievalLoss, SampledSoftmax, bpr, sampled_softmax
 from hugerec.training.metrics import BinaryMetrics, auc, calibration, logloss, ndcg_at_k, recall_at_k
@@ -12,11 +13,12 @@ from hugerec.training.precision import Precision
 from hugerec.training.ranking_metrics import evaluate_ranking, list_metrics
 from hugerec.training.retrieval import (
     Recommendations,
+    RetrievalFamily,
     RetrievalModel,
-    RetrievalTrainConfig,
+    RetrievalValidation,
     all_item_vectors,
     evaluate_retrieval,
-    fit_retrieval,
+    rank_part,
     recommend,
     user_vectors,
 )
@@ -24,17 +26,19 @@ from hugerec.training.schedule import Schedule
 from hugerec.training.sequential import (
     BCE,
     FullSoftmax,
+    NextItemValidation,
     SequenceLoss,
     SequenceModel,
-    SequentialTrainConfig,
+    SequentialFamily,
     evaluate_next_item,
-    fit_sequential,
     query_vectors,
+    window_batches,
     window_width,
 )
 from hugerec.training.trainer import (
     DenseOptimizer,
     History,
+    RankingFamily,
     TrainConfig,
     evaluate,
     fit,
@@ -49,21 +53,25 @@ __all__ = [
     "BinaryMetrics",
     "DenseOptimizer",
     "EarlyStopping",
+    "EpochBatches",
     "FullSoftmax",
     "History",
     "NegativeSampler",
+    "NextItemValidation",
     "Precision",
+    "RankingFamily",
     "RawIds",
     "Recommendations",
+    "RetrievalFamily",
     "RetrievalLoss",
     "RetrievalModel",
-    "RetrievalTrainConfig",
+    "RetrievalValidation",
     "SampledSoftmax",
     "SavedModel",
     "Schedule",
     "SequenceLoss",
     "SequenceModel",
-    "SequentialTrainConfig",
+    "SequentialFamily",
     "TrainConfig",
     "TreeHistory",
     "all_item_vectors",
@@ -77,8 +85,6 @@ __all__ = [
     "evaluate_retrieval",
     "evaluate_trees",
     "fit",
-    "fit_retrieval",
-    "fit_sequential",
     "fit_trees",
     "latest_checkpoint",
     "library_version",
@@ -89,6 +95,7 @@ __all__ = [
     "ndcg_at_k",
     "predict",
     "query_vectors",
+    "rank_part",
     "recall_at_k",
     "recommend",
     "resolve_device",
@@ -99,5 +106,6 @@ __all__ = [
     "seed_everything",
     "sequence_loss",
     "user_vectors",
+    "window_batches",
     "window_width",
 ]

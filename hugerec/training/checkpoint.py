@@ -130,7 +130,14 @@ def load_checkpoint(
 def load_latest_checkpoint(
     directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> Resumed | None:
-    """Load the newest intact checkpoint in `directory` (None when there is none at all).
+    """Load the newest intact checkpoint in `directory` (None when there is none at all); see
+    `find_latest_checkpoint` for how damaged ones are handled."""
+    path = find_latest_checkpoint(directory)
+    return None if path is None else load_checkpoint(path, model, optimizer, verified=True)
+
+
+def find_latest_checkpoint(directory: str | Path) -> Path | None:
+    """The newest intact checkpoint in `directory`, its files' checksums verified (None when there is none).
 
     Every rank checks the candidates' checksums (all of them get the same answer); a damaged one is
     reported in one line (a logged warning), renamed `<name>.damaged` by rank 0 so that it no longer
@@ -154,11 +161,14 @@ def load_latest_checkpoint(
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(path, aside)
             log.warning("%s; moved to %s, resuming from the checkpoint before it", message, aside.name)
-    if chosen is None:
-        if found:
-            raise ValueError(f"load_latest_checkpoint: none of the {len(found)} checkpoints in {directory} is intact")
-        return None
-    return load_checkpoint(chosen, model, optimizer, verified=True)
+    if chosen is None and found:
+        raise ValueError(f"load_latest_checkpoint: none of the {len(found)} checkpoints in {directory} is intact")
+    return chosen
+
+
+def checkpoint_extra(path: str | Path) -> Any:
+    """The JSON `extra` a checkpoint was saved with, read from its index alone (no weights loaded)."""
+    return directory_format.read_extra(path)
 
 
 def save_best(directory: str | Path, model: nn.Module, extra: Any = None) -> Path:

@@ -4,15 +4,19 @@
     tracker = BestTracker(config)                its state during one `fit`; state_dict() goes into checkpoints
     tracker.update({"auc": 0.77, ...}, step=120) -> True when this evaluation is the new best
 
-The direction of each metric is known (AUC up, logloss down), so the config only names the metric.
+The direction of each metric is known (AUC up, logloss down, every ranking metric @K up), so the config
+only names the metric; left unnamed (None) it is the model family's (auc for ranking, recall@10 for
+retrieval and sequential models).
 An evaluation improves on the best when it beats it by more than `min_delta`; a NaN metric (say, an
 AUC on a single-class evaluation set) never improves and counts as a bad evaluation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +28,28 @@ class Direction(enum.Enum):
 
 # metric name (a key of `evaluate`'s result) -> which way is better
 METRICS: dict[str, Direction] = {"auc": Direction.MAX, "logloss": Direction.MIN}
+# the retrieval and next-item metrics at a cutoff K (ranking_metrics.list_metrics, next_item.rank_metrics)
+AT_K = re.compile(r"^(recall|ndcg|mrr|hitrate|coverage)@([1-9][0-9]*)$")
+
+
+def direction(metric: str) -> Direction:
+    """Which way `metric` improves; ValueError naming the known metrics when it is none of them."""
+    if metric in METRICS:
+        return METRICS[metric]
+    if AT_K.match(metric):
+        return Direction.MAX
+    raise ValueError(
+        f"metric: unknown metric {metric!r}; expected one of {sorted(METRICS)} or recall|ndcg|mrr|hitrate|coverage@K"
+    )
 
 
 @dataclass(frozen=True)
 class EarlyStopping:
     """Which evaluation is the best, and when to stop (the [train.early_stopping] section).
 
-    metric        "auc" (higher is better) or "logloss" (lower is better), from the evaluation on eval_data
+    metric        "auc" (higher is better) or "logloss" (lower is better) for ranking models; "recall@K",
+                  "ndcg@K", "mrr@K", "hitrate@K" (higher is better) for retrieval and sequential ones; from
+                  the evaluation on eval_data. None: the model family's default
     patience      stop after this many evaluations in a row without a new best (None: never stop early,
                   still keep the best)
     min_delta     a new best must beat the old one by more than this (0.001: on MovieLens-100K the
@@ -39,14 +58,14 @@ class EarlyStopping:
                   checkpoint keeps the last weights either way)
     """
 
-    metric: str = "auc"
+    metric: str | None = None
     patience: int | None = 2
     min_delta: float = 0.001
     restore_best: bool = False
 
     def __post_init__(self) -> None:
-        if self.metric not in METRICS:
-            raise ValueError(f"metric: unknown metric {self.metric!r}; expected one of {sorted(METRICS)}")
+        if self.metric is not None:
+            direction(self.metric)
         if self.patience is not None and (
             isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1
         ):
@@ -56,21 +75,32 @@ class EarlyStopping:
 
     @property
     def direction(self) -> Direction:
-        return METRICS[self.metric]
+        if self.metric is None:
+            raise ValueError("early stopping: no metric named; call for_metric(the family's default) first")
+        return direction(self.metric)
+
+    def for_metric(self, default: str) -> EarlyStopping:
+        """This config with `default` as its metric when it names none."""
+        return self if self.metric is not None else dataclasses.replace(self, metric=default)
 
 
 class BestTracker:
     """The early-stopping state of one run: the best value, its step and the evaluations since it."""
 
     def __init__(self, config: EarlyStopping) -> None:
-        self.config = config
+        self.config = config.for_metric("auc")  # a config naming no metric: ranking's, as fit resolves it
         self.best: dict[str, float] | None = None  # the best evaluation's record (step, epoch, metrics)
         self.bad_evals = 0
         self.stopped = False
 
     @property
+    def metric(self) -> str:
+        assert self.config.metric is not None  # resolved in __init__
+        return self.config.metric
+
+    @property
     def best_value(self) -> float | None:
-        return None if self.best is None else self.best[self.config.metric]
+        return None if self.best is None else self.best[self.metric]
 
     def is_better(self, value: float) -> bool:
         if math.isnan(value):
@@ -86,9 +116,9 @@ class BestTracker:
 
     def update(self, record: dict[str, float]) -> bool:
         """Account for one evaluation `record` (holding the metric); True when it is the new best."""
-        if self.config.metric not in record:
-            raise ValueError(f"early stopping: the evaluation has no {self.config.metric!r}, only {sorted(record)}")
-        if self.is_better(float(record[self.config.metric])):
+        if self.metric not in record:
+            raise ValueError(f"early stopping: the evaluation has no {self.metric!r}, only {sorted(record)}")
+        if self.is_better(float(record[self.metric])):
             self.best, self.bad_evals = dict(record), 0
             return True
         self.bad_evals += 1
@@ -99,17 +129,17 @@ class BestTracker:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "metric": self.config.metric,
+            "metric": self.metric,
             "best": None if self.best is None else dict(self.best),
             "bad_evals": self.bad_evals,
             "stopped": self.stopped,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["metric"] != self.config.metric:
+        if state["metric"] != self.metric:
             raise ValueError(
                 f"early stopping: the checkpoint tracked {state['metric']!r}, this run tracks "
-                f"{self.config.metric!r}; resume with the same early_stopping.metric or start a fresh run"
+                f"{self.metric!r}; resume with the same early_stopping.metric or start a fresh run"
             )
         self.best = None if state["best"] is None else {k: float(v) for k, v in state["best"].items()}
         self.bad_evals = int(state["bad_evals"])

@@ -136,12 +136,15 @@ def sampled_softmax(
     in_batch: bool,
     temperature: float = 1.0,
     exclude: tuple[torch.Tensor, torch.Tensor] | None = None,
+    first_row: int = 0,
 ) -> torch.Tensor:
     """Mean sampled-softmax cross entropy of each row's positive against the candidate set.
 
     query [B, D] user vectors, pos [B, D] their positive items' vectors (ids pos_ids [B]),
     neg [M, D] sampled items' vectors (ids neg_ids [M]); log_q [B + M] (positives, then negatives)
     or None for no correction. Candidates: the B positives (in_batch) or just each row's own, then the M.
+    first_row: the query rows are the users of pos[first_row : first_row + Q] among more positives
+    (one rank's rows of a batch whose positives were gathered from every rank; in_batch only).
     logits = query . candidate / temperature - log_q[candidate]; accidental hits masked to -inf, and
     with exclude = (rows [K], item ids [K]) every candidate of row r equal to an excluded id of r too
     (never row r's own positive). With in-batch negatives it runs fused (`_InBatchSoftmax`; no second
@@ -151,7 +154,7 @@ def sampled_softmax(
     same id must therefore have the same vector and log_q (true wherever both are functions of the id:
     the towers, item tables and NegativeSampler.log_q here); popular items repeat many times among a batch's positives.
     """
-    _check_shapes(query, pos, pos_ids, neg, neg_ids)
+    _check_shapes(query, pos, pos_ids, neg, neg_ids, first_row if in_batch else None)
     if in_batch:
         ids = torch.cat([pos_ids, neg_ids])  # [C]
         uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)  # [U], [C], [U]
@@ -159,21 +162,31 @@ def sampled_softmax(
         cand = torch.cat([pos, neg])[first]  # [U, D]: each distinct item's vector once
         log_count = counts.to(query.dtype).log()
         bias = -log_count if log_q is None else log_q.to(query.dtype)[first] - log_count  # subtracted from the logits
+        target = inverse[first_row : first_row + query.shape[0]]  # [Q]: each query row's positive column
         masked = None
         if exclude is not None and exclude[0].numel():
             rows, cols = matching_columns(uniq, *exclude)
-            keep = cols != inverse[rows]  # a row's own positive stays the target
+            keep = cols != target[rows]  # a row's own positive stays the target
             masked = (rows[keep], cols[keep])
-        return _InBatchSoftmax.apply(query, cand, bias, inverse[: pos_ids.numel()], log_count, masked, 1.0 / temperature)
+        return _InBatchSoftmax.apply(query, cand, bias, target, log_count, masked, 1.0 / temperature)
     return sampled_softmax_plain(query, pos, pos_ids, neg, neg_ids, log_q, in_batch, temperature, exclude)
 
 
-def _check_shapes(query: torch.Tensor, pos: torch.Tensor, pos_ids: torch.Tensor, neg: torch.Tensor, neg_ids: torch.Tensor) -> None:
+def _check_shapes(
+    query: torch.Tensor,
+    pos: torch.Tensor,
+    pos_ids: torch.Tensor,
+    neg: torch.Tensor,
+    neg_ids: torch.Tensor,
+    first_row: int | None = None,
+) -> None:
+    """first_row None: pos holds exactly the query rows' positives; else at least rows first_row..+Q."""
     b = query.shape[0]
-    if pos.shape[0] != b or pos_ids.shape != (b,) or neg.shape[0] != neg_ids.shape[0]:
+    fits = pos.shape[0] == b if first_row is None else first_row >= 0 and first_row + b <= pos.shape[0]
+    if not fits or pos_ids.shape != (pos.shape[0],) or neg.shape[0] != neg_ids.shape[0]:
         raise ValueError(
             f"sampled_softmax: shapes query {tuple(query.shape)}, pos {tuple(pos.shape)}, pos_ids {tuple(pos_ids.shape)}, "
-            f"neg {tuple(neg.shape)}, neg_ids {tuple(neg_ids.shape)} do not fit"
+            f"neg {tuple(neg.shape)}, neg_ids {tuple(neg_ids.shape)} do not fit (first_row {first_row})"
         )
 
 

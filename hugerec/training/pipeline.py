@@ -2,7 +2,9 @@
 
     main thread      step i-1 | step i           | step i+1
     worker thread    prep i   | prep i+1         | prep i+2
-                      (next(loader): decode; then per embedding collection `stage`: the dynamic
+                      (next(loader): decode; the family's `prepare`: to the device (a ranking Batch
+                       through pinned memory on a copy stream under CUDA), negatives drawn,
+                       the lookups' SparseFeatures built; then per embedding collection `stage`: the dynamic
                        tables' hash remap and the disk tier's loading of the rows into cache slots;
                        a sharded collection first sends the pooled ids to their owners, on a process
                        group of its own, and stages the ids it receives in its local shards)
@@ -19,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,6 +30,7 @@ from hugerec.distributed.sharded import ShardedEmbeddingCollection
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.device_copy import DeviceCopy
+from hugerec.training.family import Prepared
 
 Stageable = EmbeddingCollection | ShardedEmbeddingCollection
 
@@ -44,23 +48,40 @@ def stageable(model: nn.Module) -> list[Stageable]:
 
 
 class Pipeline:
-    """Iterates `data` with each batch moved to `device` and staged in the model's embedding collections."""
+    """Iterates `data` with each batch prepared: moved to `device` and staged in the model's embedding collections.
 
-    def __init__(self, model: nn.Module, device: torch.device, hold: Callable[[], bool] = lambda: False) -> None:
+    prepare  a family's step preparation (`hugerec.training.family.TrainerFamily.prepare`, bound to the model):
+             the pipeline then yields its `Prepared` steps and stages their SparseFeatures, each in the
+             collections that know all its features. Without it, batches are `Batch`es: moved, their
+             `sparse` staged, and yielded as batches.
+    hold     called before a batch is handed out: True when the step on it ends at an evaluation or a
+             checkpoint, so the batch after it is prepared only once the caller asks for it.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        hold: Callable[[], bool] = lambda: False,
+        prepare: Callable[[Any], Prepared] | None = None,
+    ) -> None:
         self.collections = stageable(model)
         self.device = device
         self.hold = hold
+        self.prepare = prepare
         self.prepare_s = 0.0  # worker time spent preparing batches (decode + stage)
         self.waited_s = 0.0  # main-thread time spent waiting for them: the part not hidden behind a step
-        self._pending: list[Future[Batch | None]] = []
+        self._pending: list[Future[Prepared | None]] = []
+        self._known = [frozenset((*c.feature_names, *c.sequence_feature_names)) for c in self.collections]
         self._copy = DeviceCopy(device)  # CUDA: pinned memory and a copy stream, overlapping the step
 
-    def __call__(self, data: Iterable[Batch]) -> Iterator[Batch]:
+    def __call__(self, data: Iterable[Any]) -> Iterator[Any]:
         batches = iter(data)
         with ThreadPoolExecutor(1, thread_name_prefix="hugerec-pipeline") as pool:
             ahead = pool.submit(self._prepare, batches)
             try:
-                yield from self._run(pool, ahead, batches)
+                for prepared in self._run(pool, ahead, batches):
+                    yield prepared if self.prepare is not None else prepared.inputs
             finally:  # the caller stopped early: a batch prepared for nothing must not be looked up
                 ahead_done = [f for f in self._pending if not f.cancel()]
                 for f in ahead_done:
@@ -68,38 +89,50 @@ class Pipeline:
                 for c in self.collections:
                     c.unstage()
 
-    def _run(self, pool: ThreadPoolExecutor, ahead: Future[Batch | None], batches: Iterator[Batch]) -> Iterator[Batch]:
+    def _run(
+        self, pool: ThreadPoolExecutor, ahead: Future[Prepared | None], batches: Iterator[Any]
+    ) -> Iterator[Prepared]:
         self._pending = [ahead]
         while True:
             started = time.perf_counter()
-            batch = ahead.result()
+            prepared = ahead.result()
             self.waited_s += time.perf_counter() - started
-            if batch is None:
+            if prepared is None:
                 return
             hold = self.hold()
             if not hold:
                 ahead = pool.submit(self._prepare, batches)
                 self._pending = [ahead]
-            yield batch
+            yield prepared
             if hold:
                 ahead = pool.submit(self._prepare, batches)
                 self._pending = [ahead]
 
-    def _prepare(self, batches: Iterator[Batch]) -> Batch | None:
+    def _prepare(self, batches: Iterator[Any]) -> Prepared | None:
         started = time.perf_counter()
         batch = next(batches, None)
+        prepared = None
         if batch is not None:
-            batch = self._copy(batch)
-            for c in self.collections:
-                if c.needs_staging:
-                    c.stage(batch.sparse, update=True)
+            prepared = self.prepare(batch) if self.prepare is not None else prepare_batch(batch, self._copy)
+            for sparse in prepared.sparse:
+                keys = set(sparse.keys)
+                for c, known in zip(self.collections, self._known, strict=True):
+                    if c.needs_staging and keys <= known:
+                        c.stage(sparse, update=True)
         self.prepare_s += time.perf_counter() - started
-        return batch
+        return prepared
 
     def stats(self) -> dict[str, float]:
         """prepare_s and waited_s so far, and hidden: the share of the preparation hidden behind steps."""
         hidden = 1.0 - self.waited_s / self.prepare_s if self.prepare_s > 0 else 0.0
         return {"prepare_s": self.prepare_s, "waited_s": self.waited_s, "hidden": max(0.0, hidden)}
+
+
+def prepare_batch(batch: Batch, copy: DeviceCopy) -> Prepared:
+    """A ranking `Batch` as a step: copied to the device (on CUDA asynchronously, through pinned memory
+    on a copy stream: `hugerec.sparse.device_copy`), its `sparse` to be staged."""
+    batch = copy(batch)
+    return Prepared(batch, (batch.sparse,), batch.batch_size)
 
 
 class TieredStats:

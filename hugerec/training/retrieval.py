@@ -1,101 +1,162 @@
-"""Training and evaluating retrieval models (TwoTower, MatrixFactorization): fit, item vectors, top-K, metrics.
+"""Retrieval models (TwoTower, MatrixFactorization): their training family, item vectors, top-K, metrics.
 
-    history = fit_retrieval(model, lambda epoch: iter_examples(train, 1024, 50, seed=epoch), item_counts,
-                            RetrievalTrainConfig(epochs=10))
+    family = RetrievalFamily(item_counts, SampledSoftmax(num_negatives=1024))
+    batches = EpochBatches(lambda epoch: iter_examples(train, 1024, 50, seed=epoch), length=n_batches)
+    valid = RetrievalValidation(users, history, held_out, exclude)
+    history = fit(model, batches, valid, TrainConfig(epochs=20), family=family)   # early stopping on recall@10
     items = all_item_vectors(model)                                   # [I, D] for the index
     scores, ids = recommend(model, users, user_history, k=10, exclude=train_csr)
     metrics = evaluate_retrieval(model, users, user_history, held_out, exclude, ks=(10, 50))
 
 A step: user vectors [B, D] for the batch, item vectors [B + M, D] for its positives and the sampled
-negatives in one lookup, then the loss; dense parameters (MLPs) step with torch Adam, the embedding
-rows with the collections' own sparse optimizers inside the backward.
+negatives in one lookup (`model(user_features, item_features)`), then the loss; dense parameters
+(MLPs) step with the trainer's dense optimizer, the embedding rows with the collections' own sparse
+optimizers inside the backward. The negatives and both lookups' features are made in `prepare` (the
+training pipeline's worker thread), so dynamic and disk-tier tables are staged a step ahead.
+
+Sharded (torchrun): each rank trains its part of the global batch. The in-batch candidates are the
+positives of every rank (gathered, gradients summed back), the M sampled negatives are the same on
+every rank (drawn from the family generator, seeded alike), BPR's per-row negatives are each rank's
+slice of the global batch's draw, and logQ counts the global batch: W ranks take one process's step.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
+import hashlib
 from dataclasses import dataclass, field
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
+from torch import nn
 
 from hugerec.index.topk import top_k
 from hugerec.models.mf import MatrixFactorization
 from hugerec.models.two_tower import TwoTower
 from hugerec.sparse.jagged import JaggedTensor
+from hugerec.training.family import Prepared, StepContext, gather_rows, rank_rows, rows_of_ranks, share
 from hugerec.training.losses import BPR, NegativeSampler, RetrievalLoss, SampledSoftmax, bpr, sampled_softmax
+from hugerec.training.precision import Precision
 from hugerec.training.ranking_metrics import CSR, csr_minus, list_metrics
+from hugerec.training.schedule import Schedule
 
 RetrievalModel = TwoTower | MatrixFactorization
 Example = tuple[torch.Tensor, torch.Tensor, JaggedTensor]  # users [B], target items [B], history
 
 
-@dataclass(frozen=True)
-class RetrievalTrainConfig:
-    """epochs, dense lr (torch Adam on the towers' MLPs), the loss, the seed of the negative sampler."""
+def rank_part(batch: Example, rank: int, world: int) -> Example:
+    """This rank's contiguous rows (`family.rank_rows`) of a global batch (users, items, history): what a
+    torchrun rank passes to `fit` so that W ranks train the batches one process would."""
+    users, items, history = batch
+    rows = rank_rows(users.numel(), rank, world)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(history.lengths.to(torch.int64), 0)])
+    values = history.values[int(offsets[rows.start]) : int(offsets[rows.stop])]
+    return users[rows], items[rows], JaggedTensor(values, history.lengths[rows])
 
-    epochs: int = 10
-    lr: float = 1e-3
+
+@dataclass(frozen=True)
+class RetrievalValidation:
+    """What a retrieval model is validated on: full ranking of the catalogue for `users` [U] with their
+    histories, held_out CSR (the items to find, rows = users), exclude CSR (items never to rank: the
+    training items) or None. `evaluate_retrieval` scores it."""
+
+    users: torch.Tensor
+    history: JaggedTensor
+    held_out: CSR
+    exclude: CSR | None = None
+
+
+@dataclass(frozen=True)
+class _Step:
+    users: torch.Tensor  # [B]
+    items: torch.Tensor  # [B] the positives
+    neg: torch.Tensor  # [M] sampled negatives (BPR: [B], one per row)
+    history: JaggedTensor
+    user_features: Any  # SparseFeatures of the user tower's lookup
+    item_features: Any  # SparseFeatures of the item tower's lookup: positives, then negatives
+
+
+@dataclass(frozen=True, eq=False)
+class RetrievalFamily:
+    """The retrieval family (TwoTower, MatrixFactorization): batches of (users [B], items [B], history),
+    the loss over the positives and sampled candidates, validation by full ranking (RetrievalValidation).
+
+    item_counts  [I] training events per item: the negatives' distribution and logQ (Interactions.item_counts())
+    loss         SampledSoftmax(...) | BPR()
+    ks           cutoffs of the validation metrics (recall@K, ndcg@K, ...); early stopping watches recall@ks[0]
+    """
+
+    item_counts: np.ndarray
     loss: RetrievalLoss = field(default_factory=SampledSoftmax)
-    seed: int = 0
+    ks: tuple[int, ...] = (10, 50)
+    name: ClassVar[str] = "retrieval"
 
     def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise ValueError(f"RetrievalTrainConfig: epochs must be >= 1, got {self.epochs}")
-        if not self.lr > 0:
-            raise ValueError(f"RetrievalTrainConfig: lr must be > 0, got {self.lr}")
+        if not self.ks or any(not isinstance(k, int) or k < 1 for k in self.ks):
+            raise ValueError(f"RetrievalFamily: ks must be integers >= 1, got {self.ks!r}")
+        object.__setattr__(self, "ks", tuple(self.ks))
+        object.__setattr__(self, "sampler", NegativeSampler(self.loss, self.item_counts))
 
+    @property
+    def metric(self) -> str:
+        return f"recall@{self.ks[0]}"
 
-def train_step(model: RetrievalModel, batch: Example, sampler: NegativeSampler, generator: torch.Generator) -> torch.Tensor:
-    """Forward and loss of one batch (the caller runs backward and the dense optimizer step)."""
-    users, items, history = batch
-    b = users.numel()
-    neg_ids = sampler.sample(b, generator)
-    query = model.user_vectors(users, history)  # [B, D]
-    cand = model.item_vectors(torch.cat([items, neg_ids]))  # [B + M, D]
-    pos, neg = cand[:b], cand[b:]
-    match sampler.loss:
-        case SampledSoftmax(logq=logq, mask_history=mask_history):
-            log_q = sampler.log_q(torch.cat([items, neg_ids]), b) if logq else None
-            exclude = (torch.repeat_interleave(torch.arange(b), history.lengths.to(torch.int64)), history.values) if mask_history else None
-            return sampled_softmax(query, pos, items, neg, neg_ids, log_q, sampler.uses_in_batch, model.temperature, exclude)
-        case BPR():
-            return bpr(query, pos, items, neg, neg_ids, model.temperature)
+    @property
+    def schedule(self) -> Schedule:
+        return Schedule()  # a constant dense lr
 
+    def settings(self) -> dict[str, Any]:
+        counts = np.ascontiguousarray(np.asarray(self.item_counts, dtype=np.float64))
+        return {"loss": self.loss, "ks": list(self.ks), "item_counts": hashlib.sha256(counts.tobytes()).hexdigest()[:16]}
 
-def fit_retrieval(
-    model: RetrievalModel,
-    batches: Callable[[int], Iterable[Example]],
-    item_counts: np.ndarray,
-    config: RetrievalTrainConfig,
-    on_epoch: Callable[[int, float, float], None] | None = None,
-) -> list[float]:
-    """Trains `model` for config.epochs over `batches(epoch)`; returns the mean loss of each epoch.
+    def prepare(self, model: nn.Module, batch: Example, ctx: StepContext) -> Prepared:
+        users, items, history = batch
+        towers = cast(Any, model)  # TwoTower | MatrixFactorization, possibly inside DistributedDataParallel
+        b = users.numel()
+        sampler: NegativeSampler = self.sampler  # type: ignore[attr-defined]  # set in __post_init__
+        if isinstance(self.loss, BPR) and ctx.world > 1:  # this rank's rows of the global batch's draw
+            neg = sampler.sample(b * ctx.world, ctx.generator).view(ctx.world, b)[ctx.rank]
+        else:
+            neg = sampler.sample(b, ctx.generator)
+        users, items = users.to(ctx.device), items.to(ctx.device)
+        user_features = towers.user_features(users, history).to(ctx.device)
+        item_features = towers.item_features(torch.cat([items, neg.to(ctx.device)]))
+        step = _Step(users, items, neg, history, user_features, item_features)
+        return Prepared(step, (user_features, item_features), b)
 
-    on_epoch(epoch, mean_loss, seconds) is called after each epoch (logging, evaluation, early stop).
-    """
-    sampler = NegativeSampler(config.loss, item_counts)
-    generator = torch.Generator().manual_seed(config.seed)
-    dense = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(dense, lr=config.lr) if dense else None
-    model.train()
-    losses = []
-    for epoch in range(config.epochs):
-        start, total, n = time.perf_counter(), 0.0, 0
-        for batch in batches(epoch):
-            loss = train_step(model, batch, sampler, generator)
-            if opt is not None:
-                opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if opt is not None:
-                opt.step()
-            total, n = total + float(loss.detach()), n + 1
-        losses.append(total / max(n, 1))
-        if on_epoch is not None:
-            on_epoch(epoch, losses[-1], time.perf_counter() - start)
-    model.eval()
-    return losses
+    def step_loss(self, model: nn.Module, prepared: Prepared, ctx: StepContext) -> torch.Tensor:
+        step: _Step = prepared.inputs
+        b = step.items.numel()
+        query, cand = model(step.user_features, step.item_features)  # [B, D], [B + M, D]
+        query, cand = query.float(), cand.float()
+        pos, neg = cand[:b], cand[b:]
+        sampler: NegativeSampler = self.sampler  # type: ignore[attr-defined]
+        sizes = rows_of_ranks(b, ctx)
+        temperature = float(cast(Any, model).temperature)
+        match self.loss:
+            case SampledSoftmax(logq=logq, mask_history=mask_history):
+                exclude = None
+                if mask_history:
+                    lengths = step.history.lengths.to(torch.int64)
+                    exclude = (torch.repeat_interleave(torch.arange(b), lengths), step.history.values)
+                first = 0
+                pos_ids = step.items
+                if sampler.uses_in_batch and ctx.world > 1:  # every rank's positives are this rank's candidates too
+                    first = sum(sizes[: ctx.rank])
+                    pos, pos_ids = gather_rows(pos, sizes, ctx), gather_rows(step.items, sizes, ctx)
+                ids = torch.cat([pos_ids, step.neg])
+                log_q = sampler.log_q(ids, sum(sizes)) if logq else None
+                value = sampled_softmax(
+                    query, pos, pos_ids, neg, step.neg, log_q, sampler.uses_in_batch, temperature, exclude, first
+                )
+            case BPR():
+                value = bpr(query, pos, step.items, neg, step.neg, temperature)
+        return value * share(b, sizes)
+
+    def evaluate(
+        self, model: nn.Module, data: RetrievalValidation, device: torch.device | None, precision: Precision
+    ) -> dict[str, float]:
+        return evaluate_retrieval(model, data.users, data.history, data.held_out, data.exclude, self.ks)  # type: ignore[arg-type]
 
 
 @torch.no_grad()

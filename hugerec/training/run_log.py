@@ -2,7 +2,7 @@
 
 out_dir/metrics.jsonl   one JSON object per line: {"split": "train" | "eval", "step": ..., ...}
 out_dir/tensorboard/    scalars "train/loss", "eval/auc", ... (tensorboard --logdir out_dir)
-out_dir/curves.png      training loss and eval logloss (left), eval AUC (right) against step
+out_dir/curves.png      training loss and eval logloss (left), the early-stopping metric (right) against step
 """
 
 from __future__ import annotations
@@ -92,8 +92,11 @@ def truncate_log(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
-def plot_curves(train: Sequence[dict[str, float]], evals: Sequence[dict[str, float]], path: str | Path) -> Path:
-    """PNG with the training loss and eval logloss (left) and eval AUC (right) against step."""
+def plot_curves(
+    train: Sequence[dict[str, float]], evals: Sequence[dict[str, float]], path: str | Path, metric: str = "auc"
+) -> Path:
+    """PNG with the training loss and eval logloss (left) and the eval `metric` (right; AUC for
+    ranking, e.g. recall@10 for retrieval and sequential models) against step."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: works on servers and in CI
@@ -104,10 +107,12 @@ def plot_curves(train: Sequence[dict[str, float]], evals: Sequence[dict[str, flo
         ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss", lw=1)
     if evals:
         steps = [r["step"] for r in evals]
-        ax_loss.plot(steps, [r["logloss"] for r in evals], "o-", label="eval logloss")
-        ax_auc.plot(steps, [r["auc"] for r in evals], "o-", color="tab:green", label="eval AUC")
-    ax_loss.set(xlabel="step", ylabel="logloss", title="loss")
-    ax_auc.set(xlabel="step", ylabel="AUC", title="eval AUC")
+        if all("logloss" in r for r in evals):
+            ax_loss.plot(steps, [r["logloss"] for r in evals], "o-", label="eval logloss")
+        if all(metric in r for r in evals):
+            ax_auc.plot(steps, [r[metric] for r in evals], "o-", color="tab:green", label=f"eval {metric}")
+    ax_loss.set(xlabel="step", ylabel="loss", title="loss")
+    ax_auc.set(xlabel="step", ylabel=metric, title=f"eval {metric}")
     for ax in (ax_loss, ax_auc):
         ax.grid(alpha=0.3)
         if ax.lines:

@@ -1,7 +1,9 @@
 """Training, scoring and recommending with the sequential models (SASRec, MaskedTransformer, GRU4Rec).
 
     model = SASRec(SequenceConfig(num_items=I, max_len=50))
-    fit_sequential(model, last_n(train, window_width(model)), SequentialTrainConfig(loss=FullSoftmax(), epochs=20))
+    batches = window_batches(last_n(train, window_width(model)), batch_size=128, seed=0)
+    valid = NextItemValidation(valid_histories, valid_targets, exclude)
+    fit(model, batches, valid, TrainConfig(epochs=30), family=SequentialFamily(FullSoftmax()))   # early stopping on recall@10
     metrics = evaluate_next_item(model, histories, targets, exclude=None, ks=(10, 20))
     top_items = recommend_next(model, [np.array([5, 17, 3])], k=10)
 
@@ -14,15 +16,24 @@ Losses (a closed union, consumed by one `match`):
 Next-item models (Objective.NEXT) train every position t of the last max_len + 1 items to predict
 t + 1; the masked model (Objective.MASKED) trains the masked positions of the last max_len items.
 Item rows are updated by the model's sparse optimizer inside the backward; the dense parameters
-(positions, attention, GRU) by torch.optim.Adam here.
+(positions, attention, GRU) by the trainer's dense optimizer.
+
+A model family of the one trainer (`SequentialFamily`): `prepare` cuts inputs and targets from the windows,
+draws the mask and the negatives from the family generator and builds the item lookup's features
+(`ItemLookup.features`: staged by the training pipeline for dynamic and disk-tier item tables);
+`loss` runs the model and the loss. Sharded (torchrun), each rank trains its windows of the global
+batch: in-batch candidates are gathered from every rank, the M sampled negatives are the same on
+every rank, BCE's per-position negatives are each rank's slice of the global draw, and each rank's
+mean is weighted by its share of the batch's positions, so W ranks take one process's step (with
+dropout the ranks draw their masks from their own streams; the masked model's masks are per rank).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+import hashlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 import numpy as np
 import torch
@@ -30,9 +41,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from hugerec.models.masked import mask_items
-from hugerec.models.sequence import PAD, Objective, SequenceConfig
+from hugerec.models.sequence import PAD, ItemLookup, Objective, SequenceConfig
+from hugerec.training.epoch_batches import EpochBatches
+from hugerec.training.family import Prepared, StepContext, gather_rows, rank_rows, rows_of_ranks, share
 from hugerec.training.losses import NegativeSampler, SampledSoftmax, sampled_softmax
 from hugerec.training.next_item import CSR, rank_metrics, target_ranks
+from hugerec.training.precision import Precision
+from hugerec.training.schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -49,7 +64,10 @@ SequenceLoss = FullSoftmax | SampledSoftmax | BCE
 
 
 class SequenceModel(Protocol):
-    """What SASRec, MaskedTransformer and GRU4Rec have in common (three implementations)."""
+    """What SASRec, MaskedTransformer and GRU4Rec have in common (three implementations).
+
+    A new sequential model implements these; to have its item table staged by the training pipeline
+    (dynamic and disk-tier tables prepared a step ahead) it looks its items up through `ItemLookup`."""
 
     cfg: SequenceConfig
     objective: Objective
@@ -62,47 +80,142 @@ class SequenceModel(Protocol):
 
 
 @dataclass(frozen=True)
-class SequentialTrainConfig:
-    """loss        FullSoftmax() | SampledSoftmax(...) | BCE()
-    epochs         passes over the training sequences
-    batch_size     sequences per step
-    lr             dense Adam learning rate (the item table uses the model's sparse optimizer)
-    mask_prob      masked model only: fraction of items masked
-    max_steps      stop after this many steps (None: all epochs)
-    seed           shuffling, masking and negative sampling
-    """
+class NextItemValidation:
+    """What a sequential model is validated on: histories [Q, L] (left-padded dense ids), their next
+    items targets [Q], and exclude (CSR of items never to rank per query) or None; `evaluate_next_item`."""
 
-    loss: SequenceLoss = field(default_factory=FullSoftmax)
-    epochs: int = 10
-    batch_size: int = 128
-    lr: float = 1e-3
-    mask_prob: float = 0.2
-    max_steps: int | None = None
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"SequentialTrainConfig: {name} must be an int >= 1, got {v!r}")
-        if not self.lr > 0:
-            raise ValueError(f"SequentialTrainConfig: lr must be > 0, got {self.lr}")
-        if not 0.0 < self.mask_prob < 1.0:
-            raise ValueError(f"SequentialTrainConfig: mask_prob must be in (0, 1), got {self.mask_prob}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"SequentialTrainConfig: max_steps must be >= 1 or None, got {self.max_steps}")
+    histories: np.ndarray
+    targets: np.ndarray
+    exclude: CSR | None = None
 
 
 @dataclass(frozen=True)
-class TrainReport:
-    steps: int
-    samples: int  # sequences trained on
-    seconds: float
-    losses: tuple[float, ...]  # mean loss per epoch
+class _Step:
+    seq: torch.Tensor  # [B, L] model input
+    valid: torch.Tensor  # [B, L] bool: the trained positions
+    targets: torch.Tensor  # [N] their items
+    neg: torch.Tensor  # the sampled negatives: [M] (sampled softmax), [N] (BCE), [0] (full softmax)
+    candidates: torch.Tensor  # what the item lookup returns rows for: targets then negatives, or all items
+
+
+@dataclass(frozen=True, eq=False)
+class SequentialFamily:
+    """The sequential family (SASRec, MaskedTransformer, GRU4Rec; see SequenceModel): batches of windows
+    [B, W] (`window_batches`), next-item or masked-item loss, validation by the next item's rank
+    (NextItemValidation: Recall/MRR/NDCG@K).
+
+    loss         FullSoftmax() | SampledSoftmax(...) | BCE()
+    item_counts  [I + 1] training events per item id (index 0 unused): the sampled softmax's negatives
+                 and logQ (None: needed only by SampledSoftmax)
+    mask_prob    the masked model's share of masked items
+    ks           cutoffs of the validation metrics; early stopping watches recall@ks[0]
+    """
+
+    loss: SequenceLoss = field(default_factory=FullSoftmax)
+    item_counts: np.ndarray | None = None
+    mask_prob: float = 0.2
+    ks: tuple[int, ...] = (10, 20)
+    name: ClassVar[str] = "sequential"
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mask_prob < 1.0:
+            raise ValueError(f"SequentialFamily: mask_prob must be in (0, 1), got {self.mask_prob}")
+        if not self.ks or any(not isinstance(k, int) or k < 1 for k in self.ks):
+            raise ValueError(f"SequentialFamily: ks must be integers >= 1, got {self.ks!r}")
+        object.__setattr__(self, "ks", tuple(self.ks))
+        sampler = None
+        if isinstance(self.loss, SampledSoftmax):
+            if self.item_counts is None:
+                raise ValueError("SequentialFamily: SampledSoftmax needs item_counts ([I + 1] events per item id)")
+            counts = np.asarray(self.item_counts, dtype=np.float64).copy()
+            counts[PAD] = 0.0
+            sampler = NegativeSampler(self.loss, counts)
+        object.__setattr__(self, "sampler", sampler)
 
     @property
-    def samples_per_second(self) -> float:
-        return self.samples / self.seconds if self.seconds > 0 else 0.0
+    def metric(self) -> str:
+        return f"recall@{self.ks[0]}"
+
+    @property
+    def schedule(self) -> Schedule:
+        return Schedule()  # a constant dense lr
+
+    def settings(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"loss": self.loss, "mask_prob": self.mask_prob, "ks": list(self.ks)}
+        if self.item_counts is not None:
+            counts = np.ascontiguousarray(np.asarray(self.item_counts, dtype=np.float64))
+            out["item_counts"] = hashlib.sha256(counts.tobytes()).hexdigest()[:16]
+        return out
+
+    def prepare(self, model: nn.Module, batch: torch.Tensor, ctx: StepContext) -> Prepared:
+        cfg = cast(SequenceConfig, model.cfg)
+        objective = cast(Objective, model.objective)
+        width = cfg.max_len + (1 if objective is Objective.NEXT else 0)
+        windows = torch.as_tensor(batch, dtype=torch.int64)
+        if windows.dim() != 2 or windows.shape[1] != width:
+            raise ValueError(f"SequentialFamily: batches must be windows [B, {width}], got shape {tuple(windows.shape)}")
+        if windows.numel() and (int(windows.min()) < 0 or int(windows.max()) > cfg.num_items):
+            raise ValueError(
+                f"SequentialFamily: item ids must be in 1..{cfg.num_items} (0 = padding), got {int(windows.min())}..{int(windows.max())}"
+            )
+        gen = ctx.generator
+        match objective:
+            case Objective.NEXT:
+                seq, target = windows[:, :-1], windows[:, 1:]  # [B, L]: position t predicts t + 1
+                valid = (seq != PAD) & (target != PAD)
+            case Objective.MASKED:
+                seq, target = mask_items(windows, cfg.mask_id, self.mask_prob, gen)
+                valid = target != PAD
+        tgt = target[valid]  # [N]
+        match self.loss:
+            case FullSoftmax():
+                neg = tgt.new_empty(0)
+                cand = torch.arange(1, cfg.num_items + 1)
+            case SampledSoftmax():
+                assert self.sampler is not None  # type: ignore[attr-defined]  # set in __post_init__
+                neg = self.sampler.sample(tgt.numel(), gen)  # type: ignore[attr-defined]  # [M]
+                cand = torch.cat([tgt, neg])
+            case BCE():  # one negative per position: this rank's slice of the global batch's draw
+                drawn = torch.randint(1, cfg.num_items + 1, (ctx.world, *seq.shape), generator=gen)[ctx.rank]
+                neg = drawn[valid]
+                cand = torch.cat([tgt, neg])
+        seq, cand = seq.to(ctx.device), cand.to(ctx.device)
+        lookup = next((m for m in model.modules() if isinstance(m, ItemLookup)), None)
+        sparse = (lookup.features(seq, cand),) if lookup is not None else ()
+        step = _Step(seq, valid.to(ctx.device), tgt.to(ctx.device), neg.to(ctx.device), cand)
+        return Prepared(step, sparse, int(windows.shape[0]))
+
+    def step_loss(self, model: nn.Module, prepared: Prepared, ctx: StepContext) -> torch.Tensor:
+        step: _Step = prepared.inputs
+        n = step.targets.numel()
+        sizes = rows_of_ranks(n, ctx)
+        hidden, rows = model(step.seq, step.candidates)
+        h = hidden[step.valid].float()  # [N, D]
+        rows = rows.float()
+        match self.loss:
+            case FullSoftmax():
+                value = F.cross_entropy(h @ rows.T, step.targets - 1)  # [N, I]
+            case SampledSoftmax(logq=logq):
+                sampler: NegativeSampler = self.sampler  # type: ignore[attr-defined]
+                pos, pos_ids, first = rows[:n], step.targets, 0
+                if sampler.uses_in_batch and ctx.world > 1:  # every rank's positives are candidates here too
+                    first = sum(sizes[: ctx.rank])
+                    pos, pos_ids = gather_rows(pos, sizes, ctx), gather_rows(pos_ids, sizes, ctx)
+                ids = torch.cat([pos_ids, step.neg])
+                log_q = sampler.log_q(ids, sum(sizes)) if logq else None
+                value = sampled_softmax(
+                    h, pos, pos_ids, rows[n:], step.neg, log_q, sampler.uses_in_batch, first_row=first
+                )
+            case BCE():
+                pos_logit, neg_logit = (h * rows[:n]).sum(1), (h * rows[n:]).sum(1)
+                keep = (step.neg != step.targets).to(h.dtype)  # a negative equal to the target is no negative
+                value = -(F.logsigmoid(pos_logit) + F.logsigmoid(-neg_logit) * keep).mean()
+        return value * share(n, sizes)
+
+    def evaluate(
+        self, model: nn.Module, data: NextItemValidation, device: torch.device | None, precision: Precision
+    ) -> dict[str, float]:
+        return evaluate_next_item(model, data.histories, data.targets, data.exclude, self.ks)  # type: ignore[arg-type]
 
 
 def window_width(model: SequenceModel) -> int:
@@ -110,94 +223,35 @@ def window_width(model: SequenceModel) -> int:
     return model.cfg.max_len + (1 if model.objective is Objective.NEXT else 0)
 
 
-def fit_sequential(
-    model: SequenceModel,
-    windows: np.ndarray | torch.Tensor,
-    cfg: SequentialTrainConfig,
-    item_counts: np.ndarray | None = None,
-    on_epoch: Callable[[int, float], None] | None = None,
-) -> TrainReport:
-    """Train on windows [S, W] (dense item ids 1..I, left-padded with PAD; `hugerec.data.sessions.last_n`
-    of the training sequences with W = window_width(model)) and report steps, samples, time and losses.
+def window_batches(
+    windows: np.ndarray | torch.Tensor, batch_size: int, seed: int = 0, rank: int = 0, world: int = 1
+) -> EpochBatches[torch.Tensor]:
+    """Training windows [S, W] (`hugerec.data.sessions.last_n` / `sliding_windows` of the training
+    sequences with W = window_width(model)) as `fit`'s data: batches of `batch_size` windows [B, W],
+    reshuffled every epoch from (seed, epoch), resumable. Windows with fewer than 2 items are left out
+    (a window needs an input and a target); ValueError when none is left.
 
-    item_counts [I + 1] (index = item id) sets the popularity negatives and logQ of SampledSoftmax
-    (default: counted from the windows). on_epoch(epoch, mean loss) runs after each epoch (in eval mode;
-    training resumes in train mode), e.g. to score a validation split.
-    """
-    windows = torch.as_tensor(windows, dtype=torch.int64)
-    if windows.dim() != 2 or windows.shape[1] != window_width(model):
-        raise ValueError(f"fit_sequential: windows must be [S, {window_width(model)}], got shape {tuple(windows.shape)}")
-    windows = windows[(windows != PAD).sum(dim=1) >= 2]  # a window needs an input and a target
-    if not len(windows):
-        raise ValueError("fit_sequential: no training sequence has 2 or more items")
-    num_items = model.cfg.num_items
-    if int(windows.max()) > num_items:
-        raise ValueError(f"fit_sequential: item ids must be in 1..{num_items}, got {int(windows.max())}")
-    counts = np.bincount(windows.reshape(-1).numpy(), minlength=num_items + 1) if item_counts is None else item_counts
-    counts = counts.astype(np.float64).copy()
-    counts[PAD] = 0.0
-    sampler = NegativeSampler(cfg.loss, counts) if isinstance(cfg.loss, SampledSoftmax) else None
-    gen = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.Adam(list(model.parameters()), lr=cfg.lr)  # type: ignore[call-overload]  # Protocol's parameters()
-    model.train()
-    steps, samples, losses = 0, 0, []
-    start = time.perf_counter()
-    for _ in range(cfg.epochs):
-        order = torch.randperm(len(windows), generator=gen)
-        total, n = 0.0, 0
-        for b0 in range(0, len(order), cfg.batch_size):
-            batch = windows[order[b0 : b0 + cfg.batch_size]]
-            loss = step_loss(model, batch, cfg, sampler, gen)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            total, n = total + float(loss.detach()), n + 1
-            steps, samples = steps + 1, samples + len(batch)
-            if cfg.max_steps is not None and steps >= cfg.max_steps:
-                break
-        losses.append(total / max(n, 1))
-        if cfg.max_steps is not None and steps >= cfg.max_steps:
-            break
-        if on_epoch is not None:
-            model.train(False)
-            on_epoch(len(losses) - 1, losses[-1])
-            model.train()
-    model.train(False)
-    return TrainReport(steps, samples, time.perf_counter() - start, tuple(losses))
+    rank, world: under torchrun, this rank's contiguous rows of each global batch (every rank gives the
+    same windows and seed), so that W ranks train the batches one process would."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"window_batches: batch_size must be an int >= 1, got {batch_size!r}")
+    w = torch.as_tensor(windows, dtype=torch.int64)
+    if w.dim() != 2:
+        raise ValueError(f"window_batches: windows must be [S, W], got shape {tuple(w.shape)}")
+    w = w[(w != PAD).sum(dim=1) >= 2]
+    if not len(w):
+        raise ValueError("window_batches: no training sequence has 2 or more items")
 
+    if not 0 <= rank < world:
+        raise ValueError(f"window_batches: rank must be in 0..world - 1, got rank {rank}, world {world}")
 
-def step_loss(
-    model: SequenceModel, batch: torch.Tensor, cfg: SequentialTrainConfig, sampler: NegativeSampler | None, gen: torch.Generator
-) -> torch.Tensor:
-    """The loss of one batch of windows [B, W] (left-padded dense ids)."""
-    match model.objective:
-        case Objective.NEXT:
-            seq, target = batch[:, :-1], batch[:, 1:]  # [B, L]: position t predicts t + 1
-            valid = (seq != PAD) & (target != PAD)
-        case Objective.MASKED:
-            seq, target = mask_items(batch, model.cfg.mask_id, cfg.mask_prob, gen)
-            valid = target != PAD
-    tgt = target[valid]  # [N]
-    n = tgt.numel()
-    num_items = model.cfg.num_items
-    match cfg.loss:
-        case FullSoftmax():
-            hidden, rows = model(seq, torch.arange(1, num_items + 1))
-            logits = hidden[valid] @ rows.T  # [N, I]
-            return F.cross_entropy(logits, tgt - 1)
-        case SampledSoftmax(logq=logq):
-            assert sampler is not None
-            neg = sampler.sample(n, gen)  # [M]
-            hidden, rows = model(seq, torch.cat([tgt, neg]))
-            log_q = sampler.log_q(torch.cat([tgt, neg]), n) if logq else None
-            return sampled_softmax(hidden[valid], rows[:n], tgt, rows[n:], neg, log_q, sampler.uses_in_batch)
-        case BCE():
-            neg = torch.randint(1, num_items + 1, (n,), generator=gen)
-            hidden, rows = model(seq, torch.cat([tgt, neg]))
-            h = hidden[valid]
-            pos_logit, neg_logit = (h * rows[:n]).sum(1), (h * rows[n:]).sum(1)
-            keep = (neg != tgt).to(h.dtype)  # a negative equal to the target is no negative
-            return -(F.logsigmoid(pos_logit) + F.logsigmoid(-neg_logit) * keep).mean()
+    def epoch(e: int) -> Iterator[torch.Tensor]:
+        order = torch.randperm(len(w), generator=torch.Generator().manual_seed(seed * 1_000_003 + e))
+        for b0 in range(0, len(order), batch_size):
+            rows = order[b0 : b0 + batch_size]
+            yield w[rows[rank_rows(len(rows), rank, world)]]
+
+    return EpochBatches(epoch, length=-(-len(w) // batch_size))
 
 
 def all_item_vectors(model: SequenceModel, block: int = 65536) -> torch.Tensor:

@@ -1,22 +1,32 @@
-"""`fit`: the training loop, plus `evaluate` and `predict`. A plain loop, no callback framework.
+"""`fit`: the one training loop of every deep model family, plus ranking's `evaluate` and `predict`.
+A plain loop, no callback framework.
 
     for each batch:                       (epochs, or until max_steps)
+        step = family.prepare(batch)      to the device, negatives drawn, lookups' features built
+                                          (the pipeline's worker thread, one batch ahead)
         lr = base_lr * schedule(step)     dense optimizer param groups
-        logits = model(batch)             autocast: bf16 (CPU/GPU) or fp16 (GPU, with loss scaling)
-        loss = BCE(logits, labels)
+        loss = family.step_loss(model, step)   autocast: bf16 (CPU/GPU) or fp16 (GPU, with loss scaling)
         loss.backward()                   embedding rows are updated here, by the fused sparse optimizer
         clip + dense optimizer step       any torch.optim optimizer (default Adam)
         log / evaluate / checkpoint       every log_every / eval_every / checkpoint_every steps
     stop early                            after early_stopping.patience evaluations without a new best
 
-Early stopping: every evaluation is scored by `early_stopping.metric`; the best one's weights are
-written atomically to checkpoints/best/ (a checkpoint in the format of the step-N/ ones, which keep
-the last weights; a sharded model's ranks write it together) or, without an out_dir, kept in memory
-when `restore_best` asks for them back (a sharded model needs the out_dir for that).
+The family (hugerec.training.family) supplies the batch, the loss and the validation metrics:
+`RankingFamily()` (the default: Batch -> logits [B], BCE, AUC/logloss), `RetrievalFamily` (two-tower, MF: sampled
+softmax or BPR, Recall/NDCG@K), `Sequential` (SASRec, masked, GRU4Rec: next-item or masked-item
+cross entropy, full or sampled, Recall/NDCG@K). Everything else here is the same for all of them.
+
+Early stopping: every evaluation is scored by `early_stopping.metric` (the family's default when
+None); the best one's weights are written atomically to checkpoints/best/ (a checkpoint in the format
+of the step-N/ ones, which keep the last weights; a sharded model's ranks write it together) or,
+without an out_dir, kept in memory when `restore_best` asks for them back (a sharded model needs the
+out_dir for that).
 
 Resuming continues exactly: a checkpoint holds the model (with the embedding rows and their
-optimizer state), the dense optimizer, the step and history, and per rank the loss scaler, the loader
-position and every RNG state; the learning-rate schedule is a pure function of the step.
+optimizer state), the dense optimizer, the step and history, the family and the settings that shape
+the result (a resumed run that changes one is refused, naming it), and per rank the loss scaler, the
+loader position, the family's generator and every RNG state; the learning-rate schedule is a pure
+function of the step.
 
 Under torch.distributed (torchrun) every rank calls `fit` with its own part of the data: rank 0 alone
 shows progress and writes logs, TensorBoard and the plot; logged losses and eval metrics are over all
@@ -28,6 +38,7 @@ start afresh at that step (the per-rank loader positions and RNG states do not c
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import math
@@ -36,7 +47,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -49,8 +60,9 @@ from hugerec.sparse.batch import Batch
 from hugerec.training.checkpoint import (
     Resumed,
     best_checkpoint,
+    checkpoint_extra,
+    find_latest_checkpoint,
     load_checkpoint,
-    load_latest_checkpoint,
     remove_checkpoints,
     rng_state,
     save_best,
@@ -58,8 +70,9 @@ from hugerec.training.checkpoint import (
     set_rng_state,
 )
 from hugerec.training.early_stopping import BestTracker, EarlyStopping
+from hugerec.training.family import Prepared, StepContext, TrainerFamily
 from hugerec.training.metrics import BinaryMetrics
-from hugerec.training.pipeline import Pipeline, TieredStats
+from hugerec.training.pipeline import Pipeline, TieredStats, prepare_batch
 from hugerec.training.precision import Precision, autocast, unscale_sparse_gradients
 from hugerec.training.run_log import RunLog, plot_curves
 from hugerec.training.schedule import Schedule
@@ -70,6 +83,29 @@ class DenseOptimizer(enum.Enum):
     ADAMW = "adamw"
     ADAGRAD = "adagrad"
     SGD = "sgd"
+
+
+# TrainConfig fields a resumed run may change: how far it goes, what it shows and writes, where it runs.
+# Every other field (and the family's settings) shapes the weights: a change is refused, naming it.
+RESUMABLE_CHANGES = frozenset(
+    {
+        "epochs",
+        "max_steps",
+        "log_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "out_dir",
+        "resume",
+        "device",
+        "progress",
+        "tensorboard",
+        "plot",
+        "pipeline",
+        "compile",
+        "early_stopping.patience",
+        "early_stopping.restore_best",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -84,27 +120,31 @@ class TrainConfig:
     optimizer         dense optimizer when `fit` is not given one
     weight_decay      dense optimizer weight decay
     schedule          warmup / decay multiplier on the dense lr (Schedule.mlperf_dlrm(): the MLPerf policy);
-                      the embedding tables keep their sparse optimizer's own lr. Default: linear decay to 0
-                      over the first epoch (see Schedule); Schedule() keeps the lr constant
+                      the embedding tables keep their sparse optimizer's own lr. None: the family's default,
+                      for ranking a linear decay to 0 over the first epoch (see Schedule), for retrieval and
+                      sequential models a constant lr (Schedule())
     precision         fp32, bf16 (autocast, CPU and GPU) or fp16 (autocast + loss scaling, GPU only)
     compile           torch.compile the dense part of the model (the embedding lookups stay eager)
     clip_grad_norm    clip the dense gradients' global norm to this (None: no clipping)
     eval_every        evaluate every this many steps (None: at the end of each epoch); also at the end
-    early_stopping    which evaluation is the best (metric), when to stop (patience), whether `fit` loads
-                      the best weights back at the end (restore_best); see EarlyStopping
+    early_stopping    which evaluation is the best (metric: None = the family's, auc for ranking, recall@10
+                      for retrieval and sequential models), when to stop (patience), whether `fit` loads the
+                      best weights back at the end (restore_best); see EarlyStopping
     log_every         average the loss and measure samples/s over this many steps
     checkpoint_every  checkpoint every this many steps (None: only the final one); needs out_dir
     keep_checkpoints  keep the newest K checkpoints (0: all)
     out_dir           metrics.jsonl, tensorboard/, curves.png and checkpoints/ go here (None: nothing written);
                       a fresh run (not resumed) replaces what an earlier run left there
-    resume            continue from the latest checkpoint in out_dir/checkpoints when there is one
+    resume            continue from the latest checkpoint in out_dir/checkpoints when there is one (refused
+                      when a field outside RESUMABLE_CHANGES or the family's settings differ from its run's)
     device            "auto" (CUDA when available), "cpu", "cuda", "cuda:1", ...
-    seed              seeds torch, numpy and random at the start of a fresh run (None: leave them)
+    seed              seeds torch, numpy, random and the family's generator at the start of a fresh run
+                      (None: leave the global ones, the family's generator starts from 0)
     progress          show a progress bar
     tensorboard       write TensorBoard scalars (needs out_dir)
     plot              write curves.png at the end (needs out_dir)
-    pipeline          prepare batch i + 1 (decode, dynamic-table remap, disk-tier prefetch) in a worker thread
-                      while step i runs (hugerec.training.pipeline; sharded: also the id exchange)
+    pipeline          prepare batch i + 1 (decode, negatives, dynamic-table remap, disk-tier prefetch) in a
+                      worker thread while step i runs (hugerec.training.pipeline; sharded: also the id exchange)
     """
 
     epochs: int = 1
@@ -112,7 +152,7 @@ class TrainConfig:
     lr: float = 3e-3
     optimizer: DenseOptimizer = DenseOptimizer.ADAM
     weight_decay: float = 0.0
-    schedule: Schedule = field(default_factory=lambda: Schedule(decay_epochs=1.0, power=1.0))
+    schedule: Schedule | None = None
     precision: Precision = Precision.FP32
     compile: bool = False
     clip_grad_norm: float | None = None
@@ -137,6 +177,8 @@ class TrainConfig:
             object.__setattr__(self, "precision", Precision(self.precision))
         if not isinstance(self.early_stopping, EarlyStopping):
             raise ValueError(f"TrainConfig: early_stopping must be an EarlyStopping, got {self.early_stopping!r}")
+        if self.schedule is not None and not isinstance(self.schedule, Schedule):
+            raise ValueError(f"TrainConfig: schedule must be a Schedule or None, got {self.schedule!r}")
         if self.epochs < 1:
             raise ValueError(f"TrainConfig: epochs must be >= 1, got {self.epochs}")
         for name in ("max_steps", "eval_every", "checkpoint_every"):
@@ -164,12 +206,40 @@ class TrainConfig:
                 ) from None
 
 
+@dataclass(frozen=True)
+class RankingFamily:
+    """The ranking family: the model maps a `Batch` to logits [B]; binary cross-entropy on batch.labels;
+    evaluated on an iterable of Batch by exact AUC, logloss and calibration (`evaluate`)."""
+
+    name: ClassVar[str] = "ranking"
+    metric: ClassVar[str] = "auc"
+
+    @property
+    def schedule(self) -> Schedule:
+        return Schedule(decay_epochs=1.0, power=1.0)
+
+    def settings(self) -> dict[str, Any]:
+        return {}
+
+    def prepare(self, model: nn.Module, batch: Batch, ctx: StepContext) -> Prepared:
+        return prepare_batch(batch, ctx.copy)
+
+    def step_loss(self, model: nn.Module, prepared: Prepared, ctx: StepContext) -> torch.Tensor:
+        batch: Batch = prepared.inputs
+        return _loss(model(batch), batch.labels)
+
+    def evaluate(
+        self, model: nn.Module, data: Iterable[Batch], device: torch.device | None, precision: Precision
+    ) -> dict[str, float]:
+        return evaluate(model, data, device=device, precision=precision)
+
+
 @dataclass
 class History:
     """What `fit` did: one record per log window and per evaluation, and where it left things."""
 
     train: list[dict[str, float]] = field(default_factory=list)  # step, epoch, loss, lr, samples_per_s
-    evals: list[dict[str, float]] = field(default_factory=list)  # step, auc, logloss, calibration, ctr, count
+    evals: list[dict[str, float]] = field(default_factory=list)  # step, epoch and the family's metrics
     steps: int = 0
     checkpoint: Path | None = None
     plot: Path | None = None
@@ -184,26 +254,30 @@ class History:
 
 def fit(
     model: nn.Module,
-    train_data: Iterable[Batch],
-    eval_data: Iterable[Batch] | None = None,
+    train_data: Iterable[Any],
+    eval_data: Any = None,
     config: TrainConfig | None = None,
     *,
+    family: TrainerFamily | None = None,
     optimizer: torch.optim.Optimizer | None = None,
 ) -> History:
-    """Train `model` (Batch -> logits [B]) with binary cross-entropy on `train_data`.
+    """Train `model` of `family` (default RankingFamily(): Batch -> logits [B], binary cross-entropy) on `train_data`.
 
-    train_data  any re-iterable of Batch (one pass per epoch). When it has state_dict() /
-                load_state_dict() (hugerec's loader does), checkpoints store its position; otherwise a
-                resumed run skips the batches the interrupted epoch had already used.
-    eval_data   re-iterable of Batch, scored with exact AUC, logloss and calibration
-    optimizer   dense optimizer over model.parameters() (default: config.optimizer with config.lr)
+    train_data  any re-iterable of the family's batches (one pass per epoch): Batch for ranking,
+                (users [B], items [B], history) for retrieval, windows [B, W] for sequential models. When it
+                has state_dict() / load_state_dict() (hugerec's loader, EpochBatches do), checkpoints store
+                its position; otherwise a resumed run skips the batches the interrupted epoch had used.
+    eval_data   the family's validation data: a re-iterable of Batch (ranking), RetrievalValidation,
+                NextItemValidation; evaluated at every eval_every steps or epoch end, and at the end
+    optimizer   dense optimizer over the model's dense parameters (default: config.optimizer with
+                config.lr; none when the model has no dense parameter, e.g. matrix factorisation)
     """
     cfg = config or TrainConfig()
-    run = _Run(model, train_data, eval_data, cfg, optimizer)
-    found = load_latest_checkpoint(run.ckpt_dir, model, run.opt) if cfg.resume and run.ckpt_dir is not None else None
-    resume_from = None if found is None else found.path
+    run = _Run(model, train_data, eval_data, cfg, family or RankingFamily(), optimizer)
+    found = find_latest_checkpoint(run.ckpt_dir) if cfg.resume and run.ckpt_dir is not None else None
     if found is not None:
-        run.resume(found)
+        run.check_resumable(found, checkpoint_extra(found))
+        run.resume(load_checkpoint(found, model, run.opt, verified=True))
     else:
         if run.ckpt_dir is not None and run.rank == 0:
             remove_checkpoints(run.ckpt_dir)  # a fresh run replaces an old run's outputs in out_dir (best/ too)
@@ -217,9 +291,9 @@ def fit(
     show = cfg.progress and run.rank == 0
     run.bar = tqdm(total=total, initial=run.step, disable=not show, unit="step", dynamic_ncols=True)
     log_dir = run.out_dir if run.rank == 0 else None
-    resume_step = None if resume_from is None else run.step
-    run.log = RunLog(log_dir, tensorboard=cfg.tensorboard, append=resume_from is not None, resume_step=resume_step)
-    if resume_from is not None:
+    resume_step = None if found is None else run.step
+    run.log = RunLog(log_dir, tensorboard=cfg.tensorboard, append=found is not None, resume_step=resume_step)
+    if found is not None:
         run.log.write("resume", run.step, {"epoch": float(run.epoch)})
     done = (cfg.max_steps is not None and run.step >= cfg.max_steps) or run.tracker.stopped
     hooks = [] if run.scaler is None else unscale_sparse_gradients(model, run.scaler)
@@ -228,13 +302,14 @@ def fit(
             if run.batches_in_epoch and run.batches_in_epoch == _epoch_length(train_data, 1):
                 run.end_epoch()  # resumed from a checkpoint taken after the epoch's last batch
                 continue
-            batches: Iterator[Batch] = iter(train_data)
+            batches: Iterator[Any] = iter(train_data)
             if run.batches_in_epoch and run.fast_forward:  # a resumed plain iterable: skip the used batches
                 batches = itertools.islice(batches, run.batches_in_epoch, None)
-            if run.pipeline is not None:
-                batches = run.pipeline(batches)
-            for batch in batches:
-                run.train_step(batch)
+            steps: Iterator[Prepared] = (
+                run.pipeline(batches) if run.pipeline is not None else (run.prepare(b) for b in batches)
+            )
+            for prepared in steps:
+                run.train_step(prepared)
                 done = cfg.max_steps is not None and run.step >= cfg.max_steps
                 if run.window_steps == cfg.log_every or done:
                     run.log_window()
@@ -255,7 +330,7 @@ def fit(
             run.log_window()
         run.evaluate()
         run.checkpoint()
-        if cfg.early_stopping.restore_best:
+        if run.early_stopping.restore_best:
             run.restore_best()
     finally:
         for hook in hooks:
@@ -268,25 +343,28 @@ def fit(
     history.stopped_early = run.tracker.stopped
     history.best_checkpoint = None if run.ckpt_dir is None else best_checkpoint(run.ckpt_dir)
     if run.out_dir is not None and cfg.plot and run.rank == 0:
-        history.plot = plot_curves(history.train, history.evals, run.out_dir / "curves.png")
+        history.plot = plot_curves(history.train, history.evals, run.out_dir / "curves.png", run.metric)
     return history
 
 
 class _Run:
-    """The mutable state of one `fit` call; `state_dict()` is exactly what a checkpoint holds."""
+    """The mutable state of one `fit` call; `checkpoint()` writes exactly what a resume needs."""
 
     def __init__(
         self,
         model: nn.Module,
-        train_data: Iterable[Batch],
-        eval_data: Iterable[Batch] | None,
+        train_data: Iterable[Any],
+        eval_data: Any,
         cfg: TrainConfig,
+        family: TrainerFamily,
         optimizer: torch.optim.Optimizer | None,
     ) -> None:
-        self.model, self.train_data, self.eval_data, self.cfg = model, train_data, eval_data, cfg
+        self.model, self.train_data, self.eval_data, self.cfg, self.family = model, train_data, eval_data, cfg, family
         self.rank, self.world = _rank_and_world()
+        self.early_stopping = cfg.early_stopping.for_metric(family.metric)
+        self.metric = family.metric if cfg.early_stopping.metric is None else cfg.early_stopping.metric
         self.sharded = bool(sharded_collections(model))
-        if self.sharded and cfg.out_dir is None and cfg.early_stopping.restore_best:
+        if self.sharded and cfg.out_dir is None and self.early_stopping.restore_best:
             raise ValueError("fit: restore_best of a sharded model needs an out_dir (its best is kept as a checkpoint)")
         self.device = resolve_device(cfg.device)
         if cfg.precision is Precision.FP16 and self.device.type != "cuda":
@@ -296,15 +374,15 @@ class _Run:
         # a hugerec model names its dense parameters; any other module: every trainable parameter
         dense_parameters = getattr(model, "dense_parameters", model.parameters)
         self.params = [p for p in dense_parameters() if p.requires_grad]
-        self.opt = optimizer or _make_optimizer(cfg, self.params)
-        self.base_lrs = [float(g["lr"]) for g in self.opt.param_groups]
-        self.schedule = cfg.schedule.in_steps(_epoch_length(train_data, 1))
+        self.opt = optimizer or (_make_optimizer(cfg, self.params) if self.params else None)
+        self.base_lrs = [] if self.opt is None else [float(g["lr"]) for g in self.opt.param_groups]
+        self.schedule = (cfg.schedule or family.schedule).in_steps(_epoch_length(train_data, 1))
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision is Precision.FP16 else None
         self.autocast = autocast(self.device, cfg.precision)
         self.out_dir = None if cfg.out_dir is None else Path(cfg.out_dir)
         self.ckpt_dir = None if self.out_dir is None else self.out_dir / "checkpoints"
         self.history = History()
-        self.tracker = BestTracker(cfg.early_stopping)
+        self.tracker = BestTracker(self.early_stopping)
         self.best_state: dict[str, torch.Tensor] | None = None  # without an out_dir: restore_best's copy
         self.step = self.epoch = self.batches_in_epoch = 0
         self.last_eval_step = self.last_checkpoint_step = -1
@@ -315,8 +393,17 @@ class _Run:
         self.window_loss = torch.zeros((), device=self.device)
         self.window_steps = self.window_samples = 0
         self.window_start = time.perf_counter()
-        self.pipeline = Pipeline(model, self.device, self._boundary) if cfg.pipeline else None
+        # the family's random draws (negatives, masks): its own stream, in batch order, kept in checkpoints
+        generator = torch.Generator().manual_seed(0 if cfg.seed is None else cfg.seed)
+        group = None
+        if self.world > 1:  # the families' per-step collectives, apart from DDP's and the lookups' groups
+            group = dist.new_group(list(range(self.world)))
+        self.ctx = StepContext(self.device, generator, self.rank, self.world, group)
+        self.pipeline = Pipeline(model, self.device, self._boundary, self.prepare) if cfg.pipeline else None
         self.tiered = TieredStats(model, self.pipeline)
+
+    def prepare(self, batch: Any) -> Prepared:
+        return self.family.prepare(self.model, batch, self.ctx)
 
     def _boundary(self) -> bool:
         """Whether the trainer evaluates, checkpoints or stops after the step it is about to take."""
@@ -325,38 +412,46 @@ class _Run:
             cfg.max_steps is not None and step >= cfg.max_steps
         )
 
-    def train_step(self, batch: Batch) -> None:
-        for group, base in zip(self.opt.param_groups, self.base_lrs, strict=True):
-            group["lr"] = base * self.schedule.factor(self.step)
-        batch = batch.to(self.device, non_blocking=True)
+    def train_step(self, prepared: Prepared) -> None:
+        factor = self.schedule.factor(self.step)
+        if self.opt is not None:
+            for group, base in zip(self.opt.param_groups, self.base_lrs, strict=True):
+                group["lr"] = base * factor
         with self.autocast:
-            logits = self.model(batch)
-        loss = _loss(logits, batch.labels)
-        self.opt.zero_grad(set_to_none=True)
+            loss = self.family.step_loss(self.model, prepared, self.ctx)
+        if self.opt is not None:
+            self.opt.zero_grad(set_to_none=True)
         clip = self.cfg.clip_grad_norm
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
-            if clip is not None:
-                self.scaler.unscale_(self.opt)
-                nn.utils.clip_grad_norm_(self.params, clip)
-            self.scaler.step(self.opt)
+            if self.opt is not None:
+                if clip is not None:
+                    self.scaler.unscale_(self.opt)
+                    nn.utils.clip_grad_norm_(self.params, clip)
+                self.scaler.step(self.opt)
             self.scaler.update()
         else:
             loss.backward()
-            if clip is not None:
-                nn.utils.clip_grad_norm_(self.params, clip)
-            self.opt.step()
+            if self.opt is not None:
+                if clip is not None:
+                    nn.utils.clip_grad_norm_(self.params, clip)
+                self.opt.step()
         self.step += 1
         self.batches_in_epoch += 1
         self.window_loss += loss.detach()
         self.window_steps += 1
-        self.window_samples += batch.batch_size
+        self.window_samples += prepared.examples
         self.bar.update(1)
 
     def end_epoch(self) -> None:
         self.epoch, self.batches_in_epoch = self.epoch + 1, 0
         if self.cfg.eval_every is None:
             self.evaluate()
+
+    def lr(self) -> float:
+        if self.opt is not None:
+            return float(self.opt.param_groups[0]["lr"])
+        return self.cfg.lr * self.schedule.factor(max(self.step - 1, 0))
 
     def log_window(self) -> None:
         mean_loss = float(self.window_loss) / self.window_steps
@@ -374,13 +469,13 @@ class _Run:
         record = {
             "epoch": float(self.epoch),
             "loss": mean_loss,
-            "lr": float(self.opt.param_groups[0]["lr"]),
+            "lr": self.lr(),
             "samples_per_s": samples / max(elapsed, 1e-9),
         }
         record.update(self.tiered.window(self.window_steps))
         self.history.train.append({"step": float(self.step), **record})
         self.log.write("train", self.step, record)
-        self.bar.set_postfix_str(_postfix(self.history), refresh=False)
+        self.bar.set_postfix_str(_postfix(self.history, self.metric), refresh=False)
         self.window_loss.zero_()
         self.window_steps = self.window_samples = 0
         self.window_start = time.perf_counter()
@@ -389,22 +484,27 @@ class _Run:
         if self.eval_data is None or self.last_eval_step == self.step:
             return
         started = time.perf_counter()
+        was_training = self.model.training
         with _preserved_rng():  # evaluation must not shift the training run's random stream
-            result = evaluate(self.model, self.eval_data, device=self.device, precision=self.cfg.precision)
+            try:
+                result = self.family.evaluate(self.model, self.eval_data, self.device, self.cfg.precision)
+            finally:
+                self.model.train(was_training)
         record = {"step": float(self.step), "epoch": float(self.epoch), **result}
         self.history.evals.append(record)
         self.log.write("eval", self.step, result)
         if self.tracker.update(record):
             self.save_best()
-        self.bar.set_postfix_str(_postfix(self.history), refresh=False)
+        self.bar.set_postfix_str(_postfix(self.history, self.metric), refresh=False)
         self.last_eval_step = self.step
         self.window_start += time.perf_counter() - started  # keep evaluation time out of samples/s
 
     def save_best(self) -> None:
         """The weights of the evaluation just made, as the best: checkpoints/best/ (collective), or a copy in memory."""
         if self.ckpt_dir is not None:
-            save_best(self.ckpt_dir, self.model, {"step": self.step, "eval": dict(self.tracker.best or {})})
-        elif self.cfg.early_stopping.restore_best:
+            extra = {"step": self.step, "eval": dict(self.tracker.best or {}), "family": self.family.name}
+            save_best(self.ckpt_dir, self.model, extra)
+        elif self.early_stopping.restore_best:
             self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def restore_best(self) -> None:
@@ -419,6 +519,15 @@ class _Run:
             assert self.best_state is not None  # save_best kept it at the best evaluation
             self.model.load_state_dict(self.best_state)
 
+    def settings(self) -> dict[str, Any]:
+        """What a resumed run must keep: the family, its settings and the TrainConfig fields outside
+        RESUMABLE_CHANGES, as flat JSON (dotted keys)."""
+        cfg = dataclasses.replace(self.cfg, schedule=self.cfg.schedule or self.family.schedule)
+        flat = {k: v for k, v in _flatten(cfg).items() if k not in RESUMABLE_CHANGES}
+        flat["early_stopping.metric"] = self.metric
+        flat.update({f"family.{k}": v for k, v in _flatten(self.family.settings()).items()})
+        return flat
+
     def checkpoint(self) -> None:
         """Collective: every rank writes its part of checkpoints/step-N/ (rank 0 keeps the newest keep_checkpoints)."""
         if self.ckpt_dir is None or self.last_checkpoint_step == self.step:
@@ -430,24 +539,46 @@ class _Run:
             "batches_in_epoch": self.batches_in_epoch,
             "history": {"train": self.history.train, "evals": self.history.evals},
             "early_stopping": self.tracker.state_dict(),
+            "family": self.family.name,
+            "settings": self.settings(),
         }
         rank_state = {
             "scaler": None if self.scaler is None else self.scaler.state_dict(),
             "loader": None if loader is None else loader.state_dict(),
             "rng": rng_state(),
+            "generator": self.ctx.generator.get_state(),
         }
         self.history.checkpoint = save_checkpoint(
             self.ckpt_dir, self.step, self.model, self.opt, extra, rank_state, keep_last=self.cfg.keep_checkpoints
         )
         self.last_checkpoint_step = self.step
 
+    def check_resumable(self, path: Path, extra: Any) -> None:
+        """Refuse, before anything is loaded, a checkpoint that fit did not write, of another family, or
+        of a run whose settings this one changes (naming the changed keys)."""
+        if not isinstance(extra, dict) or not {"step", "epoch", "batches_in_epoch", "history"} <= extra.keys():
+            raise ValueError(f"fit: {path} is a checkpoint, but not one written by fit (its extra: {extra!r:.80})")
+        saved_family = extra.get("family", "ranking")  # checkpoints from before the families were ranking's
+        if saved_family != self.family.name:
+            raise ValueError(
+                f"fit: {path} is a checkpoint of a {saved_family} model; this run trains a {self.family.name} model "
+                "(resume with the same model family, or start a fresh run in another out_dir)"
+            )
+        saved = extra.get("settings")
+        if not isinstance(saved, dict):
+            return  # written before settings were kept: nothing to compare
+        now = self.settings()
+        changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+        if changed:
+            detail = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:6])
+            raise ValueError(
+                f"fit: cannot resume {path}: the config changed ({detail}); "
+                "resume with the run's settings or start a fresh run (resume=false)"
+            )
+
     def resume(self, resumed: Resumed) -> None:
         """The rest of the run's state, after load_checkpoint has loaded the model and the optimizer."""
         extra = resumed.extra
-        if not isinstance(extra, dict) or not {"step", "epoch", "batches_in_epoch", "history"} <= extra.keys():
-            raise ValueError(
-                f"fit: {resumed.path} is a checkpoint, but not one written by fit (its extra: {extra!r:.80})"
-            )
         self.step, self.epoch = int(extra["step"]), int(extra["epoch"])
         self.batches_in_epoch = int(extra["batches_in_epoch"])
         self.history.train = list(extra["history"]["train"])
@@ -460,11 +591,14 @@ class _Run:
         if state is None:  # written by a group of another size: no rank's stream is ours, start anew here
             if self.cfg.seed is not None:
                 seed_everything(self.cfg.seed + self.step)
+                self.ctx.generator.manual_seed(self.cfg.seed + self.step)
             self.fast_forward = True
             return
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
+        if state.get("generator") is not None:
+            self.ctx.generator.set_state(state["generator"])
         if state["loader"] is not None:
             _stateful(self.train_data, "load_state_dict").load_state_dict(state["loader"])
         self.fast_forward = state["loader"] is None
@@ -556,8 +690,6 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def _make_optimizer(cfg: TrainConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    if not params:
-        raise ValueError("fit: the model has no dense parameters to optimize; pass optimizer=... explicitly")
     match cfg.optimizer:
         case DenseOptimizer.ADAM:
             return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -617,7 +749,25 @@ def _preserved_rng() -> Iterator[None]:
         set_rng_state(state)
 
 
-def _postfix(history: History) -> str:
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A config (dataclasses, enums, dicts, tuples, numbers) as flat JSON with dotted keys."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        if not value:
+            return {prefix[:-1]: {}} if prefix else {}
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    if isinstance(value, enum.Enum):
+        value = value.value
+    elif isinstance(value, tuple | list):
+        value = [v.value if isinstance(v, enum.Enum) else v for v in value]
+    return {prefix[:-1]: value}
+
+
+def _postfix(history: History, metric: str) -> str:
     parts = []
     if history.train:
         last = history.train[-1]
@@ -629,6 +779,6 @@ def _postfix(history: History) -> str:
             )
         if "prefetch_hidden" in last:  # the pipeline: preparation per step, and the share hidden behind it
             parts.append(f"prefetch={last['prefetch_ms']:.1f}ms hidden={last['prefetch_hidden']:.0%}")
-    if history.evals:
-        parts.append(f"auc={history.evals[-1]['auc']:.4f}")
+    if history.evals and metric in history.evals[-1]:
+        parts.append(f"{metric}={history.evals[-1][metric]:.4f}")
     return " ".join(parts)

@@ -98,7 +98,9 @@ def test_print_config_lists_the_early_stopping_keys(capsys: pytest.CaptureFixtur
     assert main(["train", "--print-config", "train.early_stopping.metric=logloss"]) == 0
     train = json.loads(capsys.readouterr().out)["train"]
     assert train["early_stopping"] == {"metric": "logloss", "patience": 2, "min_delta": 0.001, "restore_best": False}
-    assert train["schedule"]["decay_epochs"] == 1.0
+    assert train["schedule"] is None  # the model family's: for ranking a linear decay over the first epoch
+    assert main(["train", "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["train"]["early_stopping"]["metric"] is None  # the family's: auc, recall@10
 
 
 @pytest.mark.parametrize("command", ["evaluate", "predict", "export"])

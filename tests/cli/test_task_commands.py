@@ -4,6 +4,10 @@ models, end to end on tiny logs written here (no real data needed), plus the shi
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -357,7 +361,8 @@ def test_sessions_from_a_gap_and_a_day_split(sequential_dir: Path, capsys: pytes
     args = ["train", "sasrec.toml", "preprocess.input=log.tsv", "preprocess.test_input=none", "sequences.gap_seconds=600"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "36 training sequences" in out and "72 test queries" in out  # 24 sessions in the last day, 3 prefixes each
+    # 24 sessions in the last day, 3 prefixes each; of the 36 before it, the latest 3 are the validation split
+    assert "33 training sequences" in out and "9 validation / 72 test queries" in out
     assert main([*args, "sequences.protocol=leave_last_out"]) == 0
     assert "60 training sequences" in capsys.readouterr().out
 
@@ -404,6 +409,36 @@ def test_reversed_augmentation_adds_a_window_per_sequence(sequential_dir: Path, 
 
 # -- the shipped configs on the real samples -----------------------------------------------------------
 FAST = ["train.max_steps=3", "train.epochs=1"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # two torchrun launches of 2 processes, each importing torch
+@pytest.mark.parametrize(("model", "row_wise"), [("two_tower", ("user_id", "item_id")), ("sasrec", ("item",))])
+def test_torchrun_two_ranks_shard_the_id_tables_and_write_the_whole_model(
+    retrieval_dir: Path, model: str, row_wise: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`torchrun --nproc-per-node 2 -m hugerec train` of a two-tower and a SASRec: rank 0 prints the plan
+    with the id tables row-wise and the held-out metrics; model.pt holds the whole model (`evaluate` in one
+    process gives the same metrics)."""
+    if model == "sasrec":  # the same ratings as user histories, leave-last-out
+        config = SEQUENTIAL.format(model="sasrec").replace('input = "train.tsv"\ntest_input = "test.tsv"', 'input = "ratings.dat"')
+        config = config.replace('separator = "\\t"\nheader = true', 'separator = "::"\nheader = false')
+        config = config.replace(
+            '{ name = "SessionId", type = "int", role = "session" },\n  { name = "ItemId", type = "int", role = "item" },\n  { name = "Time", type = "timestamp" },',
+            '{ name = "user", type = "int", role = "user" },\n  { name = "item", type = "int", role = "item" },\n'
+            '  { name = "rating", type = "int", role = "none" },\n  { name = "timestamp", type = "timestamp" },',
+        ).replace('protocol = "every_prefix"', 'protocol = "leave_last_out"')
+        (retrieval_dir / "sasrec.toml").write_text(config)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_THREADING_LAYER": "workqueue"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "hugerec", "train", f"{model}.toml", "train.progress=false"]
+    proc = subprocess.run(cmd, cwd=retrieval_dir, env=env, capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for table in row_wise:
+        assert re.search(rf"^{table}\s*\|\s*row_wise", proc.stdout, re.M), proc.stdout
+    assert proc.stdout.count("train: done in") == 1  # rank 0 speaks for both ranks
+    trained = _last_json(proc.stdout)
+    assert main(["evaluate", f"{model}.toml"]) == 0
+    assert _last_json(capsys.readouterr().out) == pytest.approx(trained, abs=1e-6)
 
 
 @pytest.mark.shared_data("movielens/ml-1m/ratings.dat.gz")

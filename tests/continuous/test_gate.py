@@ -13,8 +13,10 @@ from hugerec.continuous.gate import GateConfig, check
 from hugerec.data.interactions import held_out_csr, histories, iter_examples, last_items, leave_last_out
 from hugerec.data.synthetic_interactions import InteractionConfig, generate_interactions
 from hugerec.models.mf import MatrixFactorization
+from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.losses import SampledSoftmax
-from hugerec.training.retrieval import RetrievalTrainConfig, evaluate_retrieval, fit_retrieval
+from hugerec.training.retrieval import RetrievalFamily, evaluate_retrieval
+from hugerec.training.trainer import TrainConfig, fit
 
 
 def test_recall_thresholds() -> None:
@@ -65,7 +67,9 @@ def test_gate_refuses_a_worse_retrieval_candidate() -> None:
             for u, t, h in iter_examples(train, 256, 0, seed=epoch):
                 yield u, (torch.from_numpy(items_shuffled)[t] if shuffle else t), h
 
-        fit_retrieval(model, batches, train.item_counts(), RetrievalTrainConfig(epochs=4, loss=SampledSoftmax(num_negatives=16)))
+        family = RetrievalFamily(train.item_counts(), SampledSoftmax(num_negatives=16))
+        quiet = TrainConfig(epochs=4, progress=False, tensorboard=False, plot=False)
+        fit(model, EpochBatches(batches), None, quiet, family=family)
         return evaluate_retrieval(model, users, hist, held, excl, (10,))
 
     cfg = GateConfig(recall_k=10, recall_margin=0.02, min_rows=100)

@@ -98,7 +98,7 @@ def test_fit_with_disk_tables_is_the_in_memory_run(tmp_path: Path, pipeline: boo
     # the progress bar shows the same per-step figures
     from hugerec.training.trainer import _postfix
 
-    bar = _postfix(history)
+    bar = _postfix(history, "auc")
     assert f"hit={last['cache_hit_rate']:.0%} read={last['disk_rows_read']:,.0f} wrote=" in bar
     assert ("prefetch=" in bar and f"hidden={last['prefetch_hidden']:.0%}" in bar) == pipeline
 

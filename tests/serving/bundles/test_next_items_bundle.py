@@ -20,7 +20,8 @@ from hugerec.serving.http.limits import RequestLimits
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.serving.runtime.inference_protocol import RequestError
 from hugerec.training.model_file import RawIds, load_model, save_model
-from hugerec.training.sequential import SequentialTrainConfig, fit_sequential, recommend_next
+from hugerec.training.sequential import SequentialFamily, recommend_next, window_batches
+from hugerec.training.trainer import TrainConfig, fit
 
 NUM_ITEMS, MAX_LEN = 40, 6
 RAW = np.arange(1000, 1000 + 3 * NUM_ITEMS, 3, dtype=np.int64)  # raw id of dense item i is RAW[i - 1]
@@ -35,7 +36,8 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = np.random.default_rng(0)
     start = rng.integers(1, NUM_ITEMS + 1, 200)
     windows = (start[:, None] + np.arange(MAX_LEN + 1)[None, :] - 1) % NUM_ITEMS + 1  # walks i, i + 1, ...
-    fit_sequential(model, windows, SequentialTrainConfig(epochs=2, batch_size=32, lr=0.01))
+    quiet = TrainConfig(epochs=2, lr=0.01, progress=False, tensorboard=False, plot=False)
+    fit(model, window_batches(windows, 32), None, quiet, family=SequentialFamily())
     root = tmp_path_factory.mktemp("next_items")
     save_model(root / "model.pt", model, config, Adam(lr=0.01), ids=RawIds(RAW, COUNTS))
     return export_next_items(root / "model.pt", root / "bundle", name="seq", k=5)

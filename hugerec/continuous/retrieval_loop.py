@@ -49,7 +49,9 @@ from hugerec.serving.pipeline.interaction_store import InteractionStore
 from hugerec.sparse.jagged import JaggedTensor
 from hugerec.training.checkpoint import atomic_save, read_weights
 from hugerec.training.declared_loss import retrieval_loss
-from hugerec.training.retrieval import RetrievalTrainConfig, evaluate_retrieval, fit_retrieval
+from hugerec.training.epoch_batches import EpochBatches
+from hugerec.training.retrieval import RetrievalFamily, evaluate_retrieval
+from hugerec.training.trainer import TrainConfig, fit
 
 EventSource = Callable[[int], Interactions]  # k -> the events of window k (dense ids)
 
@@ -197,7 +199,7 @@ class RetrievalLoop:
             else:
                 rows, how, model = events, f"warm start from {base}", self.load(base)
             counts = np.bincount(self.history(k).items(), minlength=self.config.num_items)
-            self._train(model, rows, counts, k)
+            self.train(model, rows, counts, k)
             atomic_save(model.state_dict(), self.checkpoint(version))
             self.log.append(Record(k, "trained", how, extra={"events": rows.num_events, "base": base}))
         t1 = time.perf_counter()
@@ -209,10 +211,23 @@ class RetrievalLoop:
             self._publish(k, version, reason, figures)
         self.seconds = {"train": t1 - t0, "gate": t2 - t1, "publish": time.perf_counter() - t2}
 
-    def _train(self, model: TwoTower, rows: Interactions, counts: np.ndarray, k: int) -> None:
+    def train(self, model: TwoTower, rows: Interactions, counts: np.ndarray, k: int) -> None:
+        """`epochs` over `rows` (events; `counts`: every item's events so far, the negatives' distribution and
+        log-Q), through the one trainer (RetrievalFamily), seeded by window k."""
         c = self.config
-        config = RetrievalTrainConfig(epochs=c.epochs, lr=c.lr, loss=retrieval_loss(c.model), seed=c.seed + k)
-        fit_retrieval(model, lambda e: iter_examples(rows, c.batch_size, 0, seed=c.seed + 1000 * k + e), counts, config)
+        n = -(-rows.num_events // c.batch_size)
+        batches = EpochBatches(lambda e: iter_examples(rows, c.batch_size, 0, seed=c.seed + 1000 * k + e), length=n)
+        config = TrainConfig(
+            epochs=c.epochs,
+            lr=c.lr,
+            progress=False,
+            tensorboard=False,
+            plot=False,
+            device="cpu",
+            pipeline=False,
+            seed=c.seed + k,
+        )
+        fit(model, batches, None, config, family=RetrievalFamily(counts, retrieval_loss(c.model), ks=(c.k,)))
         model.eval()
 
     def recall(self, model: TwoTower, k: int) -> tuple[float, int]:

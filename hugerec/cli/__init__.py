@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from hugerec.cli.config_file import ConfigError
 from hugerec.cli.pipeline_commands import add_parser as pipeline_parser
+from hugerec.cli.up_command import add_parser as up_parser
 
 if TYPE_CHECKING:  # the commands import torch and the data stack lazily: `hugerec --help` stays instant
     from hugerec.cli.run_config import RunConfig
@@ -208,6 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hugerec.cli.pipeline_commands import run as run_pipeline
 
         return run_pipeline(args)
+    if args.command == "up":
+        from hugerec.cli.up_command import run as run_up
+
+        return run_up(args)
     try:
         from hugerec.cli.run_config import load_run_config, resolved_dict
 
@@ -291,6 +296,7 @@ def _parser() -> argparse.ArgumentParser:
     schema.add_argument("--encoding", default="utf-8", help="text encoding (default: utf-8, else latin-1 when not UTF-8)")
     schema.add_argument("--out", type=Path, help="write the TOML here (default: print it)")
     pipeline_parser(sub)
+    up_parser(sub)
     serve = sub.add_parser(
         "serve",
         help="serve exported bundles over HTTP (KServe v2 / Triton protocol)",

@@ -17,6 +17,7 @@ import pytest
 
 from hugerec.cli import COMMANDS, SCHEMA_HELP, SERVE_HELP, _parser, main
 from hugerec.cli.pipeline_commands import PIPELINE_HELP
+from hugerec.cli.up_command import UP_HELP
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +28,7 @@ def documented_commands() -> list[tuple[str, list[str]]]:
     readme = (ROOT / "README.md").read_text()
     for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.S):
         found += [("README.md", line) for line in block.splitlines()]
-    helps = [details for _, details in COMMANDS.values()] + [SERVE_HELP, SCHEMA_HELP, PIPELINE_HELP]
+    helps = [details for _, details in COMMANDS.values()] + [SERVE_HELP, SCHEMA_HELP, PIPELINE_HELP, UP_HELP]
     for text in helps:
         found += [("--help", m) for m in re.findall(r"example: (.*)", text)]
     for config in sorted((ROOT / "configs").glob("*.toml")):
@@ -89,6 +90,7 @@ def test_documented_command_loads_from_another_directory(
     monkeypatch.chdir(tmp_path)
     click_log(tmp_path / "clicks.csv")  # the README's own-data example: its file and its edited config
     (tmp_path / "my_data.toml").write_text(readme_config())
+    (tmp_path / "events.csv").write_text("user_id,item_id,timestamp\n1,10,978300760\n1,11,978300761\n")  # `hugerec up`'s log
     if argv[0] == "serve":
         args = _parser().parse_args(argv)
         assert args.bundles, f"{where}: hugerec {' '.join(argv)}"

@@ -2,7 +2,7 @@
 
 from hugerec.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hugerec.training.declared_loss import retrieval_loss, sequence_loss
-from hugerec.training.defaults import auto_batch_size
+from hugerec.training.defaults import auto_batch_size, auto_width, fitted_to_data
 from hugerec.training.early_stopping import EarlyStopping
 from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.gbm_fit import TreeHistory, evaluate_trees, fit_trees, library_version
@@ -77,6 +77,7 @@ __all__ = [
     "all_item_vectors",
     "auc",
     "auto_batch_size",
+    "auto_width",
     "bpr",
     "calibration",
     "evaluate",
@@ -86,6 +87,7 @@ __all__ = [
     "evaluate_trees",
     "fit",
     "fit_trees",
+    "fitted_to_data",
     "latest_checkpoint",
     "library_version",
     "list_metrics",

@@ -629,3 +629,17 @@ def test_resume_refuses_a_changed_config_and_another_family(tmp_path: Path) -> N
     assert history.steps == 8  # more epochs, another log window: allowed
     with pytest.raises(ValueError, match=r"step-0000000008 is a checkpoint of a ranking model; this run trains a retrieval model"):
         fit(TinyModel(), make_batches(4), None, quiet(out_dir=run, resume=True), family=RetrievalFamily(np.ones(4)))
+
+
+def test_progress_in_a_log_file_is_a_line_per_window_and_evaluation(capsys: pytest.CaptureFixture[str]) -> None:
+    """Paper cut 8: with stderr not a terminal (a file, a CI log) the progress is plain lines, no bar's
+    carriage returns; the evaluation lines say which one is the best."""
+    train, valid = make_batches(8), make_batches(4, seed=1)
+    cfg = TrainConfig(epochs=2, lr=0.02, log_every=4, progress=True, tensorboard=False, plot=False)
+    fit(TinyModel(), train, valid, cfg)
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = err.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["step 4/16", "step 8/16", "step 8/16", "step 12/16", "step 16/16", "step 16/16"]
+    assert lines[0].startswith("step 4/16: loss=") and "samples/s" in lines[0]
+    assert lines[2].startswith("step 8/16: eval auc=") and lines[2].endswith(" (best)")

@@ -171,7 +171,7 @@ SHRINK = [
 
 def restart(tmp: Path) -> list[dict[str, Any]]:
     from hugerec.cli import main
-    from hugerec.cli.loop_command import _make_loop, build_loop_config, load_loop_file
+    from hugerec.cli.loop_command import _make_loop, loop_config, load_loop_file
     from hugerec.continuous.decision_log import live_roles
     from hugerec.continuous.server_restore import restore_server
     from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
@@ -181,7 +181,7 @@ def restart(tmp: Path) -> list[dict[str, Any]]:
     try:
         assert main(["loop", "configs/loop_synthetic.toml", *SHRINK]) == 0
         cfg, _ = load_loop_file("configs/loop_synthetic.toml", SHRINK)
-        config = build_loop_config(cfg)
+        config = loop_config(cfg)
         started = time.perf_counter()
         with ExitStack() as stack:
             srv = InferenceServer(ServerConfig(admin_token="x" * 16, seed=0))

@@ -7,8 +7,9 @@
     [data]       paths (Parquet with the time column) + label, dense, sparse column names;
                  or, instead of paths, [data.stream]: a synthetic drifting stream (StreamConfig)
     [windows]    time_column, unit ("day" | "hour" | "minute"), size
-    [model]      the [model] of every command (hugerec.models.registry): type = "dlrm" (the loop trains
-                 DLRM for now), bottom, top, ...
+    [model]      the [model] of every command (hugerec.models.registry): any ranking type ("dlrm",
+                 "dcn_v2", "deepfm", "wide_and_deep") with its keys (dlrm: bottom, top, ...; dcn_v2:
+                 num_cross_layers, deep, ...); `model.type=X` on the command line starts [model] from X's defaults
     [embedding]  dim, optimizer (the tables' sparse optimizer), capacity (rows of each dynamic table),
                  min_count (sightings before a key gets a row), eviction ("lru" | "lfu")
     [gate] [decisions] [monitor] [recovery]   GateConfig, DecisionConfig, MonitorConfig, Recovery (how the
@@ -203,6 +204,30 @@ def _schema(cfg: LoopFile) -> Schema:
     return Schema.build(labels=(cfg.data.label,), dense=cfg.data.dense, sparse=dict.fromkeys(cfg.data.sparse))
 
 
+def loop_config(cfg: LoopFile) -> LoopConfig:
+    """The loop's own config from the file's sections (what `hugerec loop` runs)."""
+    lc = cfg.loop
+    return LoopConfig(
+        lc.work_dir,
+        _schema(cfg),
+        cfg.windows,
+        cfg.model,
+        cfg.gate,
+        cfg.decisions,
+        lc.name,
+        lc.holdout_share,
+        lc.batch_size,
+        lc.lr,
+        lc.epochs,
+        lc.canary_share,
+        lc.retrain_windows,
+        lc.seed,
+        deltas=lc.deltas,
+        keep_versions=lc.keep_versions,
+        recovery=cfg.recovery,
+    )
+
+
 def log_table(records: Sequence[Record]) -> str:
     """The decision log as a fixed-width table: window, action, version, AUC figures, reason."""
     rows = [("window", "action", "version", "cand AUC", "serving AUC", "reason")]
@@ -226,30 +251,6 @@ def log_table(records: Sequence[Record]) -> str:
     )
 
 
-def build_loop_config(cfg: LoopFile) -> LoopConfig:
-    """The loop's LoopConfig from its config file's sections."""
-    lc = cfg.loop
-    return LoopConfig(
-        str(Path(lc.work_dir)),
-        _schema(cfg),
-        cfg.windows,
-        cfg.model,
-        cfg.gate,
-        cfg.decisions,
-        lc.name,
-        lc.holdout_share,
-        lc.batch_size,
-        lc.lr,
-        lc.epochs,
-        lc.canary_share,
-        lc.retrain_windows,
-        lc.seed,
-        deltas=lc.deltas,
-        keep_versions=lc.keep_versions,
-        recovery=cfg.recovery,
-    )
-
-
 def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bool, only_log: bool) -> int:
     cfg, _ = load_loop_file(config_path, overrides)
     if print_config:
@@ -262,8 +263,8 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
     if only_log:
         print(log_table(read_log(work / "decisions.jsonl")))
         return 0
-    config = build_loop_config(cfg)
     lc = cfg.loop
+    config = loop_config(cfg)
     if cfg.data.stream is not None:
         stream = Stream(cfg.data.stream)
         days = cfg.data.stream.days

@@ -171,7 +171,7 @@ SHRINK = [
 
 def restart(tmp: Path) -> list[dict[str, Any]]:
     from hugerec.cli import main
-    from hugerec.cli.loop_command import _make_loop, loop_config, load_loop_file
+    from hugerec.cli.loop_command import _make_loop, load_loop_file, loop_config
     from hugerec.continuous.decision_log import live_roles
     from hugerec.continuous.server_restore import restore_server
     from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig

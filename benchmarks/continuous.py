@@ -3,6 +3,7 @@ monitor time.
 
     python benchmarks/continuous.py [--quick] [--json PATH] [--rows-per-day N] [--monitor-rows N]
         [--epochs N] [--intraday MINUTES ...] [--intraday-only] [--week-load-rows N] [--week-load-only]
+        [--config-week-only] [--config-week-rows N] [--two-tower-only]
 
 Stream: hugerec.data.synthetic_stream, 7 days (0..6), 6 sparse features (vocabulary 2,000, 2% of the
 ids of every popularity rank replaced by new ids each day) + 4 dense, concept drift on day 4 (half
@@ -36,6 +37,13 @@ figure shows how it recovers.
 (the reference the serving model was trained on) plus the KPIs on day d's labels of the model serving
 at that moment (published at step d-2) against its gate AUC (decisions.retrain_reason, defaults). Value: share of the injected days (4, 6) that
 alarm; `drift false alarms`: alarms on the other days (1, 2, 3, 5).
+`loop_synthetic day <d> lift` / `loop_synthetic lift kept`: `hugerec loop configs/loop_synthetic.toml` (its
+stream: 20,000 rows a day, `--quick` 10,000; its training settings; offline) for a week, once as the config stands
+(`dlrm-loop`, the reference) and once with `model.type=dcn_v2 model.deep=[32]` (`hugerec-loop-dcn_v2`); each
+day d = 1..6 scored on day d's holdout by the model serving after step d-1, the same lift as above; `lift kept`:
+the smallest over days 1-3, 5, 6.
+`two_tower day <d> recall@50` / `two_tower day <d> iteration time`: the two-tower loop on a drifting interaction
+stream against a two-tower retrained from scratch on every day so far (two_tower_week's docstring).
 `iteration time`: one loop step on day 5 (warm start, train a day, gate) plus publishing its model to a server in
 this process (export the bundle, load it, make it the canary; the model of day 4 already stable)
 against a full retrain from scratch on days 0..5 (same epochs, same rows per day).
@@ -218,6 +226,127 @@ def run(rows_per_day: int, monitor_rows: int, epochs: int) -> list[dict[str, Any
     )
     records.append(_record("iteration time", "full-retrain", retrain, "s", False))
     records += monitor_time(monitor_rows)
+    return records
+
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "loop_synthetic.toml"
+# the loop's models on configs/loop_synthetic.toml: the DLRM the config names (the reference) and DCN-v2 with a deep
+# MLP as wide as the DLRM's top MLP (model.type=dcn_v2 starts [model] from DCN-v2's defaults: 3 cross layers)
+CONFIG_MODELS = {"dlrm-loop": [], "hugerec-loop-dcn_v2": ["model.type=dcn_v2", "model.deep=[32]"]}
+KEPT_DAYS = (1, 2, 3, 5, 6)  # every day but the concept drift's (no model trained before day 4 can know it)
+
+
+def config_week(rows_per_day: int | None) -> list[dict[str, Any]]:
+    """`hugerec loop configs/loop_synthetic.toml` (offline: a published candidate serves at once) for a week with
+    each model of CONFIG_MODELS: windows 0..5 trained, day d = 1..6 (config `loop_synthetic day <d> lift`) scored
+    on day d's holdout by the model serving after step d - 1, as (AUC - 0.5) / (oracle AUC - 0.5); nothing serving
+    yet scores 0. `loop_synthetic lift kept` is the smallest lift over KEPT_DAYS (the issue asks >= 0.95)."""
+    from hugerec.cli.loop_command import load_loop_file, loop_config
+
+    records: list[dict[str, Any]] = []
+    kept: dict[str, float] = {}
+    for method, overrides in CONFIG_MODELS.items():
+        sizes = [] if rows_per_day is None else [f"data.stream.rows_per_day={rows_per_day}"]
+        work = tempfile.mkdtemp(prefix="hugerec-config-week-")
+        cfg, _ = load_loop_file(str(CONFIG), ["server.mode=offline", f"loop.work_dir={work}", *sizes, *overrides])
+        assert cfg.data.stream is not None
+        stream = Stream(cfg.data.stream)
+        days = [stream.day(d) for d in range(cfg.data.stream.days)]
+        lc = loop_config(cfg)
+        loop = Loop(lc, [day.table for day in days].__getitem__)
+        t0 = time.perf_counter()
+        lifts = {}
+        for d in range(1, len(days)):
+            loop.step(d - 1)
+            version = loop.serving_version()
+            held = holdout_mask(days[d].table.num_rows, lc.holdout_share, lc.seed)
+            holdout = days[d].table.filter(pa.array(held))
+            y, oracle = holdout["label"].to_numpy(), days[d].probability[held]
+            p = np.full(y.shape, 0.5) if version is None else _scores(loop.load(version), holdout, cfg.data.stream)
+            lifts[d] = _lift(p, y, oracle)
+            records.append(
+                _record(
+                    f"loop_synthetic day {d} lift",
+                    method,
+                    lifts[d],
+                    "share of oracle lift",
+                    True,
+                    serving=version,
+                    auc=auc(p, y),
+                    oracle_auc=auc(oracle, y),
+                    rows=int(y.size),
+                )
+            )
+            print(f"loop_synthetic day {d} lift {method} ({version}): {lifts[d]:.4f}", flush=True)
+        kept[method] = min(lifts[d] for d in KEPT_DAYS)
+        records.append(
+            _record(
+                "loop_synthetic lift kept",
+                method,
+                kept[method],
+                "min share of oracle lift, days 1-3, 5, 6",
+                True,
+                model=overrides,
+                rows_per_day=cfg.data.stream.rows_per_day,
+                seconds=time.perf_counter() - t0,
+            )
+        )
+    records[-1]["ratio_to_dlrm_loop"] = kept["hugerec-loop-dcn_v2"] / kept["dlrm-loop"]
+    return records
+
+
+def two_tower_week(users: int, items: int, days: int = 7) -> list[dict[str, Any]]:
+    """The two-tower loop (continuous.retrieval_loop, offline: a published pipeline serves at once) on a drifting
+    interaction stream (data.synthetic_interactions.generate_interaction_days: `users` x `items`, 5-15 events per
+    user a day, drift 0.2, 20% of the items launched on days 1..), against a two-tower retrained from scratch on
+    every day so far (the same config, epochs, batch and learning rates). Day d = 1..days-1 (config
+    `two_tower day <d> recall@50`): each user's day-d items among the items they had not met before; ours
+    answered by the served pipeline after step d-1 (its ANN index, exclude-seen, the popular fill), the
+    reference by exact top-50 over every item. `two_tower iteration time` (day d): the loop's step on day d-1
+    (warm start and train on that day, gate, export the pipeline bundle with a new index and load it back)
+    against the retrain from scratch on days 0..d-1."""
+    from hugerec.continuous.retrieval_loop import RetrievalLoop, RetrievalLoopConfig
+    from hugerec.data.interactions import held_out_csr
+    from hugerec.data.synthetic_interactions import DriftConfig, InteractionConfig, generate_interaction_days
+    from hugerec.serving.bundles.pipeline_bundle import load_pipeline
+    from hugerec.serving.pipeline.runner import Query
+    from hugerec.training.ranking_metrics import list_metrics
+
+    stream = generate_interaction_days(InteractionConfig(num_users=users, num_items=items, seed=0), DriftConfig(days=days))
+    cfg = RetrievalLoopConfig(tempfile.mkdtemp(prefix="hugerec-two-tower-loop-"), users, items)
+    loop = RetrievalLoop(cfg, stream.day)
+    records: list[dict[str, Any]] = []
+    for d in range(1, days):
+        t0 = time.perf_counter()
+        loop.step(d - 1)
+        step = time.perf_counter() - t0
+        version = loop.serving_version()
+        assert version is not None, loop.log.records[-1]
+        held = held_out_csr(stream.day(d))
+        pipe = load_pipeline(loop.bundle(version), name="recs", version=version)
+        try:
+            top = torch.full((users, cfg.k), -1, dtype=torch.int64)
+            for u in np.flatnonzero(np.diff(held[0]) > 0):
+                answer = pipe.pipeline.recommend(Query(int(u), cfg.k)).items
+                top[u, : len(answer)] = torch.from_numpy(answer)
+        finally:
+            pipe.close()
+        served = list_metrics(top, held, items, (cfg.k,))[f"recall@{cfg.k}"]
+        t0 = time.perf_counter()
+        scratch = loop.build()
+        history = loop.history(d - 1)
+        loop.train(scratch, history, np.bincount(history.items(), minlength=items), d - 1)
+        retrain = time.perf_counter() - t0
+        reference, n = loop.recall(scratch, d)
+        config = f"two_tower day {d} recall@{cfg.k}"
+        records.append(_record(config, "hugerec-loop-two_tower", served, "recall", True, serving=version, users=n,
+                               ratio_to_from_scratch=served / reference, exact_recall=loop.recall(loop.load(version), d)[0]))
+        records.append(_record(config, "two_tower-from-scratch", reference, "recall", True, events=history.num_events))
+        records.append(_record(f"two_tower day {d} iteration time", "hugerec-loop-two_tower", step, "s", False,
+                               ratio_to_from_scratch=step / retrain, phases=loop.seconds))
+        records.append(_record(f"two_tower day {d} iteration time", "two_tower-from-scratch", retrain, "s", False))
+        print(f"two_tower day {d}: served {version} recall@{cfg.k} {served:.4f} vs from scratch {reference:.4f} "
+              f"({served / reference:.3f}x); iteration {step:.1f} s vs retrain {retrain:.1f} s ({step / retrain:.2f}x)", flush=True)
     return records
 
 
@@ -471,6 +600,24 @@ def main() -> None:
     )
     ap.add_argument("--intraday-only", action="store_true", help="run only the --intraday loops")
     ap.add_argument(
+        "--two-tower-only",
+        action="store_true",
+        help="run only the two-tower loop's week on the drifting interaction stream (3,000 users x 1,500 items; "
+        "--quick: 1,000 x 500)",
+    )
+    ap.add_argument(
+        "--config-week-rows",
+        type=int,
+        default=None,
+        help="rows a day of the week of configs/loop_synthetic.toml (default: the config's 20,000; --quick: 10,000)",
+    )
+    ap.add_argument(
+        "--config-week-only",
+        action="store_true",
+        help="run only the week of configs/loop_synthetic.toml with the DLRM and the DCN-v2 loop "
+        "(its 20,000 rows a day; --quick: 10,000)",
+    )
+    ap.add_argument(
         "--intraday-seed",
         type=int,
         default=0,
@@ -496,15 +643,19 @@ def main() -> None:
 def _main(args: argparse.Namespace) -> None:
     rows = args.rows_per_day or (30_000 if args.quick else 1_000_000)
     mrows = args.monitor_rows or (200_000 if args.quick else 1_000_000)
-    only = args.week_load_only or args.intraday_only
+    only = args.week_load_only or args.intraday_only or args.config_week_only or args.two_tower_only
     records = [] if only else run(rows, mrows, args.epochs)
+    if not (args.week_load_only or args.intraday_only or args.two_tower_only):
+        records += config_week(args.config_week_rows or (10_000 if args.quick else None))
+    if not (args.week_load_only or args.intraday_only or args.config_week_only):
+        records += two_tower_week(*((1000, 500) if args.quick else (3000, 1500)))
     for minutes in args.intraday:
         recovery = Recovery(growth=args.recovery_growth or Recovery.growth, hours=args.recovery_hours or Recovery.hours)
         records += intraday_drift_day(rows, args.epochs, minutes, args.intraday_seed, recovery)
-    if args.week_load_rows > 0 and not args.intraday_only:
+    if args.week_load_rows > 0 and not (args.intraday_only or args.config_week_only or args.two_tower_only):
         records += week_load(args.week_load_rows)
-    sizes = "" if args.week_load_only else f"rows per day {rows:,}, epochs {args.epochs}, monitor rows {mrows:,}; "
-    week = "" if args.intraday_only else f"week load rows per day {args.week_load_rows:,}; "
+    sizes = "" if args.week_load_only or args.config_week_only or args.two_tower_only else f"rows per day {rows:,}, epochs {args.epochs}, monitor rows {mrows:,}; "
+    week = "" if args.intraday_only or args.config_week_only or args.two_tower_only else f"week load rows per day {args.week_load_rows:,}; "
     print(f"\n{sizes}{week}load {os.getloadavg()[0]:.1f}")
     print(f"{'config':<20} {'method':<16} {'value':>10}  unit")
     for r in records:

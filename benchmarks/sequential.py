@@ -1,34 +1,44 @@
-"""Sequential recommendation: next-item quality on MovieLens-1M and YOOCHOOSE, and SASRec training throughput.
+"""Sequential recommendation: next-item quality on MovieLens-1M and YOOCHOOSE against strong baselines, HSTU's
+jagged training and cached scoring, and SASRec training throughput.
 
-All baselines run in the same process on the same splits; every score is a full ranking of the catalogue
-(hugerec.training.next_item). Protocols:
+Every score is a full ranking of the catalogue (hugerec.training.next_item); baselines and models run in
+the same process on the same splits. Protocol (the same for every method, ours and the baselines):
 
-  quality movielens  the shared MovieLens-1M sample (users 1-2999, all ratings as implicit events, in
-                     time order). Leave-last-out: each user's last item is the target, the rest is the
-                     history (models see its last max_len items); the user's history items are excluded
-                     from the ranking. Metrics Recall@10 (= HR@10), NDCG@10.
-  quality yoochoose  the shared YOOCHOOSE 100k sample as prepared for GRU4Rec (train_full / test files;
-                     repeats kept). Test items unseen in training are removed, then sessions shorter than
-                     2 dropped; every prefix s_1..s_k predicts s_{k+1}. Nothing is excluded. Recall@20, MRR@20.
-  train <shape>      SASRec training samples/s (sequences of length 50, dim 64, 2 blocks) on a synthetic
-                     1M-item catalogue: hugerec (sampled softmax with logQ, in-batch + popularity negatives,
-                     lazy sparse Adam on the touched item rows) against plain PyTorch (nn.Embedding +
-                     nn.TransformerEncoder + full softmax over 1M items, dense Adam; its batch is what fits
-                     in memory). Both then train for the same wall-clock time and are scored by Recall@10
-                     (full ranking) on held-out sequences of the same synthetic source.
+  splits      MovieLens: the shared ML-1M sample (users 1-2999 of 6040, about half of ML-1M; all ratings
+              as implicit events in time order). Leave-last-out twice: each user's last item is test, the
+              second-to-last validation; a user's earlier items are excluded from the ranking.
+              Recall@10 (= HR@10), NDCG@10.
+              YOOCHOOSE: the 100k sample as prepared for GRU4Rec. Validation = the sessions of train_full
+              ending on its last day (the earlier ones train); test = the test file. Every prefix
+              s_1..s_k predicts s_{k+1}; clicks on items unseen in the split's training data are removed,
+              then sessions shorter than 2 dropped; nothing is excluded. Recall@20, MRR@20.
+              A validation split that is empty, or (YOOCHOOSE) ends after the test split starts, is refused.
+  choosing    every setting is chosen on the validation split by the first metric (Recall@K): each
+              baseline's from its grid (`baseline_grid`), each model's epochs by scoring the validation
+              targets after every epoch (at most --max-epochs, stopping after --patience epochs without
+              a better one; seed 0). The models' other settings (lr, windows, max_len, dropout) are
+              the ones earlier validation runs chose for SASRec (benchmarks/README.md).
+  test        read once, at the end: every method refitted on train + validation (MovieLens: each user's
+              history up to the test item; YOOCHOOSE: the whole of train_full) with the chosen settings;
+              models trained with seeds 0..--seeds-1 for the chosen epochs (mean, spread per seed).
+              Ratios are against the strongest baseline on each test metric.
 
-Baselines: popular (training counts), item-knn (cosine item-item similarity over user histories, summed
-over the last 5 history items), item-transitions (counts of i followed by j in training sequences, scored
-from the last item; popularity breaks ties), vsknn (V-SKNN, Ludewig & Jannach 2018: the prefix weighted by
-linear position decay, dot product with every training session's item set, the k = 100 most similar
-sessions vote for their items with their similarity).
+Baselines (hugerec.training.next_item_baselines): popular, item-knn, ease (order-aware decayed history),
+slist (SLIS + SLIT ridge regression, Choi et al. 2021), sknn and vsknn (normalised similarity, the most
+recent sampled sessions), and item-transitions (counts of i followed by j, scored from the last item).
 
-Choices (epochs, windows, max_len, lr, dropout) are made on a validation split, never on test:
-`--split valid` scores each user's second-to-last MovieLens item with the last one removed from the data,
-and `--eval-every N` prints the validation curve during training.
+Timing parts:
+  hstu train          the same HSTU (ML-1M users' last 200 items, dim 64, 2 layers, 2 heads, 128 sampled
+                      negatives, batch 128) on the jagged layout (Numba attention) and the padded plain-torch
+                      one, stepping in turn on the same batches: samples/s and the ratio.
+  hstu cached scoring 1,024 candidates for one 199-item history: cached (M-FALCON) against one forward per
+                      candidate and one batched forward of 1,024 sequences (ms, ratios).
+  train <shape>       SASRec training samples/s (length 50, dim 64, 2 blocks) on a synthetic 1M-item
+                      catalogue against plain PyTorch (nn.TransformerEncoder, full softmax, dense Adam), then
+                      Recall@10 of both after the same wall-clock time.
 
     python benchmarks/sequential.py --quick              # a few minutes on 2 shared cores
-    python benchmarks/sequential.py --json seq.json      # the table in benchmarks/README.md
+    python benchmarks/sequential.py --json seq.json      # the tables in benchmarks/README.md
 """
 
 from __future__ import annotations
@@ -39,8 +49,10 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -58,15 +70,35 @@ from hugerec.data.sessions import (
     read_movielens,
     read_yoochoose,
     sliding_windows,
+    split_by_day,
 )
 from hugerec.embedding.optimizers import Adam
 from hugerec.models.gru4rec import GRU4Rec
+from hugerec.models.hstu import HSTU, HSTUOptions, Layout
 from hugerec.models.masked import MaskedTransformer
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SequenceConfig
 from hugerec.training.epoch_batches import EpochBatches
+from hugerec.training.family import StepContext
 from hugerec.training.losses import Negatives, SampledSoftmax
 from hugerec.training.next_item import CSR, rank_metrics, target_ranks
+from hugerec.training.next_item_baselines import (
+    EASE,
+    SKNN,
+    SLIST,
+    VSKNN,
+    Baseline,
+    ItemKNN,
+    LinearScorer,
+    MostPopular,
+    Scorer,
+    SlistGrams,
+    TrainingSequences,
+    fit_baseline,
+    score_block,
+    slist_grams,
+    slist_solve,
+)
 from hugerec.training.sequential import (
     FullSoftmax,
     SequentialFamily,
@@ -90,12 +122,7 @@ def record(records: Records, config: str, method: str, value: float, unit: str, 
     records.append({"config": config, "method": method, "value": value, "unit": unit, "higher_is_better": higher})
 
 
-# -- baselines: each returns score_block(q0, q1) -> [q, I] over items 1..I --------------------------------
-def popular(counts: np.ndarray, num_queries: int) -> Callable[[int, int], torch.Tensor]:
-    row = torch.from_numpy(counts[1:].astype(np.float32))
-    return lambda q0, q1: row.expand(q1 - q0, -1)
-
-
+# -- item-transitions (the earlier best baseline) and the models' score blocks: (q0, q1) -> [q, I] over items 1..I --------------------------------
 def transitions(train: Sequences, num_items: int, counts: np.ndarray, last: np.ndarray) -> Callable[[int, int], torch.Tensor]:
     same = np.diff(train.sequence_ids()) == 0
     prev, nxt = train.items[:-1][same], train.items[1:][same]
@@ -108,166 +135,337 @@ def transitions(train: Sequences, num_items: int, counts: np.ndarray, last: np.n
     return score
 
 
-def item_knn(train: Sequences, num_items: int, histories: np.ndarray, n_last: int = 5) -> Callable[[int, int], torch.Tensor]:
-    x = sp.csr_matrix((np.ones(len(train.items), np.float32), (train.sequence_ids(), train.items)), shape=(len(train), num_items + 1))
-    x.data[:] = 1.0  # binary
-    co = (x.T @ x).toarray()  # [I + 1, I + 1]
-    norm = np.sqrt(np.diag(co)) + 1e-9
-    sim = torch.from_numpy((co / norm[:, None] / norm[None, :]).astype(np.float32))
-    sim.fill_diagonal_(0.0)
-    sim[0] = 0.0  # padding contributes nothing
-    recent = torch.from_numpy(histories[:, -n_last:])
-
-    def score(q0: int, q1: int) -> torch.Tensor:
-        return sim[recent[q0:q1]].sum(dim=1)[:, 1:]  # [q, n_last, I + 1] -> [q, I]
-
-    return score
-
-
-def vsknn(train: Sequences, num_items: int, histories: np.ndarray, k: int = 100) -> Callable[[int, int], torch.Tensor]:
-    s = sp.csr_matrix((np.ones(len(train.items), np.float32), (train.sequence_ids(), train.items)), shape=(len(train), num_items + 1))
-    s.data[:] = 1.0
-    st = s.T.tocsr()
-    hist = histories
-    length = (hist != 0).sum(axis=1, keepdims=True)
-    pos = np.cumsum(hist != 0, axis=1)  # 1..n over the items
-    w = np.where(hist != 0, pos / np.maximum(length, 1), 0.0).astype(np.float32)  # linear decay: the last item weighs 1
-
-    def score(q0: int, q1: int) -> torch.Tensor:
-        rows = np.repeat(np.arange(q1 - q0), hist.shape[1])
-        q = sp.csr_matrix((w[q0:q1].ravel(), (rows, hist[q0:q1].ravel())), shape=(q1 - q0, num_items + 1))
-        q.sum_duplicates()
-        sims = torch.from_numpy((q @ st).toarray())  # [q, sessions]
-        top = torch.topk(sims, min(k, sims.shape[1]), dim=1)
-        keep = torch.zeros_like(sims).scatter_(1, top.indices, top.values)
-        return torch.from_numpy((sp.csr_matrix(keep.numpy()) @ s).toarray()[:, 1:])  # [q, sessions] @ [sessions, I + 1]
-
-    return score
-
-
 def model_scores(model: Any, histories: np.ndarray) -> Callable[[int, int], torch.Tensor]:
     items = all_item_vectors(model)
     queries = query_vectors(model, torch.from_numpy(histories))
     return lambda q0, q1: queries[q0:q1] @ items.T
 
 
-# -- quality ----------------------------------------------------------------------------------------------
-def train_model(
-    name: str, num_items: int, train: Sequences, max_len: int, epochs: int, seed: int, lr: float, batch: int, max_steps: int | None = None,
-    windows: str = "last", dropout: float = 0.2, layers: int = 2, heads: int = 1, progress: Callable[[Any, int], None] | None = None,
-) -> Any:
+# -- quality: the protocol -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Split:
+    """What a method is fit on and what it is scored on: one of the (train, valid) or (train + valid, test) pairs."""
+
+    name: str  # "valid" | "test"
+    train: Sequences
+    histories: np.ndarray  # [Q, HISTORY] the last items before each target, left-padded
+    targets: np.ndarray  # [Q]
+    exclude: CSR | None  # items ranked out per query (MovieLens: the user's training items)
+    own: np.ndarray | None  # [Q] the query's own training sequence (the kNN baselines leave it out)
+    num_items: int
+
+
+HISTORY = 100  # history columns kept per query (models read the last max_len, baselines their n_last)
+
+
+def training_sequences(train: Sequences, num_items: int) -> TrainingSequences:
+    last = train.timestamps[np.maximum(train.offsets[1:] - 1, 0)] if len(train.items) else np.zeros(len(train), np.int64)
+    return TrainingSequences(train.offsets, train.items, num_items, last)
+
+
+def baseline_grid(quick: bool) -> dict[str, list[Baseline]]:
+    """The written-down grids every baseline's settings are chosen from (on the valid split); --quick: the first point."""
+    grids: dict[str, list[Baseline]] = {
+        "popular": [MostPopular()],
+        "item-knn": [ItemKNN(n_last=n, decay=d) for n in (1, 3, 5, 10) for d in (0.7, 1.0)],
+        "ease": [EASE(lam=lam, n_last=n, decay=d) for lam in (100.0, 500.0, 2000.0) for n in (10, 50) for d in (0.8, 0.95)],
+        "slist": [SLIST(alpha=a, lam=lam, n_last=n, decay=d) for n in (10, 20) for d in (0.7, 0.8, 0.9) for lam in (10.0, 100.0, 1000.0) for a in (0.0, 0.5)],
+        "sknn": [SKNN(k=k, sample=s, n_last=n) for k in (50, 100) for s in (500, 2000) for n in (10, 50)],
+        "vsknn": [VSKNN(k=k, sample=s, n_last=n) for k in (50, 100) for s in (500, 2000) for n in (10, 50)],
+    }
+    return {name: grid[:1] for name, grid in grids.items()} if quick else grids
+
+
+class BaselineCache:
+    """Fits shared by grid points: EASE's inverse depends on lam only, SLIST's Gram matrices on (n_last, decay)."""
+
+    def __init__(self, train: TrainingSequences) -> None:
+        self.train = train
+        self.ease: dict[float, np.ndarray] = {}
+        self.grams: dict[tuple[int, float], SlistGrams] = {}
+
+    def fit(self, spec: Baseline) -> Scorer:
+        match spec:
+            case EASE(lam=lam, n_last=n, decay=d):
+                if lam not in self.ease:
+                    self.ease[lam] = cast(LinearScorer, fit_baseline(spec, self.train)).weights
+                return LinearScorer(self.ease[lam], n, d)
+            case SLIST(alpha=a, lam=lam, n_last=n, decay=d):
+                if (n, d) not in self.grams:
+                    self.grams[(n, d)] = slist_grams(self.train, n, d)
+                return LinearScorer(slist_solve(self.grams[(n, d)], a, lam), n, d)
+            case _:
+                return fit_baseline(spec, self.train)
+
+
+def split_metrics(split: Split, score: Callable[[int, int], torch.Tensor], k: int) -> dict[str, float]:
+    return rank_metrics(target_ranks(score, split.targets, split.num_items, split.exclude, block=512), ks=(k,))
+
+
+def choose_baselines(valid: Split, quick: bool, key: str, k: int) -> dict[str, tuple[Baseline, float]]:
+    """Each baseline's grid point with the best validation `key` (ties: the earlier point)."""
+    cache = BaselineCache(training_sequences(valid.train, valid.num_items))
+    chosen: dict[str, tuple[Baseline, float]] = {}
+    for name, grid in baseline_grid(quick).items():
+        t0 = time.perf_counter()
+        best: tuple[Baseline, float] | None = None
+        for spec in grid:
+            value = split_metrics(valid, score_block(cache.fit(spec), valid.histories, valid.own), k)[key]
+            if best is None or value > best[1]:
+                best = (spec, value)
+        assert best is not None
+        chosen[name] = best
+        print(f"  {name:10s} valid {key} {best[1]:.4f} with {best[0]} ({len(grid)} settings, {time.perf_counter() - t0:.0f} s)", flush=True)
+    return chosen
+
+
+class _Stop(Exception):
+    """Raised from train_model's epoch callback when validation stopped improving."""
+
+
+@dataclass(frozen=True)
+class DeepSettings:
+    max_len: int
+    lr: float
+    batch: int
+    windows: str  # "last" | "sliding"
+    dropout: float = 0.2
+    layers: int = 2
+    heads: int = 1
+    hstu_temperature: float = 0.0  # HSTU: 0 = dot product scores (as SASRec); > 0 cosine / temperature
+
+
+def build_model(name: str, num_items: int, s: DeepSettings, seed: int) -> Any:
     torch.manual_seed(seed)
-    cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=layers, num_heads=heads, dropout=dropout)
-    model = MODELS[name](cfg, optimizer=Adam(lr=lr))
-    tc = TrainConfig(epochs=epochs, lr=lr, max_steps=max_steps, seed=seed, progress=False, tensorboard=False, plot=False)
+    cfg = SequenceConfig(num_items=num_items, max_len=s.max_len, dim=64, num_layers=s.layers, num_heads=s.heads, dropout=s.dropout)
+    if name == "hugerec-hstu":
+        return HSTU(cfg, optimizer=Adam(lr=s.lr), options=HSTUOptions(temperature=s.hstu_temperature))
+    return MODELS[name](cfg, optimizer=Adam(lr=s.lr))
+
+
+def train_model(
+    name: str, split: Split, s: DeepSettings, epochs: int, seed: int, max_steps: int | None = None,
+    on_epoch: Callable[[Any, int], None] | None = None,
+) -> Any:
+    """The model trained by `fit` (the sequential family, full softmax); on_epoch(model, e) after each
+    epoch e (0-based) that ran to its end; it may raise _Stop to end training there."""
+    model = build_model(name, split.num_items, s, seed)
+    tc = TrainConfig(epochs=epochs, lr=s.lr, max_steps=max_steps, seed=seed, progress=False, tensorboard=False, plot=False)
     width = window_width(model)
     # "last": each sequence's last max_len (+ 1) items; "sliding": windows over the whole of each sequence
-    data = last_n(train, width) if windows == "last" else sliding_windows(train, width)
-    batches = window_batches(data, batch, seed)
-    if progress is not None:  # the callback after each epoch, as the next one starts (then back to training)
+    data = last_n(split.train, width) if s.windows == "last" else sliding_windows(split.train, width)
+    batches = window_batches(data, s.batch, seed)
+    if on_epoch is not None:  # the callback after each epoch, as the next one starts (then back to training)
         inner = batches
 
         def epoch(e: int) -> Any:
             if e:
-                progress(model, e - 1)
+                on_epoch(model, e - 1)
                 model.train()
             return inner.make(e)
 
         batches = EpochBatches(epoch, len(inner))
-    history = fit(model, batches, None, tc, family=SequentialFamily(FullSoftmax(), mask_prob=0.2))
-    if progress is not None and max_steps is None:
-        progress(model, epochs - 1)
-    print(f"  {name}: {history.steps} steps, loss {history.train[0]['loss']:.3f} -> {history.train[-1]['loss']:.3f}", flush=True)
+    t0 = time.perf_counter()
+    try:
+        history = fit(model, batches, None, tc, family=SequentialFamily(FullSoftmax(), mask_prob=0.2))
+        if on_epoch is not None and (max_steps is None or history.steps == epochs * len(batches)):
+            on_epoch(model, epochs - 1)
+        print(f"  {name}: {history.steps} steps in {time.perf_counter() - t0:.0f} s, loss {history.train[0]['loss']:.3f} -> {history.train[-1]['loss']:.3f}", flush=True)
+    except _Stop:
+        print(f"  {name}: stopped after {time.perf_counter() - t0:.0f} s (validation stopped improving)", flush=True)
+    return model.train(False)
     return model
 
 
-def evaluate(
-    records: Records, dataset: str, scores: dict[str, Callable[[int, int], torch.Tensor]], targets: np.ndarray,
-    num_items: int, exclude: CSR | None, metrics: tuple[str, ...], k: int,
-) -> dict[str, dict[str, float]]:
-    out = {}
-    for method, score in scores.items():
-        m = rank_metrics(target_ranks(score, targets, num_items, exclude, block=512), ks=(k,))
-        out[method] = m
-        for metric in metrics:
-            record(records, f"quality {dataset} {metric}", method, m[metric], "fraction")
-        print(f"  {method:18s} " + "  ".join(f"{metric} {m[metric]:.4f}" for metric in metrics), flush=True)
-    return out
+def checkpoint_path(folder: Path, name: str, seed: int, epoch: int) -> Path:
+    return folder / f"{name}-seed{seed}-epoch{epoch}.pt"
 
 
-def movielens(
-    records: Records, quick: bool, seed: int, epochs_override: int | None = None, max_len: int = 50, windows: str = "sliding",
-    dropout: float = 0.2, split: str = "test", lr: float = 6e-3, batch: int = 128, layers: int = 2, heads: int = 1, eval_every: int = 0,
+def save_test_checkpoints(name: str, test: Split, s: DeepSettings, max_epochs: int, seed: int, folder: Path) -> None:
+    """--save-test-checkpoints: train on the test split's training data for max_epochs, saving the weights
+    after every epoch and scoring nothing, while the validation run chooses the epoch; the test is then
+    read once, from the chosen epoch's file (--checkpoints). Training is deterministic and the lr constant,
+    so the weights after epoch E are those of an E-epoch run."""
+    folder.mkdir(parents=True, exist_ok=True)
+    train_model(name, test, s, max_epochs, seed, None, lambda model, epoch: torch.save(model.state_dict(), checkpoint_path(folder, name, seed, epoch + 1)))
+
+
+def test_model(name: str, test: Split, s: DeepSettings, epochs: int, seed: int, max_steps: int | None, checkpoints: Path | None) -> Any:
+    """The model scored on test: trained here, or read from a --save-test-checkpoints file of that epoch."""
+    if checkpoints is None:
+        return train_model(name, test, s, epochs, seed, max_steps)
+    model = build_model(name, test.num_items, s, seed)
+    model.load_state_dict(torch.load(checkpoint_path(checkpoints, name, seed, epochs), weights_only=True))
+    print(f"  {name}: seed {seed} read from {checkpoint_path(checkpoints, name, seed, epochs)}", flush=True)
+    return model.train(False)
+
+
+def model_block(model: Any, split: Split) -> Callable[[int, int], torch.Tensor]:
+    return model_scores(model, split.histories[:, -model.cfg.max_len :])
+
+
+def choose_epochs(name: str, valid: Split, s: DeepSettings, max_epochs: int, patience: int, key: str, k: int, max_steps: int | None) -> tuple[int, list[float]]:
+    """Train on the valid split's training data, score the valid targets after every epoch; the best epoch
+    (stop after `patience` epochs without a better one)."""
+    curve: list[float] = []
+
+    def evaluate_epoch(model: Any, epoch: int) -> None:
+        curve.append(split_metrics(valid, model_block(model, valid), k)[key])
+        print(f"    {name} epoch {epoch + 1}: valid {key} {curve[-1]:.4f}", flush=True)
+        if len(curve) - 1 - int(np.argmax(curve)) >= patience:
+            raise _Stop
+
+    model = train_model(name, valid, s, max_epochs, 0, max_steps, evaluate_epoch)
+    if not curve:  # --quick's max_steps ended training inside the first epoch
+        curve.append(split_metrics(valid, model_block(model, valid), k)[key])
+    return int(np.argmax(curve)) + 1, curve
+
+
+def quality(
+    records: Records, dataset: str, valid: Split, test: Split, quick: bool, models: list[str], settings: DeepSettings,
+    metrics: tuple[str, str], k: int, seeds: range, max_epochs: int, patience: int, epochs_override: dict[str, int], max_steps: int | None,
+    baselines_on: bool = True, checkpoints: Path | None = None,
 ) -> None:
-    print(f"quality movielens (leave-last-out, history excluded, full ranking; scored on {split})", flush=True)
+    """Choose every setting on `valid`, then fit on test.train (= train + valid) and read `test` once."""
+    key = metrics[0]
+    print(f"  settings chosen on the valid split by {key}; {len(valid.targets)} valid and {len(test.targets)} test queries", flush=True)
+    chosen = choose_baselines(valid, quick, key, k) if baselines_on else {}
+    cache = BaselineCache(training_sequences(test.train, test.num_items))
+    results: dict[str, dict[str, float]] = {}
+    for name, (spec, _) in chosen.items():
+        results[name] = split_metrics(test, score_block(cache.fit(spec), test.histories, test.own), k)
+    transitions_counts = np.bincount(test.train.items, minlength=test.num_items + 1)
+    if baselines_on:
+        results["item-transitions"] = split_metrics(test, transitions(test.train, test.num_items, transitions_counts, test.histories[:, -1]), k)
+    for name in models:
+        epochs = epochs_override.get(name) or choose_epochs(name, valid, settings, max_epochs, patience, key, k, max_steps)[0]
+        if not seeds:  # --seeds 0: the validation run only
+            print(f"  {name}: {epochs} epochs chosen on valid; no test run (--seeds 0)", flush=True)
+            continue
+        print(f"  {name}: {epochs} epochs (chosen on valid), test with seeds {list(seeds)}", flush=True)
+        runs = [split_metrics(test, model_block(test_model(name, test, settings, epochs, seed, max_steps, checkpoints), test), k) for seed in seeds]
+        results[name] = {metric: float(np.mean([r[metric] for r in runs])) for metric in metrics}
+        for metric in metrics:
+            values = [r[metric] for r in runs]
+            record(records, f"quality {dataset} {metric} spread", name, float(np.std(values)), "std over seeds")
+            for seed, v in zip(seeds, values, strict=True):
+                record(records, f"quality {dataset} {metric} seed {seed}", name, v, "fraction")
+        record(records, f"quality {dataset} epochs", name, float(epochs), "epochs (chosen on valid)", higher=False)
+    for method, got in results.items():
+        for metric in metrics:
+            record(records, f"quality {dataset} {metric}", method, got[metric], "fraction")
+        print(f"  {method:18s} test " + "  ".join(f"{metric} {got[metric]:.4f}" for metric in metrics), flush=True)
+    baselines = [b for b in results if not b.startswith("hugerec")]
+    for name in [m for m in models if m in results and baselines]:
+        short = name.removeprefix("hugerec-")
+        for metric in metrics:
+            strongest = max(baselines, key=lambda b: results[b][metric])
+            ratio = results[name][metric] / max(results[strongest][metric], 1e-12)
+            record(records, f"{dataset} {short}", name, ratio, f"{metric} x {strongest} (strongest baseline)")
+            print(f"  {name} / strongest baseline ({strongest}) {metric}: {ratio:.3f}x", flush=True)
+            if name == "hugerec-hstu" and "hugerec-sasrec" in results:
+                ratio = results[name][metric] / max(results["hugerec-sasrec"][metric], 1e-12)
+                record(records, f"{dataset} {short}", name, ratio, f"{metric} x hugerec-sasrec")
+                print(f"  {name} / hugerec-sasrec {metric}: {ratio:.3f}x", flush=True)
+
+
+def movielens_splits() -> tuple[Split, Split]:
+    """Leave-last-out, twice: each user's last item is test, the second-to-last validation."""
     events = read_movielens(DATA / "movielens" / "ml-1m" / "ratings.dat.gz")
     users = group_sequences(events, key="user", drop_repeats=False)
     vocab = ItemVocabulary.fit(users.items)
     seqs, _ = vocab.encode(users)
-    train, targets = leave_last_out(seqs)
-    if split == "valid":  # tuning: the second-to-last item is the target, the last one is never seen
-        train, targets = leave_last_out(train)
+    short = int((seqs.lengths < 3).sum())
+    if short:
+        raise SystemExit(f"benchmarks/sequential.py: {short} MovieLens users have fewer than 3 items: no training item would be left beside a validation and a test item")
+    train_full, test_targets = leave_last_out(seqs)
+    train, valid_targets = leave_last_out(train_full)
     num_items = vocab.num_items
-    histories = last_n(train, max_len)
-    counts = np.bincount(train.items, minlength=num_items + 1)
-    scores = {
-        "popular": popular(counts, len(targets)),
-        "item-knn": item_knn(train, num_items, histories),
-        "item-transitions": transitions(train, num_items, counts, histories[:, -1]),
-    }
-    epochs = epochs_override or (1 if quick else 14)  # 14: chosen on --split valid (benchmarks/README.md)
-    exclude = (train.offsets, train.items)
+    users_idx = np.arange(len(seqs))
 
-    def progress(model: Any, epoch: int) -> None:  # --eval-every: the curve the epochs are chosen from (on valid)
-        if (epoch + 1) % eval_every == 0:
-            m = rank_metrics(target_ranks(model_scores(model, histories), targets, num_items, exclude, block=512), ks=(10,))
-            print(f"    epoch {epoch + 1}: {split} recall@10 {m['recall@10']:.4f} ndcg@10 {m['ndcg@10']:.4f}", flush=True)
+    def split(name: str, tr: Sequences, targets: np.ndarray) -> Split:
+        return Split(name, tr, last_n(tr, HISTORY), targets, (tr.offsets, tr.items), users_idx, num_items)
 
-    for name in MODELS:
-        model = train_model(
-            name, num_items, train, max_len, epochs, seed, lr=lr, batch=batch, max_steps=24 if quick else None, windows=windows, dropout=dropout,
-            layers=layers, heads=heads, progress=progress if eval_every else None,
-        )
-        scores[name] = model_scores(model, histories)
-    dataset = "movielens" if split == "test" else "movielens-valid"
-    res = evaluate(records, dataset, scores, targets, num_items, exclude, ("recall@10", "ndcg@10"), 10)
-    for metric in ("recall@10", "ndcg@10") if "hugerec-sasrec" in res else ():
-        best = max(res[b][metric] for b in ("popular", "item-knn", "item-transitions"))
-        ratio = res["hugerec-sasrec"][metric] / best
-        record(records, f"quality {dataset} {metric} ratio", "hugerec-sasrec", ratio, "x best baseline")
-        print(f"  SASRec / best baseline {metric}: {ratio:.2f}x (target >= 1.25x)", flush=True)
+    print(f"  {len(seqs)} users, {len(seqs.items)} events, {num_items} items (users 1-2999 of ML-1M: about half of it)", flush=True)
+    return split("valid", train, valid_targets), split("test", train_full, test_targets)
 
 
-def yoochoose(records: Records, quick: bool, seed: int, epochs_override: int | None = None) -> None:
-    print("quality yoochoose (every prefix, unseen test items removed, full ranking)", flush=True)
+def yoochoose_splits() -> tuple[Split, Split]:
+    """Sessions of train_full ending on its last day are validation (every prefix), the earlier ones train;
+    the test file is test, scored after training on the whole of train_full."""
     root = DATA / "yoochoose"
-    train_raw = group_sequences(read_yoochoose(root / "yoochoose-clicks-100k_train_full.txt.gz"), drop_repeats=False, min_length=2)
+    full_raw = group_sequences(read_yoochoose(root / "yoochoose-clicks-100k_train_full.txt.gz"), drop_repeats=False, min_length=2)
     test_raw = group_sequences(read_yoochoose(root / "yoochoose-clicks-100k_test.txt.gz"), drop_repeats=False, min_length=2)
-    vocab = ItemVocabulary.fit(train_raw.items)
-    train, _ = vocab.encode(train_raw, min_length=2)
-    test, report = vocab.encode(test_raw, min_length=2)
-    seq, end, targets = prefixes(test)
-    max_len = 20
-    histories = last_n(test, max_len, rows=seq, ends=end)
-    num_items = vocab.num_items
-    print(f"  {len(train)} train sessions, {len(test)} test sessions, {len(targets)} prefixes; "
-          f"{report.unknown_items} unseen test clicks removed, {report.dropped_sequences} sessions left too short", flush=True)
-    counts = np.bincount(train.items, minlength=num_items + 1)
-    scores = {
-        "popular": popular(counts, len(targets)),
-        "item-transitions": transitions(train, num_items, counts, histories[:, -1]),
-        "vsknn": vsknn(train, num_items, histories),
-    }
-    epochs = epochs_override or (1 if quick else 6)
-    for name in MODELS:
-        model = train_model(name, num_items, train, max_len, epochs, seed, lr=3e-3, batch=256, max_steps=40 if quick else None)
-        scores[name] = model_scores(model, histories)
-    res = evaluate(records, "yoochoose", scores, targets, num_items, None, ("recall@20", "mrr@20"), 20)
-    best = max(MODELS, key=lambda m: res[m]["recall@20"])  # the best hugerec model of this run
-    for metric in ("recall@20", "mrr@20"):
-        ratio = res[best][metric] / res["vsknn"][metric]
-        record(records, f"quality yoochoose {metric} ratio", best, ratio, "x vsknn")
-        print(f"  {best} / vsknn {metric}: {ratio:.2f}x (target > 1)", flush=True)
+    tr_raw, valid_raw = split_by_day(full_raw, test_days=1)
+    if not len(valid_raw) or not len(tr_raw):
+        raise SystemExit(f"benchmarks/sequential.py: the YOOCHOOSE validation split is empty ({len(valid_raw)} validation, {len(tr_raw)} training sessions)")
+    valid_end, test_start = int(valid_raw.timestamps.max()), int(test_raw.timestamps.min())
+    if valid_end >= test_start:
+        raise SystemExit(
+            f"benchmarks/sequential.py: the YOOCHOOSE validation split overlaps the test split: validation ends "
+            f"{datetime.fromtimestamp(valid_end, UTC):%Y-%m-%d %H:%M:%S}, test starts {datetime.fromtimestamp(test_start, UTC):%Y-%m-%d %H:%M:%S} UTC"
+        )
+
+    def split(name: str, train_raw: Sequences, eval_raw: Sequences) -> Split:
+        vocab = ItemVocabulary.fit(train_raw.items)
+        train, _ = vocab.encode(train_raw, min_length=2)
+        evaluated, report = vocab.encode(eval_raw, min_length=2)
+        seq, end, targets = prefixes(evaluated)
+        print(f"  {name}: {len(train)} training sessions, {len(evaluated)} {name} sessions, {len(targets)} prefixes; "
+              f"{report.unknown_items} clicks on items unseen in training removed, {report.dropped_sequences} sessions left too short", flush=True)
+        return Split(name, train, last_n(evaluated, HISTORY, rows=seq, ends=end), targets, None, None, vocab.num_items)
+
+    print(f"  validation: sessions ending on the last day of train_full, "
+          f"{datetime.fromtimestamp(int(valid_raw.timestamps.min()), UTC):%Y-%m-%d %H:%M} to {datetime.fromtimestamp(valid_end, UTC):%Y-%m-%d %H:%M} UTC; "
+          f"test from {datetime.fromtimestamp(test_start, UTC):%Y-%m-%d %H:%M} UTC", flush=True)
+    return split("valid", tr_raw, valid_raw), split("test", full_raw, test_raw)
+
+
+def model_list(args: argparse.Namespace) -> list[str]:
+    return [] if args.models == "none" else args.models.split(",")
+
+
+def seed_range(args: argparse.Namespace) -> range:
+    return range(args.first_seed, args.first_seed + args.seeds)
+
+
+def epochs_by_model(text: str | None) -> dict[str, int]:
+    """--epochs N (every model) or NAME=N,NAME=N."""
+    if not text:
+        return {}
+    if "=" not in text:
+        return dict.fromkeys([*MODELS, "hugerec-hstu"], int(text))
+    return {name: int(n) for name, n in (part.split("=", 1) for part in text.split(","))}
+
+
+def movielens(records: Records, args: argparse.Namespace) -> None:
+    print("quality movielens (leave-last-out, history excluded, full ranking)", flush=True)
+    valid, test = movielens_splits()
+    settings = DeepSettings(
+        max_len=args.max_len, lr=args.lr, batch=args.batch, windows=args.windows, dropout=args.dropout, layers=args.layers, heads=args.heads,
+        hstu_temperature=args.hstu_temperature,
+    )
+    if args.save_test_checkpoints:
+        for name in model_list(args):
+            for seed in seed_range(args):
+                save_test_checkpoints(name, test, settings, args.max_epochs, seed, Path(args.save_test_checkpoints))
+        return
+    quality(
+        records, "movielens", valid, test, args.quick, model_list(args), settings, ("recall@10", "ndcg@10"), 10, seed_range(args),
+        2 if args.quick else args.max_epochs, args.patience, epochs_by_model(args.epochs), 24 if args.quick else None, not args.no_baselines,
+        None if args.checkpoints is None else Path(args.checkpoints),
+    )
+
+
+def yoochoose(records: Records, args: argparse.Namespace) -> None:
+    print("quality yoochoose (every prefix, unseen items removed, full ranking)", flush=True)
+    valid, test = yoochoose_splits()
+    settings = DeepSettings(max_len=20, lr=3e-3, batch=256, windows="last", layers=2, heads=1)
+    models = [m for m in model_list(args) if m != "hugerec-hstu"]  # HSTU is measured on MovieLens
+    quality(
+        records, "yoochoose", valid, test, args.quick, models, settings, ("recall@20", "mrr@20"), 20, seed_range(args),
+        2 if args.quick else args.max_epochs, args.patience, epochs_by_model(args.epochs), 40 if args.quick else None, not args.no_baselines,
+    )
 
 
 # -- throughput -------------------------------------------------------------------------------------------
@@ -396,40 +594,187 @@ def throughput(records: Records, quick: bool, seed: int, seconds: float | None =
     record(records, f"quality synthetic-1m recall@10 after {budget:.0f} s", "torch-sasrec", ref_recall, "fraction")
 
 
+def merge(paths: list[str]) -> Records:
+    """Records of several runs of the quality parts (seeds in parallel processes, baselines in another) -> one
+    set: each model's per-seed test figures pooled (mean, spread), the baselines', and the ratios that
+    `quality` prints, as if one process had run them all."""
+    seeds: dict[tuple[str, str, str], dict[int, float]] = {}  # (dataset, model, metric) -> seed -> value
+    base: dict[tuple[str, str], dict[str, float]] = {}  # (dataset, metric) -> baseline -> value
+    out: Records = []
+    for path in paths:
+        with open(path) as f:
+            for r in json.load(f):
+                words = r["config"].split()
+                if words[0] != "quality" or len(words) < 3:
+                    continue
+                dataset, metric = words[1], words[2]
+                if len(words) == 5 and words[3] == "seed":
+                    seeds.setdefault((dataset, r["method"], metric), {})[int(words[4])] = r["value"]
+                elif len(words) == 3 and not r["method"].startswith("hugerec"):
+                    base.setdefault((dataset, metric), {})[r["method"]] = r["value"]
+                elif words[2] == "epochs":
+                    out.append(r)
+    means: dict[tuple[str, str, str], float] = {}
+    for (dataset, model, metric), per_seed in sorted(seeds.items()):
+        values = [per_seed[s] for s in sorted(per_seed)]
+        means[(dataset, model, metric)] = float(np.mean(values))
+        record(out, f"quality {dataset} {metric}", model, means[(dataset, model, metric)], "fraction")
+        record(out, f"quality {dataset} {metric} spread", model, float(np.std(values)), "std over seeds")
+        for s in sorted(per_seed):
+            record(out, f"quality {dataset} {metric} seed {s}", model, per_seed[s], "fraction")
+        print(f"  {dataset} {model} {metric}: {means[(dataset, model, metric)]:.4f} +- {np.std(values):.4f} over seeds {sorted(per_seed)}")
+    for (dataset, metric), values in sorted(base.items()):
+        for method, v in values.items():
+            record(out, f"quality {dataset} {metric}", method, v, "fraction")
+    for (dataset, model, metric), mean in sorted(means.items()):
+        short = model.removeprefix("hugerec-")
+        if (dataset, metric) in base:
+            strongest = max(base[(dataset, metric)], key=lambda b: base[(dataset, metric)][b])
+            ratio = mean / base[(dataset, metric)][strongest]
+            record(out, f"{dataset} {short}", model, ratio, f"{metric} x {strongest} (strongest baseline)")
+            print(f"  {model} / strongest baseline ({strongest}) {dataset} {metric}: {ratio:.3f}x")
+        if model == "hugerec-hstu" and (dataset, "hugerec-sasrec", metric) in means:
+            ratio = mean / means[(dataset, "hugerec-sasrec", metric)]
+            record(out, f"{dataset} {short}", model, ratio, f"{metric} x hugerec-sasrec")
+            print(f"  {model} / hugerec-sasrec {dataset} {metric}: {ratio:.3f}x")
+    return out
+
+
+# -- HSTU: jagged against padded training, cached against uncached scoring --------------------------------
+def movielens_windows(max_len: int) -> tuple[np.ndarray, int]:
+    """The ML-1M training shape: each user's last max_len + 1 items (left-padded), and the catalogue size."""
+    users = group_sequences(read_movielens(DATA / "movielens" / "ml-1m" / "ratings.dat.gz"), key="user", drop_repeats=False)
+    vocab = ItemVocabulary.fit(users.items)
+    seqs, _ = vocab.encode(users)
+    return last_n(seqs, max_len + 1), vocab.num_items
+
+
+def hstu_train(records: Records, quick: bool, seed: int) -> None:
+    """Training samples/s of the same HSTU (max_len 200, dim 64, 2 layers, 2 heads, 128 uniform sampled
+    negatives, batch 128) on the jagged layout and on the padded plain-torch one, step by step in turn on
+    the same batches."""
+    max_len, batch = 200, 128
+    windows, num_items = movielens_windows(max_len)
+    lengths = (windows != 0).sum(axis=1) - 1
+    print(f"hstu train (ML-1M shape: {len(windows)} users' last {max_len} items, mean length {lengths.mean():.0f}, batch {batch})", flush=True)
+    cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2)
+    loss = SampledSoftmax(negatives=Negatives.UNIFORM, num_negatives=128)
+    counts = np.bincount(windows.ravel(), minlength=num_items + 1).astype(np.float64)
+    counts[0] = 0.0
+    family = SequentialFamily(loss, item_counts=counts)  # the step `fit` runs: prepare, then the loss
+    sides = {}
+    for name, layout in (("hugerec-hstu-jagged", Layout.JAGGED), ("torch-hstu-padded", Layout.PADDED)):
+        torch.manual_seed(seed)
+        model = HSTU(cfg, optimizer=Adam(lr=1e-3), options=HSTUOptions(temperature=0.05), layout=layout)
+        model.train()
+        ctx = StepContext(torch.device("cpu"), torch.Generator().manual_seed(seed))
+        sides[name] = (model, torch.optim.Adam(list(model.parameters()), lr=1e-3), ctx)
+    data = torch.from_numpy(windows)
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))
+    steps = 2 if quick else 8
+    seconds = dict.fromkeys(sides, 0.0)
+    for step in range(steps + 1):  # step 0 warms up (JIT, allocator)
+        b = data[order[(step * batch) % len(data) :][:batch]]
+        for name, (model, opt, ctx) in sides.items():
+            t0 = time.perf_counter()
+            value = family.step_loss(model, family.prepare(model, b, ctx), ctx)
+            opt.zero_grad()
+            value.backward()
+            opt.step()
+            if step:
+                seconds[name] += time.perf_counter() - t0
+    rates = {name: steps * batch / sec for name, sec in seconds.items()}
+    for name, rate in rates.items():
+        record(records, "hstu train", name, rate, "samples/s")
+        print(f"  {name:20s} {rate:8.1f} samples/s ({steps} steps)", flush=True)
+    ratio = rates["hugerec-hstu-jagged"] / rates["torch-hstu-padded"]
+    record(records, "hstu train", "hugerec-hstu-jagged", ratio, "x torch-hstu-padded")
+    print(f"  jagged / padded: {ratio:.2f}x (target >= 3x)", flush=True)
+
+
+def hstu_scoring(records: Records, quick: bool, seed: int) -> None:
+    """1,024 candidates for one 199-item history, ranking-head scores: cached (history once, micro-batches
+    of 256 candidates) against one forward per candidate and one batched forward of 1,024 sequences."""
+    max_len, num_candidates = 200, 1024
+    windows, num_items = movielens_windows(max_len)
+    full = windows[(windows != 0).sum(axis=1) == max_len + 1]  # users with a full-length history
+    history = torch.from_numpy(full[0, 1:-1])[None]  # [1, 199]
+    torch.manual_seed(seed)
+    model = HSTU(SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2)).eval()
+    candidates = torch.randint(1, num_items + 1, (1, num_candidates), generator=torch.Generator().manual_seed(seed))
+    print(f"hstu cached scoring ({num_candidates} candidates, a {history.shape[1]}-item history, dim 64, 2 layers)", flush=True)
+    each = 32 if quick else 256  # one-forward-each is timed on this many candidates and scaled to all of them
+
+    def timed(fn: Callable[[], torch.Tensor], repeat: int) -> tuple[float, torch.Tensor]:
+        fn()  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            out = fn()
+        return (time.perf_counter() - t0) / repeat, out
+
+    with torch.no_grad():
+        cached_s, cached = timed(lambda: model.candidate_scores(history, candidates, micro_batch=256), 3 if quick else 10)
+        batched_s, batched = timed(lambda: model.candidate_scores_uncached(history, candidates), 1 if quick else 3)
+        one_s, one = timed(lambda: torch.cat([model.candidate_scores_uncached(history, candidates[:, c : c + 1]) for c in range(each)], dim=1), 1)
+    torch.testing.assert_close(cached, batched, rtol=1e-3, atol=1e-4)  # the same scores three ways
+    torch.testing.assert_close(cached[:, :each], one, rtol=1e-3, atol=1e-4)
+    one_s *= num_candidates / each
+    for name, sec in (("hugerec-hstu-cached", cached_s), ("hstu-one-forward-each", one_s), ("hstu-batched-uncached", batched_s)):
+        record(records, "hstu cached scoring", name, sec * 1000, "ms per 1,024 candidates", higher=False)
+        print(f"  {name:22s} {sec * 1000:9.1f} ms", flush=True)
+    for name, sec, target in (("hstu-one-forward-each", one_s, 10), ("hstu-batched-uncached", batched_s, 3)):
+        record(records, "hstu cached scoring", "hugerec-hstu-cached", sec / cached_s, f"x {name}")
+        print(f"  cached vs {name}: {sec / cached_s:.1f}x (target >= {target}x)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer epochs and a shorter throughput run")
+    parser.add_argument("--quick", action="store_true", help="first grid point of each baseline, 2 epochs of at most 24 (40) steps, short timings")
     parser.add_argument("--json", help="write every figure to this JSON file")
-    parser.add_argument("--only", default="movielens,yoochoose,train", help="comma-separated parts to run")
-    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated hugerec models to train")
-    parser.add_argument("--epochs", type=int, help="epochs per hugerec model (default: 1 with --quick, at most 24 MovieLens steps; 14 MovieLens, 6 YOOCHOOSE)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", default="movielens,yoochoose,train,hstu-train,hstu-scoring", help="comma-separated parts to run")
+    parser.add_argument("--models", default="hugerec-sasrec,hugerec-hstu", help="comma-separated hugerec models to train (also hugerec-mlm, hugerec-gru4rec; none: the baselines only)")
+    parser.add_argument("--epochs", help="N or MODEL=N,...: skip the model's validation run and train N epochs (default: chosen on the valid split)")
+    parser.add_argument("--max-epochs", type=int, default=30, help="validation run: at most this many epochs")
+    parser.add_argument("--patience", type=int, default=4, help="validation run: stop after this many epochs without a better valid score")
+    parser.add_argument("--seeds", type=int, default=3, help="test runs of each hugerec model (seeds 0..N-1; mean and spread reported; 0: choose epochs on valid only)")
+    parser.add_argument("--no-baselines", action="store_true", help="quality parts: train and score the models only (a tuning run)")
+    parser.add_argument("--save-test-checkpoints", metavar="DIR", help="MovieLens: train the test runs for --max-epochs, saving each epoch's weights to DIR (no scoring)")
+    parser.add_argument("--checkpoints", metavar="DIR", help="MovieLens: read the test runs' weights of the chosen epoch from DIR instead of training")
+    parser.add_argument("--first-seed", type=int, default=0, help="test runs use seeds first-seed .. first-seed + seeds - 1 (to run seeds in parallel processes)")
+    parser.add_argument("--hstu-temperature", type=float, default=0.0, help="MovieLens HSTU: 0 = dot-product scores, > 0 = cosine / temperature (HSTU's paper: 0.05)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the timing parts")
     parser.add_argument("--max-len", type=int, default=50, help="MovieLens: the models' max_len (histories read)")
     parser.add_argument("--windows", choices=("last", "sliding"), default="sliding", help="MovieLens training windows: each user's last max_len + 1 items, or windows over the whole history")
     parser.add_argument("--dropout", type=float, default=0.2, help="MovieLens: the models' dropout")
-    parser.add_argument("--split", choices=("test", "valid"), default="test", help="MovieLens: score the last item (test) or, for tuning, the second-to-last with the last one removed (valid)")
     parser.add_argument("--lr", type=float, default=6e-3, help="MovieLens: learning rate (dense Adam and the item table's sparse Adam)")
     parser.add_argument("--batch", type=int, default=128, help="MovieLens: sequences per step")
-    parser.add_argument("--layers", type=int, default=2, help="MovieLens: transformer blocks (GRU layers)")
+    parser.add_argument("--layers", type=int, default=2, help="MovieLens: transformer / HSTU blocks (GRU layers)")
     parser.add_argument("--heads", type=int, default=1, help="MovieLens: attention heads")
     parser.add_argument("--train-seconds", type=float, help="train part: seconds of training per side (default 45, 15 with --quick)")
-    parser.add_argument("--eval-every", type=int, default=0, help="MovieLens: print the metrics of the split every N epochs (choose epochs on --split valid only)")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="pool the --json records of several quality runs (seeds run in parallel) and write them with --json")
     args = parser.parse_args()
+    if args.merge:
+        merged = merge(args.merge)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(merged, f, indent=1)
+        return
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", min(2, os.cpu_count() or 1))))  # OMP_NUM_THREADS=1 on a shared machine
     records: Records = []
-    for name in list(MODELS):
-        if name not in args.models.split(","):
-            del MODELS[name]
+    unknown = set(model_list(args)) - {*MODELS, "hugerec-hstu"}
+    if unknown:
+        raise SystemExit(f"benchmarks/sequential.py: --models names unknown models {sorted(unknown)}; known: {[*MODELS, 'hugerec-hstu']}")
     parts = set(args.only.split(","))
-    if ("movielens" in parts or "yoochoose" in parts) and not DATA.exists():
+    if parts & {"movielens", "yoochoose", "hstu-train", "hstu-scoring"} and not DATA.exists():
         raise SystemExit(f"benchmarks/sequential.py: data folder {DATA} not found; set HUGEREC_DATA")
     if "yoochoose" in parts:
-        yoochoose(records, args.quick, args.seed, args.epochs)
+        yoochoose(records, args)
     if "movielens" in parts:
-        movielens(
-            records, args.quick, args.seed, args.epochs, args.max_len, args.windows, args.dropout, args.split, args.lr, args.batch, args.layers, args.heads,
-            args.eval_every,
-        )
+        movielens(records, args)
+    if "hstu-train" in parts:
+        hstu_train(records, args.quick, args.seed)
+    if "hstu-scoring" in parts:
+        hstu_scoring(records, args.quick, args.seed)
     if "train" in parts:
         throughput(records, args.quick, args.seed, args.train_seconds)
     if args.json:

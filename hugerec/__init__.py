@@ -5,32 +5,29 @@
     model = hr.models.DLRM(emb, num_dense=13, bottom=[512, 256, 64], top=[512, 256, 1])
     hr.training.fit(model, hr.data.load("data/train/*.parquet", schema, batch_size=8192))
 
-The subpackages `data`, `models`, `training`, `distributed` and `serving` are imported on first use,
-so `import hugerec` stays light (serving pulls in the HTTP stack).
+Every public name and subpackage is imported on first use (hugerec.lazy_exports): `import hugerec`
+imports neither torch nor Numba, so that `hugerec --help` and `hugerec schema` start at once.
 """
 
-import importlib
-from types import ModuleType
 from typing import TYPE_CHECKING
 
-from hugerec.embedding import (
-    SGD,
-    Adagrad,
-    Adam,
-    Embedding,
-    EmbeddingBag,
-    EmbeddingCollection,
-    Ftrl,
-    RowWiseAdagrad,
-    TableConfig,
-)
+from hugerec.lazy_exports import lazy_exports
 
-if TYPE_CHECKING:  # type checkers see the lazily imported subpackages (`hr.models.DLRM` is typed, not Any)
+if TYPE_CHECKING:  # the public names and subpackages, imported on first use (hugerec.lazy_exports)
     from hugerec import data, distributed, index, models, serving, training
+    from hugerec.embedding import (
+        SGD,
+        Adagrad,
+        Adam,
+        Embedding,
+        EmbeddingBag,
+        EmbeddingCollection,
+        Ftrl,
+        RowWiseAdagrad,
+        TableConfig,
+    )
 
 __version__ = "0.1.0"
-
-_SUBPACKAGES = ("data", "distributed", "index", "models", "serving", "training")
 
 __all__ = [
     "SGD",
@@ -52,7 +49,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> ModuleType:
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"hugerec.{name}")
-    raise AttributeError(f"module 'hugerec' has no attribute {name!r}")
+lazy_exports(__name__)

@@ -246,6 +246,8 @@ def walk(cls: type, table: str, variants: dict[str, Variants], tables_seen: list
     owner = f"{cls.__module__}.{cls.__qualname__}"
     nested: list[tuple[str, type | Variants, bool]] = []
     for f in dataclasses.fields(cls):
+        if f.metadata.get("internal", False):  # the loader's bookkeeping (cli.config_file.INTERNAL), not a key
+            continue
         tp = hints[f.name]
         path = f"{table}.{f.name}" if table else f.name
         has_default, default = default_of(f)

@@ -64,8 +64,11 @@ COMMANDS = {
         "\"parquet\" (columns from the files) or \"criteo\"; joins [[preprocess.join]] side tables; splits the\n"
         "rows (preprocess.split = random | time | leave_last_out | files); fits the workflow on the train part\n"
         "only ([[preprocess.ops]], or by default: normalize the dense features, map categorical values to ids\n"
-        "by frequency) and writes preprocess.out/{train,eval}/ (test/ with preprocess.test_input), schema.json\n"
+        "by frequency) and writes preprocess.out/{train,eval}/ (test/ with preprocess.test_input, or with\n"
+        "preprocess.test_split = true: a test part held out by the split's rule once more), schema.json\n"
         "and the fitted workflow/ (for serving, and for evaluate / predict on raw files).\n"
+        "preprocess.header says whether the input's files start with a header line; eval_header and\n"
+        "test_header say it for eval_input and test_input (default: as header).\n"
         "preprocess.on_error = \"skip\" drops bad rows and reports how many, with the first few.\n"
         "example: hugerec preprocess configs/criteo_sample.toml\n"
         "example: hugerec preprocess configs/movielens_1m_ctr.toml preprocess.holdout=1",
@@ -77,9 +80,12 @@ COMMANDS = {
         "Evaluates every train.eval_every steps (default: each epoch) and keeps the best evaluation by\n"
         "train.early_stopping.metric (auc: higher is better, logloss: lower; recall@K, ndcg@K for retrieval\n"
         "and sequential models, their default recall@10) as best.pt beside model.pt\n"
-        "(the last weights); stops after train.early_stopping.patience evaluations without a new best\n"
-        "(none: never stops early); train.early_stopping.min_delta is the smallest gain that counts.\n"
+        "(the last weights; the best by any margin); stops after train.early_stopping.patience evaluations\n"
+        "without a gain of more than train.early_stopping.min_delta (none: never stops early).\n"
+        "Prints the model, its parameter count, the rows, the batch and the steps per epoch first.\n"
         "Defaults meant for small data too: data.batch_size = \"auto\" (2 * sqrt(train rows), 32 to 2048),\n"
+        "MLP widths the [model] leaves out capped at the same rule (64 to 1024; a DLRM without dense\n"
+        "features gets model.bottom = []), each change printed; keys you set stay as set;\n"
         "the dense lr (train.lr) decays linearly to 0 over the first epoch (train.schedule.decay_epochs = 1;\n"
         "retrieval and sequential models keep it constant);\n"
         "on a small set give train.epochs an upper bound (e.g. 20) and let early stopping end the run.\n"
@@ -113,10 +119,11 @@ COMMANDS = {
     ),
     "predict": (
         "score rows into a Parquet file of click probabilities",
-        "Scores predict.input (default: data.eval; shards, or raw files with the training columns, label\n"
-        "included, run through the fitted workflow) with train.out_dir/best.pt (the best evaluation of\n"
-        "training; model.pt when there is none) or --model, and writes\n"
-        "predict.out (default: train.out_dir/predictions.parquet): the label and the probability per row.\n"
+        "Scores predict.input (default: data.eval; shards, or raw files with the training columns, with or\n"
+        "without the label, run through the fitted workflow) with train.out_dir/best.pt (the best evaluation\n"
+        "of training; model.pt when there is none) or --model, and writes\n"
+        "predict.out (default: train.out_dir/predictions.parquet): the label (when the rows have one) and the\n"
+        "probability per row.\n"
         "example: hugerec predict configs/criteo_sample.toml predict.out=scores.parquet",
     ),
     "export": (
@@ -393,7 +400,7 @@ def _preprocess(cfg: RunConfig, args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     r = preprocess(cfg)
     print(
-        f"preprocess: {r.train_rows:,} train + {r.eval_rows:,} eval rows -> {cfg.preprocess.out} "
+        f"preprocess: {r.train_rows:,} train + {r.eval_rows:,} eval + {r.test_rows:,} test rows -> {cfg.preprocess.out} "
         f"({time.perf_counter() - t0:.1f} s); schema {r.schema}, workflow {r.workflow}"
     )
     if r.skipped.rows_skipped:

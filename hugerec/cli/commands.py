@@ -30,7 +30,7 @@ from hugerec.cli.config_file import ConfigError
 from hugerec.cli.run_config import RawFormat, RunConfig
 from hugerec.data.input_spec import InputSpec
 from hugerec.data.loader import Loader, load
-from hugerec.data.prepare import PrepareReport, prepare, transform_raw
+from hugerec.data.prepare import PrepareReport, lacks_labels, prepare, transform_raw
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.data.shards import count_rows, expand_paths
@@ -41,10 +41,11 @@ from hugerec.distributed.planner import Workload, plan
 from hugerec.distributed.shard import shard
 from hugerec.embedding.table_config import TableConfig
 from hugerec.models.model import RecModel
+from hugerec.models.model_config import DCNv2Config, DeepFMConfig, DLRMConfig, WideAndDeepConfig
 from hugerec.models.registry import Family, build_model
 from hugerec.sparse.batch import Batch
 from hugerec.training.checkpoint import load_checkpoint
-from hugerec.training.defaults import auto_batch_size
+from hugerec.training.defaults import auto_batch_size, fitted_to_data
 from hugerec.training.model_file import load_model, save_model
 from hugerec.training.trainer import History, evaluate, fit, predict, resolve_device, seed_everything
 
@@ -94,6 +95,8 @@ def preprocess(cfg: RunConfig) -> PrepareReport:
             log_dense=p.log_dense,
             min_frequency=p.min_frequency,
             max_vocab=p.max_vocab,
+            eval_header=p.eval_header,
+            test_header=p.test_header,
         )
     except FileNotFoundError as e:
         raise ConfigError(f"preprocess.input: {e}") from None
@@ -112,8 +115,12 @@ def _rows(folder: Path) -> int:
 
 # -- train --------------------------------------------------------------------------------------
 def train(cfg: RunConfig) -> History:
+    """Trains the [model] on data.train; the model keys the config left out fitted to the data first
+    (fitted_to_data), and a line saying what runs (model, parameters, rows, batch, steps) before it does."""
     schema = read_schema(cfg.data.schema_path, "data.schema")
     tables = [replace(t, dtype=cfg.embedding.dtype) for t in schema.table_configs(dim=cfg.embedding.dim)]
+    rows = _rows_in(cfg.data.train, "data.train")
+    cfg = with_data_defaults(cfg, rows, len(schema.dense))
     if launched_by_torchrun():
         return _train_distributed(cfg, schema, tables)
     if cfg.train.seed is not None:  # the same seed, the same initial weights
@@ -122,11 +129,37 @@ def train(cfg: RunConfig) -> History:
     _load_vectors(cfg, model)
     train_data = open_shards(cfg.data.train, "data.train", schema, cfg, shuffle=cfg.data.shuffle)
     eval_data = None if cfg.data.eval is None else open_shards(cfg.data.eval, "data.eval", schema, cfg)
+    print(run_summary(cfg, model, tables, rows, len(train_data)), flush=True)
     history = fit(model, train_data, eval_data, cfg.train)
     write_model(cfg.out_dir / "model.pt", model, cfg, schema, tables)
     _save_best(cfg, history, schema, tables)
     write_config(cfg)
     return history
+
+
+def with_data_defaults(cfg: RunConfig, rows: int, num_dense: int) -> RunConfig:
+    """`cfg` with the ranking model's MLP widths it left out fitted to `rows` training rows and
+    `num_dense` dense features (hugerec.training.fitted_to_data), each change printed on one line."""
+    if not isinstance(cfg.model, DLRMConfig | DCNv2Config | DeepFMConfig | WideAndDeepConfig) or rows < 1:
+        return cfg  # no rows: opening the data names the problem
+    model, notes = fitted_to_data(cfg.model, cfg.model_keys, rows, num_dense, cfg.embedding.dim)
+    for note in notes:
+        print(f"train: {note}; set the key to choose", flush=True)
+    return replace(cfg, model=model)
+
+
+def run_summary(cfg: RunConfig, model: torch.nn.Module, tables: list[TableConfig], rows: int, steps_per_epoch: int) -> str:
+    """One line before training: the model and its size, the data, the batch and the steps."""
+    dense = sum(p.numel() for p in model.parameters())  # the embedding rows are buffers, counted below
+    embedding = sum(t.num_rows * t.dim for t in tables)
+    batch = batch_size(cfg, rows)
+    epochs = f"{cfg.train.epochs} epoch{'s' if cfg.train.epochs != 1 else ''}"
+    stop = "" if cfg.train.max_steps is None else f", at most {cfg.train.max_steps:,} steps"
+    return (
+        f"train: {cfg.model_type}, {dense + embedding:,} parameters ({dense:,} dense, {embedding:,} in {len(tables)} "
+        f"embedding tables of dim {cfg.embedding.dim}); {rows:,} rows, batch {batch}"
+        f"{' (auto)' if cfg.data.batch_size == 'auto' else ''}, {steps_per_epoch:,} steps per epoch x {epochs}{stop}"
+    )
 
 
 def _build(cfg: RunConfig, tables: list[TableConfig], schema: Schema) -> RecModel:
@@ -289,11 +322,12 @@ def is_shards(paths: str, schema: Schema) -> bool:
     return True
 
 
-def open_rows(paths: str, where: str, schema: Schema, cfg: RunConfig) -> Loader:
-    """Shards as they are; raw files (as [preprocess] describes the input) through the fitted workflow
-    (<preprocess.out>/workflow) first, into <train.out_dir>/_<where>/."""
+def open_rows(paths: str, where: str, schema: Schema, cfg: RunConfig, *, unlabelled_ok: bool = False) -> tuple[Loader, bool]:
+    """(loader, labelled): shards as they are; raw files (as [preprocess] describes the input) through the
+    fitted workflow (<preprocess.out>/workflow) first, into <train.out_dir>/_<where>/. unlabelled_ok: raw
+    files may lack the label columns (traffic to score: labelled is then False, the batches' labels 0)."""
     if is_shards(paths, schema):
-        return open_shards(paths, where, schema, cfg)
+        return open_shards(paths, where, schema, cfg), True
     folder = Path(cfg.data.schema_path).parent / "workflow"
     if not folder.is_dir():
         folder = Path(cfg.preprocess.out) / "workflow"
@@ -304,31 +338,35 @@ def open_rows(paths: str, where: str, schema: Schema, cfg: RunConfig) -> Loader:
         )
     out = cfg.out_dir / f"_{where.replace('.', '_')}"
     joins = [j.join() for j in cfg.preprocess.join]
-    report = transform_raw(input_spec(cfg), paths, Workflow.load(folder), out, where, cfg.preprocess.on_error, joins)
+    spec = input_spec(cfg)
+    labelled = not (unlabelled_ok and lacks_labels(spec, paths))
+    workflow = Workflow.load(folder)
+    report = transform_raw(spec, paths, workflow, out, where, cfg.preprocess.on_error, joins, labelled=labelled)
     if report.rows_skipped:
         print(f"{where}: {report}", file=sys.stderr)
-    return open_shards(str(out), where, schema, cfg)
+    return open_shards(str(out), where, schema, cfg), labelled
 
 
 def evaluate_model(cfg: RunConfig, model_path: Path | None = None) -> dict[str, float]:
     model, schema = read_model(model_path or default_model(cfg))
     if cfg.data.eval is None:
         raise ConfigError("data.eval: no evaluation data set; give data.eval=PATH")
-    data = open_rows(cfg.data.eval, "data.eval", schema, cfg)
+    data, _ = open_rows(cfg.data.eval, "data.eval", schema, cfg)
     device = resolve_device(cfg.train.device)
     return evaluate(model.to(device), data, device=device, precision=cfg.train.precision)
 
 
 def predict_to_parquet(cfg: RunConfig, model_path: Path | None = None) -> tuple[Path, int]:
-    """Scores every row of predict.input (default data.eval) -> Parquet: label column(s) and `probability`."""
+    """Scores every row of predict.input (default data.eval) -> Parquet: label column(s) and `probability`;
+    raw files without the label columns (unlabelled traffic) -> `probability` alone."""
     model, schema = read_model(model_path or default_model(cfg))
     source, where = (cfg.predict.input, "predict.input") if cfg.predict.input else (cfg.data.eval, "data.eval")
     if source is None:
         raise ConfigError("predict.input: nothing to score; give predict.input=PATH")
-    data = open_rows(source, where, schema, cfg)
+    data, labelled = open_rows(source, where, schema, cfg, unlabelled_ok=True)
     out = Path(cfg.predict.out) if cfg.predict.out else cfg.out_dir / "predictions.parquet"
     device = resolve_device(cfg.train.device)
-    names = schema.label_names
+    names = schema.label_names if labelled else []
     arrow_schema = pa.schema([*((n, pa.float32()) for n in names), ("probability", pa.float32())])
     labels: list[torch.Tensor] = []
 

@@ -71,6 +71,14 @@ def parse_value(raw: str) -> Any:
         return raw
 
 
+INTERNAL = {"internal": True}  # field metadata: the field is bookkeeping of the loader, not a config key
+
+
+def is_internal(f: dataclasses.Field[Any]) -> bool:
+    """Whether dataclass field `f` is marked INTERNAL: no file or override sets it, no dump shows it."""
+    return bool(f.metadata.get("internal", False))
+
+
 def from_dict(cls: type[T], data: Mapping[str, Any], where: str = "", readers: Readers | None = None) -> T:
     """Build dataclass `cls` from `data`, converting each value to its field's type.
 
@@ -79,7 +87,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str = "", readers: R
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where or 'config'}: expected a table of keys, got {data!r}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {f.name: f for f in dataclasses.fields(cls) if not is_internal(f)}  # type: ignore[arg-type]
     for key in data:
         if key not in fields:
             raise ConfigError(f"unknown key {_join(where, key)!r}{_suggest(key, fields, where)}")
@@ -97,6 +105,8 @@ def to_dict(obj: Any, keep_none: bool = False) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = {}
         for f in dataclasses.fields(obj):
+            if is_internal(f):
+                continue
             v = to_dict(getattr(obj, f.name), keep_none)
             if v is not None or keep_none:
                 out[f.name] = v

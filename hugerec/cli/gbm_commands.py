@@ -52,6 +52,17 @@ def _matrix(
         raise ConfigError(f"{where}: {e}") from None
 
 
+def tree_schema(schema: Schema) -> Schema:
+    """The data schema the trees train on: the shards' schema less its multi-hot columns (trees take one
+    value per feature and example), said on one line. The model file keeps this schema, so evaluate,
+    predict and export read the same features; the deep models of the same config keep every column."""
+    multi = [c.name for c in schema.sparse if c.multi_hot]
+    if not multi:
+        return schema
+    print(f"train: trees take one id per feature; they leave out the multi-hot column(s) {multi}", flush=True)
+    return schema.select(n for n in schema.names if n not in multi)
+
+
 def train_trees(cfg: RunConfig) -> TreeHistory:
     """Train the [model] trees on data.train, stop early on data.eval; write the run directory."""
     from hugerec.cli.commands import read_schema, write_config
@@ -67,7 +78,7 @@ def train_trees(cfg: RunConfig) -> TreeHistory:
         require(library_of(config))  # before reading any data
     except ImportError as e:
         raise ConfigError(str(e)) from None
-    schema = read_schema(cfg.data.schema_path, "data.schema")
+    schema = tree_schema(read_schema(cfg.data.schema_path, "data.schema"))
     group = config.group if is_ranking(config) else None
     train = _matrix(cfg.data.train, "data.train", schema, group=group)
     eval_ = None if cfg.data.eval is None else _matrix(cfg.data.eval, "data.eval", schema, group=group)

@@ -7,8 +7,9 @@
     [data]       paths (Parquet with the time column) + label, dense, sparse column names;
                  or, instead of paths, [data.stream]: a synthetic drifting stream (StreamConfig)
     [windows]    time_column, unit ("day" | "hour" | "minute"), size
-    [model]      the [model] of every command (hugerec.models.registry): type = "dlrm" (the loop trains
-                 DLRM for now), bottom, top, ...
+    [model]      the [model] of every command (hugerec.models.registry): any ranking type ("dlrm",
+                 "dcn_v2", "deepfm", "wide_and_deep") with its keys (dlrm: bottom, top, ...; dcn_v2:
+                 num_cross_layers, deep, ...); `model.type=X` on the command line starts [model] from X's defaults
     [embedding]  dim, optimizer (the tables' sparse optimizer), capacity (rows of each dynamic table),
                  min_count (sightings before a key gets a row), eviction ("lru" | "lfu")
     [gate] [decisions] [monitor] [recovery]   GateConfig, DecisionConfig, MonitorConfig, Recovery (how the
@@ -35,6 +36,7 @@ import json
 import os
 import secrets
 import sys
+import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -47,6 +49,7 @@ from hugerec.continuous.decisions import DecisionConfig
 from hugerec.continuous.gate import GateConfig
 from hugerec.continuous.loop import Loop, LoopConfig, ModelSpec, Recovery
 from hugerec.continuous.monitor import MonitorConfig
+from hugerec.continuous.server_restore import remove_interrupted_loads, restore_server
 from hugerec.continuous.window_schema import window_schemas
 from hugerec.data.schema import Schema
 from hugerec.data.synthetic_stream import Stream, StreamConfig
@@ -201,6 +204,30 @@ def _schema(cfg: LoopFile) -> Schema:
     return Schema.build(labels=(cfg.data.label,), dense=cfg.data.dense, sparse=dict.fromkeys(cfg.data.sparse))
 
 
+def loop_config(cfg: LoopFile) -> LoopConfig:
+    """The loop's own config from the file's sections (what `hugerec loop` runs)."""
+    lc = cfg.loop
+    return LoopConfig(
+        lc.work_dir,
+        _schema(cfg),
+        cfg.windows,
+        cfg.model,
+        cfg.gate,
+        cfg.decisions,
+        lc.name,
+        lc.holdout_share,
+        lc.batch_size,
+        lc.lr,
+        lc.epochs,
+        lc.canary_share,
+        lc.retrain_windows,
+        lc.seed,
+        deltas=lc.deltas,
+        keep_versions=lc.keep_versions,
+        recovery=cfg.recovery,
+    )
+
+
 def log_table(records: Sequence[Record]) -> str:
     """The decision log as a fixed-width table: window, action, version, AUC figures, reason."""
     rows = [("window", "action", "version", "cand AUC", "serving AUC", "reason")]
@@ -236,27 +263,8 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
     if only_log:
         print(log_table(read_log(work / "decisions.jsonl")))
         return 0
-    schema = _schema(cfg)
     lc = cfg.loop
-    config = LoopConfig(
-        str(work),
-        schema,
-        cfg.windows,
-        cfg.model,
-        cfg.gate,
-        cfg.decisions,
-        lc.name,
-        lc.holdout_share,
-        lc.batch_size,
-        lc.lr,
-        lc.epochs,
-        lc.canary_share,
-        lc.retrain_windows,
-        lc.seed,
-        deltas=lc.deltas,
-        keep_versions=lc.keep_versions,
-        recovery=cfg.recovery,
-    )
+    config = loop_config(cfg)
     if cfg.data.stream is not None:
         stream = Stream(cfg.data.stream)
         days = cfg.data.stream.days
@@ -280,6 +288,13 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
         raise ValueError(f"loop.last ({last}) must be > loop.first ({lc.first}): window last is the final holdout")
     with ExitStack() as stack:
         loop, url, ingest = _make_loop(cfg, config, source, stack)
+        swept = remove_interrupted_loads(loop)  # before any load: what killed loads and publishes left behind
+        if swept:
+            print(f"hugerec loop: removed {len(swept)} folders left by interrupted loads: {swept[:3]}", file=sys.stderr)
+        finished = {"publish", "refuse", "skip"}
+        pending = [k for k in range(lc.first, last) if not finished & {r.action for r in loop.log.of_window(k)}]
+        if url is not None and pending:
+            restart_embedded_server(loop)  # windows to go: the new server first serves what the log says was live
         for k in range(lc.first, last):
             loop.step(k)
             if url is not None and cfg.server.replay_rows:
@@ -347,6 +362,21 @@ def _make_loop(cfg: LoopFile, config: LoopConfig, source: Any, stack: ExitStack)
                 window_schema=window_schemas(schema, source, cfg.windows.time_column),
             )
             return Loop(config, source, publisher, observer), url, ingest
+
+
+def restart_embedded_server(loop: Loop) -> None:
+    """A loop started again on its work_dir with windows to go (after a kill, or a run extended): its new embedded server
+    gets the stable version, canary and canary share the decision log says were live (server_restore.py), before
+    the next window decides on that canary. A first run (an empty log) starts with an empty server."""
+    started = time.perf_counter()
+    live = restore_server(loop)
+    if live.stable is not None:
+        canary = "no canary" if live.canary is None else f"canary {live.canary} at share {live.share}"
+        print(
+            f"hugerec loop: embedded server restored from the decision log: stable {live.stable}, {canary} "
+            f"({time.perf_counter() - started:.1f} s)",
+            file=sys.stderr,
+        )
 
 
 def embedded_server(

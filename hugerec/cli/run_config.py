@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hugerec.cli.config_file import ConfigError, apply_overrides, from_dict, parse_value, read_toml, to_dict
+from hugerec.cli.config_file import INTERNAL, ConfigError, apply_overrides, from_dict, parse_value, read_toml, to_dict
 from hugerec.cli.interactions_config import (
     IndexSection,
     InteractionsSection,
@@ -122,6 +122,9 @@ class PreprocessSection:
     format         "csv" (any delimited text, plain or .gz), "parquet", or "criteo" (the Criteo TSV layout)
     separator, header, encoding, quote, null_values   how csv text is laid out (separator may be "::";
                    quote = "" for no quoting; encoding: utf-8, latin-1, ...)
+    eval_header, test_header   whether eval_input's / test_input's files start with a header line
+                   (default: as `header` says for the input; a headered train file beside headerless
+                   dev / test files is header = true, eval_header = false, test_header = false)
     columns        [{name, type, role, separator, format, threshold}, ...]: see hugerec.data.input_spec
                    (`hugerec schema FILE` writes them); parquet without columns reads a schema.json beside
                    the files (preprocess.schema) or guesses roles from the column types
@@ -139,6 +142,10 @@ class PreprocessSection:
     holdout        split = "leave_last_out": each user's last this many rows (by time) are eval
     time_column, user_column   the columns the time splits read (default: role timestamp / user)
     test_input     raw files for a test set, written to out/test (transformed, never fitted on)
+    test_split     true: hold out a test part of the input too, written to out/test, by the split's rule
+                   applied once more (random: eval_fraction of the rows each; time: the last `last_days`
+                   days or latest eval_fraction are test, the same span before them eval; leave_last_out:
+                   each user's last `holdout` rows test, the `holdout` before them eval)
     join           [[preprocess.join]] side tables (input, on, columns, ...: see JoinSection), left-joined
                    to every row before the split; their columns take part in the workflow like the input's
     out            writes out/train/, out/eval/, out/workflow/ (for serving and raw evaluation), out/schema.json
@@ -157,6 +164,8 @@ class PreprocessSection:
     schema: str | None = None
     separator: str = ","
     header: bool = True
+    eval_header: bool | None = None
+    test_header: bool | None = None
     encoding: str = "utf-8"
     quote: str = '"'
     null_values: tuple[str, ...] = ()
@@ -166,6 +175,7 @@ class PreprocessSection:
     split: SplitKind | None = None
     eval_input: str | None = None
     test_input: str | None = None
+    test_split: bool = False
     eval_fraction: float = 0.1
     time_cutoff: str | int | None = None
     last_days: float | None = None
@@ -220,6 +230,7 @@ class PreprocessSection:
             self.holdout,
             self.time_column,
             self.user_column,
+            self.test_split,
         )
 
 
@@ -309,6 +320,9 @@ class RunConfig:
     sequences: SequencesSection = field(default_factory=SequencesSection)
     index: IndexSection = field(default_factory=IndexSection)
     recommend: RecommendSection = field(default_factory=RecommendSection)
+    # the [model] keys the config and the overrides set (bookkeeping, not a config key): the others are
+    # defaults, which `train` fits to the data (hugerec.training.defaults.fitted_to_data)
+    model_keys: frozenset[str] = field(default=frozenset(), metadata=INTERNAL)
 
     @property
     def family(self) -> Family:
@@ -351,6 +365,12 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     if path is not None:
         path = find_config(path)
     data = read_toml(path) if path is not None else copy.deepcopy(QUICKSTART)
+    # the [model] keys set by the file (or the built-in quickstart, which configs/quickstart.toml spells
+    # out) and by the overrides; a file without [model] leaves every key to the defaults
+    written = data.get("model")
+    overridden = (o.split("=", 1)[0].removeprefix("model.").split(".")[0] for o in overrides if o.startswith("model."))
+    given = {*(written if isinstance(written, dict) else ()), *overridden}
+    given.discard("type")
     model = data.get("model")
     if isinstance(model, dict) and "type" not in model:  # [model] without a type: the default model, amended
         data["model"] = {**QUICKSTART["model"], **model}
@@ -375,10 +395,11 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
             {**v, "path": _find_input(v["path"], config_dir)} if isinstance(v, dict) and isinstance(v.get("path"), str) else v
             for v in model["vectors"]
         ]
-    cfg = dataclasses.replace(from_dict(RunConfig, data, "", READERS), model=read_model(model))
+    cfg = dataclasses.replace(from_dict(RunConfig, data, "", READERS), model=read_model(model), model_keys=frozenset(given))
     if cfg.train.out_dir is None:
         raise ConfigError("train.out_dir: give a folder for the model, the log and the plot")
-    _check_model_fits_embedding(cfg.model, cfg.embedding.dim)  # now, not after the data was read
+    if "bottom" in given:  # a default bottom is fitted to the embedding dim by `train`
+        _check_model_fits_embedding(cfg.model, cfg.embedding.dim)  # now, not after the data was read
     _check_roles(cfg)
     if path is not None:
         cfg = _resolve_inputs(cfg, Path(path).resolve().parent)

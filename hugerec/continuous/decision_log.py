@@ -12,6 +12,8 @@ Each record: {"window": k, "action": ..., "reason": ..., "gate": {...} | null, "
     retrain    the next candidate is trained from scratch on a longer window (drift or a KPI below baseline)
     unload     a version the retention policy drops was unloaded from the server (or was already gone: the
                reason says which)
+    restore    a restarted embedded server was given a live version again (server_restore.py): its role, and
+               its content id when it had to be loaded from a bundle exported anew
 
 A kill -9 can only tear the last line: reading ignores a last line without its newline, and opening
 for append cuts it off, so the log stays a sequence of whole records.
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ACTIONS = ("trained", "publish", "refuse", "skip", "promote", "rollback", "wait", "retrain", "unload")
+ACTIONS = ("trained", "publish", "refuse", "skip", "promote", "rollback", "wait", "retrain", "unload", "restore")
 
 
 @dataclass(frozen=True)
@@ -175,3 +177,37 @@ def live_intervals(records: list[Record]) -> dict[str, list[tuple[float, float]]
     for version, t in start.items():
         out.setdefault(version, []).append((t, float("inf")))
     return out
+
+
+@dataclass(frozen=True)
+class LiveRoles:
+    """What the log says the server serves after its last record: the stable version, the canary and its share."""
+
+    stable: str | None
+    canary: str | None
+    share: float | None  # the canary's share of the traffic (None without a canary)
+
+
+def live_roles(records: list[Record], default_share: float) -> LiveRoles:
+    """The stable version, canary and canary share live after `records` (the roles of `live_intervals`): a
+    publish whose extra names another stable version made a canary (at its extra's `share`, else
+    `default_share`: records written before the share was logged), any other publish a stable version; a
+    promote makes the canary stable, a rollback drops it. `restore` and `unload` records change no role."""
+    stable: str | None = None
+    canary: str | None = None
+    share: float | None = None
+    for r in records:
+        match r.action:
+            case "publish" if r.version is not None:
+                if "stable" not in r.extra or r.extra["stable"] == r.version:
+                    stable = r.version
+                    canary, share = (None, None) if canary == r.version else (canary, share)
+                else:
+                    canary, share = r.version, float(r.extra.get("share", default_share))
+            case "promote" if r.version is not None:
+                stable, canary, share = r.version, None, None
+            case "rollback" if r.version is not None and r.version == canary:
+                canary, share = None, None
+            case _:
+                pass
+    return LiveRoles(stable, canary, share)

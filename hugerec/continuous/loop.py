@@ -68,12 +68,11 @@ from hugerec.continuous.publish import Publisher
 from hugerec.continuous.window_schema import adapt_schema, describe_change, window_columns
 from hugerec.data.schema import Schema
 from hugerec.data.windows import Windows, holdout_mask, table_batches
-from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import Adagrad, Optimizer, optimizer_to_dict
 from hugerec.embedding.table_config import DynamicConfig, Eviction, Missing, TableConfig
 from hugerec.models.model import RecModel
 from hugerec.models.model_config import DLRMConfig
-from hugerec.models.registry import ModelConfig, build_model, config_to_dict, type_of
+from hugerec.models.registry import REGISTRY, Family, ModelConfig, build_model, config_to_dict, type_of
 from hugerec.serving.bundles.bundle_files import MANIFEST, sha256_file
 from hugerec.serving.bundles.export import export
 from hugerec.training.checkpoint import atomic_save, read_weights
@@ -83,14 +82,20 @@ WindowSource = Callable[[int], pa.Table]  # k -> rows of window k (possibly none
 Observer = Callable[[int, pa.Table | None], Observation]  # (k, training rows of the stable version) -> what was seen
 
 
+def trainable_types() -> list[str]:
+    """The model types the loop trains: every ranking type of the registry."""
+    return [name for name, t in REGISTRY.items() if t.family is Family.RANKING]
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """The model the loop trains: `model`, a registry config (`hugerec loop`'s [model], the dialect of every
-    command; the loop trains model.type = "dlrm" for now), over one dynamic table per sparse column of `dim`
-    wide rows ([embedding]: raw keys, `capacity` rows each, admitted after `min_count` sightings, `eviction`
-    when full), trained by the sparse `optimizer`."""
+    """The model the loop trains: `model`, a registry config of the ranking family (`hugerec loop`'s [model],
+    the dialect of every command: dlrm, dcn_v2, deepfm, wide_and_deep), built by the registry over one
+    dynamic table per sparse column of `dim` wide rows ([embedding]: raw keys, `capacity` rows each, admitted
+    after `min_count` sightings, `eviction` when full), trained by the sparse `optimizer` (a wide part's
+    dim-1 twins of those tables share their admission and eviction, with the config's `wide_optimizer`)."""
 
-    model: ModelConfig = field(default_factory=lambda: DLRMConfig(bottom=(32, 8), top=(32, 1)))  # [model]: the registry config trained ("dlrm" for now)
+    model: ModelConfig = field(default_factory=lambda: DLRMConfig(bottom=(32, 8), top=(32, 1)))  # [model]: the registry config trained (a ranking type)
     dim: int = 8  # embedding width of every table
     optimizer: Optimizer = field(default_factory=lambda: Adagrad(lr=0.05))  # the tables' sparse optimizer
     capacity: int = 50_000  # rows of each dynamic table (beyond it, `eviction` frees rows)
@@ -100,15 +105,17 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if isinstance(self.eviction, str):
             object.__setattr__(self, "eviction", Eviction(self.eviction))
-        if not isinstance(self.model, DLRMConfig):
+        kind = type_of(self.model)
+        if kind.family is not Family.RANKING:
             raise ValueError(
-                f"ModelSpec: the loop trains model.type = 'dlrm' for now, got {type_of(self.model).name!r}"
+                f"ModelSpec: model.type = {kind.name!r} ({kind.family.value}) cannot be trained by the loop; "
+                f"it trains the ranking types {trainable_types()}"
             )
         if self.dim < 1 or self.capacity < 1 or self.min_count < 1:
             raise ValueError(
                 f"ModelSpec: dim, capacity and min_count must be >= 1, got {self.dim}, {self.capacity}, {self.min_count}"
             )
-        if not self.model.bottom or self.model.bottom[-1] != self.dim:
+        if isinstance(self.model, DLRMConfig) and (not self.model.bottom or self.model.bottom[-1] != self.dim):
             raise ValueError(f"ModelSpec: model.bottom must end with dim ({self.dim}), got {list(self.model.bottom)}")
 
     def build(self, schema: Schema, seed: int) -> RecModel:
@@ -118,6 +125,7 @@ class ModelSpec:
         model = build_model(self.model, tables, len(schema.dense), self.optimizer)
         assert isinstance(model, RecModel)  # a ranking config (checked above)
         return model
+
 
     def to_dict(self) -> dict[str, Any]:
         """JSON: what the loop's `trained` records keep (a change between windows means a whole bundle)."""
@@ -449,8 +457,8 @@ class Loop:
         model = self.load(start) if start is not None else cfg.model.build(schema, cfg.seed)
         train_config = self._train_config
         if reset:
-            assert isinstance(model.sparse_arch, EmbeddingCollection)  # ModelSpec.build's
-            model.sparse_arch.reset_optimizer_state()
+            for collection in model.embedding_collections():  # the embeddings and a wide part's weights
+                collection.reset_optimizer_state()
             train_config = dataclasses.replace(train_config, epochs=cfg.recovery.epochs, lr=cfg.recovery.lr)
         model.train()
         data = table_batches(self._train_rows(rows), schema, cfg.batch_size, shuffle=True, seed=cfg.seed + k)
@@ -579,6 +587,7 @@ class Loop:
             how = f"whole bundle ({why})"
             extra = {"mode": "bundle"}
         extra |= {"id": sha256_file(path / MANIFEST), "bytes": _size(path), "stable": after.get("stable")}
+        extra["share"] = share  # a restarted embedded server gives the canary this share again (server_restore.py)
         role = "stable" if after.get("stable") == version else f"canary at share {share}"
         self.log.append(Record(k, "publish", f"gate passed; {role}; {how}", result.figures, version, extra=extra))
         self._retire(k)
@@ -614,7 +623,7 @@ class Loop:
         layout of the bundle its chain of deltas started from). Idempotent: a restart finishes the job."""
         root: dict[str, str] = {}  # version -> the whole-bundle version its chain of deltas starts from
         for r in self.log.records:
-            if r.action == "publish" and r.version is not None:
+            if r.version is not None and (r.action == "publish" or (r.action == "restore" and "id" in r.extra)):
                 base = r.extra.get("base")
                 root[r.version] = root.get(base, base) if r.extra.get("mode") == "delta" and base else r.version
         needed = {root.get(v, v) for v in loaded if v is not None}
@@ -627,7 +636,11 @@ class Loop:
 
     def _content_id(self, version: str) -> str:
         """The id of what the server serves as `version` (publish.py / version_delta.py), from the log."""
-        found = [r for r in self.log.records if r.action == "publish" and r.version == version]
+        found = [
+            r
+            for r in self.log.records
+            if r.version == version and (r.action == "publish" or (r.action == "restore" and "id" in r.extra))
+        ]  # a `restore` with an id: a restarted server was given a bundle exported anew (server_restore.py)
         return str(found[-1].extra.get("id", "")) if found else ""
 
     def _whole_bundle_reason(self, version: str, stable: str | None) -> str | None:

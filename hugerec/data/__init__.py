@@ -1,13 +1,18 @@
 """Data: schema, readers, synthetic generator, Parquet shards and the loader that yields `Batch`es."""
 
-from hugerec.data.events import retrieval_view, sequence_view
-from hugerec.data.input_spec import ColumnSpec, InputFormat, InputSpec, Role, infer_spec
-from hugerec.data.loader import Loader, load
-from hugerec.data.prepare import Join, SplitKind, SplitSpec, prepare
-from hugerec.data.schema import Schema, ValueType
-from hugerec.data.synthetic import SyntheticConfig, generate
-from hugerec.data.synthetic_stream import Stream, StreamConfig
-from hugerec.data.windows import Windows
+from typing import TYPE_CHECKING
+
+from hugerec.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:  # the public names, imported on first use (hugerec.lazy_exports)
+    from hugerec.data.events import retrieval_view, sequence_view
+    from hugerec.data.input_spec import ColumnSpec, InputFormat, InputSpec, Role, infer_spec
+    from hugerec.data.loader import Loader, load
+    from hugerec.data.prepare import Join, SplitKind, SplitSpec, prepare
+    from hugerec.data.schema import Schema, ValueType
+    from hugerec.data.synthetic import SyntheticConfig, generate
+    from hugerec.data.synthetic_stream import Stream, StreamConfig
+    from hugerec.data.windows import Windows
 
 __all__ = [
     "ColumnSpec",
@@ -31,3 +36,5 @@ __all__ = [
     "retrieval_view",
     "sequence_view",
 ]
+
+lazy_exports(__name__)

@@ -114,6 +114,7 @@ def retrieval_view(
     min_item_count: items with fewer events are dropped (with their events) before the split; max_users:
     only the users with the max_users smallest raw ids (a quick look)."""
     split = split or SplitSpec(SplitKind.LEAVE_LAST_OUT)
+    refuse_test_split(split)
     user, item, time = _required(spec, "two_tower / mf", (Role.USER,), (Role.ITEM,), (Role.TIMESTAMP,))
     raw, _ = read_events(spec, paths, {"user": user, "item": item, "timestamp": time}, "preprocess.input", on_error)
     if max_users is not None:
@@ -199,6 +200,15 @@ class SequenceData:
     unknown_test_items: int
 
 
+def refuse_test_split(split: SplitSpec) -> None:
+    """Retrieval and sequential data hold out one part (their test part): a second one has no reader."""
+    if split.test_split:
+        raise ValueError(
+            "preprocess.test_split: retrieval and sequential models hold out one part, their test part, "
+            "by the split alone; leave test_split unset"
+        )
+
+
 def sequence_view(
     spec: InputSpec,
     paths: str | Sequence[str],
@@ -210,6 +220,8 @@ def sequence_view(
 ) -> SequenceData:
     """The declared input grouped into sequences, held out by `sequences.protocol` (see the module docstring)."""
     s = sequences
+    if split is not None:
+        refuse_test_split(split)
     roles = (s.group,) if s.group is not None else (Role.SESSION, Role.USER)
     key, item, time = _required(spec, "sasrec / mlm / gru4rec", roles, (Role.ITEM,), (Role.TIMESTAMP,))
     columns = {"key": key, "item": item, "timestamp": time}

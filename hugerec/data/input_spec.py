@@ -26,18 +26,20 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
-from hugerec.data.preprocess.categorical import Categorify
 from hugerec.data.preprocess.dataset import CsvOptions, Dataset, Format, read_header, read_text_head
 from hugerec.data.preprocess.grouping import Groupby
 from hugerec.data.preprocess.lists import SplitList
 from hugerec.data.preprocess.numeric import Binarize, FillMissing, LogOp, Normalize
 from hugerec.data.preprocess.op import Op
 from hugerec.data.preprocess.temporal import ParseTime
-from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import ColumnKind, Schema
+
+if TYPE_CHECKING:  # the workflow's ops load Numba kernels: `hugerec schema` reads a sample without them
+    from hugerec.data.preprocess.workflow import Workflow
 
 
 class InputFormat(enum.Enum):
@@ -225,12 +227,14 @@ class InputSpec:
                 for path in probe.paths:
                     _require_text(path, where)
                 declared = {c.name: c.polars_dtype() for c in self.columns}
+                key = header_key(where)
                 if self.header:
                     header = read_header(probe.paths[0], csv)
                     missing = [n for n in declared if n not in header]
                     if missing:
                         raise ValueError(
                             f"{where}: {probe.paths[0]} header {header} lacks the declared column(s) {missing}"
+                            f" (a file without a header line: {key} = false)"
                         )
                     dup = sorted({n for n in header if header.count(n) > 1})
                     if dup:
@@ -240,6 +244,13 @@ class InputSpec:
                             raise ValueError(f"{where}: {path} has another header than {probe.paths[0]}: {header}")
                     schema = {n: declared.get(n, pl.String()) for n in header}
                 else:
+                    for path in probe.paths:  # a header line would be read as a row (and fail, or worse, not)
+                        try:
+                            first = read_header(path, csv)
+                        except ValueError:  # empty, or an empty first line: no header either way
+                            continue
+                        if first == list(declared):
+                            raise ValueError(f"{where}: {path} starts with a header line {first}; set {key} = true")
                     schema = declared
                 return Dataset(probe.paths, format=Format.CSV, schema=schema, csv=csv, binary=self._binary())
 
@@ -300,12 +311,25 @@ def infer_parquet_spec(path: str) -> InputSpec:
     return InputSpec(format=InputFormat.PARQUET, columns=tuple(_one_label(columns)))
 
 
+def header_key(where: str) -> str:
+    """The config key that says whether the files of `where` start with a header line: each of
+    preprocess's inputs has its own (input: header, eval_input: eval_header, test_input: test_header);
+    other raw files (evaluate's and predict's) are read as the input is."""
+    match where:
+        case "preprocess.eval_input" | "preprocess.test_input":
+            return where.removesuffix("_input") + "_header"
+        case _:
+            return "preprocess.header"
+
+
 # -- the default workflow and the output schema ------------------------------------------------------
 def default_ops(
     spec: InputSpec, *, log_dense: bool = False, min_frequency: int = 1, max_vocab: int | None = None
 ) -> list[Op]:
     """The workflow a config without [[preprocess.ops]] gets: FillMissing(0) + (LogOp) + Normalize on dense
     columns, Categorify on categorical ones (user / item / session ids included)."""
+    from hugerec.data.preprocess.categorical import Categorify  # Numba kernels: loaded when a workflow is built
+
     dense = spec.names_with_role(Role.DENSE)
     sparse = spec.names_with_role(*ID_ROLES)
     ops: list[Op] = []
@@ -372,6 +396,10 @@ TIME_FORMATS = ("%Y-%m-%dT%H:%M:%S%.fZ", "%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%
 _LABEL_NAMES = ("label", "click", "clicked", "target", "y", "is_click", "converted")
 _TIME_NAME = re.compile(r"(time|date|^ts$|_ts$|timestamp)", re.I)
 _ID_NAME = re.compile(r"(^id$|_id$|^user|^item|^movie|^session|id$)", re.I)
+# integer codes by their name: C14 (the C<n> of click logs; not the c<n> given to headerless columns), *_type, *_pos
+_CODE_NAME = re.compile(r"^C\d+$|_(type|pos|code|category)$")
+MAX_CODES = 16  # an integer column with 3..MAX_CODES distinct values, not a run, is categorical (_few_codes)
+INT64_RANGE = (-(2**63), 2**63 - 1)
 
 
 def _sample_lines(path: str, max_bytes: int) -> list[bytes]:
@@ -425,7 +453,10 @@ def infer_spec(
     (tab, "::", comma, semicolon, pipe), whether line 1 is a header, each column's type (numbers, text,
     "|"-separated lists, timestamps in epoch seconds or common date formats) and a role from the type and
     the name (a 0/1 column named like a label, or the first 0/1 column of a headerless file, is the label).
-    Meant to be written out (`schema_toml`) and edited: roles of integer ids cannot be told from counts."""
+    Integers too long for int64 (20-digit ids) are text; integer columns named like ids or codes (`*_id`,
+    `C14`, `*_type`, `*_pos`) or holding a few scattered values (codes: `_few_codes`) are categorical, other
+    numbers dense.
+    Meant to be written out (`schema_toml`) and edited: an integer id and a count cannot always be told apart."""
     return _infer(str(path), separator, header, encoding, sample_bytes)[0]
 
 
@@ -500,6 +531,10 @@ def _infer(
 def _guess_column(name: str, values: pl.Series, first: bool = False) -> ColumnSpec:
     dtype = values.dtype
     present = values.drop_nulls()
+    if dtype.is_integer() and present.len():
+        smallest, largest = int(present.min()), int(present.max())  # type: ignore[arg-type]
+        if smallest < INT64_RANGE[0] or largest > INT64_RANGE[1]:  # a 20-digit id: only text holds it
+            return ColumnSpec(name, ColumnType.STRING, Role.CATEGORICAL)
     if dtype.is_integer() or dtype.is_float():
         if present.len() and not _ID_NAME.search(name):
             low, high = float(present.min()), float(present.max())  # type: ignore[arg-type]
@@ -511,7 +546,7 @@ def _guess_column(name: str, values: pl.Series, first: bool = False) -> ColumnSp
         zero_one = present.len() > 0 and bool(((present == 0) | (present == 1)).all())
         if zero_one and (name.lower() in _LABEL_NAMES or first):
             return ColumnSpec(name, ColumnType.INT if dtype.is_integer() else ColumnType.FLOAT, Role.LABEL)
-        if dtype.is_integer() and _ID_NAME.search(name):
+        if dtype.is_integer() and (_ID_NAME.search(name) or _CODE_NAME.search(name) or _few_codes(present)):
             return ColumnSpec(name, ColumnType.INT, Role.CATEGORICAL)
         return ColumnSpec(name, ColumnType.INT if dtype.is_integer() else ColumnType.FLOAT, Role.DENSE)
     if isinstance(dtype, pl.List):
@@ -523,6 +558,15 @@ def _guess_column(name: str, values: pl.Series, first: bool = False) -> ColumnSp
         if present.head(1000).str.contains("|", literal=True).mean() > 0.2:  # type: ignore[operator]
             return ColumnSpec(name, ColumnType.LIST, Role.CATEGORICAL, separator="|")
     return ColumnSpec(name, ColumnType.STRING, Role.CATEGORICAL)
+
+
+def _few_codes(present: pl.Series) -> bool:
+    """3..MAX_CODES distinct values, each seen about 10 times or more on average, scattered over more than
+    twice as many integers as they are: codes (banner widths 320, 480, 728, 1024), not a count or a rating
+    (1..5, or 0..6 with 5 never seen, stays dense, as does a 0/1 flag)."""
+    distinct = present.n_unique()
+    low, high = int(present.min()), int(present.max())  # type: ignore[arg-type]
+    return 3 <= distinct <= MAX_CODES and present.len() >= 10 * distinct and high - low + 1 > 2 * distinct
 
 
 def _one_label(columns: list[ColumnSpec]) -> list[ColumnSpec]:

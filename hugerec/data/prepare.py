@@ -19,6 +19,12 @@ target encoding) sees evaluation rows:
                     `holdout` rows stay in train); reads the user and time columns into memory
     files           the given eval (and test) files, each read as the input is
 
+test_split = True holds out a test part from the same input, by the same rule applied once more,
+later in time than eval: random gives each row to test with probability eval_fraction too; time
+makes the last `last_days` days (or the latest eval_fraction of the rows) test and the same span
+before them eval; leave_last_out makes each user's last `holdout` rows test and the `holdout`
+before them eval (users with more than 2 * holdout rows; the others stay in train).
+
 Except with given files, the input is first staged as typed Parquet (bad rows raised or skipped
 there, with their file and line), then split.
 """
@@ -28,7 +34,7 @@ from __future__ import annotations
 import datetime
 import enum
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -46,7 +52,7 @@ from hugerec.data.input_spec import (
     model_schema,
     output_columns,
 )
-from hugerec.data.preprocess.dataset import Dataset, Format, Partition, first_line, read_chunks
+from hugerec.data.preprocess.dataset import Dataset, Format, Partition, first_line, read_chunks, read_header
 from hugerec.data.preprocess.errors import MAX_EXAMPLES, BadInputError, OnError, RowError, SkipReport
 from hugerec.data.preprocess.op import Op
 from hugerec.data.preprocess.temporal import ParseTime
@@ -74,11 +80,24 @@ class SplitSpec:
     holdout: int = 1
     time_column: str | None = None
     user_column: str | None = None
+    test_split: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", SplitKind(self.kind))
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.test_split:
+            by_fraction = self.kind is SplitKind.RANDOM or (
+                self.kind is SplitKind.TIME and self.cutoff is None and self.last_days is None
+            )
+            if self.kind is SplitKind.FILES:
+                raise ValueError('test_split: split = "files" takes the test rows from test_input')
+            if self.kind is SplitKind.TIME and self.cutoff is not None:
+                raise ValueError("test_split: one time_cutoff cannot cut twice; use last_days or eval_fraction")
+            if by_fraction and not 0.0 < self.eval_fraction < 0.5:
+                raise ValueError(
+                    f"test_split: eval and test take eval_fraction each, which must be in (0, 0.5), got {self.eval_fraction}"
+                )
         if self.holdout < 1:
             raise ValueError(f"holdout must be >= 1, got {self.holdout}")
         if self.last_days is not None and self.last_days <= 0:
@@ -107,17 +126,18 @@ def cutoff_seconds(cutoff: str | int) -> int:
     return int(when.timestamp())
 
 
-def time_cutoff(split: SplitSpec, seconds: np.ndarray) -> int:
+def time_cutoff(split: SplitSpec, seconds: np.ndarray, spans: int = 1) -> int:
     """A time split's first held-out second: time_cutoff; or latest - last_days (the rows of the last N
     days, (latest - N days, latest]); or, with neither, the time that leaves the latest eval_fraction of
-    the rows (the (1 - eval_fraction) quantile, rounded up to a row's time) for eval."""
+    the rows (the (1 - eval_fraction) quantile, rounded up to a row's time) for eval. spans = 2: the
+    start of twice that span (last 2N days, latest 2 * eval_fraction), where test_split's eval begins."""
     if split.cutoff is not None:
         return cutoff_seconds(split.cutoff)
     if not len(seconds):
         raise ValueError('preprocess.split: split = "time" finds no times to split (the time column is empty)')
     if split.last_days is not None:
-        return int(seconds.max()) - int(split.last_days * 86400) + 1
-    return int(np.quantile(seconds, 1.0 - split.eval_fraction, method="higher"))
+        return int(seconds.max()) - int(spans * split.last_days * 86400) + 1
+    return int(np.quantile(seconds, 1.0 - spans * split.eval_fraction, method="higher"))
 
 
 @dataclass(frozen=True)
@@ -184,9 +204,13 @@ def prepare(
     log_dense: bool = False,
     min_frequency: int = 1,
     max_vocab: int | None = None,
+    eval_header: bool | None = None,
+    test_header: bool | None = None,
 ) -> PrepareReport:
     """Stage (parse, join), split, fit on train, transform every part. ops: the workflow after the spec's
-    input ops (None: `default_ops`). Errors name where they came from (`preprocess.input`, ...)."""
+    input ops (None: `default_ops`). eval_header / test_header: whether the eval / test files start with a
+    header line (None: as spec.header says for the input). Errors name where they came from
+    (`preprocess.input`, ...)."""
     split = split or SplitSpec()
     mode = OnError(on_error)
     root = Path(out)
@@ -194,6 +218,8 @@ def prepare(
     shutil.rmtree(staging, ignore_errors=True)
     if split.kind is SplitKind.FILES and eval_paths is None:
         raise ValueError('preprocess.eval_input: split = "files" needs the evaluation files')
+    if split.test_split and test_paths is not None:
+        raise ValueError("preprocess.test_split: the test rows come from test_input; give one of the two")
     if split.kind is not SplitKind.FILES and eval_paths is not None:
         raise ValueError(
             f'preprocess.eval_input: given, but split = "{split.kind.value}" makes the eval set; '
@@ -203,11 +229,11 @@ def prepare(
     tables = [(j.on, j.table(f"preprocess.join[{i}].input")) for i, j in enumerate(joins)]
     report = _stage(spec.dataset(paths, "preprocess.input"), spec, staging / "all", mode, tables, "preprocess.input")
     if eval_paths is not None:
-        eval_data = spec.dataset(eval_paths, "preprocess.eval_input")
+        eval_data = _with_header(spec, eval_header).dataset(eval_paths, "preprocess.eval_input")
         report = report.merge(_stage(eval_data, spec, staging / "eval", mode, tables, "preprocess.eval_input"))
         train_dir = staging / "all"
     else:
-        _split(full, split, staging / "all", staging / "train", staging / "eval")
+        _split(full, split, staging / "all", staging / "train", staging / "eval", staging / "test")
         train_dir = staging / "train"
     train_ds = Dataset(str(train_dir), format=Format.PARQUET)
     chosen = list(ops) if ops is not None else default_ops(
@@ -219,8 +245,9 @@ def prepare(
     test_rows = 0
     shutil.rmtree(root / "test", ignore_errors=True)
     if test_paths is not None:
-        test_data = spec.dataset(test_paths, "preprocess.test_input")
+        test_data = _with_header(spec, test_header).dataset(test_paths, "preprocess.test_input")
         report = report.merge(_stage(test_data, spec, staging / "test", mode, tables, "preprocess.test_input"))
+    if test_paths is not None or split.test_split:
         test_rows = workflow.transform(Dataset(str(staging / "test"), format=Format.PARQUET), root / "test").rows
     if spec.format is InputFormat.CSV:  # serving requests read "" and the null markers as missing, as the files did
         workflow.text_nulls = ("", *spec.null_values)
@@ -232,6 +259,31 @@ def prepare(
     return PrepareReport(_rows(root / "train"), _rows(root / "eval"), test_rows, root / "schema.json", root / "workflow", report)
 
 
+def _with_header(spec: InputSpec, header: bool | None) -> InputSpec:
+    return spec if header is None else replace(spec, header=header)
+
+
+def lacks_labels(spec: InputSpec, paths: str | Sequence[str]) -> bool:
+    """Whether the raw files at `paths` are unlabelled traffic: the input's columns without its label
+    columns. Told from the first file: a header (or Parquet schema) naming none of the labels, or a
+    headerless first line with exactly as many fields as the declared columns less the labels."""
+    labels = spec.labels
+    if not labels:
+        return False
+    if spec.format is InputFormat.PARQUET:
+        first = Dataset(paths, format=Format.PARQUET, schema={"_": pl.Null()}).paths[0]
+        return not any(n in pq.read_schema(first).names for n in labels)
+    csv = spec.csv_options()
+    first = Dataset(paths, format=Format.CSV, schema={"_": pl.String()}, csv=csv).paths[0]
+    try:
+        fields = read_header(first, csv)  # the first line's fields, a header or a row
+    except ValueError:
+        return False  # an empty file: reading it as declared names the problem
+    if spec.header:
+        return not any(n in fields for n in labels)
+    return len(fields) == len(spec.columns) - len(labels)
+
+
 def transform_raw(
     spec: InputSpec,
     paths: str | Sequence[str],
@@ -240,13 +292,19 @@ def transform_raw(
     where: str,
     on_error: OnError | str = OnError.RAISE,
     joins: Sequence[Join] = (),
+    *,
+    labelled: bool = True,
 ) -> SkipReport:
     """Raw files (read and joined as the training input was) through a fitted workflow into shards at
-    `out`; a column read with another type than at fit time is an error naming it (Workflow.check_dtypes)."""
+    `out`; a column read with another type than at fit time is an error naming it (Workflow.check_dtypes).
+    labelled = False: the files lack the label columns (traffic to score, `lacks_labels`); the shards get
+    them as 0, which only keeps the loader's layout: the caller must not report them."""
     staged = Path(f"{out}_raw")
     shutil.rmtree(staged, ignore_errors=True)
     tables = [(j.on, j.table(f"preprocess.join[{i}].input")) for i, j in enumerate(joins)]
-    report = _stage(spec.dataset(paths, where), spec, staged, OnError(on_error), tables, where)
+    read = spec if labelled else replace(spec, columns=tuple(c for c in spec.columns if c.role is not Role.LABEL))
+    fill = {} if labelled else {c.name: c.polars_dtype() for c in spec.columns if c.role is Role.LABEL}
+    report = _stage(read.dataset(paths, where), read, staged, OnError(on_error), tables, where, fill)
     data = Dataset(str(staged), format=Format.PARQUET)
     workflow.check_dtypes(data.schema, where)
     shutil.rmtree(out, ignore_errors=True)
@@ -293,9 +351,11 @@ def _stage(
     on_error: OnError,
     tables: Sequence[tuple[str, pl.DataFrame]],
     where: str,
+    fill: Mapping[str, pl.DataType] | None = None,
 ) -> SkipReport:
     """The input as typed Parquet: every row parsed once, timestamps checked against their format (bad
-    rows raised or skipped with their file and line), each side table left-joined on its column."""
+    rows raised or skipped with their file and line), each side table left-joined on its column, and
+    the columns of `fill` (absent from the files) added as zeros of their type."""
     report = SkipReport()
     shutil.rmtree(out, ignore_errors=True)
     for on, table in tables:
@@ -317,12 +377,18 @@ def _stage(
                 exact = exact and times.rows_skipped == 0
                 for on, table in tables:
                     frame = frame.join(table, on=on, how="left", maintain_order="left")
+                if fill:
+                    frame = frame.with_columns(pl.lit(0, dtype).alias(name) for name, dtype in fill.items())
                 if frame.height:
                     writer.write(frame.to_arrow())
     if writer.num_rows == 0:
         given = data.paths[0] if len(data.paths) == 1 else list(data.paths)
         what = "no rows to learn from" if where == "preprocess.input" else "no rows"
-        raise ValueError(f"{where}: {what} in {given!r} ({report.rows_read} read)")
+        skipped = ""
+        if report.examples:  # every row skipped as bad input: say why, and the remedy where it is known
+            first = report.examples[0]
+            skipped = f"; all skipped as bad input, first at {first}" + (f"; {first.fix}" if first.fix else "")
+        raise ValueError(f"{where}: {what} in {given!r} ({report.rows_read} read{skipped})")
     return report
 
 
@@ -371,42 +437,61 @@ def _seconds(spec: InputSpec, column: str, dtype: pl.DataType) -> pl.Expr:
     return ParseTime((column,), fmt).expression(column, dtype)
 
 
-def _split(spec: InputSpec, split: SplitSpec, src: Path, train: Path, eval_: Path) -> None:
-    """Rows of the staged `src` -> train / eval shards, by `split.kind` (see the module docstring)."""
+TRAIN, EVAL, TEST = 0, 1, 2  # the part a row goes to
+
+
+def _split(spec: InputSpec, split: SplitSpec, src: Path, train: Path, eval_: Path, test: Path) -> None:
+    """Rows of the staged `src` -> train / eval (/ test, with split.test_split) shards, by `split.kind`
+    (see the module docstring)."""
     files = expand_paths(src)
     scan = pl.scan_parquet([str(f) for f in files])
     names = scan.collect_schema()
-    held_out: np.ndarray | None = None  # [N] over all rows in file order, when the whole mask is computed first
+    part: np.ndarray | None = None  # [N] int8 over all rows in file order, when computed before writing
     match split.kind:
         case SplitKind.TIME:
             column = _column(spec, split.time_column, Role.TIMESTAMP, "time_column", split.kind)
             _require(column, names, "time_column")
             seconds = scan.select(_seconds(spec, column, names[column]).alias("t")).collect()["t"]
-            held = seconds >= time_cutoff(split, seconds.drop_nulls().to_numpy())
-            held_out = held.fill_null(False).to_numpy()
+            known = seconds.drop_nulls().to_numpy()
+            later = seconds >= time_cutoff(split, known)
+            part = np.where(later.fill_null(False).to_numpy(), EVAL, TRAIN).astype(np.int8)
+            if split.test_split:  # the latest span is test, the span before it eval
+                earlier = (seconds >= time_cutoff(split, known, spans=2)).fill_null(False).to_numpy()
+                part = np.where(part == EVAL, TEST, np.where(earlier, EVAL, TRAIN)).astype(np.int8)
         case SplitKind.LEAVE_LAST_OUT:
             user = _column(spec, split.user_column, Role.USER, "user_column", split.kind)
             column = _column(spec, split.time_column, Role.TIMESTAMP, "time_column", split.kind)
             _require(user, names, "user_column")
             _require(column, names, "time_column")
             frame = scan.select(pl.col(user), _seconds(spec, column, names[column]).alias("t")).with_row_index("row")
-            held_out = np.zeros(scan.select(pl.len()).collect().item(), dtype=bool)
-            held_out[_last_rows(frame.collect(), user, split.holdout)] = True
+            part = np.zeros(scan.select(pl.len()).collect().item(), dtype=np.int8)
+            if split.test_split:  # the last `holdout` rows of users with more than twice that: test; those before: eval
+                last = _last_rows(frame.collect(), user, 2 * split.holdout, min_rows=2 * split.holdout)
+                part[last[:, : split.holdout].ravel()] = EVAL
+                part[last[:, split.holdout :].ravel()] = TEST
+            else:
+                part[_last_rows(frame.collect(), user, split.holdout).ravel()] = EVAL
         case SplitKind.RANDOM | SplitKind.FILES:
             pass
-    for d in (train, eval_):
+    for d in (train, eval_, test):
         shutil.rmtree(d, ignore_errors=True)
     offset = 0
-    with ShardWriter(train) as train_writer, ShardWriter(eval_) as eval_writer:
+    with ShardWriter(train) as train_writer, ShardWriter(eval_) as eval_writer, ShardWriter(test) as test_writer:
         for k, table in enumerate(iter_row_groups(files)):
-            if held_out is None:
-                mask = np.random.default_rng([split.seed, k]).random(table.num_rows) < split.eval_fraction
+            if part is None:  # random: [0, f) eval, [f, 2f) test (with test_split), the rest train
+                draw = np.random.default_rng([split.seed, k]).random(table.num_rows)
+                rows = np.where(draw < split.eval_fraction, EVAL, TRAIN)
+                if split.test_split:
+                    rows[(draw >= split.eval_fraction) & (draw < 2 * split.eval_fraction)] = TEST
             else:
-                mask = held_out[offset : offset + table.num_rows]
+                rows = part[offset : offset + table.num_rows]
             offset += table.num_rows
-            train_writer.write(table.filter(pa.array(~mask)))
-            eval_writer.write(table.filter(pa.array(mask)))
-    for name, writer in (("train", train_writer), ("eval", eval_writer)):
+            train_writer.write(table.filter(pa.array(rows == TRAIN)))
+            eval_writer.write(table.filter(pa.array(rows == EVAL)))
+            if split.test_split:
+                test_writer.write(table.filter(pa.array(rows == TEST)))
+    parts = [("train", train_writer), ("eval", eval_writer)] + ([("test", test_writer)] if split.test_split else [])
+    for name, writer in parts:
         if writer.num_rows == 0:
             raise ValueError(f'preprocess.split: split = "{split.kind.value}" leaves no rows for {name} (check its settings)')
 
@@ -416,12 +501,13 @@ def _require(column: str, names: pl.Schema, key: str) -> None:
         raise ValueError(f"preprocess.{key}: {column!r} is not a column of the input ({list(names)})")
 
 
-def _last_rows(frame: pl.DataFrame, user: str, holdout: int) -> np.ndarray:
-    """Row numbers of each user's last `holdout` rows by time (ties: the later row), for users with more."""
+def _last_rows(frame: pl.DataFrame, user: str, holdout: int, min_rows: int | None = None) -> np.ndarray:
+    """[U, holdout] row numbers of each user's last `holdout` rows by time (ties: the later row), oldest
+    first, for the U users with more than `min_rows` (default: holdout) rows."""
     picked = (
         frame.sort(["t", "row"], nulls_last=False)
         .group_by(user, maintain_order=True)
         .agg(pl.col("row").tail(holdout).alias("rows"), pl.len().alias("n"))
-        .filter(pl.col("n") > holdout)
+        .filter(pl.col("n") > (holdout if min_rows is None else min_rows))
     )
-    return picked["rows"].explode().to_numpy().astype(np.int64)
+    return picked["rows"].explode().to_numpy().astype(np.int64).reshape(-1, holdout)  # [U * holdout] -> [U, holdout]

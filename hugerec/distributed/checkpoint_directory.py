@@ -385,6 +385,7 @@ def load_checkpoint_dir(
     collections, placed = holdings(model)
     for p in placed:
         _check_table(p.table, reader.tables.get(p.table.name), where)
+    _restore_disk_tiers(reader, placed)  # first: reading the model's state snapshots its disk tiers
     dense = _dense_state(model, collections)
     absent = sorted(k for k in dense if k not in reader)
     if absent:
@@ -407,6 +408,20 @@ def load_checkpoint_dir(
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, reader[OPTIMIZER_KEY])
     return reader.extra
+
+
+def _restore_disk_tiers(reader: _Reader, placed: list[Placed]) -> None:
+    """Every disk-tier table's live file becomes a clone of the checkpoint's snapshot before anything reads
+    the model's state: `state_dict()` snapshots each tier, which a tier left unclean by a crash (kill -9
+    during a step or a write-back) refuses until exactly this restore has happened."""
+    for p in placed:
+        if p.table.dynamic is not None:
+            continue
+        for x in reader.pieces:
+            key = f"{x.prefix}/disk_snapshot"
+            if x.table == p.table.name and _overlap(x, p.shard) and key in reader:
+                _load_scalars(p.local, p.table.name, {"disk_snapshot": reader[key]})
+                break
 
 
 def _check_table(t: TableConfig, saved: TableConfig | None, path: str) -> None:

@@ -91,6 +91,7 @@ class DiskTier:
         self.needs_restore: str | None = None  # why the live file may not be used
         self._snapshot: int | None = None  # the newest snapshot, and whether rows changed since
         self._changed = True
+        self._restored: int | None = None  # the snapshot the live file was last restored from
         if not self.path.exists():
             self._create(fill)
         self._open()
@@ -333,12 +334,14 @@ class DiskTier:
                 ) from None
         for old in taken[: max(0, len(taken) + 1 - KEEP_SNAPSHOTS)]:
             (d / str(old)).unlink(missing_ok=True)
-        self._snapshot, self._changed = n, False
+        self._snapshot, self._changed, self._restored = n, False, None
         return n
 
     def restore(self, n: int) -> None:
         """Makes the live file a clone of snapshot n and empties the cache (a checkpoint's rows)."""
         source = self.snapshot_dir / str(n)
+        if self._restored == n and not self._changed and self.needs_restore is None:
+            return  # restored from n and untouched since (a checkpoint load restores before reading the model)
         if not source.is_file():
             raise ValueError(f"table {self.table!r}: the checkpoint's snapshot {str(source)!r} does not exist")
         with self.lock:
@@ -353,6 +356,7 @@ class DiskTier:
             self._snapshot, self._changed = n, False
         if self.needs_restore is not None:
             raise ValueError(f"table {self.table!r}: snapshot {str(source)!r} is not clean")
+        self._restored = n
 
     def stats(self) -> dict[str, float]:
         c = self.counters

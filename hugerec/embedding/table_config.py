@@ -6,11 +6,12 @@ import enum
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from hugerec.embedding.optimizers import Optimizer, optimizer_from_dict, optimizer_to_dict
+
+if TYPE_CHECKING:  # torch loads when a dtype is asked for: the data schema reads table configs without it
+    import torch
 
 
 class Pooling(enum.Enum):
@@ -26,6 +27,8 @@ class StorageDtype(enum.Enum):
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         match self:
             case StorageDtype.FP32:
                 return torch.float32

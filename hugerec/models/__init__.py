@@ -1,5 +1,5 @@
 """Layers (MLP, interactions, cross network, wide part), models (ranking: DLRM, DCNv2, DeepFM, WideAndDeep;
-retrieval: TwoTower, MatrixFactorization; sequential: SASRec, MaskedTransformer, GRU4Rec over [B, L] item
+retrieval: TwoTower, MatrixFactorization; sequential: SASRec, MaskedTransformer, GRU4Rec, HSTU over [B, L] item
 sequences; trees: LightGBM / XGBoost configs and boosters) and the registry that names them.
 
 `config_from_dict({"type": "dlrm", ...})` reads any model type's config (`REGISTRY`, `model_type`);
@@ -12,6 +12,7 @@ from hugerec.models.deepfm import DeepFM
 from hugerec.models.dlrm import DLRM
 from hugerec.models.gbm import GBMConfig, TreeModel
 from hugerec.models.gru4rec import GRU4Rec
+from hugerec.models.hstu import HSTU, HSTUConfig
 from hugerec.models.masked import MaskedTransformer
 from hugerec.models.mf import MatrixFactorization, MFConfig
 from hugerec.models.model import RecModel
@@ -24,6 +25,7 @@ from hugerec.models.wide_deep import WideAndDeep
 
 __all__ = [
     "DLRM",
+    "HSTU",
     "REGISTRY",
     "DCNv2",
     "DCNv2Config",
@@ -34,6 +36,7 @@ __all__ = [
     "GBMConfig",
     "GRU4Rec",
     "GRU4RecConfig",
+    "HSTUConfig",
     "MFConfig",
     "MLMConfig",
     "MaskedTransformer",

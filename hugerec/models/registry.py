@@ -12,7 +12,7 @@ it needs and how it is built. The command line reads [model] into these configs 
 Families:
     ranking     dlrm, dcn_v2, deepfm, wide_and_deep: labelled rows -> a logit per row (BCE)
     retrieval   two_tower, mf: (user, item, time) events -> user and item vectors (sampled softmax / BPR)
-    sequential  sasrec, mlm, gru4rec: item sequences grouped by user or session -> the next item
+    sequential  sasrec, mlm, gru4rec, hstu: item sequences grouped by user or session -> the next item
     trees       lightgbm, xgboost: labelled rows -> gradient-boosted trees (the library's own training)
 
 Roles are those of `hugerec.data.input_spec.Role` (as their string values: models sit below data): each
@@ -40,6 +40,7 @@ from hugerec.models.deepfm import DeepFM
 from hugerec.models.dlrm import DLRM
 from hugerec.models.gbm import LightGBMConfig, TreeModel, XGBoostConfig
 from hugerec.models.gru4rec import GRU4Rec
+from hugerec.models.hstu import HSTU, HSTUConfig
 from hugerec.models.masked import MaskedTransformer
 from hugerec.models.mf import MatrixFactorization, MFConfig
 from hugerec.models.model_config import (
@@ -113,6 +114,10 @@ def _mf(config: MFConfig, data: DataSizes, optimizer: Optimizer) -> nn.Module:
     return MatrixFactorization(data.num_users, data.num_items, config.dim, optimizer, config.temperature, config.init_std)
 
 
+def _hstu(config: HSTUConfig, data: DataSizes, optimizer: Optimizer) -> nn.Module:
+    return HSTU(config.sequence_config(data.num_items), optimizer, config.options())
+
+
 def _sequential(cls: type[nn.Module]) -> Builder:
     def build(config: Any, data: DataSizes, optimizer: Optimizer) -> nn.Module:
         return cls(config.sequence_config(data.num_items), optimizer)
@@ -136,6 +141,7 @@ REGISTRY: dict[str, ModelType] = {
         ModelType("sasrec", Family.SEQUENTIAL, SASRecConfig, SEQUENCES, _sequential(SASRec), SASRec),
         ModelType("mlm", Family.SEQUENTIAL, MLMConfig, SEQUENCES, _sequential(MaskedTransformer), MaskedTransformer),
         ModelType("gru4rec", Family.SEQUENTIAL, GRU4RecConfig, SEQUENCES, _sequential(GRU4Rec), GRU4Rec),
+        ModelType("hstu", Family.SEQUENTIAL, HSTUConfig, SEQUENCES, _hstu, HSTU),
         ModelType("lightgbm", Family.TREES, LightGBMConfig, LABELLED, None, TreeModel),
         ModelType("xgboost", Family.TREES, XGBoostConfig, LABELLED, None, TreeModel),
     )
@@ -151,6 +157,7 @@ ModelConfig = (
     | SASRecConfig
     | MLMConfig
     | GRU4RecConfig
+    | HSTUConfig
     | LightGBMConfig
     | XGBoostConfig
 )

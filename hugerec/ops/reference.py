@@ -1,4 +1,5 @@
-"""Plain-torch definition of every embedding op: the spec, the test oracle and the CUDA path.
+"""Plain-torch definition of every op (embedding lookups and updates, dot interaction, HSTU's jagged attention):
+the spec, the test oracle and the CUDA path.
 
 Shapes: weight [R, D_pad] (fp32 / bf16 / fp16 storage, only columns [:D] used), state [R, S] fp32,
 values [N] int64 ids, offsets [F*B + 1] int64, per_sample_weights [N] fp32 or None,
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from hugerec.ops.lookup_plan import COLUMN, TABLE
 from hugerec.ops.update_rule import RuleKind, UpdateRule
@@ -248,3 +250,62 @@ def dot_interaction(first: torch.Tensor | None, rest: torch.Tensor, self_interac
     rows, cols = torch.triu_indices(n, n, offset=0 if self_interaction else 1, device=x.device)
     gram = torch.bmm(x, x.transpose(1, 2))  # [B, N, D] x [B, D, N] -> [B, N, N]
     return gram.flatten(1).index_select(1, rows * n + cols)
+
+
+def pair_offsets(offsets: torch.Tensor) -> torch.Tensor:
+    """[B + 1] int64: where each sequence's causal (query, key) pairs start in a jagged pair array.
+
+    Sequence b of n_b items owns n_b (n_b + 1) / 2 pairs; pair (i, j), j <= i (positions inside the
+    sequence), sits at pair_offsets[b] + i (i + 1) / 2 + j.
+    """
+    n = offsets.diff()
+    out = torch.zeros(len(offsets), dtype=torch.int64, device=offsets.device)
+    torch.cumsum(n * (n + 1) // 2, dim=0, out=out[1:])
+    return out
+
+
+def padded_causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, valid: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """HSTU's pointwise attention on padded tensors: out[b, i] = sum_j silu(q_i . k_j + bias[b, i, j]) * scale * v_j
+    over keys j that hold an item and, in the sequence's own order, come no later than i.
+
+    q, k [B, L, H, Dq], v [B, L, H, Dv], bias [B, L, L] (shared by the heads), valid [B, L] bool (True = item;
+    a sequence's items are contiguous: left- or right-padded). Rows of padding positions are 0.
+    """
+    length = q.shape[1]
+    scores = torch.einsum("bihd,bjhd->bhij", q, k) + bias[:, None]  # [B, H, L, L]
+    allowed = valid[:, None, :] & valid[:, :, None] & torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    weights = F.silu(scores) * scale * allowed[:, None].to(q.dtype)
+    return torch.einsum("bhij,bjhd->bihd", weights, v)  # [B, L, H, Dv]
+
+
+def jagged_causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, offsets: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """The jagged op by way of padding: q, k [N, H, Dq], v [N, H, Dv], bias [P] (the pairs of `pair_offsets`),
+    offsets [B + 1] -> [N, H, Dv]. Pads every sequence to the longest (right padding), runs
+    `padded_causal_attention` and keeps the item rows."""
+    n = offsets.diff()
+    batch, length = len(n), int(n.max()) if len(n) else 0
+    if q.shape[0] == 0 or length == 0:
+        connected = (q.sum() + k.sum() + v.sum() + bias.sum()) * 0.0  # keeps an empty result in the autograd graph
+        return q.new_zeros(q.shape[0], q.shape[1], v.shape[2]) + connected
+    seq = torch.repeat_interleave(torch.arange(batch, device=q.device), n)  # [N]
+    pos = torch.arange(q.shape[0], device=q.device) - offsets[:-1][seq]  # [N] position inside the sequence
+    valid = torch.zeros(batch, length, dtype=torch.bool, device=q.device)
+    valid[seq, pos] = True
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros(batch, length, *x.shape[1:])
+        out[seq, pos] = x
+        return out
+
+    dense_bias = q.new_zeros(batch, length, length)
+    pairs = pair_offsets(offsets)
+    pair_seq = torch.repeat_interleave(torch.arange(batch, device=q.device), pairs.diff())  # [P]
+    p = torch.arange(bias.numel(), device=q.device) - pairs[:-1][pair_seq]  # pair index inside its sequence
+    i = ((torch.sqrt(8.0 * p.double() + 1.0) - 1.0) / 2.0).floor().long()  # p = i (i + 1) / 2 + j, 0 <= j <= i
+    j = p - i * (i + 1) // 2
+    dense_bias[pair_seq, i, j] = bias
+    return padded_causal_attention(pad(q), pad(k), pad(v), dense_bias, valid, scale)[seq, pos]

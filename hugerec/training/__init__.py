@@ -1,4 +1,4 @@
-"""Training: `fit` (one trainer; the families RankingFamily, RetrievalFamily, SequentialFamily; `fit_trees` for GBM), `evaluate` (every family), `predict`, `recommend`, the model file and checkpoints."""
+"""Training: `fit` (one trainer; the families RankingFamily, RetrievalFamily, SequentialFamily), `evaluate`, `predict`, metrics, checkpoints, the model file and the learning-rate schedule."""
 
 from hugerec.training.checkpoint import latest_checkpoint, load_checkpoint
 from hugerec.training.early_stopping import EarlyStopping

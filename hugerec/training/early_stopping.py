@@ -7,8 +7,10 @@
 The direction of each metric is known (AUC up, logloss down, every ranking metric @K up), so the config
 only names the metric; left unnamed (None) it is the model family's (auc for ranking, recall@10 for
 retrieval and sequential models).
-An evaluation improves on the best when it beats it by more than `min_delta`; a NaN metric (say, an
-AUC on a single-class evaluation set) never improves and counts as a bad evaluation.
+The best evaluation (kept as best.pt) is the best value seen, by any margin; patience counts the
+evaluations since the last one that beat its predecessor mark by more than `min_delta` (a gain
+smaller than that is kept as the best but does not reset the patience). A NaN metric (say, an AUC on
+a single-class evaluation set) never improves and counts as a bad evaluation.
 """
 
 from __future__ import annotations
@@ -52,8 +54,9 @@ class EarlyStopping:
                   the evaluation on eval_data. None: the model family's default
     patience      stop after this many evaluations in a row without a new best (None: never stop early,
                   still keep the best)
-    min_delta     a new best must beat the old one by more than this (0.001: on MovieLens-100K the
-                  valid AUC kept creeping up by ~0.0001 an epoch for 20+ epochs after it had settled)
+    min_delta     a gain of more than this restarts the patience (0.001: on MovieLens-100K the valid
+                  AUC kept creeping up by ~0.0001 an epoch for 20+ epochs after it had settled); a smaller
+                  gain is still kept as the best
     restore_best  at the end of `fit`, load the best evaluation's weights back into the model (the last
                   checkpoint keeps the last weights either way)
     """
@@ -90,6 +93,7 @@ class BestTracker:
     def __init__(self, config: EarlyStopping) -> None:
         self.config = config.for_metric("auc")  # a config naming no metric: ranking's, as fit resolves it
         self.best: dict[str, float] | None = None  # the best evaluation's record (step, epoch, metrics)
+        self.mark: float | None = None  # the value the last gain of more than min_delta reached
         self.bad_evals = 0
         self.stopped = False
 
@@ -102,35 +106,43 @@ class BestTracker:
     def best_value(self) -> float | None:
         return None if self.best is None else self.best[self.metric]
 
-    def is_better(self, value: float) -> bool:
+    def is_better(self, value: float, than: float | None = None, margin: float = 0.0) -> bool:
+        """Whether `value` beats `than` (default: the best value) by more than `margin`."""
         if math.isnan(value):
             return False
-        best = self.best_value
-        if best is None or math.isnan(best):
+        reference = self.best_value if than is None else than
+        if reference is None or math.isnan(reference):
             return True
         match self.config.direction:
             case Direction.MAX:
-                return value > best + self.config.min_delta
+                return value > reference + margin
             case Direction.MIN:
-                return value < best - self.config.min_delta
+                return value < reference - margin
 
     def update(self, record: dict[str, float]) -> bool:
-        """Account for one evaluation `record` (holding the metric); True when it is the new best."""
+        """Account for one evaluation `record` (holding the metric); True when it is the new best (by any
+        margin). Patience restarts only on a gain of more than min_delta over the mark."""
         if self.metric not in record:
             raise ValueError(f"early stopping: the evaluation has no {self.metric!r}, only {sorted(record)}")
-        if self.is_better(float(record[self.metric])):
-            self.best, self.bad_evals = dict(record), 0
-            return True
+        value = float(record[self.metric])
+        best = self.is_better(value)
+        if best:
+            self.best = dict(record)
+        gain = self.mark is None or self.is_better(value, self.mark, self.config.min_delta)
+        if gain and not math.isnan(value):
+            self.mark, self.bad_evals = value, 0
+            return best
         self.bad_evals += 1
         patience = self.config.patience
         if patience is not None and self.bad_evals >= patience:
             self.stopped = True
-        return False
+        return best
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "metric": self.metric,
             "best": None if self.best is None else dict(self.best),
+            "mark": self.mark,
             "bad_evals": self.bad_evals,
             "stopped": self.stopped,
         }
@@ -142,6 +154,8 @@ class BestTracker:
                 f"{self.metric!r}; resume with the same early_stopping.metric or start a fresh run"
             )
         self.best = None if state["best"] is None else {k: float(v) for k, v in state["best"].items()}
+        mark = state.get("mark", self.best_value)  # checkpoints before the mark: the best was the mark
+        self.mark = None if mark is None else float(mark)
         self.bad_evals = int(state["bad_evals"])
         patience = self.config.patience  # a resume with another patience: that patience decides
         self.stopped = patience is not None and self.bad_evals >= patience

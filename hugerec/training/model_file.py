@@ -2,7 +2,7 @@
 
     save_model("model.pt", model, DLRMConfig(...), optimizer, tables=tables, schema=schema.to_dict())   # ranking
     save_model("model.pt", two_tower, config, optimizer, ids=RawIds(items_raw, counts, users_raw, csr))  # retrieval
-    save_model("model.pt", sasrec, SASRecConfig(...), optimizer, ids=RawIds(items_raw, counts))       # sequential
+    save_model("model.pt", sasrec, SASRecConfig(...), optimizer, ids=RawIds(items_raw, counts))       # sequential (HSTU too)
     save_model("model.txt", trees, LightGBMConfig(...), schema=..., extra={"best_round": 120})        # trees
     saved = load_model(path)      # saved.model, saved.config, saved.family, saved.ids, saved.schema, ...
 
@@ -44,6 +44,7 @@ from torch import nn
 from hugerec.embedding.optimizers import Optimizer, optimizer_from_dict, optimizer_to_dict
 from hugerec.embedding.table_config import TableConfig
 from hugerec.models.gbm import TreeModel, library_of, require
+from hugerec.models.hstu import HSTU, HSTUConfig
 from hugerec.models.mf import MatrixFactorization, MFConfig
 from hugerec.models.registry import (
     Family,
@@ -234,9 +235,11 @@ def _retrieval_sizes(model: nn.Module, config: ModelConfig, ids: RawIds | None) 
 def _sequential_sizes(model: nn.Module, config: ModelConfig, ids: RawIds | None) -> dict[str, int]:
     cfg = getattr(model, "cfg", None)
     if not isinstance(cfg, SequenceConfig) or not isinstance(config, SequenceModelConfig):
-        raise ValueError(f"save_model: a sequential config needs a SASRec / MaskedTransformer / GRU4Rec, got {type(model).__name__}")
+        raise ValueError(f"save_model: a sequential config needs a SASRec / MaskedTransformer / GRU4Rec / HSTU, got {type(model).__name__}")
     if config.sequence_config(cfg.num_items, cfg.dynamic) != cfg:
         raise ValueError(f"save_model: the model's {cfg} was not built from {config}")
+    if isinstance(model, HSTU) and isinstance(config, HSTUConfig) and model.options != config.options():
+        raise ValueError(f"save_model: the HSTU's {model.options} was not built from {config}")
     if cfg.dynamic is not None:
         raise ValueError("save_model: a sequential model with a dynamic item table is not saved yet")
     if ids is None or len(ids.items) != cfg.num_items or len(ids.item_counts) != cfg.num_items + 1:

@@ -100,7 +100,7 @@ class _Step:
 
 @dataclass(frozen=True, eq=False)
 class SequentialFamily:
-    """The sequential family (SASRec, MaskedTransformer, GRU4Rec; see SequenceModel): batches of windows
+    """The sequential family (SASRec, MaskedTransformer, GRU4Rec, HSTU; see SequenceModel): batches of windows
     [B, W] (`window_batches`), next-item or masked-item loss, validation by the next item's rank
     (NextItemValidation: Recall/MRR/NDCG@K).
 

@@ -42,6 +42,7 @@ import dataclasses
 import enum
 import itertools
 import math
+import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -293,7 +294,12 @@ def fit(
         _compile_dense(model)
     total = cfg.max_steps if cfg.max_steps is not None else _epoch_length(train_data, cfg.epochs)
     show = cfg.progress and run.rank == 0
-    run.bar = tqdm(total=total, initial=run.step, disable=not show, unit="step", dynamic_ncols=True)
+    # a terminal redraws one bar in place; a file or a CI log gets a plain line per log window and
+    # evaluation instead (a bar's carriage returns would make one enormous line of it)
+    terminal = sys.stderr.isatty()
+    run.bar = tqdm(total=total, initial=run.step, disable=not (show and terminal), unit="step", dynamic_ncols=True)
+    run.lines = show and not terminal
+    run.total = total
     log_dir = run.out_dir if run.rank == 0 else None
     resume_step = None if found is None else run.step
     run.log = RunLog(log_dir, tensorboard=cfg.tensorboard, append=found is not None, resume_step=resume_step)
@@ -393,6 +399,8 @@ class _Run:
         self.fast_forward = False  # resuming a plain iterable: skip the batches_in_epoch it already gave
         self.log = RunLog(None)
         self.bar: tqdm[Any] = tqdm(disable=True)
+        self.lines = False  # progress as plain lines on stderr (not a terminal), see `fit`
+        self.total: int | None = None  # steps of the run, when the data tells its length
         # the current log window: losses summed on the device (no sync per step), samples and wall time
         self.window_loss = torch.zeros((), device=self.device)
         self.window_steps = self.window_samples = 0
@@ -457,6 +465,12 @@ class _Run:
             return float(self.opt.param_groups[0]["lr"])
         return self.cfg.lr * self.schedule.factor(max(self.step - 1, 0))
 
+    def say(self, text: str) -> None:
+        """One progress line on stderr, where there is no terminal to draw the bar on."""
+        if self.lines:
+            of = f"/{self.total:,}" if self.total is not None else ""
+            print(f"step {self.step:,}{of}: {text}", file=sys.stderr, flush=True)
+
     def log_window(self) -> None:
         mean_loss = float(self.window_loss) / self.window_steps
         samples = float(self.window_samples)
@@ -480,6 +494,7 @@ class _Run:
         self.history.train.append({"step": float(self.step), **record})
         self.log.write("train", self.step, record)
         self.bar.set_postfix_str(_postfix(self.history, self.metric), refresh=False)
+        self.say(_postfix(self.history, self.metric))
         self.window_loss.zero_()
         self.window_steps = self.window_samples = 0
         self.window_start = time.perf_counter()
@@ -497,9 +512,12 @@ class _Run:
         record = {"step": float(self.step), "epoch": float(self.epoch), **result}
         self.history.evals.append(record)
         self.log.write("eval", self.step, result)
-        if self.tracker.update(record):
+        best = self.tracker.update(record)
+        if best:
             self.save_best()
         self.bar.set_postfix_str(_postfix(self.history, self.metric), refresh=False)
+        if self.metric in record:
+            self.say(f"eval {self.metric}={record[self.metric]:.4f}{' (best)' if best else ''}")
         self.last_eval_step = self.step
         self.window_start += time.perf_counter() - started  # keep evaluation time out of samples/s
 

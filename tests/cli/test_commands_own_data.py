@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from hugerec.cli import main
+from tests.cli.conftest import write_click_log
 
 WriteLog = Callable[..., list[dict[str, object]]]
 
@@ -316,3 +317,118 @@ def test_schema_and_preprocess_of_a_truncated_gz_say_where_in_one_line(
     err = capsys.readouterr().err.strip()
     assert err.startswith("hugerec preprocess: error: cut.csv.gz: truncated or damaged gzip file") and where in err, err
     assert "\n" not in err
+
+
+@pytest.mark.parametrize("header", [True, False])
+def test_predict_scores_unlabelled_traffic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], header: bool
+) -> None:
+    """Paper cut 1: predict on raw rows without the label column (traffic to score) gives each row's
+    probability, the same as for the labelled rows, and writes no label column."""
+    import pyarrow.parquet as pq
+
+    monkeypatch.chdir(tmp_path)
+    rows = write_click_log(tmp_path / "clicks.csv", header=header)
+    toml = _schema(tmp_path, "clicks.csv", capsys)
+    if not header:  # headerless: the user names the label (the 0/1 column is not first)
+        toml = toml.replace('{ name = "c5", type = "int", role = "dense" }', '{ name = "c5", type = "int", role = "label" }')
+    (tmp_path / "c.toml").write_text(toml.replace("[preprocess]", '[preprocess]\nout = "data"') + TAIL)
+    assert main(["preprocess", "c.toml"]) == 0, capsys.readouterr().err
+    assert main(["train", "c.toml", *FAST]) == 0, capsys.readouterr().err
+    names = [k for k in rows[0] if k != "clicked"]
+    lines = [",".join(names)] if header else []
+    (tmp_path / "traffic.csv").write_text("\n".join(lines + [",".join(str(r[k]) for k in names) for r in rows]) + "\n")
+    assert main(["predict", "c.toml", "predict.input=traffic.csv", "predict.out=traffic.parquet"]) == 0, capsys.readouterr().err
+    assert main(["predict", "c.toml", "predict.input=clicks.csv", "predict.out=clicks.parquet"]) == 0, capsys.readouterr().err
+    traffic, labelled = pq.read_table(tmp_path / "traffic.parquet"), pq.read_table(tmp_path / "clicks.parquet")
+    assert traffic.column_names == ["probability"]
+    assert labelled.column_names == ["clicked" if header else "c5", "probability"]
+    assert traffic.column("probability").to_pylist() == labelled.column("probability").to_pylist()
+    assert traffic.num_rows == len(rows)
+    # evaluate still needs labels: the unlabelled file there is the usual one-line error
+    assert main(["evaluate", "c.toml", "data.eval=traffic.csv"]) == 2
+    assert "traffic.csv" in capsys.readouterr().err
+
+
+def test_three_way_split_from_one_file_is_in_the_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Paper cut 7: preprocess.test_split holds out train / eval / test from one file, the summary counts
+    all three, and the test shards evaluate like the eval ones."""
+    monkeypatch.chdir(tmp_path)
+    write_click_log(tmp_path / "clicks.csv")
+    toml = _schema(tmp_path, "clicks.csv", capsys)
+    (tmp_path / "c.toml").write_text(toml.replace("[preprocess]", '[preprocess]\nout = "data"') + TAIL)
+    assert main(["preprocess", "c.toml", "preprocess.test_split=true", "preprocess.eval_fraction=0.2"]) == 0
+    out = capsys.readouterr().out
+    counts = {part: sum(1 for _ in (tmp_path / "data" / part).glob("*.parquet")) for part in ("train", "eval", "test")}
+    assert all(counts.values()), counts
+    import pyarrow.parquet as pq
+
+    rows = {p: sum(pq.read_metadata(f).num_rows for f in (tmp_path / "data" / p).glob("*.parquet")) for p in counts}
+    assert f"preprocess: {rows['train']:,} train + {rows['eval']:,} eval + {rows['test']:,} test rows" in out
+    assert sum(rows.values()) == 400
+    assert main(["train", "c.toml", *FAST]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["evaluate", "c.toml", "data.eval=data/test"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["count"] == rows["test"]
+
+
+def test_a_headered_train_file_beside_headerless_dev_and_test_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Paper cut 2: each input says whether it has a header line (header, eval_header, test_header), so
+    the common layout needs no on_error = "skip"; a mismatch is one line naming the key to set."""
+    monkeypatch.chdir(tmp_path)
+    write_click_log(tmp_path / "train.csv", n=300, seed=0)
+    write_click_log(tmp_path / "dev.csv", n=60, header=False, seed=1)
+    write_click_log(tmp_path / "test.csv", n=70, header=False, seed=2)
+    toml = _schema(tmp_path, "train.csv", capsys)
+    files = '[preprocess]\nout = "data"\neval_input = "dev.csv"\ntest_input = "test.csv"'
+    (tmp_path / "c.toml").write_text(toml.replace("[preprocess]", files) + TAIL)
+    assert main(["preprocess", "c.toml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "preprocess.eval_input: dev.csv header" in err
+    assert "(a file without a header line: preprocess.eval_header = false)" in err
+    assert main(["preprocess", "c.toml", "preprocess.eval_header=false", "preprocess.test_header=false"]) == 0
+    assert "300 train + 60 eval + 70 test rows" in capsys.readouterr().out
+    # the other way round: headerless files declared so, one dev file with a header line
+    write_click_log(tmp_path / "train.csv", n=300, header=False, seed=0)
+    write_click_log(tmp_path / "dev.csv", n=60, seed=1)
+    assert main(["preprocess", "c.toml", "preprocess.header=false", "preprocess.test_header=false"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "preprocess.eval_input: dev.csv starts with a header line" in err and "set preprocess.eval_header = true" in err
+    args = ["preprocess.header=false", "preprocess.eval_header=true", "preprocess.test_header=false"]
+    assert main(["preprocess", "c.toml", *args]) == 0, capsys.readouterr().err
+    assert "300 train + 60 eval + 70 test rows" in capsys.readouterr().out
+
+
+def test_train_fits_default_widths_to_the_data_and_says_what_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Paper cuts 5 and 8: a DLRM on data without dense features needs no `bottom = []`, the default
+    widths shrink to the data, each change is one line, and a line before training gives the model's
+    parameters, the rows, the batch and the steps; keys the user sets stay as set."""
+    monkeypatch.chdir(tmp_path)
+    write_click_log(tmp_path / "clicks.csv")
+    toml = _schema(tmp_path, "clicks.csv", capsys).replace(
+        '{ name = "price", type = "float", role = "dense" }', '{ name = "price", type = "float", role = "none" }'
+    )
+    tail = TAIL.replace("bottom = [16, 8]\ntop = [16, 1]\n", "")
+    (tmp_path / "c.toml").write_text(toml.replace("[preprocess]", '[preprocess]\nout = "data"') + tail)
+    assert main(["preprocess", "c.toml"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["train", "c.toml", *FAST]) == 0, capsys.readouterr().err
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "train: model.bottom = [] (default [512, 256, 64]: no dense features); set the key to choose"
+    assert lines[1] == (
+        "train: model.top = [64, 64, 64, 64, 1] (default [1024, 1024, 512, 256, 1]: widths <= 64 for 3"
+        + lines[1].split("widths <= 64 for 3")[1]
+    )
+    summary = next(line for line in lines if line.startswith("train: dlrm, "))
+    assert "embedding tables of dim 8" in summary and "batch 64, " in summary and "steps per epoch x 1 epoch, at most 4 steps" in summary
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["model"]["bottom"] == [] and saved["model"]["top"] == [64, 64, 64, 64, 1] and "model_keys" not in saved
+    assert main(["train", "c.toml", *FAST, "model.top=[32,1]", "model.bottom=[]"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "model.top =" not in out and "model.bottom =" not in out

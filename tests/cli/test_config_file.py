@@ -109,3 +109,21 @@ def test_read_toml_and_roundtrip(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text("x = = 1")
     with pytest.raises(ConfigError, match="invalid TOML"):
         read_toml(tmp_path / "bad.toml")
+
+
+def test_internal_fields_are_no_config_keys() -> None:
+    """A field marked INTERNAL (the loader's bookkeeping, like RunConfig.model_keys) is neither read from a
+    file nor written out."""
+    import dataclasses
+
+    from hugerec.cli.config_file import INTERNAL, ConfigError, from_dict, to_dict
+
+    @dataclasses.dataclass(frozen=True)
+    class Section:
+        lr: float = 0.1
+        seen: frozenset[str] = dataclasses.field(default=frozenset(), metadata=INTERNAL)
+
+    assert to_dict(Section(0.5, frozenset({"lr"}))) == {"lr": 0.5}
+    assert from_dict(Section, {"lr": 0.2}) == Section(0.2)
+    with pytest.raises(ConfigError, match="unknown key 'seen'"):
+        from_dict(Section, {"seen": ["lr"]})

@@ -197,3 +197,34 @@ def test_queries_are_made_contiguous() -> None:
     assert order is not None and order.tolist() == [0, 2, 5, 1, 3, 4] and sizes.tolist() == [3, 2, 1]
     order, sizes = query_order(np.array(["b", "b", "a", "c", "c", "c"], dtype=object))
     assert order is None and sizes.tolist() == [2, 1, 3]
+
+
+def test_trees_leave_out_multi_hot_columns_so_one_config_serves_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Paper cut 6: a config whose data has a multi-hot column trains a DLRM and, with model.type =
+    "lightgbm", trees over the other columns (said on one line); evaluate, predict and export read the
+    trees' own schema, and the exported bundle scores raw requests that still carry the multi-hot field."""
+    from tests.cli.conftest import write_click_log
+
+    monkeypatch.chdir(tmp_path)
+    rows = write_click_log(tmp_path / "clicks.csv")
+    assert main(["schema", "clicks.csv", "--out", "c.toml"]) == 0
+    toml = (tmp_path / "c.toml").read_text().replace("[preprocess]", '[preprocess]\nout = "data"')
+    toml += '\n[data]\ntrain = "data/train"\neval = "data/eval"\n\n[embedding]\ndim = 8\n\n[train]\nout_dir = "run"\n'
+    (tmp_path / "c.toml").write_text(toml)
+    fast = ["train.progress=false", "train.tensorboard=false", "train.plot=false"]
+    assert main(["preprocess", "c.toml"]) == 0, capsys.readouterr().err
+    assert main(["train", "c.toml", *fast, "train.max_steps=2", "model.bottom=[8]", "model.top=[8,1]"]) == 0
+    capsys.readouterr()
+    trees = [*fast, "model.type=lightgbm", "model.num_trees=5", "model.threads=1", "model.min_data_in_leaf=5", "train.out_dir=trees"]
+    assert main(["train", "c.toml", *trees]) == 0, capsys.readouterr().err
+    assert "train: trees take one id per feature; they leave out the multi-hot column(s) ['tags']" in capsys.readouterr().out
+    for command in ("evaluate", "predict", "export"):
+        assert main([command, "c.toml", *trees]) == 0, capsys.readouterr().err
+    bundle = load_gbm_bundle(tmp_path / "trees" / "bundle")
+    assert bundle.model.features == ("user_id", "category")
+    raw = [{k: v for k, v in row.items() if k != "clicked"} for row in rows[:5]]
+    assert all("tags" in r for r in raw)
+    logits = bundle.model.predict(bundle.preprocess(raw))
+    assert logits.shape == (5,) and np.isfinite(logits).all()

@@ -1,4 +1,4 @@
-"""`hugerec train / evaluate / index / recommend` for retrieval (two_tower, mf) and sequential (sasrec, mlm, gru4rec)
+"""`hugerec train / evaluate / index / recommend` for retrieval (two_tower, mf) and sequential (sasrec, mlm, gru4rec, hstu)
 models, end to end on tiny logs written here (no real data needed), plus the shipped configs on the real samples."""
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def retrieval_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def sequential_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     _write_sessions(tmp_path / "train.tsv", 120)
     _write_sessions(tmp_path / "test.tsv", 20, seed=1, first=1000)
-    for m in ("sasrec", "mlm", "gru4rec"):
+    for m in ("sasrec", "mlm", "gru4rec", "hstu"):
         (tmp_path / f"{m}.toml").write_text(SEQUENTIAL.format(model=m))
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -307,7 +307,7 @@ def test_index_and_recommend_refuse_ranking_models(tmp_path: Path, monkeypatch: 
 
 
 # -- sequential ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("model", ["sasrec", "mlm", "gru4rec"])
+@pytest.mark.parametrize("model", ["sasrec", "mlm", "gru4rec", "hstu"])
 def test_sequential_train_and_evaluate(sequential_dir: Path, model: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", f"{model}.toml"]) == 0
     out = capsys.readouterr().out

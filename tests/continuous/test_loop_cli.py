@@ -39,6 +39,28 @@ def test_loop_command_runs_and_resumes(
     assert capsys.readouterr().out.splitlines()[1:] == out[1:]
 
 
+@pytest.mark.slow
+def test_loop_command_trains_the_configured_dcn_v2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """model.type = "dcn_v2": the loop trains, gates and publishes a DCN-v2 to its embedded server, which answers the
+    simulated traffic with it."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["loop", "configs/loop_synthetic.toml", *SHRINK, "model.type=dcn_v2", "model.deep=[16]"]) == 0
+    captured = capsys.readouterr()
+    assert "model.bottom, model.top from the config file do not apply to model.type=dcn_v2" in captured.err
+    records = [json.loads(line) for line in (tmp_path / "runs/loop/decisions.jsonl").read_text().splitlines()]
+    trained = [r for r in records if r["action"] == "trained"]
+    assert trained and all(r["extra"]["model"]["model"]["type"] == "dcn_v2" for r in trained)
+    assert trained[0]["extra"]["model"]["model"]["deep"] == [16]
+    published = [r for r in records if r["action"] == "publish"]
+    assert published
+    manifest = json.loads((tmp_path / "runs/loop/bundles" / published[0]["version"] / "manifest.json").read_text())
+    assert "DCNv2" in json.dumps(manifest)
+
+
 def test_loop_config_mistakes_are_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -56,8 +78,11 @@ def test_loop_config_mistakes_are_one_line(
     assert "exactly one of data.paths" in capsys.readouterr().err
     cfg, _ = load_loop_file("configs/loop_synthetic.toml", [])
     assert cfg.data.stream is not None and cfg.data.stream.concept_drift_day == 4
-    assert main(["loop", "configs/loop_synthetic.toml", "model.type=dcn_v2"]) == 2
-    assert "the loop trains model.type = 'dlrm' for now, got 'dcn_v2'" in capsys.readouterr().err
+    assert main(["loop", "configs/loop_synthetic.toml", "model.type=two_tower", "--print-config"]) == 2
+    note, err = capsys.readouterr().err.strip().split("\n")  # the note: model.bottom, model.top left out
+    assert note.startswith("note: model.bottom, model.top") and err.startswith("hugerec loop: error: model:")
+    assert "model.type = 'two_tower' (retrieval) cannot be trained by the loop" in err
+    assert "['dlrm', 'dcn_v2', 'deepfm', 'wide_and_deep']" in err
     assert main(["loop", "configs/loop_synthetic.toml", "model.bottom=[32,4]"]) == 2
     assert "model.bottom must end with dim (8)" in capsys.readouterr().err
 

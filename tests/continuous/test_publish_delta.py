@@ -289,3 +289,31 @@ def test_a_retrain_across_a_schema_change_leaves_out_the_windows_without_the_new
     assert [r.window for r in trained] == [0, 1, 2]
     assert trained[2].reason == "from scratch on 2 window(s) (windows [0] lack columns of window 2: left out)"
     assert trained[2].extra["base"] is None and loop.schema_of("w2").sparse_names[-1] == "c9"
+
+
+@pytest.mark.parametrize("kind", ["dcn_v2", "deepfm", "wide_and_deep"])
+def test_every_ranking_type_of_the_loop_publishes_a_delta_that_answers_as_its_whole_bundle(
+    kind: str, small_day_module: Day, tmp_path: Path
+) -> None:
+    """The loop's other ranking types (built by the registry; DeepFM and Wide & Deep carry a second, dim-1
+    collection of dynamic tables) go out as version deltas whose canary answers as the candidate's whole bundle."""
+    from hugerec.models.registry import config_from_dict
+
+    spec = dataclasses.replace(SPEC, model=config_from_dict({"type": kind, "deep": [8]}))
+    stable = _train(spec.build(SMALL.schema, 0), small_day_module(0).slice(0, 1500), 0)
+    candidate = spec.build(SMALL.schema, 0)
+    candidate.load_state_dict(stable.state_dict())
+    candidate = _train(candidate, small_day_module(1).slice(0, 1500), 1)
+    assert len(candidate.embedding_collections()) == (1 if kind == "dcn_v2" else 2)
+    rows = instances(small_day_module(2).slice(0, 200), SMALL.schema)
+    srv = InferenceServer(ServerConfig(admin_token=TOKEN, seed=0))
+    with BackgroundServer(srv) as url:
+        publisher = Publisher(ServerTarget(url, "model", TOKEN, retries=1, backoff_s=0.0))
+        base = export(stable, tmp_path / "w0", version="w0", schema=SMALL.schema)
+        publisher.publish(base, "w0", 0.5)
+        delta = write_model_delta(stable, candidate, tmp_path / "w1", "w0", Bundle.open(base, verify=False).id)
+        assert publisher.publish_delta(delta, "w0", "w1", 0.5)["canary"] == "w1"
+        srv.add_bundle(export(candidate, tmp_path / "full", version="full", schema=SMALL.schema), "model", "full")
+        np.testing.assert_array_equal(_scores(srv, "w1", rows), _scores(srv, "full", rows))
+        assert not np.array_equal(_scores(srv, "w1", rows), _scores(srv, "w0", rows))
+    srv.close()

@@ -57,6 +57,8 @@ def test_retrieval_view_holds_out_by_the_declared_split(tmp_path: Path) -> None:
     assert retrieval_view(EVENTS, path, min_item_count=4).data.num_items < 7
     with pytest.raises(ValueError, match=r'preprocess\.split = "random": retrieval holds out by user or by time'):
         retrieval_view(EVENTS, path, SplitSpec(SplitKind.RANDOM))
+    with pytest.raises(ValueError, match=r"preprocess\.test_split: retrieval and sequential models hold out one part"):
+        retrieval_view(EVENTS, path, SplitSpec(SplitKind.LEAVE_LAST_OUT, test_split=True))
 
 
 def test_a_view_names_the_role_it_lacks(tmp_path: Path) -> None:

@@ -72,6 +72,50 @@ def test_leave_last_out_holds_out_each_users_last_rows(tmp_path: Path) -> None:
     assert sum(pq.read_metadata(f).num_rows for f in (tmp_path / "out" / "eval").glob("*.parquet")) == expected
 
 
+def test_test_split_holds_out_train_eval_and_test_from_one_file(tmp_path: Path) -> None:
+    """Paper cut 7: a three-way split of one input, each kind applying its rule once more for test."""
+    frame = _events(tmp_path / "e.csv")  # 300 hourly events, 2024-01-01 00:00 .. 2024-01-13 11:00
+    path, out = str(tmp_path / "e.csv"), tmp_path / "out"
+    report = prepare(EVENTS, path, out, split=SplitSpec(SplitKind.TIME, last_days=1, test_split=True))
+    assert (report.train_rows, report.eval_rows, report.test_rows) == (252, 24, 24)  # test: the last day; eval: the one before
+    report = prepare(EVENTS, path, out, split=SplitSpec(SplitKind.TIME, eval_fraction=0.1, test_split=True))
+    assert (report.train_rows, report.eval_rows, report.test_rows) == (240, 30, 30)
+    report = prepare(EVENTS, path, out, split=SplitSpec(SplitKind.RANDOM, eval_fraction=0.2, test_split=True))
+    assert report.train_rows + report.eval_rows + report.test_rows == 300
+    assert 40 <= report.eval_rows <= 80 and 40 <= report.test_rows <= 80
+    plain = prepare(EVENTS, path, out, split=SplitSpec(SplitKind.RANDOM, eval_fraction=0.2))
+    assert plain.eval_rows == report.eval_rows and plain.test_rows == 0  # the same eval rows as without a test part
+    assert not (out / "test").exists()
+
+    prepare(EVENTS, path, out, split=SplitSpec(SplitKind.LEAVE_LAST_OUT, holdout=2, test_split=True))
+    counts = frame.group_by("user").len()
+    users = counts.filter(pl.col("len") > 4).height  # more than 2 * holdout rows: both parts
+    parts = {part: _read(out / part) for part in ("train", "eval", "test")}
+    assert parts["eval"].height == parts["test"].height == 2 * users
+    assert sum(p.height for p in parts.values()) == 300
+    assert parts["eval"]["user"].value_counts()["count"].to_list() == [2] * users  # two rows of each such user
+    assert sorted(parts["test"]["user"].unique().to_list()) == sorted(parts["eval"]["user"].unique().to_list())
+
+
+@pytest.mark.parametrize(
+    ("split", "message"),
+    [
+        (dict(kind=SplitKind.FILES), 'split = "files" takes the test rows from test_input'),
+        (dict(kind=SplitKind.TIME, cutoff="2024-01-13"), "one time_cutoff cannot cut twice"),
+        (dict(kind=SplitKind.RANDOM, eval_fraction=0.5), r"eval and test take eval_fraction each, which must be in \(0, 0.5\), got 0.5"),
+    ],
+)
+def test_test_split_mistakes_name_the_key(split: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=f"test_split: {message}"):
+        SplitSpec(**split, test_split=True)  # type: ignore[arg-type]
+
+
+def test_test_split_and_test_input_are_one_or_the_other(tmp_path: Path) -> None:
+    _events(tmp_path / "e.csv")
+    with pytest.raises(ValueError, match=r"preprocess\.test_split: the test rows come from test_input"):
+        prepare(EVENTS, str(tmp_path / "e.csv"), tmp_path / "out", split=SplitSpec(test_split=True), test_paths=str(tmp_path / "e.csv"))
+
+
 def test_the_workflow_is_fitted_on_train_only(tmp_path: Path) -> None:
     """An item seen only in the eval part gets the out-of-vocabulary id: its value never reached the fit."""
     frame = _events(tmp_path / "e.csv")

@@ -46,3 +46,27 @@ def test_config_errors() -> None:
         InteractionConfig(num_items=5, max_events=6)
     with pytest.raises(ValueError, match="num_users must be >= 1"):
         InteractionConfig(num_users=0)
+
+
+def test_interaction_days_drift_launch_items_and_never_repeat_an_item() -> None:
+    from hugerec.data.synthetic_interactions import DAY_SECONDS, DriftConfig, generate_interaction_days
+
+    cfg, drift = InteractionConfig(num_users=300, num_items=200, seed=2), DriftConfig(days=4, drift=0.3, new_items=0.25, events=(2, 6))
+    a, b = generate_interaction_days(cfg, drift), generate_interaction_days(cfg, drift, user_block=17)
+    assert all(x.frame.equals(y.frame) for x, y in zip(a.days, b.days, strict=True))
+    for d, day in enumerate(a.days):
+        ts, counts = day.frame["timestamp"].to_numpy(), np.bincount(day.users(), minlength=300)
+        assert ((ts >= d * DAY_SECONDS) & (ts < (d + 1) * DAY_SECONDS)).all() and counts.min() >= 2 and counts.max() <= 6
+        assert (a.launch[day.items()] <= d).all()  # only launched items are drawn
+    assert a.launch.max() == 3 and (a.launch > 0).sum() == 50
+    everything = a.up_to(3)
+    assert everything.frame.select("user", "item").unique().height == everything.num_events  # never twice, across days
+    assert np.isin(a.day(3).items(), np.flatnonzero(a.launch == 3)).mean() > 0  # new items are met on their day
+    # the users' tastes drift: day 3's vectors correlate with day 0's, but not fully
+    corr = np.corrcoef(a.user_factors[0].ravel(), a.user_factors[3].ravel())[0, 1]
+    assert 0.3 < corr < 0.9
+    assert np.isneginf(a.true_scores(0, np.arange(2))[:, a.launch > 0]).all()
+    with pytest.raises(ValueError, match="drift must be in"):
+        DriftConfig(drift=1.5)
+    with pytest.raises(ValueError, match="need more than the 150 items launched on day 0"):
+        generate_interaction_days(cfg, DriftConfig(days=20, new_items=0.25, events=(5, 10)))

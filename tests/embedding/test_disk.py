@@ -287,3 +287,114 @@ def test_snapshot_on_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     after = [step(emb, f) for f in data[3:]]
     emb.load_state_dict(saved)
     assert all(torch.equal(step(emb, f), want) for f, want in zip(data[3:], after, strict=True))
+
+
+# -- kill -9 of a training run (fit with checkpoints), resumed with fit(resume=True) --------------------
+class DiskModel(torch.nn.Module):
+    """A disk-tier table 'user' (cache of 10 rows for 48: every step evicts and writes back) and an
+    in-memory table 'item' -> a linear layer -> logits [B]."""
+
+    def __init__(self, run: Path) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        user = TableConfig("user", num_rows=48, dim=4, storage="disk", cache_rows=10, path=str(run / "user.rows"))  # type: ignore[arg-type]
+        self.emb = EmbeddingCollection([user, TableConfig("item", num_rows=30, dim=4)], optimizer=Adagrad(lr=0.2))
+        self.out = torch.nn.Linear(8, 1)
+
+    def forward(self, batch: object) -> torch.Tensor:
+        return self.out(self.emb(batch.sparse).values).squeeze(1)  # type: ignore[attr-defined]  # [B, 8] -> [B]
+
+
+def disk_batches() -> list[object]:
+    from hugerec.sparse.batch import Batch
+
+    g = torch.Generator().manual_seed(3)
+    out: list[object] = []
+    for _ in range(24):
+        users, items = torch.randint(0, 48, (4,), generator=g), torch.randint(0, 30, (4,), generator=g)
+        labels = (torch.rand(4, generator=g) < 0.5).float()
+        out.append(Batch(torch.zeros(4, 0), SparseFeatures.from_dense({"user": users, "item": items}), labels))
+    return out
+
+
+def fit_disk_model(run: Path, resume: bool) -> dict[str, torch.Tensor]:
+    """fit() the DiskModel on disk_batches() with a checkpoint every 4 steps; its final weights, every table row."""
+    from hugerec.training.trainer import TrainConfig, fit
+
+    model = DiskModel(run)
+    cfg = TrainConfig(
+        lr=0.01, checkpoint_every=4, out_dir=str(run), resume=resume, progress=False, tensorboard=False, plot=False
+    )
+    fit(model, disk_batches(), None, cfg)
+    weights, state = model.emb.read_rows("user", torch.arange(48))
+    return {"out.weight": model.out.weight.detach().clone(), "user": weights, "user.sum": state["sum"],
+            "item": model.emb.read_rows("item", torch.arange(30))[0]}  # fmt: skip
+
+
+# The child trains until the kill point, where it kills itself with SIGKILL (no cleanup runs):
+#   step: in the forward of step 10 (its rows are loaded, evictions have written rows back: the file is unclean)
+#   snapshot: half-way through cloning the table file for the checkpoint of step 8 (its 2nd snapshot)
+#   write_back: in the checkpoint of step 8 (its state_dict() calls: 3 flushes per checkpoint, the 1st writes the
+#   dirty rows back), after the rows are written, before the file is marked clean
+_KILL = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    from pathlib import Path
+    import hugerec.embedding.disk as disk
+    from embedding.test_disk import DiskModel, fit_disk_model
+    where, calls = {where!r}, [0]
+
+    def die_at(n):
+        calls[0] += 1
+        if calls[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    if where == "step":
+        forward = DiskModel.forward
+        def killing_forward(self, batch):
+            out = forward(self, batch)
+            die_at(10)
+            return out
+        DiskModel.forward = killing_forward
+    elif where == "snapshot":
+        clone = disk._clone
+        def killing_clone(source, target):
+            calls[0] += 1
+            if calls[0] == 2:
+                with open(source, "rb") as src, open(target, "wb") as dst:
+                    dst.write(src.read(os.path.getsize(source) // 2))
+                os.kill(os.getpid(), signal.SIGKILL)
+            clone(source, target)
+        disk._clone = killing_clone
+    elif where == "write_back":
+        flush = disk.row_cache.flush
+        def killing_flush(*args):
+            written = flush(*args)
+            die_at(4)
+            return written
+        disk.row_cache.flush = killing_flush
+    fit_disk_model(Path({run!r}), resume=False)
+    print("finished without being killed")
+    """
+)
+
+
+@pytest.mark.parametrize("where", ["step", "snapshot", "write_back"])
+def test_fit_killed_mid_step_snapshot_write_back_resumes_bit_for_bit(tmp_path: Path, where: str) -> None:
+    """kill -9 mid-step, mid-snapshot and mid-write-back; fit(resume=True) restores the disk tier from the
+    latest checkpoint's snapshot (its file is unclean, or a newer snapshot is torn) and ends bitwise equal
+    to the uninterrupted run."""
+    (tmp_path / "whole").mkdir()
+    whole = fit_disk_model(tmp_path / "whole", resume=False)
+    run = tmp_path / "killed"
+    run.mkdir()
+    code = _KILL.format(tests=str(Path(__file__).parents[1]), where=where, run=str(run))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    if where != "snapshot":
+        header = (run / "user.rows").read_bytes()[:4096]
+        assert b'"clean": false' in header  # the case the restore exists for
+    resumed = fit_disk_model(run, resume=True)
+    assert resumed.keys() == whole.keys()
+    assert all(torch.equal(resumed[k], whole[k]) for k in whole), where

@@ -13,6 +13,7 @@ from hugerec.embedding.optimizers import Adam
 from hugerec.embedding.table_config import TableConfig
 from hugerec.models.gbm import LightGBMConfig
 from hugerec.models.gru4rec import GRU4Rec
+from hugerec.models.hstu import HSTU, HSTUConfig, HSTUOptions
 from hugerec.models.masked import MaskedTransformer
 from hugerec.models.mf import MatrixFactorization, MFConfig
 from hugerec.models.objectives import Negatives
@@ -39,6 +40,7 @@ FAMILIES = {
     "sasrec": Family.SEQUENTIAL,
     "mlm": Family.SEQUENTIAL,
     "gru4rec": Family.SEQUENTIAL,
+    "hstu": Family.SEQUENTIAL,
     "lightgbm": Family.TREES,
     "xgboost": Family.TREES,
 }
@@ -68,6 +70,7 @@ def test_non_default_values_round_trip() -> None:
         TwoTowerConfig(dim=8, similarity="cosine", negatives="in_batch", mask_history=True, recent=(2,)),  # type: ignore[arg-type]
         MFConfig(dim=4, loss="bpr", alpha=0.5),
         MLMConfig(max_len=10, mask_prob=0.4, loss="sampled_softmax", negatives=Negatives.UNIFORM),
+        HSTUConfig(max_len=20, num_heads=2, attention_dim=16, time_buckets=32, temperature=0.05),
         LightGBMConfig(objective="lambdarank", group="user", params={"max_bin": 63}),
     ):
         assert config_from_dict(config_to_dict(config)) == config
@@ -91,6 +94,12 @@ def test_non_default_values_round_trip() -> None:
         ({"type": "sasrec", "max_len": 0}, "max_len must be an int >= 1, got 0"),
         ({"type": "sasrec", "mask_prob": 0.2}, r"unknown keys \['mask_prob'\]"),
         ({"type": "mlm", "mask_prob": 1.5}, r"mask_prob must be in \(0, 1\), got 1.5"),
+        ({"type": "hstu", "temperature": -0.1}, "temperature must be a finite number >= 0, got -0.1"),
+        ({"type": "hstu", "temperature": "0.05"}, "temperature must be a finite number >= 0, got '0.05'"),
+        ({"type": "hstu", "time_buckets": 0}, "time_buckets must be an int >= 1, got 0"),
+        ({"type": "hstu", "attention_dim": True}, "attention_dim must be an int >= 0, got True"),
+        ({"type": "hstu", "dim": 10, "num_heads": 4}, "dim 10 is not divisible by num_heads 4"),
+        ({"type": "hstu", "mask_prob": 0.2}, r"unknown keys \['mask_prob'\]"),
         ({"type": "lightgbm", "num_trees": 0}, "num_trees must be > 0, got 0"),
     ],
 )
@@ -105,9 +114,12 @@ def test_build_model_builds_every_deep_family_from_its_data_sizes() -> None:
     assert isinstance(tower, TwoTower) and (tower.num_users, tower.num_items) == (5, 7)
     mf = build_model(MFConfig(dim=4, init_std=0.2), optimizer=opt, num_users=5, num_items=7)
     assert isinstance(mf, MatrixFactorization) and mf.dim == 4
-    for config, cls in ((SASRecConfig(dim=8), SASRec), (MLMConfig(dim=8), MaskedTransformer), (GRU4RecConfig(dim=8), GRU4Rec)):
+    for config, cls in ((SASRecConfig(dim=8), SASRec), (MLMConfig(dim=8), MaskedTransformer), (GRU4RecConfig(dim=8), GRU4Rec), (HSTUConfig(dim=8), HSTU)):
         model = build_model(config, optimizer=opt, num_items=9)
         assert isinstance(model, cls) and model.cfg.num_items == 9 and model.cfg.max_len == config.max_len
+    hstu = build_model(HSTUConfig(dim=8, num_heads=2, attention_dim=3, time_buckets=7, temperature=0.1), optimizer=opt, num_items=9)
+    assert isinstance(hstu, HSTU) and hstu.options == HSTUOptions(attention_dim=3, time_buckets=7, temperature=0.1)
+    assert HSTUConfig().options() == HSTUOptions()  # one set of defaults: HSTU(cfg) is what build_model(HSTUConfig()) builds
     ranking = build_model(config_from_dict({"type": "dlrm", "bottom": [4], "top": [4, 1]}), [TableConfig("a", 5, 4)], 2, opt)
     assert isinstance(ranking, nn.Module)
     with pytest.raises(ValueError, match="'lightgbm' \\(trees\\) is built by its library"):

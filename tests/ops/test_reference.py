@@ -147,3 +147,23 @@ def test_per_sample_weight_grad_is_the_dot_product() -> None:
     out = torch.zeros(3)
     reference.per_sample_weight_grad(weight, values, offsets, plan, 2, grad, out)
     assert out.tolist() == [7.0, 3.0, 8.0]
+
+
+def test_jagged_causal_attention_by_definition() -> None:
+    """The padded reference against one Python loop per (sequence, head, query, key)."""
+    gen = torch.Generator().manual_seed(3)
+    lengths = [3, 0, 1, 4]
+    offsets = torch.tensor([0, 3, 3, 4, 8])
+    q, k, v = (torch.randn(8, 2, 3, generator=gen, dtype=torch.float64) for _ in range(3))
+    bias = torch.randn(int(reference.pair_offsets(offsets)[-1]), generator=gen, dtype=torch.float64)
+    want = torch.zeros(8, 2, 3, dtype=torch.float64)
+    p = 0
+    for b, n in enumerate(lengths):
+        o = int(offsets[b])
+        for i in range(n):
+            for j in range(i + 1):
+                for h in range(2):
+                    s = float(q[o + i, h] @ k[o + j, h]) + float(bias[p])
+                    want[o + i, h] += s / (1 + math.exp(-s)) * 0.5 * v[o + j, h]
+                p += 1
+    torch.testing.assert_close(reference.jagged_causal_attention(q, k, v, bias, offsets, 0.5), want)

@@ -15,6 +15,7 @@ import torch
 from hugerec.data.schema import Schema
 from hugerec.embedding.optimizers import Adam, RowWiseAdagrad
 from hugerec.models.gbm import FeatureMatrix, LightGBMConfig, XGBoostConfig
+from hugerec.models.hstu import HSTU, HSTUConfig, HSTUOptions
 from hugerec.models.mf import MFConfig
 from hugerec.models.model import RecModel
 from hugerec.models.model_config import DLRMConfig
@@ -134,7 +135,15 @@ def test_retrieval_models_round_trip_with_their_raw_ids(tmp_path: Path, config: 
         save_model(tmp_path / "bad.pt", model, config, Adam())
 
 
-@pytest.mark.parametrize("config", [SASRecConfig(max_len=6, dim=8), MLMConfig(max_len=6, dim=8, mask_prob=0.3), GRU4RecConfig(max_len=6, dim=8)])
+@pytest.mark.parametrize(
+    "config",
+    [
+        SASRecConfig(max_len=6, dim=8),
+        MLMConfig(max_len=6, dim=8, mask_prob=0.3),
+        GRU4RecConfig(max_len=6, dim=8),
+        HSTUConfig(max_len=6, dim=8, num_heads=2, time_buckets=5, temperature=0.05),
+    ],
+)
 def test_sequential_models_round_trip_and_look_up_raw_ids(tmp_path: Path, config: SASRecConfig) -> None:
     torch.manual_seed(0)
     model = build_model(config, optimizer=Adam(lr=0.01), num_items=5)
@@ -149,6 +158,13 @@ def test_sequential_models_round_trip_and_look_up_raw_ids(tmp_path: Path, config
         assert torch.equal(back.model(seq)[0], model(seq)[0])  # type: ignore[operator]
     with pytest.raises(ValueError, match="needs ids with I raw ids and I \\+ 1 counts, got 5 raw ids and 5 counts"):
         save_model(tmp_path / "bad.pt", model, config, Adam(), ids=RawIds(raw, np.ones(5)))
+
+
+def test_an_hstu_built_with_other_options_than_its_config_is_refused(tmp_path: Path) -> None:
+    config = HSTUConfig(max_len=6, dim=8, num_heads=2)
+    model = HSTU(config.sequence_config(5), Adam(lr=0.01), HSTUOptions(temperature=0.05))  # the config says 0.0
+    with pytest.raises(ValueError, match=r"save_model: the HSTU's HSTUOptions\(.*temperature=0.05\) was not built from HSTUConfig"):
+        save_model(tmp_path / "model.pt", model, config, Adam(lr=0.01), ids=RawIds(np.arange(5), np.ones(6)))
 
 
 def test_a_file_of_another_family_is_one_line_naming_it(tmp_path: Path) -> None:

@@ -639,3 +639,17 @@ def test_evaluate_names_the_data_a_tree_model_takes() -> None:
     matrix = FeatureMatrix(np.zeros((2, 1), np.float32), np.zeros(2, np.float32), ("x",), 1)
     with pytest.raises(TypeError, match="a FeatureMatrix is the data of trees, not of a Linear"):
         evaluate(torch.nn.Linear(1, 1), matrix)
+
+
+def test_progress_in_a_log_file_is_a_line_per_window_and_evaluation(capsys: pytest.CaptureFixture[str]) -> None:
+    """Paper cut 8: with stderr not a terminal (a file, a CI log) the progress is plain lines, no bar's
+    carriage returns; the evaluation lines say which one is the best."""
+    train, valid = make_batches(8), make_batches(4, seed=1)
+    cfg = TrainConfig(epochs=2, lr=0.02, log_every=4, progress=True, tensorboard=False, plot=False)
+    fit(TinyModel(), train, valid, cfg)
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = err.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["step 4/16", "step 8/16", "step 8/16", "step 12/16", "step 16/16", "step 16/16"]
+    assert lines[0].startswith("step 4/16: loss=") and "samples/s" in lines[0]
+    assert lines[2].startswith("step 8/16: eval auc=") and lines[2].endswith(" (best)")

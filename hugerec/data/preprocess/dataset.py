@@ -20,6 +20,7 @@ import glob
 import gzip
 import io
 import os
+import re
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,6 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from hugerec.data.preprocess.errors import MAX_EXAMPLES, BadInputError, OnError, RowError, SkipReport
-from hugerec.data.preprocess.textscan import keep_lines, scan_lines
 
 DEFAULT_PARTITION_BYTES = 32 << 20
 CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
@@ -467,13 +467,31 @@ class _LineNumbers:
         return self.known
 
 
-def _cast_errors(
-    raw: pl.DataFrame, schema: dict[str, pl.DataType]
-) -> tuple[pl.DataFrame, np.ndarray, tuple[str, int, str, str] | None]:
-    """Cast columns to the schema without failing: (cast frame, [R] bool bad-row mask, first error as
-    (column, row, value, reason) or None)."""
+_INTEGER = re.compile(r"\s*[+-]?\d+\s*")
+TEXT_ID_FIX = 'declare the column type = "string": ids too long for a 64-bit integer are read as text'
+
+
+@dataclass(frozen=True)
+class CastError:
+    """The first cell of a block that does not convert to its column's declared type."""
+
+    column: str
+    row: int  # 0-based in the block
+    value: str
+    reason: str
+    fix: str | None  # set where the column's type is what is wrong (an id beyond int64), not the row
+
+
+def cast_fix(value: str, dtype: pl.DataType) -> str | None:
+    """TEXT_ID_FIX where `value` is an integer too long for the integer `dtype` (no row of such a
+    column would convert, so skipping bad rows is not the remedy); None otherwise."""
+    return TEXT_ID_FIX if dtype.is_integer() and _INTEGER.fullmatch(value) is not None else None
+
+
+def _cast_errors(raw: pl.DataFrame, schema: dict[str, pl.DataType]) -> tuple[pl.DataFrame, np.ndarray, CastError | None]:
+    """Cast columns to the schema without failing: (cast frame, [R] bool bad-row mask, first error or None)."""
     bad = np.zeros(raw.height, dtype=bool)
-    first: tuple[str, int, str, str] | None = None
+    first: CastError | None = None
     columns = []
     for name, dtype in schema.items():
         col = raw[name]
@@ -481,8 +499,11 @@ def _cast_errors(
         failed = (cast.is_null() & col.is_not_null()).to_numpy()
         if failed.any():
             row = int(np.argmax(failed))
-            if first is None or row < first[1]:
-                first = (name, row, str(col[row]), f"cannot convert {col.dtype} value to {dtype}")
+            if first is None or row < first.row:
+                value = str(col[row])
+                fix = cast_fix(value, dtype)
+                reason = f"integer out of the range of {dtype}" if fix else f"cannot convert {col.dtype} value to {dtype}"
+                first = CastError(name, row, value, reason, fix)
             bad |= failed
         columns.append(cast)
     return pl.DataFrame(columns), bad, first
@@ -491,6 +512,8 @@ def _cast_errors(
 def _parse_text(
     block: bytes, partition: Partition, lines: _LineNumbers, on_error: OnError
 ) -> tuple[pl.DataFrame, SkipReport]:
+    from hugerec.data.preprocess.textscan import keep_lines, scan_lines  # Numba: only when text is parsed
+
     source = partition.source
     names = list(source.schema)
     buf = np.frombuffer(block, dtype=np.uint8)
@@ -538,16 +561,24 @@ def _parse_text(
         frame, bad, first_error = _cast_errors(raw, source.schema)
         if first_error is None:
             raise
-        column, row, value, why = first_error
         if on_error is OnError.RAISE:
-            line = lines.first() + int(line_index[row])
-            raise BadInputError(RowError(partition.path, why, line=line, column=column, value=value)) from None
+            line = lines.first() + int(line_index[first_error.row])
+            raise BadInputError(
+                RowError(
+                    partition.path,
+                    first_error.reason,
+                    line=line,
+                    column=first_error.column,
+                    value=first_error.value,
+                    fix=first_error.fix,
+                )
+            ) from None
         for r in np.flatnonzero(bad)[: MAX_EXAMPLES - len(examples)]:
             col = next(n for n in names if raw[n][int(r)] is not None and frame[n][int(r)] is None)
             line = lines.first() + int(line_index[r])
-            examples.append(
-                RowError(partition.path, "cannot convert", line=line, column=col, value=str(raw[col][int(r)]))
-            )
+            value = str(raw[col][int(r)])
+            fix = cast_fix(value, source.schema[col])
+            examples.append(RowError(partition.path, "cannot convert", line=line, column=col, value=value, fix=fix))
         frame = frame.filter(pl.Series(~bad))
         line_index = line_index[~bad]
         skipped += int(bad.sum())
@@ -622,8 +653,15 @@ def _conform(
         cast, bad, first_error = _cast_errors(frame, schema)
         frame = cast
         if first_error is not None:
-            column, row, value, reason = first_error
-            error = RowError(partition.path, reason, row_group=row_group, row=row, column=column, value=value)
+            error = RowError(
+                partition.path,
+                first_error.reason,
+                row_group=row_group,
+                row=first_error.row,
+                column=first_error.column,
+                value=first_error.value,
+                fix=first_error.fix,
+            )
             if on_error is OnError.RAISE:
                 raise BadInputError(error)
             frame, rows = frame.filter(pl.Series(~bad)), rows[~bad]

@@ -14,8 +14,8 @@ import polars as pl
 
 from hugerec.data.preprocess.hashing import hash_series
 from hugerec.data.preprocess.op import ROW_ID, as_columns, require_numeric, require_scalar
-from hugerec.data.preprocess.stats import Stats, collect_by_name, count_values, merge_counts
-from hugerec.data.preprocess.value_index import cached, index_of
+from hugerec.data.preprocess.stats import Stats, cached, collect_by_name, count_values, merge_counts
+from hugerec.data.preprocess.value_index import index_of
 
 F64 = npt.NDArray[np.float64]
 

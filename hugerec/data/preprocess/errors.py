@@ -30,6 +30,7 @@ class RowError:
     row: int | None = None
     column: str | None = None
     value: str | None = None
+    fix: str | None = None  # what the config should say instead, where skipping rows is not the remedy
 
     def __str__(self) -> str:
         where = [self.path or "<frame>"]
@@ -49,9 +50,8 @@ class BadInputError(ValueError):
     """A row of the input could not be read as the schema says."""
 
     def __init__(self, error: RowError) -> None:
-        super().__init__(
-            f"bad input at {error}; on_error='skip' (preprocess.on_error = \"skip\" in a config) drops and counts such rows"
-        )
+        remedy = error.fix or "on_error='skip' (preprocess.on_error = \"skip\" in a config) drops and counts such rows"
+        super().__init__(f"bad input at {error}; {remedy}")
         self.error = error
 
     def __reduce__(self) -> tuple[type[BadInputError], tuple[RowError]]:

@@ -10,15 +10,30 @@ building blocks cover the ops:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TypeVar, cast
 
 import polars as pl
-
-from hugerec.data.preprocess.value_index import cached
 
 Stats = dict[str, pl.DataFrame]
 
 MOMENTS_SCHEMA = {"column": pl.String(), "count": pl.Int64(), "mean": pl.Float64(), "m2": pl.Float64()}
+
+T = TypeVar("T")
+_CACHE: dict[int, tuple[weakref.ref[pl.DataFrame], dict[str, object]]] = {}
+
+
+def cached(frame: pl.DataFrame, name: str, build: Callable[[pl.DataFrame], T]) -> T:
+    """`build(frame)`, computed once per statistics frame object (fitted stats are never mutated)."""
+    key = id(frame)
+    hit = _CACHE.get(key)
+    if hit is None or hit[0]() is not frame:
+        hit = (weakref.ref(frame, lambda _ref, key=key: _CACHE.pop(key, None)), {})  # type: ignore[misc]  # default-arg binding of the key
+        _CACHE[key] = hit
+    if name not in hit[1]:
+        hit[1][name] = build(frame)
+    return cast(T, hit[1][name])
 
 
 def count_values(frame: pl.DataFrame, keys: Sequence[str], sums: Sequence[str] = ()) -> pl.DataFrame:

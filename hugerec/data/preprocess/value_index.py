@@ -19,10 +19,7 @@ cannot be in the table), which is faster on Criteo's 8-digit hex values than has
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +28,7 @@ from numba import njit
 
 from hugerec.data.preprocess.hashing import flatten, hash_bits, hash_bytes, hash_key
 from hugerec.data.preprocess.packed import NOT_PACKABLE, pack, pack_one
+from hugerec.data.preprocess.stats import cached
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
@@ -205,22 +203,6 @@ class ValueIndex:
                 flat.offsets, flat.data, flat.valid, self.slots, self.offsets, self.data, key, null
             )
         return _lookup_bits_kernel(flat.bits, flat.valid, self.slots, key, null)
-
-
-T = TypeVar("T")
-_CACHE: dict[int, tuple[weakref.ref[pl.DataFrame], dict[str, object]]] = {}
-
-
-def cached(frame: pl.DataFrame, name: str, build: Callable[[pl.DataFrame], T]) -> T:
-    """`build(frame)`, computed once per statistics frame object (fitted stats are never mutated)."""
-    key = id(frame)
-    hit = _CACHE.get(key)
-    if hit is None or hit[0]() is not frame:
-        hit = (weakref.ref(frame, lambda _ref, key=key: _CACHE.pop(key, None)), {})  # type: ignore[misc]  # default-arg binding of the key
-        _CACHE[key] = hit
-    if name not in hit[1]:
-        hit[1][name] = build(frame)
-    return cast(T, hit[1][name])
 
 
 def index_of(frame: pl.DataFrame, column: str = "value") -> ValueIndex:

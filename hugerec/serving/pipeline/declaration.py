@@ -16,6 +16,7 @@
     [score]                                    # optional: needs a ranker bundle
     dense = ["user.age", "item.price"]
     sparse = [["user", "user.id"], ["item", "item.id"]]
+                                               # or: sequential = true (an HSTU next-items bundle ranks)
 
     [order]
     boosts = [{ when = { column = "promoted", op = "==", value = 1 }, multiply = 1.5 }]
@@ -111,8 +112,11 @@ def declaration_from_dict(data: Mapping[str, Any], where: str) -> PipelineDeclar
         keep = tuple(_condition(f"{where} [filter] keep[{i}]", c) for i, c in enumerate(f.get("keep", [])))
         stages.append(_build(f"{where} [filter]", Filter, exclude_seen=f.get("exclude_seen", True), keep=keep, allow=f.get("allow"), deny=f.get("deny", ())))
     if "score" in data:
-        s = _keys(f"{where} [score]", data["score"], ("dense", "sparse"), ("sparse",))
-        stages.append(_build(f"{where} [score]", Score, dense=tuple(s.get("dense", ())), sparse=tuple(tuple(p) for p in s["sparse"])))
+        s = _keys(f"{where} [score]", data["score"], ("dense", "sparse", "sequential"), ())
+        stages.append(_build(
+            f"{where} [score]", Score, dense=tuple(s.get("dense", ())), sparse=tuple(tuple(p) for p in s.get("sparse", ())),
+            sequential=s.get("sequential", False),
+        ))
     o = _keys(f"{where} [order]", data.get("order", {}), ("boosts", "diversity", "per_category", "temperature", "max_k"))
     boosts = []
     for i, b in enumerate(o.get("boosts", [])):
@@ -142,6 +146,8 @@ def declaration_to_dict(d: PipelineDeclaration) -> dict[str, Any]:
                 out["filter"] = f
             case Score():
                 out["score"] = {"dense": list(stage.dense), "sparse": [list(p) for p in stage.sparse]}
+                if stage.sequential:
+                    out["score"]["sequential"] = True
             case Order():
                 o: dict[str, Any] = {
                     "boosts": [{"when": _cond_dict(b.when), "multiply": b.multiply, "add": b.add} for b in stage.boosts],

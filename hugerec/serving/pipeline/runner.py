@@ -195,6 +195,11 @@ class PipelineRunner:
                         raise ValueError("Pipeline: source 'sequential' needs a next-items model")
 
     def _check_score(self, score: Score) -> None:
+        if score.sequential:
+            if self.res.sequential is None or not self.res.sequential.scores_candidates:
+                kind = "none" if self.res.sequential is None else f"a {self.res.sequential.saved.model_type}"
+                raise ValueError(f"Pipeline: Score with sequential = true needs an HSTU next-items model (cached candidate scoring); it has {kind}")
+            return
         ranker = self.res.ranker
         if ranker is None:
             raise ValueError("Pipeline: the Score stage needs a ranker")
@@ -404,10 +409,19 @@ class PipelineRunner:
     # -- Score -------------------------------------------------------------------------------------
     def _score(self, stage: Score, state: _State) -> None:
         c = state.candidates
-        assert c is not None and self.res.ranker is not None
+        assert c is not None
         k = len(c)
         if k == 0:
             return
+        if stage.sequential:
+            assert self.res.sequential is not None
+            logits, truncated = self.res.sequential.candidate_scores(state.history, c.items)
+            if truncated:
+                state.notes.append(f"score: the history's {truncated} oldest items were left out (the model reads {self.res.sequential.saved.max_len - 1})")
+            scores = 1.0 / (1.0 + np.exp(-np.clip(logits.astype(np.float64), -88.0, 88.0)))
+            state.candidates = Candidates(c.items, c.source, scores.astype(np.float32))
+            return
+        assert self.res.ranker is not None
         dense = np.empty((k, len(stage.dense)), np.float32)
         for j, ref in enumerate(stage.dense):
             dense[:, j] = self._values(ref, state)

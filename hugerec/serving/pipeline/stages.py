@@ -184,15 +184,25 @@ class Filter:
 class Score:
     """The ranking model on user x candidate rows, one batched call.
 
-    dense   the ranker's dense inputs in order, each a reference ("user.age", "item.price", "context.hour")
-    sparse  (ranker feature, reference) pairs: each ranker feature gets one id per row, e.g.
-            ("user", "user.id"), ("item", "item.id"), ("category", "item.category")
+    dense       the ranker's dense inputs in order, each a reference ("user.age", "item.price", "context.hour")
+    sparse      (ranker feature, reference) pairs: each ranker feature gets one id per row, e.g.
+                ("user", "user.id"), ("item", "item.id"), ("category", "item.category")
+    sequential  rank with the sequential model instead (an HSTU next-items bundle): the user's history is
+                encoded once and every candidate scored against it (cached candidate scoring); no
+                dense or sparse inputs
     """
 
     dense: tuple[str, ...] = ()
     sparse: tuple[tuple[str, str], ...] = ()
+    sequential: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.sequential, bool):
+            raise ValueError(f"Score.sequential must be true or false, got {self.sequential!r}")
+        if self.sequential:
+            if self.dense or self.sparse:
+                raise ValueError(f"Score: sequential = true takes no dense or sparse inputs, got dense {list(self.dense)}, sparse {list(self.sparse)}")
+            return
         object.__setattr__(self, "dense", tuple(self.dense))
         object.__setattr__(self, "sparse", tuple(tuple(p) for p in self.sparse))
         for ref in self.dense:

@@ -8,9 +8,14 @@ Request (KServe v2 / Triton, JSON or the binary extension):
     "items.lengths"  INT64 [B] items per history            (or "items" [B, L] padded with -1)
     parameters.k     optional, 1..catalogue size (default: the bundle's k)
 Outputs: "items" INT64 [B, k] (raw ids, best first; -1 where fewer than k remain), "scores" FP32
-[B, k], "unknown_items" INT64 [B] (ids the model does not know, skipped). A history with no known
-item gets the most popular items. Histories longer than the model's max_len keep their last max_len
-items. Scoring is exact: the query vector against every item vector (one [B, I] matmul).
+[B, k], "unknown_items" INT64 [B] (ids the model does not know, skipped), "truncated_items" INT64 [B]
+(known ids left out because the history is longer than the model's max_len: it keeps the last max_len).
+A history with no known item gets the most popular items. Scoring is exact: the query vector against
+every item vector (one [B, I] matmul).
+
+A bundle of an HSTU also ranks given candidates for one history (`candidate_scores`, the pipeline's
+Score stage with `sequential = true`): the history is encoded once and the candidates are scored by
+the model's ranking head in micro-batches (`hugerec.models.hstu`, M-FALCON).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from hugerec.models.hstu import HSTU
 from hugerec.models.sequence import PAD
 from hugerec.serving.runtime.inference_protocol import (
     HEADER_LENGTH,
@@ -39,12 +45,8 @@ from hugerec.training.model_file import SavedModel as SavedSequenceModel
 from hugerec.training.sequential import SequenceModel, query_vectors
 
 FEATURE = "items"
-
-
-OUTPUTS = ("items", "scores", "unknown_items")
-
-
-_DATATYPES = {"items": "INT64", "scores": "FP32", "unknown_items": "INT64"}
+OUTPUTS = ("items", "scores", "unknown_items", "truncated_items")
+_DATATYPES = {"items": "INT64", "scores": "FP32", "unknown_items": "INT64", "truncated_items": "INT64"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,6 +105,7 @@ class NextItemsModel(ServedObject):
         ends = np.cumsum(n_known)
         from_end = ends[row] - np.arange(len(row)) - 1  # 0 for a history's most recent id
         keep = from_end < max_len
+        truncated = np.bincount(row[~keep], minlength=b).astype(np.int64)  # [B]
         padded = np.full((b, max_len), PAD, dtype=np.int64)
         padded[row[keep], max_len - 1 - from_end[keep]] = dense[keep]
         scores = torch.full((b, num_items), float("-inf"))
@@ -122,7 +125,34 @@ class NextItemsModel(ServedObject):
             "items": items.numpy().astype(np.int64),
             "scores": torch.where(found, top.values, torch.zeros_like(top.values)).numpy().astype(np.float32),
             "unknown_items": unknown,
+            "truncated_items": truncated,
         }
+
+    @property
+    def scores_candidates(self) -> bool:
+        """True when the model ranks given candidates itself (an HSTU: cached candidate scoring)."""
+        return isinstance(self.saved.model, HSTU)
+
+    def candidate_scores(self, history: np.ndarray, candidates: np.ndarray, micro_batch: int = 256) -> tuple[np.ndarray, int]:
+        """One history's raw ids (oldest first) and K candidates' raw ids -> ([K] float32 ranking-head logits,
+        -inf for a candidate the model does not know; the number of known history ids left out because
+        the history is longer than max_len - 1, the slot before the candidate's)."""
+        model = self.saved.model
+        if not isinstance(model, HSTU):
+            raise ValueError(f"next-items model {self.name!r} is a {self.saved.model_type}, which has no candidate scoring (an HSTU has)")
+        dense = self.saved.lookup(np.asarray(history, dtype=np.int64))
+        dense = dense[dense != PAD]
+        room = self.saved.max_len - 1
+        truncated = max(len(dense) - room, 0)
+        cand = self.saved.lookup(np.asarray(candidates, dtype=np.int64))
+        known = cand != PAD
+        out = np.full(len(cand), -np.inf, dtype=np.float32)
+        if known.any():
+            hist = torch.from_numpy(dense[len(dense) - min(len(dense), room) :])[None]  # [1, Lh]
+            with torch.no_grad():
+                scores = model.candidate_scores(hist, torch.from_numpy(cand[known])[None], micro_batch=micro_batch)
+            out[known] = scores[0].numpy()
+        return out, truncated
 
     def answer(self, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
         """An infer request body -> (response body, headers); bad requests raise RequestError (400)."""
@@ -148,6 +178,7 @@ class NextItemsModel(ServedObject):
                 {"name": "items", "datatype": "INT64", "shape": [-1, -1]},
                 {"name": "scores", "datatype": "FP32", "shape": [-1, -1]},
                 {"name": "unknown_items", "datatype": "INT64", "shape": [-1]},
+                {"name": "truncated_items", "datatype": "INT64", "shape": [-1]},
             ],
         }
 

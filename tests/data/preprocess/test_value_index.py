@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hugerec.data.preprocess.value_index import _CACHE, ValueIndex, cached, index_of
+from hugerec.data.preprocess.stats import _CACHE, cached
+from hugerec.data.preprocess.value_index import ValueIndex, index_of
 
 
 def _reference(values: list, query: list) -> list[int]:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hugerec.embedding.optimizers import Adam
+from hugerec.models.hstu import HSTU, HSTUConfig
 from hugerec.models.registry import Family
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SASRecConfig
@@ -77,6 +78,7 @@ def test_next_items_match_the_library(bundle: Path) -> None:
     np.testing.assert_array_equal(out["items"], RAW[ref_items - 1])
     np.testing.assert_allclose(out["scores"], ref_scores, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(out["unknown_items"], [0, 0, 0])
+    np.testing.assert_array_equal(out["truncated_items"], [0, 0, 19 - MAX_LEN])  # the long one lost its 13 oldest
 
 
 def test_unknown_items_are_skipped_and_counted(bundle: Path) -> None:
@@ -186,3 +188,39 @@ def test_every_kserve_route_answers_for_next_items_and_versions_share_the_traffi
     versions.rollback()
     assert httpx.post(f"{url}/v2/models/seq/infer", json=body).json()["model_version"] == "1"
     srv.unload("seq", "2")
+
+
+@pytest.fixture(scope="module")
+def hstu_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    config = HSTUConfig(max_len=MAX_LEN, dim=16, num_layers=2, num_heads=2)
+    model = HSTU(config.sequence_config(NUM_ITEMS), Adam(lr=0.01), config.options())
+    rng = np.random.default_rng(0)
+    start = rng.integers(1, NUM_ITEMS + 1, 200)
+    windows = (start[:, None] + np.arange(MAX_LEN + 1)[None, :] - 1) % NUM_ITEMS + 1
+    quiet = TrainConfig(epochs=2, lr=0.01, progress=False, tensorboard=False, plot=False)
+    fit(model, window_batches(windows, 32), None, quiet, family=SequentialFamily())
+    root = tmp_path_factory.mktemp("hstu")
+    save_model(root / "model.pt", model, config, Adam(lr=0.01), ids=RawIds(RAW, COUNTS))
+    return write_next_items_bundle(root / "model.pt", root / "bundle", name="hstu", k=5)
+
+
+def test_an_hstu_is_served_as_next_items_and_scores_candidates(hstu_bundle: Path, bundle: Path) -> None:
+    served = load_next_items(hstu_bundle)
+    saved = load_model(hstu_bundle / "model.pt")
+    assert saved.model_type == "hstu" and isinstance(saved.model, HSTU) and served.scores_candidates
+    histories = [np.array([3, 4, 5]), np.arange(1, 12)]
+    out = served.next_items(np.concatenate([RAW[h - 1] for h in histories]), np.array([3, 11]), k=4)
+    ref_items, _ = recommend_next(saved.model, histories, k=4, exclude_history=True)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(out["items"], RAW[ref_items - 1])
+    assert out["truncated_items"].tolist() == [0, 11 - MAX_LEN]
+    # candidates scored against one history, cached; unknown candidates get -inf; the history keeps its last max_len - 1
+    history = RAW[np.arange(1, 12) - 1]
+    candidates = np.array([RAW[5], 7, RAW[20], RAW[0]])  # 7 is not an item
+    scores, truncated = served.candidate_scores(history, candidates, micro_batch=2)
+    with torch.no_grad():
+        want = saved.model.candidate_scores(torch.arange(12 - MAX_LEN + 1, 12)[None], torch.tensor([[6, 21, 1]]))[0].numpy()
+    np.testing.assert_allclose(scores[[0, 2, 3]], want, rtol=1e-5, atol=1e-6)
+    assert scores[1] == -np.inf and truncated == 11 - (MAX_LEN - 1)
+    with pytest.raises(ValueError, match="sasrec, which has no candidate scoring"):
+        load_next_items(bundle).candidate_scores(history, candidates)

@@ -10,9 +10,14 @@ import pytest
 import torch
 from scipy import stats
 
+from hugerec.embedding.optimizers import Adam
 from hugerec.index.vector_index import IndexConfig, IndexKind, build_index
+from hugerec.models.hstu import HSTU, HSTUConfig
 from hugerec.models.mf import MatrixFactorization
+from hugerec.models.sasrec import SASRec
+from hugerec.models.sequence import SASRecConfig
 from hugerec.serving.bundles.bundle_loader import load_bundle
+from hugerec.serving.bundles.next_items_bundle import load_next_items, write_next_items_bundle
 from hugerec.serving.pipeline.encoder import UserEncoder
 from hugerec.serving.pipeline.feature_store import FeatureStore
 from hugerec.serving.pipeline.interaction_store import InteractionStore
@@ -32,6 +37,7 @@ from hugerec.serving.pipeline.stages import (
 from hugerec.serving.runtime.inference_protocol import RequestError
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
+from hugerec.training.model_file import RawIds, save_model
 
 USERS, ITEMS, DIM = 300, 200, 8  # the toy DLRM's tables: user 300 rows, item 200 rows
 USER_COLS = ("age", "region")
@@ -314,3 +320,34 @@ def test_feature_store_on_the_other_tiers(tier: str, tmp_path: Any, request: pyt
         assert again.read("item", np.array([10, -3]))[0].tolist() == [[1.0, 2.0], [7.0, 4.0]]
     finally:
         store.close()
+
+
+def _sequential(tmp_path: Any, model_type: str) -> Any:
+    """A next-items model over the toy catalogue (raw item id i = dense id i + 1), untrained."""
+    torch.manual_seed(0)
+    config = HSTUConfig(max_len=6, dim=8, num_layers=1, num_heads=2) if model_type == "hstu" else SASRecConfig(max_len=6, dim=8, num_layers=1, num_heads=2)
+    cfg = config.sequence_config(ITEMS)
+    model = HSTU(cfg) if model_type == "hstu" else SASRec(cfg)
+    counts = np.concatenate([[0], np.ones(ITEMS)]).astype(np.int64)
+    save_model(tmp_path / f"{model_type}.pt", model, config, Adam(lr=0.01), ids=RawIds(np.arange(ITEMS), counts))
+    return load_next_items(write_next_items_bundle(tmp_path / f"{model_type}.pt", tmp_path / model_type))
+
+
+def test_score_with_the_sequential_model_ranks_by_its_cached_candidate_scores(tmp_path: Any) -> None:
+    w = make_world(8)
+    seq = _sequential(tmp_path, "hstu")
+    res = resources(w)
+    res.sequential = seq
+    history = (5, 17, 3, 9, 11, 40, 2, 8)  # longer than the model reads before the candidate: said in the notes
+    p = PipelineRunner(PipelineSpec((Retrieve((Popular(60),)), Score(sequential=True), Order())), res)
+    rec = p.recommend(Query(USERS + 1, 10, history=history))
+    cands = w["popular"][:60]
+    logits, truncated = seq.candidate_scores(np.array(history), cands)
+    want = cands[np.lexsort((cands, -logits))][:10]
+    np.testing.assert_array_equal(rec.items, want)
+    assert truncated == len(history) - 5 and any("oldest items were left out" in n for n in rec.notes)
+    with pytest.raises(ValueError, match=r"needs an HSTU next-items model .* it has a sasrec"):
+        res.sequential = _sequential(tmp_path, "sasrec")
+        PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Score(sequential=True), Order())), res)
+    with pytest.raises(ValueError, match="sequential = true takes no dense or sparse inputs"):
+        Score(sparse=(("item", "item.id"),), sequential=True)

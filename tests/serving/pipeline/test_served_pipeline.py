@@ -88,6 +88,13 @@ def test_declaration_round_trips_and_mistakes_name_the_key() -> None:
     bad["order"]["colour"] = 1
     with pytest.raises(ValueError, match=r"\[order\]: unknown key 'colour'"):
         declaration_from_dict(bad, "p.toml")
+    seq = tomllib.loads(TOML)
+    seq["score"] = {"sequential": True}  # ranked by an HSTU next-items bundle
+    decl = declaration_from_dict(seq, "p.toml")
+    assert declaration_from_dict(declaration_to_dict(decl), "again") == decl
+    seq["score"]["sparse"] = [["item", "item.id"]]
+    with pytest.raises(ValueError, match=r"\[score\]: Score: sequential = true takes no dense or sparse inputs"):
+        declaration_from_dict(seq, "p.toml")
     bad = tomllib.loads(TOML)
     bad["retrieve"]["sources"][0]["kind"] = "faiss"
     with pytest.raises(ValueError, match=r"sources\[0\]: kind must be one of"):

@@ -1,0 +1,325 @@
+"""The continuous loop of a two-tower: per window, warm-start, train, gate on Recall@K, publish a pipeline bundle
+with a refreshed ANN index as the canary, then promote or roll it back.
+
+Window k's iteration (each finished phase a record of the decision log, as in loop.py: a loop started again
+redoes only the unfinished phase):
+
+    1. decide   with a server: the canary pipeline against the stable one on window k's events (the items each
+                user met that day, which neither model was trained on): its Recall@K at least the stable's
+                minus `recall_margin` -> promote, else roll back (the server then serves the stable pipeline
+                and its index again)
+    2. train    warm-start from the checkpoint of the last published version not rolled back, `epochs` over
+                window k's events (while nothing is published: a fresh model on every window so far)
+    3. gate     candidate and serving model on window k + 1's events: Recall@K of each user's items of that
+                day among the items the user had not met up to window k (exact top-K over every item): the
+                candidate passes with at least `min_users` users and a Recall@K at least the serving model's
+                minus `recall_margin`
+    4. publish  a pipeline bundle (bundles/w<k>: the towers, an ANN index built afresh over the candidate's
+                item vectors, the items each user met up to window k for exclude-seen, the popularity list)
+                -> the server as the canary at `canary_share` (its first version: the stable one). Without a
+                server the candidate serves at once.
+
+Ids are dense: users 0..num_users-1, items 0..num_items-1 (hugerec.data.interactions.Interactions).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+
+from hugerec.continuous.decision_log import DecisionLog, Record
+from hugerec.continuous.publish import Publisher
+from hugerec.data.interactions import Interactions, held_out_csr, iter_examples
+from hugerec.embedding.optimizers import Adagrad, Optimizer
+from hugerec.index.vector_index import IndexConfig, IndexKind
+from hugerec.models.registry import build_model
+from hugerec.models.two_tower import TwoTower, TwoTowerConfig
+from hugerec.serving.bundles.pipeline_bundle import export_pipeline
+from hugerec.serving.pipeline.declaration import declaration_from_dict
+from hugerec.serving.pipeline.encoder import UserEncoder
+from hugerec.serving.pipeline.feature_store import FeatureStore
+from hugerec.serving.pipeline.interaction_store import InteractionStore
+from hugerec.sparse.jagged import JaggedTensor
+from hugerec.training.checkpoint import atomic_save, read_weights
+from hugerec.training.declared_loss import retrieval_loss
+from hugerec.training.epoch_batches import EpochBatches
+from hugerec.training.retrieval import RetrievalFamily, retrieval_metrics
+from hugerec.training.trainer import TrainConfig, fit
+
+EventSource = Callable[[int], Interactions]  # k -> the events of window k (dense ids)
+
+
+def _default_tower() -> TwoTowerConfig:
+    return TwoTowerConfig(dim=32, embedding_dim=32, user_layers=(), max_history=0, recent=())
+
+
+@dataclass(frozen=True)
+class RetrievalLoopConfig:
+    """work_dir holds decisions.jsonl, checkpoints/ and bundles/; `model` the two-tower trained (user ids only:
+    max_history = 0 and recent = (), what a pipeline serves from the user id); `k` the K of the gate's
+    Recall@K and of the pipeline's answers; `ann_k` the candidates the pipeline's ANN source takes before
+    exclude-seen."""
+
+    work_dir: str
+    num_users: int
+    num_items: int
+    model: TwoTowerConfig = field(default_factory=_default_tower)
+    optimizer: Optimizer = field(default_factory=lambda: Adagrad(lr=0.1))  # the towers' sparse optimizer
+    epochs: int = 2
+    lr: float = 3e-3  # the dense learning rate (Adam)
+    batch_size: int = 512
+    k: int = 50
+    ann_k: int = 200
+    recall_margin: float = 0.01
+    min_users: int = 50
+    canary_share: float = 0.1
+    index: IndexConfig = field(default_factory=lambda: IndexConfig(IndexKind.HNSW))
+    name: str = "recs"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_users < 1 or self.num_items < 1:
+            raise ValueError(f"RetrievalLoopConfig: num_users and num_items must be >= 1, got {self.num_users}, {self.num_items}")
+        if self.epochs < 1 or self.batch_size < 1 or self.min_users < 1:
+            raise ValueError(
+                f"RetrievalLoopConfig: epochs, batch_size and min_users must be >= 1, got {self.epochs}, {self.batch_size}, {self.min_users}"
+            )
+        if not 1 <= self.k <= self.ann_k:
+            raise ValueError(f"RetrievalLoopConfig: need 1 <= k <= ann_k, got k={self.k}, ann_k={self.ann_k}")
+        if self.model.max_history or self.model.recent or self.model.user_features or self.model.item_features:
+            raise ValueError(
+                "RetrievalLoopConfig: model must embed user ids only (max_history = 0, recent = [], no side features), "
+                f"got max_history={self.model.max_history}, recent={list(self.model.recent)}"
+            )
+        if not self.recall_margin >= 0 or not 0 < self.canary_share <= 1 or not self.lr > 0:
+            raise ValueError(
+                f"RetrievalLoopConfig: need recall_margin >= 0, canary_share in (0, 1], lr > 0, got "
+                f"{self.recall_margin}, {self.canary_share}, {self.lr}"
+            )
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.work_dir) / "decisions.jsonl"
+
+
+def version_of(window: int) -> str:
+    return f"w{window}"
+
+
+def _seen_csr(events: Interactions) -> tuple[np.ndarray, np.ndarray]:
+    """Each user's distinct items of `events` as CSR (offsets [U + 1], items [N])."""
+    return held_out_csr(events)
+
+
+class RetrievalLoop:
+    """Runs the two-tower loop over windows of `source`; `publisher` None: offline (published = serving)."""
+
+    def __init__(self, config: RetrievalLoopConfig, source: EventSource, publisher: Publisher | None = None) -> None:
+        self.config = config
+        self.source = source
+        self.publisher = publisher
+        self.work = Path(config.work_dir)
+        self.log = DecisionLog(config.log_path)
+        self.seconds: dict[str, float] = {}  # the phases of the last step: train, gate, publish (for the benchmark)
+
+    # -- state, read back from the decision log --------------------------------------------------
+    def checkpoint(self, version: str) -> Path:
+        return self.work / "checkpoints" / f"{version}.pt"
+
+    def bundle(self, version: str) -> Path:
+        return self.work / "bundles" / version
+
+    def base_version(self) -> str | None:
+        """Where the next candidate warm-starts: the last published version not rolled back since."""
+        base = None
+        for r in self.log.records:
+            if r.action == "publish":
+                base = r.version
+            elif r.action == "rollback" and r.version == base:
+                base = r.extra.get("stable")
+        return base
+
+    def serving_version(self) -> str | None:
+        """The server's stable pipeline; offline the last published version."""
+        if self.publisher is not None:
+            status = self.publisher.status()
+            return None if status is None else status["stable"]
+        published = [r.version for r in self.log.records if r.action == "publish"]
+        return published[-1] if published else None
+
+    def build(self) -> TwoTower:
+        torch.manual_seed(self.config.seed)
+        c = self.config
+        model = build_model(c.model, optimizer=c.optimizer, num_users=c.num_users, num_items=c.num_items)
+        assert isinstance(model, TwoTower)
+        return model
+
+    def load(self, version: str) -> TwoTower:
+        model = self.build()
+        model.load_state_dict(read_weights(self.checkpoint(version), "RetrievalLoop", "model checkpoint"))
+        return model.eval()
+
+    def history(self, k: int) -> Interactions:
+        """Every event of windows 0..k in one log."""
+        frames = [self.source(j).frame for j in range(k + 1)]
+        frame = pl.concat(frames).sort(["user", "timestamp"], maintain_order=True)
+        return Interactions(frame, self.config.num_users, self.config.num_items)
+
+    # -- the iteration ---------------------------------------------------------------------------
+    def run(self, first: int, last: int) -> list[Record]:
+        for k in range(first, last):
+            self.step(k)
+        return self.log.records
+
+    def step(self, k: int) -> None:
+        done = {r.action for r in self.log.of_window(k)}
+        if done & {"publish", "refuse", "skip"}:
+            return
+        if self.publisher is not None and not done & {"promote", "rollback", "wait"}:
+            self._decide(k)
+        version = version_of(k)
+        events = self.source(k)
+        if events.num_events == 0:
+            self.log.append(Record(k, "skip", f"window {k} has no events"))
+            return
+        t0 = time.perf_counter()
+        if "trained" not in done or not self.checkpoint(version).is_file():
+            base = self.base_version()
+            first = min((r.window for r in self.log.records if r.action == "trained"), default=k)
+            if base is None:  # nothing published yet: a fresh model on every window so far
+                rows, how = self.history(k) if first < k else events, f"a fresh model on windows {first}..{k}"
+                model = self.build()
+            else:
+                rows, how, model = events, f"warm start from {base}", self.load(base)
+            counts = np.bincount(self.history(k).items(), minlength=self.config.num_items)
+            self.train(model, rows, counts, k)
+            atomic_save(model.state_dict(), self.checkpoint(version))
+            self.log.append(Record(k, "trained", how, extra={"events": rows.num_events, "base": base}))
+        t1 = time.perf_counter()
+        passed, reason, figures = self._gate(k, self.load(version))
+        t2 = time.perf_counter()
+        if not passed:
+            self.log.append(Record(k, "refuse", reason, figures, version))
+        else:
+            self._publish(k, version, reason, figures)
+        self.seconds = {"train": t1 - t0, "gate": t2 - t1, "publish": time.perf_counter() - t2}
+
+    def train(self, model: TwoTower, rows: Interactions, counts: np.ndarray, k: int) -> None:
+        """`epochs` over `rows` (events; `counts`: every item's events so far, the negatives' distribution and
+        log-Q), through the one trainer (RetrievalFamily), seeded by window k."""
+        c = self.config
+        n = -(-rows.num_events // c.batch_size)
+        batches = EpochBatches(lambda e: iter_examples(rows, c.batch_size, 0, seed=c.seed + 1000 * k + e), length=n)
+        config = TrainConfig(
+            epochs=c.epochs,
+            lr=c.lr,
+            progress=False,
+            tensorboard=False,
+            plot=False,
+            device="cpu",
+            pipeline=False,
+            seed=c.seed + k,
+        )
+        fit(model, batches, None, config, family=RetrievalFamily(counts, retrieval_loss(c.model), ks=(c.k,)))
+        model.eval()
+
+    def recall(self, model: TwoTower, k: int) -> tuple[float, int]:
+        """(Recall@K of `model` on window k's events, the users it is measured on): each user's items of window k
+        among the items the user had not met in windows 0..k-1 (exact top-K over every item)."""
+        target = self.source(k)
+        held = _seen_csr(target)
+        users = np.flatnonzero(np.diff(held[0]) > 0)
+        if not users.size:
+            return float("nan"), 0
+        before = self.history(k - 1) if k > 0 else Interactions(target.frame.clear(), target.num_users, target.num_items)
+        seen = _seen_csr(before)
+        rows = (_rows(held, users), _rows(seen, users))  # CSR over the measured users only
+        empty = JaggedTensor(torch.zeros(0, dtype=torch.int64), torch.zeros(users.size, dtype=torch.int64))
+        got = retrieval_metrics(model, torch.from_numpy(users), empty, rows[0], rows[1], (self.config.k,))
+        return float(got[f"recall@{self.config.k}"]), int(users.size)
+
+    def _gate(self, k: int, candidate: TwoTower) -> tuple[bool, str, dict[str, float]]:
+        c = self.config
+        ours, users = self.recall(candidate, k + 1)
+        figures = {"candidate_recall": ours, "users": float(users)}
+        if users < c.min_users:
+            return False, f"window {k + 1} has {users} users with events, fewer than min_users = {c.min_users}", figures
+        serving = self.serving_version()
+        if serving is None:
+            return True, f"Recall@{c.k} {ours:.4f} (nothing serves yet)", figures
+        theirs, _ = self.recall(self.load(serving), k + 1)
+        figures["serving_recall"] = theirs
+        if ours < theirs - c.recall_margin:
+            return False, f"Recall@{c.k} {ours:.4f} below the serving {serving}'s {theirs:.4f} - {c.recall_margin}", figures
+        return True, f"Recall@{c.k} {ours:.4f} vs the serving {serving}'s {theirs:.4f}", figures
+
+    def export(self, version: str, k: int) -> Path:
+        """The pipeline bundle of `version` (trained on windows up to k): towers, a fresh ANN index over its item
+        vectors, each user's items up to window k (exclude-seen), the items by popularity."""
+        c = self.config
+        history = self.history(k)
+        store = FeatureStore.in_memory({"user": ("known",), "item": ("known",)})
+        store.write("user", np.arange(c.num_users), {"known": np.ones(c.num_users, np.int64)})
+        store.write("item", np.arange(c.num_items), {"known": np.ones(c.num_items, np.int64)})
+        frame = history.frame.sort("timestamp", maintain_order=True)
+        seen = InteractionStore.from_pairs(frame["user"].to_numpy(), frame["item"].to_numpy())
+        popular = np.argsort(-np.bincount(history.items(), minlength=c.num_items), kind="stable")
+        declaration = declaration_from_dict(
+            {
+                "pipeline": {"name": c.name, "version": version},
+                "retrieve": {"sources": [{"kind": "ann", "k": c.ann_k}, {"kind": "popular", "k": c.k}]},
+                "filter": {"exclude_seen": True},
+                "order": {"max_k": c.k},
+            },
+            "the retrieval loop's pipeline",
+        )
+        encoder = UserEncoder(self.load(version))
+        return export_pipeline(self.bundle(version), declaration, store, seen, popular, encoder, c.index)
+
+    def _publish(self, k: int, version: str, reason: str, figures: dict[str, float]) -> None:
+        path = self.export(version, k)
+        if self.publisher is None:
+            self.log.append(Record(k, "publish", f"gate passed: {reason} (offline: serving now)", figures, version))
+            return
+        after = self.publisher.publish(path, version, self.config.canary_share)
+        role = "stable" if after.get("stable") == version else f"canary at share {self.config.canary_share}"
+        extra: dict[str, Any] = {"stable": after.get("stable")}
+        self.log.append(Record(k, "publish", f"gate passed: {reason}; {role}; pipeline bundle with a new index", figures, version, extra=extra))
+
+    def _decide(self, k: int) -> None:
+        """The canary pipeline against the stable one on window k's events (Recall@K of the models they serve)."""
+        assert self.publisher is not None
+        status = self.publisher.status()
+        if status is None or status["canary"] is None or status["stable"] is None:
+            return
+        stable, canary = status["stable"], status["canary"]
+        theirs, users = self.recall(self.load(stable), k)
+        ours, _ = self.recall(self.load(canary), k)
+        figures = {"stable_recall": theirs, "canary_recall": ours, "users": float(users)}
+        margin = self.config.recall_margin
+        if users < self.config.min_users:
+            self.log.append(Record(k, "wait", f"window {k} has {users} users with events", figures, canary, extra={"stable": stable}))
+            return
+        if ours >= theirs - margin:
+            self.publisher.promote(canary)
+            action, why = "promote", f"canary Recall@{self.config.k} {ours:.4f} >= stable {stable}'s {theirs:.4f} - {margin}"
+        else:
+            self.publisher.rollback(canary)
+            action, why = "rollback", f"canary Recall@{self.config.k} {ours:.4f} below stable {stable}'s {theirs:.4f} - {margin}"
+        self.log.append(Record(k, action, why, figures, canary, extra={"stable": stable}))
+
+
+def _rows(csr: tuple[np.ndarray, np.ndarray], users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The CSR rows of `users` (in that order) as a CSR of their own."""
+    offsets, items = csr
+    lengths = offsets[users + 1] - offsets[users]
+    out = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    starts = np.repeat(offsets[users] - out[:-1], lengths)
+    return out, items[starts + np.arange(int(lengths.sum()))]

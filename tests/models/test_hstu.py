@@ -1,0 +1,175 @@
+"""HSTU: the jagged path against the padded one, causality, cached candidate scoring against full forwards, learning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hugerec.models.hstu import HSTU, HSTUOptions, Layout, table_gather, time_buckets
+from hugerec.models.sequence import PAD, SequenceConfig
+from hugerec.training.losses import Negatives, SampledSoftmax
+from hugerec.training.sequential import FullSoftmax, SequentialFamily, next_item_metrics, window_batches
+from hugerec.training.trainer import TrainConfig, fit
+
+CFG = SequenceConfig(num_items=50, max_len=8, dim=16, num_layers=2, num_heads=2, dropout=0.0)
+
+
+def _pair(options: HSTUOptions | None = None, cfg: SequenceConfig = CFG) -> tuple[HSTU, HSTU]:
+    torch.manual_seed(0)
+    jagged = HSTU(cfg, options=options).eval()
+    with torch.no_grad():  # non-zero relative biases, so the test sees them
+        for layer in jagged.blocks:
+            layer.pos_bias.normal_()
+            layer.time_bias.normal_()
+    padded = HSTU(cfg, options=options, layout=Layout.PADDED).eval()
+    padded.load_state_dict(jagged.state_dict())
+    return jagged, padded
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_jagged_equals_padded(data: st.DataObject) -> None:
+    """Rows of any length 0..L (B = 1 too), with and without timestamps, plain dot or cosine outputs."""
+    temperature = data.draw(st.sampled_from([0.0, 0.1]))
+    jagged, padded = _pair(HSTUOptions(temperature=temperature, attention_dim=data.draw(st.sampled_from([0, 3]))))
+    b = data.draw(st.integers(1, 4))
+    length = data.draw(st.integers(1, 8))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 1000)))
+    seq = torch.randint(1, 51, (b, length), generator=g)
+    for r in range(b):
+        seq[r, : data.draw(st.integers(0, length))] = PAD
+    times = torch.randint(0, 10**6, (b, length), generator=g).sort(dim=1).values if data.draw(st.booleans()) else None
+    with torch.no_grad():
+        hj, cj = jagged(seq, torch.tensor([1, 7]), times)
+        hp, cp = padded(seq, torch.tensor([1, 7]), times)
+    torch.testing.assert_close(hj, hp, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cj, cp)
+    assert bool((hj[seq == PAD] == 0).all())
+
+
+def test_prediction_at_t_ignores_later_items_and_times() -> None:
+    model, _ = _pair()
+    g = torch.Generator().manual_seed(1)
+    seq = torch.randint(1, 51, (3, 8), generator=g)
+    seq[0, :2] = PAD
+    times = torch.arange(24).view(3, 8) * 1000
+    with torch.no_grad():
+        h, _ = model(seq, None, times)
+        for t in range(2, 7):
+            changed, later = seq.clone(), times.clone()
+            changed[:, t + 1 :] = torch.randint(1, 51, changed[:, t + 1 :].shape, generator=g)
+            later[:, t + 1 :] += 10**7
+            h2, _ = model(changed, None, later)
+            torch.testing.assert_close(h2[:, : t + 1], h[:, : t + 1])
+            assert not torch.allclose(h2[:, t + 1 :], h[:, t + 1 :])
+
+
+def test_time_buckets() -> None:
+    got = time_buckets(torch.tensor([0, 1, -1, 2, 100, 10**9]), 64)
+    assert got.tolist() == [0, 0, 0, int(np.log(2) / 0.301), int(np.log(100) / 0.301), 64]
+
+
+@pytest.mark.parametrize("with_times", [False, True])
+def test_cached_scoring_equals_one_forward_per_candidate(with_times: bool) -> None:
+    """Candidates attend to the history and themselves: the cached micro-batches equal a full forward of
+    [history, candidate] for each candidate, on both layouts; an empty history works too."""
+    model, padded = _pair()
+    g = torch.Generator().manual_seed(3)
+    history = torch.randint(1, 51, (3, 6), generator=g)
+    history[1, :4] = PAD
+    history[2] = PAD  # a cold user: nothing to attend to but the candidate itself
+    candidates = torch.randint(1, 51, (3, 10), generator=g)
+    times = torch.arange(18).view(3, 6) * 500 if with_times else None
+    now = torch.tensor([10**5, 10**4, 3]) if with_times else None
+    with torch.no_grad():
+        cached = model.candidate_scores(history, candidates, times, now, micro_batch=3)
+        batched = model.candidate_scores_uncached(history, candidates, times, now)
+        one_each = torch.stack([
+            torch.cat([model.candidate_scores_uncached(history[r : r + 1], candidates[r : r + 1, c : c + 1],
+                                                       None if times is None else times[r : r + 1], None if now is None else now[r : r + 1])
+                       for c in range(10)], dim=1)[0]
+            for r in range(3)
+        ])
+        on_padded = padded.candidate_scores_uncached(history, candidates, times, now)
+    torch.testing.assert_close(cached, batched, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cached, one_each, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cached, on_padded, rtol=1e-4, atol=1e-5)
+    # a candidate's score does not depend on the other candidates
+    with torch.no_grad():
+        alone = model.candidate_scores(history, candidates[:, 4:5], times, now)
+    torch.testing.assert_close(alone[:, 0], cached[:, 4])
+
+
+def test_cached_scoring_refuses_bad_input() -> None:
+    model, _ = _pair()
+    with pytest.raises(ValueError, match="no slot for the candidate"):
+        model.candidate_scores(torch.ones(1, 8, dtype=torch.int64), torch.ones(1, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="both times and now"):
+        model.candidate_scores(torch.ones(1, 3, dtype=torch.int64), torch.ones(1, 2, dtype=torch.int64), torch.zeros(1, 3, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"\[B, C\] = \[1, C\]"):
+        model.candidate_scores(torch.ones(1, 3, dtype=torch.int64), torch.ones(2, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="exceed max_len 8"):
+        model(torch.ones(1, 9, dtype=torch.int64))
+
+
+def _chains(n: int, length: int, seed: int) -> np.ndarray:
+    """Item i is followed by i + 1 (mod 50), from random starts: a next-item pattern a model must learn."""
+    rng = np.random.default_rng(seed)
+    start = rng.integers(0, 50, n)
+    return (start[:, None] + np.arange(length)[None, :]) % 50 + 1
+
+
+@pytest.mark.parametrize(
+    ("loss", "pipeline"), [(FullSoftmax(), False), (SampledSoftmax(negatives=Negatives.UNIFORM, num_negatives=16), True)]
+)
+def test_the_one_trainer_trains_hstu(loss: FullSoftmax | SampledSoftmax, pipeline: bool) -> None:
+    """`fit` with the sequential family, as it trains SASRec (the pipeline stages the lookup a step ahead)."""
+    torch.manual_seed(0)
+    model = HSTU(CFG, options=HSTUOptions(temperature=0.1))
+    windows = _chains(400, 9, 0)
+    family = SequentialFamily(loss, item_counts=np.bincount(windows.ravel(), minlength=51))
+    cfg = TrainConfig(epochs=6, lr=1e-2, pipeline=pipeline, progress=False, tensorboard=False, plot=False)
+    batches = window_batches(windows, 32)
+    history = fit(model, batches, None, cfg, family=family)
+    assert history.steps == 6 * len(batches) and history.train[-1]["loss"] < history.train[0]["loss"]
+    test = _chains(100, 9, 1)
+    metrics = next_item_metrics(model, test[:, :-1], test[:, -1], ks=(1,))
+    assert metrics["recall@1"] > 0.8
+
+
+def test_ranking_head_learns_the_next_item() -> None:
+    torch.manual_seed(0)
+    model = HSTU(CFG, options=HSTUOptions(temperature=0.1))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    windows = torch.from_numpy(_chains(256, 8, 0))
+    model.train()
+    for step in range(40):
+        batch = windows[(step * 32) % 256 : (step * 32) % 256 + 32]
+        loss = model.candidate_ranking_loss(batch, torch.randint(1, 51, (32, 8), generator=g))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.train(False)
+    test = torch.from_numpy(_chains(50, 8, 1))
+    with torch.no_grad():
+        scores = model.candidate_scores(test[:, :-1], torch.cat([test[:, -1:], torch.randint(1, 51, (50, 9), generator=g)], dim=1))
+    assert float((scores.argmax(dim=1) == 0).float().mean()) > 0.8
+
+
+def test_table_gather_matches_indexing_and_its_gradient() -> None:
+    table = torch.randn(7, requires_grad=True)
+    ref = table.detach().clone().requires_grad_()
+    index = torch.randint(0, 7, (5, 40))
+    grad = torch.randn(5, 40)
+    out = table_gather(table, index)
+    want = ref[index]
+    torch.testing.assert_close(out, want)
+    out.backward(grad)
+    want.backward(grad)
+    assert table.grad is not None and ref.grad is not None
+    torch.testing.assert_close(table.grad, ref.grad)

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hugerec.ops import reference
+from hugerec.ops.cpu import jagged_attention_kernels as kernels
+
+
+def _case(data: st.DataObject, max_len: int = 9) -> tuple[torch.Tensor, ...]:
+    lengths = data.draw(st.lists(st.integers(0, max_len), min_size=1, max_size=5), "lengths")  # empty sequences too, B = 1 too
+    heads, dq, dv = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))
+    offsets = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int64)
+    n = int(offsets[-1])
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
+    q, k = torch.randn(n, heads, dq, generator=gen), torch.randn(n, heads, dq, generator=gen)
+    v = torch.randn(n, heads, dv, generator=gen)
+    pairs = reference.pair_offsets(offsets)
+    bias = torch.randn(int(pairs[-1]), generator=gen)
+    grad = torch.randn(n, heads, dv, generator=gen)
+    return q, k, v, bias, offsets, pairs, grad
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_forward_and_backward_match_the_padded_reference(data: st.DataObject) -> None:
+    q, k, v, bias, offsets, pairs, grad = _case(data)
+    scale = 0.3
+    out = torch.empty_like(v)
+    kernels.attention_forward(q.numpy(), k.numpy(), v.numpy(), bias.numpy(), offsets.numpy(), pairs.numpy(), scale, out.numpy())
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    want = reference.jagged_causal_attention(*leaves, offsets, scale)
+    torch.testing.assert_close(out, want.detach(), rtol=1e-4, atol=1e-5)
+    want.backward(grad)
+    got = [torch.full_like(t, float("nan")) for t in (q, k, v, bias)]  # every entry must be written
+    kernels.attention_backward(
+        grad.numpy(), q.numpy(), k.numpy(), v.numpy(), bias.numpy(), offsets.numpy(), pairs.numpy(), scale, *(g.numpy() for g in got)
+    )
+    for g, leaf in zip(got, leaves, strict=True):
+        assert leaf.grad is not None
+        torch.testing.assert_close(g, leaf.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_long_sequence_matches_reference() -> None:
+    gen = torch.Generator().manual_seed(0)
+    offsets = torch.tensor([0, 1, 301, 301, 350], dtype=torch.int64)  # lengths 1, 300, 0, 49
+    q, k, v = (torch.randn(350, 2, 8, generator=gen) * 0.5 for _ in range(3))
+    pairs = reference.pair_offsets(offsets)
+    bias = torch.randn(int(pairs[-1]), generator=gen)
+    out = torch.empty_like(v)
+    kernels.attention_forward(q.numpy(), k.numpy(), v.numpy(), bias.numpy(), offsets.numpy(), pairs.numpy(), 1 / 300, out.numpy())
+    torch.testing.assert_close(out, reference.jagged_causal_attention(q, k, v, bias, offsets, 1 / 300), rtol=1e-4, atol=1e-5)
+
+
+def test_pair_positions_enumerate_the_causal_pairs() -> None:
+    offsets = np.array([0, 2, 2, 5], dtype=np.int64)
+    pairs = reference.pair_offsets(torch.from_numpy(offsets)).numpy()
+    query, key = np.empty(pairs[-1], np.int64), np.empty(pairs[-1], np.int64)
+    kernels.pair_positions(offsets, pairs, query, key)
+    assert list(zip(query.tolist(), key.tolist(), strict=True)) == [(0, 0), (1, 0), (1, 1), (2, 2), (3, 2), (3, 3), (4, 2), (4, 3), (4, 4)]

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hugerec.ops import reference
+from hugerec.ops.jagged_attention import SERIAL_WORK, jagged_causal_attention, pair_offsets, pair_positions
+
+
+def _inputs(lengths: list[int], heads: int = 2, dq: int = 4, dv: int = 3, seed: int = 0, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    n = sum(lengths)
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+    p = int(pair_offsets(offsets)[-1])
+    return [*(torch.randn(n, heads, d, generator=gen, dtype=dtype) for d in (dq, dq, dv)), torch.randn(p, generator=gen, dtype=dtype), offsets]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 12), min_size=1, max_size=4), st.integers(0, 1000))
+def test_autograd_op_matches_reference_gradients(lengths: list[int], seed: int) -> None:
+    *tensors, offsets = _inputs(lengths, seed=seed)
+    ours = [t.clone().requires_grad_() for t in tensors]
+    ref = [t.clone().requires_grad_() for t in tensors]
+    out = jagged_causal_attention(*ours, offsets, 0.25)
+    want = reference.jagged_causal_attention(*ref, offsets, 0.25)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    want.backward(grad)
+    for a, b in zip(ours, ref, strict=True):
+        assert a.grad is not None and b.grad is not None
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_gradcheck_of_the_reference_in_float64() -> None:
+    *tensors, offsets = _inputs([3, 1, 0, 4], dtype=torch.float64)
+    leaves = [t.requires_grad_() for t in tensors]
+    assert torch.autograd.gradcheck(lambda *x: jagged_causal_attention(*x, offsets, 0.5), leaves)  # float64 takes the reference
+
+
+def test_a_sequence_never_sees_another_or_a_later_item() -> None:
+    *tensors, offsets = _inputs([4, 5])
+    q, k, v, bias = tensors
+    base = jagged_causal_attention(q, k, v, bias, offsets, 1.0)
+    v2 = v.clone()
+    v2[6] += 10.0  # row 6 = position 2 of the second sequence
+    moved = jagged_causal_attention(q, k, v2, bias, offsets, 1.0)
+    torch.testing.assert_close(moved[:6], base[:6])  # the first sequence and earlier positions unchanged
+    assert not torch.allclose(moved[6:], base[6:])
+
+
+def test_empty_batch_and_empty_sequences() -> None:
+    *tensors, offsets = _inputs([0, 0])
+    out = jagged_causal_attention(*(t.requires_grad_() for t in tensors), offsets, 1.0)
+    assert out.shape == (0, 2, 3)
+    out.sum().backward()
+
+
+def test_pair_positions_agree_on_both_paths() -> None:
+    offsets = torch.tensor([0, 3, 3, 7], dtype=torch.int64)
+    q, k = pair_positions(offsets)
+    n = offsets.diff()
+    seq = torch.repeat_interleave(torch.arange(3), n)
+    assert q.tolist() == [i for b in range(3) for i in range(int(offsets[b]), int(offsets[b + 1])) for _ in range(i - int(offsets[b]) + 1)]
+    assert bool((seq[q] == seq[k]).all()) and bool((k <= q).all())
+
+
+def test_bad_shapes_are_named() -> None:
+    q, k, v, bias, offsets = _inputs([2, 3])
+    with pytest.raises(ValueError, match=r"bias must be \[P\] = \[9\]"):
+        jagged_causal_attention(q, k, v, bias[:-1], offsets, 1.0)
+    with pytest.raises(ValueError, match="offsets must run from 0 to N = 5"):
+        jagged_causal_attention(q, k, v, bias, torch.tensor([0, 2, 4]), 1.0)
+    with pytest.raises(ValueError, match="q, k must be"):
+        jagged_causal_attention(q, k[:, :1], v, bias, offsets, 1.0)
+
+
+def test_a_problem_above_the_serial_size_runs_parallel_and_agrees() -> None:
+    *tensors, offsets = _inputs([400, 3, 390], heads=2, dq=8, dv=8)
+    assert int(pair_offsets(offsets)[-1]) * 2 * 16 > SERIAL_WORK
+    ours = [t.clone().requires_grad_() for t in tensors]
+    ref = [t.clone().requires_grad_() for t in tensors]
+    out = jagged_causal_attention(*ours, offsets, 1 / 400)
+    want = reference.jagged_causal_attention(*ref, offsets, 1 / 400)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    out.sum().backward()
+    want.sum().backward()
+    for a, b in zip(ours, ref, strict=True):
+        assert a.grad is not None and b.grad is not None
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-4)

@@ -85,7 +85,7 @@ from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.data.windows import Windows, WindowUnit, holdout_mask, table_batches
 from hugerec.embedding.optimizers import Adagrad
 from hugerec.models.model_config import DLRMConfig
-from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.export import export
 from hugerec.serving.http.request_log import RequestLogConfig
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.training.trainer import TrainConfig, fit, predict
@@ -356,10 +356,10 @@ def _publish_seconds(loop: Loop, stable: str, candidate: str, work: Path, cfg: S
     srv = InferenceServer(ServerConfig(admin_token=TOKEN, seed=0))
     with BackgroundServer(srv) as url:
         publisher = Publisher(ServerTarget(url, "model", TOKEN))
-        export_bundle(loop.load(stable), work / "bench-stable", name="model", version="s", schema=cfg.schema)
+        export(loop.load(stable), work / "bench-stable", name="model", version="s", schema=cfg.schema)
         publisher.publish(work / "bench-stable", "stable", 0.1)
         t0 = time.perf_counter()
-        export_bundle(loop.load(candidate), work / "bench-candidate", name="model", version="c", schema=cfg.schema)
+        export(loop.load(candidate), work / "bench-candidate", name="model", version="c", schema=cfg.schema)
         after = publisher.publish(work / "bench-candidate", "candidate", 0.1)
         seconds = time.perf_counter() - t0
     srv.close()

@@ -98,22 +98,22 @@ def make_world(items: int, users: int, workdir: Path) -> None:
     from hugerec.embedding.table_config import TableConfig
     from hugerec.models.dlrm import DLRM
     from hugerec.models.mf import MatrixFactorization
-    from hugerec.serving.bundles.export import export_bundle
+    from hugerec.serving.bundles.export import export
     from hugerec.serving.bundles.pipeline_bundle import export_pipeline
     from hugerec.serving.pipeline import (
         Ann,
         Boost,
         Condition,
         Filter,
-        InteractionStore,
         Order,
         PipelineSpec,
         Retrieve,
         Score,
-        UserEncoder,
     )
     from hugerec.serving.pipeline.declaration import PipelineDeclaration
+    from hugerec.serving.pipeline.encoder import UserEncoder
     from hugerec.serving.pipeline.feature_store import FeatureStore
+    from hugerec.serving.pipeline.interaction_store import InteractionStore
 
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
@@ -139,7 +139,7 @@ def make_world(items: int, users: int, workdir: Path) -> None:
     tables = [TableConfig("user", users, 16), TableConfig("item", items, 16), TableConfig("category", CATEGORIES, 16)]
     ranker = DLRM(EmbeddingCollection(tables, SGD()), 3, [32, 16], [64, 1]).eval()
     torch.save(ranker.state_dict(), workdir / "ranker.pt")
-    export_bundle(ranker, workdir / "ranker", name="ranker")
+    export(ranker, workdir / "ranker", name="ranker")
     store = FeatureStore.in_memory({"user": tuple(user_cols), "item": tuple(item_cols)})
     store.write("user", np.arange(users), user_cols)
     store.write("item", np.arange(items), item_cols)

@@ -11,7 +11,7 @@ from the two models in memory to the candidate answering as the canary:
     hugerec-delta  continuous.model_diff.write_model_delta (changed / new rows, evicted ids, default rows,
                    dense weights) + Publisher.publish_delta: the server copies w0's rows (a RocksDB
                    checkpoint), applies the delta and loads w0's program with the new dense weights
-    whole-bundle   serving.export_bundle (torch.export of the dense program, every row into RocksDB) +
+    whole-bundle   serving.export (torch.export of the dense program, every row into RocksDB) +
                    Publisher.publish: the server copies the bundle's rows into its state and loads them
 `publish size`: bytes of the files handed to the server (the delta folder, the bundle folder; each record
 says how many rows they hold: `rows_sent`, for the delta changed + new rows + evicted keys); `publish
@@ -41,7 +41,7 @@ from hugerec.data.windows import table_batches
 from hugerec.embedding.optimizers import Adagrad
 from hugerec.models.dlrm import DLRM
 from hugerec.models.model_config import DLRMConfig
-from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.export import export
 from hugerec.serving.bundles.model_bundle import Bundle
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.training.trainer import TrainConfig, fit
@@ -95,7 +95,7 @@ def main() -> None:
         server = InferenceServer(ServerConfig(admin_token=token))
         with BackgroundServer(server) as url:
             publisher = Publisher(ServerTarget(url, "model", token))
-            base = export_bundle(stable, work / "w0", version="w0", schema=schema)
+            base = export(stable, work / "w0", version="w0", schema=schema)
             publisher.publish(base, "w0", 0.1)
             base_id = Bundle.open(base, verify=False).id
             times: dict[str, list[float]] = {"hugerec-delta": [], "whole-bundle": []}
@@ -110,7 +110,7 @@ def main() -> None:
                         path = write_model_delta(stable, candidate, work / version, "w0", base_id)
                         publisher.publish_delta(path, "w0", version, 0.1)
                     else:
-                        path = export_bundle(candidate, work / version, version=version, schema=schema)
+                        path = export(candidate, work / version, version=version, schema=schema)
                         publisher.publish(path, version, 0.1)
                     times[method].append(time.perf_counter() - start)
                     sizes[method] = _size(path)

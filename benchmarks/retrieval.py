@@ -58,7 +58,7 @@ from hugerec.models.two_tower import Similarity, TwoTower, TwoTowerConfig, recen
 from hugerec.sparse.jagged import JaggedTensor
 from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.losses import NegativeSampler, SampledSoftmax, sampled_softmax, sampled_softmax_plain
-from hugerec.training.ranking_metrics import evaluate_ranking
+from hugerec.training.ranking_metrics import full_ranking_metrics
 from hugerec.training.retrieval import RetrievalFamily, RetrievalModel, user_vectors
 from hugerec.training.trainer import TrainConfig, fit
 
@@ -178,7 +178,7 @@ def quality(
     results: dict[str, dict[str, float]] = {}
 
     def run(method: str, score: ScoreBlock) -> None:
-        m = evaluate_ranking(score, held, excl, train.num_items, KS)
+        m = full_ranking_metrics(score, held, excl, train.num_items, KS)
         results[method] = m
         log(f"    {method:18s} " + "  ".join(f"{k} {m[k]:.4f}" for k in ("recall@10", "ndcg@10", "recall@50")))
 
@@ -192,7 +192,7 @@ def quality(
         for seed in range(seeds):
             model, sec = train_model(kind, train, params[kind], seed, log)
             hist_len = params[kind]["config"].max_history if kind == "two_tower" else 0
-            per_seed.append(evaluate_ranking(_model_scores(model, train, hist_len), held, excl, train.num_items, KS))
+            per_seed.append(full_ranking_metrics(_model_scores(model, train, hist_len), held, excl, train.num_items, KS))
             log(f"    {method} seed {seed}: trained in {sec:.0f}s, recall@10 {per_seed[-1]['recall@10']:.4f}")
         results[method] = {k: float(np.mean([m[k] for m in per_seed])) for k in per_seed[0]}
         spread = "  ".join(f"{k} {min(m[k] for m in per_seed):.4f}..{max(m[k] for m in per_seed):.4f}" for k in ("recall@10", "recall@50"))

@@ -211,7 +211,7 @@ def gbm_train(library: str, out: Path, rows: int) -> tuple[Path, Path]:
     """A GBM_TREES-tree model of `library` on Criteo-shaped rows (no early stopping) -> (model file, bundle)."""
     from hugerec.data.schema import Schema
     from hugerec.models.gbm import FeatureMatrix, Library, LightGBMConfig, XGBoostConfig
-    from hugerec.serving.bundles.gbm_bundle import export_gbm_bundle
+    from hugerec.serving.bundles.gbm_bundle import write_gbm_bundle
     from hugerec.training.gbm_fit import fit_trees
 
     dense, ids = make_requests(rows, 1, 1000, seed=7)[0]
@@ -229,7 +229,7 @@ def gbm_train(library: str, out: Path, rows: int) -> tuple[Path, Path]:
     model, _ = fit_trees(config, data, None, out_dir=None, log_every=0)
     path = model.save(out / lib.model_file)
     schema = Schema.build(["label"], names[:NUM_DENSE], dict.fromkeys(FEATURES, 1000))
-    return path, export_gbm_bundle(path, lib, out / "bundle", schema, name="gbm")
+    return path, write_gbm_bundle(path, lib, out / "bundle", schema, name="gbm")
 
 
 def gbm_in_process(library: str, path: Path, bundle: Path, seconds: float) -> list[dict[str, Any]]:
@@ -597,7 +597,7 @@ def run_status_page(quick: bool) -> list[dict[str, Any]]:
     import httpx
 
     from hugerec.continuous.decision_log import DecisionLog, Record
-    from hugerec.serving.bundles.export import export_bundle
+    from hugerec.serving.bundles.export import export
 
     rows, seconds, clients = (5_000, 2.0, 4) if quick else (50_000, 8.0, 4)
     tmp = Path(tempfile.mkdtemp(prefix="hugerec-status-bench-"))
@@ -605,7 +605,7 @@ def run_status_page(quick: bool) -> list[dict[str, Any]]:
     procs: list[subprocess.Popen[bytes]] = []
     records: list[dict[str, Any]] = []
     try:
-        bundle = export_bundle(build_model(rows), tmp / "bundle", name="dlrm")
+        bundle = export(build_model(rows), tmp / "bundle", name="dlrm")
         log = DecisionLog(tmp / "decisions.jsonl")
         rng = np.random.default_rng(0)
         for k in range(2000):
@@ -755,7 +755,7 @@ def main() -> None:
             args.json.write_text(json.dumps(records, indent=2))
         return None
 
-    from hugerec.serving.bundles.export import export_bundle
+    from hugerec.serving.bundles.export import export
 
     torch.set_num_threads(1)  # like the servers (OMP_NUM_THREADS=1): clients and servers share the cores
     rows = 5_000 if args.quick else 50_000
@@ -765,7 +765,7 @@ def main() -> None:
     records: list[dict[str, Any]] = []
     try:
         model = build_model(rows)
-        bundle = export_bundle(model, tmp / "bundle", name="dlrm")
+        bundle = export(model, tmp / "bundle", name="dlrm")
         torch.save(model.state_dict(), tmp / "weights.pt")
         ours_port, base_port = free_port(), free_port()
         procs.append(
@@ -1038,7 +1038,7 @@ def _peak_growth(pid: int, send: Any) -> int:
 def large_body_memory(quick: bool) -> list[dict[str, Any]]:
     import httpx
 
-    from hugerec.serving.bundles.export import export_bundle
+    from hugerec.serving.bundles.export import export
     from hugerec.serving.http.limits import RequestLimits
 
     limits = RequestLimits()
@@ -1048,7 +1048,7 @@ def large_body_memory(quick: bool) -> list[dict[str, Any]]:
     port = free_port()
     proc = None
     try:
-        bundle = export_bundle(build_model(5_000), tmp / "bundle", name="dlrm")
+        bundle = export(build_model(5_000), tmp / "bundle", name="dlrm")
         proc = start(["--serve", "ours", "--path", str(bundle), "--state", str(tmp / "state")], port)
         wait_ready(proc, port)
         url = f"http://127.0.0.1:{port}/v2/models/dlrm/infer"

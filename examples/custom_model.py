@@ -16,6 +16,7 @@ from torch import nn
 import hugerec as hr
 from hugerec import data, training
 from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.sparse import Batch
 
 
 class LogisticWithEmbeddings(nn.Module):
@@ -28,7 +29,7 @@ class LogisticWithEmbeddings(nn.Module):
         self.bias = EmbeddingCollection([hr.TableConfig(t.name, t.num_rows, 1, t.features) for t in tables], hr.Ftrl())
         self.linear = nn.Linear(len(schema.dense), 1)
 
-    def forward(self, batch: hr.Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> torch.Tensor:
         vectors = self.embedding(batch.sparse).stacked()  # [B, F, 8]
         fm = 0.5 * (vectors.sum(1) ** 2 - (vectors**2).sum(1)).sum(1)  # [B]: sum of pairwise dot products
         return self.linear(batch.dense).squeeze(1) + self.bias(batch.sparse).values.sum(1) + fm

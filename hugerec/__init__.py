@@ -19,17 +19,13 @@ if TYPE_CHECKING:  # the public names and subpackages, imported on first use (hu
         SGD,
         Adagrad,
         Adam,
-        DynamicConfig,
         Embedding,
         EmbeddingBag,
         EmbeddingCollection,
         Ftrl,
-        HashTable,
-        Pooling,
         RowWiseAdagrad,
         TableConfig,
     )
-    from hugerec.sparse import Batch, JaggedTensor, PooledEmbeddings, SparseFeatures
 
 __version__ = "0.1.0"
 
@@ -37,18 +33,11 @@ __all__ = [
     "SGD",
     "Adagrad",
     "Adam",
-    "Batch",
-    "DynamicConfig",
     "Embedding",
     "EmbeddingBag",
     "EmbeddingCollection",
     "Ftrl",
-    "HashTable",
-    "JaggedTensor",
-    "PooledEmbeddings",
-    "Pooling",
     "RowWiseAdagrad",
-    "SparseFeatures",
     "TableConfig",
     "__version__",
     "data",

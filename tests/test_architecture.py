@@ -1,5 +1,6 @@
 """The rules of ARCHITECTURE.md that a program can check: one base name per module and per class, no private
-name used outside its module, tests that mirror the package, and where Numba and Triton may be imported.
+name used outside its module, names imported from the module that defines them, tests that mirror the package,
+ops/gpu's modules named after ops/cpu's, and where Numba and Triton may be imported.
 (The layering is import-linter's: the contracts in pyproject.toml.)"""
 
 from __future__ import annotations
@@ -164,3 +165,62 @@ def test_numba_and_triton_are_imported_only_where_kernels_live() -> None:
             if allowed is not None and not str(path).startswith(allowed):
                 bad.append(f"{path}:{line} imports {root}")
     assert bad == []
+
+
+def _defined_in(init: Path) -> set[str]:
+    """The names a package `__init__` defines itself (functions, classes, assignments), not those it imports."""
+    names: set[str] = set()
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def imports_through_a_package(path: PurePosixPath, tree: ast.Module) -> list[str]:
+    """`from hugerec.PKG import Name` where PKG's `__init__` only re-exports Name (it is defined in a module
+    of PKG): inside the package and the tests, a name is imported from the module that defines it."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.ImportFrom) and node.module and node.level == 0):
+            continue
+        if node.module.split(".")[0] != "hugerec":
+            continue
+        init = ROOT / node.module.replace(".", "/") / "__init__.py"
+        if not init.is_file():
+            continue
+        defined = _defined_in(init)
+        for alias in node.names:
+            submodule = _module_path(f"{node.module}.{alias.name}") is not None
+            if not submodule and alias.name not in defined:
+                found.append(f"{path}:{node.lineno} imports {alias.name} from the package {node.module}")
+    return found
+
+
+def test_names_are_imported_from_their_defining_module() -> None:
+    """ARCHITECTURE.md: "Inside the package and the tests, import names from the module that defines them;
+    the package `__init__`s are the curated public surface for users." (The `__init__`s themselves, and the
+    tests of the public surface directly in tests/, are what re-export or read that surface.)"""
+    bad = []
+    files = [p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"]
+    files += [p for p in (ROOT / "tests").rglob("*.py") if p.parent != ROOT / "tests"]
+    for file in sorted(files):
+        path = PurePosixPath(file.relative_to(ROOT).as_posix())
+        bad += imports_through_a_package(path, ast.parse(file.read_text(encoding="utf-8")))
+    assert bad == []
+
+
+def test_the_defining_module_check_finds_a_re_export() -> None:
+    tree = ast.parse("from hugerec.data import load\nfrom hugerec.data.loader import load\nfrom hugerec.ops import pooled_lookup\n")
+    assert imports_through_a_package(PurePosixPath("x.py"), tree) == ["x.py:1 imports load from the package hugerec.data"]
+
+
+def test_gpu_modules_are_named_after_their_cpu_modules() -> None:
+    """ops/gpu/X.py holds the Triton side of what ops/cpu/X.py does in Numba: no gpu module without its cpu
+    namesake (the one exemption from unique module names)."""
+    cpu = {p.name for p in (PACKAGE / "ops" / "cpu").glob("*.py")}
+    gpu = {p.name for p in (PACKAGE / "ops" / "gpu").glob("*.py")}
+    assert gpu - cpu == set()

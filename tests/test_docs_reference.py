@@ -14,7 +14,7 @@ import pytest
 from hugerec.cli import _parser
 from hugerec.cli.pipeline_commands import INPUT_KEYS
 from hugerec.cli.run_config import load_run_config, resolved_dict
-from hugerec.serving import declaration_from_dict
+from hugerec.serving.pipeline.declaration import declaration_from_dict
 
 # docs/tools is a folder of scripts (the MkDocs hook and its generators), not a package: imported from there
 TOOLS = Path(__file__).resolve().parents[1] / "docs" / "tools"

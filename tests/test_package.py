@@ -90,3 +90,38 @@ def test_tests_find_the_data_samples_in_one_place() -> None:
         if 'environ.get("HUGEREC_DATA"' in text or '"shared" / "data"' in text:
             own_paths.append(str(path.relative_to(ROOT)))
     assert own_paths == []
+
+
+MAX_PUBLIC_NAMES = 180  # issue 27: a public API a user can hold in their head (377 names when it was set)
+
+
+def public_lists() -> dict[str, list[str]]:
+    """package -> its `__all__`, for every package of hugerec that has one (read from the source: nothing is
+    imported, so lazily exported names count as well)."""
+    lists = {}
+    for init in sorted((ROOT / "hugerec").rglob("__init__.py")):
+        for node in ast.parse(init.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+                lists[".".join(init.parent.relative_to(ROOT).parts)] = list(ast.literal_eval(node.value))
+    return lists
+
+
+def test_the_public_names_fit_in_a_head() -> None:
+    """At most MAX_PUBLIC_NAMES public names in all: the sum of the lengths of every package's `__all__`.
+    Each list counts in full: a name a package takes from its subpackage (`hugerec.TableConfig`, which is
+    `hugerec.embedding.TableConfig`) counts once in each list, since it is one more spelling to learn, and
+    a subpackage listed by its parent (`"data"` in hugerec's) counts as a name of the parent."""
+    lists = public_lists()
+    sizes = {package: len(names) for package, names in lists.items()}
+    assert sum(sizes.values()) <= MAX_PUBLIC_NAMES, sizes
+
+
+def test_every_public_name_exists() -> None:
+    """Every name of every `__all__` is there (imported on first use where a package is lazy)."""
+    import importlib
+
+    missing = []
+    for package, names in public_lists().items():
+        module = importlib.import_module(package)
+        missing += [f"{package}.{name}" for name in names if not hasattr(module, name)]
+    assert missing == []

@@ -508,20 +508,9 @@ def _predict(cfg: RunConfig, args: argparse.Namespace) -> None:
 def _export(cfg: RunConfig, args: argparse.Namespace) -> None:
     from hugerec.cli.commands import export_model
 
-    if _is_task(cfg):
-        from hugerec.cli.task_commands import export_task_model
-
-        out = export_task_model(cfg, args.model, args.out)
-        print(f"export: next-items bundle -> {out}   (serve it: hugerec serve {out})")
-        return
-    if _is_gbm(cfg):
-        from hugerec.cli.gbm_commands import export_trees
-
-        out = export_trees(cfg, args.model, args.out)
-        print(f"export: GBM bundle -> {out}   (serve it: hugerec serve {out})")
-        return
     out = export_model(cfg, args.model, args.out)
-    print(f"export: bundle -> {out}   (serve it: hugerec serve {out})")
+    kind = {"sequential": "next-items bundle", "trees": "GBM bundle"}.get(cfg.family.value, "bundle")
+    print(f"export: {kind} -> {out}   (serve it: hugerec serve {out})")
 
 
 def _index(cfg: RunConfig, args: argparse.Namespace) -> None:

@@ -28,40 +28,26 @@ import torch.distributed as dist
 
 from hugerec.cli.config_file import ConfigError
 from hugerec.cli.run_config import RawFormat, RunConfig
-from hugerec.data import (
-    InputSpec,
-    Loader,
-    PrepareReport,
-    Schema,
-    SyntheticReport,
-    count_rows,
-    expand_paths,
-    generate,
-    lacks_labels,
-    load,
-    load_vectors,
-    prepare,
-    preset,
-    transform_raw,
-)
-from hugerec.data.preprocess import Workflow
-from hugerec.distributed import Workload, init_from_env, launched_by_torchrun, plan, shard
-from hugerec.embedding import TableConfig
-from hugerec.models import DCNv2Config, DeepFMConfig, DLRMConfig, Family, RecModel, WideAndDeepConfig, build_model
-from hugerec.sparse import Batch
-from hugerec.training import (
-    History,
-    auto_batch_size,
-    evaluate,
-    fit,
-    fitted_to_data,
-    load_checkpoint,
-    load_model,
-    predict,
-    resolve_device,
-    save_model,
-    seed_everything,
-)
+from hugerec.data.input_spec import InputSpec
+from hugerec.data.loader import Loader, load
+from hugerec.data.prepare import PrepareReport, lacks_labels, prepare, transform_raw
+from hugerec.data.preprocess.workflow import Workflow
+from hugerec.data.schema import Schema
+from hugerec.data.shards import count_rows, expand_paths
+from hugerec.data.synthetic import SyntheticReport, generate, preset
+from hugerec.data.vector_tables import load_vectors
+from hugerec.distributed.launch import init_from_env, launched_by_torchrun
+from hugerec.distributed.planner import Workload, plan
+from hugerec.distributed.shard import shard
+from hugerec.embedding.table_config import TableConfig
+from hugerec.models.model import RecModel
+from hugerec.models.model_config import DCNv2Config, DeepFMConfig, DLRMConfig, WideAndDeepConfig
+from hugerec.models.registry import Family, build_model
+from hugerec.sparse.batch import Batch
+from hugerec.training.checkpoint import load_checkpoint
+from hugerec.training.defaults import auto_batch_size, fitted_to_data
+from hugerec.training.model_file import load_model, save_model
+from hugerec.training.trainer import History, evaluate, fit, predict, resolve_device, seed_everything
 
 BEST_MODEL = "best.pt"  # beside model.pt: the best evaluation's weights; evaluate / predict / export's default
 
@@ -404,11 +390,38 @@ def predict_to_parquet(cfg: RunConfig, model_path: Path | None = None) -> tuple[
 
 # -- export -------------------------------------------------------------------------------------
 def export_model(cfg: RunConfig, model_path: Path | None = None, out: Path | None = None) -> Path:
-    """model.pt (+ the fitted workflow next to the preprocessed data, when there is one) -> serving bundle."""
-    from hugerec.serving import export_bundle  # the serving stack is only needed here
+    """The model file of any family (default: what `hugerec train` left) -> the bundle that serves it
+    (default <train.out_dir>/bundle), through hugerec.serving.export: a ranking model's or the trees' with
+    the fitted workflow next to the preprocessed data when there is one, a sequential model's next-items
+    bundle of recommend.k items, named after model.type."""
+    from hugerec.serving.bundles.export import export  # the serving stack is only needed here
 
-    model, schema = read_model(model_path or default_model(cfg))
+    if cfg.family is Family.RETRIEVAL:
+        raise ConfigError(
+            f"export: model.type = {cfg.model_type!r}: serving bundles of retrieval models are not built yet; "
+            "use `hugerec index` and `hugerec recommend`"
+        )
+    match cfg.family:
+        case Family.TREES:
+            from hugerec.cli.gbm_commands import default_tree_model
+
+            path = model_path or default_tree_model(cfg)
+        case Family.SEQUENTIAL:
+            path = model_path or cfg.out_dir / "model.pt"
+        case _:
+            path = model_path or default_model(cfg)
+    if not path.is_file():
+        raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
     workflow_dir = Path(cfg.preprocess.out) / "workflow"
-    workflow = Workflow.load(workflow_dir) if workflow_dir.is_dir() else None
-    target = out or cfg.out_dir / "bundle"
-    return export_bundle(model, target, schema=schema, workflow=workflow, overwrite=True)
+    workflow = Workflow.load(workflow_dir) if cfg.family is not Family.SEQUENTIAL and workflow_dir.is_dir() else None
+    try:
+        return export(
+            path,
+            out or cfg.out_dir / "bundle",
+            workflow=workflow,
+            k=cfg.recommend.k,
+            exclude_seen=cfg.recommend.exclude_seen,
+            overwrite=True,
+        )
+    except ImportError as e:  # the trees' library is an optional extra
+        raise ConfigError(str(e)) from None

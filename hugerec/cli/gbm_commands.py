@@ -21,13 +21,13 @@ import pyarrow.parquet as pq
 from hugerec.cli.config_file import ConfigError
 from hugerec.cli.run_config import RunConfig
 from hugerec.data.matrix import read_matrix
-from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.distributed.launch import launched_by_torchrun
 from hugerec.models.gbm import FeatureMatrix, GBMConfig, Library, TreeModel, is_ranking, library_of, require
 from hugerec.models.registry import Family
-from hugerec.training.gbm_fit import TreeHistory, evaluate_trees, fit_trees
+from hugerec.training.gbm_fit import TreeHistory, fit_trees
 from hugerec.training.model_file import load_model, save_model
+from hugerec.training.trainer import evaluate
 
 
 def _config(cfg: RunConfig) -> GBMConfig:
@@ -127,7 +127,7 @@ def evaluate_trees_cmd(cfg: RunConfig, model_path: Path | None = None) -> dict[s
         raise ConfigError("data.eval: no evaluation data set; give data.eval=PATH")
     group = config.group if is_ranking(config) else None
     data = _matrix(cfg.data.eval, "data.eval", schema, group=group)
-    return evaluate_trees(model, data, threads=0, eval_at=config.eval_at)
+    return evaluate(model, data, ks=(config.eval_at,))
 
 
 def predict_trees(cfg: RunConfig, model_path: Path | None = None) -> tuple[Path, int]:
@@ -152,15 +152,3 @@ def predict_trees(cfg: RunConfig, model_path: Path | None = None) -> tuple[Path,
     pq.write_table(table, tmp)
     tmp.replace(out)  # no half-written predictions under the final name
     return out, data.x.shape[0]
-
-
-def export_trees(cfg: RunConfig, model_path: Path | None = None, out: Path | None = None) -> Path:
-    """The trained trees + schema + the fitted workflow (when there is one) -> a GBM serving bundle."""
-    from hugerec.serving.bundles.gbm_bundle import export_gbm_bundle
-
-    model, schema, path, config = _load(cfg, model_path)
-    workflow_dir = Path(cfg.preprocess.out) / "workflow"
-    workflow = Workflow.load(workflow_dir) if workflow_dir.is_dir() else None
-    target = out or cfg.out_dir / "bundle"
-    info = {"objective": config.objective, **({"group": config.group} if is_ranking(config) else {})}
-    return export_gbm_bundle(path, model.library, target, schema, workflow, info=info, overwrite=True)

@@ -65,7 +65,6 @@ from hugerec.training.retrieval import (
     RetrievalModel,
     RetrievalValidation,
     all_item_vectors,
-    evaluate_retrieval,
     rank_part,
     recommend,
     user_vectors,
@@ -74,13 +73,12 @@ from hugerec.training.sequential import (
     NextItemValidation,
     SequenceModel,
     SequentialFamily,
-    evaluate_next_item,
     query_vectors,
     window_batches,
     window_width,
 )
 from hugerec.training.sequential import all_item_vectors as sequence_item_vectors
-from hugerec.training.trainer import History, fit, seed_everything
+from hugerec.training.trainer import History, evaluate, fit, seed_everything
 
 
 def is_retrieval(cfg: RunConfig) -> bool:
@@ -184,7 +182,7 @@ def train_retrieval(cfg: RunConfig) -> dict[str, float]:
         return {}
     _print_best(history)
     trained = model if env is None else _whole(history, cfg, lambda: build_retrieval_model(kind, d.data.num_users, d.data.num_items, cfg))
-    metrics = retrieval_metrics(trained, d, s.ks)  # type: ignore[arg-type]  # a retrieval model
+    metrics = held_out_metrics(trained, d, s.ks)  # type: ignore[arg-type]  # a retrieval model
     save_task_model(cfg, trained, d.users_raw, d.items_raw, d.train.item_counts(), histories(d.train))  # type: ignore[arg-type]
     _write_metrics(cfg, metrics)
     return metrics
@@ -229,12 +227,12 @@ def _print_best(history: History) -> None:
     print(line, flush=True)
 
 
-def retrieval_metrics(model: RetrievalModel, d: RetrievalData, ks: tuple[int, ...]) -> dict[str, float]:
+def held_out_metrics(model: RetrievalModel, d: RetrievalData, ks: tuple[int, ...]) -> dict[str, float]:
     """Full ranking over the catalogue, each user's training items excluded (their held-out items kept)."""
     offsets, items = histories(d.train)
     users = torch.arange(d.data.num_users)
     history = last_items(offsets, items, users.numpy(), _max_history(model))
-    return evaluate_retrieval(model, users, history, held_out_csr(d.test), (offsets, items), ks=tuple(ks))
+    return evaluate(model, RetrievalValidation(users, history, held_out_csr(d.test), (offsets, items)), ks=ks)
 
 
 # -- sequential data -----------------------------------------------------------------------------
@@ -296,7 +294,7 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
     _print_best(history)
     trained = model if env is None else _whole(history, cfg, build)
     seq_model: SequenceModel = trained  # type: ignore[assignment]
-    metrics = evaluate_next_item(seq_model, d.histories, d.targets, d.exclude, cfg.sequences.ks)
+    metrics = evaluate(seq_model, NextItemValidation(d.histories, d.targets, d.exclude), ks=cfg.sequences.ks)
     metrics["queries"] = float(len(d.targets))
     save_model(cfg.out_dir / "model.pt", trained, kind, cfg.embedding.optimizer, ids=RawIds(d.vocab.raw, counts))
     _write_metrics(cfg, metrics)
@@ -374,7 +372,7 @@ def evaluate_task(cfg: RunConfig, model_path: Path | None) -> dict[str, float]:
                 f"the declared input gives {len(d.users_raw):,} users / {len(d.items_raw):,} items, not the {len(users_raw):,} / "
                 f"{len(saved.items_raw):,} {saved.path} was trained on: evaluate with the training config"
             )
-        return retrieval_metrics(saved.model, d, cfg.interactions.ks)  # type: ignore[arg-type]  # a retrieval model
+        return held_out_metrics(saved.model, d, cfg.interactions.ks)  # type: ignore[arg-type]  # a retrieval model
     seq_model: SequenceModel = saved.model  # type: ignore[assignment]
     d2 = sequence_data(cfg, seq_model.cfg.max_len)
     if not np.array_equal(d2.vocab.raw, saved.items_raw):
@@ -382,7 +380,7 @@ def evaluate_task(cfg: RunConfig, model_path: Path | None) -> dict[str, float]:
             f"the declared input gives {d2.vocab.num_items:,} items, not the {len(saved.items_raw):,} {saved.path} was trained on: "
             "evaluate with the training config"
         )
-    metrics = evaluate_next_item(seq_model, d2.histories, d2.targets, d2.exclude, cfg.sequences.ks)
+    metrics = evaluate(seq_model, NextItemValidation(d2.histories, d2.targets, d2.exclude), ks=cfg.sequences.ks)
     metrics["queries"] = float(len(d2.targets))
     return metrics
 
@@ -414,21 +412,6 @@ def _item_vectors(saved: SavedModel) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # -- export --------------------------------------------------------------------------------------
-def export_task_model(cfg: RunConfig, model_path: Path | None, out: Path | None) -> Path:
-    """A sequential model -> a next-items serving bundle (default <train.out_dir>/bundle), named after model.type."""
-    from hugerec.serving.bundles.next_items_bundle import export_next_items
-
-    if is_retrieval(cfg):
-        raise ConfigError(
-            f"export: model.type = {cfg.model_type!r}: serving bundles of retrieval models are not built yet; "
-            "use `hugerec index` and `hugerec recommend`"
-        )
-    path = model_path or cfg.out_dir / "model.pt"
-    if not path.is_file():
-        raise ConfigError(f"no model at {path}; run `hugerec train` first (or check train.out_dir)")
-    saved = load_model(path, Family.SEQUENTIAL)
-    k = min(cfg.recommend.k, saved.num_items)
-    return export_next_items(path, out or cfg.out_dir / "bundle", cfg.model_type, "1", k, cfg.recommend.exclude_seen)
 
 
 # -- recommend -----------------------------------------------------------------------------------

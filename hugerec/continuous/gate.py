@@ -2,8 +2,8 @@
 
 Thresholds are data (GateConfig). A ranking (CTR) candidate brings `auc`, `logloss`, `calibration` and
 `count` (training.trainer.evaluate's figures); a retrieval or sequential candidate brings `recall@K`
-for the gate's `recall_k` and `users` or `queries` (training.retrieval.evaluate_retrieval,
-training.sequential.evaluate_next_item: the project's full-catalogue ranking metrics). The candidate
+for the gate's `recall_k` and `users` or `queries` (training.evaluate of a
+RetrievalValidation or NextItemValidation: the project's full-catalogue ranking metrics). The candidate
 and the serving model are measured on the same holdout. A candidate passes when every check holds:
     finite      the candidate's figures are finite (no NaN / inf)
     rows        the holdout has at least `min_rows` examples (users or queries for a ranking holdout)

@@ -74,7 +74,7 @@ from hugerec.models.model import RecModel
 from hugerec.models.model_config import DLRMConfig
 from hugerec.models.registry import REGISTRY, Family, ModelConfig, build_model, config_to_dict, type_of
 from hugerec.serving.bundles.bundle_files import MANIFEST, sha256_file
-from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.export import export
 from hugerec.training.checkpoint import atomic_save, read_weights
 from hugerec.training.trainer import TrainConfig, evaluate, fit
 
@@ -575,7 +575,7 @@ class Loop:
         else:
             path = self.bundle(version)
             if not loaded or not (path / MANIFEST).is_file():
-                export_bundle(
+                export(
                     self.load(version),
                     path,
                     name=self.config.name,

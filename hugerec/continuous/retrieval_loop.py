@@ -50,7 +50,7 @@ from hugerec.sparse.jagged import JaggedTensor
 from hugerec.training.checkpoint import atomic_save, read_weights
 from hugerec.training.declared_loss import retrieval_loss
 from hugerec.training.epoch_batches import EpochBatches
-from hugerec.training.retrieval import RetrievalFamily, evaluate_retrieval
+from hugerec.training.retrieval import RetrievalFamily, retrieval_metrics
 from hugerec.training.trainer import TrainConfig, fit
 
 EventSource = Callable[[int], Interactions]  # k -> the events of window k (dense ids)
@@ -242,7 +242,7 @@ class RetrievalLoop:
         seen = _seen_csr(before)
         rows = (_rows(held, users), _rows(seen, users))  # CSR over the measured users only
         empty = JaggedTensor(torch.zeros(0, dtype=torch.int64), torch.zeros(users.size, dtype=torch.int64))
-        got = evaluate_retrieval(model, torch.from_numpy(users), empty, rows[0], rows[1], (self.config.k,))
+        got = retrieval_metrics(model, torch.from_numpy(users), empty, rows[0], rows[1], (self.config.k,))
         return float(got[f"recall@{self.config.k}"]), int(users.size)
 
     def _gate(self, k: int, candidate: TwoTower) -> tuple[bool, str, dict[str, float]]:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from hugerec.continuous.decision_log import LiveRoles, Record, live_roles
 from hugerec.serving.bundles.bundle_files import MANIFEST, sha256_file
-from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.export import export
 from hugerec.serving.bundles.version_delta import STATE_PREFIX
 from hugerec.serving.store.owned_dirs import LOCK, remove_stale
 
@@ -84,7 +84,7 @@ def restore_server(loop: Loop) -> LiveRoles:
                     f"restore_server: live version {version!r} has no published files to replay ({update}, {bundle}) "
                     f"and no checkpoint {loop.checkpoint(version)}"
                 )
-            export_bundle(
+            export(
                 loop.load(version),
                 bundle,
                 name=loop.config.name,

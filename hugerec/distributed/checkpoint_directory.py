@@ -1,6 +1,6 @@
 """The checkpoint directory: save on N ranks, load on M ranks or in one process; never unpickled on load.
 
-hugerec.training.save_checkpoint / load_checkpoint (the public calls, which the trainer uses) keep a
+hugerec.training.checkpoint.save_checkpoint / load_checkpoint (the public calls, which the trainer uses) keep a
 run's checkpoints in directories of this format; `save_checkpoint_dir` / `load_checkpoint_dir` write
 and read one directory for any model, sharded or not.
 

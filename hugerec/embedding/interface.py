@@ -1,6 +1,6 @@
 """EmbeddingModule: what a model may use of its embedding collection, plain or sharded.
 
-`EmbeddingCollection` (one process) and `hugerec.distributed.ShardedEmbeddingCollection` (tables
+`EmbeddingCollection` (one process) and `hugerec.distributed.sharded.ShardedEmbeddingCollection` (tables
 placed on ranks) both satisfy it. Models annotate their collections with it, so that `shard()` can
 replace a model's collection by the sharded one and every use a model makes of it stays typed and
 valid: the description of the tables and features, the pooled lookup (calling the module) and the

@@ -26,21 +26,13 @@ import torch
 from hugerec.ops import reference
 from hugerec.ops.cpu import lookup_kernels as cpu_lookup
 from hugerec.ops.cpu import sparse_backward as cpu_backward
-from hugerec.ops.update_rule import RuleKind, UpdateRule
+from hugerec.ops.update_rule import UpdateRule
 from hugerec.ops.workspace import Workspace
 
 __all__ = [
-    "RuleKind",
-    "UpdateRule",
-    "Workspace",
-    "bag_offsets",
-    "per_sample_weight_grad",
     "pooled_lookup",
-    "pooled_lookup_groups",
     "sequence_lookup",
     "sparse_backward",
-    "triton_applies",
-    "triton_on_cpu",
 ]
 
 

@@ -2,7 +2,12 @@
 
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
-from hugerec.sparse.jagged import JaggedTensor, lengths_to_offsets, offsets_to_lengths
+from hugerec.sparse.jagged import JaggedTensor
 from hugerec.sparse.pooled import PooledEmbeddings
 
-__all__ = ["Batch", "JaggedTensor", "PooledEmbeddings", "SparseFeatures", "lengths_to_offsets", "offsets_to_lengths"]
+__all__ = [
+    "Batch",
+    "JaggedTensor",
+    "PooledEmbeddings",
+    "SparseFeatures",
+]

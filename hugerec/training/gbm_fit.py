@@ -58,7 +58,7 @@ class TreeHistory:
     records: list[dict[str, float]] = field(default_factory=list)
 
 
-def evaluate_trees(model: TreeModel, data: FeatureMatrix, threads: int = 0, eval_at: int = 10) -> dict[str, float]:
+def tree_metrics(model: TreeModel, data: FeatureMatrix, threads: int = 0, eval_at: int = 10) -> dict[str, float]:
     """The trainer's metrics (exact AUC, logloss, calibration, ctr, count) of `model` on `data`; for rows
     grouped into queries (data.groups), NDCG@K, MAP@K and MRR@K with K = eval_at."""
     margins = model.margin(data.x, threads)
@@ -124,7 +124,7 @@ def fit_trees(
         model = TreeModel(library, booster)
         final = None
         if eval_ is not None:
-            final = evaluate_trees(model, eval_, config.threads, config.eval_at)
+            final = tree_metrics(model, eval_, config.threads, config.eval_at)
             log.write("eval", best, {**final, "final": 1.0})
     rounds = len(records)
     plot = None

@@ -1,6 +1,6 @@
 """Top-K ranking metrics over the full catalogue: Recall, NDCG, MRR, HitRate and catalogue coverage.
 
-    metrics = evaluate_ranking(score_block, held_out=(offsets, items), exclude=(offsets, items),
+    metrics = full_ranking_metrics(score_block, held_out=(offsets, items), exclude=(offsets, items),
                                num_items=I, ks=(10, 50))
     metrics["recall@10"], metrics["ndcg@10"], metrics["coverage@50"], ...
 
@@ -65,7 +65,7 @@ def list_metrics(top: torch.Tensor, held_out: CSR, num_items: int, ks: Sequence[
     return out
 
 
-def evaluate_ranking(
+def full_ranking_metrics(
     score_block: ScoreBlock,
     held_out: CSR,
     exclude: CSR | None,
@@ -79,7 +79,7 @@ def evaluate_ranking(
     offsets, _ = held_out
     if exclude is not None:
         if len(exclude[0]) != len(offsets):
-            raise ValueError(f"evaluate_ranking: exclude has {len(exclude[0]) - 1} users, held_out {len(offsets) - 1}")
+            raise ValueError(f"full_ranking_metrics: exclude has {len(exclude[0]) - 1} users, held_out {len(offsets) - 1}")
         exclude = csr_minus(exclude, held_out)
     _, top = top_k(score_block, len(offsets) - 1, num_items, max(ks), exclude, user_block, item_block)
     return list_metrics(top, held_out, num_items, ks)

@@ -6,7 +6,7 @@
     history = fit(model, batches, valid, TrainConfig(epochs=20), family=family)   # early stopping on recall@10
     items = all_item_vectors(model)                                   # [I, D] for the index
     scores, ids = recommend(model, users, user_history, k=10, exclude=train_csr)
-    metrics = evaluate_retrieval(model, users, user_history, held_out, exclude, ks=(10, 50))
+    metrics = retrieval_metrics(model, users, user_history, held_out, exclude, ks=(10, 50))
 
 A step: user vectors [B, D] for the batch, item vectors [B + M, D] for its positives and the sampled
 negatives in one lookup (`model(user_features, item_features)`), then the loss; dense parameters
@@ -58,7 +58,7 @@ def rank_part(batch: Example, rank: int, world: int) -> Example:
 class RetrievalValidation:
     """What a retrieval model is validated on: full ranking of the catalogue for `users` [U] with their
     histories, held_out CSR (the items to find, rows = users), exclude CSR (items never to rank: the
-    training items) or None. `evaluate_retrieval` scores it."""
+    training items) or None. `retrieval_metrics` scores it."""
 
     users: torch.Tensor
     history: JaggedTensor
@@ -156,7 +156,7 @@ class RetrievalFamily:
     def evaluate(
         self, model: nn.Module, data: RetrievalValidation, device: torch.device | None, precision: Precision
     ) -> dict[str, float]:
-        return evaluate_retrieval(model, data.users, data.history, data.held_out, data.exclude, self.ks)  # type: ignore[arg-type]
+        return retrieval_metrics(model, data.users, data.history, data.held_out, data.exclude, self.ks)  # type: ignore[arg-type]
 
 
 @torch.no_grad()
@@ -241,7 +241,7 @@ def recommend(
     return Recommendations(scores, pos, cold)
 
 
-def evaluate_retrieval(
+def retrieval_metrics(
     model: RetrievalModel,
     users: torch.Tensor,
     history: JaggedTensor,

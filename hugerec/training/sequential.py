@@ -4,7 +4,7 @@
     batches = window_batches(last_n(train, window_width(model)), batch_size=128, seed=0)
     valid = NextItemValidation(valid_histories, valid_targets, exclude)
     fit(model, batches, valid, TrainConfig(epochs=30), family=SequentialFamily(FullSoftmax()))   # early stopping on recall@10
-    metrics = evaluate_next_item(model, histories, targets, exclude=None, ks=(10, 20))
+    metrics = next_item_metrics(model, histories, targets, exclude=None, ks=(10, 20))
     top_items = recommend_next(model, [np.array([5, 17, 3])], k=10)
 
 Losses (a closed union, consumed by one `match`):
@@ -82,7 +82,7 @@ class SequenceModel(Protocol):
 @dataclass(frozen=True)
 class NextItemValidation:
     """What a sequential model is validated on: histories [Q, L] (left-padded dense ids), their next
-    items targets [Q], and exclude (CSR of items never to rank per query) or None; `evaluate_next_item`."""
+    items targets [Q], and exclude (CSR of items never to rank per query) or None; `next_item_metrics`."""
 
     histories: np.ndarray
     targets: np.ndarray
@@ -215,7 +215,7 @@ class SequentialFamily:
     def evaluate(
         self, model: nn.Module, data: NextItemValidation, device: torch.device | None, precision: Precision
     ) -> dict[str, float]:
-        return evaluate_next_item(model, data.histories, data.targets, data.exclude, self.ks)  # type: ignore[arg-type]
+        return next_item_metrics(model, data.histories, data.targets, data.exclude, self.ks)  # type: ignore[arg-type]
 
 
 def window_width(model: SequenceModel) -> int:
@@ -268,7 +268,7 @@ def query_vectors(model: SequenceModel, histories: torch.Tensor, block: int = 10
         return torch.cat([model.query(histories[i : i + block]) for i in range(0, len(histories), block)] or [torch.empty(0)])
 
 
-def evaluate_next_item(
+def next_item_metrics(
     model: SequenceModel,
     histories: np.ndarray,
     targets: np.ndarray,

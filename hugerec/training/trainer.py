@@ -44,7 +44,7 @@ import itertools
 import math
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +57,7 @@ from torch import nn
 from tqdm import tqdm
 
 from hugerec.distributed.shard import sharded_collections
+from hugerec.models.gbm import FeatureMatrix, TreeModel
 from hugerec.sparse.batch import Batch
 from hugerec.training.checkpoint import (
     Resumed,
@@ -72,11 +73,14 @@ from hugerec.training.checkpoint import (
 )
 from hugerec.training.early_stopping import BestTracker, EarlyStopping
 from hugerec.training.family import Prepared, StepContext, TrainerFamily
+from hugerec.training.gbm_fit import tree_metrics
 from hugerec.training.metrics import BinaryMetrics
 from hugerec.training.pipeline import Pipeline, TieredStats, prepare_batch
 from hugerec.training.precision import Precision, autocast, unscale_sparse_gradients
+from hugerec.training.retrieval import RetrievalModel, RetrievalValidation, retrieval_metrics
 from hugerec.training.run_log import RunLog, plot_curves
 from hugerec.training.schedule import Schedule
+from hugerec.training.sequential import NextItemValidation, SequenceModel, next_item_metrics
 
 
 class DenseOptimizer(enum.Enum):
@@ -232,7 +236,7 @@ class RankingFamily:
     def evaluate(
         self, model: nn.Module, data: Iterable[Batch], device: torch.device | None, precision: Precision
     ) -> dict[str, float]:
-        return evaluate(model, data, device=device, precision=precision)
+        return batch_metrics(model, data, device=device, precision=precision)
 
 
 @dataclass
@@ -624,6 +628,40 @@ class _Run:
 
 @torch.no_grad()
 def evaluate(
+    model: nn.Module | RetrievalModel | SequenceModel | TreeModel,
+    data: Iterable[Batch] | RetrievalValidation | NextItemValidation | FeatureMatrix,
+    *,
+    ks: Sequence[int] | None = None,
+    device: torch.device | str | None = None,
+    precision: Precision = Precision.FP32,
+    threads: int = 0,
+) -> dict[str, float]:
+    """The metrics of `model` on `data`; the one evaluation of every family, chosen by what `data` is (the
+    data each family validates on):
+
+      batches              ranking: exact AUC, logloss, calibration, CTR and count (batch_metrics)
+      RetrievalValidation  retrieval: full ranking of the catalogue, Recall / NDCG / MRR / HitRate /
+                           coverage at each of `ks` (default 10, 50; retrieval.retrieval_metrics)
+      NextItemValidation   sequential: the next item's rank over the catalogue at each of `ks` (default
+                           10, 20; sequential.next_item_metrics)
+      FeatureMatrix        trees: the binary metrics, or NDCG / MAP / MRR at ks[0] (default 10) per query for
+                           a ranking objective, on `threads` threads (gbm_fit.tree_metrics)
+    """
+    match data:
+        case RetrievalValidation():
+            return retrieval_metrics(model, data.users, data.history, data.held_out, data.exclude, tuple(ks or (10, 50)))  # type: ignore[arg-type]
+        case NextItemValidation():
+            return next_item_metrics(model, data.histories, data.targets, data.exclude, tuple(ks or (10, 20)))  # type: ignore[arg-type]
+        case FeatureMatrix():
+            if not isinstance(model, TreeModel):
+                raise TypeError(f"evaluate: a FeatureMatrix is the data of trees, not of a {type(model).__name__}")
+            return tree_metrics(model, data, threads, ks[0] if ks else 10)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"evaluate: batches are the data of a ranking model, not of a {type(model).__name__}")
+    return batch_metrics(model, data, device=device, precision=precision)
+
+
+def batch_metrics(
     model: nn.Module,
     data: Iterable[Batch],
     *,

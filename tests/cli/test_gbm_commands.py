@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from hugerec.cli import main
+from hugerec.cli.commands import export_model
 from hugerec.cli.config_file import ConfigError
-from hugerec.cli.gbm_commands import evaluate_trees_cmd, export_trees, predict_trees, train_trees
+from hugerec.cli.gbm_commands import evaluate_trees_cmd, predict_trees, train_trees
 from hugerec.cli.run_config import load_run_config
 from hugerec.data.matrix import read_matrix
 from hugerec.data.schema import Schema
@@ -50,7 +51,7 @@ def test_train_evaluate_predict_export(kind: str, prepared: Path, monkeypatch: p
     table = pq.read_table(path)
     assert table.num_rows == rows and table.column_names == ["label", "probability"]
 
-    bundle = export_trees(cfg)
+    bundle = export_model(cfg)
     loaded = load_gbm_bundle(bundle)
     schema = Schema.load(prepared / "runs/quickstart/data/schema.json")
     m = read_matrix(cfg.data.eval or "", schema)

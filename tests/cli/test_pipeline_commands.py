@@ -14,7 +14,7 @@ from hugerec.cli import main
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.table_config import Pooling, TableConfig
 from hugerec.models.dlrm import DLRM
-from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.export import export
 
 RETRIEVAL = """
 [interactions]
@@ -77,7 +77,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "items.csv").write_text("\n".join(items) + "\n")
     torch.manual_seed(0)
     tables = [TableConfig("user", 300, 8), TableConfig("item", 200, 8, features=("item", "last_item"), pooling=Pooling.MEAN)]
-    export_bundle(DLRM(EmbeddingCollection(tables), 4, [16, 8], [16, 1]).eval(), tmp_path / "ranker", name="ranker")
+    export(DLRM(EmbeddingCollection(tables), 4, [16, 8], [16, 1]).eval(), tmp_path / "ranker", name="ranker")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

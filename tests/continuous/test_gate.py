@@ -15,7 +15,7 @@ from hugerec.data.synthetic_interactions import InteractionConfig, generate_inte
 from hugerec.models.mf import MatrixFactorization
 from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.losses import SampledSoftmax
-from hugerec.training.retrieval import RetrievalFamily, evaluate_retrieval
+from hugerec.training.retrieval import RetrievalFamily, retrieval_metrics
 from hugerec.training.trainer import TrainConfig, fit
 
 
@@ -70,7 +70,7 @@ def test_gate_refuses_a_worse_retrieval_candidate() -> None:
         family = RetrievalFamily(train.item_counts(), SampledSoftmax(num_negatives=16))
         quiet = TrainConfig(epochs=4, progress=False, tensorboard=False, plot=False)
         fit(model, EpochBatches(batches), None, quiet, family=family)
-        return evaluate_retrieval(model, users, hist, held, excl, (10,))
+        return retrieval_metrics(model, users, hist, held, excl, (10,))
 
     cfg = GateConfig(recall_k=10, recall_margin=0.02, min_rows=100)
     serving, broken, fresh = trained(0, False), trained(1, True), trained(2, False)

@@ -131,7 +131,9 @@ def test_workflow_fits_on_one_window_and_transforms_the_next() -> None:
     ids born after window k fall into Categorify's out-of-vocabulary id."""
     import polars as pl
 
-    from hugerec.data.preprocess import Categorify, Normalize, Workflow
+    from hugerec.data.preprocess.categorical import Categorify
+    from hugerec.data.preprocess.numeric import Normalize
+    from hugerec.data.preprocess.workflow import Workflow
 
     s = Stream(CFG)
     table = pa.concat_tables([s.day(d).table for d in range(3)])

@@ -31,7 +31,7 @@ from hugerec.embedding.optimizers import Adagrad
 from hugerec.models.dlrm import DLRM
 from hugerec.models.model_config import DLRMConfig
 from hugerec.serving.bundles.bundle_loader import ServeOptions
-from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.export import export
 from hugerec.serving.bundles.model_bundle import Bundle
 from hugerec.serving.bundles.version_delta import read_version_delta
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
@@ -59,7 +59,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, DLRM, DLRM]:
     candidate = SPEC.build(STREAM.schema, 0)
     candidate.load_state_dict(stable.state_dict())
     fit(candidate.train(), table_batches(_day(1), STREAM.schema, 256, shuffle=True, seed=1), config=config)
-    bundle = export_bundle(stable.eval(), tmp_path_factory.mktemp("b") / "w0", version="w0", schema=STREAM.schema)
+    bundle = export(stable.eval(), tmp_path_factory.mktemp("b") / "w0", version="w0", schema=STREAM.schema)
     return bundle, stable, candidate.eval()
 
 

@@ -28,7 +28,7 @@ from hugerec.embedding.optimizers import Adagrad
 from hugerec.models.dlrm import DLRM
 from hugerec.models.model_config import DLRMConfig
 from hugerec.serving.bundles.bundle_files import MANIFEST
-from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.export import export
 from hugerec.serving.bundles.model_bundle import Bundle
 from hugerec.serving.bundles.version_delta import ROWS, read_version_delta
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
@@ -56,7 +56,7 @@ def models(small_day_module: Day, tmp_path_factory: pytest.TempPathFactory) -> t
     candidate = spec.build(SMALL.schema, 0)
     candidate.load_state_dict(stable.state_dict())
     candidate = _train(candidate, small_day_module(1).slice(0, 2000), 1)
-    bundle = export_bundle(stable, tmp_path_factory.mktemp("b") / "w0", version="w0", schema=SMALL.schema)
+    bundle = export(stable, tmp_path_factory.mktemp("b") / "w0", version="w0", schema=SMALL.schema)
     return bundle, stable, candidate
 
 
@@ -95,7 +95,7 @@ def test_delta_canary_answers_as_the_whole_bundle_and_leaves_the_stable(
     assert all(u.deleted.shape[0] > 0 and u.keys.shape[0] > 0 for u in read.updates)  # evictions and new rows
     status = publisher.publish_delta(delta, "w0", "w1", 0.25)
     assert (status["stable"], status["canary"], status["canary_share"]) == ("w0", "w1", 0.25)
-    full = export_bundle(candidate, tmp_path / "full", version="full", schema=SMALL.schema)
+    full = export(candidate, tmp_path / "full", version="full", schema=SMALL.schema)
     srv.add_bundle(full, "model", "full")
     np.testing.assert_array_equal(_scores(srv, "w1", rows), _scores(srv, "full", rows))
     np.testing.assert_array_equal(_scores(srv, "w0", rows), before)  # the stable is untouched
@@ -309,11 +309,11 @@ def test_every_ranking_type_of_the_loop_publishes_a_delta_that_answers_as_its_wh
     srv = InferenceServer(ServerConfig(admin_token=TOKEN, seed=0))
     with BackgroundServer(srv) as url:
         publisher = Publisher(ServerTarget(url, "model", TOKEN, retries=1, backoff_s=0.0))
-        base = export_bundle(stable, tmp_path / "w0", version="w0", schema=SMALL.schema)
+        base = export(stable, tmp_path / "w0", version="w0", schema=SMALL.schema)
         publisher.publish(base, "w0", 0.5)
         delta = write_model_delta(stable, candidate, tmp_path / "w1", "w0", Bundle.open(base, verify=False).id)
         assert publisher.publish_delta(delta, "w0", "w1", 0.5)["canary"] == "w1"
-        srv.add_bundle(export_bundle(candidate, tmp_path / "full", version="full", schema=SMALL.schema), "model", "full")
+        srv.add_bundle(export(candidate, tmp_path / "full", version="full", schema=SMALL.schema), "model", "full")
         np.testing.assert_array_equal(_scores(srv, "w1", rows), _scores(srv, "full", rows))
         assert not np.array_equal(_scores(srv, "w1", rows), _scores(srv, "w0", rows))
     srv.close()

@@ -14,7 +14,7 @@ import pytest
 from hugerec.data.criteo import TSV
 from hugerec.data.input_spec import ColumnSpec, InputFormat, InputSpec, infer_spec
 from hugerec.data.prepare import Join, SplitKind, SplitSpec, cutoff_seconds, prepare, transform_raw
-from hugerec.data.preprocess import Workflow
+from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.readers import read
 from hugerec.data.schema import Schema
 

@@ -8,7 +8,7 @@ import torch
 
 from hugerec.data.interactions import held_out_csr, histories, leave_last_out
 from hugerec.data.synthetic_interactions import InteractionConfig, generate_interactions
-from hugerec.training.ranking_metrics import evaluate_ranking
+from hugerec.training.ranking_metrics import full_ranking_metrics
 
 
 def test_deterministic_and_shaped() -> None:
@@ -35,9 +35,9 @@ def test_oracle_beats_popularity() -> None:
     synth = generate_interactions(InteractionConfig(num_users=400, num_items=200, seed=1))
     train, test = leave_last_out(synth.data)
     held, excl = held_out_csr(test), histories(train)
-    oracle = evaluate_ranking(lambda u0, u1, i0, i1: torch.from_numpy(synth.true_scores(np.arange(u0, u1))[:, i0:i1]), held, excl, 200, [10])
+    oracle = full_ranking_metrics(lambda u0, u1, i0, i1: torch.from_numpy(synth.true_scores(np.arange(u0, u1))[:, i0:i1]), held, excl, 200, [10])
     pop = torch.from_numpy(train.item_counts().astype(np.float32))
-    popular = evaluate_ranking(lambda u0, u1, i0, i1: pop[i0:i1].expand(u1 - u0, -1), held, excl, 200, [10])
+    popular = full_ranking_metrics(lambda u0, u1, i0, i1: pop[i0:i1].expand(u1 - u0, -1), held, excl, 200, [10])
     assert oracle["recall@10"] > popular["recall@10"] + 0.05
 
 

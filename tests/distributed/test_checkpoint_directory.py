@@ -181,7 +181,9 @@ def _fit_keeping_the_best(rank: int, world: int, out: str) -> tuple[float, int, 
     """A sharded `fit` scored on the training batches with flipped labels (it gets worse as it learns):
     returns the best evaluation's step, the steps run, whether restore_best left exactly best/'s
     weights in the model, and whether those differ from the last checkpoint's."""
-    from hugerec.training import EarlyStopping, TrainConfig, fit, load_checkpoint
+    from hugerec.training.checkpoint import load_checkpoint
+    from hugerec.training.early_stopping import EarlyStopping
+    from hugerec.training.trainer import TrainConfig, fit
 
     torch.manual_seed(0)
     model = shard(Small(), PLAN_2)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hugerec.embedding import EmbeddingCollection, EmbeddingModule, RowWiseAdagrad, TableConfig
-from hugerec.embedding.optimizers import Optimizer
+from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.interface import EmbeddingModule
+from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad
+from hugerec.embedding.table_config import TableConfig
 from hugerec.embedding.table_config import TableConfig as _TableConfig
-from hugerec.models import DLRM
+from hugerec.models.dlrm import DLRM
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 from hugerec.sparse.jagged import JaggedTensor

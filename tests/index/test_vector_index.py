@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from hugerec.index import ExactIndex, IndexConfig, IndexKind, build_index, load_index
-from hugerec.index.vector_index import HnswIndex
+from hugerec.index.vector_index import ExactIndex, HnswIndex, IndexConfig, IndexKind, build_index, load_index
 
 
 def _data(n: int = 2000, d: int = 16, q: int = 50, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,7 +140,7 @@ def test_import_order_with_torch_and_numba_threads() -> None:
 import torch, numba
 import hugerec as hr
 emb = hr.EmbeddingCollection([hr.TableConfig("t", num_rows=1000, dim=8)])
-f = hr.SparseFeatures(("t",), torch.randint(0, 1000, (4096,)), torch.ones(4096, dtype=torch.int32))
+f = hr.sparse.SparseFeatures(("t",), torch.randint(0, 1000, (4096,)), torch.ones(4096, dtype=torch.int32))
 emb(f).values.sum().backward()                     # Numba lookup + backward kernels
 torch.set_num_threads(2); (torch.randn(512, 512) @ torch.randn(512, 512)).sum()  # torch's OpenMP pool
 from hugerec.index import IndexConfig, build_index

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hugerec.models.hstu import HSTU, HSTUOptions, Layout, table_gather, time_buckets
 from hugerec.models.sequence import PAD, SequenceConfig
 from hugerec.training.losses import Negatives, SampledSoftmax
-from hugerec.training.sequential import FullSoftmax, SequentialFamily, evaluate_next_item, window_batches
+from hugerec.training.sequential import FullSoftmax, SequentialFamily, next_item_metrics, window_batches
 from hugerec.training.trainer import TrainConfig, fit
 
 CFG = SequenceConfig(num_items=50, max_len=8, dim=16, num_layers=2, num_heads=2, dropout=0.0)
@@ -136,7 +136,7 @@ def test_the_one_trainer_trains_hstu(loss: FullSoftmax | SampledSoftmax, pipelin
     history = fit(model, batches, None, cfg, family=family)
     assert history.steps == 6 * len(batches) and history.train[-1]["loss"] < history.train[0]["loss"]
     test = _chains(100, 9, 1)
-    metrics = evaluate_next_item(model, test[:, :-1], test[:, -1], ks=(1,))
+    metrics = next_item_metrics(model, test[:, :-1], test[:, -1], ks=(1,))
     assert metrics["recall@1"] > 0.8
 
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import hugerec as hr
+from hugerec.embedding.table_config import DynamicConfig
 from hugerec.models.two_tower import Similarity, TwoTower, TwoTowerConfig, recent_tail
 from hugerec.sparse.jagged import JaggedTensor
 from hugerec.training.losses import sampled_softmax
@@ -90,7 +91,7 @@ def test_empty_history_and_mlp_less_item_tower() -> None:
 
 
 def test_dynamic_user_table_takes_raw_ids() -> None:
-    model = TwoTower(TwoTowerConfig(dim=4, embedding_dim=4), num_users=16, num_items=5, dynamic_users=hr.DynamicConfig())
+    model = TwoTower(TwoTowerConfig(dim=4, embedding_dim=4), num_users=16, num_items=5, dynamic_users=DynamicConfig())
     q = model.user_vectors(torch.tensor([10**12, 7]), _jagged([[1], [2, 3]]))
     assert q.shape == (2, 4)
 

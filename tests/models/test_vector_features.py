@@ -14,7 +14,7 @@ from hugerec.models.model_config import DCNv2Config, DLRMConfig, build_ranking
 from hugerec.models.registry import config_from_dict, config_to_dict
 from hugerec.models.vector_features import VectorArch, VectorFeature
 from hugerec.serving.bundles.bundle_loader import ServeOptions, load_bundle
-from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.export import export
 from hugerec.serving.runtime.inference_protocol import Signature, to_model_inputs
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
@@ -121,7 +121,7 @@ def test_served_bundle_equals_the_offline_model(tmp_path: Path) -> None:
     assert model.vector_arch is not None
     model.vector_arch.load_rows("text", _rows())
     model.eval()
-    bundle = export_bundle(model, tmp_path / "bundle")
+    bundle = export(model, tmp_path / "bundle")
     loaded = load_bundle(bundle, ServeOptions(state_dir=str(tmp_path / "state")))
     try:
         batch = _batch(9, seed=3)
@@ -151,7 +151,7 @@ def test_inline_vectors_in_requests(tmp_path: Path) -> None:
     rows = _rows()
     model.vector_arch.load_rows("text", rows)
     model.eval()
-    loaded = load_bundle(export_bundle(model, tmp_path / "bundle"), ServeOptions(state_dir=str(tmp_path / "s")))
+    loaded = load_bundle(export(model, tmp_path / "bundle"), ServeOptions(state_dir=str(tmp_path / "s")))
     try:
         signature = Signature(2, ("user", "item"), vectors=(("text", VDIM),))
         batch = _batch(5, seed=7)

@@ -18,7 +18,7 @@ import torch
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.table_config import Pooling, TableConfig
 from hugerec.models.dlrm import DLRM
-from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.export import export
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 
@@ -117,5 +117,5 @@ def make_toy_model(seed: int = 0) -> DLRM:
 @pytest.fixture(scope="session")
 def toy(tmp_path_factory: pytest.TempPathFactory) -> Toy:
     model = make_toy_model()
-    path = export_bundle(model, tmp_path_factory.mktemp("toy") / "bundle", name="toy", version="1")
+    path = export(model, tmp_path_factory.mktemp("toy") / "bundle", name="toy", version="1")
     return Toy(model, path, ("user", "item", "last_item"))

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hugerec.index.topk import matmul_block
-from hugerec.training.ranking_metrics import evaluate_ranking, list_metrics, subset_csr
+from hugerec.training.ranking_metrics import full_ranking_metrics, list_metrics, subset_csr
 
 
 def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -73,7 +73,7 @@ def _cases(draw: st.DrawFn) -> tuple[np.ndarray, list[list[int]], list[list[int]
 def test_matches_reference(case: tuple[np.ndarray, list[list[int]], list[list[int]], list[int], int]) -> None:
     scores, held, train, ks, block = case
     t = torch.from_numpy(scores)
-    got = evaluate_ranking(
+    got = full_ranking_metrics(
         lambda u0, u1, i0, i1: t[u0:u1, i0:i1], _csr(held), _csr(train), scores.shape[1], ks, user_block=block, item_block=block
     )
     want = _reference(scores, held, train, ks)
@@ -85,7 +85,7 @@ def test_matches_reference(case: tuple[np.ndarray, list[list[int]], list[list[in
 def test_hand_computed() -> None:
     # user 0: items ranked 2, 0, 1 (3 excluded); held {0} -> rank 1
     scores = torch.tensor([[0.5, 0.1, 0.9, 5.0], [0.0, 0.0, 0.0, 0.0]])
-    got = evaluate_ranking(lambda u0, u1, i0, i1: scores[u0:u1, i0:i1], _csr([[0], []]), _csr([[3], [1]]), 4, [1, 2])
+    got = full_ranking_metrics(lambda u0, u1, i0, i1: scores[u0:u1, i0:i1], _csr([[0], []]), _csr([[3], [1]]), 4, [1, 2])
     assert got["recall@1"] == 0.0 and got["recall@2"] == 1.0
     assert got["ndcg@2"] == pytest.approx(1 / math.log2(3))
     assert got["mrr@2"] == 0.5
@@ -95,7 +95,7 @@ def test_hand_computed() -> None:
 
 def test_held_out_item_seen_in_training_stays_rankable() -> None:
     scores = torch.tensor([[1.0, 0.0]])
-    got = evaluate_ranking(lambda u0, u1, i0, i1: scores[u0:u1, i0:i1], _csr([[0]]), _csr([[0, 1]]), 2, [1])
+    got = full_ranking_metrics(lambda u0, u1, i0, i1: scores[u0:u1, i0:i1], _csr([[0]]), _csr([[0, 1]]), 2, [1])
     assert got["recall@1"] == 1.0
 
 
@@ -103,8 +103,8 @@ def test_matmul_blocks_agree_with_one_block() -> None:
     g = torch.Generator().manual_seed(0)
     q, v = torch.randn(37, 8, generator=g), torch.randn(101, 8, generator=g)
     held = _csr([[int(i)] for i in torch.randint(0, 101, (37,), generator=g)])
-    a = evaluate_ranking(matmul_block(q, v), held, None, 101, [5, 20], user_block=7, item_block=13)
-    b = evaluate_ranking(matmul_block(q, v), held, None, 101, [5, 20], user_block=1000, item_block=1000)
+    a = full_ranking_metrics(matmul_block(q, v), held, None, 101, [5, 20], user_block=7, item_block=13)
+    b = full_ranking_metrics(matmul_block(q, v), held, None, 101, [5, 20], user_block=1000, item_block=1000)
     assert a == b
 
 

@@ -1,6 +1,6 @@
 """The retrieval family of the one trainer: learns the synthetic data past popularity and early-stops on
 recall@K; pipeline on/off, dynamic and disk-tier tables bit for bit; recommend's fallbacks and errors;
-evaluate_retrieval == evaluate_ranking on the model's own vectors."""
+retrieval_metrics == full_ranking_metrics on the model's own vectors."""
 
 from __future__ import annotations
 
@@ -24,16 +24,16 @@ from hugerec.sparse.jagged import JaggedTensor
 from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.family import StepContext
 from hugerec.training.losses import BPR, Negatives, SampledSoftmax
-from hugerec.training.ranking_metrics import evaluate_ranking
+from hugerec.training.ranking_metrics import full_ranking_metrics
 from hugerec.training.retrieval import (
     RetrievalFamily,
     RetrievalValidation,
     all_item_vectors,
-    evaluate_retrieval,
     recommend,
+    retrieval_metrics,
     user_vectors,
 )
-from hugerec.training.trainer import TrainConfig, fit
+from hugerec.training.trainer import TrainConfig, evaluate, fit
 
 
 def quiet(**kw: Any) -> TrainConfig:
@@ -69,13 +69,13 @@ def test_fit_beats_popularity(split: tuple[Any, Any, Any], loss: SampledSoftmax 
     history = fit(model, examples(train, 256, 0), valid, quiet(epochs=5, log_every=2), family=RetrievalFamily(train.item_counts(), loss, ks=(10,)))
     assert history.train[-1]["loss"] < history.train[0]["loss"]
     assert [r["step"] for r in history.evals] == [float(s) for s in range(history.steps // 5, history.steps + 1, history.steps // 5)]
-    got = evaluate_retrieval(model, valid.users, valid.history, held, excl, (10,))
+    got = retrieval_metrics(model, valid.users, valid.history, held, excl, (10,))
     assert got["recall@10"] == history.evals[-1]["recall@10"]
     pop = torch.from_numpy(train.item_counts().astype(np.float32))
-    popular = evaluate_ranking(lambda u0, u1, i0, i1: pop[i0:i1].expand(u1 - u0, -1), held, excl, train.num_items, (10,))
+    popular = full_ranking_metrics(lambda u0, u1, i0, i1: pop[i0:i1].expand(u1 - u0, -1), held, excl, train.num_items, (10,))
     assert got["recall@10"] > popular["recall@10"]
     # the same numbers from the model's vectors through the generic scorer
-    same = evaluate_ranking(matmul_block(user_vectors(model, valid.users, valid.history), all_item_vectors(model)), held, excl, train.num_items, (10,))
+    same = full_ranking_metrics(matmul_block(user_vectors(model, valid.users, valid.history), all_item_vectors(model)), held, excl, train.num_items, (10,))
     assert same == got
 
 
@@ -94,7 +94,7 @@ def test_early_stopping_on_recall_keeps_the_best(split: tuple[Any, Any, Any], tm
     assert history.stopped_early and history.best_eval is not None and len(history.evals) < 8
     assert history.best_eval["recall@10"] == max(r["recall@10"] for r in history.evals)
     valid = validation(split, 0)
-    now = evaluate_retrieval(model, valid.users, valid.history, valid.held_out, valid.exclude, (10, 50))
+    now = retrieval_metrics(model, valid.users, valid.history, valid.held_out, valid.exclude, (10, 50))
     assert now["recall@10"] == history.best_eval["recall@10"]
     assert history.best_checkpoint is not None and (tmp_path / "curves.png").is_file()
     assert (tmp_path / "metrics.jsonl").read_text().count('"recall@10"') == len(history.evals)
@@ -184,3 +184,15 @@ def test_family_errors() -> None:
         RetrievalFamily(np.ones(5), ks=(0,))
     with pytest.raises(ValueError, match="item_counts must be a non-empty"):
         RetrievalFamily(np.zeros(5))
+
+
+def test_evaluate_of_a_retrieval_validation_is_the_full_ranking(split: tuple[Any, Any, Any]) -> None:
+    """training.evaluate, the one evaluation of every family, gives a RetrievalValidation its full-ranking
+    metrics (default ks 10 and 50) and refuses batches for a model without a batch forward's data."""
+    train, _, _ = split
+    torch.manual_seed(0)
+    model = MatrixFactorization(train.num_users, train.num_items, 8, hr.Adam(lr=1e-2))
+    valid = validation(split, 10)
+    direct = retrieval_metrics(model, valid.users, valid.history, valid.held_out, valid.exclude, (10, 50))
+    assert evaluate(model, valid) == direct
+    assert evaluate(model, valid, ks=(5,)) == retrieval_metrics(model, valid.users, valid.history, valid.held_out, valid.exclude, (5,))

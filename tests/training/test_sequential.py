@@ -27,7 +27,7 @@ from hugerec.training.sequential import (
     FullSoftmax,
     NextItemValidation,
     SequentialFamily,
-    evaluate_next_item,
+    next_item_metrics,
     recommend_next,
     window_batches,
     window_width,
@@ -69,7 +69,7 @@ def test_models_learn_a_deterministic_chain(model_type: type[SASRec], loss: Full
     test = _chains(50, 6, seed=1)
     hist = test.items.reshape(50, 6)[:, :5]
     targets = test.items.reshape(50, 6)[:, 5]
-    m = evaluate_next_item(model, np.pad(hist, ((0, 0), (1, 0))), targets, ks=(1, 10))
+    m = next_item_metrics(model, np.pad(hist, ((0, 0), (1, 0))), targets, ks=(1, 10))
     assert m["recall@10"] > 0.9, m  # popularity would give 10 / 40
 
 
@@ -104,7 +104,7 @@ def test_early_stopping_on_recall_restores_the_best(tmp_path: Path, capsys: pyte
     valid = _validation(40, 1)
     history = fit(model, window_batches(last_n(_chains(60, 7, 0), 7), 20), valid, cfg, family=SequentialFamily(ks=(5,)))
     assert history.best_eval is not None and history.best_eval["recall@5"] == max(r["recall@5"] for r in history.evals)
-    assert evaluate_next_item(model, valid.histories, valid.targets, ks=(5,))["recall@5"] == history.best_eval["recall@5"]
+    assert next_item_metrics(model, valid.histories, valid.targets, ks=(5,))["recall@5"] == history.best_eval["recall@5"]
     assert history.stopped_early == (len(history.evals) < 10) and (tmp_path / "curves.png").is_file()
     assert f"recall@5={history.evals[-1]['recall@5']:.4f}" in capsys.readouterr().err
     assert (tmp_path / "metrics.jsonl").read_text().count('"recall@5"') == len(history.evals)

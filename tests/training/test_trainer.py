@@ -4,6 +4,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -629,6 +630,15 @@ def test_resume_refuses_a_changed_config_and_another_family(tmp_path: Path) -> N
     assert history.steps == 8  # more epochs, another log window: allowed
     with pytest.raises(ValueError, match=r"step-0000000008 is a checkpoint of a ranking model; this run trains a retrieval model"):
         fit(TinyModel(), make_batches(4), None, quiet(out_dir=run, resume=True), family=RetrievalFamily(np.ones(4)))
+
+
+def test_evaluate_names_the_data_a_tree_model_takes() -> None:
+    """evaluate dispatches on the data: batches are a ranking model's, a FeatureMatrix the trees'."""
+    from hugerec.models.gbm import FeatureMatrix
+
+    matrix = FeatureMatrix(np.zeros((2, 1), np.float32), np.zeros(2, np.float32), ("x",), 1)
+    with pytest.raises(TypeError, match="a FeatureMatrix is the data of trees, not of a Linear"):
+        evaluate(torch.nn.Linear(1, 1), matrix)
 
 
 def test_progress_in_a_log_file_is_a_line_per_window_and_evaluation(capsys: pytest.CaptureFixture[str]) -> None:

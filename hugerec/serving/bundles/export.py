@@ -26,15 +26,19 @@ from hugerec.data.preprocess.workflow import Workflow
 from hugerec.data.schema import Schema
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.delta import collect_delta
+from hugerec.models.gbm import GBMConfig, is_ranking, library_of
 from hugerec.models.model import RecModel
+from hugerec.models.registry import Family
 from hugerec.models.vector_features import VectorArch
 from hugerec.serving.bundles.bundle_files import MANIFEST, checksums, staged_folder
+from hugerec.serving.bundles.gbm_bundle import write_gbm_bundle
 from hugerec.serving.bundles.model_bundle import EMBEDDINGS, ONNX, PROGRAM, PROGRAM_PREFIX, SCHEMA, WORKFLOW, Manifest
+from hugerec.serving.bundles.next_items_bundle import write_next_items_bundle
 from hugerec.serving.runtime.inference_model import CollectionLayout
 from hugerec.serving.store.parameter_server import TableSpec
 from hugerec.serving.store.persistent import PersistentStore
 from hugerec.sparse.features import SparseFeatures
-from hugerec.training.checkpoint import load_checkpoint
+from hugerec.training.model_file import load_model
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +92,7 @@ def collections_in_embed_order(model: RecModel) -> list[EmbeddingCollection]:
     return order
 
 
-def export_bundle(
+def write_model_bundle(
     model: RecModel,
     out: str | Path,
     *,
@@ -107,14 +111,14 @@ def export_bundle(
     """
     threads = torch.get_num_threads()
     try:
-        return _export_bundle(model, Path(out), name, version, schema, workflow, onnx, overwrite)
+        return _write_model_bundle(model, Path(out), name, version, schema, workflow, onnx, overwrite)
     finally:
         # the collections' Numba kernels (run once to find the output order) and torch.export both
         # change the process's intra-op thread count; a serving process sized its own
         torch.set_num_threads(threads)
 
 
-def _export_bundle(
+def _write_model_bundle(
     model: RecModel,
     target: Path,
     name: str,
@@ -125,21 +129,21 @@ def _export_bundle(
     overwrite: bool,
 ) -> Path:
     if target.exists() and not overwrite:
-        raise FileExistsError(f"export_bundle: {target} exists (pass overwrite=True to replace it)")
+        raise FileExistsError(f"export: {target} exists (pass overwrite=True to replace it)")
     if workflow is not None and schema is None:
-        raise ValueError("export_bundle: a workflow needs the schema of its output (schema=...)")
+        raise ValueError("export: a workflow needs the schema of its output (schema=...)")
     collections = collections_in_embed_order(model)
     layouts = [CollectionLayout(c.tables, c.feature_names) for c in collections]
     if schema is not None:
         missing = [f for c in collections for f in c.feature_names if f not in schema.sparse_names]
         if missing or len(schema.dense_names) != model.num_dense:
             raise ValueError(
-                f"export_bundle: the schema (dense {list(schema.dense_names)}, sparse {list(schema.sparse_names)}) "
+                f"export: the schema (dense {list(schema.dense_names)}, sparse {list(schema.sparse_names)}) "
                 f"does not match the model ({model.num_dense} dense features; sparse features missing: {missing})"
             )
     names = [t.name for c in collections for t in c.tables]
     if len(set(names)) != len(names):
-        raise ValueError(f"export_bundle: table names must be unique across collections, got {names}")
+        raise ValueError(f"export: table names must be unique across collections, got {names}")
     with staged_folder(target) as tmp:
         program = DenseProgram(model)
         info: dict[str, Any] = {
@@ -178,14 +182,75 @@ def _export_bundle(
     return target
 
 
-def export_checkpoint(checkpoint: str | Path, model: RecModel, out: str | Path, **kwargs: Any) -> Path:
-    """Load a training checkpoint into `model` (built with the run's config) and export it.
+def export(
+    model: RecModel | str | Path,
+    out: str | Path,
+    *,
+    name: str | None = None,
+    version: str = "1",
+    schema: Schema | None = None,
+    workflow: Workflow | None = None,
+    onnx: bool = False,
+    k: int = 10,
+    exclude_seen: bool = True,
+    overwrite: bool = False,
+) -> Path:
+    """Write the bundle that serves `model` to `out`; returns its path. The one export of every family.
 
-    checkpoint  a directory written by hugerec.training.save_checkpoint (by any number of ranks)
-    kwargs      as export_bundle
+    model         a ranking model in memory (`RecModel`), or a model file `hugerec.training.save_model`
+                  wrote; a file's family (the registry's) picks the bundle:
+                    ranking     the model bundle (dense program, embedding rows, schema; + workflow)
+                    trees       the GBM bundle (the library's file, schema, objective; + workflow)
+                    sequential  the next-items bundle (top `k`, seen items left out when `exclude_seen`)
+                    retrieval   refused: its user and item vectors are served by a pipeline bundle
+                                (`hugerec pipeline build`)
+    name          the served name (default: "model", or the model type of a sequential model file)
+    schema        a model in memory: the schema of its inputs (a model file holds its own)
+    workflow      the fitted preprocessing workflow; /predict then takes raw rows (ranking, trees)
+    onnx          also write dense.onnx (ranking; needs the `onnx` package, skipped with a warning without it)
+
+    A model of a checkpoint: `hugerec.training.load_checkpoint(checkpoint, model)`, then `export(model, ...)`.
     """
-    load_checkpoint(checkpoint, model)  # into this unsharded model, whatever the layout that wrote it
-    return export_bundle(model, out, **kwargs)
+    if isinstance(model, RecModel):
+        return write_model_bundle(
+            model, out, name=name or "model", version=version, schema=schema, workflow=workflow, onnx=onnx, overwrite=overwrite
+        )
+    path = Path(model)
+    saved = load_model(path)  # one line naming the file when it is not a model file
+    saved_schema = Schema.from_dict(saved.schema) if saved.schema is not None else None
+    if schema is not None:
+        raise ValueError(f"export: {path} holds its own data schema; pass schema only with a model in memory")
+    match saved.family:
+        case Family.RANKING:
+            assert isinstance(saved.model, RecModel)  # load_model built a ranking model
+            return write_model_bundle(
+                saved.model,
+                out,
+                name=name or "model",
+                version=version,
+                schema=saved_schema,
+                workflow=workflow,
+                onnx=onnx,
+                overwrite=overwrite,
+            )
+        case Family.TREES:
+            assert isinstance(saved.config, GBMConfig)  # the family of a GBM config
+            if saved_schema is None:
+                raise ValueError(f"export: {path} holds no data schema (save_model(..., schema=...) writes one)")
+            info = {"objective": saved.config.objective, **({"group": saved.config.group} if is_ranking(saved.config) else {})}
+            return write_gbm_bundle(
+                path, library_of(saved.config), out, saved_schema, workflow, name or "model", version, info, overwrite
+            )
+        case Family.SEQUENTIAL:
+            if Path(out).exists() and not overwrite:
+                raise FileExistsError(f"export: {out} exists (pass overwrite=True to replace it)")
+            return write_next_items_bundle(path, out, name or saved.model_type, version, min(k, saved.num_items), exclude_seen)
+        case Family.RETRIEVAL:
+            raise ValueError(
+                f"export: {path} holds a {saved.model_type!r} retrieval model; its vectors are served by a pipeline "
+                "bundle (`hugerec pipeline build`), not a bundle of their own"
+            )
+
 
 
 def _example(model: RecModel, collections: Sequence[EmbeddingCollection], b: int = 2) -> tuple[torch.Tensor, ...]:

@@ -1,6 +1,6 @@
 """The GBM bundle: gradient-boosted trees exported for serving, and loading one as a GBMModel.
 
-    export_gbm_bundle("runs/gbm/model.txt", Library.LIGHTGBM, "runs/gbm/bundle", schema, workflow)
+    write_gbm_bundle("runs/gbm/model.txt", Library.LIGHTGBM, "runs/gbm/bundle", schema, workflow)
     server.add_bundle("runs/gbm/bundle")       # KServe v2 infer and /predict, batched, as for a deep model
 
 A GBM bundle is a folder: manifest.json ({"kind": "gbm", "format": 1, name, version, library,
@@ -55,7 +55,7 @@ def is_gbm_bundle(path: str | Path) -> bool:
     return bundle_kind(path) == KIND
 
 
-def export_gbm_bundle(
+def write_gbm_bundle(
     model_path: str | Path,
     library: Library,
     out: str | Path,
@@ -75,7 +75,7 @@ def export_gbm_bundle(
         )
     target = Path(out)
     if target.exists() and not overwrite:
-        raise FileExistsError(f"export_gbm_bundle: {target} exists (pass overwrite=True to replace it)")
+        raise FileExistsError(f"export: {target} exists (pass overwrite=True to replace it)")
     with staged_folder(target) as tmp:
         shutil.copyfile(model_path, tmp / library.model_file)
         schema.save(tmp / SCHEMA)

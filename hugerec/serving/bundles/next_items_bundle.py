@@ -1,6 +1,6 @@
 """The next-items bundle: a sequential model exported for serving, and loading one as a NextItemsModel.
 
-    export_next_items("runs/movielens_sasrec/model.pt", "runs/movielens_sasrec/bundle", name="sasrec", k=10)
+    write_next_items_bundle("runs/movielens_sasrec/model.pt", "runs/movielens_sasrec/bundle", name="sasrec", k=10)
     model = load_next_items("runs/movielens_sasrec/bundle")
     out = model.next_items(values, lengths)      # raw item ids [N] + lengths [B] -> items [B, k], scores [B, k]
 
@@ -34,16 +34,16 @@ def is_next_items_bundle(path: str | Path) -> bool:
     return bundle_kind(path) == KIND
 
 
-def export_next_items(
+def write_next_items_bundle(
     model_path: str | Path, out: str | Path, name: str = "model", version: str = "1", k: int = 10, exclude_seen: bool = True
 ) -> Path:
     """A sequential model file -> a next-items bundle at `out` (replaced if it is one already)."""
     saved = load_sequence_model(model_path)  # refuses anything else, before anything is written
     if not 1 <= k <= saved.num_items:
-        raise ValueError(f"export_next_items: k = {k} must be in 1..{saved.num_items} (the catalogue's size)")
+        raise ValueError(f"export: k = {k} must be in 1..{saved.num_items} (the catalogue's size)")
     final = Path(out)
     if final.exists() and not is_next_items_bundle(final):
-        raise ValueError(f"export_next_items: {final} exists and is not a next-items bundle; give a new folder")
+        raise ValueError(f"export: {final} exists and is not a next-items bundle; give a new folder")
     with staged_folder(final) as tmp:
         shutil.copyfile(model_path, tmp / MODEL)
         manifest = {

@@ -11,9 +11,7 @@
 Its bundle is hugerec.serving.bundles.pipeline_bundle. Imports store/ and runtime/, never bundles/ or http/.
 """
 
-from hugerec.serving.pipeline.encoder import UserEncoder
-from hugerec.serving.pipeline.interaction_store import InteractionStore
-from hugerec.serving.pipeline.runner import PipelineRunner, Query, Ranker, Recommendation, Resources, StageError
+from hugerec.serving.pipeline.runner import PipelineRunner, Query, Resources
 from hugerec.serving.pipeline.stages import (
     Ann,
     Boost,
@@ -33,19 +31,14 @@ __all__ = [
     "Boost",
     "Condition",
     "Filter",
-    "InteractionStore",
     "ItemToItem",
     "Order",
     "PipelineRunner",
     "PipelineSpec",
     "Popular",
     "Query",
-    "Ranker",
-    "Recommendation",
     "Resources",
     "Retrieve",
     "Score",
     "Sequential",
-    "StageError",
-    "UserEncoder",
 ]

@@ -9,7 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hugerec.data.preprocess import Binarize, ListSlice, ParseTime, SplitList, Workflow
+from hugerec.data.preprocess.lists import ListSlice, SplitList
+from hugerec.data.preprocess.numeric import Binarize
+from hugerec.data.preprocess.temporal import ParseTime
+from hugerec.data.preprocess.workflow import Workflow
 
 
 @settings(max_examples=60, deadline=None)

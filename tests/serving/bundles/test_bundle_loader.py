@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hugerec.serving.bundles.bundle_loader import ServeOptions, load_bundle
-from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.export import export
 from hugerec.serving.runtime.inference_protocol import Signature, to_model_inputs
 from hugerec.serving.store.cache import CacheConfig
 
@@ -25,7 +25,7 @@ def scores(loaded: Any, toy: Any, batch: Any) -> np.ndarray:
 def test_state_directory_belongs_to_one_bundle(toy: Any, tmp_path: Path) -> None:
     state = str(tmp_path / "state")
     load_bundle(toy.bundle, ServeOptions(state_dir=state)).close()
-    other = export_bundle(copy.deepcopy(toy.model), tmp_path / "other", version="2")
+    other = export(copy.deepcopy(toy.model), tmp_path / "other", version="2")
     with pytest.raises(ValueError, match="belongs to another bundle"):
         load_bundle(other, ServeOptions(state_dir=state))
 

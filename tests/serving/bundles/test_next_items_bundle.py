@@ -16,7 +16,8 @@ from hugerec.models.hstu import HSTU, HSTUConfig
 from hugerec.models.registry import Family
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SASRecConfig
-from hugerec.serving.bundles.next_items_bundle import export_next_items, is_next_items_bundle, load_next_items
+from hugerec.serving.bundles.export import export
+from hugerec.serving.bundles.next_items_bundle import is_next_items_bundle, load_next_items, write_next_items_bundle
 from hugerec.serving.http.limits import RequestLimits
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.serving.runtime.inference_protocol import RequestError
@@ -41,7 +42,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     fit(model, window_batches(windows, 32), None, quiet, family=SequentialFamily())
     root = tmp_path_factory.mktemp("next_items")
     save_model(root / "model.pt", model, config, Adam(lr=0.01), ids=RawIds(RAW, COUNTS))
-    return export_next_items(root / "model.pt", root / "bundle", name="seq", k=5)
+    return export(root / "model.pt", root / "bundle", name="seq", k=5)  # the one export, by the file's family
 
 
 def test_export_writes_a_verified_bundle(bundle: Path, tmp_path: Path) -> None:
@@ -49,11 +50,11 @@ def test_export_writes_a_verified_bundle(bundle: Path, tmp_path: Path) -> None:
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["kind"] == "next_items" and manifest["k"] == 5 and manifest["max_len"] == MAX_LEN
     with pytest.raises(ValueError, match=r"k = 41 must be in 1\.\.40"):
-        export_next_items(bundle / "model.pt", tmp_path / "b", k=41)
+        write_next_items_bundle(bundle / "model.pt", tmp_path / "b", k=41)
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("keep me")
     with pytest.raises(ValueError, match="is not a next-items bundle"):
-        export_next_items(bundle / "model.pt", tmp_path / "busy")
+        write_next_items_bundle(bundle / "model.pt", tmp_path / "busy")
     # a damaged model file is refused at load
     import shutil
 
@@ -201,7 +202,7 @@ def hstu_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     fit(model, window_batches(windows, 32), None, quiet, family=SequentialFamily())
     root = tmp_path_factory.mktemp("hstu")
     save_model(root / "model.pt", model, config, Adam(lr=0.01), ids=RawIds(RAW, COUNTS))
-    return export_next_items(root / "model.pt", root / "bundle", name="hstu", k=5)
+    return write_next_items_bundle(root / "model.pt", root / "bundle", name="hstu", k=5)
 
 
 def test_an_hstu_is_served_as_next_items_and_scores_candidates(hstu_bundle: Path, bundle: Path) -> None:

@@ -18,7 +18,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from hugerec.serving.bundles.bundle_loader import ServeOptions
-from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.export import export
 from hugerec.serving.http.limits import RequestLimits
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.serving.runtime.batching import BatchingConfig
@@ -199,7 +199,7 @@ def test_admin_versions_canary_promote_rollback(toy: Any, server: tuple[Inferenc
     with torch.no_grad():
         for p in other.dense_parameters():
             p.add_(0.5)
-    bundle2 = export_bundle(other, tmp_path / "v2", name="toy", version="2")
+    bundle2 = export(other, tmp_path / "v2", name="toy", version="2")
     srv.options = ServeOptions(state_dir=str(tmp_path / "state2"))
     auth = {"Authorization": f"Bearer {TOKEN}"}
     client = triton.InferenceServerClient(url.removeprefix("http://"))

@@ -25,12 +25,13 @@ from hugerec.models.mf import MatrixFactorization
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SASRecConfig
 from hugerec.serving.bundles.bundle_loader import ServeOptions
-from hugerec.serving.bundles.next_items_bundle import export_next_items
+from hugerec.serving.bundles.next_items_bundle import write_next_items_bundle
 from hugerec.serving.bundles.pipeline_bundle import export_pipeline
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
-from hugerec.serving.pipeline import InteractionStore, UserEncoder
 from hugerec.serving.pipeline.declaration import declaration_from_dict
+from hugerec.serving.pipeline.encoder import UserEncoder
 from hugerec.serving.pipeline.feature_store import FeatureStore
+from hugerec.serving.pipeline.interaction_store import InteractionStore
 from hugerec.training.model_file import RawIds, save_model
 
 TOKEN = "browser-token-" + "b" * 16
@@ -117,7 +118,7 @@ def next_items_bundle(root: Path) -> Path:
     raw = np.arange(1000, 1030, dtype=np.int64)
     counts = np.concatenate([[0], np.arange(30, 0, -1)]).astype(np.int64)
     save_model(root / "seq.pt", model, config, Adam(lr=0.01), ids=RawIds(raw, counts))
-    return export_next_items(root / "seq.pt", root / "seq", name="seq", k=5)
+    return write_next_items_bundle(root / "seq.pt", root / "seq", name="seq", k=5)
 
 
 @pytest.fixture(scope="module")

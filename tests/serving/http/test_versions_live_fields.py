@@ -23,7 +23,7 @@ from hugerec.data.schema import Schema
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.table_config import TableConfig
 from hugerec.models.dlrm import DLRM
-from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.export import export
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.serving.http.versions import ModelVersions
 from hugerec.serving.runtime.inference_protocol import (
@@ -50,8 +50,8 @@ def _model(schema: Schema, seed: int) -> DLRM:
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     out = tmp_path_factory.mktemp("live")
-    old = export_bundle(_model(OLD, 0), out / "old", name="m", version="old", schema=OLD)
-    new = export_bundle(_model(NEW, 1), out / "new", name="m", version="new", schema=NEW)
+    old = export(_model(OLD, 0), out / "old", name="m", version="old", schema=OLD)
+    new = export(_model(NEW, 1), out / "new", name="m", version="new", schema=NEW)
     return old, new
 
 

@@ -17,26 +17,23 @@ from hugerec.models.mf import MatrixFactorization
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SASRecConfig
 from hugerec.serving.bundles.bundle_loader import load_bundle
-from hugerec.serving.bundles.next_items_bundle import export_next_items, load_next_items
-from hugerec.serving.pipeline import (
+from hugerec.serving.bundles.next_items_bundle import load_next_items, write_next_items_bundle
+from hugerec.serving.pipeline.encoder import UserEncoder
+from hugerec.serving.pipeline.feature_store import FeatureStore
+from hugerec.serving.pipeline.interaction_store import InteractionStore
+from hugerec.serving.pipeline.runner import PipelineRunner, Query, Resources, StageError
+from hugerec.serving.pipeline.stages import (
     Ann,
     Boost,
     Condition,
     Filter,
-    InteractionStore,
     ItemToItem,
     Order,
-    PipelineRunner,
     PipelineSpec,
     Popular,
-    Query,
-    Resources,
     Retrieve,
     Score,
-    StageError,
-    UserEncoder,
 )
-from hugerec.serving.pipeline.feature_store import FeatureStore
 from hugerec.serving.runtime.inference_protocol import RequestError
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
@@ -333,7 +330,7 @@ def _sequential(tmp_path: Any, model_type: str) -> Any:
     model = HSTU(cfg) if model_type == "hstu" else SASRec(cfg)
     counts = np.concatenate([[0], np.ones(ITEMS)]).astype(np.int64)
     save_model(tmp_path / f"{model_type}.pt", model, config, Adam(lr=0.01), ids=RawIds(np.arange(ITEMS), counts))
-    return load_next_items(export_next_items(tmp_path / f"{model_type}.pt", tmp_path / model_type))
+    return load_next_items(write_next_items_bundle(tmp_path / f"{model_type}.pt", tmp_path / model_type))
 
 
 def test_score_with_the_sequential_model_ranks_by_its_cached_candidate_scores(tmp_path: Any) -> None:

@@ -27,21 +27,12 @@ from hugerec.index.vector_index import IndexConfig, IndexKind, build_index
 from hugerec.models.dcn import DCNv2
 from hugerec.models.mf import MatrixFactorization
 from hugerec.serving.bundles.bundle_loader import ServeOptions, load_bundle
-from hugerec.serving.bundles.export import export_bundle
-from hugerec.serving.pipeline import (
-    Ann,
-    Filter,
-    InteractionStore,
-    Order,
-    PipelineRunner,
-    PipelineSpec,
-    Query,
-    Resources,
-    Retrieve,
-    Score,
-    UserEncoder,
-)
+from hugerec.serving.bundles.export import export
+from hugerec.serving.pipeline.encoder import UserEncoder
 from hugerec.serving.pipeline.feature_store import FeatureStore
+from hugerec.serving.pipeline.interaction_store import InteractionStore
+from hugerec.serving.pipeline.runner import PipelineRunner, Query, Resources
+from hugerec.serving.pipeline.stages import Ann, Filter, Order, PipelineSpec, Retrieve, Score
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 
@@ -105,7 +96,7 @@ def test_ranking_improves_on_retrieval_alone_and_stays_below_the_oracle(tmp_path
     def dense(u: np.ndarray, i: np.ndarray) -> np.ndarray:
         return np.concatenate([profile[u], content[i]], axis=1)
 
-    ranker = load_bundle(export_bundle(train_ranker(users, items, dense, num_users, num_items), tmp_path / "ranker"), ServeOptions(state_dir=str(tmp_path / "state")))
+    ranker = load_bundle(export(train_ranker(users, items, dense, num_users, num_items), tmp_path / "ranker"), ServeOptions(state_dir=str(tmp_path / "state")))
     try:
         user_cols, columns = tuple(f"p{j}" for j in range(profile.shape[1])), tuple(f"c{j}" for j in range(content.shape[1]))
         store = FeatureStore.in_memory({"user": user_cols, "item": columns})

@@ -20,9 +20,11 @@ from hugerec.index.vector_index import IndexConfig, IndexKind
 from hugerec.models.mf import MatrixFactorization
 from hugerec.serving.bundles.pipeline_bundle import PipelineOptions, export_pipeline, load_pipeline
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
-from hugerec.serving.pipeline import InteractionStore, Query, UserEncoder
 from hugerec.serving.pipeline.declaration import declaration_from_dict, declaration_to_dict
+from hugerec.serving.pipeline.encoder import UserEncoder
 from hugerec.serving.pipeline.feature_store import FeatureStore
+from hugerec.serving.pipeline.interaction_store import InteractionStore
+from hugerec.serving.pipeline.runner import Query
 from hugerec.serving.pipeline.served_pipeline import ServedPipeline
 
 TOML = """

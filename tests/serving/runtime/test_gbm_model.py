@@ -17,7 +17,7 @@ import tritonclient.http as triton
 
 from hugerec.data.schema import Schema
 from hugerec.models.gbm import FeatureMatrix, Library, LightGBMConfig, TreeModel, XGBoostConfig, require
-from hugerec.serving.bundles.gbm_bundle import export_gbm_bundle, is_gbm_bundle, load_gbm_bundle
+from hugerec.serving.bundles.gbm_bundle import is_gbm_bundle, load_gbm_bundle, write_gbm_bundle
 from hugerec.serving.http.limits import RequestLimits
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.serving.runtime.batching import BatchingConfig
@@ -70,7 +70,7 @@ def bundle(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     root = tmp_path_factory.mktemp(library.value)
     model, _ = fit_trees(_config(library), _matrix(3000, 0), _matrix(600, 1), out_dir=None, log_every=0)
     path = model.save(root / library.model_file)
-    out = export_gbm_bundle(path, library, root / "bundle", _schema(), name="gbm")
+    out = write_gbm_bundle(path, library, root / "bundle", _schema(), name="gbm")
     return library, out, TreeModel.load(path, library)
 
 

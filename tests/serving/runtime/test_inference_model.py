@@ -17,7 +17,7 @@ from hugerec.models.model import RecModel
 from hugerec.models.wide import wide_tables
 from hugerec.models.wide_deep import WideAndDeep
 from hugerec.serving.bundles.bundle_loader import ServeOptions, load_bundle
-from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.export import export
 from hugerec.serving.runtime.inference_model import CollectionLayout
 from hugerec.serving.runtime.inference_protocol import Signature, to_model_inputs
 from hugerec.serving.runtime.model_inputs import ModelInputs
@@ -72,7 +72,7 @@ def test_every_model_family_exports_and_serves_exactly(tmp_path: Path, index: in
     for t in model.embedding_collections()[-1:]:  # wide tables start at zero: make them matter
         for table in t.tables:
             t.table_weight(table.name).copy_(torch.randn(table.num_rows, table.dim))
-    bundle = export_bundle(model, tmp_path / "bundle")
+    bundle = export(model, tmp_path / "bundle")
     loaded = load_bundle(bundle, ServeOptions(state_dir=str(tmp_path / "state")))
     try:
         sparse = _features(9, index)

@@ -18,7 +18,7 @@ from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.table_config import TableConfig
 from hugerec.models.dlrm import DLRM
 from hugerec.serving.bundles.bundle_loader import ServeOptions
-from hugerec.serving.bundles.export import export_bundle
+from hugerec.serving.bundles.export import export
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.serving.runtime.inference_protocol import RequestError, Signature
 from hugerec.serving.runtime.request_preprocessor import RequestPreprocessor
@@ -47,7 +47,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Work
     tables = [TableConfig("user", cards["user"], 4), TableConfig("city", cards["city"], 4)]
     model = DLRM(EmbeddingCollection(tables), 1, [4], [8, 1]).eval()
     root = tmp_path_factory.mktemp("pre")
-    bundle = export_bundle(model, root / "bundle", name="m", schema=schema, workflow=workflow)
+    bundle = export(model, root / "bundle", name="m", schema=schema, workflow=workflow)
     server = InferenceServer(ServerConfig(), ServeOptions(state_dir=str(root / "state")))
     server.add_bundle(bundle)
     with BackgroundServer(server) as url:

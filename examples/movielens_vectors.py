@@ -24,9 +24,11 @@ from sklearn.decomposition import TruncatedSVD
 from sklearn.feature_extraction.text import TfidfVectorizer
 
 from hugerec import data, models, training
+from hugerec.data.preprocess import Workflow
 from hugerec.data.preprocess.categorical import Categorify
 from hugerec.data.vector_tables import load_vectors
 from hugerec.embedding import RowWiseAdagrad
+from hugerec.models.vector_features import VectorFeature
 
 GENRES = [
     "unknown", "action", "adventure", "animation", "children", "comedy", "crime", "documentary", "drama",
@@ -80,14 +82,14 @@ def main() -> None:
         order = np.random.default_rng(args.seed).permutation(frame.height)
         cut1, cut2 = int(0.8 * frame.height), int(0.9 * frame.height)
         parts = {"train": order[:cut1], "valid": order[cut1:cut2], "test": order[cut2:]}
-        workflow = data.Workflow([Categorify(SPARSE, freq_threshold=2)])
+        workflow = Workflow([Categorify(SPARSE, freq_threshold=2)])
         workflow.fit(frame[parts["train"]])  # the vocabulary from train only
         for name, rows in parts.items():
             workflow.transform(frame[rows], out / name, overwrite=True)
         cards = workflow.cardinalities()
         schema = data.Schema.build(["label"], GENRES, {c: cards[c] for c in SPARSE})
         vectors = item_vectors(items, out)
-        feature = models.VectorFeature(
+        feature = VectorFeature(
             "item_text", feature="item_id", dim=32, path=str(vectors), id_column="item_id", vector_column="vector"
         )
         for with_vectors in (False, True):

@@ -127,6 +127,21 @@ class DecisionLog:
     def of_window(self, window: int) -> list[Record]:
         return [r for r in self.records if r.window == window]
 
+    def warm_start_version(self) -> str | None:
+        """Where a loop's next candidate warm-starts: the last published version not rolled back since."""
+        base = None
+        for r in self.records:
+            if r.action == "publish":
+                base = r.version
+            elif r.action == "rollback" and r.version == base:
+                base = r.extra.get("stable")
+        return base
+
+    def last_published(self) -> str | None:
+        """The last version published (what serves when there is no server to ask)."""
+        published = [r.version for r in self.records if r.action == "publish"]
+        return published[-1] if published else None
+
 
 def live_intervals(records: list[Record]) -> dict[str, list[tuple[float, float]]]:
     """When, by the log, each version could answer requests: version -> [(start, end)] in unix seconds.

@@ -289,21 +289,14 @@ class Loop:
 
     def base_version(self) -> str | None:
         """Where the next candidate warm-starts: the last published version not rolled back since."""
-        base = None
-        for r in self.log.records:
-            if r.action == "publish":
-                base = r.version
-            elif r.action == "rollback" and r.version == base:
-                base = r.extra.get("stable")
-        return base
+        return self.log.warm_start_version()
 
     def serving_version(self) -> str | None:
         """The version answering (most) requests: the server's stable one; offline the last published."""
         if self.publisher is not None:
             status = self.publisher.status()
             return None if status is None else status["stable"]
-        published = [r.version for r in self.log.records if r.action == "publish"]
-        return published[-1] if published else None
+        return self.log.last_published()
 
     def baseline_auc(self, version: str) -> float | None:
         found = self.baseline(version)

@@ -1,7 +1,7 @@
 """`hugerec loop` of a retrieval model (`model.type = "two_tower"` or `"mf"`): continuous.retrieval_loop from a TOML file.
 
     [loop]       work_dir, first, last (windows first..last-1 are trained; window `last` is the final holdout), name
-                 (the pipeline's name on the server), batch_size, lr, epochs, canary_share, seed, k (the gate's
+                 (the pipeline's name on the server), batch_size, lr, epochs, warm_start_epochs, canary_share, seed, k (the gate's
                  Recall@K and the pipeline's answers), ann_k (the ANN source's candidates before exclude-seen)
     [data]       [data.interactions] + [data.drift]: a synthetic drifting interaction stream, one window a day
                  (data.synthetic_interactions.generate_interaction_days)
@@ -60,7 +60,8 @@ class RetrievalLoopSection:
     name: str = "recs"  # the pipeline's name on the server
     batch_size: int = 512  # events per training step
     lr: float = 3e-3  # the dense learning rate (Adam)
-    epochs: int = 2  # epochs over each window (the first model: over every window so far)
+    epochs: int = 2  # epochs of a model trained from scratch (the first one, over every window so far)
+    warm_start_epochs: int | None = None  # epochs of a warm start over its window (none: `epochs`)
     canary_share: float = 0.1  # the share of the traffic a published canary gets
     seed: int = 0  # the training's seed
     k: int = 50  # the K of the gate's Recall@K and of the pipeline's answers
@@ -177,6 +178,7 @@ def loop_config(cfg: RetrievalLoopFile) -> RetrievalLoopConfig:
         model=cfg.model,
         optimizer=cfg.embedding.optimizer,
         epochs=lc.epochs,
+        warm_start_epochs=lc.warm_start_epochs,
         lr=lc.lr,
         batch_size=lc.batch_size,
         k=lc.k,

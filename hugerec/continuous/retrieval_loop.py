@@ -8,8 +8,8 @@ redoes only the unfinished phase):
                 user met that day, which neither model was trained on): its Recall@K at least the stable's
                 minus `recall_margin` -> promote, else roll back (the server then serves the stable pipeline
                 and its index again)
-    2. train    warm-start from the checkpoint of the last published version not rolled back, `epochs` over
-                window k's events (while nothing is published: a fresh model on every window so far)
+    2. train    warm-start from the checkpoint of the last published version not rolled back, `warm_start_epochs`
+                over window k's events (while nothing is published: a fresh model on every window so far)
     3. gate     candidate and serving model on window k + 1's events: Recall@K of each user's items of that
                 day among the items the user had not met up to window k (exact top-K over every item): the
                 candidate passes with at least `min_users` users and a Recall@K at least the serving model's
@@ -82,7 +82,8 @@ class RetrievalLoopConfig:
     num_items: int
     model: TwoTowerConfig | MFConfig = field(default_factory=_default_tower)
     optimizer: Optimizer = field(default_factory=lambda: Adagrad(lr=0.1))  # the towers' sparse optimizer
-    epochs: int = 2
+    epochs: int = 2  # epochs of a model trained from scratch (the first one, on every window so far)
+    warm_start_epochs: int | None = None  # epochs of a warm start over its one window (None: `epochs`)
     lr: float = 3e-3  # the dense learning rate (Adam)
     batch_size: int = 512
     k: int = 50
@@ -97,6 +98,8 @@ class RetrievalLoopConfig:
     def __post_init__(self) -> None:
         if self.num_users < 1 or self.num_items < 1:
             raise ValueError(f"RetrievalLoopConfig: num_users and num_items must be >= 1, got {self.num_users}, {self.num_items}")
+        if self.warm_start_epochs is not None and self.warm_start_epochs < 1:
+            raise ValueError(f"RetrievalLoopConfig: warm_start_epochs must be >= 1 or None, got {self.warm_start_epochs}")
         if self.epochs < 1 or self.batch_size < 1 or self.min_users < 1:
             raise ValueError(
                 f"RetrievalLoopConfig: epochs, batch_size and min_users must be >= 1, got {self.epochs}, {self.batch_size}, {self.min_users}"
@@ -226,13 +229,15 @@ class RetrievalLoop:
         if "trained" not in done or not self.checkpoint(version).is_file():
             base = self.base_version()
             first = min((r.window for r in self.log.records if r.action == "trained"), default=k)
+            epochs = self.config.epochs
             if base is None:  # nothing published yet: a fresh model on every window so far
                 rows, how = self.history(k) if first < k else events, f"a fresh model on windows {first}..{k}"
                 model = self.build()
             else:
                 rows, how, model = events, f"warm start from {base}", self.load(base)
+                epochs = self.config.warm_start_epochs or epochs
             counts = np.bincount(self.history(k).items(), minlength=self.config.num_items)
-            self.train(model, rows, counts, k)
+            self.train(model, rows, counts, k, epochs)
             atomic_save(model.state_dict(), self.checkpoint(version))
             self.log.append(Record(k, "trained", how, extra={"events": rows.num_events, "base": base}))
         t1 = time.perf_counter()
@@ -244,14 +249,14 @@ class RetrievalLoop:
             self._publish(k, version, reason, figures)
         self.seconds = {"train": t1 - t0, "gate": t2 - t1, "publish": time.perf_counter() - t2}
 
-    def train(self, model: RetrievalModel, rows: Interactions, counts: np.ndarray, k: int) -> None:
-        """`epochs` over `rows` (events; `counts`: every item's events so far, the negatives' distribution and
-        log-Q), through the one trainer (RetrievalFamily), seeded by window k."""
+    def train(self, model: RetrievalModel, rows: Interactions, counts: np.ndarray, k: int, epochs: int | None = None) -> None:
+        """`epochs` (None: the config's) over `rows` (events; `counts`: every item's events so far, the negatives'
+        distribution and log-Q), through the one trainer (RetrievalFamily), seeded by window k."""
         c = self.config
         n = -(-rows.num_events // c.batch_size)
         batches = EpochBatches(lambda e: iter_examples(rows, c.batch_size, 0, seed=c.seed + 1000 * k + e), length=n)
         config = TrainConfig(
-            epochs=c.epochs,
+            epochs=epochs or c.epochs,
             lr=c.lr,
             progress=False,
             tensorboard=False,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -63,3 +65,19 @@ def test_published_deltas_reach_a_loaded_bundle(tmp_path: Path) -> None:
         assert pq.read_table(tmp_path / "empty.parquet").num_rows == 0
     finally:
         served.close()
+
+
+def test_the_dlrm_example_exports_and_loads(tmp_path: Path) -> None:
+    """examples/train_dlrm.py, small, from another directory: fit -> evaluate -> save_model / load_model ->
+    serving.export -> serving.load, the loaded bundle scoring raw rows as the model in memory does."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "train_dlrm.py"
+    done = subprocess.run(
+        [sys.executable, str(example), "--rows-per-file", "4096"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "reloaded from model.pt" in done.stdout
+    assert "served model bundle 'dlrm': the first 8 eval rows score as in memory" in done.stdout

@@ -124,6 +124,12 @@ def test_an_option_of_another_kind_is_refused(bundles: dict[str, Path], kind: st
     assert "\n" not in str(e.value)
 
 
+def test_a_bad_option_value_is_refused_naming_it(bundles: dict[str, Path]) -> None:
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match=f"^load: max_request_rows must be an integer >= 1, got {bad!r}$"):
+            load(bundles["next_items"], max_request_rows=bad)
+
+
 def _manifest(folder: Path, manifest: object) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "manifest.json").write_text(json.dumps(manifest))

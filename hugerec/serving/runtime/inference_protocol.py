@@ -21,6 +21,7 @@ import functools
 import itertools
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -269,24 +270,28 @@ def parse_json(raw: bytes) -> Any:
     orjson when it is installed (3 to 7 times faster on the number lists of tensors); what it refuses
     (NaN literals, numbers beyond its range) goes to the standard parser, so that both give every
     request the same answer. An integer literal that fits neither int64 nor uint64 (10**400, 5,000 digits)
-    is a 400 naming its place in the body ("labels[0].label"), never converted: the standard parser would
-    spend quadratic time on a long one, or raise an error that is not a request's. Nesting deeper than the
-    standard parser's recursion allows is a JSONDecodeError too (a request, not a server fault).
+    is a 400 naming its place in the body ("labels[0].label") and its first digits, never converted: the
+    standard parser would spend quadratic time on a long one, or raise an error that is not a request's.
+    orjson reads an integer beyond 64 bits that a float can hold (30 digits) as that float, silently, so a
+    body with a run of 20 digits or more, or a minus and 19 (every such integer has one; a long fraction or
+    a string of digits may), goes to the standard parser. Nesting deeper than the standard parser's recursion allows is a
+    JSONDecodeError too (a request, not a server fault).
     """
-    if _orjson is not None:
+    if _orjson is not None and _LONG_DIGITS.search(raw) is None:
         try:
             return _orjson.loads(raw)
         except _orjson.JSONDecodeError:
             pass
-    found: list[int] = []  # digits of the integers too large
+    found: list[tuple[int, str]] = []  # the integer literals too large: (digits, the first of them)
     try:
         value = json.loads(raw, parse_int=functools.partial(_parse_int, found=found))
     except RecursionError:
         raise json.JSONDecodeError("arrays or objects nested too deeply", "", 0) from None
     if found:
         where = _path_of(value, _TooLarge)
+        digits, shown = found[0]
         raise RequestError(
-            f"field {where!r}: an integer of {found[0]} digits; JSON integers must fit in 64 bits "
+            f"field {where!r}: an integer of {digits} digits ({shown}); JSON integers must fit in 64 bits "
             f"(-2**63 .. 2**64 - 1)"
         )
     return value
@@ -300,12 +305,20 @@ class _TooLarge:
     """Stands in the parsed value for an integer literal beyond 64 bits, until parse_json finds its place."""
 
 
-def _parse_int(text: str, found: list[int]) -> int | _TooLarge:
+# a body without such a run has no integer beyond 64 bits (the shortest: 2**64, 20 digits; -2**63 - 1, 19)
+_LONG_DIGITS = re.compile(rb"[0-9]{20}|-[0-9]{19}")
+_SHOWN_DIGITS = 40  # digits of a refused integer shown in the error
+
+
+def _parse_int(text: str, found: list[tuple[int, str]]) -> int | _TooLarge:
     if len(text) <= 20:  # 20 characters hold every 64-bit integer; int() of them is cheap
         v = int(text)
         if INT64_MIN <= v <= UINT64_MAX:
             return v
-    found.append(len(text.lstrip("-")))
+    digits = len(text.lstrip("-"))
+    sign = len(text) - digits
+    # never the whole literal in the answer: it may have 5,000 digits
+    found.append((digits, text if digits <= _SHOWN_DIGITS else f"{text[: sign + _SHOWN_DIGITS]}..."))
     return _TooLarge()
 
 

@@ -277,7 +277,7 @@ def parse_json(raw: bytes) -> Any:
     a string of digits may), goes to the standard parser. Nesting deeper than the standard parser's recursion allows is a
     JSONDecodeError too (a request, not a server fault).
     """
-    if _orjson is not None and _LONG_DIGITS.search(raw) is None:
+    if _orjson is not None and not _may_hold_big_integers(raw):
         try:
             return _orjson.loads(raw)
         except _orjson.JSONDecodeError:
@@ -305,8 +305,20 @@ class _TooLarge:
     """Stands in the parsed value for an integer literal beyond 64 bits, until parse_json finds its place."""
 
 
-# a body without such a run has no integer beyond 64 bits (the shortest: 2**64, 20 digits; -2**63 - 1, 19)
-_LONG_DIGITS = re.compile(rb"[0-9]{20}|-[0-9]{19}")
+# A body without a run of 20 digits, or of a minus and 19, has no integer beyond 64 bits (the shortest: 2**64,
+# -2**63 - 1). A body of 385 KB: the search for 19 digits takes 0.1 ms when there are none (4% of orjson's
+# parse), the exact test on the digits mapped to "0" 0.5-1.5 ms (a regex alternation of the two took 5 ms).
+_NINETEEN_DIGITS = re.compile(rb"[0-9]{19}")
+_DIGITS_TO_ZERO = bytes(0x30 if 0x30 <= c <= 0x39 else c for c in range(256))
+_TWENTY_DIGITS, _MINUS_NINETEEN = b"0" * 20, b"-" + b"0" * 19
+
+
+def _may_hold_big_integers(raw: bytes) -> bool:
+    """Whether the JSON text has a run of 20 digits or a minus and 19 (where an integer beyond 64 bits may be)."""
+    if _NINETEEN_DIGITS.search(raw) is None:
+        return False
+    zeros = (raw if isinstance(raw, bytes | bytearray) else bytes(raw)).translate(_DIGITS_TO_ZERO)
+    return _TWENTY_DIGITS in zeros or _MINUS_NINETEEN in zeros
 _SHOWN_DIGITS = 40  # digits of a refused integer shown in the error
 
 

@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,16 +65,26 @@ def _better(new: float, old: float, higher: bool) -> float:
     return (new / old if higher else old / new) if new > 0 and old > 0 else float("nan")
 
 
-def summarise(runs: dict[str, list[list[dict[str, Any]]]]) -> list[dict[str, Any]]:
-    """Per (config, method) present in every run: medians, ratio of medians and the per-round ratio range."""
+def summarise(runs: dict[str, list[list[dict[str, Any]]]], fields: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Per (config, method) present in every run: medians, ratio of medians and the per-round ratio range.
+    Each of `fields` that a record carries (a number beside its value, lower is better: the server's CPU per
+    request) is summarised as one more config, "<config> <field>", taken once per (config, method)."""
     values: dict[str, dict[tuple[str, str], list[float]]] = {"old": {}, "new": {}}
     meta: dict[tuple[str, str], dict[str, Any]] = {}
     for side, side_runs in runs.items():
         for records in side_runs:
+            seen: set[tuple[str, str]] = set()
             for r in records:
                 key = (r["config"], r["method"])
                 values[side].setdefault(key, []).append(float(r["value"]))
                 meta[key] = r
+                for name in fields:
+                    base = (" ".join(r["config"].split(" ")[1:]) or r["config"], r["method"])
+                    if isinstance(r.get(name), int | float) and base not in seen:
+                        seen.add(base)
+                        extra = (f"{base[0]} {name}", r["method"])
+                        values[side].setdefault(extra, []).append(float(r[name]))
+                        meta[extra] = {"unit": name, "higher_is_better": False}
     rounds = len(runs["new"])
     rows = []
     for key, new in values["new"].items():
@@ -109,6 +120,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="runs of each side, interleaved")
     parser.add_argument("--json", type=Path, help="write the summary records to this JSON file")
     parser.add_argument(
+        "--field",
+        action="append",
+        default=[],
+        help="a numeric field of the records to compare too, lower is better (e.g. server_cpu_ms_per_request)",
+    )
+    parser.add_argument(
         "script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS]: a path in this checkout and its arguments"
     )
     args = parser.parse_args()
@@ -138,7 +155,7 @@ def main() -> None:
             loads[side].append(round(load, 1))
             print(f"round {i + 1}/{args.rounds} {side}: load {load:.1f}", flush=True)
 
-    rows = summarise(runs)
+    rows = summarise(runs, args.field)
     print(f"\n{'config':32s} {'method':26s} {'old':>11s} {'new':>11s} {'unit':11s} {'ratio':>6s}  per round")
     for r in rows:
         print(

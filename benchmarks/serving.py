@@ -771,8 +771,13 @@ def main() -> None:
 
 
 def run_dlrm(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The DLRM servers over HTTP (ours binary and JSON, the baseline), interleaved per request size."""
-    from hugerec.serving.bundles.export import export
+    """The DLRM servers over HTTP (ours binary and JSON, the baseline), interleaved per request size.
+
+    This part also runs on an older hugerec (`benchmarks/ab.py --same-script`: the same clients and baseline
+    against two versions of the server), whose bundle export was called export_bundle."""
+    import hugerec.serving.bundles.export as bundles
+
+    export = getattr(bundles, "export", None) or bundles.export_bundle
 
     torch.set_num_threads(1)  # like the servers (OMP_NUM_THREADS=1): clients and servers share the cores
     rows = 5_000 if args.quick else 50_000

@@ -218,6 +218,8 @@ async def read_asgi_body(
     for key, value in scope["headers"]:
         if key == b"content-length":
             declared = check_declared_length(value.decode("latin-1"), max_bytes)
+    if declared is not None and admission is not None:
+        admission.reserve(scope, declared)  # before a byte is read: receive() resumes reading the socket
     try:
         async with asyncio.timeout(timeout_s):
             message = await receive()
@@ -226,10 +228,8 @@ async def read_asgi_body(
             chunk = message.get("body", b"")
             more = message.get("more_body", False)
             if not more and declared is not None and len(chunk) == declared:
-                if admission is not None:
-                    admission.reserve(scope, declared)
                 return chunk  # bytes, as ASGI says
-            body = _Body(declared, max_bytes, admission, scope)
+            body = _Body(declared, max_bytes, admission if declared is None else None, scope)  # reserved above
             body.add(chunk)
             while more:
                 message = await receive()

@@ -351,6 +351,18 @@ def test_long_digit_runs_that_are_not_big_integers_parse_as_before() -> None:
     assert parse_json(raw)["u"] == 2**64 - 1
 
 
+def test_fractions_with_long_digit_runs_stay_on_the_fast_parser() -> None:
+    """A float's fraction or exponent is no integer literal: -0.0058760265819728374 (19 digits after the point,
+    common in JSON tensors) and 1e-00000000000000000005 keep orjson; 19-digit ids within int64 too."""
+    from hugerec.serving.runtime.inference_protocol import _may_hold_big_integers
+
+    floats = b'{"data": [-0.0058760265819728374, 0.00026772439014166594, 1e-00000000000000000005, 9223372036854775807]}'
+    assert not _may_hold_big_integers(floats)
+    assert parse_json(floats) == json.loads(floats)
+    for big in (b"[1, 18446744073709551616]", b"[-9223372036854775809]", b"18446744073709551616", b'{"a":12345678901234567890}'):
+        assert _may_hold_big_integers(big), big
+
+
 def test_dump_json_is_compact_and_refuses_what_json_cannot_hold() -> None:
     value = {"items": [3, 1], "scores": [0.5, 1e-3], "notes": ["null is a word"], "ok": True, "none": None}
     assert dump_json(value) == json.dumps(value, separators=(",", ":")).encode()

@@ -39,7 +39,7 @@ from hugerec.data.vector_tables import load_vectors
 from hugerec.distributed.launch import init_from_env, launched_by_torchrun
 from hugerec.distributed.planner import Workload, plan
 from hugerec.distributed.shard import shard
-from hugerec.embedding.table_config import TableConfig
+from hugerec.embedding.table_config import Storage, TableConfig
 from hugerec.models.model import RecModel
 from hugerec.models.model_config import DCNv2Config, DeepFMConfig, DLRMConfig, WideAndDeepConfig
 from hugerec.models.registry import Family, build_model
@@ -118,11 +118,12 @@ def train(cfg: RunConfig) -> History:
     """Trains the [model] on data.train; the model keys the config left out fitted to the data first
     (fitted_to_data), and a line saying what runs (model, parameters, rows, batch, steps) before it does."""
     schema = read_schema(cfg.data.schema_path, "data.schema")
-    tables = [replace(t, dtype=cfg.embedding.dtype) for t in schema.table_configs(dim=cfg.embedding.dim)]
+    tables = cfg.embedding.tables(schema.table_configs(dim=cfg.embedding.dim), cfg.out_dir)
     rows = _rows_in(cfg.data.train, "data.train")
     cfg = with_data_defaults(cfg, rows, len(schema.dense))
     if launched_by_torchrun():
         return _train_distributed(cfg, schema, tables)
+    _prepare_disk_tables(tables, fresh=not cfg.train.resume)
     if cfg.train.seed is not None:  # the same seed, the same initial weights
         seed_everything(cfg.train.seed)
     model = _build(cfg, tables, schema)
@@ -135,6 +136,22 @@ def train(cfg: RunConfig) -> History:
     _save_best(cfg, history, schema, tables)
     write_config(cfg)
     return history
+
+
+def _prepare_disk_tables(tables: list[TableConfig], fresh: bool) -> None:
+    """The folders of the disk tables' files; a fresh run (not train.resume) removes the files and snapshots an
+    earlier run left there, as it replaces that run's checkpoints (a resumed one restores them)."""
+    for t in tables:
+        if t.storage is not Storage.DISK:
+            continue
+        assert t.path is not None  # TableConfig checks
+        path = Path(t.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            for old in path.parent.glob(f"{path.name}.shard*"):  # a torchrun run's files, one per shard
+                old.unlink() if old.is_file() else shutil.rmtree(old)
+            path.unlink(missing_ok=True)
+            shutil.rmtree(path.parent / f"{path.name}.snapshots", ignore_errors=True)
 
 
 def with_data_defaults(cfg: RunConfig, rows: int, num_dense: int) -> RunConfig:
@@ -183,6 +200,9 @@ def _train_distributed(cfg: RunConfig, schema: Schema, tables: list[TableConfig]
     """`train` on this rank of a torchrun job: the same model on every rank (same seed), sharded by the plan."""
     env = init_from_env()
     try:
+        if env.rank == 0:
+            _prepare_disk_tables(tables, fresh=not cfg.train.resume)
+        dist.barrier()  # no rank builds its disk tables before rank 0 has removed an earlier run's files
         seed_everything(0 if cfg.train.seed is None else cfg.train.seed)  # every rank must build the same model
         model = _build(cfg, tables, schema)
         sharding = plan(

@@ -269,15 +269,26 @@ class DataSection:
 
 @dataclass(frozen=True)
 class EmbeddingSection:
-    """dim: width of every table (DLRM and DeepFM need one width); optimizer: the tables' sparse optimizer;
-    dtype: how the rows are stored, "fp32", "bf16" or "fp16" (half the memory)."""
+    """The ranking models' embedding tables.
 
-    dim: int = 16
+    dim        width of every table, or "auto": each table's width from its cardinality C (the number of
+               ids), 6 * C ** 0.25 rounded up to a multiple of 8, from 8 to 64 (10 ids -> 16, 1,000 -> 40,
+               from ~10,000 ids -> 64; hugerec.training.defaults.auto_embedding_dim); DLRM and DeepFM need
+               one width: the rule at the largest table, or the last width of model.bottom when the
+               config sets it. `hugerec train` prints the widths it chose
+    optimizer  the tables' sparse optimizer
+    dtype      how the rows are stored, "fp32", "bf16" or "fp16" (half the memory)
+    """
+
+    dim: int | str = "auto"
     optimizer: Optimizer = field(default_factory=lambda: RowWiseAdagrad(lr=0.05))
     dtype: StorageDtype = StorageDtype.FP32
 
     def __post_init__(self) -> None:
-        if self.dim < 1:
+        if isinstance(self.dim, str):
+            if self.dim != "auto":
+                raise ValueError(f'dim must be an int >= 1 or "auto", got {self.dim!r}')
+        elif self.dim < 1:
             raise ValueError(f"dim must be >= 1, got {self.dim}")
 
 
@@ -398,7 +409,7 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     cfg = dataclasses.replace(from_dict(RunConfig, data, "", READERS), model=read_model(model), model_keys=frozenset(given))
     if cfg.train.out_dir is None:
         raise ConfigError("train.out_dir: give a folder for the model, the log and the plot")
-    if "bottom" in given:  # a default bottom is fitted to the embedding dim by `train`
+    if "bottom" in given and isinstance(cfg.embedding.dim, int):  # a default bottom is fitted to the embedding dim by `train`
         _check_model_fits_embedding(cfg.model, cfg.embedding.dim)  # now, not after the data was read
     _check_roles(cfg)
     if path is not None:

@@ -381,6 +381,13 @@ def _pipeline_root() -> type:
     )
 
 
+def _up_root() -> type:
+    """up.toml as a dataclass: its one [ranker] table."""
+    from hugerec.cli.up_ranker import RankerSection
+
+    return dataclasses.make_dataclass("UpFile", [("ranker", RankerSection, dataclasses.field(default_factory=RankerSection))], frozen=True)
+
+
 def config_files() -> list[ConfigFile]:
     from hugerec.cli.loop_command import LoopFile
     from hugerec.cli.run_config import RunConfig
@@ -402,6 +409,15 @@ def config_files() -> list[ConfigFile]:
             LoopFile,
             _loop_variants,
             "The continuous-training loop's file (`configs/loop_synthetic.toml`).",
+        ),
+        ConfigFile(
+            "The up config",
+            "up-config",
+            "`hugerec up`",
+            _up_root(),
+            dict,
+            "`up.toml`, written by `hugerec up` beside `retriever.toml`: how it builds the ranking stage "
+            "(`ranker.KEY=VALUE` on its command line overrides a key; `--no-ranker` is `ranker.enabled = false`).",
         ),
         ConfigFile(
             "The pipeline config",

@@ -60,14 +60,13 @@ class RankerSection:
                       (0: uniform over the catalogue; 1: popularity-weighted, which teaches the ranker to
                       demote popular items)
     max_rows          at most this many labelled rows: positives are subsampled (seeded) beyond
-                      max_rows / (1 + negatives), which bounds the ranker's training time (30,000 rows
-                      of 2 epochs: about a minute of `hugerec up` on a loaded 2-core machine, where
-                      100,000 took six)
+                      max_rows / (1 + negatives), which bounds the ranker's training time (and with
+                      `epochs`, the minutes `hugerec up` takes: benchmarks/README.md)
     vectors           the ranker also reads the retriever's user and item vectors (dense features u0..,
                       i0.., scaled to unit mean square; its cross layers can form their dot product),
                       beside the user and item ids. Off by default: with positives = "all" the vectors
-                      have fit the positives (leakage), and on the synthetic world it ranked no better
-                      than the ids alone at three times the cost per candidate
+                      have fit the positives (the ranker learns from inflated scores), and they add
+                      2 x the retriever's dim inputs to every scored candidate
     epochs            the ranker's epochs (an upper bound: early stopping on the validation split ends it)
     valid_fraction    the latest share of the labelled rows by time: the ranker's validation split
     seed              the sampler's seed

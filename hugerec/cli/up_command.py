@@ -480,10 +480,11 @@ def _up(args: argparse.Namespace) -> int:
     _train(cfg, t0)
     model = cfg.out_dir / "model.pt"
     num_items, user = _model_facts(model)
-    ranker = _rank(cfg, model, config_path.parent, section, synth is not None)
-    write_pipeline = not pipeline_path.is_file() or source is None or source.suffix != ".toml"
-    if write_pipeline or ranker is not None:  # the ranker's files are new each run: the [inputs] follow them
+    ranker = _rank(cfg, model, config_path.parent, section)
+    if not pipeline_path.is_file() or source is None or source.suffix != ".toml":
         pipeline_path.write_text(pipeline_toml(pipeline_path, model, pipeline_path.parent / "pipeline", num_items, ranker))
+    elif ranker is not None and "ranker_bundle" not in pipeline_path.read_text():
+        print(f"      note: {pipeline_path} has no ranker ([inputs] ranker_bundle, [score]); remove it to have `up` write one with the ranker", flush=True)
     t0 = _step(4, f"pipeline (hugerec pipeline build {pipeline_path})")
     bundle, name, version = _build(pipeline_path, None, t0)
     if synth is not None:
@@ -519,7 +520,7 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rank(cfg: RunConfig, model: Path, out: Path, section: RankerSection, world: bool, step: bool = True) -> RankerFiles | None:
+def _rank(cfg: RunConfig, model: Path, out: Path, section: RankerSection, step: bool = True) -> RankerFiles | None:
     """Step 3: the ranker (up_ranker.build_ranker) on the retriever's training part, or None when disabled."""
     from hugerec.cli.up_ranker import build_ranker
 
@@ -636,9 +637,7 @@ def watch(loop: FolderLoop, publisher: Publisher) -> None:
             _train(cfg, t0)
             section = loop.ranker if loop.ranker is not None else _default_section()
             model = cfg.out_dir / "model.pt"
-            ranker = _rank(cfg, model, loop.config.parent, section, world=False, step=False)
-            if ranker is not None:  # the new ranker bundle and code tables: the pipeline's [inputs] point at them
-                loop.pipeline.write_text(pipeline_toml(loop.pipeline, model, loop.pipeline.parent / "pipeline", _model_facts(model)[0], ranker))
+            _rank(cfg, model, loop.config.parent, section, step=False)  # the same files: pipeline.toml reads them
             bundle, _, _ = _build(loop.pipeline, loop.pipeline.parent / f"pipeline-v{version}", t0)
             publisher.publish(bundle, version, 0.0)
             publisher.promote(version)

@@ -220,7 +220,8 @@ def sample_rows(
     hu = neg_users[is_hard]
     has_pool = valid[hu] > 0
     pick_at = (rng.random(len(hu)) * np.maximum(valid[hu], 1)).astype(np.int64)
-    neg_items[np.flatnonzero(is_hard)[has_pool]] = pools[hu[has_pool], pick_at[has_pool]]
+    from_pool = np.flatnonzero(is_hard)[has_pool]
+    neg_items[from_pool] = pools[hu[has_pool], pick_at[has_pool]]
     # catalogue: by popularity ** power, redrawn while the draw is an item the user has seen
     weights = np.maximum(item_counts.astype(np.float64), 0.0) ** section.popularity_power if section.popularity_power else np.ones(num_items)
     if weights.sum() <= 0:
@@ -242,7 +243,7 @@ def sample_rows(
         "timestamp": np.concatenate([times, np.repeat(times, section.negatives)[keep]]).astype(np.int64),
         "label": np.concatenate([np.ones(n, np.int64), np.zeros(int(keep.sum()), np.int64)]),
     }
-    counts = {"positives": n, "negatives": int(keep.sum()), "hard": int((keep & is_hard).sum()), "subsampled": subsampled, "dropped": dropped}
+    counts = {"positives": n, "negatives": int(keep.sum()), "hard": len(from_pool), "subsampled": subsampled, "dropped": dropped}
     counts["catalogue"] = counts["negatives"] - counts["hard"]
     return columns, counts
 

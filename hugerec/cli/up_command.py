@@ -669,7 +669,7 @@ def _serve(bundle: Path, host: str, port: int, user: int, loop: FolderLoop | Non
         publisher = Publisher(ServerTarget(f"http://{shown}:{port}", loop.name, token))  # imported here: not inside the thread
         threading.Thread(target=watch, args=(loop, publisher), name="up-loop", daemon=True).start()
         print(f"[loop] watching {loop.folder} every {loop.every_s:g} s for new log files", flush=True)
-    print(f"[4/4] serving {bundle} on http://{shown}:{port} (Ctrl-C stops it); try:", flush=True)
+    print(f"[5/5] serving {bundle} on http://{shown}:{port} (Ctrl-C stops it); try:", flush=True)
     print(f"      curl -s http://{shown}:{port}/recommend -H 'Content-Type: application/json' -d '{body}'", flush=True)
     print(f"      or open http://{shown}:{port}/ (the status page, with a form to try it)", flush=True)
     serve(bundle, host=host, port=port, config=config, threads=1)  # `hugerec serve`'s default: idle torch threads cost CPU per request

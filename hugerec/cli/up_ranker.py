@@ -64,9 +64,9 @@ class RankerSection:
                       `epochs`, the minutes `hugerec up` takes: benchmarks/README.md)
     vectors           the ranker also reads the retriever's user and item vectors (dense features u0..,
                       i0.., scaled to unit mean square; its cross layers can form their dot product),
-                      beside the user and item ids. Off by default: with positives = "all" the vectors
-                      have fit the positives (the ranker learns from inflated scores), and they add
-                      2 x the retriever's dim inputs to every scored candidate
+                      beside the user and item ids; false: the ids alone (2 x the retriever's dim fewer
+                      inputs per scored candidate, but all the ranker knows is then what its own
+                      embeddings learn from max_rows rows)
     epochs            the ranker's epochs (an upper bound: early stopping on the validation split ends it)
     valid_fraction    the latest share of the labelled rows by time: the ranker's validation split
     seed              the sampler's seed
@@ -80,7 +80,7 @@ class RankerSection:
     popularity_power: float = 0.0
     max_rows: int = 30_000
     epochs: int = 2
-    vectors: bool = False
+    vectors: bool = True
     valid_fraction: float = 0.1
     seed: int = 0
 

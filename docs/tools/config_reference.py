@@ -332,6 +332,13 @@ def _loop_variants() -> dict[str, Variants]:
     return {"model": loop_model_variants(), "embedding.optimizer": optimizer_variants()}
 
 
+def _retrieval_loop_variants() -> dict[str, Variants]:
+    from hugerec.models import REGISTRY
+
+    models = Variants("type", tuple((n, REGISTRY[n].config) for n in ("two_tower", "mf")), "two_tower")
+    return {"model": models, "embedding.optimizer": optimizer_variants()}
+
+
 @dataclass(frozen=True)
 class PipelineInputs:
     """[inputs]: the trained models and tables a pipeline bundle is built from (paths are found like a run
@@ -390,6 +397,7 @@ def _up_root() -> type:
 
 def config_files() -> list[ConfigFile]:
     from hugerec.cli.loop_command import LoopFile
+    from hugerec.cli.retrieval_loop_command import RetrievalLoopFile
     from hugerec.cli.run_config import RunConfig
 
     return [
@@ -409,6 +417,15 @@ def config_files() -> list[ConfigFile]:
             LoopFile,
             _loop_variants,
             "The continuous-training loop's file (`configs/loop_synthetic.toml`).",
+        ),
+        ConfigFile(
+            "The retrieval loop config",
+            "retrieval-loop-config",
+            "`hugerec loop` with `model.type = \"two_tower\"` or `\"mf\"`",
+            RetrievalLoopFile,
+            _retrieval_loop_variants,
+            "The continuous-training loop of a retrieval model (`configs/loop_two_tower.toml`): its own [loop], [data], "
+            "[gate], [index] and [server]; a key of the ranking loop's file is refused.",
         ),
         ConfigFile(
             "The up config",

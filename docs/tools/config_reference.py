@@ -388,6 +388,13 @@ def _pipeline_root() -> type:
     )
 
 
+def _up_root() -> type:
+    """up.toml as a dataclass: its one [ranker] table."""
+    from hugerec.cli.up_ranker import RankerSection
+
+    return dataclasses.make_dataclass("UpFile", [("ranker", RankerSection, dataclasses.field(default_factory=RankerSection))], frozen=True)
+
+
 def config_files() -> list[ConfigFile]:
     from hugerec.cli.loop_command import LoopFile
     from hugerec.cli.retrieval_loop_command import RetrievalLoopFile
@@ -419,6 +426,15 @@ def config_files() -> list[ConfigFile]:
             _retrieval_loop_variants,
             "The continuous-training loop of a retrieval model (`configs/loop_two_tower.toml`): its own [loop], [data], "
             "[gate], [index] and [server]; a key of the ranking loop's file is refused.",
+        ),
+        ConfigFile(
+            "The up config",
+            "up-config",
+            "`hugerec up`",
+            _up_root(),
+            dict,
+            "`up.toml`, written by `hugerec up` beside `retriever.toml`: how it builds the ranking stage "
+            "(`ranker.KEY=VALUE` on its command line overrides a key; `--no-ranker` is `ranker.enabled = false`).",
         ),
         ConfigFile(
             "The pipeline config",

@@ -230,6 +230,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_run_config(config_path, [*overrides, *_recommend_overrides(args)])
         if args.print_config:  # every key, unset ones as null: the full list of what a config may say
             print(json.dumps(resolved_dict(cfg), indent=1, default=str))
+            if args.command == "train" and cfg.family.value == "ranking":  # what "auto" comes to on this data
+                from hugerec.cli.commands import auto_values
+
+                for line in auto_values(cfg):
+                    print(f"# {line}", file=sys.stderr)
             return 0
         run: Callable[[RunConfig, argparse.Namespace], None] = RUNNERS[args.command]
         run(cfg, args)

@@ -269,20 +269,26 @@ class DataSection:
 
 @dataclass(frozen=True)
 class EmbeddingSection:
-    """dim: width of every table (DLRM and DeepFM need one width); optimizer: the tables' sparse optimizer;
-    dtype: how the rows are stored, "fp32", "bf16" or "fp16" (half the memory).
+    """The ranking models' embedding tables.
 
-    storage       "memory", or "disk": tables larger than memory live in files (rows and optimizer state),
-                  their hot rows in a RAM cache (hugerec.embedding.disk); `train.resume` continues a killed
-                  run from its last checkpoint, bit for bit
-    path          with storage = "disk": the folder of the tables' files, one `<table>.rows` each (default
-                  <train.out_dir>/tables); relative to the current directory
-    cache_rows, cache_bytes   with storage = "disk": each disk table's RAM cache, in rows or in bytes (one of
-                  the two; a table with fewer rows than cache_rows stays in memory unless disk_tables names it)
-    disk_tables   with storage = "disk": the tables on disk (empty: every table larger than its cache)
+    dim        width of every table, or "auto": each table's width from its cardinality C (the number of
+               ids), 6 * C ** 0.25 rounded up to a multiple of 8, from 8 to 64 (10 ids -> 16, 1,000 -> 40,
+               from ~10,000 ids -> 64; hugerec.training.defaults.auto_embedding_dim); DLRM and DeepFM need
+               one width: the rule at the largest table, or the last width of model.bottom when the
+               config sets it. `hugerec train` prints the widths it chose
+    optimizer  the tables' sparse optimizer
+    dtype      how the rows are stored, "fp32", "bf16" or "fp16" (half the memory)
+    storage    "memory", or "disk": tables larger than memory live in files (rows and optimizer state),
+               their hot rows in a RAM cache (hugerec.embedding.disk); `train.resume` continues a killed
+               run from its last checkpoint, bit for bit
+    path       with storage = "disk": the folder of the tables' files, one `<table>.rows` each (default
+               <train.out_dir>/tables); relative to the current directory
+    cache_rows, cache_bytes   with storage = "disk": each disk table's RAM cache, in rows or in bytes (one
+               of the two; a table with fewer rows than cache_rows stays in memory unless disk_tables names it)
+    disk_tables  with storage = "disk": the tables on disk (empty: every table larger than its cache)
     """
 
-    dim: int = 16
+    dim: int | str = "auto"
     optimizer: Optimizer = field(default_factory=lambda: RowWiseAdagrad(lr=0.05))
     dtype: StorageDtype = StorageDtype.FP32
     storage: Storage = Storage.MEMORY
@@ -292,7 +298,10 @@ class EmbeddingSection:
     disk_tables: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.dim < 1:
+        if isinstance(self.dim, str):
+            if self.dim != "auto":
+                raise ValueError(f'dim must be an int >= 1 or "auto", got {self.dim!r}')
+        elif self.dim < 1:
             raise ValueError(f"dim must be >= 1, got {self.dim}")
         if self.storage is Storage.MEMORY:
             for key in ("path", "cache_rows", "cache_bytes", "disk_tables"):
@@ -455,7 +464,7 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     cfg = dataclasses.replace(from_dict(RunConfig, data, "", READERS), model=read_model(model), model_keys=frozenset(given))
     if cfg.train.out_dir is None:
         raise ConfigError("train.out_dir: give a folder for the model, the log and the plot")
-    if "bottom" in given:  # a default bottom is fitted to the embedding dim by `train`
+    if "bottom" in given and isinstance(cfg.embedding.dim, int):  # a default bottom is fitted to the embedding dim by `train`
         _check_model_fits_embedding(cfg.model, cfg.embedding.dim)  # now, not after the data was read
     _check_roles(cfg)
     if path is not None:

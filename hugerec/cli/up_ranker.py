@@ -340,7 +340,7 @@ def build_ranker(retriever: RunConfig, model_path: Path, out: Path, section: Ran
 
     from hugerec.cli import commands
     from hugerec.cli.run_config import load_run_config
-    from hugerec.cli.task_commands import _retrieval_split, _retrieval_validation, retrieval_data
+    from hugerec.cli.task_commands import retrieval_data
     from hugerec.data.interactions import histories
     from hugerec.training.model_file import load_model
 
@@ -356,7 +356,7 @@ def build_ranker(retriever: RunConfig, model_path: Path, out: Path, section: Ran
     offsets, history = histories(d.train)
     user_vectors, item_vectors = retriever_vectors(saved.model, offsets, history)
     if label is None:
-        frame = d.train.frame if section.positives == "all" else _retrieval_validation(d, _retrieval_split(retriever))[1].frame
+        frame = d.train.frame if section.positives == "all" else d.validation_split()[1].frame
         pools = hard_pools(user_vectors, item_vectors, offsets, history, section.hard_pool) if section.hard else np.full((d.data.num_users, 1), -1, np.int64)
         columns, counts = sample_rows(
             frame["user"].to_numpy(), frame["item"].to_numpy(), frame["timestamp"].to_numpy(),

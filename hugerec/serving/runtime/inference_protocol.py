@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from hugerec.serving.runtime.json_tokens import may_hold_big_integers
 from hugerec.serving.runtime.model_inputs import ModelInputs
 
 try:
@@ -273,10 +274,10 @@ def parse_json(raw: bytes) -> Any:
     standard parser would spend quadratic time on a long one, or raise an error that is not a request's.
     orjson reads an integer beyond 64 bits that a float can hold (30 digits) as that float, silently, so a
     body with a number token of 20 digits or more, or a minus and 19 (every such integer; a string of digits
-    may look like one, a fraction's digits do not), goes to the standard parser. Nesting deeper than the standard parser's recursion allows is a
+    may look like one, a fraction's digits do not: json_tokens.py), goes to the standard parser. Nesting deeper than the standard parser's recursion allows is a
     JSONDecodeError too (a request, not a server fault).
     """
-    if _orjson is not None and not _may_hold_big_integers(raw):
+    if _orjson is not None and not may_hold_big_integers(raw):
         try:
             return _orjson.loads(raw)
         except _orjson.JSONDecodeError:
@@ -304,18 +305,6 @@ class _TooLarge:
     """Stands in the parsed value for an integer literal beyond 64 bits, until parse_json finds its place."""
 
 
-# An integer literal beyond 64 bits has 20 digits, or a minus and 19 (2**64, -2**63 - 1), and starts a token:
-# after one of , [ : or white space, where a fraction's digits follow a "." and an exponent's an "e". With the
-# digits mapped to "0" and every other character but . e E + - to ",", two searches find them: 0.5 ms for a
-# 385 KB body of floats, half of orjson's parse (regular expressions for a digit run took 3 to 6 ms).
-_TOKENS = bytes(0x30 if 0x30 <= c <= 0x39 else c if c in b".eE+-" else 0x2C for c in range(256))
-_TWENTY_DIGITS, _MINUS_NINETEEN = b"," + b"0" * 20, b",-" + b"0" * 19
-
-
-def _may_hold_big_integers(raw: bytes) -> bool:
-    """Whether the JSON text has an integer literal of 20 digits or more, or a minus and 19 (or a string of them)."""
-    zeros = b"," + (raw if isinstance(raw, bytes | bytearray) else bytes(raw)).translate(_TOKENS)
-    return _TWENTY_DIGITS in zeros or _MINUS_NINETEEN in zeros
 _SHOWN_DIGITS = 40  # digits of a refused integer shown in the error
 
 

@@ -354,7 +354,7 @@ def test_long_digit_runs_that_are_not_big_integers_parse_as_before() -> None:
 def test_fractions_with_long_digit_runs_stay_on_the_fast_parser() -> None:
     """A float's fraction or exponent is no integer literal: -0.0058760265819728374 (19 digits after the point,
     common in JSON tensors) and 1e-00000000000000000005 keep orjson; 19-digit ids within int64 too."""
-    from hugerec.serving.runtime.inference_protocol import _may_hold_big_integers
+    from hugerec.serving.runtime.json_tokens import may_hold_big_integers as _may_hold_big_integers
 
     floats = b'{"data": [-0.0058760265819728374, 0.00026772439014166594, 1e-00000000000000000005, 9223372036854775807]}'
     assert not _may_hold_big_integers(floats)

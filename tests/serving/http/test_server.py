@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from hugerec.serving.bundles.export import export
 from hugerec.serving.http.limits import RequestLimits
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
 from hugerec.serving.runtime.batching import BatchingConfig
+from hugerec.serving.runtime.model_inputs import ModelInputs
+from hugerec.serving.runtime.served_model import ServedModel
 
 TOKEN = "t" * 24
 
@@ -325,3 +328,62 @@ def test_a_body_shorter_than_its_content_length_gets_408_and_the_connection_clos
         srv.close()
     with pytest.raises(ValueError, match="body_timeout_s"):
         RequestLimits(body_timeout_s=0)
+
+
+def test_concurrent_infer_requests_reach_the_batcher_in_one_loop_turn(toy: Any, tmp_path: Path) -> None:
+    """Requests whose bodies are in go through admission, body reading and decoding to the batcher in the loop
+    turn that received them, so with max_delay_ms=0 all of them join one model call. A hop to a thread on
+    the way (checked: to_thread in the body reading) lets the first batch start before the rest are in and
+    splits them ([30, 1] here): smaller batches, more CPU per request under concurrency."""
+    srv = InferenceServer(
+        ServerConfig(batching=BatchingConfig(max_batch_size=1024, max_delay_ms=0, offload_rows=1024)),
+        ServeOptions(state_dir=str(tmp_path / "state")),
+    )
+    srv.add_bundle(toy.bundle)
+    served = srv.model_versions("toy").route()
+    assert isinstance(served, ServedModel)
+    calls: list[int] = []
+    run = served.batcher.run
+
+    def counted(inputs: ModelInputs) -> np.ndarray:
+        calls.append(inputs.batch_size)
+        return run(inputs)
+
+    served.batcher.run = counted
+    types = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
+    bodies = []
+    for seed in range(16):
+        tensors = toy.tensors(toy.batch(1 + seed % 3, seed=200 + seed))
+        inputs = [
+            {"name": k, "datatype": types[v.dtype], "shape": list(v.shape), "data": v.ravel().tolist()}
+            for k, v in tensors.items()
+        ]
+        bodies.append(json.dumps({"inputs": inputs}).encode())
+
+    async def one(body: bytes) -> int:
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v2/models/toy/infer",
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(dict(message))
+
+        await srv(scope, receive, send)
+        return int(sent[0]["status"])
+
+    async def all_at_once() -> list[int]:
+        return list(await asyncio.gather(*(one(b) for b in bodies)))
+
+    try:
+        assert asyncio.run(all_at_once()) == [200] * 16
+        assert calls == [sum(1 + seed % 3 for seed in range(16))]  # one model call of all their rows
+        assert srv.admission.requests == 0 and srv.admission.bytes == 0  # every request left admission
+    finally:
+        srv.close()

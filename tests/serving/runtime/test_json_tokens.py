@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hugerec.serving.runtime.json_tokens import may_hold_big_integers, may_hold_big_integers_reference
 
 # the characters that decide a token's start and end, and digits in long runs
-_ALPHABET = st.sampled_from(list("0123456789" * 6 + ".eE+-,[]{}: \n\"ax"))
+_ALPHABET = st.sampled_from(list("0123456789" * 6 + '.eE+-,[]{}: \n"ax'))
 
 
 @settings(max_examples=400, deadline=None)
@@ -23,7 +23,9 @@ def test_the_kernel_agrees_with_the_reference_on_any_text(text: str) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False)), max_size=30))
-def test_json_numbers_are_flagged_exactly_when_an_integer_needs_more_than_64_bits_of_digits(values: list[object]) -> None:
+def test_json_numbers_are_flagged_exactly_when_an_integer_needs_more_than_64_bits_of_digits(
+    values: list[object],
+) -> None:
     """Every integer outside -(10**19 - 1) .. 10**20 - 1 is flagged (each one beyond 64 bits is); floats never
     are unless their integer part has 20 digits (json.dumps writes those with an exponent: never)."""
     raw = json.dumps({"data": values}).encode()

@@ -308,7 +308,7 @@ def two_tower_week(users: int, items: int, days: int = 7) -> list[dict[str, Any]
     from hugerec.continuous.retrieval_loop import RetrievalLoop, RetrievalLoopConfig
     from hugerec.data.interactions import held_out_csr
     from hugerec.data.synthetic_interactions import DriftConfig, InteractionConfig, generate_interaction_days
-    from hugerec.serving.bundles.pipeline_bundle import load_pipeline
+    from hugerec.serving import load
     from hugerec.serving.pipeline.runner import Query
     from hugerec.training.ranking_metrics import list_metrics
 
@@ -323,7 +323,7 @@ def two_tower_week(users: int, items: int, days: int = 7) -> list[dict[str, Any]
         version = loop.serving_version()
         assert version is not None, loop.log.records[-1]
         held = held_out_csr(stream.day(d))
-        pipe = load_pipeline(loop.bundle(version), name="recs", version=version)
+        pipe = load(loop.bundle(version), name="recs", version=version)
         try:
             top = torch.full((users, cfg.k), -1, dtype=torch.int64)
             for u in np.flatnonzero(np.diff(held[0]) > 0):

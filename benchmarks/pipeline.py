@@ -354,10 +354,10 @@ def main() -> None:
     workdir = world(items, users, args.rebuild)
     records: list[dict[str, Any]] = []
     from hugerec.index.vector_index import HnswIndex
-    from hugerec.serving.bundles.pipeline_bundle import load_pipeline
+    from hugerec.serving import load
     from hugerec.serving.pipeline import Query
 
-    loaded = load_pipeline(workdir / "pipeline")
+    loaded = load(workdir / "pipeline")
     res = loaded.pipeline.res
     assert isinstance(res.index, HnswIndex) and res.encoder is not None and res.item_vectors is not None
     rng = np.random.default_rng(2)

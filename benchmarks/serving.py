@@ -26,7 +26,7 @@ scores, one thread) on the same rows, us per row at batch 1 and 256. Over HTTP: 
 against naive-lightgbm (FastAPI + pydantic, Booster.predict per request), batch 1 from 16 clients and
 batch 256 from 4 clients: p50 / p99 latency and throughput, interleaved like the DLRM runs.
 Loading (config "gbm load", seconds, median of 3 or 7 interleaved repeats): hugerec-lightgbm (the
-server's load_gbm_bundle: our reader with every tree checked, then the library's parse of the same bytes
+server's load (hugerec.serving.load): our reader with every tree checked, then the library's parse of the same bytes
 in a child process under the load deadline, its probe scores compared) against in-process-lightgbm (the
 load before: the library parses the file in the server's process, the forest is flattened from its
 dump), and hugerec-lightgbm-no-child (our reader and checks alone: what isolation adds is the rest).
@@ -234,11 +234,13 @@ def gbm_train(library: str, out: Path, rows: int) -> tuple[Path, Path]:
 
 def gbm_in_process(library: str, path: Path, bundle: Path, seconds: float) -> list[dict[str, Any]]:
     """us per row of GBMModel.predict (hugerec-LIB) and of the library's predict (naive-LIB), same rows."""
+    from hugerec import serving
     from hugerec.models.gbm import Library, TreeModel
-    from hugerec.serving.bundles.gbm_bundle import load_gbm_bundle
     from hugerec.serving.runtime.model_inputs import ModelInputs
 
-    model = load_gbm_bundle(bundle).model
+    served = serving.load(bundle)
+    model = served.model
+    served.close()  # its batcher; the model itself holds no resources
     tree = TreeModel.load(path, Library(library), threads=1)
     records = []
     for batch in (1, 256):
@@ -271,14 +273,20 @@ def gbm_in_process(library: str, path: Path, bundle: Path, seconds: float) -> li
     return records
 
 
+def _loaded_forest(served: Any) -> Any:
+    """The forest of a served GBM bundle, its batcher closed (the load is what is timed)."""
+    served.close()
+    return served.model.forest
+
+
 def gbm_load(library: str, path: Path, bundle: Path, repeats: int) -> list[dict[str, Any]]:
     """Seconds to load the 500-tree bundle's model (median of `repeats`), same run: hugerec-LIB (what the
     server does: checksums, our reader with every tree checked, the library's parse in a child process
     whose probe scores must match), hugerec-LIB-no-child (our reader and checks alone), and
     in-process-LIB (the load before the checks: the library parses the file in process, then the
     forest is flattened from its dump)."""
+    from hugerec import serving
     from hugerec.models.gbm import Library, TreeModel
-    from hugerec.serving.bundles.gbm_bundle import load_gbm_bundle
     from hugerec.serving.runtime.forest import Forest
 
     lib = Library(library)
@@ -294,7 +302,7 @@ def gbm_load(library: str, path: Path, bundle: Path, repeats: int) -> list[dict[
         return Forest.from_lightgbm(raw.decode(), str(path)) if lib is Library.LIGHTGBM else Forest.from_xgboost_json(raw, str(path))
 
     sides = {
-        f"hugerec-{library}": lambda: load_gbm_bundle(bundle).model.forest,
+        f"hugerec-{library}": lambda: _loaded_forest(serving.load(bundle)),
         f"hugerec-{library}-no-child": no_child,
         f"in-process-{library}": in_process,
     }

@@ -1,12 +1,13 @@
-"""Two-tower retrieval on MovieLens-1M with the public API: read, split, train with early stopping on a
-validation split, evaluate, index, recommend.
+"""Two-tower retrieval on MovieLens-1M with the public API: declare the data by its roles, build the model
+from the registry, train with early stopping on a validation split, evaluate, index, recommend.
 
     python examples/retrieval_movielens.py [--data PATH/TO/ml-1m] [--epochs 10] [--users N]
 
 --data defaults to $HUGEREC_DATA/movielens/ml-1m (or ../shared/data/movielens/ml-1m beside the repo);
---users keeps only the first N users (a quick look). --epochs is the most it trains: each user's
-second-to-last event is the validation split, and training stops once recall@10 on it stops rising
-(the best epoch's weights are kept); the last event is the test split, scored once at the end.
+--users keeps only the N users with the smallest ids (a quick look). --epochs is the most it trains: each
+user's second-to-last event is the validation split, and training stops once recall@10 on it stops
+rising (the best epoch's weights are kept); the last event is the test split, scored once at the end.
+The same run without code: `hugerec train configs/movielens_two_tower.toml`.
 """
 
 from __future__ import annotations
@@ -16,20 +17,12 @@ import os
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 import torch
 
 import hugerec as hr
-from hugerec.data.interactions import (
-    categorify,
-    held_out_csr,
-    histories,
-    iter_examples,
-    last_items,
-    leave_last_out,
-    read_interactions,
-)
-from hugerec.training.retrieval import all_item_vectors, user_vectors
+
+# the retrieval family's batches and full-ranking inputs, made from a split (not among the public names yet)
+from hugerec.data.interactions import held_out_csr, histories, iter_examples, last_items, leave_last_out
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = Path(os.environ.get("HUGEREC_DATA", REPO / ".." / "shared" / "data")) / "movielens" / "ml-1m"
@@ -42,17 +35,31 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=None)
     args = parser.parse_args()
 
-    raw = read_interactions(args.data / "ratings.dat.gz", ("user", "item", "rating", "timestamp"), separator="::")
-    if args.users:
-        raw = raw.filter(pl.col("user") <= args.users)
-    data, vocab = categorify(raw)
-    train, test = leave_last_out(data)
-    fit_part, valid = leave_last_out(train)  # the validation split: each user's last training event
-    print(f"{data.num_users} users, {data.num_items} items, {train.num_events} training events")
+    # 1. The data, declared once by its roles (as [preprocess] does for every model): UserID::MovieID::Rating::Timestamp.
+    spec = hr.data.InputSpec(
+        separator="::",
+        header=False,
+        columns=(
+            hr.data.ColumnSpec("user", "int", "user"),
+            hr.data.ColumnSpec("item", "int", "item"),
+            hr.data.ColumnSpec("rating", "int", "none"),
+            hr.data.ColumnSpec("timestamp", "timestamp"),  # unix seconds
+        ),
+    )
+    # its retrieval view: one time-ordered history per user, each user's last event held out for the test
+    split = hr.data.SplitSpec(hr.data.SplitKind.LEAVE_LAST_OUT)
+    data = hr.data.retrieval_view(spec, str(args.data / "ratings.dat.gz"), split, max_users=args.users)
+    fit_part, valid = leave_last_out(data.train)  # the validation split: each user's last training event
+    print(f"{data.data.num_users} users, {data.data.num_items} items, {data.train.num_events} training events")
 
+    # 2. The model, from the registry.
     config = hr.models.TwoTowerConfig(dim=64, recent=(1, 5), similarity="cosine", temperature=0.05)
-    model = hr.models.TwoTower(config, data.num_users, data.num_items, hr.Adam(lr=1e-2))
-    users = torch.arange(train.num_users)
+    model = hr.models.build_model(
+        config, optimizer=hr.Adam(lr=1e-2), num_users=data.data.num_users, num_items=data.data.num_items
+    )
+
+    # 3. Train through the one trainer, the retrieval family supplying its batches' loss and its metric.
+    users = torch.arange(data.data.num_users)
     seen = histories(fit_part)
     validation = hr.training.RetrievalValidation(
         users, last_items(*seen, users.numpy(), config.max_history), held_out_csr(valid), seen
@@ -66,23 +73,28 @@ def main() -> None:
         model,
         batches,
         validation,
-        hr.training.TrainConfig(epochs=args.epochs, lr=1e-3, early_stopping=es, tensorboard=False),
+        hr.training.TrainConfig(epochs=args.epochs, lr=1e-3, early_stopping=es, tensorboard=False, plot=False),
         family=hr.training.RetrievalFamily(fit_part.item_counts()),
     )
 
-    offsets, items = histories(train)
+    # 4. Evaluate on the test split, read once, at the end: the whole catalogue ranked, training items excluded.
+    offsets, items = histories(data.train)
     history = last_items(offsets, items, users.numpy(), config.max_history)
-    test_split = hr.training.RetrievalValidation(users, history, held_out_csr(test), (offsets, items))
-    metrics = hr.training.evaluate(model, test_split, ks=(10, 50))  # read once, at the end
+    test_split = hr.training.RetrievalValidation(users, history, held_out_csr(data.test), (offsets, items))
+    metrics = hr.training.evaluate(model, test_split, ks=(10, 50))
     print({k: round(v, 4) for k, v in metrics.items()})
 
-    index = hr.index.build_index(all_item_vectors(model), config=hr.index.IndexConfig("hnsw"))
-    first = hr.training.recommend(
-        model, users[:1], last_items(offsets, items, np.array([0]), 50), k=5, exclude=(offsets, items)
-    )
-    print(f"user {vocab.users[0]}: exact top-5 movies {vocab.items[first.items[0].numpy()].tolist()}")
-    _, ann = index.query(user_vectors(model, users[:1], last_items(offsets, items, np.array([0]), 50)), 5)
-    print(f"user {vocab.users[0]}: HNSW top-5 before excluding seen movies {vocab.items[ann[0].numpy()].tolist()}")
+    # 5. Recommend: exact top-5 (seen movies excluded), and the HNSW index over every item vector.
+    one = last_items(offsets, items, np.array([0]), config.max_history)  # user 0's history
+    first = hr.training.recommend(model, users[:1], one, k=5, exclude=(offsets, items))
+    print(f"user {data.users_raw[0]}: exact top-5 movies {data.items_raw[first.items[0].numpy()].tolist()}")
+    with torch.no_grad():
+        model.eval()
+        vectors = model.item_vectors(torch.arange(data.data.num_items))  # [I, D]
+        query = model.user_vectors(users[:1], one)  # [1, D]
+    index = hr.index.build_index(vectors, config=hr.index.IndexConfig("hnsw"))
+    _, ann = index.query(query, 5)
+    print(f"user {data.users_raw[0]}: HNSW top-5 before excluding seen movies {data.items_raw[ann[0].numpy()].tolist()}")
 
 
 if __name__ == "__main__":

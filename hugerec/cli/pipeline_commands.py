@@ -250,8 +250,9 @@ def build(config: str, out: str | None) -> tuple[Path, Any]:
 
 
 def query(args: argparse.Namespace) -> dict[str, Any]:
-    from hugerec.serving.bundles.pipeline_bundle import load_pipeline
+    from hugerec.serving.bundles.any_bundle import bundle_kind_of, load
     from hugerec.serving.pipeline.runner import Query, StageError
+    from hugerec.serving.pipeline.served_pipeline import ServedPipeline
     from hugerec.serving.runtime.inference_protocol import RequestError
 
     history: list[int] = []
@@ -270,8 +271,12 @@ def query(args: argparse.Namespace) -> dict[str, Any]:
         if not sep or not key or not math.isfinite(number):
             raise ConfigError(f"--context {item!r}: expected KEY=NUMBER, e.g. hour=9")
         context[key] = number
-    loaded = load_pipeline(args.bundle)
+    kind = bundle_kind_of(args.bundle)  # refused before anything is loaded
+    if kind != "pipeline":
+        raise ConfigError(f"{args.bundle} is a {kind} bundle; pipeline query needs a pipeline bundle (hugerec pipeline build)")
+    loaded = load(args.bundle)
     try:
+        assert isinstance(loaded, ServedPipeline)  # the manifest's kind said so
         rec = loaded.pipeline.recommend(Query(args.user, args.k, tuple(history), context, args.seed), args.debug)
     except (RequestError, StageError) as e:
         raise ConfigError(str(e)) from None

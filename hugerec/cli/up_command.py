@@ -286,16 +286,18 @@ def hit_rates(synth: SyntheticInteractions, bundle: Path, k: int = HIT_K) -> dic
     """Hit rate@k on each user's last event: the pipeline bundle's answers, and the oracle's (true logits, seen items excluded)."""
     import numpy as np
 
-    from hugerec.serving.bundles.pipeline_bundle import load_pipeline
+    from hugerec.serving.bundles.any_bundle import load
     from hugerec.serving.pipeline.runner import Query
+    from hugerec.serving.pipeline.served_pipeline import ServedPipeline
 
     frame = synth.data.frame.sort(["user", "timestamp"])
     users, items = frame["user"].to_numpy(), frame["item"].to_numpy()
     last = np.r_[users[1:] != users[:-1], True]  # each user's last event: the held-out target
     starts = np.r_[0, np.flatnonzero(last)[:-1] + 1]
     hits = {"pipeline": 0, "oracle": 0}
-    loaded = load_pipeline(bundle)
+    loaded = load(bundle)
     try:
+        assert isinstance(loaded, ServedPipeline), loaded.kind  # hugerec up built it as a pipeline bundle
         for lo in range(0, len(starts), 512):
             block = np.arange(lo, min(lo + 512, len(starts)))
             true = synth.true_scores(users[starts[block]])  # [b, I]

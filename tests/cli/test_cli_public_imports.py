@@ -65,7 +65,7 @@ def test_the_cli_imports_only_public_names() -> None:
 
 
 def test_the_cli_calls_the_entry_points_a_user_would() -> None:
-    """Training, evaluation, the model file and the export go through the public entry points."""
+    """Training, evaluation, the model file, the export and loading a bundle go through the public entry points."""
     imported = {(module.split(".")[1], name) for _, module, name in _cli_imports()}
     for package, name in [
         ("training", "fit"),
@@ -74,6 +74,7 @@ def test_the_cli_calls_the_entry_points_a_user_would() -> None:
         ("training", "load_model"),
         ("models", "build_model"),
         ("serving", "export"),
+        ("serving", "load"),
     ]:
         assert (package, name) in imported, f"the CLI never imports {name} from hugerec.{package}"
         assert name in importlib.import_module(f"hugerec.{package}").__all__

@@ -17,8 +17,9 @@ from hugerec.cli.gbm_commands import evaluate_trees_cmd, predict_trees, train_tr
 from hugerec.cli.run_config import load_run_config
 from hugerec.data.matrix import read_matrix
 from hugerec.data.schema import Schema
-from hugerec.serving.bundles.gbm_bundle import load_gbm_bundle
+from hugerec.serving.bundles.any_bundle import load
 from hugerec.serving.runtime.model_inputs import ModelInputs
+from hugerec.serving.runtime.served_model import ServedModel
 from tests.cli.conftest import TINY
 
 pytest.importorskip("lightgbm")
@@ -52,7 +53,9 @@ def test_train_evaluate_predict_export(kind: str, prepared: Path, monkeypatch: p
     assert table.num_rows == rows and table.column_names == ["label", "probability"]
 
     bundle = export_model(cfg)
-    loaded = load_gbm_bundle(bundle)
+    loaded = load(bundle)
+    assert isinstance(loaded, ServedModel) and loaded.kind == "gbm"
+    loaded.close()  # its batcher: the trees are called directly below
     schema = Schema.load(prepared / "runs/quickstart/data/schema.json")
     m = read_matrix(cfg.data.eval or "", schema)
     x = m.x[:64]
@@ -161,8 +164,10 @@ def test_ranking_train_evaluate_export_serve(
     np.testing.assert_allclose(table.column("score").to_numpy(), model.margin(rows.x), rtol=1e-6, atol=1e-6)
 
     assert main(["export", *args]) == 0, capsys.readouterr().err
-    bundle = load_gbm_bundle("runs/rank/bundle")
-    assert bundle.manifest["info"]["objective"] == objective and bundle.manifest["info"]["group"] == "query"
+    bundle = load("runs/rank/bundle")
+    assert isinstance(bundle, ServedModel)
+    bundle.close()  # its batcher: the trees are called directly below
+    assert bundle.info["objective"] == objective and bundle.info["group"] == "query"
     served = bundle.model
     x = rows.x
     ids = {f: (x[:, 2 + j].astype(np.int64), np.ones(len(x), np.int32)) for j, f in enumerate(("C1", "C2"))}
@@ -222,7 +227,9 @@ def test_trees_leave_out_multi_hot_columns_so_one_config_serves_both(
     assert "train: trees take one id per feature; they leave out the multi-hot column(s) ['tags']" in capsys.readouterr().out
     for command in ("evaluate", "predict", "export"):
         assert main([command, "c.toml", *trees]) == 0, capsys.readouterr().err
-    bundle = load_gbm_bundle(tmp_path / "trees" / "bundle")
+    bundle = load(tmp_path / "trees" / "bundle")
+    assert isinstance(bundle, ServedModel)
+    bundle.close()  # its batcher: the trees are called directly below
     assert bundle.model.features == ("user_id", "category")
     raw = [{k: v for k, v in row.items() if k != "clicked"} for row in rows[:5]]
     assert all("tags" in r for r in raw)

@@ -99,6 +99,10 @@ def test_build_query_and_bad_input(workdir: Path, capsys: pytest.CaptureFixture[
     assert "field 'k' = 21 must be an integer in 1..20" in capsys.readouterr().err
     assert main(["pipeline", "query", "pipe", "--user", "3", "--context", "rain=1"]) == 2
     assert "unknown keys ['rain']" in capsys.readouterr().err
+    assert main(["pipeline", "query", "ranker", "--user", "3"]) == 2  # the manifest's kind, checked before loading
+    assert capsys.readouterr().err.strip() == (
+        "hugerec pipeline query: error: ranker is a model bundle; pipeline query needs a pipeline bundle (hugerec pipeline build)"
+    )
     (workdir / "bad.toml").write_text(PIPELINE.replace('op = "=="', 'op = "=>"'))
     assert main(["pipeline", "build", "bad.toml"]) == 2
     err = capsys.readouterr().err.strip()

@@ -471,13 +471,14 @@ def test_yoochoose_sasrec_config_runs(shared_data: Path, tmp_path: Path, monkeyp
 
 
 def test_export_sequential_model_to_a_next_items_bundle(sequential_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from hugerec.serving.bundles.next_items_bundle import load_next_items
+    from hugerec.serving.bundles.any_bundle import load
+    from hugerec.serving.runtime.next_items_model import NextItemsModel
 
     assert main(["train", "sasrec.toml"]) == 0
     assert main(["export", "sasrec.toml", "recommend.k=4"]) == 0
     assert "next-items bundle -> run/bundle" in capsys.readouterr().out
-    served = load_next_items(sequential_dir / "run" / "bundle")
-    assert served.name == "sasrec" and served.k == 4
+    served = load(sequential_dir / "run" / "bundle")
+    assert isinstance(served, NextItemsModel) and served.name == "sasrec" and served.k == 4
     out = served.next_items(np.array([5001, 5002, 77]), np.array([3]))
     assert out["items"].shape == (1, 4) and out["unknown_items"].tolist() == [1]
     assert main(["recommend", "sasrec.toml", "--history", "5001,5002,77", "--k", "4"]) == 0

@@ -21,7 +21,7 @@ from hugerec.data.synthetic_interactions import (
     generate_interaction_days,
 )
 from hugerec.index.vector_index import load_index
-from hugerec.serving.bundles.pipeline_bundle import load_pipeline
+from hugerec.serving.bundles.any_bundle import load
 from hugerec.serving.pipeline.runner import Query
 from hugerec.training.checkpoint import atomic_save
 
@@ -58,7 +58,7 @@ def test_offline_loop_warm_starts_gates_on_recall_and_exports_a_fresh_index(tmp_
     first, last = load_index(loop.bundle("w0") / "retrieval" / "index"), load_index(loop.bundle("w2") / "retrieval" / "index")
     q = np.ones((1, 32), np.float32)
     assert not np.array_equal(first.query(q, 10)[1].numpy(), last.query(q, 10)[1].numpy())
-    pipe = load_pipeline(loop.bundle("w2"))
+    pipe = load(loop.bundle("w2"))  # the published bundle, as a server loads it
     try:
         seen = set(loop.history(2).frame.filter(loop.history(2).frame["user"] == 7)["item"].to_list())
         rec = pipe.pipeline.recommend(Query(7, 50))

@@ -3,6 +3,9 @@ column's format parses the times, [preprocess]'s split holds out, sequences grou
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -127,3 +130,22 @@ def test_sequences_group_by_user_when_no_session_is_declared(tmp_path: Path) -> 
     assert len(d.train) == 2 and np.array_equal(d.vocab.raw, [10, 11, 12])
     with pytest.raises(ValueError, match=r'needs a column with role "session"'):
         sequence_view(EVENTS, path, SequenceSpec(group=Role.SESSION), max_len=4)
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data("movielens/ml-1m/ratings.dat.gz")
+def test_the_retrieval_example_runs(tmp_path: Path, shared_data: Path) -> None:
+    """examples/retrieval_movielens.py as documented (its data declared by roles, read through retrieval_view),
+    300 users and one epoch, from another directory."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "retrieval_movielens.py"
+    done = subprocess.run(
+        [sys.executable, str(example), "--users", "300", "--epochs", "1"],
+        cwd=tmp_path,
+        env={**os.environ, "HUGEREC_DATA": str(shared_data.resolve())},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "300 users" in done.stdout and "'recall@10'" in done.stdout and "HNSW top-5" in done.stdout
+    assert list(tmp_path.iterdir()) == []  # nothing written where it ran

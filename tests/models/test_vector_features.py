@@ -13,7 +13,8 @@ from hugerec.embedding.table_config import TableConfig
 from hugerec.models.model_config import DCNv2Config, DLRMConfig, build_ranking
 from hugerec.models.registry import config_from_dict, config_to_dict
 from hugerec.models.vector_features import VectorArch, VectorFeature
-from hugerec.serving.bundles.bundle_loader import ServeOptions, load_bundle
+from hugerec.serving.bundles.any_bundle import load
+from hugerec.serving.bundles.bundle_loader import ServeOptions
 from hugerec.serving.bundles.export import export
 from hugerec.serving.runtime.inference_protocol import Signature, to_model_inputs
 from hugerec.sparse.batch import Batch
@@ -122,7 +123,7 @@ def test_served_bundle_equals_the_offline_model(tmp_path: Path) -> None:
     model.vector_arch.load_rows("text", _rows())
     model.eval()
     bundle = export(model, tmp_path / "bundle")
-    loaded = load_bundle(bundle, ServeOptions(state_dir=str(tmp_path / "state")))
+    loaded = load(bundle, ServeOptions(state_dir=str(tmp_path / "state")))
     try:
         batch = _batch(9, seed=3)
         tensors: dict[str, np.ndarray] = {"dense": batch.dense.numpy()}
@@ -151,7 +152,7 @@ def test_inline_vectors_in_requests(tmp_path: Path) -> None:
     rows = _rows()
     model.vector_arch.load_rows("text", rows)
     model.eval()
-    loaded = load_bundle(export(model, tmp_path / "bundle"), ServeOptions(state_dir=str(tmp_path / "s")))
+    loaded = load(export(model, tmp_path / "bundle"), ServeOptions(state_dir=str(tmp_path / "s")))
     try:
         signature = Signature(2, ("user", "item"), vectors=(("text", VDIM),))
         batch = _batch(5, seed=7)

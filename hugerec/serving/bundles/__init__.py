@@ -3,6 +3,7 @@
     bundle_files.py       what every bundle-like folder shares: manifest name, sha256, kind, staged writes
     model_bundle.py       the model bundle (Bundle, Manifest; dense program + embeddings + schema + workflow)
     export.py             a trained RecModel or checkpoint -> a model bundle
+    any_bundle.py         load: any bundle, by its manifest's kind -> the served object (the one loading path)
     bundle_loader.py      a model bundle -> a running InferenceModel (parameter server, updates); ServeOptions
     gbm_bundle.py         the GBM bundle -> GBMModel
     next_items_bundle.py  the next-items bundle -> NextItemsModel

@@ -1,7 +1,7 @@
 """The next-items bundle: a sequential model exported for serving, and loading one as a NextItemsModel.
 
     write_next_items_bundle("runs/movielens_sasrec/model.pt", "runs/movielens_sasrec/bundle", name="sasrec", k=10)
-    model = load_next_items("runs/movielens_sasrec/bundle")
+    model = load_next_items("runs/movielens_sasrec/bundle")    # what hugerec.serving.load calls for this kind
     out = model.next_items(values, lengths)      # raw item ids [N] + lengths [B] -> items [B, k], scores [B, k]
 
 A next-items bundle is a folder: `manifest.json` ({"kind": "next_items", "format": 1, name, version, k,

@@ -50,13 +50,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
-from hugerec.serving.bundles import gbm_bundle, next_items_bundle, pipeline_bundle
-from hugerec.serving.bundles.bundle_files import bundle_kind
-from hugerec.serving.bundles.bundle_loader import ServeOptions, load_bundle
-from hugerec.serving.bundles.gbm_bundle import load_gbm_bundle
-from hugerec.serving.bundles.isolated_load import DEFAULT_LOAD_DEADLINE_S, commit_load, current_deadline
-from hugerec.serving.bundles.next_items_bundle import load_next_items
-from hugerec.serving.bundles.pipeline_bundle import PipelineOptions, load_pipeline
+from hugerec.serving.bundles.any_bundle import LoadSettings, open_served
+from hugerec.serving.bundles.bundle_loader import ServeOptions
+from hugerec.serving.bundles.isolated_load import DEFAULT_LOAD_DEADLINE_S, commit_load
+from hugerec.serving.bundles.pipeline_bundle import PipelineOptions
 from hugerec.serving.bundles.version_delta import derive_version, read_version_delta
 from hugerec.serving.http.admin import admin_router
 from hugerec.serving.http.auth import Tokens, TokenScope, check_token
@@ -76,7 +73,7 @@ from hugerec.serving.http.request_log import RequestLog, RequestLogConfig
 from hugerec.serving.http.status_page import StatusPage
 from hugerec.serving.http.versions import ModelVersions
 from hugerec.serving.pipeline.runner import StageError
-from hugerec.serving.pipeline.served_pipeline import PipelineMetrics, QueryLimits, ServedPipeline
+from hugerec.serving.pipeline.served_pipeline import PipelineMetrics, QueryLimits
 from hugerec.serving.runtime.batching import BatchingConfig, DynamicBatcher, QueueFull
 from hugerec.serving.runtime.inference_model import InferenceModel
 from hugerec.serving.runtime.inference_protocol import HEADER_LENGTH, RequestError, dump_json, parse_json
@@ -264,44 +261,30 @@ class InferenceServer:
 
     # -- loading -----------------------------------------------------------------------------
     def add_bundle(self, path: str | Path, name: str | None = None, version: str | None = None) -> ServedObject:
-        """Load any bundle and serve it as a version of `name` (name and version default to the manifest's). The
-        manifest's kind says what it holds: a model bundle (no kind), "gbm", "next_items" or "pipeline"."""
-        match bundle_kind(path):
-            case None:
-                return self._add_model_bundle(path, name, version)
-            case gbm_bundle.KIND:
-                deadline = current_deadline()  # an admin load's; at start-up the configured one
-                seconds = self.config.load_deadline_s if deadline is None else deadline.remaining()
-                loaded = load_gbm_bundle(path, self.limits.max_request_rows, verify=self.options.verify, deadline_s=seconds)
-                info = {"bundle": str(loaded.path), "bundle_id": loaded.bundle_id, "kind": "gbm", **loaded.manifest["info"]}
-                return self.add_model(name or loaded.name, version or loaded.version, loaded.model, loaded.preprocess, (), info)
-            case next_items_bundle.KIND:
-                model = load_next_items(path, name, version, self.limits.max_request_rows)
-                return self._serve(replace(model, info={"bundle": str(path)}))
-            case pipeline_bundle.KIND:
-                p = load_pipeline(path, self.pipeline_options, name, version)
-                limits = QueryLimits(self.limits.max_users, self.limits.max_history, self.limits.max_k)
-                served = ServedPipeline(
-                    p.name, p.version, p.pipeline, self.pipeline_metrics, {"bundle": str(path)}, [p.close], limits, self.pipeline_work
-                )
-                return self._serve(served)
-            case other:
-                raise ValueError(f"{path}: manifest kind {other!r} is none of model, gbm, next_items, pipeline")
-
-    def _add_model_bundle(self, path: str | Path, name: str | None, version: str | None) -> ServedModel:
-        loaded = load_bundle(path, self.options, self.limits.max_request_rows)
-        m = loaded.bundle.manifest
-        name, version = name or m.name, version or m.version
-        info = {"bundle": str(loaded.bundle.path), "bundle_id": loaded.bundle.id, **m.info}
-        try:
-            served = self.add_model(name, version, loaded.model, loaded.preprocess, [loaded.close], info, loaded.model)
-        except BaseException:
-            loaded.close()
-            raise
-        updates = self.metrics.updates
-        loaded.start_updates(lambda result: updates.labels(name, version, result).inc())
-        served.info["watchers"] = loaded.watchers
+        """Load any bundle and serve it as a version of `name` (name and version default to the manifest's), through
+        the one loading path (bundles/any_bundle.py: the manifest's kind says what it holds) with this server's
+        options, limits, batching and metrics."""
+        served = open_served(path, self._load_settings(), name, version)
+        self._serve(served)  # closed when it cannot be served
+        ps = served.parameter_server()
+        if ps is not None:
+            self.metrics.parameter_servers.add(served.name, served.version, ps)
         return served
+
+    def _load_settings(self) -> LoadSettings:
+        updates = self.metrics.updates
+        return LoadSettings(
+            options=self.options,
+            pipeline=self.pipeline_options,
+            batching=self.config.batching,
+            max_request_rows=self.limits.max_request_rows,
+            deadline_s=self.config.load_deadline_s,
+            query_limits=QueryLimits(self.limits.max_users, self.limits.max_history, self.limits.max_k),
+            pipeline_metrics=self.pipeline_metrics,
+            pipeline_work=self.pipeline_work,
+            batch_observer=self.metrics.batch_observer,
+            on_update=lambda name, version: lambda result: updates.labels(name, version, result).inc(),
+        )
 
     def add_model(
         self,

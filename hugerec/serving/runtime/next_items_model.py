@@ -1,6 +1,6 @@
 """NextItemsModel: a sequential model served as "next items for this sequence" over the Open Inference Protocol v2.
 
-    model = load_next_items("runs/movielens_sasrec/bundle")   # hugerec.serving.bundles.next_items_bundle
+    model = hugerec.serving.load("runs/movielens_sasrec/bundle")   # a next-items bundle (bundles/any_bundle.py)
     out = model.next_items(values, lengths)      # raw item ids [N] + lengths [B] -> items [B, k], scores [B, k]
 
 Request (KServe v2 / Triton, JSON or the binary extension):

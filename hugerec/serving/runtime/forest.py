@@ -7,8 +7,8 @@
 
 The libraries' decision rules:
 
-  LightGBM  numerical: NaN -> 0.0 unless missing_type is NaN; missing (NaN, or |x| <= 1e-35 when
-            missing_type is Zero) -> the default child; else x <= threshold (float64) goes left.
+  LightGBM  numerical: |x| <= 1e-35f -> 0.0; NaN -> 0.0 unless missing_type is NaN; missing (NaN, or
+            0.0 when missing_type is Zero) -> the default child; else x <= threshold (float64) goes left.
             categorical: NaN or int(x) < 0 -> right (int() truncates: -0.5 is category 0); int(x) in
             the node's bitset -> left.
   XGBoost   NaN -> the default child; numerical: x < threshold (float32) goes left; categorical:
@@ -21,7 +21,8 @@ are folded, when the model is read, into one rule per node that the kernel appli
   categorical nodes have their children swapped), where x in (-1, 0) is category 0 with flag TRUNCATE
   (LightGBM's) and no category without it; |x| <= 1e-35 with flag ZERO_MISSING -> as NaN;
   numerical: x <= t -> left, with t the float32 that makes this exact: the largest float32 <= LightGBM's
-  float64 threshold, the float32 just below XGBoost's (x < t  <=>  x <= nextafter(t, -inf)).
+  float64 threshold, moved to the edge of the band |x| <= 1e-35f on its side so that the band goes where
+  0.0 goes; the float32 just below XGBoost's (x < t  <=>  x <= nextafter(t, -inf)).
 
 Layout (16 bytes per inner node, 4 to a cache line): nodes [M, 4] int32 = (feature | flags << 24,
 threshold bits or bitset offset, left, right); a child >= 0 is an inner node, ~k the leaf k, whose value
@@ -62,7 +63,10 @@ from hugerec.serving.runtime.forest_check import (
 NUMERICAL, CATEGORICAL, LEAF = 0, 1, 2  # node kinds while a model is read
 MISSING_AS_ZERO, MISSING_ZERO_OR_NAN, MISSING_NAN = 0, 1, 2  # how a LightGBM node treats NaN (and zero)
 LIGHTGBM, XGBOOST = 0, 1
-_ZERO = 1e-35  # LightGBM's kZeroThreshold
+# LightGBM's kZeroThreshold is the float literal 1e-35f, i.e. 1.00000002e-35 as a double: its predictor
+# reads every |x| <= that as 0.0 (a sparse row leaves it out), whatever the node's missing type
+_ZERO = float(np.float32(1e-35))
+_ZERO32 = np.float32(_ZERO)
 # flags of a node in the kernel's layout (bits 24.. of nodes[:, 0]; the feature index is bits 0..23)
 FLAG_CATEGORICAL, FLAG_NAN_LEFT, FLAG_ZERO_MISSING, FLAG_TRUNCATE = 1, 2, 4, 8
 _FEATURE_MASK = (1 << 24) - 1
@@ -349,6 +353,12 @@ class _Builder:
                     t = np.float32(t64)
                     if float(t) > t64:  # the largest float32 <= t64: x <= t  <=>  x <= t64 for every float32 x
                         t = np.nextafter(t, np.float32(-np.inf))
+                    # LightGBM reads the band |x| <= _ZERO as 0.0, which goes left iff 0 <= t64; outside
+                    # the band x <= t is unchanged by moving t to the band's edge on that side
+                    if t64 >= 0.0:
+                        t = max(t, _ZERO32)
+                    else:
+                        t = min(t, np.nextafter(-_ZERO32, np.float32(-np.inf)))
                     nan_left = default_left if missing != MISSING_AS_ZERO else t64 >= 0.0
                     zero = FLAG_ZERO_MISSING if missing == MISSING_ZERO_OR_NAN else 0
                     flags = (FLAG_NAN_LEFT if nan_left else 0) | zero

@@ -125,7 +125,13 @@ def _edges(forest: Forest) -> np.ndarray:
     x = _rows(values.shape[0], 11)
     x[np.arange(values.shape[0]), columns] = values
     x[:20, len(DENSE)] = [3e9, 1e30, 2**31, 2**24, 1e6, 31.0, 32.0, 33.0, 63.0, 64.0] * 2
-    return x
+    # LightGBM reads |x| <= 1e-35f as 0.0 whatever the node's missing type: values in that band and
+    # either side of its float32 edges, in every dense column
+    z = np.float32(1e-35)
+    tiny = np.array([z, -z, np.nextafter(z, np.float32(1)), -np.nextafter(z, np.float32(1)), z / 2, -z / 2, -0.0])
+    band = _rows(tiny.shape[0] * len(DENSE), 12)
+    band[np.arange(band.shape[0]), np.repeat(np.arange(len(DENSE)), tiny.shape[0])] = np.tile(tiny, len(DENSE))
+    return np.vstack([x, band])
 
 
 def _each_kernel(forest: Forest, x: np.ndarray) -> list[np.ndarray]:

@@ -15,7 +15,7 @@ each record and line names its count), plus batch 1 from one client (latency wit
 it reports throughput (examples/s) and p50/p99 latency. The parameter server's lookup throughput per tier (rows/s) is measured in process,
 against a Python dict.
 
-    python benchmarks/serving.py [--quick] [--json PATH]
+    python benchmarks/serving.py [--quick] [--json PATH] [--parts dlrm,tiers,gbm,status,attack]
 
 Gradient-boosted trees (`--gbm-only` runs just this part; skipped without `pip install 'hugerec[gbm]'`):
 a 500-tree LightGBM (and XGBoost) model trained on Criteo-shaped rows (13 dense, 26 categorical ids),
@@ -92,6 +92,7 @@ CONCURRENCY = {1: 16, 64: 16, 1024: 4}
 OURS = ("hugerec", "hugerec-json")
 ROUNDS = 4
 BASELINE = "baseline"
+PARTS = ("dlrm", "tiers", "gbm", "status", "attack")
 
 
 # -- the model -------------------------------------------------------------------------------------
@@ -730,6 +731,10 @@ def main() -> None:
     parser.add_argument("--gbm-only", action="store_true", help="only the gradient-boosted trees part")
     parser.add_argument("--attack-only", action="store_true", help="only the under-attack part (limits and deadlines)")
     parser.add_argument("--skip-attack", action="store_true", help="leave the under-attack part out")
+    parser.add_argument(
+        "--parts",
+        help=f"comma-separated parts to run, of {','.join(PARTS)} (default: all; dlrm,gbm is the normal traffic)",
+    )
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--state", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -751,19 +756,36 @@ def main() -> None:
         return run_naive_gbm(args.library, args.path, args.port)
     if args.serve == "status":
         return run_status_server(args.path, args.state, args.port, args.decision_log)
-    if args.gbm_only or args.status_only or args.attack_only:
-        if args.gbm_only:
-            records = run_gbm(args.quick)
-        elif args.status_only:
-            records = run_status_page(args.quick)
-        else:
-            records = run_attack(args.quick)
-        _print_table(records)
-        if args.json is not None:
-            args.json.write_text(json.dumps(records, indent=2))
-        return None
+    if args.parts is not None:
+        parts = args.parts.split(",")
+        if unknown := [p for p in parts if p not in PARTS]:
+            parser.error(f"--parts: unknown part(s) {','.join(unknown)}; the parts are {','.join(PARTS)}")
+    elif args.gbm_only or args.status_only or args.attack_only:
+        parts = ["gbm" if args.gbm_only else "status" if args.status_only else "attack"]
+    else:
+        parts = [p for p in PARTS if not (p == "attack" and args.skip_attack)]
+    records = run_dlrm(args) if "dlrm" in parts else []
+    if "tiers" in parts:
+        records += tier_throughput(10_000 if args.quick else 200_000, args.quick)
+    if "gbm" in parts:
+        records += run_gbm(args.quick)
+    if "status" in parts:
+        records += run_status_page(args.quick)
+    if "attack" in parts:
+        records += run_attack(args.quick)
+    _print_table(records)
+    if args.json is not None:
+        args.json.write_text(json.dumps(records, indent=2))
 
-    from hugerec.serving.bundles.export import export
+
+def run_dlrm(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The DLRM servers over HTTP (ours binary and JSON, the baseline), interleaved per request size.
+
+    This part also runs on an older hugerec (`benchmarks/ab.py --same-script`: the same clients and baseline
+    against two versions of the server), whose bundle export was called export_bundle."""
+    import hugerec.serving.bundles.export as bundles
+
+    export = getattr(bundles, "export", None) or bundles.export_bundle
 
     torch.set_num_threads(1)  # like the servers (OMP_NUM_THREADS=1): clients and servers share the cores
     rows = 5_000 if args.quick else 50_000
@@ -821,6 +843,9 @@ def main() -> None:
                     latencies[method] += got
                     sent[method] += len(got) + warm
             for method in encoders:
+                if not latencies[method] and method == BASELINE:  # the naive server at b=1024 on busy cores
+                    print(f"b={batch}{suffix} {method}: no request finished inside the measured windows; left out")
+                    continue
                 if not latencies[method]:
                     raise RuntimeError(f"{method} b={batch}: no request finished inside the measured windows")
                 per_request = 1000 * cpu[method] / sent[method]  # server CPU: what shared cores inflate least
@@ -840,14 +865,7 @@ def main() -> None:
     finally:
         _stop(procs)
         shutil.rmtree(tmp, ignore_errors=True)
-    records += tier_throughput(10_000 if args.quick else 200_000, args.quick)
-    records += run_gbm(args.quick)
-    records += run_status_page(args.quick)
-    if not args.skip_attack:
-        records += run_attack(args.quick)
-    _print_table(records)
-    if args.json is not None:
-        args.json.write_text(json.dumps(records, indent=2))
+    return records
 
 
 

@@ -7,18 +7,24 @@ starts when the first command is started and stops when POST /recommend {"user":
 first answers 200 (polled every 0.25 s from this process; nothing else runs meanwhile).
 
     world  hugerec-up          `hugerec up` with no argument: the synthetic interaction world generated
-                               and written as a log, its columns read, the two-tower trained, the pipeline
-                               built, its hit rate@20 and the oracle's computed (printed; recorded as
-                               hugerec-up-pipeline / oracle), served
-    log    hugerec-up          `hugerec up events.csv` on the log the world run wrote
+                               and written as a log, its columns read, the two-tower trained, the ranker
+                               trained on labelled rows (interactions + sampled negatives), the pipeline
+                               (retrieve -> rank) built, hit rates@20 computed, served. Its printed hit
+                               rates are recorded as hugerec-up-pipeline (retrieve -> rank, served),
+                               hugerec-up-retrieval (the same run's retrieval stage alone: the pipeline
+                               without [score]) and oracle (the generator's true logits)
+           hugerec-up-no-ranker  `hugerec up --no-ranker`: the same world without the ranking stage
+                               (today's retrieval-only pipeline), for its time to the first answer
+    log    hugerec-up          `hugerec up events.csv --no-ranker` on the log the world run wrote
            separate-commands   the same steps as the commands a user runs by hand, one process each, on
                                the configs `up` wrote (paths moved to their own folder): `hugerec schema
                                events.csv`, `hugerec train retriever.toml`, `hugerec pipeline build
                                pipeline.toml`, `hugerec serve pipeline` (the time to edit the schema into
-                               a config by hand is not counted)
+                               a config by hand is not counted; the ranker's labelled rows come from no
+                               command, hence --no-ranker on this side)
 
---quick: a 300 x 200 world, one epoch (train.epochs=1 on every side). The default: the world `hugerec up`
-uses (2,000 users x 500 items) and the epochs it writes.
+--quick: a 300 x 200 world, one epoch (train.epochs=1 and ranker.epochs=1 on every side). The default:
+the world `hugerec up` uses (2,000 users x 500 items) and the epochs it writes.
 """
 
 from __future__ import annotations
@@ -119,27 +125,33 @@ def main() -> None:
     args = ap.parse_args()
     users, items = args.world_users or (300 if args.quick else None), args.world_items or (200 if args.quick else None)
     world = [*(["--world-users", str(users)] if users else []), *(["--world-items", str(items)] if items else [])]
-    overrides = ["train.epochs=1"] if args.quick else []
+    overrides = ["train.epochs=1", "ranker.epochs=1"] if args.quick else []
     records = []
     with tempfile.TemporaryDirectory(prefix="hugerec-up-bench-") as tmp:
         root = Path(tmp)
         seconds, printed = run_up(root / "world", [*world, *overrides], user=0)
         m = re.search(r"(\d[\d,]*) users x (\d[\d,]*) items", printed)
-        hits = re.search(r"hit rate@20 .*: pipeline ([0-9.]+), oracle ([0-9.]+)", printed)
-        assert m is not None and hits is not None, printed
+        hits = re.search(r"hit rate@20 .*: pipeline ([0-9.]+), oracle ([0-9.]+).*retrieval alone ([0-9.]+)", printed)
+        ranker = re.search(r"ranker dcn_v2 .*\(([0-9.]+) s\)", printed)
+        assert m is not None and hits is not None and ranker is not None, printed
         config = f"world {m.group(1)} users x {m.group(2)} items"
-        pipeline, oracle = float(hits.group(1)), float(hits.group(2))
-        print(f"{config}: hugerec up (no argument) answered /recommend after {seconds:.1f} s; "
-              f"hit rate@20 pipeline {pipeline:.4f}, oracle {oracle:.4f} -> {pipeline / oracle:.3f}x the oracle", flush=True)
+        pipeline, oracle, alone = float(hits.group(1)), float(hits.group(2)), float(hits.group(3))
+        plain, _ = run_up(root / "world-no-ranker", [*world, *overrides, "--no-ranker"], user=0)
+        print(f"{config}: hugerec up (no argument) answered /recommend after {seconds:.1f} s (the ranker's stage {float(ranker.group(1)):.1f} s); "
+              f"with --no-ranker after {plain:.1f} s -> {seconds / plain:.2f}x", flush=True)
+        print(f"{config}: hit rate@20 retrieve -> rank {pipeline:.4f} ({pipeline / oracle:.3f}x the oracle), retrieval alone {alone:.4f} "
+              f"({alone / oracle:.3f}x), oracle {oracle:.4f}; ranked / retrieval alone {pipeline / alone:.3f}x", flush=True)
         records += [
             _record(config, "hugerec-up", seconds, "s to the first answered /recommend"),
+            _record(config, "hugerec-up-no-ranker", plain, "s to the first answered /recommend"),
             _record(config, "hugerec-up-pipeline", pipeline, "hit rate@20", True),
+            _record(config, "hugerec-up-retrieval", alone, "hit rate@20", True),
             _record(config, "oracle", oracle, "hit rate@20", True),
         ]
         log_file = root / "world" / "out" / "events.csv"
         log_config = f"log of {config}"
-        ours, printed = run_up(root / "log", [str(log_file), *overrides], user=0)
-        theirs = run_separate(root / "commands", root / "log" / "out", log_file, overrides, user=0)
+        ours, printed = run_up(root / "log", [str(log_file), *overrides, "--no-ranker"], user=0)
+        theirs = run_separate(root / "commands", root / "log" / "out", log_file, [o for o in overrides if not o.startswith("ranker.")], user=0)
         print(f"{log_config}: hugerec up {ours:.1f} s, separate commands {theirs:.1f} s to the first answered /recommend "
               f"-> {theirs / ours:.2f}x (separate / up)", flush=True)
         records += [

@@ -16,13 +16,10 @@ import argparse
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 
 import hugerec as hr
-
-# the retrieval family's batches and full-ranking inputs, made from a split (not among the public names yet)
-from hugerec.data.interactions import held_out_csr, histories, iter_examples, last_items, leave_last_out
+from hugerec.sparse import JaggedTensor
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = Path(os.environ.get("HUGEREC_DATA", REPO / ".." / "shared" / "data")) / "movielens" / "ml-1m"
@@ -49,7 +46,7 @@ def main() -> None:
     # its retrieval view: one time-ordered history per user, each user's last event held out for the test
     split = hr.data.SplitSpec(hr.data.SplitKind.LEAVE_LAST_OUT)
     data = hr.data.retrieval_view(spec, str(args.data / "ratings.dat.gz"), split, max_users=args.users)
-    fit_part, valid = leave_last_out(data.train)  # the validation split: each user's last training event
+    fit_part, valid = data.validation_split()  # each user's last training event, cut as the test split was
     print(f"{data.data.num_users} users, {data.data.num_items} items, {data.train.num_events} training events")
 
     # 2. The model, from the registry.
@@ -58,40 +55,33 @@ def main() -> None:
         config, optimizer=hr.Adam(lr=1e-2), num_users=data.data.num_users, num_items=data.data.num_items
     )
 
-    # 3. Train through the one trainer, the retrieval family supplying its batches' loss and its metric.
-    users = torch.arange(data.data.num_users)
-    seen = histories(fit_part)
-    validation = hr.training.RetrievalValidation(
-        users, last_items(*seen, users.numpy(), config.max_history), held_out_csr(valid), seen
-    )
-    batches = hr.training.EpochBatches(
-        lambda epoch: iter_examples(fit_part, batch_size=1024, max_history=config.max_history, seed=epoch),
-        length=-(-fit_part.num_events // 1024),
-    )
+    # 3. Train through the one trainer, the retrieval family supplying its batches, its loss and its metric.
+    family = hr.training.RetrievalFamily(fit_part.item_counts())
+    batches = hr.training.EpochBatches(*hr.data.epoch_examples(fit_part, batch_size=1024, max_history=config.max_history))
+    validation = hr.training.RetrievalValidation(*hr.data.full_ranking(fit_part, valid, config.max_history))
     es = hr.training.EarlyStopping(metric="recall@10", patience=2, restore_best=True)
     hr.training.fit(
         model,
         batches,
         validation,
         hr.training.TrainConfig(epochs=args.epochs, lr=1e-3, early_stopping=es, tensorboard=False, plot=False),
-        family=hr.training.RetrievalFamily(fit_part.item_counts()),
+        family=family,
     )
 
     # 4. Evaluate on the test split, read once, at the end: the whole catalogue ranked, training items excluded.
-    offsets, items = histories(data.train)
-    history = last_items(offsets, items, users.numpy(), config.max_history)
-    test_split = hr.training.RetrievalValidation(users, history, held_out_csr(data.test), (offsets, items))
+    test_split = hr.training.RetrievalValidation(*hr.data.full_ranking(data.train, data.test, config.max_history))
     metrics = hr.training.evaluate(model, test_split, ks=(10, 50))
     print({k: round(v, 4) for k, v in metrics.items()})
 
     # 5. Recommend: exact top-5 (seen movies excluded), and the HNSW index over every item vector.
-    one = last_items(offsets, items, np.array([0]), config.max_history)  # user 0's history
-    first = hr.training.recommend(model, users[:1], one, k=5, exclude=(offsets, items))
+    user = test_split.users[:1]  # user 0, with the history and seen items the test split ranked from
+    one = JaggedTensor(test_split.history.values[: int(test_split.history.lengths[0])], test_split.history.lengths[:1])
+    first = hr.training.recommend(model, user, one, k=5, exclude=test_split.exclude)
     print(f"user {data.users_raw[0]}: exact top-5 movies {data.items_raw[first.items[0].numpy()].tolist()}")
     with torch.no_grad():
         model.eval()
         vectors = model.item_vectors(torch.arange(data.data.num_items))  # [I, D]
-        query = model.user_vectors(users[:1], one)  # [1, D]
+        query = model.user_vectors(user, one)  # [1, D]
     index = hr.index.build_index(vectors, config=hr.index.IndexConfig("hnsw"))
     _, ann = index.query(query, 5)
     print(f"user {data.users_raw[0]}: HNSW top-5 before excluding seen movies {data.items_raw[ann[0].numpy()].tolist()}")

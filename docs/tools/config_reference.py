@@ -332,6 +332,13 @@ def _loop_variants() -> dict[str, Variants]:
     return {"model": loop_model_variants(), "embedding.optimizer": optimizer_variants()}
 
 
+def _retrieval_loop_variants() -> dict[str, Variants]:
+    from hugerec.models import REGISTRY
+
+    models = Variants("type", tuple((n, REGISTRY[n].config) for n in ("two_tower", "mf")), "two_tower")
+    return {"model": models, "embedding.optimizer": optimizer_variants()}
+
+
 @dataclass(frozen=True)
 class PipelineInputs:
     """[inputs]: the trained models and tables a pipeline bundle is built from (paths are found like a run
@@ -381,8 +388,16 @@ def _pipeline_root() -> type:
     )
 
 
+def _up_root() -> type:
+    """up.toml as a dataclass: its one [ranker] table."""
+    from hugerec.cli.up_ranker import RankerSection
+
+    return dataclasses.make_dataclass("UpFile", [("ranker", RankerSection, dataclasses.field(default_factory=RankerSection))], frozen=True)
+
+
 def config_files() -> list[ConfigFile]:
     from hugerec.cli.loop_command import LoopFile
+    from hugerec.cli.retrieval_loop_command import RetrievalLoopFile
     from hugerec.cli.run_config import RunConfig
 
     return [
@@ -402,6 +417,24 @@ def config_files() -> list[ConfigFile]:
             LoopFile,
             _loop_variants,
             "The continuous-training loop's file (`configs/loop_synthetic.toml`).",
+        ),
+        ConfigFile(
+            "The retrieval loop config",
+            "retrieval-loop-config",
+            "`hugerec loop` with `model.type = \"two_tower\"` or `\"mf\"`",
+            RetrievalLoopFile,
+            _retrieval_loop_variants,
+            "The continuous-training loop of a retrieval model (`configs/loop_two_tower.toml`): its own [loop], [data], "
+            "[gate], [index] and [server]; a key of the ranking loop's file is refused.",
+        ),
+        ConfigFile(
+            "The up config",
+            "up-config",
+            "`hugerec up`",
+            _up_root(),
+            dict,
+            "`up.toml`, written by `hugerec up` beside `retriever.toml`: how it builds the ranking stage "
+            "(`ranker.KEY=VALUE` on its command line overrides a key; `--no-ranker` is `ranker.enabled = false`).",
         ),
         ConfigFile(
             "The pipeline config",

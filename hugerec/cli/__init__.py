@@ -168,8 +168,11 @@ it warm-starts from the last published checkpoint, trains on the window, gates t
 next window's holdout against the serving model, publishes it as a canary, and promotes, rolls back,
 retrains from scratch (a feature drifted) or recovers from a concept drift on what the monitor sees. Prints the decision log (work_dir/decisions.jsonl)
 as a table; --log prints it without running. Run the same command again after a stop to continue.
+With model.type = "two_tower" or "mf" it runs the retrieval loop (configs/loop_two_tower.toml): gated on
+Recall@K, each candidate published as a recommendation pipeline with an ANN index built afresh, as the canary.
 example: hugerec loop configs/loop_synthetic.toml
-example: hugerec loop configs/loop_synthetic.toml --log"""
+example: hugerec loop configs/loop_synthetic.toml --log
+example: hugerec loop configs/loop_two_tower.toml"""
 SCHEMA_HELP = """\
 Reads the first few MB of FILE (CSV/TSV/"::"-separated text, plain or .gz, or Parquet), guesses the
 separator, whether line 1 is a header, the encoding (UTF-8, else latin-1), each column's type (int,
@@ -227,6 +230,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_run_config(config_path, [*overrides, *_recommend_overrides(args)])
         if args.print_config:  # every key, unset ones as null: the full list of what a config may say
             print(json.dumps(resolved_dict(cfg), indent=1, default=str))
+            if args.command == "train" and cfg.family.value == "ranking":  # what "auto" comes to on this data
+                from hugerec.cli.commands import auto_values
+
+                for line in auto_values(cfg):
+                    print(f"# {line}", file=sys.stderr)
             return 0
         run: Callable[[RunConfig, argparse.Namespace], None] = RUNNERS[args.command]
         run(cfg, args)

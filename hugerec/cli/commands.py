@@ -39,13 +39,13 @@ from hugerec.data.vector_tables import load_vectors
 from hugerec.distributed.launch import init_from_env, launched_by_torchrun
 from hugerec.distributed.planner import Workload, plan
 from hugerec.distributed.shard import shard
-from hugerec.embedding.table_config import TableConfig
+from hugerec.embedding.table_config import Storage, TableConfig
 from hugerec.models.model import RecModel
 from hugerec.models.model_config import DCNv2Config, DeepFMConfig, DLRMConfig, WideAndDeepConfig
 from hugerec.models.registry import Family, build_model
 from hugerec.sparse.batch import Batch
 from hugerec.training.checkpoint import load_checkpoint
-from hugerec.training.defaults import auto_batch_size, fitted_to_data
+from hugerec.training.defaults import auto_batch_size, auto_embedding_dims, fitted_to_data
 from hugerec.training.model_file import load_model, save_model
 from hugerec.training.trainer import History, evaluate, fit, predict, resolve_device, seed_everything
 
@@ -118,11 +118,12 @@ def train(cfg: RunConfig) -> History:
     """Trains the [model] on data.train; the model keys the config left out fitted to the data first
     (fitted_to_data), and a line saying what runs (model, parameters, rows, batch, steps) before it does."""
     schema = read_schema(cfg.data.schema_path, "data.schema")
-    tables = [replace(t, dtype=cfg.embedding.dtype) for t in schema.table_configs(dim=cfg.embedding.dim)]
+    tables = cfg.embedding.tables(embedding_tables(cfg, schema), cfg.out_dir)
     rows = _rows_in(cfg.data.train, "data.train")
-    cfg = with_data_defaults(cfg, rows, len(schema.dense))
+    cfg = with_data_defaults(cfg, rows, len(schema.dense), tables[0].dim if tables else 16)
     if launched_by_torchrun():
         return _train_distributed(cfg, schema, tables)
+    _prepare_disk_tables(tables, fresh=not cfg.train.resume)
     if cfg.train.seed is not None:  # the same seed, the same initial weights
         seed_everything(cfg.train.seed)
     model = _build(cfg, tables, schema)
@@ -137,12 +138,76 @@ def train(cfg: RunConfig) -> History:
     return history
 
 
-def with_data_defaults(cfg: RunConfig, rows: int, num_dense: int) -> RunConfig:
-    """`cfg` with the ranking model's MLP widths it left out fitted to `rows` training rows and
-    `num_dense` dense features (hugerec.training.fitted_to_data), each change printed on one line."""
+def _prepare_disk_tables(tables: list[TableConfig], fresh: bool) -> None:
+    """The folders of the disk tables' files; a fresh run (not train.resume) removes the files and snapshots an
+    earlier run left there, as it replaces that run's checkpoints (a resumed one restores them)."""
+    for t in tables:
+        if t.storage is not Storage.DISK:
+            continue
+        assert t.path is not None  # TableConfig checks
+        path = Path(t.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            for old in path.parent.glob(f"{path.name}.shard*"):  # a torchrun run's files, one per shard
+                old.unlink() if old.is_file() else shutil.rmtree(old)
+            path.unlink(missing_ok=True)
+            shutil.rmtree(path.parent / f"{path.name}.snapshots", ignore_errors=True)
+
+
+def embedding_tables(cfg: RunConfig, schema: Schema, quiet: bool = False) -> list[TableConfig]:
+    """The schema's embedding tables at embedding.dim; "auto": each table's width from its cardinality
+    (hugerec.training.defaults.auto_embedding_dims), one width for DLRM and DeepFM (the last of
+    model.bottom when the config sets it), printed on one line unless `quiet`."""
+    dim = cfg.embedding.dim
+    if isinstance(dim, int):
+        tables = schema.table_configs(dim=dim)
+    else:
+        cards = {t.name: t.num_rows for t in schema.table_configs(dim=1)}
+        model = cfg.model
+        dims = auto_embedding_dims(cards, one_width=isinstance(model, DLRMConfig | DeepFMConfig))
+        if isinstance(model, DLRMConfig) and "bottom" in cfg.model_keys and model.bottom:
+            dims = dict.fromkeys(dims, model.bottom[-1])  # the config's dense arch ends at the width the tables need
+        tables = schema.table_configs(dim=1, dims=dims)
+        if tables and not quiet:
+            print(f"train: {auto_dims_note(tables)}; set embedding.dim to choose", flush=True)
+    return [replace(t, dtype=cfg.embedding.dtype) for t in tables]
+
+
+def auto_values(cfg: RunConfig) -> list[str]:
+    """What embedding.dim and data.batch_size = "auto" come to on the config's data (`--print-config`), or
+    that `hugerec train` resolves them once `hugerec preprocess` has written the data."""
+    lines: list[str] = []
+    auto_dim, auto_batch = cfg.embedding.dim == "auto", cfg.data.batch_size == "auto"
+    if not (auto_dim or auto_batch):
+        return lines
+    schema_path = Path(cfg.data.schema_path)
+    try:
+        if auto_dim and schema_path.is_file():
+            lines.append(auto_dims_note(embedding_tables(cfg, Schema.load(schema_path), quiet=True)))
+        if auto_batch:
+            rows = count_rows(cfg.data.train)
+            lines.append(f"data.batch_size auto (the power of two nearest 2 x sqrt(rows), 32..2048): {auto_batch_size(rows)} for {rows:,} rows")
+    except (FileNotFoundError, ValueError):
+        pass  # no data yet: said below
+    if len(lines) < auto_dim + auto_batch:
+        keys = " and ".join(k for k, on in (("embedding.dim", auto_dim), ("data.batch_size", auto_batch)) if on)
+        lines.append(f'{keys} "auto": `hugerec train` fits them to the data (no preprocessed data at {cfg.data.train} yet)')
+    return lines
+
+
+def auto_dims_note(tables: list[TableConfig]) -> str:
+    """One line: the widths embedding.dim = "auto" gave each table, with its cardinality."""
+    shown = ", ".join(f"{t.name} {t.dim} ({t.num_rows:,} ids)" for t in tables)
+    return f"embedding.dim auto (6 x ids^0.25 up to a multiple of 8, 8..64): {shown}"
+
+
+def with_data_defaults(cfg: RunConfig, rows: int, num_dense: int, dim: int) -> RunConfig:
+    """`cfg` with the ranking model's MLP widths it left out fitted to `rows` training rows, `num_dense`
+    dense features and the embedding width `dim` (hugerec.training.fitted_to_data), each change printed
+    on one line."""
     if not isinstance(cfg.model, DLRMConfig | DCNv2Config | DeepFMConfig | WideAndDeepConfig) or rows < 1:
         return cfg  # no rows: opening the data names the problem
-    model, notes = fitted_to_data(cfg.model, cfg.model_keys, rows, num_dense, cfg.embedding.dim)
+    model, notes = fitted_to_data(cfg.model, cfg.model_keys, rows, num_dense, dim)
     for note in notes:
         print(f"train: {note}; set the key to choose", flush=True)
     return replace(cfg, model=model)
@@ -155,9 +220,12 @@ def run_summary(cfg: RunConfig, model: torch.nn.Module, tables: list[TableConfig
     batch = batch_size(cfg, rows)
     epochs = f"{cfg.train.epochs} epoch{'s' if cfg.train.epochs != 1 else ''}"
     stop = "" if cfg.train.max_steps is None else f", at most {cfg.train.max_steps:,} steps"
+    widths = sorted({t.dim for t in tables})
+    dims = f"dim {widths[0]}" if len(widths) == 1 else f"dims {widths[0]}-{widths[-1]}" if widths else "dim -"
+    auto = " (auto)" if cfg.embedding.dim == "auto" else ""
     return (
         f"train: {cfg.model_type}, {dense + embedding:,} parameters ({dense:,} dense, {embedding:,} in {len(tables)} "
-        f"embedding tables of dim {cfg.embedding.dim}); {rows:,} rows, batch {batch}"
+        f"embedding tables of {dims}{auto}); {rows:,} rows, batch {batch}"
         f"{' (auto)' if cfg.data.batch_size == 'auto' else ''}, {steps_per_epoch:,} steps per epoch x {epochs}{stop}"
     )
 
@@ -183,6 +251,9 @@ def _train_distributed(cfg: RunConfig, schema: Schema, tables: list[TableConfig]
     """`train` on this rank of a torchrun job: the same model on every rank (same seed), sharded by the plan."""
     env = init_from_env()
     try:
+        if env.rank == 0:
+            _prepare_disk_tables(tables, fresh=not cfg.train.resume)
+        dist.barrier()  # no rank builds its disk tables before rank 0 has removed an earlier run's files
         seed_everything(0 if cfg.train.seed is None else cfg.train.seed)  # every rank must build the same model
         model = _build(cfg, tables, schema)
         sharding = plan(

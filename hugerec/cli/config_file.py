@@ -100,6 +100,24 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str = "", readers: R
         raise ConfigError(f"{where or 'config'}: {e}") from None
 
 
+def section_keys(cls: type) -> set[str]:
+    """Every dotted key a config file of dataclass `cls` reads: its fields, and those of each field that is a
+    section (a dataclass, or a dataclass or None), recursively."""
+    out: set[str] = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if is_internal(f):
+            continue
+        out.add(f.name)
+        tp = hints[f.name]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            options = [a for a in typing.get_args(tp) if a is not type(None)]
+            tp = options[0] if len(options) == 1 else None
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            out |= {f"{f.name}.{k}" for k in section_keys(tp)}
+    return out
+
+
 def to_dict(obj: Any, keep_none: bool = False) -> Any:
     """Dataclass -> TOML-ready dict (enums as values, tuples as lists; None left out unless keep_none)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

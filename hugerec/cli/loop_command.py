@@ -9,7 +9,10 @@
     [windows]    time_column, unit ("day" | "hour" | "minute"), size
     [model]      the [model] of every command (hugerec.models.registry): any ranking type ("dlrm",
                  "dcn_v2", "deepfm", "wide_and_deep") with its keys (dlrm: bottom, top, ...; dcn_v2:
-                 num_cross_layers, deep, ...); `model.type=X` on the command line starts [model] from X's defaults
+                 num_cross_layers, deep, ...); `model.type=X` on the command line starts [model] from X's defaults.
+                 A retrieval type ("two_tower", "mf") runs the retrieval loop instead, whose file has sections of
+                 its own (cli/retrieval_loop_command.py, configs/loop_two_tower.toml); a key of one loop given to
+                 the other is refused in one line naming it
     [embedding]  dim, optimizer (the tables' sparse optimizer), capacity (rows of each dynamic table),
                  min_count (sightings before a key gets a row), eviction ("lru" | "lfu")
     [gate] [decisions] [monitor] [recovery]   GateConfig, DecisionConfig, MonitorConfig, Recovery (how the
@@ -43,7 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hugerec.cli.config_file import ConfigError, apply_overrides, from_dict, read_toml, to_dict
+from hugerec.cli.config_file import ConfigError, apply_overrides, from_dict, read_toml, section_keys, to_dict
+from hugerec.cli.retrieval_loop_command import RetrievalLoopFile, read_retrieval_loop_file, run_retrieval_loop
 from hugerec.continuous.decision_log import Record, read_log
 from hugerec.continuous.decisions import DecisionConfig
 from hugerec.continuous.gate import GateConfig
@@ -56,7 +60,9 @@ from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.data.windows import Windows
 from hugerec.embedding.optimizers import Adagrad, Optimizer, optimizer_from_dict
 from hugerec.embedding.table_config import Eviction
-from hugerec.models.registry import config_to_dict
+from hugerec.models.mf import MFConfig
+from hugerec.models.registry import Family, config_to_dict, type_of
+from hugerec.models.two_tower import TwoTowerConfig
 
 if TYPE_CHECKING:
     from hugerec.continuous.traffic import Replay
@@ -144,9 +150,9 @@ class LoopFile:
     server: ServerSection = field(default_factory=ServerSection)
 
 
-def load_loop_file(path: str | None, overrides: Sequence[str]) -> tuple[LoopFile, Path]:
+def load_loop_file(path: str | None, overrides: Sequence[str]) -> tuple[LoopFile | RetrievalLoopFile, Path]:
     """The config (defaults without a file), with overrides; relative paths resolve against the current
-    directory, then the config file's folder."""
+    directory, then the config file's folder. A retrieval model.type gives the retrieval loop's file."""
     from hugerec.cli.run_config import find_config, read_model, switch_model_type
 
     data: dict[str, Any] = {}
@@ -157,6 +163,13 @@ def load_loop_file(path: str | None, overrides: Sequence[str]) -> tuple[LoopFile
         base = found.parent
     data = _upgrade_old_model(apply_overrides(switch_model_type(data, overrides), overrides))
     model = read_model(data.pop("model", {"type": "dlrm", "bottom": [32, 8], "top": [32, 1]}))
+    kind = type_of(model)
+    if kind.family is Family.RETRIEVAL:
+        assert isinstance(model, TwoTowerConfig | MFConfig)
+        refuse_other_family(data, RetrievalLoopFile, LoopFile, kind.name, "the ranking loop's")
+        return read_retrieval_loop_file(data, model), base
+    if kind.family is Family.RANKING:
+        refuse_other_family(data, LoopFile, RetrievalLoopFile, kind.name, "the retrieval loop's (model.type = two_tower, mf)")
     cfg = from_dict(LoopFile, data, "", {Optimizer: optimizer_from_dict})
     e = cfg.embedding
     try:
@@ -167,6 +180,28 @@ def load_loop_file(path: str | None, overrides: Sequence[str]) -> tuple[LoopFile
     if cfg.data.paths is not None and not Path(cfg.data.paths).is_absolute() and not any(Path().glob(cfg.data.paths)):
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, paths=str(base / cfg.data.paths)))
     return cfg, base
+
+
+def refuse_other_family(data: dict[str, Any], ours: type, theirs: type, model_type: str, whose: str) -> None:
+    """ConfigError naming the first key of `data` (a loop file's sections, [model] left out) that file class `ours`
+    lacks and `theirs` (the other family's loop file) has: an option of the other loop, which this one would not
+    read. Keys of neither are left to from_dict (an unknown key, with the closest known one suggested)."""
+    mine, other = section_keys(ours), section_keys(theirs)
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            dotted = f"{prefix}{key}"
+            if dotted == "model":
+                continue
+            if dotted not in mine and dotted in other:
+                raise ConfigError(
+                    f"{dotted}: {whose} key, which model.type = {model_type!r} does not read; remove it (or choose a "
+                    f"model.type of that loop)"
+                )
+            if isinstance(value, dict) and dotted in mine:
+                walk(value, dotted + ".")
+
+    walk(data, "")
 
 
 OLD_MODEL_KEYS = {"dim": "embedding.dim", "capacity": "embedding.capacity", "sparse_lr": "embedding.optimizer",
@@ -180,7 +215,15 @@ def _upgrade_old_model(data: dict[str, Any]) -> dict[str, Any]:
     model = data.get("model")
     if not isinstance(model, dict):
         return data
-    old = [k for k in OLD_MODEL_KEYS if k in model]
+    own: set[str] = set()
+    if "type" in model:  # a key the declared type has itself (a two-tower's dim) is not the old dialect's
+        from hugerec.models.registry import model_type
+
+        try:
+            own = set(model_type(model["type"]).fields())
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    old = [k for k in OLD_MODEL_KEYS if k in model and k not in own]
     if not old:
         return data
     if "type" in model or "embedding" in data:
@@ -229,12 +272,15 @@ def loop_config(cfg: LoopFile) -> LoopConfig:
 
 
 def log_table(records: Sequence[Record]) -> str:
-    """The decision log as a fixed-width table: window, action, version, AUC figures, reason."""
-    rows = [("window", "action", "version", "cand AUC", "serving AUC", "reason")]
+    """The decision log as a fixed-width table: window, action, version, the gate's figures (AUC of a ranking loop,
+    Recall@K of a retrieval loop), reason."""
+    recall = any(r.gate and ("candidate_recall" in r.gate or "canary_recall" in r.gate) for r in records)
+    metric = "recall" if recall else "auc"
+    rows = [("window", "action", "version", f"cand {metric if recall else 'AUC'}", f"serving {metric if recall else 'AUC'}", "reason")]
     for r in records:
         g = r.gate or {}
-        cand = g.get("candidate_auc", g.get("canary_auc"))
-        serv = g.get("serving_auc", g.get("stable_auc"))
+        cand = g.get(f"candidate_{metric}", g.get(f"canary_{metric}"))
+        serv = g.get(f"serving_{metric}", g.get(f"stable_{metric}"))
         rows.append(
             (
                 str(r.window),
@@ -253,6 +299,8 @@ def log_table(records: Sequence[Record]) -> str:
 
 def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bool, only_log: bool) -> int:
     cfg, _ = load_loop_file(config_path, overrides)
+    if isinstance(cfg, RetrievalLoopFile):
+        return run_retrieval_loop(cfg, print_config, only_log)
     if print_config:
         out = to_dict(cfg, keep_none=True)
         out["model"], out["embedding"] = config_to_dict(cfg.model.model), cfg.model.to_dict()

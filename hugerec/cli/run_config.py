@@ -44,7 +44,7 @@ from hugerec.data.prepare import Join, SplitKind, SplitSpec, with_joins
 from hugerec.data.preprocess.errors import OnError
 from hugerec.data.preprocess.workflow import Workflow
 from hugerec.embedding.optimizers import Optimizer, RowWiseAdagrad, optimizer_from_dict, optimizer_to_dict
-from hugerec.embedding.table_config import StorageDtype
+from hugerec.embedding.table_config import Storage, StorageDtype, TableConfig
 from hugerec.models.model_config import DLRMConfig
 from hugerec.models.registry import (
     Family,
@@ -269,16 +269,82 @@ class DataSection:
 
 @dataclass(frozen=True)
 class EmbeddingSection:
-    """dim: width of every table (DLRM and DeepFM need one width); optimizer: the tables' sparse optimizer;
-    dtype: how the rows are stored, "fp32", "bf16" or "fp16" (half the memory)."""
+    """The ranking models' embedding tables.
 
-    dim: int = 16
+    dim        width of every table, or "auto": each table's width from its cardinality C (the number of
+               ids), 6 * C ** 0.25 rounded up to a multiple of 8, from 8 to 64 (10 ids -> 16, 1,000 -> 40,
+               from ~10,000 ids -> 64; hugerec.training.defaults.auto_embedding_dim); DLRM and DeepFM need
+               one width: the rule at the largest table, or the last width of model.bottom when the
+               config sets it. `hugerec train` prints the widths it chose
+    optimizer  the tables' sparse optimizer
+    dtype      how the rows are stored, "fp32", "bf16" or "fp16" (half the memory)
+    storage    "memory", or "disk": tables larger than memory live in files (rows and optimizer state),
+               their hot rows in a RAM cache (hugerec.embedding.disk); `train.resume` continues a killed
+               run from its last checkpoint, bit for bit
+    path       with storage = "disk": the folder of the tables' files, one `<table>.rows` each (default
+               <train.out_dir>/tables); relative to the current directory
+    cache_rows, cache_bytes   with storage = "disk": each disk table's RAM cache, in rows or in bytes (one
+               of the two; a table with fewer rows than cache_rows stays in memory unless disk_tables names it)
+    disk_tables  with storage = "disk": the tables on disk (empty: every table larger than its cache)
+    """
+
+    dim: int | str = "auto"
     optimizer: Optimizer = field(default_factory=lambda: RowWiseAdagrad(lr=0.05))
     dtype: StorageDtype = StorageDtype.FP32
+    storage: Storage = Storage.MEMORY
+    path: str | None = None
+    cache_rows: int | None = None
+    cache_bytes: int | None = None
+    disk_tables: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.dim < 1:
+        if isinstance(self.dim, str):
+            if self.dim != "auto":
+                raise ValueError(f'dim must be an int >= 1 or "auto", got {self.dim!r}')
+        elif self.dim < 1:
             raise ValueError(f"dim must be >= 1, got {self.dim}")
+        if self.storage is Storage.MEMORY:
+            for key in ("path", "cache_rows", "cache_bytes", "disk_tables"):
+                if getattr(self, key) not in (None, ()):
+                    raise ValueError(f"{key} = {getattr(self, key)!r} needs storage = \"disk\"")
+            return
+        if (self.cache_rows is None) == (self.cache_bytes is None):
+            raise ValueError(
+                f'storage = "disk" needs exactly one of cache_rows and cache_bytes, got cache_rows = '
+                f"{self.cache_rows!r}, cache_bytes = {self.cache_bytes!r}"
+            )
+        for key in ("cache_rows", "cache_bytes"):
+            v = getattr(self, key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{key} must be an integer >= 1, got {v!r}")
+        if self.path is not None and not self.path.strip():
+            raise ValueError(f"path must name a folder, got {self.path!r}")
+        for name in self.disk_tables:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"disk_tables must be table names, got {name!r}")
+
+    def tables(self, tables: Sequence[TableConfig], out_dir: Path) -> list[TableConfig]:
+        """`tables` (from the schema) with this section's dtype, and with storage = "disk" those it puts on disk
+        given their files and caches; ConfigError naming a disk_tables entry that is no table."""
+        tables = [dataclasses.replace(t, dtype=self.dtype) for t in tables]
+        if self.storage is Storage.MEMORY:
+            return tables
+        names = [t.name for t in tables]
+        if unknown := [n for n in self.disk_tables if n not in names]:
+            raise ConfigError(f"embedding.disk_tables: {unknown[0]!r} is not a table of the data; the tables are {names}")
+        folder = Path(self.path) if self.path is not None else out_dir / "tables"
+        out = []
+        for t in tables:
+            named = t.name in self.disk_tables
+            if (self.disk_tables and not named) or (not named and self.cache_rows is not None and t.num_rows <= self.cache_rows):
+                out.append(t)
+                continue
+            cache_rows = None if self.cache_rows is None else min(self.cache_rows, t.num_rows)
+            path = str(folder.absolute() / f"{t.name}.rows")
+            out.append(
+                dataclasses.replace(t, storage=Storage.DISK, path=path, cache_rows=cache_rows, cache_bytes=self.cache_bytes)
+            )
+        return out
 
 
 @dataclass(frozen=True)
@@ -398,7 +464,7 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     cfg = dataclasses.replace(from_dict(RunConfig, data, "", READERS), model=read_model(model), model_keys=frozenset(given))
     if cfg.train.out_dir is None:
         raise ConfigError("train.out_dir: give a folder for the model, the log and the plot")
-    if "bottom" in given:  # a default bottom is fitted to the embedding dim by `train`
+    if "bottom" in given and isinstance(cfg.embedding.dim, int):  # a default bottom is fitted to the embedding dim by `train`
         _check_model_fits_embedding(cfg.model, cfg.embedding.dim)  # now, not after the data was read
     _check_roles(cfg)
     if path is not None:

@@ -40,8 +40,7 @@ from hugerec.cli.interactions_config import SequenceWindows
 from hugerec.cli.run_config import RunConfig
 from hugerec.data.events import RetrievalData, SequenceData, SequenceProtocol, retrieval_view, sequence_view
 from hugerec.data.input_spec import InputSpec
-from hugerec.data.interactions import Interactions, held_out_csr, histories, iter_examples, last_items, time_split
-from hugerec.data.interactions import leave_last_out as interactions_leave_last_out
+from hugerec.data.interactions import Interactions, epoch_examples, full_ranking, histories, last_items
 from hugerec.data.prepare import SplitKind, SplitSpec
 from hugerec.data.sessions import ItemVocabulary, Sequences, last_n, prefixes, sliding_windows, with_reversed
 from hugerec.data.sessions import leave_last_out as sequences_leave_last_out
@@ -65,7 +64,6 @@ from hugerec.training.retrieval import (
     RetrievalModel,
     RetrievalValidation,
     all_item_vectors,
-    rank_part,
     recommend,
     user_vectors,
 )
@@ -109,21 +107,12 @@ def retrieval_data(cfg: RunConfig) -> RetrievalData:
         raise ConfigError(f"preprocess.input: {e}") from None
 
 
-def _retrieval_validation(d: RetrievalData, split: SplitSpec) -> tuple[Interactions, Interactions]:
-    """The training part less a validation split, and that split, cut as the test split was from the whole:
-    each user's last `holdout` training events, or by time (the latest eval_fraction of the training
-    part's events; 0.1 when eval_fraction is 0)."""
-    match split.kind:
-        case SplitKind.TIME:
-            fit_part, valid = time_split(d.train, fraction=1.0 - (split.eval_fraction or 0.1))
-        case _:  # leave_last_out (retrieval_view refuses the other kinds)
-            fit_part, valid = interactions_leave_last_out(d.train, split.holdout)
-    if fit_part.num_events == 0 or valid.num_events == 0:
-        raise ConfigError(
-            f'preprocess.split = "{split.kind.value}" leaves {fit_part.num_events} training and {valid.num_events} validation '
-            "events in the training part; both must be > 0"
-        )
-    return fit_part, valid
+def _retrieval_validation(d: RetrievalData) -> tuple[Interactions, Interactions]:
+    """The training part less a validation split, and that split (`RetrievalData.validation_split`)."""
+    try:
+        return d.validation_split()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def build_retrieval_model(kind: TwoTowerConfig | MFConfig, num_users: int, num_items: int, cfg: RunConfig) -> RetrievalModel:
@@ -147,7 +136,7 @@ def train_retrieval(cfg: RunConfig) -> dict[str, float]:
     assert isinstance(kind, TwoTowerConfig | MFConfig)  # the CLI sends retrieval models here
     d = retrieval_data(cfg)
     split = _retrieval_split(cfg)
-    fit_part, valid = _retrieval_validation(d, split)
+    fit_part, valid = _retrieval_validation(d)
     s = cfg.interactions
     env = _distributed()
     rank, world = (0, 1) if env is None else (env.rank, env.world_size)
@@ -163,17 +152,9 @@ def train_retrieval(cfg: RunConfig) -> dict[str, float]:
         max_history = _max_history(model)  # type: ignore[arg-type]
         if env is not None:
             model = _shard(model, ("user_id", "item_id"), s.batch_size // world, env.rank, world)
-        users = torch.arange(d.data.num_users)
-        seen = histories(fit_part)
-        validation = RetrievalValidation(users, last_items(*seen, users.numpy(), max_history), held_out_csr(valid), seen)
-        seed = cfg.train.seed or 0
-
-        def epoch(e: int) -> Any:
-            for batch in iter_examples(fit_part, s.batch_size, max_history, seed=seed + e):
-                yield batch if world == 1 else rank_part(batch, rank, world)
-
-        batches = EpochBatches(epoch, length=-(-fit_part.num_events // s.batch_size))
+        validation = RetrievalValidation(*full_ranking(fit_part, valid, max_history))
         family = RetrievalFamily(fit_part.item_counts(), retrieval_loss(kind), ks=tuple(s.ks))
+        batches = EpochBatches(*epoch_examples(fit_part, s.batch_size, max_history, seed=cfg.train.seed or 0, rank=rank, world=world))
         history = fit(model, batches, validation, cfg.train, family=family)
     finally:
         if env is not None:
@@ -229,10 +210,7 @@ def _print_best(history: History) -> None:
 
 def held_out_metrics(model: RetrievalModel, d: RetrievalData, ks: tuple[int, ...]) -> dict[str, float]:
     """Full ranking over the catalogue, each user's training items excluded (their held-out items kept)."""
-    offsets, items = histories(d.train)
-    users = torch.arange(d.data.num_users)
-    history = last_items(offsets, items, users.numpy(), _max_history(model))
-    return evaluate(model, RetrievalValidation(users, history, held_out_csr(d.test), (offsets, items)), ks=ks)
+    return evaluate(model, RetrievalValidation(*full_ranking(d.train, d.test, _max_history(model))), ks=ks)
 
 
 # -- sequential data -----------------------------------------------------------------------------

@@ -1,26 +1,34 @@
 """`hugerec up`: one command from an interaction log (or the synthetic interaction world) to a live recommender.
 
     hugerec up [LOG | FOLDER | CONFIG.toml] [KEY=VALUE ...] [--out DIR] [--user-column C] [--item-column C]
-               [--time-column C] [--port 8000] [--host 127.0.0.1] [--no-serve] [--print-config]
-               [--loop [--loop-every SECONDS]] [--world-users U] [--world-items I]
+               [--time-column C] [--label-column C] [--no-ranker] [--port 8000] [--host 127.0.0.1]
+               [--no-serve] [--print-config] [--loop [--loop-every SECONDS]] [--world-users U] [--world-items I]
 
 Each step is the entry point of the command a user would run by hand, on the config files `up` writes
 to --out (default runs/up), so that the next step is editing them:
 
     1. schema    LOG -> hugerec.data.input_spec.infer_spec (what `hugerec schema` prints), the user, item
-                 and time columns given their roles (by --*-column or by name), every other column
-                 role "none" -> OUT/retriever.toml: [preprocess] (leave-last-out split) + a two-tower
+                 and time columns given their roles (by --*-column or by name), a 0/1 label column
+                 (--label-column or by name) role label, every other column role "none" ->
+                 OUT/retriever.toml: [preprocess] (leave-last-out split) + a two-tower; OUT/up.toml:
+                 [ranker], how the ranking stage is built (up_ranker.RankerSection)
     2. train     `hugerec train OUT/retriever.toml` (task_commands.train_retrieval)
-    3. pipeline  OUT/pipeline.toml (retrieve from the two-tower's index, popular items for unknown users,
-                 drop what the user has seen) -> `hugerec pipeline build` (pipeline_commands.build)
-    4. serve     `hugerec serve OUT/pipeline` (serving.http.server.serve) on 127.0.0.1 until Ctrl-C
+    3. ranker    labelled rows of the retriever's training part (up_ranker: positives = interactions,
+                 sampled negatives; or the log's labels) -> OUT/ranker.toml -> `hugerec preprocess`,
+                 `hugerec train` (a DCN-v2, early stopping on the latest rows), `hugerec export`
+                 (skipped with --no-ranker / ranker.enabled = false)
+    4. pipeline  OUT/pipeline.toml (retrieve from the two-tower's index, popular items for unknown users,
+                 drop what the user has seen, score with the ranker) -> `hugerec pipeline build`
+                 (pipeline_commands.build)
+    5. serve     `hugerec serve OUT/pipeline` (serving.http.server.serve) on 127.0.0.1 until Ctrl-C
 
 Without LOG the events come from the synthetic interaction world (hugerec.data.synthetic_interactions:
 the generating model is known, so the Bayes-optimal ranking is too), written to OUT/events.csv and
 then read like any log; before serving, `up` reports the served pipeline's hit rate@20 on each user's
-held-out last event beside the oracle's (the generator's true logits over the items the user has not
-seen). With CONFIG.toml (e.g. an edited OUT/retriever.toml) steps 2-4 run on it; its pipeline config
-is the pipeline.toml beside it when there is one (written there when not).
+held-out last event beside the retrieval stage's alone (the pipeline without [score], built for this
+as OUT/pipeline-retrieval) and the oracle's (the generator's true logits over the items the user has
+not seen). With CONFIG.toml (e.g. an edited OUT/retriever.toml) steps 2-5 run on it; its pipeline
+config is the pipeline.toml beside it when there is one (written there when not), its up.toml likewise.
 
 A FOLDER is a log in several files of one layout (preprocess.input is its glob). With --loop a thread
 watches it: once its files changed and then stayed unchanged for one look, steps 2 and 3 run again
@@ -45,6 +53,7 @@ from hugerec.cli.config_file import ConfigError
 
 if TYPE_CHECKING:  # the data, training and serving stacks load when the command runs: `hugerec --help` stays instant
     from hugerec.cli.run_config import RunConfig
+    from hugerec.cli.up_ranker import RankerSection
     from hugerec.continuous.publish import Publisher
     from hugerec.data.input_spec import InputSpec
     from hugerec.data.synthetic_interactions import SyntheticInteractions
@@ -52,17 +61,21 @@ if TYPE_CHECKING:  # the data, training and serving stacks load when the command
 UP_HELP = """\
 One command from an interaction log to a live recommender on 127.0.0.1: guesses the log's columns
 (as `hugerec schema`; the user, item and time columns by name, or --user-column / --item-column /
---time-column), trains a two-tower retriever (`hugerec train`), builds its index and a pipeline
-(`hugerec pipeline build`: retrieve, drop seen items, popular items for unknown users) and serves
-POST /recommend {"user": ID, "k": 10} (`hugerec serve`) until Ctrl-C, printing a curl to try.
+--time-column), trains a two-tower retriever (`hugerec train`), then a ranker on labelled rows of
+the log (each interaction a positive, sampled items the user has not interacted with the negatives,
+or the log's own 0/1 label column; --no-ranker leaves it out), builds the index and a pipeline
+(`hugerec pipeline build`: retrieve, drop seen items, popular items for unknown users, rank) and
+serves POST /recommend {"user": ID, "k": 10} (`hugerec serve`) until Ctrl-C, printing a curl to try.
 Every step is written out as the config files you would otherwise write (OUT/retriever.toml,
-OUT/pipeline.toml; OUT is --out, default runs/up), with the commands that run them by hand: edit
-them and run `hugerec up OUT/retriever.toml`. KEY=VALUE overrides apply to the retriever's config
-(e.g. train.epochs=2). Without a LOG it uses the synthetic interaction world (no download) and
-reports the served pipeline's hit rate@20 beside the oracle's (the best any model can do there).
-The log needs integer user and item ids and a time column (epoch seconds or a date); it may be a
-folder of files of one layout, and with --loop `up` keeps watching that folder: when new files land
-it retrains on all of them and serves the new pipeline version in place of the old one.
+OUT/ranker.toml, OUT/pipeline.toml, OUT/up.toml; OUT is --out, default runs/up), with the commands
+that run them by hand: edit them and run `hugerec up OUT/retriever.toml`. KEY=VALUE overrides apply
+to the retriever's config (e.g. train.epochs=2), ranker.KEY=VALUE to up.toml's [ranker] (e.g.
+ranker.negatives=8). Without a LOG it uses the synthetic interaction world (no download) and
+reports the served pipeline's hit rate@20 beside the retrieval stage's alone and the oracle's (the
+best any model can do there). The log needs integer user and item ids and a time column (epoch
+seconds or a date); it may be a folder of files of one layout, and with --loop `up` keeps watching
+that folder: when new files land it retrains on all of them and serves the new pipeline version in
+place of the old one.
 example: hugerec up
 example: hugerec up events.csv --port 8000
 example: hugerec up --no-serve --world-users 300 --world-items 200 train.epochs=1"""
@@ -74,6 +87,8 @@ ITEM_NAMES = (
     "track", "trackid", "song", "songid", "video", "videoid", "book", "bookid", "business", "businessid",
 )  # fmt: skip
 TIME_NAME = re.compile(r"(time|date|^ts$|_ts$)", re.I)
+# Column names read as a 0/1 label (the log is then labelled: the ranker trains on its rows, nothing is sampled)
+LABEL_NAMES = ("label", "click", "clicked", "isclick", "target", "converted", "conversion", "purchased")
 HIT_K = 20  # the hit rate's K, on the synthetic world
 
 
@@ -126,16 +141,15 @@ out_dir = {out_dir}
 """
 
 PIPELINE = """\
-# Written by `hugerec up`: the pipeline over the two-tower of retriever.toml. By hand:
+# Written by `hugerec up`: the pipeline over the two-tower of retriever.toml{and_ranker}. By hand:
 #   hugerec pipeline build {self}
 #   hugerec serve {out}
 # Retrieve from the index (the user vector from the user id and recent history); popular items for a
-# user the model never saw (cold_k; k = 1 for known users, whose ranking is the two-tower's); drop what
-# the user has seen. A [score] section would add a ranker bundle ([inputs] ranker_bundle).
+# user the model never saw (cold_k; k = 1 for known users); drop what the user has seen; {score_note}
 
 [inputs]
 retrieval_model = {model}
-index = "{index}"
+index = "{index}"{ranker_inputs}
 out = {out_q}
 
 [pipeline]
@@ -150,9 +164,14 @@ sources = [
 
 [filter]
 exclude_seen = true
-
+{score}
 [order]
 max_k = 100
+"""
+SCORE = """
+[score]                        # the ranker on each candidate, its inputs read from the feature tables: the
+sparse = [["user", "user.ranker_user"], ["item", "item.ranker_item"]]   # ids' Categorify codes in the ranker
+dense = {dense}
 """
 
 
@@ -169,6 +188,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--user-column", help="the log's user id column (default: a column named user, user_id, ...)")
     p.add_argument("--item-column", help="the log's item id column (default: a column named item, item_id, movie_id, ...)")
     p.add_argument("--time-column", help="the log's time column (default: the first timestamp column, or one named like a time)")
+    p.add_argument("--label-column", help="the log's 0/1 label column, used by the ranker instead of sampled negatives (default: a column named label, click, ...)")
+    p.add_argument("--no-ranker", action="store_true", help="no ranking stage: the pipeline ranks by the retriever alone (up.toml: ranker.enabled = false)")
     p.add_argument("--world-users", type=int, default=World.users, help=f"users of the synthetic world (default: {World.users})")
     p.add_argument("--world-items", type=int, default=World.items, help=f"items of the synthetic world (default: {World.items})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
@@ -196,8 +217,9 @@ def _pick(spec: InputSpec, given: str | None, names: tuple[str, ...], what: str,
     return found[0]
 
 
-def log_spec(log: Path, user: str | None, item: str | None, when: str | None) -> InputSpec:
-    """The log's guessed spec (`hugerec schema`'s) with roles user, item and timestamp; other columns "none"."""
+def log_spec(log: Path, user: str | None, item: str | None, when: str | None, label: str | None = None) -> InputSpec:
+    """The log's guessed spec (`hugerec schema`'s) with roles user, item and timestamp, a number column given
+    as the label (or named like one) role label; other columns "none"."""
     from hugerec.data.input_spec import ColumnSpec, ColumnType, Role, infer_spec
 
     if not log.is_file():
@@ -222,6 +244,13 @@ def log_spec(log: Path, user: str | None, item: str | None, when: str | None) ->
                 f"{log} has no time column (columns {names}); the held-out events are each user's last: name it with --time-column COLUMN"
             )
         when = candidates[0]
+    if label is not None and label not in names:
+        raise ConfigError(f"--label-column {label!r}: {log} has no such column (columns {names})")
+    if label is None:
+        named = [c.name for c in spec.columns if _key(c.name) in LABEL_NAMES and c.name not in (user_col, item_col, when)]
+        label = named[0] if named else None
+    if label in (user_col, item_col, when):
+        raise ConfigError(f"{log}: column {label!r} cannot be both the label and the {'user' if label == user_col else 'item' if label == item_col else 'time'}")
     columns = []
     for c in spec.columns:
         if c.name in (user_col, item_col):
@@ -235,6 +264,10 @@ def log_spec(log: Path, user: str | None, item: str | None, when: str | None) ->
                 columns.append(ColumnSpec(c.name, ColumnType.TIMESTAMP, Role.TIMESTAMP, format="unix"))
             else:
                 raise ConfigError(f"column {when!r} of {log} holds {c.type.value} values, not times (epoch seconds or dates)")
+        elif c.name == label:
+            if c.type not in (ColumnType.INT, ColumnType.FLOAT):
+                raise ConfigError(f"column {label!r} of {log} holds {c.type.value} values; a label is 0 or 1 (or leave it out: --label-column names another)")
+            columns.append(ColumnSpec(c.name, c.type, Role.LABEL))
         else:
             columns.append(replace(c, role=Role.NONE))
     return replace(spec, columns=tuple(columns))
@@ -260,11 +293,30 @@ def retriever_toml(spec: InputSpec, files: str, out: Path, note: str, towers: di
     return head + section + split + "\n" + RETRIEVER.format(**towers, out_dir=_q(str((out / "retriever").resolve())))
 
 
-def pipeline_toml(path: Path, model: Path, out: Path, num_items: int) -> str:
+def pipeline_toml(path: Path, model: Path, out: Path, num_items: int, ranker: RankerFiles | None = None) -> str:
+    """pipeline.toml: retrieve, filter, (score with the ranker,) order."""
     index = "exact" if num_items <= 50_000 else "hnsw"  # exact top-k is cheap for small catalogues
-    return PIPELINE.format(
-        self=path, out=out, model=_q(str(model.resolve())), index=index, out_q=_q(str(out.resolve())), ann_k=min(300, num_items)
+    inputs = "" if ranker is None else (
+        f"\nranker_bundle = {_q(str(ranker.bundle.resolve()))}"
+        f"\nuser_features = {_q(str(ranker.users.resolve()))}     # user, ranker_user (its code in the ranker)"
+        f"\nitem_features = {_q(str(ranker.items.resolve()))}     # item, ranker_item"
     )
+    return PIPELINE.format(
+        self=path, out=out, model=_q(str(model.resolve())), index=index, out_q=_q(str(out.resolve())), ann_k=min(300, num_items),
+        and_ranker="" if ranker is None else " and the ranker of ranker.toml",
+        score_note="no ranker (a [score] section would add one)." if ranker is None else "score the rest with the ranker.",
+        ranker_inputs=inputs, score="" if ranker is None else SCORE.format(dense=json.dumps(list(ranker.dense))),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RankerFiles:
+    """What the pipeline's Score stage reads: the ranker's bundle and its id-code feature tables."""
+
+    bundle: Path
+    users: Path
+    items: Path
+    dense: tuple[str, ...] = ()  # the ranker's dense inputs as feature references ("user.u0", "item.i0", ...)
 
 
 # -- the synthetic world ----------------------------------------------------------------------------------
@@ -282,9 +334,12 @@ def make_world(world: World, path: Path) -> SyntheticInteractions:
     return synth
 
 
-def hit_rates(synth: SyntheticInteractions, bundle: Path, k: int = HIT_K) -> dict[str, float]:
-    """Hit rate@k on each user's last event: the pipeline bundle's answers, and the oracle's (true logits, seen items excluded)."""
+def hit_rates(synth: SyntheticInteractions, bundles: dict[str, Path], k: int = HIT_K) -> dict[str, float]:
+    """Hit rate@k on each user's last event: each pipeline bundle's answers (by name), and the oracle's
+    ("oracle": true logits, seen items excluded)."""
+    import numba
     import numpy as np
+    import torch
 
     from hugerec.serving.bundles.any_bundle import load
     from hugerec.serving.pipeline.runner import Query
@@ -294,10 +349,18 @@ def hit_rates(synth: SyntheticInteractions, bundle: Path, k: int = HIT_K) -> dic
     users, items = frame["user"].to_numpy(), frame["item"].to_numpy()
     last = np.r_[users[1:] != users[:-1], True]  # each user's last event: the held-out target
     starts = np.r_[0, np.flatnonzero(last)[:-1] + 1]
-    hits = {"pipeline": 0, "oracle": 0}
-    loaded = load(bundle)
+    hits = dict.fromkeys([*bundles, "oracle"], 0)
+    loaded: dict[str, ServedPipeline] = {}
+    threads = numba.get_num_threads(), torch.get_num_threads()
+    # one query at a time: parallel regions cost more than they save on one row (on a loaded 2-core
+    # machine 33 ms instead of 2 ms per query of the retrieval pipeline, with Numba's threads alone)
+    numba.set_num_threads(1)
+    torch.set_num_threads(1)
     try:
-        assert isinstance(loaded, ServedPipeline), loaded.kind  # hugerec up built it as a pipeline bundle
+        for name, bundle in bundles.items():
+            one = load(bundle)
+            assert isinstance(one, ServedPipeline), one.kind  # hugerec up built it as a pipeline bundle
+            loaded[name] = one
         for lo in range(0, len(starts), 512):
             block = np.arange(lo, min(lo + 512, len(starts)))
             true = synth.true_scores(users[starts[block]])  # [b, I]
@@ -307,24 +370,31 @@ def hit_rates(synth: SyntheticInteractions, bundle: Path, k: int = HIT_K) -> dic
                 s = true[row].copy()
                 s[seen] = -np.inf
                 hits["oracle"] += int(target in np.argpartition(-s, k)[:k])
-                hits["pipeline"] += int(target in loaded.pipeline.recommend(Query(user, k)).items)
+                for name, one in loaded.items():
+                    hits[name] += int(target in one.pipeline.recommend(Query(user, k)).items)
     finally:
-        loaded.close()
+        numba.set_num_threads(threads[0])
+        torch.set_num_threads(threads[1])
+        for one in loaded.values():
+            one.close()
     return {name: h / len(starts) for name, h in hits.items()}
 
 
 # -- the command ------------------------------------------------------------------------------------------
 def _step(n: int, text: str, quiet: bool = False) -> float:
     if not quiet:  # --print-config prints the configs alone
-        print(f"[{n}/4] {text}", flush=True)
+        print(f"[{n}/5] {text}", flush=True)
     return time.perf_counter()
 
 
-def _split(words: list[str]) -> tuple[Path | None, list[str]]:
+def _split(words: list[str]) -> tuple[Path | None, list[str], list[str]]:
+    """(the log or config, the retriever's KEY=VALUE overrides, up.toml's ranker.KEY=VALUE ones)."""
     sources = [w for w in words if "=" not in w]
     if len(sources) > 1:
         raise ConfigError(f"expected one event log or config file, got {sources}; overrides are KEY=VALUE")
-    return (Path(sources[0]) if sources else None), [w for w in words if "=" in w]
+    overrides = [w for w in words if "=" in w]
+    ranker = [w for w in overrides if w.startswith("ranker.")]
+    return (Path(sources[0]) if sources else None), [w for w in overrides if w not in ranker], ranker
 
 
 def run(args: argparse.Namespace) -> int:
@@ -342,25 +412,31 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    source, overrides = _split(list(args.args))
+    from hugerec.cli.up_ranker import read_up_toml, up_toml
+
+    source, overrides, ranker_overrides = _split(list(args.args))
     out: Path = args.out
     if args.loop and (source is None or not source.is_dir()):
         raise ConfigError("--loop watches a folder of log files for new ones: give the folder (e.g. hugerec up logs/ --loop)")
     if not 0 < args.loop_every <= 86400:
         raise ConfigError(f"--loop-every must be in (0, 86400] seconds, got {args.loop_every}")
-    columns_given = any(getattr(args, f) is not None for f in ("user_column", "item_column", "time_column"))
+    columns_given = any(getattr(args, f) is not None for f in ("user_column", "item_column", "time_column", "label_column"))
     if columns_given and (source is None or source.suffix == ".toml"):
-        raise ConfigError("--user-column / --item-column / --time-column name a log's columns; " + ("give the log" if source is None else f"{source} declares its columns"))
+        raise ConfigError("--user-column / --item-column / --time-column / --label-column name a log's columns; " + ("give the log" if source is None else f"{source} declares its columns"))
     synth = None
     t_start = time.perf_counter()
+    if args.no_ranker:
+        ranker_overrides = [*ranker_overrides, "ranker.enabled=false"]
     if source is not None and source.suffix == ".toml":
         if not source.is_file():
             raise ConfigError(f"config file not found: {source}")
         config_path = source
-        pipeline_path = source.with_name("pipeline.toml")
+        pipeline_path, up_path = source.with_name("pipeline.toml"), source.with_name("up.toml")
+        section = read_up_toml(up_path, ranker_overrides)
         _step(1, f"config {config_path} (the log's columns as it declares them)", args.print_config)
     else:
-        config_path, pipeline_path = out / "retriever.toml", out / "pipeline.toml"
+        config_path, pipeline_path, up_path = out / "retriever.toml", out / "pipeline.toml", out / "up.toml"
+        section = read_up_toml(None, ranker_overrides)
         if source is None:
             world = World(args.world_users, args.world_items)
             log = out / "events.csv"
@@ -379,7 +455,7 @@ def _up(args: argparse.Namespace) -> int:
         else:
             first, files = log_files(source)
             t0 = _step(1, f"schema of {first}", args.print_config)
-            spec = log_spec(first, args.user_column, args.item_column, args.time_column)
+            spec = log_spec(first, args.user_column, args.item_column, args.time_column, args.label_column)
             text = retriever_toml(spec, files, out, "", LOG_TOWERS)
         if args.print_config:  # checked as `hugerec train` would read it (overrides included), written nowhere
             import tempfile
@@ -390,45 +466,80 @@ def _up(args: argparse.Namespace) -> int:
                 (Path(tmp) / "retriever.toml").write_text(text)
                 load_run_config(Path(tmp) / "retriever.toml", overrides)
             print(f"# {config_path}\n{text}")
+            print(f"# {up_path}\n{up_toml(section, config_path)}")
+            if section.enabled:
+                print(f"# {out / 'ranker.toml'}: written once the labelled rows are (their validation split is by time)")
             return 0
         roles = ", ".join(f"{c.name} = {c.role_value}" for c in spec.columns)
         out.mkdir(parents=True, exist_ok=True)
         config_path.write_text(text)
-        print(f"      columns: {roles} -> {config_path}", flush=True)
+        up_path.write_text(up_toml(section, config_path))
+        print(f"      columns: {roles} -> {config_path}, {up_path}", flush=True)
 
     cfg = _load(config_path, overrides)
     if args.print_config:
         print(f"# {config_path}\n{config_path.read_text()}")
+        print(f"# {up_path}\n{up_toml(section, config_path)}")
         return 0
     t0 = _step(2, f"train {cfg.model_type} (hugerec train {config_path}{''.join(' ' + o for o in overrides)})")
     _train(cfg, t0)
     model = cfg.out_dir / "model.pt"
     num_items, user = _model_facts(model)
+    ranker = _rank(cfg, model, config_path.parent, section)
     if not pipeline_path.is_file() or source is None or source.suffix != ".toml":
-        pipeline_path.write_text(pipeline_toml(pipeline_path, model, pipeline_path.parent / "pipeline", num_items))
-    t0 = _step(3, f"pipeline (hugerec pipeline build {pipeline_path})")
+        pipeline_path.write_text(pipeline_toml(pipeline_path, model, pipeline_path.parent / "pipeline", num_items, ranker))
+    elif ranker is not None and "ranker_bundle" not in pipeline_path.read_text():
+        print(f"      note: {pipeline_path} has no ranker ([inputs] ranker_bundle, [score]); remove it to have `up` write one with the ranker", flush=True)
+    t0 = _step(4, f"pipeline (hugerec pipeline build {pipeline_path})")
     bundle, name, version = _build(pipeline_path, None, t0)
     if synth is not None:
         t0 = time.perf_counter()
-        rates = hit_rates(synth, bundle)
+        bundles = {"pipeline": bundle}
+        if ranker is not None:  # the same pipeline without [score], for the comparison
+            alone = pipeline_path.with_name("pipeline-retrieval.toml")
+            alone.write_text(pipeline_toml(alone, model, pipeline_path.parent / "pipeline-retrieval", num_items))
+            bundles["retrieval"], _, _ = _build(alone, None, t0)
+        rates = hit_rates(synth, bundles)
         share = rates["pipeline"] / rates["oracle"] if rates["oracle"] else float("nan")
+        alone_text = ""
+        if "retrieval" in rates:
+            alone_share = rates["retrieval"] / rates["oracle"] if rates["oracle"] else float("nan")
+            alone_text = f", retrieval alone {rates['retrieval']:.4f} = {alone_share:.3f}x"
         print(
             f"      hit rate@{HIT_K} on each user's held-out last event: pipeline {rates['pipeline']:.4f}, oracle {rates['oracle']:.4f} "
-            f"(the best any model can do on this world) = {share:.2f}x ({time.perf_counter() - t0:.1f} s)",
+            f"(the best any model can do on this world) = {share:.3f}x{alone_text} ({time.perf_counter() - t0:.1f} s)",
             flush=True,
         )
     print(f"      ready {time.perf_counter() - t_start:.0f} s after the start")
     train_words = " ".join([str(config_path), *overrides])
-    print(f"      by hand: hugerec train {train_words} && hugerec pipeline build {pipeline_path} && hugerec serve {bundle}")
+    ranker_words = "" if ranker is None else f" && hugerec preprocess {config_path.parent / 'ranker.toml'} && hugerec train {config_path.parent / 'ranker.toml'} && hugerec export {config_path.parent / 'ranker.toml'}"
+    print(f"      by hand: hugerec train {train_words}{ranker_words} && hugerec pipeline build {pipeline_path} && hugerec serve {bundle}")
     if args.no_serve:
-        print(f"[4/4] not serving (--no-serve): hugerec serve {bundle} --port {args.port}")
+        print(f"[5/5] not serving (--no-serve): hugerec serve {bundle} --port {args.port}")
         return 0
     loop = None
     if args.loop:
         assert source is not None  # checked above: a folder
-        loop = FolderLoop(source, config_path, tuple(overrides), pipeline_path, name, version, args.loop_every)
+        loop = FolderLoop(source, config_path, tuple(overrides), pipeline_path, name, version, args.loop_every, section)
     _serve(bundle, args.host, args.port, user, loop)
     return 0
+
+
+def _rank(cfg: RunConfig, model: Path, out: Path, section: RankerSection, step: bool = True) -> RankerFiles | None:
+    """Step 3: the ranker (up_ranker.build_ranker) on the retriever's training part, or None when disabled."""
+    from hugerec.cli.up_ranker import build_ranker
+
+    if not section.enabled:
+        if step:
+            _step(3, "no ranker (--no-ranker / ranker.enabled = false): the pipeline ranks by the retriever")
+        return None
+    labels = [c.name for c in cfg.preprocess.columns if c.role_value == "label"]
+    if step:
+        how = f"the log's labels ({labels[0]})" if labels else f"each interaction + {section.negatives} sampled negatives"
+        _step(3, f"ranker on {how} (hugerec train {out / 'ranker.toml'})")
+    result = build_ranker(cfg, model, out, section, labels[0] if labels else None)
+    print(f"      {result.summary}", flush=True)
+    return RankerFiles(result.bundle, result.users, result.items, result.dense)
 
 
 def log_files(source: Path) -> tuple[Path, str]:
@@ -490,10 +601,17 @@ class FolderLoop:
     name: str
     version: str
     every_s: float
+    ranker: RankerSection | None = None  # up.toml's [ranker] (None: the defaults)
 
     def __post_init__(self) -> None:
         if not 0 < self.every_s <= 86400:
             raise ValueError(f"--loop-every must be in (0, 86400] seconds, got {self.every_s}")
+
+
+def _default_section() -> RankerSection:
+    from hugerec.cli.up_ranker import RankerSection
+
+    return RankerSection()
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
@@ -520,7 +638,11 @@ def watch(loop: FolderLoop, publisher: Publisher) -> None:
         t0 = time.perf_counter()
         try:
             print(f"[loop] {len(now)} files in {loop.folder}: retraining (hugerec train {loop.config})", flush=True)
-            _train(_load(loop.config, loop.overrides), t0)
+            cfg = _load(loop.config, loop.overrides)
+            _train(cfg, t0)
+            section = loop.ranker if loop.ranker is not None else _default_section()
+            model = cfg.out_dir / "model.pt"
+            _rank(cfg, model, loop.config.parent, section, step=False)  # the same files: pipeline.toml reads them
             bundle, _, _ = _build(loop.pipeline, loop.pipeline.parent / f"pipeline-v{version}", t0)
             publisher.publish(bundle, version, 0.0)
             publisher.promote(version)
@@ -552,7 +674,7 @@ def _serve(bundle: Path, host: str, port: int, user: int, loop: FolderLoop | Non
         publisher = Publisher(ServerTarget(f"http://{shown}:{port}", loop.name, token))  # imported here: not inside the thread
         threading.Thread(target=watch, args=(loop, publisher), name="up-loop", daemon=True).start()
         print(f"[loop] watching {loop.folder} every {loop.every_s:g} s for new log files", flush=True)
-    print(f"[4/4] serving {bundle} on http://{shown}:{port} (Ctrl-C stops it); try:", flush=True)
+    print(f"[5/5] serving {bundle} on http://{shown}:{port} (Ctrl-C stops it); try:", flush=True)
     print(f"      curl -s http://{shown}:{port}/recommend -H 'Content-Type: application/json' -d '{body}'", flush=True)
     print(f"      or open http://{shown}:{port}/ (the status page, with a form to try it)", flush=True)
     serve(bundle, host=host, port=port, config=config, threads=1)  # `hugerec serve`'s default: idle torch threads cost CPU per request

@@ -109,7 +109,8 @@ class ModelSpec:
         if kind.family is not Family.RANKING:
             raise ValueError(
                 f"ModelSpec: model.type = {kind.name!r} ({kind.family.value}) cannot be trained by the loop; "
-                f"it trains the ranking types {trainable_types()}"
+                f"it trains the ranking types {trainable_types()}, and the retrieval types "
+                f"{[n for n, t in REGISTRY.items() if t.family is Family.RETRIEVAL]} in the retrieval loop (continuous.retrieval_loop)"
             )
         if self.dim < 1 or self.capacity < 1 or self.min_count < 1:
             raise ValueError(

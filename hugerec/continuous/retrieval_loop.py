@@ -1,4 +1,4 @@
-"""The continuous loop of a two-tower: per window, warm-start, train, gate on Recall@K, publish a pipeline bundle
+"""The continuous loop of a retrieval model (a two-tower or a matrix factorisation): per window, warm-start, train, gate on Recall@K, publish a pipeline bundle
 with a refreshed ANN index as the canary, then promote or roll it back.
 
 Window k's iteration (each finished phase a record of the decision log, as in loop.py: a loop started again
@@ -8,8 +8,8 @@ redoes only the unfinished phase):
                 user met that day, which neither model was trained on): its Recall@K at least the stable's
                 minus `recall_margin` -> promote, else roll back (the server then serves the stable pipeline
                 and its index again)
-    2. train    warm-start from the checkpoint of the last published version not rolled back, `epochs` over
-                window k's events (while nothing is published: a fresh model on every window so far)
+    2. train    warm-start from the checkpoint of the last published version not rolled back, `warm_start_epochs`
+                over window k's events (while nothing is published: a fresh model on every window so far)
     3. gate     candidate and serving model on window k + 1's events: Recall@K of each user's items of that
                 day among the items the user had not met up to window k (exact top-K over every item): the
                 candidate passes with at least `min_users` users and a Recall@K at least the serving model's
@@ -20,10 +20,17 @@ redoes only the unfinished phase):
                 server the candidate serves at once.
 
 Ids are dense: users 0..num_users-1, items 0..num_items-1 (hugerec.data.interactions.Interactions).
+
+What the phases read is computed once per window and kept while a later phase may read it again: the events
+of windows 0..k (training counts, the gate, the export), each measured window's users and CSR rows (the gate
+at window k and the decision at window k + 1 measure the same window), and the Recall@K of each (version,
+window) pair (the gate's candidate and serving model are the next decision's canary and stable). The source
+must give the same events for a window on every call.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,13 +41,14 @@ import numpy as np
 import polars as pl
 import torch
 
-from hugerec.continuous.decision_log import DecisionLog, Record
+from hugerec.continuous.decision_log import DecisionLog, LiveRoles, Record, live_roles
 from hugerec.continuous.publish import Publisher
 from hugerec.data.interactions import Interactions, held_out_csr, iter_examples
 from hugerec.embedding.optimizers import Adagrad, Optimizer
 from hugerec.index.vector_index import IndexConfig, IndexKind
+from hugerec.models.mf import MFConfig
 from hugerec.models.registry import build_model
-from hugerec.models.two_tower import TwoTower, TwoTowerConfig
+from hugerec.models.two_tower import TwoTowerConfig
 from hugerec.serving.bundles.pipeline_bundle import export_pipeline
 from hugerec.serving.pipeline.declaration import declaration_from_dict
 from hugerec.serving.pipeline.encoder import UserEncoder
@@ -50,7 +58,8 @@ from hugerec.sparse.jagged import JaggedTensor
 from hugerec.training.checkpoint import atomic_save, read_weights
 from hugerec.training.declared_loss import retrieval_loss
 from hugerec.training.epoch_batches import EpochBatches
-from hugerec.training.retrieval import RetrievalFamily, retrieval_metrics
+from hugerec.training.ranking_metrics import CSR
+from hugerec.training.retrieval import RetrievalFamily, RetrievalModel, retrieval_metrics
 from hugerec.training.trainer import TrainConfig, fit
 
 EventSource = Callable[[int], Interactions]  # k -> the events of window k (dense ids)
@@ -62,17 +71,19 @@ def _default_tower() -> TwoTowerConfig:
 
 @dataclass(frozen=True)
 class RetrievalLoopConfig:
-    """work_dir holds decisions.jsonl, checkpoints/ and bundles/; `model` the two-tower trained (user ids only:
-    max_history = 0 and recent = (), what a pipeline serves from the user id); `k` the K of the gate's
+    """work_dir holds decisions.jsonl, checkpoints/ and bundles/; `model` the retrieval model trained: a two-tower
+    (user ids only: max_history = 0 and recent = (), what a pipeline serves from the user id) or a matrix
+    factorisation; `k` the K of the gate's
     Recall@K and of the pipeline's answers; `ann_k` the candidates the pipeline's ANN source takes before
     exclude-seen."""
 
     work_dir: str
     num_users: int
     num_items: int
-    model: TwoTowerConfig = field(default_factory=_default_tower)
+    model: TwoTowerConfig | MFConfig = field(default_factory=_default_tower)
     optimizer: Optimizer = field(default_factory=lambda: Adagrad(lr=0.1))  # the towers' sparse optimizer
-    epochs: int = 2
+    epochs: int = 2  # epochs of a model trained from scratch (the first one, on every window so far)
+    warm_start_epochs: int | None = None  # epochs of a warm start over its one window (None: `epochs`)
     lr: float = 3e-3  # the dense learning rate (Adam)
     batch_size: int = 512
     k: int = 50
@@ -87,16 +98,19 @@ class RetrievalLoopConfig:
     def __post_init__(self) -> None:
         if self.num_users < 1 or self.num_items < 1:
             raise ValueError(f"RetrievalLoopConfig: num_users and num_items must be >= 1, got {self.num_users}, {self.num_items}")
+        if self.warm_start_epochs is not None and self.warm_start_epochs < 1:
+            raise ValueError(f"RetrievalLoopConfig: warm_start_epochs must be >= 1 or None, got {self.warm_start_epochs}")
         if self.epochs < 1 or self.batch_size < 1 or self.min_users < 1:
             raise ValueError(
                 f"RetrievalLoopConfig: epochs, batch_size and min_users must be >= 1, got {self.epochs}, {self.batch_size}, {self.min_users}"
             )
         if not 1 <= self.k <= self.ann_k:
             raise ValueError(f"RetrievalLoopConfig: need 1 <= k <= ann_k, got k={self.k}, ann_k={self.ann_k}")
-        if self.model.max_history or self.model.recent or self.model.user_features or self.model.item_features:
+        m = self.model
+        if isinstance(m, TwoTowerConfig) and (m.max_history or m.recent or m.user_features or m.item_features or not m.use_user_id):
             raise ValueError(
-                "RetrievalLoopConfig: model must embed user ids only (max_history = 0, recent = [], no side features), "
-                f"got max_history={self.model.max_history}, recent={list(self.model.recent)}"
+                "RetrievalLoopConfig: a two-tower must embed user ids only (max_history = 0, recent = [], no side "
+                f"features, use_user_id), got max_history={m.max_history}, recent={list(m.recent)}"
             )
         if not self.recall_margin >= 0 or not 0 < self.canary_share <= 1 or not self.lr > 0:
             raise ValueError(
@@ -128,6 +142,9 @@ class RetrievalLoop:
         self.work = Path(config.work_dir)
         self.log = DecisionLog(config.log_path)
         self.seconds: dict[str, float] = {}  # the phases of the last step: train, gate, publish (for the benchmark)
+        self._histories: dict[int, Interactions] = {}  # k -> the events of windows 0..k (the newest two kept)
+        self._targets: dict[int, tuple[np.ndarray, CSR, CSR]] = {}  # k -> recall's users, held and seen rows
+        self._recalls: dict[tuple[str, int, int], tuple[float, int]] = {}  # (version, checkpoint mtime, k) -> recall
 
     # -- state, read back from the decision log --------------------------------------------------
     def checkpoint(self, version: str) -> Path:
@@ -147,23 +164,49 @@ class RetrievalLoop:
             return None if status is None else status["stable"]
         return self.log.last_published()
 
-    def build(self) -> TwoTower:
+    def build(self) -> RetrievalModel:
         torch.manual_seed(self.config.seed)
         c = self.config
         model = build_model(c.model, optimizer=c.optimizer, num_users=c.num_users, num_items=c.num_items)
-        assert isinstance(model, TwoTower)
-        return model
+        return model  # type: ignore[return-value]  # a retrieval config builds a retrieval model
 
-    def load(self, version: str) -> TwoTower:
+    def load(self, version: str) -> RetrievalModel:
         model = self.build()
         model.load_state_dict(read_weights(self.checkpoint(version), "RetrievalLoop", "model checkpoint"))
         return model.eval()
 
     def history(self, k: int) -> Interactions:
-        """Every event of windows 0..k in one log."""
-        frames = [self.source(j).frame for j in range(k + 1)]
-        frame = pl.concat(frames).sort(["user", "timestamp"], maintain_order=True)
-        return Interactions(frame, self.config.num_users, self.config.num_items)
+        """Every event of windows 0..k in one log (window k - 1's log and window k's events, when that is kept)."""
+        if k not in self._histories:
+            before = self._histories.get(k - 1)
+            frames = [before.frame, self.source(k).frame] if before is not None else [self.source(j).frame for j in range(k + 1)]
+            frame = pl.concat(frames).sort(["user", "timestamp"], maintain_order=True)
+            self._histories = {j: h for j, h in self._histories.items() if j >= k - 1}
+            self._histories[k] = Interactions(frame, self.config.num_users, self.config.num_items)
+        return self._histories[k]
+
+    def restore_server(self) -> LiveRoles:
+        """Give an empty server (one restarted with the loop) the stable pipeline, the canary and its share that the
+        decision log says were live, each from its bundle (exported anew from its checkpoint when the bundle is
+        gone), with a `restore` record each; a server that serves anything is left alone. Returns the log's roles."""
+        if self.publisher is None:
+            raise ValueError("RetrievalLoop.restore_server: the loop has no server to restore")
+        live = live_roles(self.log.records, self.config.canary_share)
+        if live.stable is None or self.publisher.status() is not None:
+            return live
+        for version, share in ((live.stable, 1.0), (live.canary, live.share)):
+            if version is None or share is None:
+                continue
+            published = [r for r in self.log.records if r.action == "publish" and r.version == version][-1]
+            how = "replayed its bundle"
+            if not (self.bundle(version) / "manifest.json").is_file():
+                self.export(version, published.window)
+                how = "its pipeline bundle exported anew from its checkpoint"
+            self.publisher.publish(self.bundle(version), version, share)
+            role = "stable" if version == live.stable else f"canary at share {share}"
+            window = max(r.window for r in self.log.records)
+            self.log.append(Record(window, "restore", f"server restarted: {role} again; {how}", None, version, {"role": role}))
+        return live
 
     # -- the iteration ---------------------------------------------------------------------------
     def run(self, first: int, last: int) -> list[Record]:
@@ -186,17 +229,19 @@ class RetrievalLoop:
         if "trained" not in done or not self.checkpoint(version).is_file():
             base = self.base_version()
             first = min((r.window for r in self.log.records if r.action == "trained"), default=k)
+            epochs = self.config.epochs
             if base is None:  # nothing published yet: a fresh model on every window so far
                 rows, how = self.history(k) if first < k else events, f"a fresh model on windows {first}..{k}"
                 model = self.build()
             else:
                 rows, how, model = events, f"warm start from {base}", self.load(base)
+                epochs = self.config.warm_start_epochs or epochs
             counts = np.bincount(self.history(k).items(), minlength=self.config.num_items)
-            self.train(model, rows, counts, k)
+            self.train(model, rows, counts, k, epochs)
             atomic_save(model.state_dict(), self.checkpoint(version))
             self.log.append(Record(k, "trained", how, extra={"events": rows.num_events, "base": base}))
         t1 = time.perf_counter()
-        passed, reason, figures = self._gate(k, self.load(version))
+        passed, reason, figures = self._gate(k, version)
         t2 = time.perf_counter()
         if not passed:
             self.log.append(Record(k, "refuse", reason, figures, version))
@@ -204,14 +249,14 @@ class RetrievalLoop:
             self._publish(k, version, reason, figures)
         self.seconds = {"train": t1 - t0, "gate": t2 - t1, "publish": time.perf_counter() - t2}
 
-    def train(self, model: TwoTower, rows: Interactions, counts: np.ndarray, k: int) -> None:
-        """`epochs` over `rows` (events; `counts`: every item's events so far, the negatives' distribution and
-        log-Q), through the one trainer (RetrievalFamily), seeded by window k."""
+    def train(self, model: RetrievalModel, rows: Interactions, counts: np.ndarray, k: int, epochs: int | None = None) -> None:
+        """`epochs` (None: the config's) over `rows` (events; `counts`: every item's events so far, the negatives'
+        distribution and log-Q), through the one trainer (RetrievalFamily), seeded by window k."""
         c = self.config
         n = -(-rows.num_events // c.batch_size)
         batches = EpochBatches(lambda e: iter_examples(rows, c.batch_size, 0, seed=c.seed + 1000 * k + e), length=n)
         config = TrainConfig(
-            epochs=c.epochs,
+            epochs=epochs or c.epochs,
             lr=c.lr,
             progress=False,
             tensorboard=False,
@@ -223,31 +268,46 @@ class RetrievalLoop:
         fit(model, batches, None, config, family=RetrievalFamily(counts, retrieval_loss(c.model), ks=(c.k,)))
         model.eval()
 
-    def recall(self, model: TwoTower, k: int) -> tuple[float, int]:
+    def recall(self, model: RetrievalModel, k: int) -> tuple[float, int]:
         """(Recall@K of `model` on window k's events, the users it is measured on): each user's items of window k
         among the items the user had not met in windows 0..k-1 (exact top-K over every item)."""
-        target = self.source(k)
-        held = _seen_csr(target)
-        users = np.flatnonzero(np.diff(held[0]) > 0)
+        users, held, seen = self._target(k)
         if not users.size:
             return float("nan"), 0
-        before = self.history(k - 1) if k > 0 else Interactions(target.frame.clear(), target.num_users, target.num_items)
-        seen = _seen_csr(before)
-        rows = (_rows(held, users), _rows(seen, users))  # CSR over the measured users only
         empty = JaggedTensor(torch.zeros(0, dtype=torch.int64), torch.zeros(users.size, dtype=torch.int64))
-        got = retrieval_metrics(model, torch.from_numpy(users), empty, rows[0], rows[1], (self.config.k,))
+        got = retrieval_metrics(model, torch.from_numpy(users), empty, held, seen, (self.config.k,))
         return float(got[f"recall@{self.config.k}"]), int(users.size)
 
-    def _gate(self, k: int, candidate: TwoTower) -> tuple[bool, str, dict[str, float]]:
+    def recall_of(self, version: str, k: int) -> tuple[float, int]:
+        """`recall` of the checkpoint of `version`, kept per (version, the checkpoint's mtime, k)."""
+        key = (version, self.checkpoint(version).stat().st_mtime_ns, k)
+        if key not in self._recalls:
+            self._recalls = {x: r for x, r in self._recalls.items() if x[2] >= k - 1}
+            self._recalls[key] = self.recall(self.load(version), k)
+        return self._recalls[key]
+
+    def _target(self, k: int) -> tuple[np.ndarray, CSR, CSR]:
+        """Window k's measured users [U'] (those with events), their items of window k and their items of windows
+        0..k-1, as CSR over those users only."""
+        if k not in self._targets:
+            target = self.source(k)
+            held = _seen_csr(target)
+            users = np.flatnonzero(np.diff(held[0]) > 0)
+            before = self.history(k - 1) if k > 0 else Interactions(target.frame.clear(), target.num_users, target.num_items)
+            self._targets = {j: t for j, t in self._targets.items() if j >= k - 1}
+            self._targets[k] = (users, _rows(held, users), _rows(_seen_csr(before), users))
+        return self._targets[k]
+
+    def _gate(self, k: int, version: str) -> tuple[bool, str, dict[str, float]]:
         c = self.config
-        ours, users = self.recall(candidate, k + 1)
+        ours, users = self.recall_of(version, k + 1)
         figures = {"candidate_recall": ours, "users": float(users)}
         if users < c.min_users:
             return False, f"window {k + 1} has {users} users with events, fewer than min_users = {c.min_users}", figures
         serving = self.serving_version()
         if serving is None:
             return True, f"Recall@{c.k} {ours:.4f} (nothing serves yet)", figures
-        theirs, _ = self.recall(self.load(serving), k + 1)
+        theirs, _ = self.recall_of(serving, k + 1)
         figures["serving_recall"] = theirs
         if ours < theirs - c.recall_margin:
             return False, f"Recall@{c.k} {ours:.4f} below the serving {serving}'s {theirs:.4f} - {c.recall_margin}", figures
@@ -285,6 +345,22 @@ class RetrievalLoop:
         role = "stable" if after.get("stable") == version else f"canary at share {self.config.canary_share}"
         extra: dict[str, Any] = {"stable": after.get("stable")}
         self.log.append(Record(k, "publish", f"gate passed: {reason}; {role}; pipeline bundle with a new index", figures, version, extra=extra))
+        self._retire(k)
+
+    def _retire(self, k: int) -> None:
+        """Unload from the server the pipelines this loop published that are neither stable nor canary (a rolled-back
+        canary, a replaced stable), each with an `unload` record once the server let it go, and delete their bundles
+        (a later restart replays only live versions; the checkpoints stay for warm starts)."""
+        assert self.publisher is not None
+        status = self.publisher.status()
+        if status is None:
+            return
+        ours = {r.version for r in self.log.records if r.action == "publish"}
+        for version in sorted(set(status["versions"]) & ours - {status["stable"], status["canary"]}):
+            gone = self.publisher.unload(version)
+            why = "neither stable nor canary" if gone else "neither stable nor canary; already gone from the server"
+            self.log.append(Record(k, "unload", why, None, version))
+            shutil.rmtree(self.bundle(version), ignore_errors=True)
 
     def _decide(self, k: int) -> None:
         """The canary pipeline against the stable one on window k's events (Recall@K of the models they serve)."""
@@ -293,8 +369,8 @@ class RetrievalLoop:
         if status is None or status["canary"] is None or status["stable"] is None:
             return
         stable, canary = status["stable"], status["canary"]
-        theirs, users = self.recall(self.load(stable), k)
-        ours, _ = self.recall(self.load(canary), k)
+        theirs, users = self.recall_of(stable, k)
+        ours, _ = self.recall_of(canary, k)
         figures = {"stable_recall": theirs, "canary_recall": ours, "users": float(users)}
         margin = self.config.recall_margin
         if users < self.config.min_users:
@@ -307,9 +383,10 @@ class RetrievalLoop:
             self.publisher.rollback(canary)
             action, why = "rollback", f"canary Recall@{self.config.k} {ours:.4f} below stable {stable}'s {theirs:.4f} - {margin}"
         self.log.append(Record(k, action, why, figures, canary, extra={"stable": stable}))
+        self._retire(k)
 
 
-def _rows(csr: tuple[np.ndarray, np.ndarray], users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _rows(csr: CSR, users: np.ndarray) -> CSR:
     """The CSR rows of `users` (in that order) as a CSR of their own."""
     offsets, items = csr
     lengths = offsets[users + 1] - offsets[users]

@@ -7,6 +7,7 @@ from hugerec.lazy_exports import lazy_exports
 if TYPE_CHECKING:  # the public names, imported on first use (hugerec.lazy_exports)
     from hugerec.data.events import retrieval_view, sequence_view
     from hugerec.data.input_spec import ColumnSpec, InputFormat, InputSpec, Role, infer_spec
+    from hugerec.data.interactions import epoch_examples, full_ranking
     from hugerec.data.loader import Loader, load
     from hugerec.data.prepare import Join, SplitKind, SplitSpec, prepare
     from hugerec.data.schema import Schema, ValueType
@@ -29,6 +30,8 @@ __all__ = [
     "SyntheticConfig",
     "ValueType",
     "Windows",
+    "epoch_examples",
+    "full_ranking",
     "generate",
     "infer_spec",
     "load",

@@ -92,13 +92,31 @@ def read_events(
 @dataclass(frozen=True)
 class RetrievalData:
     """data: every kept event (dense ids); users_raw [U] / items_raw [I]: the raw id of each dense one;
-    train / test: the split."""
+    train / test: the split, made by `split`."""
 
     data: Interactions
     users_raw: np.ndarray
     items_raw: np.ndarray
     train: Interactions
     test: Interactions
+    split: SplitSpec
+
+    def validation_split(self) -> tuple[Interactions, Interactions]:
+        """The training part less a validation split, and that split, cut from `train` as the test split
+        was cut from the whole: each user's last `holdout` training events, or by time (the latest
+        eval_fraction of the training part's events; 0.1 when eval_fraction is 0). Either part empty is
+        refused, naming the counts."""
+        match self.split.kind:
+            case SplitKind.TIME:
+                fit_part, valid = time_split(self.train, fraction=1.0 - (self.split.eval_fraction or 0.1))
+            case _:  # leave_last_out (retrieval_view refuses the other kinds)
+                fit_part, valid = leave_last_out(self.train, self.split.holdout)
+        if fit_part.num_events == 0 or valid.num_events == 0:
+            raise ValueError(
+                f'preprocess.split = "{self.split.kind.value}" leaves {fit_part.num_events} training and '
+                f"{valid.num_events} validation events in the training part; both must be > 0"
+            )
+        return fit_part, valid
 
 
 def retrieval_view(
@@ -137,7 +155,7 @@ def retrieval_view(
         raise ValueError(
             f'preprocess.split = "{split.kind.value}" gives {train.num_events} training and {test.num_events} test events; both must be > 0'
         )
-    return RetrievalData(data, vocab.users, vocab.items, train, test)
+    return RetrievalData(data, vocab.users, vocab.items, train, test, split)
 
 
 # -- sequential: sessions or user histories -------------------------------------------------------

@@ -13,7 +13,7 @@ order, so histories and splits are slices of one sorted array, all vectorised (p
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,3 +243,38 @@ def held_out_csr(test: Interactions) -> tuple[np.ndarray, np.ndarray]:
     f = test.frame.select("user", "item").unique(maintain_order=True).sort("user", maintain_order=True)
     counts = np.bincount(f["user"].to_numpy(), minlength=test.num_users)
     return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), f["item"].to_numpy().astype(np.int64)
+
+
+def full_ranking(
+    train: Interactions, held_out: Interactions, max_history: int
+) -> tuple[torch.Tensor, JaggedTensor, tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """What a retrieval model is validated or tested on, as `training.RetrievalValidation(*...)` takes it:
+    every user [U], their last `max_history` events of `train` (the query), their `held_out` items to
+    find (CSR) and their `train` items, which are never ranked (CSR)."""
+    seen = histories(train)
+    users = torch.arange(train.num_users)
+    return users, last_items(*seen, users.numpy(), max_history), held_out_csr(held_out), seen
+
+
+def epoch_examples(
+    train: Interactions, batch_size: int, max_history: int, seed: int = 0, rank: int = 0, world: int = 1
+) -> tuple[Callable[[int], Iterator[tuple[torch.Tensor, torch.Tensor, JaggedTensor]]], int]:
+    """(make, length) for `training.EpochBatches(make, length)`: epoch e is `iter_examples` seeded by
+    seed + e, `length` batches of `batch_size` events. Under torchrun, rank `rank` of `world` gets its
+    contiguous rows of each global batch (the first ranks the larger parts, as the trainer gathers
+    them), so W ranks train the batches one process would."""
+    if not 0 <= rank < world:
+        raise ValueError(f"epoch_examples: rank must be in 0..world - 1, got rank {rank} of {world}")
+
+    def make(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, JaggedTensor]]:
+        for users, items, history in iter_examples(train, batch_size, max_history, seed=seed + epoch):
+            if world == 1:
+                yield users, items, history
+                continue
+            n = users.numel()
+            start, stop = n * rank // world, n * (rank + 1) // world
+            offsets = history.offsets()
+            values = history.values[int(offsets[start]) : int(offsets[stop])]
+            yield users[start:stop], items[start:stop], JaggedTensor(values, history.lengths[start:stop])
+
+    return make, -(-train.num_events // batch_size)

@@ -18,7 +18,11 @@ RocksDB's compaction would compete for the same cores.
 Crash safety: the header's `clean` flag is cleared (and fsync'ed) before the first write into the
 records after an open or a flush, and set again by `flush` after the records are msync'ed. A file
 whose flag is clear may hold a torn record: it is never used silently; lookups raise until a
-checkpoint restores it. Checkpoints clone the live file (`FICLONE`, a reflink: copy-on-write and
+checkpoint restores it. An unclean file of which no snapshot exists (a run killed before its first
+checkpoint: nothing of it was committed) is created afresh when the table is built, with a logged line
+saying so; the fresh rows are drawn as at the first creation, so a restarted run with the same seed
+trains as the killed one would have. A snapshot is written under a temporary name and renamed when
+complete, so a torn one never counts. Checkpoints clone the live file (`FICLONE`, a reflink: copy-on-write and
 instant on btrfs/XFS; elsewhere `copy_file_range`, an in-kernel copy that never passes through
 this process's memory). A hard link would not do: the live file is written in place afterwards.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import mmap
 import os
 import shutil
@@ -40,6 +45,8 @@ import numpy as np
 import torch
 
 from hugerec.ops import row_cache
+
+log = logging.getLogger(__name__)
 
 HEADER_BYTES = 4096
 MAGIC = "hugerec-disk-tier-1"
@@ -95,6 +102,18 @@ class DiskTier:
         if not self.path.exists():
             self._create(fill)
         self._open()
+        if self.needs_restore is not None and not self._snapshots():
+            log.warning(
+                "table %r: %r was not closed cleanly and no checkpoint snapshot of it exists (a run killed "
+                "before its first checkpoint: nothing of it was committed); creating it afresh",
+                self.table,
+                str(self.path),
+            )
+            del self.file
+            self._map.close()
+            self.path.unlink()  # killed before the new file is in place: the next build creates it
+            self._create(fill)
+            self._open()
         self._reset_cache()
 
     # -- the file ----------------------------------------------------------------------------------
@@ -321,13 +340,16 @@ class DiskTier:
             return self._snapshot  # nothing written since: one snapshot however often state_dict() is called
         d = self.snapshot_dir
         d.mkdir(exist_ok=True)
-        taken = sorted(int(p.name) for p in d.iterdir() if p.name.isdigit())
+        taken = self._snapshots()
         n = taken[-1] + 1 if taken else 1
+        partial = d / f".{n}.partial"  # renamed to <n> once complete: a torn snapshot never counts as one
         with self.lock:
             try:
-                _clone(self.path, d / str(n))
+                _clone(self.path, partial)
+                os.replace(partial, d / str(n))
+                _fsync_dir(d)
             except OSError as e:  # a full disk: no partial snapshot is left, the live file is untouched
-                (d / str(n)).unlink(missing_ok=True)
+                partial.unlink(missing_ok=True)
                 raise OSError(
                     e.errno, f"table {self.table!r}: cannot write the checkpoint's snapshot {str(d / str(n))!r} "
                     f"({self.path.stat().st_size:,} bytes): {e.strerror}"
@@ -336,6 +358,11 @@ class DiskTier:
             (d / str(old)).unlink(missing_ok=True)
         self._snapshot, self._changed, self._restored = n, False, None
         return n
+
+    def _snapshots(self) -> list[int]:
+        """The numbers of the complete snapshots in snapshot_dir, oldest first."""
+        d = self.snapshot_dir
+        return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
 
     def restore(self, n: int) -> None:
         """Makes the live file a clone of snapshot n and empties the cache (a checkpoint's rows)."""

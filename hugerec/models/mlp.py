@@ -166,7 +166,7 @@ class _LinearReLU(torch.autograd.Function):
         torch.mm(x, weight.t(), out=out)
         if bias is not None or relu:  # one pass: bias and ReLU in place
             b = bias.detach().contiguous().numpy() if bias is not None else _NO_BIAS
-            _dense.bias_relu_(out.numpy(), b, relu, _CHUNKS)
+            _dense.bias_relu(out.numpy(), b, relu, _CHUNKS)
         ctx.save_for_backward(x, weight, out if relu else None)
         ctx.k = k
         ctx.relu = relu

@@ -1,22 +1,32 @@
 """Defaults that depend on the data: the batch size and the MLP widths from the number of training rows,
-the DLRM dense arch from the dense features.
+the DLRM dense arch from the dense features, the embedding widths from the tables' cardinalities.
 
     auto_batch_size(8_000)      -> 128     (63 steps per epoch)
     auto_batch_size(80_000)     -> 512     (157 steps per epoch)
     auto_batch_size(1_000_000)  -> 2048    (the cap: large data keeps the usual large batch)
     auto_width(10_000)          -> 256     (DCN-v2's default deep [1024, 1024] becomes [256, 256])
     auto_width(1_000_000)       -> 1024    (the cap: the published widths stand)
+    auto_embedding_dim(10)      -> 16      (6 * 10 ** 0.25 = 10.7, up to a multiple of 8)
+    auto_embedding_dim(1_000)   -> 40
+    auto_embedding_dim(10**7)   -> 64      (the cap, reached from ~10,000 rows: 6 * 10_000 ** 0.25 = 60)
 
 A fixed batch of 2048 gives a 10,000-row set four steps per epoch: measured on the real Criteo sample
 (benchmarks/quality.py, `real criteo auc`, DCN-v2, 3 seeds) it ended at 0.709 test AUC against
 0.747 at batch 128. The rule keeps a few dozen to a few hundred steps per epoch on small data:
 the power of two nearest to 2 * sqrt(rows), between MIN_BATCH and MAX_BATCH.
+
+An embedding table's width grows with the fourth root of its rows (the rule of thumb of TensorFlow's
+feature-column guide, 6 * cardinality ** 0.25), rounded up to a multiple of 8 and capped at 64: a
+table of ten values needs no 64 numbers per value, and past ~10,000 values the width stays at 64 (the
+cost of a row grows with it on every lookup and update, in memory and in the sparse optimizer's state).
+DLRM and DeepFM take dot products between the tables' rows, so every table there gets one width: the
+rule at the largest table's cardinality.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 from hugerec.models.model_config import DCNv2Config, DeepFMConfig, DLRMConfig, RankingConfig, WideAndDeepConfig
@@ -25,6 +35,9 @@ MIN_BATCH = 32
 MAX_BATCH = 2048
 MIN_WIDTH = 64
 MAX_WIDTH = 1024
+MIN_EMBEDDING_DIM = 8
+MAX_EMBEDDING_DIM = 64
+EMBEDDING_DIM_MULTIPLE = 8
 
 
 def auto_batch_size(rows: int) -> int:
@@ -42,6 +55,25 @@ def auto_width(rows: int) -> int:
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise ValueError(f"auto_width: rows must be a positive int, got {rows!r}")
     return max(MIN_WIDTH, min(MAX_WIDTH, 2 ** round(math.log2(2.0 * math.sqrt(rows)))))
+
+
+def auto_embedding_dim(cardinality: int) -> int:
+    """The width of a table of `cardinality` rows: 6 * cardinality ** 0.25 rounded up to a multiple of 8,
+    from MIN_EMBEDDING_DIM to MAX_EMBEDDING_DIM (see the module docstring)."""
+    if isinstance(cardinality, bool) or not isinstance(cardinality, int) or cardinality < 1:
+        raise ValueError(f"auto_embedding_dim: cardinality must be a positive int, got {cardinality!r}")
+    dim = EMBEDDING_DIM_MULTIPLE * math.ceil(6.0 * cardinality**0.25 / EMBEDDING_DIM_MULTIPLE)
+    return max(MIN_EMBEDDING_DIM, min(MAX_EMBEDDING_DIM, dim))
+
+
+def auto_embedding_dims(cardinalities: Mapping[str, int], one_width: bool) -> dict[str, int]:
+    """{table: width} by auto_embedding_dim; one_width: every table the largest table's width (the models
+    whose interaction is a dot product between tables' rows: DLRM, DeepFM)."""
+    dims = {name: auto_embedding_dim(card) for name, card in cardinalities.items()}
+    if one_width and dims:
+        widest = auto_embedding_dim(max(cardinalities.values()))
+        dims = dict.fromkeys(dims, widest)
+    return dims
 
 
 def _capped(widths: tuple[int, ...], cap: int, out: int | None) -> tuple[int, ...]:

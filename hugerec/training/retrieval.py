@@ -34,7 +34,7 @@ from hugerec.index.topk import top_k
 from hugerec.models.mf import MatrixFactorization
 from hugerec.models.two_tower import TwoTower
 from hugerec.sparse.jagged import JaggedTensor
-from hugerec.training.family import Prepared, StepContext, gather_rows, rank_rows, rows_of_ranks, share
+from hugerec.training.family import Prepared, StepContext, gather_rows, rows_of_ranks, share
 from hugerec.training.losses import BPR, NegativeSampler, RetrievalLoss, SampledSoftmax, bpr, sampled_softmax
 from hugerec.training.precision import Precision
 from hugerec.training.ranking_metrics import CSR, csr_minus, list_metrics
@@ -42,16 +42,6 @@ from hugerec.training.schedule import Schedule
 
 RetrievalModel = TwoTower | MatrixFactorization
 Example = tuple[torch.Tensor, torch.Tensor, JaggedTensor]  # users [B], target items [B], history
-
-
-def rank_part(batch: Example, rank: int, world: int) -> Example:
-    """This rank's contiguous rows (`family.rank_rows`) of a global batch (users, items, history): what a
-    torchrun rank passes to `fit` so that W ranks train the batches one process would."""
-    users, items, history = batch
-    rows = rank_rows(users.numel(), rank, world)
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(history.lengths.to(torch.int64), 0)])
-    values = history.values[int(offsets[rows.start]) : int(offsets[rows.stop])]
-    return users[rows], items[rows], JaggedTensor(values, history.lengths[rows])
 
 
 @dataclass(frozen=True)

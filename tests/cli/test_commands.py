@@ -69,6 +69,75 @@ def test_interrupted_training_resumes_exactly(prepared: Path, monkeypatch: pytes
         assert torch.equal(a[k], b[k]), k
 
 
+DISK = ["embedding.storage=disk", "embedding.cache_rows=40", "train.checkpoint_every=2"]  # tables over 40 rows on disk
+
+# `hugerec train` in a child that kills itself with SIGKILL in the forward of step 7 (after the checkpoint of
+# step 6: the disk tables' files are unclean, rows having been written back since)
+_KILLED_TRAIN = """
+import os, signal, sys
+from hugerec.cli import main
+from hugerec.models.dlrm import DLRM
+forward, calls = DLRM.forward, [0]
+def killing_forward(self, *args):
+    calls[0] += 1
+    if calls[0] == 7 and self.training:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return forward(self, *args)
+DLRM.forward = killing_forward
+sys.exit(main(["train", *sys.argv[1:]]))
+"""
+
+
+def _disk_model_rows(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a model file, the rows and optimizer state of its disk tables read from their files."""
+    model, _ = read_model(path)
+    emb = model.sparse_arch
+    out = {k: v for k, v in model.state_dict().items() if not k.endswith("disk_snapshot")}
+    for t in emb.tables:
+        weights, state = emb.read_rows(t.name, torch.arange(t.num_rows))
+        out[f"{t.name}.rows"] = weights
+        out |= {f"{t.name}.{k}": v for k, v in state.items()}
+    return out
+
+
+def test_cli_train_with_disk_tables_killed_mid_run_resumes_bit_for_bit(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[embedding] storage = "disk": `hugerec train` killed with SIGKILL mid-run, then `train.resume=true`,
+    ends bitwise equal to the uninterrupted run (the rows in the files, the optimizer state, the dense part)."""
+    import signal
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(prepared)
+    common = [*TINY, *DISK, "data.batch_size=16", "train.max_steps=10", "train.epochs=1"]
+    train(load_run_config(None, [*common, "train.out_dir=runs/disk_whole"]))
+    tables = sorted(p.name for p in (prepared / "runs/disk_whole/tables").glob("*.rows"))
+    assert 0 < len(tables) < 26  # the tables larger than their cache are on disk, the others in memory
+    killed = [*common, "train.out_dir=runs/disk_killed"]
+    proc = subprocess.run([sys.executable, "-c", _KILLED_TRAIN, *killed], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    assert any(b'"clean": false' in p.read_bytes()[:4096] for p in (prepared / "runs/disk_killed/tables").glob("*.rows"))
+    train(load_run_config(None, [*killed, "train.resume=true"]))
+    whole = _disk_model_rows(prepared / "runs/disk_whole/model.pt")
+    resumed = _disk_model_rows(prepared / "runs/disk_killed/model.pt")
+    assert whole.keys() == resumed.keys() and any(k.endswith(".rows") for k in whole)
+    for k in whole:
+        assert torch.equal(whole[k], resumed[k]), k
+    train(load_run_config(None, [*common, "train.out_dir=runs/disk_killed", "train.max_steps=2"]))  # a fresh run
+    assert all(b'"clean": true' in p.read_bytes()[:4096] for p in (prepared / "runs/disk_killed/tables").glob("*.rows"))
+
+
+def test_embedding_disk_keys_are_checked(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(prepared)
+    with pytest.raises(ConfigError, match=r'embedding.*exactly one of cache_rows and cache_bytes, got cache_rows = None'):
+        load_run_config(None, [*TINY, "embedding.storage=disk"])
+    with pytest.raises(ConfigError, match=r"embedding.*cache_rows = 40 needs storage = \"disk\""):
+        load_run_config(None, [*TINY, "embedding.cache_rows=40"])
+    with pytest.raises(ConfigError, match=r"embedding.*cache_rows must be an integer >= 1, got 0"):
+        load_run_config(None, [*TINY, "embedding.storage=disk", "embedding.cache_rows=0"])
+    with pytest.raises(ConfigError, match=r"embedding.disk_tables: 'C99' is not a table of the data"):
+        train(load_run_config(None, [*TINY, *DISK, "embedding.disk_tables=[\"C99\"]", "train.out_dir=runs/bad"]))
+
+
 def test_dataset_mistakes_are_config_errors(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(prepared)
     schema = "data.schema=runs/quickstart/data/schema.json"

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from hugerec.cli import main
+from hugerec.training.model_file import load_model
 from tests.cli.conftest import write_click_log
 
 WriteLog = Callable[..., list[dict[str, object]]]
@@ -432,3 +433,45 @@ def test_train_fits_default_widths_to_the_data_and_says_what_runs(
     assert main(["train", "c.toml", *FAST, "model.top=[32,1]", "model.bottom=[]"]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "model.top =" not in out and "model.bottom =" not in out
+
+
+def test_train_fits_embedding_widths_to_the_cardinalities_unless_the_config_sets_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 31, defaults that scale: embedding.dim = "auto" (the default) gives each table of a DCN-v2 its
+    width from its cardinality and one width to a DLRM, printed before training and by --print-config with
+    the batch size; an explicit embedding.dim (or a DLRM's model.bottom) is kept."""
+    monkeypatch.chdir(tmp_path)
+    write_click_log(tmp_path / "clicks.csv")
+    toml = _schema(tmp_path, "clicks.csv", capsys)
+    tail = TAIL.replace("[embedding]\ndim = 8\n", "").replace("batch_size = 64\n", "")
+    tail = tail.replace('type = "dlrm"\nbottom = [16, 8]\ntop = [16, 1]\n', 'type = "dcn_v2"\ndeep = [16]\n')
+    (tmp_path / "c.toml").write_text(toml.replace("[preprocess]", '[preprocess]\nout = "data"') + tail)
+    assert main(["train", "c.toml", "--print-config"]) == 0
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["embedding"]["dim"] == "auto"
+    assert 'embedding.dim and data.batch_size "auto": `hugerec train` fits them to the data' in printed.err
+    assert main(["preprocess", "c.toml"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["train", "c.toml", "--print-config"]) == 0
+    err = capsys.readouterr().err
+    assert "# embedding.dim auto (6 x ids^0.25 up to a multiple of 8, 8..64): " in err and "data.batch_size auto" in err
+    cards = json.loads((tmp_path / "data" / "schema.json").read_text())["columns"]
+    sparse = {c["name"]: c["cardinality"] for c in cards if c.get("cardinality")}
+    assert len(sparse) >= 2
+    assert main(["train", "c.toml", *FAST]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    want = {name: max(8, min(64, 8 * -(-6 * card**0.25 // 8))) for name, card in sparse.items()}
+    for name, dim in want.items():
+        assert f"{name} {int(dim)} ({sparse[name]:,} ids)" in out
+    assert "(auto)); " in next(line for line in out.splitlines() if line.startswith("train: dcn_v2, "))
+    saved = {t.name: t.dim for t in load_model(tmp_path / "run" / "model.pt").tables}
+    assert saved == {n: int(d) for n, d in want.items()}
+    assert main(["train", "c.toml", *FAST, "embedding.dim=12"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "embedding.dim auto" not in out and "embedding tables of dim 12); " in out
+    assert {t.dim for t in load_model(tmp_path / "run" / "model.pt").tables} == {12}
+    assert main(["train", "c.toml", *FAST, "model.type=dlrm", "model.bottom=[16,24]"]) == 0, capsys.readouterr().err
+    assert "embedding tables of dim 24 (auto)" in capsys.readouterr().out
+    assert main(["train", "c.toml", "embedding.dim=wide"]) == 2
+    assert """embedding: dim must be an int >= 1 or "auto", got 'wide'""" in capsys.readouterr().err

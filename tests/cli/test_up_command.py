@@ -183,7 +183,7 @@ def test_the_configs_up_writes_run_as_written(tmp_path: Path, monkeypatch: pytes
     monkeypatch.chdir(tmp_path)
     assert main(["up", "events.csv", "--no-serve", "train.epochs=1"]) == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
-    assert "[4/4] not serving (--no-serve): hugerec serve" in printed
+    assert "[5/5] not serving (--no-serve): hugerec serve" in printed
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -244,7 +244,7 @@ def test_missing_files_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
         ([str(tmp_path / "nope.csv")], f"{tmp_path / 'nope.csv'}: no such file"),
         ([str(tmp_path)], f"{tmp_path}: no log files in this folder"),
         (["--loop"], "--loop watches a folder of log files"),
-        (["--user-column", "u"], "--user-column / --item-column / --time-column name a log's columns; give the log"),
+        (["--user-column", "u"], "--user-column / --item-column / --time-column / --label-column name a log's columns; give the log"),
         ([str(tmp_path / "nope.toml")], f"config file not found: {tmp_path / 'nope.toml'}"),
         (["a.csv", "b.csv"], "expected one event log or config file"),
     ]:

@@ -78,10 +78,10 @@ def test_loop_config_mistakes_are_one_line(
     assert "exactly one of data.paths" in capsys.readouterr().err
     cfg, _ = load_loop_file("configs/loop_synthetic.toml", [])
     assert cfg.data.stream is not None and cfg.data.stream.concept_drift_day == 4
-    assert main(["loop", "configs/loop_synthetic.toml", "model.type=two_tower", "--print-config"]) == 2
+    assert main(["loop", "configs/loop_synthetic.toml", "model.type=sasrec", "--print-config"]) == 2
     note, err = capsys.readouterr().err.strip().split("\n")  # the note: model.bottom, model.top left out
     assert note.startswith("note: model.bottom, model.top") and err.startswith("hugerec loop: error: model:")
-    assert "model.type = 'two_tower' (retrieval) cannot be trained by the loop" in err
+    assert "model.type = 'sasrec' (sequential) cannot be trained by the loop" in err
     assert "['dlrm', 'dcn_v2', 'deepfm', 'wide_and_deep']" in err
     assert main(["loop", "configs/loop_synthetic.toml", "model.bottom=[32,4]"]) == 2
     assert "model.bottom must end with dim (8)" in capsys.readouterr().err

@@ -103,3 +103,31 @@ def test_published_pipelines_are_canaries_rolled_back_or_promoted_by_recall(
     assert [(r.action, r.version) for r in loop.log.of_window(2) if r.action in ("promote", "rollback")] == [("promote", "w1")]
     status = publisher.status()
     assert status is not None and (status["stable"], status["canary"]) == ("w1", "w2")
+
+
+def test_warm_starts_train_their_own_epochs_and_the_phases_reuse_what_they_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """warm_start_epochs: the first model trains `epochs`, each warm start `warm_start_epochs`; the gate's Recall@K of
+    a (version, window) is computed once: the next window's decision reads the same figures."""
+    stream = _stream()
+    loop = RetrievalLoop(_config(tmp_path, epochs=2, warm_start_epochs=1), stream.day)
+    epochs: list[int | None] = []
+    train, recall = loop.train, loop.recall
+    calls: list[int] = []
+
+    def counted(model, rows, counts, k, e=None):  # type: ignore[no-untyped-def]
+        epochs.append(e)
+        return train(model, rows, counts, k, e)
+
+    def measured(model, k):  # type: ignore[no-untyped-def]
+        calls.append(k)
+        return recall(model, k)
+
+    monkeypatch.setattr(loop, "train", counted)
+    monkeypatch.setattr(loop, "recall", measured)
+    loop.run(0, 3)
+    assert epochs == [2, 1, 1]
+    assert calls == [1, 2, 2, 3, 3]  # window k + 1: the candidate, then (from window 1 on) the serving model
+    assert loop.recall_of("w1", 2) == (loop.log.records[3].gate["candidate_recall"], USERS)  # type: ignore[index]
+    assert calls == [1, 2, 2, 3, 3]
+    with pytest.raises(ValueError, match="warm_start_epochs must be >= 1"):
+        _config(tmp_path, warm_start_epochs=0)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
 from hugerec.data.events import SequenceProtocol, SequenceSpec, read_events, retrieval_view, sequence_view
@@ -62,6 +63,21 @@ def test_retrieval_view_holds_out_by_the_declared_split(tmp_path: Path) -> None:
         retrieval_view(EVENTS, path, SplitSpec(SplitKind.RANDOM))
     with pytest.raises(ValueError, match=r"preprocess\.test_split: retrieval and sequential models hold out one part"):
         retrieval_view(EVENTS, path, SplitSpec(SplitKind.LEAVE_LAST_OUT, test_split=True))
+
+
+def test_the_validation_split_is_cut_from_train_as_the_test_split_was(tmp_path: Path) -> None:
+    rows = [(u, 100 + (u + t) % 7, u * 1000 + t) for u in range(1, 6) for t in range(4)]
+    path = str(_write(tmp_path / "log.csv", rows))
+    fit_part, valid = retrieval_view(EVENTS, path).validation_split()  # each user's last training event
+    assert (fit_part.num_events, valid.num_events) == (10, 5)
+    last_fit = fit_part.frame.group_by("user").agg(pl.col("timestamp").max()).sort("user")["timestamp"]
+    assert valid.frame["user"].to_list() == list(range(5)) and (valid.frame["timestamp"] - last_fit).to_list() == [1] * 5
+    late = retrieval_view(EVENTS, path, SplitSpec(SplitKind.TIME, eval_fraction=0.2))
+    fit_part, valid = late.validation_split()  # the latest 20% of the training part's 16 events
+    assert valid.frame["timestamp"].min() > fit_part.frame["timestamp"].max() and valid.num_events == 4
+    two = retrieval_view(EVENTS, path, SplitSpec(SplitKind.LEAVE_LAST_OUT, holdout=2))  # 2 training events per user
+    with pytest.raises(ValueError, match=r'preprocess\.split = "leave_last_out" leaves 10 training and 0 validation events'):
+        two.validation_split()  # a user keeps what holding out 2 would leave empty: nothing to validate on
 
 
 def test_a_view_names_the_role_it_lacks(tmp_path: Path) -> None:

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from hugerec.data.interactions import (
     Interactions,
     categorify,
+    epoch_examples,
+    full_ranking,
     held_out_csr,
     histories,
     iter_examples,
@@ -23,6 +25,7 @@ from hugerec.data.interactions import (
     read_interactions,
     time_split,
 )
+from hugerec.data.synthetic_interactions import InteractionConfig, generate_interactions
 
 
 def _frame(rows: list[tuple[int, int, int]]) -> pl.DataFrame:
@@ -122,3 +125,28 @@ def test_movielens_1m_leave_last_out(shared_data: Path) -> None:
     last = data.frame.group_by("user").agg(pl.col("timestamp").max()).sort("user")["timestamp"]
     assert (test.frame.sort("user")["timestamp"] == last).all()
     assert torch.is_tensor(last_items(*histories(train), np.array([0]), 5).values)
+
+
+def test_epoch_examples_and_full_ranking_are_what_the_retrieval_family_trains_and_validates_on() -> None:
+    """epoch_examples is iter_examples per epoch (seed + epoch), W ranks' parts make the one process's
+    batch in rank order; full_ranking ranks every user from their training history."""
+    synth = generate_interactions(InteractionConfig(num_users=50, num_items=30, rank=2, min_events=4, max_events=9, seed=1))
+    train, test = leave_last_out(synth.data)
+    make, length = epoch_examples(train, 16, 5, seed=3)
+    one, want = list(make(1)), list(iter_examples(train, 16, 5, seed=4))
+    assert len(one) == len(want) == length == -(-train.num_events // 16)
+    for (u, i, h), (wu, wi, wh) in zip(one, want, strict=True):
+        assert torch.equal(u, wu) and torch.equal(i, wi) and h.to_lists() == wh.to_lists()
+    parts = [list(epoch_examples(train, 16, 5, seed=3, rank=r, world=3)[0](1)) for r in range(3)]
+    for b, (u, i, h) in enumerate(one):
+        assert torch.equal(torch.cat([p[b][0] for p in parts]), u) and torch.equal(torch.cat([p[b][1] for p in parts]), i)
+        assert [row for p in parts for row in p[b][2].to_lists()] == h.to_lists()
+    with pytest.raises(ValueError, match=r"rank must be in 0\.\.world - 1, got rank 3 of 3"):
+        epoch_examples(train, 16, 5, rank=3, world=3)
+    users, history, held, exclude = full_ranking(train, test, 5)
+    seen = histories(train)
+    assert torch.equal(users, torch.arange(50))
+    assert all(np.array_equal(a, b) for a, b in zip(held, held_out_csr(test), strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(exclude, seen, strict=True))
+    assert history.to_lists() == last_items(*seen, np.arange(50), 5).to_lists()
+

@@ -333,6 +333,7 @@ def fit_disk_model(run: Path, resume: bool) -> dict[str, torch.Tensor]:
 
 # The child trains until the kill point, where it kills itself with SIGKILL (no cleanup runs):
 #   step: in the forward of step 10 (its rows are loaded, evictions have written rows back: the file is unclean)
+#   before_checkpoint: the same in step 3, before the first checkpoint (step 4): no snapshot of the file exists
 #   snapshot: half-way through cloning the table file for the checkpoint of step 8 (its 2nd snapshot)
 #   write_back: in the checkpoint of step 8 (its state_dict() calls: 3 flushes per checkpoint, the 1st writes the
 #   dirty rows back), after the rows are written, before the file is marked clean
@@ -350,11 +351,11 @@ _KILL = textwrap.dedent(
         if calls[0] == n:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    if where == "step":
+    if where in ("step", "before_checkpoint"):
         forward = DiskModel.forward
         def killing_forward(self, batch):
             out = forward(self, batch)
-            die_at(10)
+            die_at(10 if where == "step" else 3)
             return out
         DiskModel.forward = killing_forward
     elif where == "snapshot":
@@ -398,3 +399,37 @@ def test_fit_killed_mid_step_snapshot_write_back_resumes_bit_for_bit(tmp_path: P
     resumed = fit_disk_model(run, resume=True)
     assert resumed.keys() == whole.keys()
     assert all(torch.equal(resumed[k], whole[k]) for k in whole), where
+
+
+def test_fit_killed_before_its_first_checkpoint_starts_afresh(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """kill -9 before any checkpoint: the unclean file has no snapshot to restore (nothing was committed), so the
+    restarted run recreates it with one line saying why, drawing the rows as the first creation did, and ends
+    bitwise equal to the uninterrupted run."""
+    (tmp_path / "whole").mkdir()
+    whole = fit_disk_model(tmp_path / "whole", resume=False)
+    run = tmp_path / "killed"
+    run.mkdir()
+    code = _KILL.format(tests=str(Path(__file__).parents[1]), where="before_checkpoint", run=str(run))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    assert b'"clean": false' in (run / "user.rows").read_bytes()[:4096]
+    assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
+    with caplog.at_level("WARNING", logger="hugerec.embedding.disk"):
+        resumed = fit_disk_model(run, resume=True)
+    lines = [r.getMessage() for r in caplog.records if r.name == "hugerec.embedding.disk"]
+    assert len(lines) == 1 and "'user': " in lines[0] and "no checkpoint snapshot of it exists" in lines[0], lines
+    assert all(torch.equal(resumed[k], whole[k]) for k in whole)
+
+
+def test_a_torn_first_snapshot_does_not_count(tmp_path: Path) -> None:
+    """A snapshot is complete or absent: one killed half-way leaves only its temporary file, which the next
+    snapshot replaces."""
+    emb = collection(tables(tmp_path, 18), Adagrad(lr=0.1))
+    for f in batches(3):
+        step(emb, f)
+    d = tmp_path / "a.rows.snapshots"
+    d.mkdir()
+    (d / ".1.partial").write_bytes(b"torn")
+    emb.state_dict()
+    assert sorted(p.name for p in d.iterdir()) == ["1"]
+    assert (d / "1").stat().st_size == (tmp_path / "a.rows").stat().st_size

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import hugerec.distributed.checkpoint_directory as directory
-from hugerec.data.interactions import held_out_csr, histories, iter_examples, last_items, leave_last_out
+from hugerec.data.interactions import epoch_examples, full_ranking, held_out_csr, histories, iter_examples, last_items, leave_last_out
 from hugerec.data.sessions import Sequences, last_n
 from hugerec.data.synthetic_interactions import InteractionConfig, generate_interactions
 from hugerec.distributed.launch import init_from_env
@@ -39,7 +39,7 @@ from hugerec.models.two_tower import TwoTower, TwoTowerConfig
 from hugerec.training.early_stopping import EarlyStopping
 from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.losses import Negatives, SampledSoftmax
-from hugerec.training.retrieval import RetrievalFamily, RetrievalValidation, rank_part
+from hugerec.training.retrieval import RetrievalFamily, RetrievalValidation
 from hugerec.training.sequential import NextItemValidation, SequentialFamily, window_batches
 from hugerec.training.trainer import TrainConfig, fit
 
@@ -67,16 +67,8 @@ if kind == "two_tower":
     synth = generate_interactions(InteractionConfig(num_users=48, num_items=30, rank=2, min_events=6, max_events=10, seed=0))
     NUM_USERS, NUM_ITEMS = synth.data.num_users, synth.data.num_items
     train, test = leave_last_out(synth.data)
-    seen = histories(train)
-    users = torch.arange(NUM_USERS)
-    valid = RetrievalValidation(users, last_items(*seen, users.numpy(), 6), held_out_csr(test), seen)
-    n_batches = -(-train.num_events // 64)
-
-    def make(epoch):
-        for batch in iter_examples(train, 64, 6, seed=epoch):
-            yield rank_part(batch, rank, world)
-
-    data = EpochBatches(make, n_batches)
+    valid = RetrievalValidation(*full_ranking(train, test, 6))
+    data = EpochBatches(*epoch_examples(train, 64, 6, rank=rank, world=world))
     family_type, family_args = RetrievalFamily, (train.item_counts(), SampledSoftmax(num_negatives=8, mask_history=True))
     row_wise = ("user_id", "item_id")
 else:

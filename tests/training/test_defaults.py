@@ -5,7 +5,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hugerec.models.model_config import DCNv2Config, DeepFMConfig, DLRMConfig, WideAndDeepConfig
-from hugerec.training.defaults import MAX_BATCH, MIN_BATCH, auto_batch_size, auto_width, fitted_to_data
+from hugerec.training.defaults import (
+    MAX_BATCH,
+    MAX_EMBEDDING_DIM,
+    MIN_BATCH,
+    MIN_EMBEDDING_DIM,
+    auto_batch_size,
+    auto_embedding_dim,
+    auto_embedding_dims,
+    auto_width,
+    fitted_to_data,
+)
 
 
 def test_auto_batch_size_examples() -> None:
@@ -52,3 +62,30 @@ def test_fitted_to_data_keeps_what_the_user_set_and_large_data_keeps_the_default
     assert fitted_to_data(mine_dlrm, given={"bottom", "top"}, rows=100, num_dense=2, dim=16) == (mine_dlrm, [])
     for config in (DCNv2Config(), DeepFMConfig(), WideAndDeepConfig()):
         assert fitted_to_data(config, given=(), rows=5_000_000, num_dense=3, dim=16) == (config, [])
+
+
+def test_auto_embedding_dim_at_small_and_large_cardinalities() -> None:
+    """6 * C ** 0.25 up to a multiple of 8, from 8 to 64: a flag gets 8, a 1,000-value table 40, large ones 64."""
+    cases = {1: 8, 2: 8, 10: 16, 100: 24, 1_000: 40, 5_000: 56, 10_000: 64, 10**6: 64, 10**10: 64}
+    assert {c: auto_embedding_dim(c) for c in cases} == cases
+    for bad in (0, -1, True, 3.0):
+        with pytest.raises(ValueError, match="auto_embedding_dim: cardinality must be a positive int"):
+            auto_embedding_dim(bad)  # type: ignore[arg-type]
+
+
+@given(st.integers(min_value=1, max_value=10**15), st.integers(min_value=1, max_value=10**15))
+def test_auto_embedding_dim_is_a_capped_multiple_of_8_growing_with_the_cardinality(a: int, b: int) -> None:
+    small, large = sorted((a, b))
+    d = auto_embedding_dim(small)
+    assert MIN_EMBEDDING_DIM <= d <= MAX_EMBEDDING_DIM and d % 8 == 0
+    assert d <= auto_embedding_dim(large)
+    if MIN_EMBEDDING_DIM < d < MAX_EMBEDDING_DIM:
+        assert d - 8 < 6 * small**0.25 <= d
+
+
+def test_auto_embedding_dims_one_width_takes_the_largest_tables() -> None:
+    cards = {"flag": 2, "city": 1_000, "user": 10**6}
+    assert auto_embedding_dims(cards, one_width=False) == {"flag": 8, "city": 40, "user": 64}
+    assert auto_embedding_dims(cards, one_width=True) == {"flag": 64, "city": 64, "user": 64}
+    assert auto_embedding_dims({"a": 3, "b": 90}, one_width=True) == {"a": 24, "b": 24}
+    assert auto_embedding_dims({}, one_width=True) == {}

@@ -196,3 +196,30 @@ def test_evaluate_of_a_retrieval_validation_is_the_full_ranking(split: tuple[Any
     direct = retrieval_metrics(model, valid.users, valid.history, valid.held_out, valid.exclude, (10, 50))
     assert evaluate(model, valid) == direct
     assert evaluate(model, valid, ks=(5,)) == retrieval_metrics(model, valid.users, valid.history, valid.held_out, valid.exclude, (5,))
+
+
+def test_the_step_does_not_depend_on_the_row_order_of_its_batch(split: tuple[Any, Any, Any]) -> None:
+    """A batch's rows reversed (users, targets, histories): the same loss and dense gradients up to rounding, with
+    in-batch and sampled negatives, logQ, history masking and cosine similarity at a low temperature. The
+    float-order yardstick of benchmarks/torchrun_retrieval.py (--float-order) trains on such batches."""
+    train = split[0]
+    users, items, history = next(iter_examples(train, 64, 10, seed=0))
+    offsets = np.concatenate([[0], np.cumsum(history.lengths.numpy())])
+    flipped = JaggedTensor(
+        torch.cat([history.values[offsets[i] : offsets[i + 1]] for i in range(63, -1, -1)]), history.lengths.flip(0)
+    )
+    config = TwoTowerConfig(dim=8, embedding_dim=8, max_history=10, recent=(1, 5), similarity="cosine", temperature=0.05)
+    family = RetrievalFamily(train.item_counts(), SampledSoftmax(Negatives.MIXED, num_negatives=16, mask_history=True))
+    results = []
+    for batch in ((users, items, history), (users.flip(0), items.flip(0), flipped)):
+        torch.manual_seed(0)
+        model = TwoTower(config, train.num_users, train.num_items)
+        ctx = StepContext(torch.device("cpu"), torch.Generator().manual_seed(3))
+        loss = family.step_loss(model, family.prepare(model, batch, ctx), ctx)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-6, atol=1e-6)
+    assert grads_a and len(grads_a) == len(grads_b)
+    for a, b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -13,9 +13,24 @@ from numba import njit, prange
 _FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}  # no "nnan"/"ninf": a NaN must stay visible
 
 
+# Below this many elements bias_relu runs on the calling thread: waking Numba's threads for a parallel
+# region costs more than the pass itself (a served batch of one row: 64 to 1024 elements), and on busy
+# cores the wake-up waits for each thread to be scheduled.
+SERIAL_ELEMENTS = 1 << 16
+
+
+def bias_relu(out: np.ndarray, bias: np.ndarray, relu: bool, chunks: int) -> None:
+    """out [B, N] += bias [N] (bias may be [0]: none), then max(., 0) if relu; in place: on the calling thread
+    below SERIAL_ELEMENTS elements, else over `chunks` row ranges on Numba's threads."""
+    if out.size < SERIAL_ELEMENTS:
+        bias_relu_serial_(out, bias, relu)
+    else:
+        bias_relu_(out, bias, relu, chunks)
+
+
 @njit(parallel=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
 def bias_relu_(out: np.ndarray, bias: np.ndarray, relu: bool, chunks: int) -> None:
-    """out [B, N] += bias [N] (bias may be [0]: none), then max(., 0) if relu; in place."""
+    """out [B, N] += bias [N] (bias may be [0]: none), then max(., 0) if relu; in place, rows in parallel."""
     batch, width = out.shape
     has_bias = bias.shape[0] > 0
     for c in prange(chunks):
@@ -24,6 +39,18 @@ def bias_relu_(out: np.ndarray, bias: np.ndarray, relu: bool, chunks: int) -> No
             for k in range(width):
                 v = row[k] + bias[k] if has_bias else row[k]
                 row[k] = max(v, np.float32(0.0)) if relu else v
+
+
+@njit(cache=True, fastmath=_FASTMATH, error_model="numpy")
+def bias_relu_serial_(out: np.ndarray, bias: np.ndarray, relu: bool) -> None:
+    """bias_relu_ on the calling thread (no parallel region)."""
+    batch, width = out.shape
+    has_bias = bias.shape[0] > 0
+    for b in range(batch):
+        row = out[b]
+        for k in range(width):
+            v = row[k] + bias[k] if has_bias else row[k]
+            row[k] = max(v, np.float32(0.0)) if relu else v
 
 
 @njit(parallel=True, cache=True, fastmath=_FASTMATH, error_model="numpy")

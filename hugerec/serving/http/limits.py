@@ -24,19 +24,15 @@ server's memory for requests is at most that factor x max_inflight_bytes.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any
 
 from starlette.requests import Request
 from starlette.types import Receive, Scope
 
 from hugerec.serving.runtime.inference_protocol import RequestError
 
-T = TypeVar("T")
-
-TICKET = "hugerec.ticket"  # the scope key of a request's Ticket (what it holds of the in-flight budget)
+TICKET = "hugerec.reserved"  # the scope key of the body bytes a request holds of the in-flight budget
 RETRY_AFTER = "retry-after"
 BINARY_MEMORY_FACTOR = 4  # peak bytes per byte of a body of binary tensors, one model call of a batch included
 # peak bytes per byte of a JSON body while it is parsed: 4 measured on tensors of numbers; the worst shapes
@@ -125,15 +121,6 @@ def overloaded(what: str, limits: RequestLimits) -> RequestError:
     return RequestError(f"server busy: {what}; retry after {limits.retry_after_s} s", status=503)
 
 
-class Ticket:
-    """What one request holds of the in-flight budget (body bytes reserved), released when it is answered."""
-
-    __slots__ = ("reserved",)
-
-    def __init__(self) -> None:
-        self.reserved = 0
-
-
 class Admission:
     """Requests and body bytes in flight, against RequestLimits.max_requests and max_inflight_bytes.
 
@@ -150,24 +137,24 @@ class Admission:
         if self.requests >= self.limits.max_requests:
             return False
         self.requests += 1
-        scope[TICKET] = Ticket()
+        scope[TICKET] = 0
         return True
 
     def reserve(self, scope: Scope, n: int) -> None:
         """Count n more body bytes of the request (503 when the bodies in flight would pass the budget)."""
-        ticket = scope.get(TICKET)
-        if ticket is None:  # a request that did not come through enter (an app mounted elsewhere)
+        reserved = scope.get(TICKET)
+        if reserved is None:  # a request that did not come through enter (an app mounted elsewhere)
             return
         if self.bytes + n > self.limits.max_inflight_bytes:
             raise overloaded(f"request bodies in flight would pass {self.limits.max_inflight_bytes} bytes", self.limits)
         self.bytes += n
-        ticket.reserved += n
+        scope[TICKET] = reserved + n
 
     def leave(self, scope: Scope) -> None:
-        ticket = scope.pop(TICKET, None)
-        if ticket is not None:
+        reserved = scope.pop(TICKET, None)
+        if reserved is not None:
             self.requests -= 1
-            self.bytes -= ticket.reserved
+            self.bytes -= reserved
 
 
 def check_declared_length(declared: str | None, max_bytes: int) -> int | None:
@@ -181,22 +168,10 @@ def check_declared_length(declared: str | None, max_bytes: int) -> int | None:
     return int(declared)
 
 
-class _Deadline:
-    """The time left of a whole-body deadline."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.end = time.monotonic() + timeout_s
-
-    async def wait(self, part: Awaitable[T]) -> T:
-        """The next message of a request body, or 408 once the whole body has taken `timeout_s`."""
-        try:
-            return await asyncio.wait_for(part, max(self.end - time.monotonic(), 0.0))
-        except TimeoutError:
-            raise RequestError(
-                f"the request body did not arrive within {self.timeout_s} s (fewer bytes than Content-Length?)",
-                status=408,
-            ) from None
+def _body_timeout(timeout_s: float) -> RequestError:
+    return RequestError(
+        f"the request body did not arrive within {timeout_s} s (fewer bytes than Content-Length?)", status=408
+    )
 
 
 class _Body:
@@ -234,20 +209,36 @@ class _Body:
 async def read_asgi_body(
     scope: Scope, receive: Receive, max_bytes: int, timeout_s: float, admission: Admission | None = None
 ) -> bytes | None:
-    """A request body from raw ASGI messages; None when the client left before sending all of it."""
+    """A request body from raw ASGI messages; None when the client left before sending all of it.
+
+    One deadline for the whole body (asyncio.timeout: a timer, where wait_for per message made a task and
+    an event-loop turn of each). A body that came in one message of its Content-Length (every small
+    request) is that message's bytes, reserved and returned without a buffer or a copy."""
     declared = None
     for key, value in scope["headers"]:
         if key == b"content-length":
             declared = check_declared_length(value.decode("latin-1"), max_bytes)
-    body = _Body(declared, max_bytes, admission, scope)
-    deadline = _Deadline(timeout_s)
-    more = True
-    while more:
-        message = await deadline.wait(receive())
-        if message["type"] == "http.disconnect":
-            return None
-        body.add(message.get("body", b""))
-        more = message.get("more_body", False)
+    if declared is not None and admission is not None:
+        admission.reserve(scope, declared)  # before a byte is read: receive() resumes reading the socket
+    try:
+        async with asyncio.timeout(timeout_s):
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            more = message.get("more_body", False)
+            if not more and declared is not None and len(chunk) == declared:
+                return chunk  # bytes, as ASGI says
+            body = _Body(declared, max_bytes, admission if declared is None else None, scope)  # reserved above
+            body.add(chunk)
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return None
+                body.add(message.get("body", b""))
+                more = message.get("more_body", False)
+    except TimeoutError:
+        raise _body_timeout(timeout_s) from None
     return body.bytes()
 
 
@@ -257,14 +248,12 @@ async def read_request_body(
     """A framework request's body, with the same limits."""
     declared = check_declared_length(request.headers.get("content-length"), max_bytes)
     body = _Body(declared, max_bytes, admission, request.scope)
-    deadline = _Deadline(timeout_s)
-    stream = request.stream()
-    while True:
-        try:
-            chunk = await deadline.wait(anext(stream))
-        except StopAsyncIteration:
-            break
-        body.add(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                body.add(chunk)
+    except TimeoutError:
+        raise _body_timeout(timeout_s) from None
     return body.bytes()
 
 

@@ -48,7 +48,9 @@ def _user_tensor(datatype: str, value: str) -> str:
 
 CASES: list[tuple[str, str, str, dict[str, str], int, str]] = [
     # (case, path, body, headers, status, what the error names)
-    ("integer of 5000 digits in /recommend", "/recommend", fill('{"user": @}', HUGE), {}, 400, "field 'user': an integer of 5000 digits; JSON integers must fit in 64 bits"),
+    ("integer of 5000 digits in /recommend", "/recommend", fill('{"user": @}', HUGE), {}, 400, "field 'user': an integer of 5000 digits (7777777777777777777777777777777777777777...); JSON integers must fit in 64 bits"),
+    ("integer of 30 digits in /predict (a float to orjson)", "/predict", fill('{"model": "toy", "instances": [{"user": [@]}]}', 10**29 + 7), {}, 400,
+     "field 'instances[0].user[0]': an integer of 30 digits (100000000000000000000000000007)"),
     ("integer of 5000 digits in infer", "/v2/models/toy/infer", fill('{"inputs": [], "id": @}', HUGE), {}, 400, "field 'id': an integer of 5000 digits"),
     ("integer of 5000 digits in /predict", "/predict", fill('{"model": "toy", "instances": [{"user": [@]}]}', HUGE), {}, 400, "field 'instances[0].user[0]': an integer of 5000 digits"),
     ("integer of 5000 digits in pipeline infer", "/v2/models/recs/infer", _user_tensor("INT64", HUGE), {}, 400, "field 'inputs[0].data[0]': an integer of 5000 digits"),

@@ -19,6 +19,7 @@ from hugerec.serving.runtime.inference_protocol import (
     decode_instances,
     dump_json,
     encode_infer_response,
+    parse_json,
 )
 
 SIG = Signature(num_dense=2, features=("u", "i"), max_rows=8)
@@ -98,7 +99,7 @@ BAD = [
         None,
         "regular array|needs 2",
     ),
-    (body([dense(), {"name": "u", "datatype": "INT64", "shape": [2], "data": [1, 2**70]}]), None, "needs integers"),
+    (body([dense(), {"name": "u", "datatype": "INT64", "shape": [2], "data": [1, 2**70]}]), None, r"field .inputs\[1\]\.data\[1\].: an integer of 22 digits \(1180591620717411303424\)"),
     (body([dense(), {"name": "u", "datatype": "INT64", "shape": [-1], "data": []}]), None, "non-negative"),
     (body([{"name": "dense", "datatype": "FP32", "shape": [2, 3], "data": [0] * 6}, *IDS]), None, r"\[B, 2\]"),
     (body([{**dense(), "data": [float("nan")] * 4}, *IDS]), None, "NaN"),
@@ -324,6 +325,42 @@ def test_deeply_nested_json_is_a_400_not_a_recursion_error() -> None:
     with pytest.raises(RequestError, match=r"not valid JSON.*nested too deeply") as e:
         decode_infer_request(deep, None, SIG)
     assert e.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("literal", "shown"),
+    [
+        ("1" + "2" * 29, "1" + "2" * 29),  # 30 digits: orjson would read it as a float (1.22e29)
+        ("18446744073709551616", "18446744073709551616"),  # 2**64, 20 digits
+        ("-9223372036854775809", "-9223372036854775809"),  # -2**63 - 1
+        ("9" * 400, "9" * 40 + "..."),  # truncated in the answer
+    ],
+)
+def test_an_integer_beyond_64_bits_is_a_400_naming_the_field_and_the_value(literal: str, shown: str) -> None:
+    raw = f'{{"instances": [{{"C1": [3, {literal}]}}]}}'.encode()
+    digits = len(literal.lstrip("-"))
+    with pytest.raises(RequestError, match=rf"field 'instances\[0\]\.C1\[1\]': an integer of {digits} digits \({shown}\)"):
+        parse_json(raw)
+
+
+def test_long_digit_runs_that_are_not_big_integers_parse_as_before() -> None:
+    """A run of 20 digits sends the body to the standard parser; strings, fractions and 64-bit integers keep
+    their values (the same as orjson's)."""
+    raw = b'{"s": "123456789012345678901234", "f": 1.00000000000000000000001, "u": 18446744073709551615, "i": -9223372036854775808}'
+    assert parse_json(raw) == json.loads(raw)
+    assert parse_json(raw)["u"] == 2**64 - 1
+
+
+def test_fractions_with_long_digit_runs_stay_on_the_fast_parser() -> None:
+    """A float's fraction or exponent is no integer literal: -0.0058760265819728374 (19 digits after the point,
+    common in JSON tensors) and 1e-00000000000000000005 keep orjson; 19-digit ids within int64 too."""
+    from hugerec.serving.runtime.inference_protocol import _may_hold_big_integers
+
+    floats = b'{"data": [-0.0058760265819728374, 0.00026772439014166594, 1e-00000000000000000005, 9223372036854775807]}'
+    assert not _may_hold_big_integers(floats)
+    assert parse_json(floats) == json.loads(floats)
+    for big in (b"[1, 18446744073709551616]", b"[-9223372036854775809]", b"18446744073709551616", b'{"a":12345678901234567890}'):
+        assert _may_hold_big_integers(big), big
 
 
 def test_dump_json_is_compact_and_refuses_what_json_cannot_hold() -> None:

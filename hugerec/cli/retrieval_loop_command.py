@@ -1,0 +1,284 @@
+"""`hugerec loop` of a retrieval model (`model.type = "two_tower"` or `"mf"`): continuous.retrieval_loop from a TOML file.
+
+    [loop]       work_dir, first, last (windows first..last-1 are trained; window `last` is the final holdout), name
+                 (the pipeline's name on the server), batch_size, lr, epochs, warm_start_epochs, canary_share, seed, k (the gate's
+                 Recall@K and the pipeline's answers), ann_k (the ANN source's candidates before exclude-seen)
+    [data]       [data.interactions] + [data.drift]: a synthetic drifting interaction stream, one window a day
+                 (data.synthetic_interactions.generate_interaction_days)
+    [model]      the [model] of every command: "two_tower" (user ids only: max_history = 0, recent = []) or "mf"
+    [embedding]  optimizer: the towers' sparse optimizer
+    [gate]       recall_margin, min_rows (users; the gate and the canary decision on Recall@K)
+    [index]      the ANN index built afresh for every published pipeline (kind "hnsw" or "exact", HNSW's settings)
+    [server]     mode "offline" (a published candidate serves at once), "embedded" (a server in this process on
+                 127.0.0.1; its status page shows the decisions) or "remote" (url, model, the admin token from the
+                 environment variable `token_env`)
+
+The ranking loop's keys (loop.holdout_share, [windows], [embedding] dim, [gate] auc_margin, [decisions], [monitor],
+[recovery], server.replay_rows, ...) are refused with a retrieval model, and these with a ranking model, in one
+line naming the key (loop_command.refuse_other_family).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hugerec.cli.config_file import ConfigError, from_dict, to_dict
+from hugerec.continuous.decision_log import read_log
+from hugerec.continuous.publish import Publisher, ServerTarget
+from hugerec.continuous.retrieval_loop import RetrievalLoop, RetrievalLoopConfig
+from hugerec.data.interactions import Interactions, held_out_csr
+from hugerec.data.synthetic_interactions import DriftConfig, InteractionConfig, generate_interaction_days
+from hugerec.embedding.optimizers import Adagrad, Optimizer, optimizer_from_dict
+from hugerec.index.vector_index import IndexConfig, IndexKind
+from hugerec.models.mf import MFConfig
+from hugerec.models.registry import config_to_dict
+from hugerec.models.two_tower import TwoTowerConfig
+
+
+def _loop_tower() -> TwoTowerConfig:
+    return TwoTowerConfig(dim=32, embedding_dim=32, user_layers=(), max_history=0, recent=())
+
+
+@dataclass(frozen=True)
+class RetrievalLoopSection:
+    """The retrieval loop itself: where it keeps its state, which windows it trains, how it trains and publishes."""
+
+    work_dir: str = "runs/loop_two_tower"  # decisions.jsonl, checkpoints/, bundles/ go here
+    first: int = 0  # the first window trained
+    last: int | None = None  # default: the stream's last day (window `last` is the final holdout)
+    name: str = "recs"  # the pipeline's name on the server
+    batch_size: int = 512  # events per training step
+    lr: float = 3e-3  # the dense learning rate (Adam)
+    epochs: int = 2  # epochs of a model trained from scratch (the first one, over every window so far)
+    warm_start_epochs: int | None = None  # epochs of a warm start over its window (none: `epochs`)
+    canary_share: float = 0.1  # the share of the traffic a published canary gets
+    seed: int = 0  # the training's seed
+    k: int = 50  # the K of the gate's Recall@K and of the pipeline's answers
+    ann_k: int = 200  # candidates the pipeline's ANN source takes before exclude-seen
+
+
+@dataclass(frozen=True)
+class InteractionStreamSection:
+    """[data] of a retrieval loop: a synthetic drifting interaction stream, one window a day."""
+
+    interactions: InteractionConfig = field(default_factory=lambda: InteractionConfig(num_users=3000, num_items=1500))  # users, items, taste model
+    drift: DriftConfig = field(default_factory=DriftConfig)  # days, drift, new items, events per user and day
+
+
+@dataclass(frozen=True)
+class RetrievalEmbedding:
+    """[embedding] of a retrieval loop: the towers' tables are sized by the stream's users and items."""
+
+    optimizer: Optimizer = field(default_factory=lambda: Adagrad(lr=0.1))  # the towers' sparse optimizer
+
+
+@dataclass(frozen=True)
+class RecallGate:
+    """[gate] of a retrieval loop (the ranking loop's keys of the same meaning): a candidate (and, on the next window,
+    a canary) passes with a Recall@K (loop.k) at least the serving (stable) model's minus `recall_margin`, measured
+    on at least `min_rows` users."""
+
+    recall_margin: float = 0.01  # how far below the serving model's Recall@K a candidate may be
+    min_rows: int = 50  # users with events in the window needed to judge (fewer: refuse at the gate, wait with a canary)
+
+
+@dataclass(frozen=True)
+class LoopIndexSection:
+    """[index] of a retrieval loop: the item index every published pipeline gets, built afresh."""
+
+    kind: IndexKind = IndexKind.HNSW  # "hnsw" (usearch, approximate) or "exact"
+    connectivity: int = 32  # HNSW: graph degree (M)
+    expansion_add: int = 128  # HNSW: efConstruction
+    expansion_search: int = 512  # HNSW: ef of a query
+    dtype: str = "f32"  # HNSW: how the graph stores the vectors, "f32" or "f16"
+
+    def __post_init__(self) -> None:
+        self.index_config()  # its own checks, now
+
+    def index_config(self) -> IndexConfig:
+        return IndexConfig(self.kind, self.connectivity, self.expansion_add, self.expansion_search, dtype=self.dtype)
+
+
+@dataclass(frozen=True)
+class RetrievalServerSection:
+    """[server] of a retrieval loop (the canary is decided on the loop's own Recall@K: no request log is read)."""
+
+    mode: str = "offline"  # "offline" (no server), "embedded" (one in this process) or "remote"
+    url: str = ""  # remote: the server's http://host:port
+    model: str = "recs"  # remote: the pipeline's name on that server
+    token_env: str = "HUGEREC_ADMIN_TOKEN"  # the environment variable of the admin token (remote: the server's; embedded: opens its status page's details)
+    replay_users: int = 300  # embedded: users of each next window sent to POST /recommend as simulated traffic
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("offline", "embedded", "remote"):
+            raise ValueError(f"server.mode must be 'offline', 'embedded' or 'remote', got {self.mode!r}")
+        if self.mode == "remote" and not self.url:
+            raise ValueError("server.mode = 'remote' needs server.url (http://host:port)")
+        if self.replay_users < 0:
+            raise ValueError(f"server.replay_users must be >= 0, got {self.replay_users}")
+
+
+@dataclass(frozen=True)
+class RetrievalLoopFile:
+    """The retrieval loop's file: a loop section, the stream, the registry's [model], the sparse optimizer, the gate,
+    the index and the server."""
+
+    loop: RetrievalLoopSection = field(default_factory=RetrievalLoopSection)
+    data: InteractionStreamSection = field(default_factory=InteractionStreamSection)
+    model: TwoTowerConfig | MFConfig = field(default_factory=_loop_tower)  # [model]: read by the registry
+    embedding: RetrievalEmbedding = field(default_factory=RetrievalEmbedding)
+    gate: RecallGate = field(default_factory=RecallGate)
+    index: LoopIndexSection = field(default_factory=LoopIndexSection)
+    server: RetrievalServerSection = field(default_factory=RetrievalServerSection)
+
+
+def read_retrieval_loop_file(data: dict[str, Any], model: TwoTowerConfig | MFConfig) -> RetrievalLoopFile:
+    """The file's sections (without [model]) and its registry model -> RetrievalLoopFile; the loop's own checks
+    (a two-tower of user ids only, k <= ann_k, ...) as one ConfigError."""
+    cfg = from_dict(RetrievalLoopFile, data, "", {Optimizer: optimizer_from_dict})
+    cfg = dataclasses.replace(cfg, model=model)
+    if isinstance(model, TwoTowerConfig):
+        for key, value, ok in (
+            ("max_history", model.max_history, model.max_history == 0),
+            ("recent", list(model.recent), not model.recent),
+            ("use_user_id", model.use_user_id, model.use_user_id),
+            ("user_features", list(model.user_features), not model.user_features),
+            ("item_features", list(model.item_features), not model.item_features),
+        ):
+            if not ok:
+                raise ConfigError(
+                    f"model.{key} = {value!r}: the loop's two-tower embeds user ids only (a pipeline serves it from the "
+                    "user id): set model.max_history = 0, model.recent = [], model.use_user_id = true, no side features"
+                )
+    try:
+        loop_config(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return cfg
+
+
+def loop_config(cfg: RetrievalLoopFile) -> RetrievalLoopConfig:
+    """The retrieval loop's own config from the file's sections."""
+    lc, users = cfg.loop, cfg.data.interactions
+    return RetrievalLoopConfig(
+        lc.work_dir,
+        users.num_users,
+        users.num_items,
+        model=cfg.model,
+        optimizer=cfg.embedding.optimizer,
+        epochs=lc.epochs,
+        warm_start_epochs=lc.warm_start_epochs,
+        lr=lc.lr,
+        batch_size=lc.batch_size,
+        k=lc.k,
+        ann_k=lc.ann_k,
+        recall_margin=cfg.gate.recall_margin,
+        min_users=cfg.gate.min_rows,
+        canary_share=lc.canary_share,
+        index=cfg.index.index_config(),
+        name=lc.name,
+        seed=lc.seed,
+    )
+
+
+def run_retrieval_loop(cfg: RetrievalLoopFile, print_config: bool, only_log: bool) -> int:
+    from hugerec.cli.loop_command import embedded_server, log_table
+
+    if print_config:
+        out = to_dict(cfg, keep_none=True)
+        out["model"] = config_to_dict(cfg.model)
+        print(json.dumps(out, indent=1, default=str))
+        return 0
+    work = Path(cfg.loop.work_dir)
+    if only_log:
+        print(log_table(read_log(work / "decisions.jsonl")))
+        return 0
+    config = loop_config(cfg)
+    days = cfg.data.drift.days
+    last = days - 1 if cfg.loop.last is None else cfg.loop.last
+    if not cfg.loop.first < last <= days - 1:
+        raise ConfigError(
+            f"loop.last = {last}: need loop.first ({cfg.loop.first}) < loop.last <= data.drift.days - 1 ({days - 1}); "
+            "window last is the final holdout"
+        )
+    stream = generate_interaction_days(cfg.data.interactions, cfg.data.drift)
+    with ExitStack() as stack:
+        publisher = None
+        match cfg.server.mode:
+            case "remote":
+                token = os.environ.get(cfg.server.token_env)
+                if not token:
+                    raise ConfigError(f"server.mode = 'remote': the environment variable {cfg.server.token_env} is not set")
+                publisher = Publisher(ServerTarget(cfg.server.url, cfg.server.model, token))
+            case "embedded":
+                url, token = embedded_server(
+                    work, config.log_path, config.seed, cfg.server.token_env, secrets.token_hex(16), stack
+                )
+                publisher = Publisher(ServerTarget(url, config.name, token))
+            case _:
+                pass
+        loop = RetrievalLoop(config, stream.day, publisher)
+        finished = {"publish", "refuse", "skip"}
+        pending = [k for k in range(cfg.loop.first, last) if not finished & {r.action for r in loop.log.of_window(k)}]
+        if cfg.server.mode == "embedded" and pending:
+            started = time.perf_counter()
+            live = loop.restore_server()  # a restarted loop: the new server first serves what the log says was live
+            if live.stable is not None:
+                canary = "no canary" if live.canary is None else f"canary {live.canary} at share {live.share}"
+                print(
+                    f"hugerec loop: embedded server restored from the decision log: stable {live.stable}, {canary} "
+                    f"({time.perf_counter() - started:.1f} s)",
+                    file=sys.stderr,
+                )
+        for k in pending:
+            loop.step(k)
+            if cfg.server.mode == "embedded" and cfg.server.replay_users:
+                print(f"hugerec loop: {replay(url, config.name, k + 1, stream.day(k + 1), cfg.server.replay_users, config.k)}", file=sys.stderr)
+    print(log_table(read_log(work / "decisions.jsonl")))
+    return 0
+
+
+@dataclass
+class Served:
+    """What one version of the pipeline answered in a replay: requests, and the Recall@K of those answers."""
+
+    requests: int = 0
+    recall_sum: float = 0.0
+
+
+def replay(url: str, name: str, window: int, events: Interactions, users: int, k: int) -> str:
+    """The first `users` users with events in `window` (its `events`) ask POST /recommend for k items, as simulated users of
+    the embedded server; one line: which version answered how many of them, and with what Recall@K on the items
+    each user then met (the window's events: a user meets no item twice)."""
+    import httpx
+
+    offsets, items = held_out_csr(events)
+    asked = np.flatnonzero(np.diff(offsets) > 0)[:users]
+    by_version: dict[str, Served] = {}
+    failed = 0
+    with httpx.Client(base_url=url, timeout=30.0) as client:
+        for u in asked.tolist():
+            answer = client.post("/recommend", json={"pipeline": name, "user": u, "k": k})
+            if answer.status_code != 200:
+                failed += 1
+                continue
+            body = answer.json()
+            met = set(items[offsets[u] : offsets[u + 1]].tolist())
+            served = by_version.setdefault(str(body["version"]), Served())
+            served.requests += 1
+            served.recall_sum += len(met & set(body["items"])) / len(met)
+    parts = [f"{v} answered {s.requests} (Recall@{k} {s.recall_sum / s.requests:.4f})" for v, s in sorted(by_version.items())]
+    return f"window {window} traffic: {len(asked)} users asked /recommend; " + (", ".join(parts) or "none answered") + (
+        f"; {failed} failed" if failed else ""
+    )

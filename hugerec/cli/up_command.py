@@ -42,6 +42,7 @@ token only this process knows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -359,10 +360,9 @@ def world_spec() -> InputSpec:
 def hit_rates(synth: SyntheticInteractions, bundles: dict[str, Path], k: int = HIT_K) -> dict[str, float]:
     """Hit rate@k on each user's last event: each pipeline bundle's answers (by name), and the oracle's
     ("oracle": true logits, seen items excluded)."""
-    import numba
     import numpy as np
-    import torch
 
+    from hugerec.ops.kernel_threads import kernel_threads
     from hugerec.serving.bundles.any_bundle import load
     from hugerec.serving.pipeline.runner import Query
     from hugerec.serving.pipeline.served_pipeline import ServedPipeline
@@ -373,15 +373,13 @@ def hit_rates(synth: SyntheticInteractions, bundles: dict[str, Path], k: int = H
     starts = np.r_[0, np.flatnonzero(last)[:-1] + 1]
     hits = dict.fromkeys([*bundles, "oracle"], 0)
     loaded: dict[str, ServedPipeline] = {}
-    threads = numba.get_num_threads(), torch.get_num_threads()
     # one query at a time: parallel regions cost more than they save on one row (on a loaded 2-core
     # machine 33 ms instead of 2 ms per query of the retrieval pipeline, with Numba's threads alone)
-    numba.set_num_threads(1)
-    torch.set_num_threads(1)
-    try:
+    with kernel_threads(1), contextlib.ExitStack() as stack:
         for name, bundle in bundles.items():
             one = load(bundle)
             assert isinstance(one, ServedPipeline), one.kind  # hugerec up built it as a pipeline bundle
+            stack.callback(one.close)
             loaded[name] = one
         for lo in range(0, len(starts), 512):
             block = np.arange(lo, min(lo + 512, len(starts)))
@@ -394,11 +392,6 @@ def hit_rates(synth: SyntheticInteractions, bundles: dict[str, Path], k: int = H
                 hits["oracle"] += int(target in np.argpartition(-s, k)[:k])
                 for name, one in loaded.items():
                     hits[name] += int(target in one.pipeline.recommend(Query(user, k)).items)
-    finally:
-        numba.set_num_threads(threads[0])
-        torch.set_num_threads(threads[1])
-        for one in loaded.values():
-            one.close()
     return {name: h / len(starts) for name, h in hits.items()}
 
 

@@ -208,9 +208,9 @@ class HSTU(nn.Module):
         valid = seq != PAD
         states, cand = self.encode(seq, candidates, times)
         match self.layout:
-            case Layout.JAGGED:
-                hidden = states.new_zeros(*seq.shape, self.cfg.dim)
-                hidden[valid] = self.output(states)
+            case Layout.JAGGED:  # rows scattered by flat index: a boolean-mask index_put's backward sorts
+                flat = valid.reshape(-1).nonzero().squeeze(1)  # [N] rows of [B * L] holding an item
+                hidden = states.new_zeros(seq.numel(), self.cfg.dim).index_copy(0, flat, self.output(states)).view(*seq.shape, -1)
             case Layout.PADDED:
                 hidden = self.output(states) * valid[..., None].to(states.dtype)
         return hidden, self.item_output(cand)

@@ -350,3 +350,68 @@ def bpr(
     keep = (neg_ids != pos_ids).to(diff.dtype)
     return -(F.logsigmoid(diff) * keep).sum() / keep.sum().clamp_min(1.0)
 
+
+
+class _BlockedFullSoftmax(torch.autograd.Function):
+    """Mean cross entropy of query rows [N, D] over every item row [I, D], one block of rows at a time.
+
+    F.cross_entropy(query @ items^T, target) writes [N, I] logits, reads them for the log-softmax, writes
+    the log-probabilities, and its backward makes three more passes over [N, I] plus two matmuls that
+    stream it from memory. Here a block of `block` rows goes through all of that while its logits stay
+    in cache: logits by one mm, softmax in place, the block's loss from its target probabilities, then
+    (when a gradient is wanted) d loss / d logits = P - onehot(t) in place and the block's gradients of
+    the query rows (P @ items) and of the item rows (accumulated P^T @ query), all scaled by 1 / N in the
+    backward. The forward thus does the backward's work too; the backward only scales what it stored.
+    A row whose target probability underflows fp32 gets its exact logsumexp - target logit instead.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, items: torch.Tensor, target: torch.Tensor, block: int) -> torch.Tensor:
+        n = query.shape[0]
+        want = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        grad_query = torch.empty_like(query) if want else None
+        grad_items = torch.zeros_like(items) if want else None
+        total = query.new_zeros((), dtype=torch.float64)
+        for r0 in range(0, n, block):
+            q = query[r0 : r0 + block]  # [b, D]
+            t = target[r0 : r0 + block]
+            rows = torch.arange(len(q))
+            logits = q @ items.T  # [b, I]
+            prob = torch.ops.aten._softmax.out(logits, 1, False, out=logits)  # in place: [b, I] probabilities
+            p_t = prob[rows, t]
+            loss = -torch.log(p_t)
+            tiny = p_t < 1e-30  # -log underflows or loses digits: exact logsumexp - target for these rows
+            if bool(tiny.any()):
+                idx = tiny.nonzero().squeeze(1)
+                exact = q[idx] @ items.T
+                loss[idx] = torch.logsumexp(exact, dim=1) - exact[torch.arange(idx.numel()), t[idx]]
+            total += loss.sum(dtype=torch.float64)
+            if want:
+                assert grad_query is not None and grad_items is not None
+                prob[rows, t] -= 1.0  # d loss / d logits (before the 1 / N)
+                torch.mm(prob, items, out=grad_query[r0 : r0 + block])
+                grad_items.addmm_(prob.T, q)
+        ctx.save_for_backward(*(() if grad_query is None or grad_items is None else (grad_query, grad_items)))
+        return (total / max(n, 1)).to(query.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad_query, grad_items = ctx.saved_tensors
+        coef = grad / max(grad_query.shape[0], 1)
+        return grad_query * coef, grad_items * coef, None, None
+
+
+def full_softmax(query: torch.Tensor, items: torch.Tensor, target: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """Mean cross entropy of query [N, D] against all items [I, D], target [N] item rows (0..I-1):
+    F.cross_entropy(query @ items.T, target), computed `block` rows at a time (`_BlockedFullSoftmax`)."""
+    if query.dim() != 2 or items.dim() != 2 or query.shape[1] != items.shape[1]:
+        raise ValueError(f"full_softmax: query [N, D] and items [I, D] must share D, got {tuple(query.shape)} and {tuple(items.shape)}")
+    if target.shape != (query.shape[0],):
+        raise ValueError(f"full_softmax: target must be [{query.shape[0]}], got {tuple(target.shape)}")
+    if block < 1:
+        raise ValueError(f"full_softmax: block must be >= 1, got {block}")
+    if query.device.type != "cpu":
+        return F.cross_entropy(query @ items.T, target)
+    out: torch.Tensor = _BlockedFullSoftmax.apply(query, items, target, block)
+    return out

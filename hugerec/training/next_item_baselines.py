@@ -306,10 +306,17 @@ class SlistGrams:
     st: np.ndarray  # [I, I] S'T
 
 
-def slist_grams(train: TrainingSequences, n_last: int, decay: float) -> SlistGrams:
+def sequence_gram(train: TrainingSequences) -> np.ndarray:
+    """[I, I] X'X of the binary sequence x item matrix with L2-normalised rows (SLIS's part: no setting
+    of SLIST changes it, so a grid computes it once)."""
     x = _row_normalise(binary_matrix(train))
+    return np.asarray((x.T @ x).toarray())
+
+
+def slist_grams(train: TrainingSequences, n_last: int, decay: float, xx: np.ndarray | None = None) -> SlistGrams:
+    """The Gram matrices for one (n_last, decay); xx: `sequence_gram(train)` when already computed."""
     s, t = transition_matrices(train, n_last, decay)
-    return SlistGrams((x.T @ x).toarray(), (s.T @ s).toarray(), (s.T @ t).toarray())
+    return SlistGrams(sequence_gram(train) if xx is None else xx, (s.T @ s).toarray(), (s.T @ t).toarray())
 
 
 def slist_solve(grams: SlistGrams, alpha: float, lam: float) -> np.ndarray:

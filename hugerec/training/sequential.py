@@ -44,7 +44,7 @@ from hugerec.models.masked import mask_items
 from hugerec.models.sequence import PAD, ItemLookup, Objective, SequenceConfig
 from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.family import Prepared, StepContext, gather_rows, rank_rows, rows_of_ranks, share
-from hugerec.training.losses import NegativeSampler, SampledSoftmax, sampled_softmax
+from hugerec.training.losses import NegativeSampler, SampledSoftmax, full_softmax, sampled_softmax
 from hugerec.training.next_item import CSR, rank_metrics, target_ranks
 from hugerec.training.precision import Precision
 from hugerec.training.schedule import Schedule
@@ -190,11 +190,12 @@ class SequentialFamily:
         n = step.targets.numel()
         sizes = rows_of_ranks(n, ctx)
         hidden, rows = model(step.seq, step.candidates)
-        h = hidden[step.valid].float()  # [N, D]
+        # [B, L, D] -> [N, D] by flat index (index_select's backward adds rows; a mask's sorts them)
+        h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, step.valid.reshape(-1).nonzero().squeeze(1)).float()
         rows = rows.float()
         match self.loss:
             case FullSoftmax():
-                value = F.cross_entropy(h @ rows.T, step.targets - 1)  # [N, I]
+                value = full_softmax(h, rows, step.targets - 1)  # over [N, I], a block of rows at a time
             case SampledSoftmax(logq=logq):
                 sampler: NegativeSampler = self.sampler  # type: ignore[attr-defined]
                 pos, pos_ids, first = rows[:n], step.targets, 0

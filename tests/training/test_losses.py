@@ -16,6 +16,7 @@ from hugerec.training.losses import (
     NegativeSampler,
     SampledSoftmax,
     bpr,
+    full_softmax,
     matching_columns,
     sampled_softmax,
     sampled_softmax_plain,
@@ -173,3 +174,38 @@ def test_fused_loss_of_a_row_whose_target_probability_underflows(exclude: tuple[
     want = sampled_softmax_plain(query, pos, pos_ids, neg, neg_ids, None, True, 1.0, exclude)
     assert torch.isfinite(got) and float(got.detach()) > 100.0
     torch.testing.assert_close(got, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(0, 70), num_items=st.integers(1, 40), dim=st.integers(1, 6), block=st.integers(1, 33), seed=st.integers(0, 2**16),
+    spread=st.sampled_from([1.0, 60.0]),
+)
+def test_blocked_full_softmax_is_cross_entropy(n: int, num_items: int, dim: int, block: int, seed: int, spread: float) -> None:
+    # blocks of any size (1, not dividing N, larger than N), no rows, one item, and logits wide enough that
+    # a target's probability underflows fp32 (spread 60): value and both gradients as F.cross_entropy's
+    gen = torch.Generator().manual_seed(seed)
+    q = (torch.randn(n, dim, generator=gen) * spread).requires_grad_()
+    w = torch.randn(num_items, dim, generator=gen).requires_grad_()
+    t = torch.randint(0, num_items, (n,), generator=gen)
+    got = full_softmax(q, w, t, block=block)
+    (got * 1.7).backward()
+    gq, gw = q.grad, w.grad
+    q.grad = w.grad = None
+    want = torch.nn.functional.cross_entropy(q @ w.T, t) if n else (q @ w.T).sum() * 0.0
+    (want * 1.7).backward()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(gq, q.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(gw, w.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_blocked_full_softmax_without_gradient_and_bad_shapes() -> None:
+    q, w, t = torch.randn(5, 3), torch.randn(4, 3), torch.tensor([0, 1, 2, 3, 0])
+    with torch.no_grad():
+        assert float(full_softmax(q, w, t, block=2)) == pytest.approx(float(torch.nn.functional.cross_entropy(q @ w.T, t)), rel=1e-5)
+    with pytest.raises(ValueError, match="share D"):
+        full_softmax(q, torch.randn(4, 2), t)
+    with pytest.raises(ValueError, match="target must be"):
+        full_softmax(q, w, t[:3])
+    with pytest.raises(ValueError, match="block must be"):
+        full_softmax(q, w, t, block=0)

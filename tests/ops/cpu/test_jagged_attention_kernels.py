@@ -60,3 +60,46 @@ def test_pair_positions_enumerate_the_causal_pairs() -> None:
     query, key = np.empty(pairs[-1], np.int64), np.empty(pairs[-1], np.int64)
     kernels.pair_positions(offsets, pairs, query, key)
     assert list(zip(query.tolist(), key.tolist(), strict=True)) == [(0, 0), (1, 0), (1, 1), (2, 2), (3, 2), (3, 3), (4, 2), (4, 3), (4, 4)]
+
+
+def test_sigmoid_row_matches_numpy_over_the_whole_float_range() -> None:
+    # the kernels' own exp: across the clamp at -87 / 88, at 0, at the round-to-nearest boundaries of n,
+    # and far outside; only the first m entries are written; a NaN stays NaN
+    s = np.concatenate([
+        np.linspace(-100, 100, 4001, dtype=np.float32),
+        np.array([0.0, -0.0, 87.0, -87.0, 88.5, -88.5, 0.34657359, -0.34657359, 1e-8, 3e38, -3e38], dtype=np.float32),
+        np.random.default_rng(0).standard_normal(1000).astype(np.float32) * 4,
+    ])
+    sig = np.full(len(s) + 3, 7.0, dtype=np.float32)
+    bits = np.empty(len(s) + 3, dtype=np.int32)
+    kernels.sigmoid_row(np.concatenate([s, np.zeros(3, np.float32)]), sig, bits, len(s))
+    with np.errstate(over="ignore"):  # exp(3e38) is inf in float64 too: sigmoid 0
+        want = 1.0 / (1.0 + np.exp(-s.astype(np.float64)))
+    np.testing.assert_allclose(sig[: len(s)], want, rtol=2e-6, atol=1e-37)
+    assert (sig[len(s) :] == 7.0).all()
+    out = np.empty(1, np.float32)
+    kernels.sigmoid_row(np.array([np.nan], np.float32), out, np.empty(1, np.int32), 1)
+    assert np.isnan(np.float32(np.nan) * out[0])  # silu = s * sigmoid(s) stays NaN
+
+
+def test_ml1m_length_sequences_match_reference() -> None:
+    # HSTU's ML-1M shape: sequences at max_len 200 beside a length-1 and an empty one, 2 heads of width 32
+    lengths = [200, 1, 0, 200, 137]
+    offsets = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int64)
+    n, pairs = int(offsets[-1]), reference.pair_offsets(offsets)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, grad = (torch.randn(n, 2, 32, generator=gen) * 0.3 for _ in range(4))
+    bias = torch.randn(int(pairs[-1]), generator=gen) * 0.1
+    out = torch.empty(n, 2, 32)
+    kernels.attention_forward(q.numpy(), k.numpy(), v.numpy(), bias.numpy(), offsets.numpy(), pairs.numpy(), 1 / 200, out.numpy())
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    want = reference.jagged_causal_attention(*leaves, offsets, 1 / 200)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-6)
+    want.backward(grad)
+    got = [torch.empty_like(t) for t in (q, k, v, bias)]
+    kernels.attention_backward(
+        grad.numpy(), q.numpy(), k.numpy(), v.numpy(), bias.numpy(), offsets.numpy(), pairs.numpy(), 1 / 200, *(g.numpy() for g in got)
+    )
+    for g, leaf in zip(got, leaves, strict=True):
+        assert leaf.grad is not None
+        torch.testing.assert_close(g, leaf.grad, rtol=1e-3, atol=1e-6)

@@ -27,8 +27,8 @@ to --out (default runs/up), so that the next step is editing them:
 Without LOG the events come from the synthetic interaction world (hugerec.data.synthetic_interactions:
 the generating model is known, so the Bayes-optimal ranking is too), written to OUT/events.csv and
 then read like any log; before serving, `up` reports the served pipeline's hit rate@20 on each user's
-held-out last event beside the retrieval stage's alone (the pipeline without [score], built for this
-as OUT/pipeline-retrieval) and the oracle's (the generator's true logits over the items the user has
+held-out last event, with --ranker beside the retrieval stage's alone (the pipeline without [score],
+built for this as OUT/pipeline-retrieval), and the oracle's (the generator's true logits over the items the user has
 not seen). With CONFIG.toml (e.g. an edited OUT/retriever.toml) steps 2-5 run on it; its pipeline
 config is the pipeline.toml beside it when there is one (written there when not), its up.toml likewise.
 
@@ -76,8 +76,8 @@ OUT/ranker.toml, OUT/pipeline.toml, OUT/up.toml; OUT is --out, default runs/up),
 that run them by hand: edit them and run `hugerec up OUT/retriever.toml`. KEY=VALUE overrides apply
 to the retriever's config (e.g. train.epochs=2), ranker.KEY=VALUE to up.toml's [ranker] (e.g.
 ranker.negatives=8). Without a LOG it uses the synthetic interaction world (no download) and
-reports the served pipeline's hit rate@20 beside the retrieval stage's alone and the oracle's (the
-best any model can do there). The log needs integer user and item ids and a time column (epoch
+reports the served pipeline's hit rate@20 beside the oracle's (the best any model can do there; with
+--ranker also the retrieval stage's alone). The log needs integer user and item ids and a time column (epoch
 seconds or a date); it may be a folder of files of one layout, and with --loop `up` keeps watching
 that folder: when new files land it retrains on all of them and serves the new pipeline version in
 place of the old one.

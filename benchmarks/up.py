@@ -1,27 +1,36 @@
-"""`hugerec up`: seconds from the command to the first answered /recommend, and the served pipeline's hit rate.
+"""`hugerec up`: seconds from the command to the first answered /recommend, the served pipeline's hit rate,
+and the ranker's settings chosen on a validation split.
 
     python benchmarks/up.py [--quick] [--json PATH] [--world-users U] [--world-items I]
 
-Every side is a fresh `python -m hugerec ...` process (imports included), in a fresh folder; the clock
-starts when the first command is started and stops when POST /recommend {"user": <a known user>, "k": 10}
-first answers 200 (polled every 0.25 s from this process; nothing else runs meanwhile).
+Every timed side is a fresh `python -m hugerec ...` process (imports included), in a fresh folder; the
+clock starts when the first command is started and stops when POST /recommend {"user": <a known user>,
+"k": 10} first answers 200 (polled every 0.25 s from this process; nothing else runs meanwhile).
 
-    world  hugerec-up          `hugerec up` with no argument: the synthetic interaction world generated
-                               and written as a log, its columns read, the two-tower trained, the ranker
-                               trained on labelled rows (interactions + sampled negatives), the pipeline
-                               (retrieve -> rank) built, hit rates@20 computed, served. Its printed hit
-                               rates are recorded as hugerec-up-pipeline (retrieve -> rank, served),
-                               hugerec-up-retrieval (the same run's retrieval stage alone: the pipeline
-                               without [score]) and oracle (the generator's true logits)
-           hugerec-up-no-ranker  `hugerec up --no-ranker`: the same world without the ranking stage
-                               (today's retrieval-only pipeline), for its time to the first answer
-    log    hugerec-up          `hugerec up events.csv --no-ranker` on the log the world run wrote
-           separate-commands   the same steps as the commands a user runs by hand, one process each, on
-                               the configs `up` wrote (paths moved to their own folder): `hugerec schema
-                               events.csv`, `hugerec train retriever.toml`, `hugerec pipeline build
-                               pipeline.toml`, `hugerec serve pipeline` (the time to edit the schema into
-                               a config by hand is not counted; the ranker's labelled rows come from no
-                               command, hence --no-ranker on this side)
+    validation  the choice, made before the test split is read: the world `hugerec up` generates, less
+                each user's last event (the test split), as a log; `up`'s steps on it in this process
+                (the world's two-tower settings and epochs, the held-out event now each user's last
+                training event), then each ranker variant of VARIANTS trained on that retriever
+                (`up --ranker`'s stage with those ranker.KEY=VALUE settings) and the retrieval stage
+                alone; hit rate@20 of each pipeline on the validation events (hugerec-up-retrieval,
+                hugerec-up-ranker-<variant>) and the oracle's. The variant with the best validation hit
+                rate is the one the `--ranker` side below runs with.
+    world       hugerec-up          `hugerec up` with no argument: the synthetic interaction world
+                                    generated and written as a log, its columns read, the two-tower
+                                    trained; no ranker (ranker.enabled = "auto" and the log has no label
+                                    column), the pipeline built, its hit rate@20 on each user's last
+                                    event (the test split, read once here) and the oracle's (the
+                                    generator's true logits), served
+                hugerec-up-ranker   `hugerec up --ranker <the validation's chosen variant>`: the same
+                                    world with the ranking stage (retrieve -> rank); its printed hit
+                                    rates on the test split: the ranked pipeline (hugerec-up-ranker), the
+                                    same run's retrieval stage alone (hugerec-up-retrieval)
+    log         hugerec-up          `hugerec up events.csv` on the log the world run wrote (no ranker)
+                separate-commands   the same steps as the commands a user runs by hand, one process each,
+                                    on the configs `up` wrote (paths moved to their own folder): `hugerec
+                                    schema events.csv`, `hugerec train retriever.toml`, `hugerec pipeline
+                                    build pipeline.toml`, `hugerec serve pipeline` (the time to edit the
+                                    schema into a config by hand is not counted)
 
 --quick: a 300 x 200 world, one epoch (train.epochs=1 and ranker.epochs=1 on every side). The default:
 the world `hugerec up` uses (2,000 users x 500 items) and the epochs it writes.
@@ -45,6 +54,12 @@ from pathlib import Path
 from typing import Any
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+# The ranker variants compared on the validation split: name -> up.toml [ranker] overrides (the defaults otherwise)
+VARIANTS = {
+    "ids-vectors-all": [],  # ids + the retriever's vectors, every training interaction a positive (the defaults)
+    "ids-all": ["ranker.vectors=false"],  # the ids alone
+    "ids-vectors-held-out": ["ranker.positives=held_out"],  # only the interactions the retriever held out
+}
 
 
 def _record(config: str, method: str, value: float, unit: str, higher_is_better: bool = False) -> dict[str, Any]:
@@ -116,6 +131,75 @@ def run_separate(folder: Path, up_out: Path, log_file: Path, overrides: list[str
         return _until_answered(server, port, user, t0, log)
 
 
+def select_on_validation(folder: Path, users: int | None, items: int | None, overrides: list[str]) -> tuple[str, list[dict[str, Any]]]:
+    """The validation stage (the docstring's): the best ranker variant's name, and the records."""
+    import dataclasses
+
+    import numpy as np
+    import polars as pl
+
+    from hugerec.cli.pipeline_commands import build
+    from hugerec.cli.run_config import load_run_config
+    from hugerec.cli.task_commands import train_retrieval
+    from hugerec.cli.up_command import (
+        WORLD_TOWERS,
+        RankerFiles,
+        World,
+        hit_rates,
+        make_world,
+        pipeline_toml,
+        retriever_toml,
+        world_spec,
+    )
+    from hugerec.cli.up_ranker import build_ranker, read_up_toml
+    from hugerec.data.interactions import Interactions
+    from hugerec.training.model_file import load_model
+
+    world = World(users or World.users, items or World.items)
+    synth = make_world(world, folder / "world.csv")
+    frame = synth.data.frame.sort(["user", "timestamp"])
+    users_ = frame["user"].to_numpy()
+    last = pl.Series(np.r_[users_[1:] != users_[:-1], True])  # each user's last event: the test split, left out here
+    kept = frame.filter(~last)
+    valid = dataclasses.replace(synth, data=Interactions(kept, synth.data.num_users, synth.data.num_items))
+    log = folder / "events.csv"
+    kept.select("user", "item", "timestamp").write_csv(log)
+    out = folder / "out"
+    out.mkdir()
+    config = out / "retriever.toml"
+    config.write_text(retriever_toml(world_spec(), str(log.resolve()), out, " (validation: the world less its test events)", WORLD_TOWERS))
+    cfg = load_run_config(config, [o for o in overrides if not o.startswith("ranker.")])
+    train_retrieval(cfg)
+    model = cfg.out_dir / "model.pt"
+    num_items = len(load_model(model).items_raw)
+    alone = out / "pipeline-retrieval.toml"
+    alone.write_text(pipeline_toml(alone, model, out / "pipeline-retrieval", num_items))
+    bundles = {"retrieval": build(str(alone), None)[0]}
+    stage_s = {}
+    for name, settings in VARIANTS.items():
+        t0 = time.perf_counter()
+        section = read_up_toml(None, [*[o for o in overrides if o.startswith("ranker.")], *settings, "ranker.enabled=true"])
+        where = out / name
+        where.mkdir()
+        r = build_ranker(cfg, model, where, section, None)
+        path = where / "pipeline.toml"
+        path.write_text(pipeline_toml(path, model, where / "pipeline", num_items, RankerFiles(r.bundle, r.users, r.items, r.dense)))
+        bundles[name] = build(str(path), None)[0]
+        stage_s[name] = time.perf_counter() - t0
+    rates = hit_rates(valid, bundles)
+    config_name = f"validation: world {world.users:,} users x {world.items:,} items less each user's last event"
+    records = [_record(config_name, "hugerec-up-retrieval", rates["retrieval"], "hit rate@20", True)]
+    records += [_record(config_name, f"hugerec-up-ranker-{n}", rates[n], "hit rate@20", True) for n in VARIANTS]
+    records.append(_record(config_name, "oracle", rates["oracle"], "hit rate@20", True))
+    chosen = max(VARIANTS, key=lambda n: rates[n])
+    for n in ("retrieval", *VARIANTS):
+        extra = "" if n == "retrieval" else f" (the ranker's stage {stage_s[n]:.1f} s)"
+        print(f"{config_name}: hit rate@20 {n} {rates[n]:.4f} = {rates[n] / rates['oracle']:.3f}x the oracle's {rates['oracle']:.4f}{extra}", flush=True)
+    best = "retrieval alone" if rates["retrieval"] >= rates[chosen] else f"ranker {chosen}"
+    print(f"{config_name}: the best ranker variant is {chosen} (the --ranker side runs with it); the best pipeline is {best}", flush=True)
+    return chosen, records
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a 300 x 200 world, one epoch")
@@ -129,28 +213,35 @@ def main() -> None:
     records = []
     with tempfile.TemporaryDirectory(prefix="hugerec-up-bench-") as tmp:
         root = Path(tmp)
+        chosen, found = select_on_validation(root / "validation", users, items, overrides)
+        records += found
+        # the test split, read once: the default (no ranker on this implicit log), then --ranker with the chosen variant
         seconds, printed = run_up(root / "world", [*world, *overrides], user=0)
         m = re.search(r"(\d[\d,]*) users x (\d[\d,]*) items", printed)
+        hits = re.search(r"hit rate@20 .*: pipeline ([0-9.]+), oracle ([0-9.]+)", printed)
+        assert m is not None and hits is not None and "[3/5] no ranker: the log has no label column" in printed, printed
+        config = f"world {m.group(1)} users x {m.group(2)} items"
+        default, oracle = float(hits.group(1)), float(hits.group(2))
+        ranked_s, printed = run_up(root / "world-ranker", [*world, *overrides, "--ranker", *VARIANTS[chosen]], user=0)
         hits = re.search(r"hit rate@20 .*: pipeline ([0-9.]+), oracle ([0-9.]+).*retrieval alone ([0-9.]+)", printed)
         ranker = re.search(r"ranker dcn_v2 .*\(([0-9.]+) s\)", printed)
-        assert m is not None and hits is not None and ranker is not None, printed
-        config = f"world {m.group(1)} users x {m.group(2)} items"
-        pipeline, oracle, alone = float(hits.group(1)), float(hits.group(2)), float(hits.group(3))
-        plain, _ = run_up(root / "world-no-ranker", [*world, *overrides, "--no-ranker"], user=0)
-        print(f"{config}: hugerec up (no argument) answered /recommend after {seconds:.1f} s (the ranker's stage {float(ranker.group(1)):.1f} s); "
-              f"with --no-ranker after {plain:.1f} s -> {seconds / plain:.2f}x", flush=True)
-        print(f"{config}: hit rate@20 retrieve -> rank {pipeline:.4f} ({pipeline / oracle:.3f}x the oracle), retrieval alone {alone:.4f} "
-              f"({alone / oracle:.3f}x), oracle {oracle:.4f}; ranked / retrieval alone {pipeline / alone:.3f}x", flush=True)
+        assert hits is not None and ranker is not None, printed
+        ranked, alone = float(hits.group(1)), float(hits.group(3))
+        print(f"{config}: hugerec up (no argument) answered /recommend after {seconds:.1f} s; with --ranker ({chosen}) after {ranked_s:.1f} s "
+              f"(the ranker's stage {float(ranker.group(1)):.1f} s) -> {ranked_s / seconds:.2f}x", flush=True)
+        print(f"{config}: hit rate@20 on the test split: hugerec up {default:.4f} ({default / oracle:.3f}x the oracle), --ranker {ranked:.4f} "
+              f"({ranked / oracle:.3f}x; its retrieval stage alone {alone:.4f}), oracle {oracle:.4f}", flush=True)
         records += [
             _record(config, "hugerec-up", seconds, "s to the first answered /recommend"),
-            _record(config, "hugerec-up-no-ranker", plain, "s to the first answered /recommend"),
-            _record(config, "hugerec-up-pipeline", pipeline, "hit rate@20", True),
+            _record(config, "hugerec-up-ranker", ranked_s, "s to the first answered /recommend"),
+            _record(config, "hugerec-up", default, "hit rate@20", True),
+            _record(config, "hugerec-up-ranker", ranked, "hit rate@20", True),
             _record(config, "hugerec-up-retrieval", alone, "hit rate@20", True),
             _record(config, "oracle", oracle, "hit rate@20", True),
         ]
         log_file = root / "world" / "out" / "events.csv"
         log_config = f"log of {config}"
-        ours, printed = run_up(root / "log", [str(log_file), *overrides, "--no-ranker"], user=0)
+        ours, printed = run_up(root / "log", [str(log_file), *overrides], user=0)
         theirs = run_separate(root / "commands", root / "log" / "out", log_file, [o for o in overrides if not o.startswith("ranker.")], user=0)
         print(f"{log_config}: hugerec up {ours:.1f} s, separate commands {theirs:.1f} s to the first answered /recommend "
               f"-> {theirs / ours:.2f}x (separate / up)", flush=True)

@@ -434,7 +434,7 @@ def config_files() -> list[ConfigFile]:
             _up_root(),
             dict,
             "`up.toml`, written by `hugerec up` beside `retriever.toml`: how it builds the ranking stage "
-            "(`ranker.KEY=VALUE` on its command line overrides a key; `--no-ranker` is `ranker.enabled = false`).",
+            "(`ranker.KEY=VALUE` on its command line overrides a key; `--ranker` is `ranker.enabled = true`, `--no-ranker` is `ranker.enabled = false`).",
         ),
         ConfigFile(
             "The pipeline config",

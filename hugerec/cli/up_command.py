@@ -1,7 +1,7 @@
 """`hugerec up`: one command from an interaction log (or the synthetic interaction world) to a live recommender.
 
     hugerec up [LOG | FOLDER | CONFIG.toml] [KEY=VALUE ...] [--out DIR] [--user-column C] [--item-column C]
-               [--time-column C] [--label-column C] [--no-ranker] [--port 8000] [--host 127.0.0.1]
+               [--time-column C] [--label-column C] [--ranker | --no-ranker] [--port 8000] [--host 127.0.0.1]
                [--no-serve] [--print-config] [--loop [--loop-every SECONDS]] [--world-users U] [--world-items I]
 
 Each step is the entry point of the command a user would run by hand, on the config files `up` writes
@@ -13,10 +13,12 @@ to --out (default runs/up), so that the next step is editing them:
                  OUT/retriever.toml: [preprocess] (leave-last-out split) + a two-tower; OUT/up.toml:
                  [ranker], how the ranking stage is built (up_ranker.RankerSection)
     2. train     `hugerec train OUT/retriever.toml` (task_commands.train_retrieval)
-    3. ranker    labelled rows of the retriever's training part (up_ranker: positives = interactions,
-                 sampled negatives; or the log's labels) -> OUT/ranker.toml -> `hugerec preprocess`,
-                 `hugerec train` (a DCN-v2, early stopping on the latest rows), `hugerec export`
-                 (skipped with --no-ranker / ranker.enabled = false)
+    3. ranker    labelled rows of the retriever's training part (up_ranker: the log's 0/1 labels; or
+                 positives = interactions, sampled negatives) -> OUT/ranker.toml -> `hugerec preprocess`,
+                 `hugerec train` (a DCN-v2, early stopping on the latest rows), `hugerec export`.
+                 ranker.enabled = "auto" (the default) builds it for a labelled log only, with one line
+                 saying so for an implicit log; --ranker / ranker.enabled = true builds it on either,
+                 --no-ranker / ranker.enabled = false on neither
     4. pipeline  OUT/pipeline.toml (retrieve from the two-tower's index, popular items for unknown users,
                  drop what the user has seen, score with the ranker) -> `hugerec pipeline build`
                  (pipeline_commands.build)
@@ -25,8 +27,8 @@ to --out (default runs/up), so that the next step is editing them:
 Without LOG the events come from the synthetic interaction world (hugerec.data.synthetic_interactions:
 the generating model is known, so the Bayes-optimal ranking is too), written to OUT/events.csv and
 then read like any log; before serving, `up` reports the served pipeline's hit rate@20 on each user's
-held-out last event beside the retrieval stage's alone (the pipeline without [score], built for this
-as OUT/pipeline-retrieval) and the oracle's (the generator's true logits over the items the user has
+held-out last event, with --ranker beside the retrieval stage's alone (the pipeline without [score],
+built for this as OUT/pipeline-retrieval), and the oracle's (the generator's true logits over the items the user has
 not seen). With CONFIG.toml (e.g. an edited OUT/retriever.toml) steps 2-5 run on it; its pipeline
 config is the pipeline.toml beside it when there is one (written there when not), its up.toml likewise.
 
@@ -62,9 +64,11 @@ if TYPE_CHECKING:  # the data, training and serving stacks load when the command
 UP_HELP = """\
 One command from an interaction log to a live recommender on 127.0.0.1: guesses the log's columns
 (as `hugerec schema`; the user, item and time columns by name, or --user-column / --item-column /
---time-column), trains a two-tower retriever (`hugerec train`), then a ranker on labelled rows of
-the log (each interaction a positive, sampled items the user has not interacted with the negatives,
-or the log's own 0/1 label column; --no-ranker leaves it out), builds the index and a pipeline
+--time-column), trains a two-tower retriever (`hugerec train`), then, when the log has a 0/1 label
+column (named label, click, ... or --label-column), a ranker on its labelled rows (an implicit log of
+user, item and time gets none: there a ranker on sampled negatives ranks worse than the retriever
+alone; --ranker adds one anyway, each interaction a positive and sampled items the user has not
+interacted with the negatives; --no-ranker leaves it out always), builds the index and a pipeline
 (`hugerec pipeline build`: retrieve, drop seen items, popular items for unknown users, rank) and
 serves POST /recommend {"user": ID, "k": 10} (`hugerec serve`) until Ctrl-C, printing a curl to try.
 Every step is written out as the config files you would otherwise write (OUT/retriever.toml,
@@ -72,14 +76,15 @@ OUT/ranker.toml, OUT/pipeline.toml, OUT/up.toml; OUT is --out, default runs/up),
 that run them by hand: edit them and run `hugerec up OUT/retriever.toml`. KEY=VALUE overrides apply
 to the retriever's config (e.g. train.epochs=2), ranker.KEY=VALUE to up.toml's [ranker] (e.g.
 ranker.negatives=8). Without a LOG it uses the synthetic interaction world (no download) and
-reports the served pipeline's hit rate@20 beside the retrieval stage's alone and the oracle's (the
-best any model can do there). The log needs integer user and item ids and a time column (epoch
+reports the served pipeline's hit rate@20 beside the oracle's (the best any model can do there; with
+--ranker also the retrieval stage's alone). The log needs integer user and item ids and a time column (epoch
 seconds or a date); it may be a folder of files of one layout, and with --loop `up` keeps watching
 that folder: when new files land it retrains on all of them and serves the new pipeline version in
 place of the old one.
 example: hugerec up
 example: hugerec up events.csv --port 8000
-example: hugerec up --no-serve --world-users 300 --world-items 200 train.epochs=1"""
+example: hugerec up --no-serve --world-users 300 --world-items 200 train.epochs=1
+example: hugerec up --no-serve --ranker --world-users 300 --world-items 200 train.epochs=1 ranker.epochs=1"""
 
 # Column names read as the user / item (lower case, without "_" and "-"); others need --user-column / --item-column
 USER_NAMES = ("user", "userid", "uid", "customer", "customerid", "visitor", "visitorid", "member", "memberid", "account", "accountid")
@@ -91,6 +96,11 @@ TIME_NAME = re.compile(r"(time|date|^ts$|_ts$)", re.I)
 # Column names read as a 0/1 label (the log is then labelled: the ranker trains on its rows, nothing is sampled)
 LABEL_NAMES = ("label", "click", "clicked", "isclick", "target", "converted", "conversion", "purchased")
 HIT_K = 20  # the hit rate's K, on the synthetic world
+# Step 3's line when ranker.enabled = "auto" meets an implicit log (the comparison: benchmarks/README.md, `hugerec up`)
+NO_LABELS = (
+    "no ranker: the log has no label column, and on interactions + sampled negatives a ranker ranked the retriever's "
+    "candidates worse than the retriever alone (validation split, benchmarks/README.md); add one with --ranker or ranker.enabled = true"
+)
 
 
 @dataclass(frozen=True)
@@ -190,6 +200,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--item-column", help="the log's item id column (default: a column named item, item_id, movie_id, ...)")
     p.add_argument("--time-column", help="the log's time column (default: the first timestamp column, or one named like a time)")
     p.add_argument("--label-column", help="the log's 0/1 label column, used by the ranker instead of sampled negatives (default: a column named label, click, ...)")
+    p.add_argument("--ranker", action="store_true", help="a ranking stage even for a log without a label column (up.toml: ranker.enabled = true; the default \"auto\" builds one for a labelled log only)")
     p.add_argument("--no-ranker", action="store_true", help="no ranking stage: the pipeline ranks by the retriever alone (up.toml: ranker.enabled = false)")
     p.add_argument("--world-users", type=int, default=World.users, help=f"users of the synthetic world (default: {World.users})")
     p.add_argument("--world-items", type=int, default=World.items, help=f"items of the synthetic world (default: {World.items})")
@@ -335,6 +346,17 @@ def make_world(world: World, path: Path) -> SyntheticInteractions:
     return synth
 
 
+def world_spec() -> InputSpec:
+    """The columns of the world's log as make_world writes it: user, item, timestamp (int seconds), no label."""
+    from hugerec.data.input_spec import ColumnSpec, ColumnType, InputSpec, Role
+
+    return InputSpec(columns=(
+        ColumnSpec("user", ColumnType.INT, Role.USER),
+        ColumnSpec("item", ColumnType.INT, Role.ITEM),
+        ColumnSpec("timestamp", ColumnType.TIMESTAMP, Role.TIMESTAMP, format="unix"),
+    ))  # fmt: skip
+
+
 def hit_rates(synth: SyntheticInteractions, bundles: dict[str, Path], k: int = HIT_K) -> dict[str, float]:
     """Hit rate@k on each user's last event: each pipeline bundle's answers (by name), and the oracle's
     ("oracle": true logits, seen items excluded)."""
@@ -418,8 +440,10 @@ def _up(args: argparse.Namespace) -> int:
         raise ConfigError("--user-column / --item-column / --time-column / --label-column name a log's columns; " + ("give the log" if source is None else f"{source} declares its columns"))
     synth = None
     t_start = time.perf_counter()
-    if args.no_ranker:
-        ranker_overrides = [*ranker_overrides, "ranker.enabled=false"]
+    if args.ranker and args.no_ranker:
+        raise ConfigError("--ranker and --no-ranker contradict each other; give one (or neither: a ranker for a log with a label column only)")
+    if args.ranker or args.no_ranker:
+        ranker_overrides = [*ranker_overrides, f"ranker.enabled={'true' if args.ranker else 'false'}"]
     if source is not None and source.suffix == ".toml":
         if not source.is_file():
             raise ConfigError(f"config file not found: {source}")
@@ -437,13 +461,7 @@ def _up(args: argparse.Namespace) -> int:
             if not args.print_config:
                 synth = make_world(world, log)
                 print(f"      {synth.data.num_events:,} events ({time.perf_counter() - t0:.1f} s)", flush=True)
-            from hugerec.data.input_spec import ColumnSpec, ColumnType, InputSpec, Role
-
-            spec = InputSpec(columns=(  # the world's log: user, item, timestamp (int seconds), read like any log
-                ColumnSpec("user", ColumnType.INT, Role.USER),
-                ColumnSpec("item", ColumnType.INT, Role.ITEM),
-                ColumnSpec("timestamp", ColumnType.TIMESTAMP, Role.TIMESTAMP, format="unix"),
-            ))  # fmt: skip
+            spec = world_spec()
             text = retriever_toml(spec, str(log.resolve()), out, " for the synthetic interaction world", WORLD_TOWERS)
         else:
             first, files = log_files(source)
@@ -460,7 +478,7 @@ def _up(args: argparse.Namespace) -> int:
                 load_run_config(Path(tmp) / "retriever.toml", overrides)
             print(f"# {config_path}\n{text}")
             print(f"# {up_path}\n{up_toml(section, config_path)}")
-            if section.enabled:
+            if section.trains(any(c.role_value == "label" for c in spec.columns)):
                 print(f"# {out / 'ranker.toml'}: written once the labelled rows are (their validation split is by time)")
             return 0
         roles = ", ".join(f"{c.name} = {c.role_value}" for c in spec.columns)
@@ -519,14 +537,17 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _rank(cfg: RunConfig, model: Path, out: Path, section: RankerSection, step: bool = True) -> RankerFiles | None:
-    """Step 3: the ranker (up_ranker.build_ranker) on the retriever's training part, or None when disabled."""
+    """Step 3: the ranker (up_ranker.build_ranker) on the retriever's training part, or None when it is not
+    built (ranker.enabled false, or "auto" on a log without a label column)."""
     from hugerec.cli.up_ranker import build_ranker
 
-    if not section.enabled:
-        if step:
+    labels = [c.name for c in cfg.preprocess.columns if c.role_value == "label"]
+    if not section.trains(bool(labels)):
+        if step and section.enabled == "auto":
+            _step(3, NO_LABELS)
+        elif step:
             _step(3, "no ranker (--no-ranker / ranker.enabled = false): the pipeline ranks by the retriever")
         return None
-    labels = [c.name for c in cfg.preprocess.columns if c.role_value == "label"]
     if step:
         how = f"the log's labels ({labels[0]})" if labels else f"each interaction + {section.negatives} sampled negatives"
         _step(3, f"ranker on {how} (hugerec train {out / 'ranker.toml'})")

@@ -1,7 +1,9 @@
 """The ranking stage of `hugerec up`: labelled rows from an implicit log, a ranking model trained on them by
 `hugerec train`, its bundle in the pipeline's Score stage (retrieve -> rank).
 
-An implicit log (user, item, time) has no labels: every observed interaction of the retriever's training
+By default (ranker.enabled = "auto") the stage is built only for a log with a 0/1 label column; for an
+implicit log it is built on request (`hugerec up --ranker`). An implicit log (user, item, time) has no
+labels: every observed interaction of the retriever's training
 part is a positive (label 1), and each positive gets `negatives` sampled items (label 0) of the same user
 at the same time, never an item the user has interacted with in that part:
 
@@ -47,7 +49,12 @@ CODE_LIMIT = 2**24  # the feature store holds float32: integer codes are exact b
 class RankerSection:
     """[ranker] of OUT/up.toml: whether `hugerec up` adds a ranking stage, and how it labels an implicit log.
 
-    enabled           false (or `hugerec up --no-ranker`): the pipeline ranks by the retriever alone
+    enabled           "auto": a ranker when the log has a 0/1 label column (its labels teach what the
+                      retriever's interactions do not), none for an implicit log (user, item, time), where
+                      a ranker on interactions + sampled negatives ranked the retriever's candidates worse
+                      than the retriever's own order on the validation split (benchmarks/README.md);
+                      true (or `hugerec up --ranker`): a ranker in either case; false (or `--no-ranker`):
+                      none, the pipeline ranks by the retriever alone
     positives         "all": every interaction of the training part; "held_out": only those the
                       retriever held out for its early stopping (each user's last training events),
                       which its vectors never fit, so that the ranker sees them as at serving time
@@ -72,7 +79,7 @@ class RankerSection:
     seed              the sampler's seed
     """
 
-    enabled: bool = True
+    enabled: bool | str = "auto"
     positives: str = "all"
     negatives: int = 4
     hard_fraction: float = 0.5
@@ -85,9 +92,10 @@ class RankerSection:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for key in ("enabled", "vectors"):
-            if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"ranker.{key} must be true or false, got {getattr(self, key)!r}")
+        if not isinstance(self.enabled, bool) and self.enabled != "auto":
+            raise ValueError(f'ranker.enabled must be true, false or "auto", got {self.enabled!r}')
+        if not isinstance(self.vectors, bool):
+            raise ValueError(f"ranker.vectors must be true or false, got {self.vectors!r}")
         if self.positives not in ("held_out", "all"):
             raise ValueError(f'ranker.positives must be "held_out" or "all", got {self.positives!r}')
         if not 1 <= self.negatives <= 100:
@@ -105,6 +113,10 @@ class RankerSection:
         if not 0.0 < self.valid_fraction < 0.5:
             raise ValueError(f"ranker.valid_fraction must be in (0, 0.5), got {self.valid_fraction}")
 
+    def trains(self, labelled: bool) -> bool:
+        """Whether `hugerec up` builds the ranker for a log with (labelled) or without a 0/1 label column."""
+        return labelled if self.enabled == "auto" else bool(self.enabled)
+
     @property
     def hard(self) -> int:
         """Hard negatives per positive (the rest are drawn from the catalogue)."""
@@ -113,9 +125,12 @@ class RankerSection:
 
 UP_TOML = """\
 # Written by `hugerec up`: what it builds beside the configs of `hugerec train` and `hugerec pipeline build`.
-# `hugerec up {retriever}` reads it (overrides: ranker.KEY=VALUE); --no-ranker is ranker.enabled = false.
+# `hugerec up {retriever}` reads it (overrides: ranker.KEY=VALUE); --ranker is ranker.enabled = true,
+# --no-ranker ranker.enabled = false.
 #
-# [ranker]: the ranking stage on an implicit log. Each interaction of the retriever's training part is a
+# [ranker]: the ranking stage. enabled = "auto" builds it when the log has a 0/1 label column and leaves
+# it out for an implicit log (there a ranker on sampled negatives ranked worse than the retriever alone
+# on the validation split). On an implicit log (enabled = true) each interaction of the retriever's training part is a
 # positive (label 1) with `negatives` sampled items (label 0) of the same user, never one the user has
 # interacted with: a hard_fraction from the user's top hard_pool unseen items by the retriever, the rest
 # drawn from the catalogue with probability (item's training events) ** popularity_power. A log with a

@@ -184,6 +184,11 @@ def test_the_configs_up_writes_run_as_written(tmp_path: Path, monkeypatch: pytes
     assert main(["up", "events.csv", "--no-serve", "train.epochs=1"]) == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     assert "[5/5] not serving (--no-serve): hugerec serve" in printed
+    # ranker.enabled = "auto" and no label column: no ranker, said in one line with how to add one
+    (line,) = [x for x in printed.splitlines() if x.startswith("[3/5]")]
+    assert line.startswith("[3/5] no ranker: the log has no label column") and line.endswith("add one with --ranker or ranker.enabled = true"), line
+    assert "\n[score]" not in (tmp_path / "runs" / "up" / "pipeline.toml").read_text()
+    assert not (tmp_path / "runs" / "up" / "ranker.toml").exists()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

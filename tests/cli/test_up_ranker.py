@@ -97,14 +97,42 @@ def test_up_toml_round_trips_and_bad_values_are_named(tmp_path: Path) -> None:
     assert read_up_toml(path, []) == section
     assert read_up_toml(path, ["ranker.enabled=false"]).enabled is False
     assert read_up_toml(None, []) == RankerSection()
+    assert read_up_toml(path, ['ranker.enabled="auto"']).enabled == "auto"
     for override, expected in [
         ("ranker.negatives=0", "ranker.negatives must be in 1..100, got 0"),
         ("ranker.hard_fraction=2", "ranker.hard_fraction must be in [0, 1], got 2"),
         ("ranker.positives=some", 'ranker.positives must be "held_out" or "all"'),
         ("ranker.enabled=1", "ranker.enabled: expected true or false, got 1"),
+        ("ranker.enabled=yes", 'ranker.enabled must be true, false or "auto", got \'yes\''),
     ]:
         with pytest.raises((ValueError, ConfigError), match=expected.replace("[", r"\[").replace("]", r"\]")):
             read_up_toml(path, [override])
+
+
+def test_auto_builds_the_ranker_for_a_labelled_log_only() -> None:
+    assert RankerSection().enabled == "auto"
+    assert RankerSection().trains(labelled=True) and not RankerSection().trains(labelled=False)
+    assert RankerSection(enabled=True).trains(labelled=False) and RankerSection(enabled=True).trains(labelled=True)
+    assert not RankerSection(enabled=False).trains(labelled=True)
+
+
+def test_ranker_and_no_ranker_together_are_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["up", "--print-config", "--ranker", "--no-ranker", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hugerec up: error: --ranker and --no-ranker contradict each other") and "\n" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_print_config_shows_the_ranker_only_where_it_would_be_built(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plain, labelled = tmp_path / "plain.csv", tmp_path / "clicks.csv"
+    write_log(plain)
+    _labelled_log(labelled)
+    for argv, built in [([str(plain)], False), ([str(plain), "--ranker"], True), ([str(labelled)], True), ([str(labelled), "--no-ranker"], False), ([], False)]:
+        assert main(["up", *argv, "--print-config", "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+        text = capsys.readouterr().out
+        assert ("ranker.toml: written once the labelled rows are" in text) is built, (argv, text)
+        expected = "true" if "--ranker" in argv else "false" if "--no-ranker" in argv else '"auto"'
+        assert f"\nenabled = {expected}\n" in text, (argv, text)
 
 
 def _labelled_log(path: Path, bad: str | None = None) -> None:
@@ -125,6 +153,7 @@ FAST = ["train.epochs=1", "train.progress=false", "train.tensorboard=false", "tr
 def test_a_labelled_log_trains_the_ranker_on_its_labels_and_no_ranker_is_retrieval_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """No flag (ranker.enabled = "auto"): a log with a label column gets the ranker."""
     monkeypatch.chdir(tmp_path)
     _labelled_log(tmp_path / "clicks.csv")
     assert main(["up", "clicks.csv", "--no-serve", *FAST, "ranker.epochs=1"]) == 0, capsys.readouterr().err
@@ -148,6 +177,21 @@ def test_a_labelled_log_trains_the_ranker_on_its_labels_and_no_ranker_is_retriev
     assert "\n[score]" not in (out / "pipeline.toml").read_text() and "enabled = false" in (out / "up.toml").read_text()
     assert main(["pipeline", "query", str(out / "pipeline"), "--user", "1003", "--k", "5", "--debug"]) == 0
     assert list(json.loads(capsys.readouterr().out)["stages"]) == ["retrieve", "filter", "order"]
+
+
+@pytest.mark.slow
+def test_ranker_forces_the_ranking_stage_on_an_implicit_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_log(tmp_path / "events.csv")  # visitor_id, product_id, price, event_time: no label column
+    assert main(["up", "events.csv", "--no-serve", "--ranker", *FAST, "ranker.epochs=1"]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "[3/5] ranker on each interaction + 4 sampled negatives" in printed, printed
+    out = tmp_path / "runs" / "up"
+    rows = pl.read_parquet(out / "ranker" / "rows.parquet")
+    assert int(rows["label"].sum()) * 4 == int((rows["label"] == 0).sum())  # 1 : 4, as ranker.negatives says
+    assert "\n[score]" in (out / "pipeline.toml").read_text() and "enabled = true" in (out / "up.toml").read_text()
+    assert main(["pipeline", "query", str(out / "pipeline"), "--user", "1003", "--k", "5", "--debug"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["stages"]) == ["retrieve", "filter", "score", "order"]
 
 
 @pytest.mark.slow

@@ -87,6 +87,14 @@ def _check_history_params(name: str, n_last: int, decay: float) -> None:
         raise ValueError(f"{name}: decay must be in (0, 1], got {decay!r}")
 
 
+def _check_session_knn_params(config: SKNN | VSKNN) -> None:
+    """k, sample and n_last of a session-kNN config are ints >= 1 (ValueError naming the field)."""
+    for field_name in ("k", "sample", "n_last"):
+        v = getattr(config, field_name)
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{type(config).__name__}: {field_name} must be an int >= 1, got {v!r}")
+
+
 @dataclass(frozen=True)
 class MostPopular:
     """Training counts."""
@@ -135,10 +143,7 @@ class SKNN:
     n_last: int = 50
 
     def __post_init__(self) -> None:
-        for name in ("k", "sample", "n_last"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"SKNN: {name} must be an int >= 1, got {v!r}")
+        _check_session_knn_params(self)
 
 
 @dataclass(frozen=True)
@@ -148,10 +153,7 @@ class VSKNN:
     n_last: int = 50
 
     def __post_init__(self) -> None:
-        for name in ("k", "sample", "n_last"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"VSKNN: {name} must be an int >= 1, got {v!r}")
+        _check_session_knn_params(self)
 
 
 Baseline = MostPopular | ItemKNN | EASE | SLIST | SKNN | VSKNN

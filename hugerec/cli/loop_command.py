@@ -47,7 +47,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hugerec.cli.config_file import ConfigError, apply_overrides, from_dict, read_toml, section_keys, to_dict
-from hugerec.cli.retrieval_loop_command import RetrievalLoopFile, read_retrieval_loop_file, run_retrieval_loop
+from hugerec.cli.retrieval_loop_command import (
+    RetrievalLoopFile,
+    check_server_mode,
+    read_retrieval_loop_file,
+    run_retrieval_loop,
+)
 from hugerec.continuous.decision_log import Record, read_log
 from hugerec.continuous.decisions import DecisionConfig
 from hugerec.continuous.gate import GateConfig
@@ -117,10 +122,7 @@ class ServerSection:
     replay_rows: int = 2000  # embedded: rows of each next window sent as traffic, with their labels as feedback
 
     def __post_init__(self) -> None:
-        if self.mode not in ("offline", "embedded", "remote"):
-            raise ValueError(f"server.mode must be 'offline', 'embedded' or 'remote', got {self.mode!r}")
-        if self.mode == "remote" and not self.url:
-            raise ValueError("server.mode = 'remote' needs server.url (http://host:port)")
+        check_server_mode(self.mode, self.url)
         if self.replay_rows < 0:
             raise ValueError(f"server.replay_rows must be >= 0, got {self.replay_rows}")
 

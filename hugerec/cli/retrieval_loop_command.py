@@ -50,6 +50,14 @@ def _loop_tower() -> TwoTowerConfig:
     return TwoTowerConfig(dim=32, embedding_dim=32, user_layers=(), max_history=0, recent=())
 
 
+def check_server_mode(mode: str, url: str) -> None:
+    """[server] mode and url of either loop: offline, embedded, or remote with a url (ValueError naming the key)."""
+    if mode not in ("offline", "embedded", "remote"):
+        raise ValueError(f"server.mode must be 'offline', 'embedded' or 'remote', got {mode!r}")
+    if mode == "remote" and not url:
+        raise ValueError("server.mode = 'remote' needs server.url (http://host:port)")
+
+
 @dataclass(frozen=True)
 class RetrievalLoopSection:
     """The retrieval loop itself: where it keeps its state, which windows it trains, how it trains and publishes."""
@@ -121,10 +129,7 @@ class RetrievalServerSection:
     replay_users: int = 300  # embedded: users of each next window sent to POST /recommend as simulated traffic
 
     def __post_init__(self) -> None:
-        if self.mode not in ("offline", "embedded", "remote"):
-            raise ValueError(f"server.mode must be 'offline', 'embedded' or 'remote', got {self.mode!r}")
-        if self.mode == "remote" and not self.url:
-            raise ValueError("server.mode = 'remote' needs server.url (http://host:port)")
+        check_server_mode(self.mode, self.url)
         if self.replay_users < 0:
             raise ValueError(f"server.replay_users must be >= 0, got {self.replay_users}")
 

@@ -2,7 +2,8 @@
 
     [loop]       work_dir, first, last (windows first..last-1 are trained; window `last` is the final holdout), name
                  (the pipeline's name on the server), batch_size, lr, epochs, warm_start_epochs, canary_share, seed, k (the gate's
-                 Recall@K and the pipeline's answers), ann_k (the ANN source's candidates before exclude-seen)
+                 Recall@K and the pipeline's answers), ann_k (the ANN source's candidates before exclude-seen),
+                 keep_versions (previous stables kept, loaded on the server with their bundles, for a manual rollback)
     [data]       [data.interactions] + [data.drift]: a synthetic drifting interaction stream, one window a day
                  (data.synthetic_interactions.generate_interaction_days)
     [model]      the [model] of every command: "two_tower" (user ids only: max_history = 0, recent = []) or "mf"
@@ -74,6 +75,7 @@ class RetrievalLoopSection:
     seed: int = 0  # the training's seed
     k: int = 50  # the K of the gate's Recall@K and of the pipeline's answers
     ann_k: int = 200  # candidates the pipeline's ANN source takes before exclude-seen
+    keep_versions: int = 1  # previous stables kept (loaded, bundles and checkpoints); older ones and rolled-back canaries go
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,7 @@ def loop_config(cfg: RetrievalLoopFile) -> RetrievalLoopConfig:
         index=cfg.index.index_config(),
         name=lc.name,
         seed=lc.seed,
+        keep_versions=lc.keep_versions,
     )
 
 

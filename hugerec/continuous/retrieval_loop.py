@@ -18,6 +18,14 @@ redoes only the unfinished phase):
                 item vectors, the items each user met up to window k for exclude-seen, the popularity list)
                 -> the server as the canary at `canary_share` (its first version: the stable one). Without a
                 server the candidate serves at once.
+    5. retire   after each canary decision and each publish (the ranking loop's retention, loop.py): versions
+                this loop published that are neither the stable version, nor the canary, nor among the
+                `keep_versions` newest previous stables are unloaded from the server (an `unload` record each,
+                written after the server's answer) and their bundles deleted; offline the last published
+                version is the stable one and the versions published before it the previous stables, and a
+                dropped version's bundle is deleted with an `unload` record. Then only the checkpoints a later
+                step or a kept version reads stay (the warm-start base, stable, canary, the kept previous
+                stables, whatever the server has loaded), unless `keep_all_checkpoints`.
 
 Ids are dense: users 0..num_users-1, items 0..num_items-1 (hugerec.data.interactions.Interactions).
 
@@ -75,7 +83,8 @@ class RetrievalLoopConfig:
     (user ids only: max_history = 0 and recent = (), what a pipeline serves from the user id) or a matrix
     factorisation; `k` the K of the gate's
     Recall@K and of the pipeline's answers; `ann_k` the candidates the pipeline's ANN source takes before
-    exclude-seen."""
+    exclude-seen; `keep_versions`: how many previous stable versions stay (loaded on the server, their bundles
+    and checkpoints kept) for a manual rollback; `keep_all_checkpoints`: keep every window's checkpoint."""
 
     work_dir: str
     num_users: int
@@ -94,8 +103,12 @@ class RetrievalLoopConfig:
     index: IndexConfig = field(default_factory=lambda: IndexConfig(IndexKind.HNSW))
     name: str = "recs"
     seed: int = 0
+    keep_versions: int = 1
+    keep_all_checkpoints: bool = False
 
     def __post_init__(self) -> None:
+        if self.keep_versions < 0:
+            raise ValueError(f"RetrievalLoopConfig: keep_versions must be >= 0, got {self.keep_versions}")
         if self.num_users < 1 or self.num_items < 1:
             raise ValueError(f"RetrievalLoopConfig: num_users and num_items must be >= 1, got {self.num_users}, {self.num_items}")
         if self.warm_start_epochs is not None and self.warm_start_epochs < 1:
@@ -247,6 +260,7 @@ class RetrievalLoop:
             self.log.append(Record(k, "refuse", reason, figures, version))
         else:
             self._publish(k, version, reason, figures)
+        self._retire(k)
         self.seconds = {"train": t1 - t0, "gate": t2 - t1, "publish": time.perf_counter() - t2}
 
     def train(self, model: RetrievalModel, rows: Interactions, counts: np.ndarray, k: int, epochs: int | None = None) -> None:
@@ -345,22 +359,51 @@ class RetrievalLoop:
         role = "stable" if after.get("stable") == version else f"canary at share {self.config.canary_share}"
         extra: dict[str, Any] = {"stable": after.get("stable")}
         self.log.append(Record(k, "publish", f"gate passed: {reason}; {role}; pipeline bundle with a new index", figures, version, extra=extra))
-        self._retire(k)
 
     def _retire(self, k: int) -> None:
-        """Unload from the server the pipelines this loop published that are neither stable nor canary (a rolled-back
-        canary, a replaced stable), each with an `unload` record once the server let it go, and delete their bundles
-        (a later restart replays only live versions; the checkpoints stay for warm starts)."""
-        assert self.publisher is not None
-        status = self.publisher.status()
-        if status is None:
-            return
-        ours = {r.version for r in self.log.records if r.action == "publish"}
-        for version in sorted(set(status["versions"]) & ours - {status["stable"], status["canary"]}):
-            gone = self.publisher.unload(version)
-            why = "neither stable nor canary" if gone else "neither stable nor canary; already gone from the server"
-            self.log.append(Record(k, "unload", why, None, version))
-            shutil.rmtree(self.bundle(version), ignore_errors=True)
+        """The retention of the ranking loop (Loop._retire): versions this loop published that are neither stable, nor
+        canary, nor among the `keep_versions` newest previous stables are unloaded from the server, each with an
+        `unload` record once the server let it go (a version found already gone is logged as such), and their bundles
+        deleted; offline (no server) the last published version is the stable one, the versions published before it
+        the previous stables, and a dropped version's bundle is deleted with an `unload` record. Then the
+        checkpoints no later step and no kept version reads go (unless keep_all_checkpoints). Idempotent: a
+        restart finishes the job."""
+        n = self.config.keep_versions
+        published = list(dict.fromkeys(r.version for r in self.log.records if r.action == "publish" and r.version))
+        rolled_back = {r.version: r.window for r in self.log.records if r.action == "rollback"}
+        if self.publisher is None:
+            stable, canary, loaded = self.log.last_published(), None, set()
+            history = [v for v in published if v not in rolled_back]
+        else:
+            status = self.publisher.status()
+            if status is None:
+                return  # the server's versions unknown: drop nothing this time
+            stable, canary, loaded = status["stable"], status["canary"], set(status["versions"])
+            history = list(status["history"])
+        previous = [v for v in dict.fromkeys(reversed(history)) if v not in (stable, canary)][:n]
+        keep = {stable, canary, *previous}
+        unloaded = {r.version for r in self.log.records if r.action == "unload"}
+        for version in published:
+            if version in keep or version in unloaded:
+                continue
+            if version in rolled_back:
+                why = f"canary rolled back in window {rolled_back[version]}"
+            else:
+                why = f"retention: neither stable ({stable}), canary ({canary}) nor among the keep_versions={n} previous stables kept {previous}"
+            if self.publisher is None:
+                done, reason = False, f"{why} (offline: its bundle deleted)"
+            else:
+                done = self.publisher.unload(version)
+                reason = why if done else f"{why}; already not loaded on the server (unloaded before a restart?)"
+            self.log.append(Record(k, "unload", reason, None, version, extra={"stable": stable, "unloaded": done}))
+        for r in self.log.records:
+            if r.action == "unload" and r.version is not None and r.version not in loaded | keep:
+                shutil.rmtree(self.bundle(r.version), ignore_errors=True)
+        if not self.config.keep_all_checkpoints:
+            keep |= loaded | {self.base_version()}
+            for path in (self.work / "checkpoints").glob("*.pt"):
+                if path.stem not in keep:
+                    path.unlink()
 
     def _decide(self, k: int) -> None:
         """The canary pipeline against the stable one on window k's events (Recall@K of the models they serve)."""

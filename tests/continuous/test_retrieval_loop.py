@@ -14,6 +14,7 @@ import pytest
 from hugerec.continuous.decision_log import Record
 from hugerec.continuous.publish import Publisher, ServerTarget
 from hugerec.continuous.retrieval_loop import RetrievalLoop, RetrievalLoopConfig
+from hugerec.data.interactions import Interactions
 from hugerec.data.synthetic_interactions import (
     DriftConfig,
     InteractionConfig,
@@ -45,7 +46,7 @@ def _actions(records: list[Record]) -> list[tuple[int, str, str | None]]:
 
 def test_offline_loop_warm_starts_gates_on_recall_and_exports_a_fresh_index(tmp_path: Path) -> None:
     stream = _stream()
-    loop = RetrievalLoop(_config(tmp_path), stream.day)
+    loop = RetrievalLoop(_config(tmp_path, keep_versions=2), stream.day)
     records = loop.run(0, 3)
     assert _actions(records) == [(k, a, v) for k in range(3) for a, v in (("trained", None), ("publish", f"w{k}"))]
     assert records[2].reason == "warm start from w0" and records[4].reason == "warm start from w1"
@@ -66,7 +67,7 @@ def test_offline_loop_warm_starts_gates_on_recall_and_exports_a_fresh_index(tmp_
     finally:
         pipe.close()
     # a restarted loop redoes nothing; the gate refuses a candidate worse than the serving model
-    again = RetrievalLoop(_config(tmp_path), stream.day)
+    again = RetrievalLoop(_config(tmp_path, keep_versions=2), stream.day)
     assert _actions(again.run(0, 3)) == _actions(records)
     strict = RetrievalLoop(_config(tmp_path / "strict"), stream.day)
     strict.step(0)
@@ -84,7 +85,11 @@ def test_published_pipelines_are_canaries_rolled_back_or_promoted_by_recall(
     url, _ = server
     stream = _stream()
     publisher = Publisher(ServerTarget(url, "recs", TOKEN))
-    loop = RetrievalLoop(_config(tmp_path / "loop", canary_share=0.5), stream.day, publisher)
+
+    def day(d: int) -> Interactions:  # the stream, then an empty day 4 (window 3's gate refuses: no users)
+        return stream.day(d) if d < 4 else Interactions(stream.day(0).frame.clear(), USERS, ITEMS)
+
+    loop = RetrievalLoop(_config(tmp_path / "loop", canary_share=0.5), day, publisher)
     loop.step(0)
     status = publisher.status()
     assert status is not None and status["stable"] == "w0"
@@ -103,6 +108,18 @@ def test_published_pipelines_are_canaries_rolled_back_or_promoted_by_recall(
     assert [(r.action, r.version) for r in loop.log.of_window(2) if r.action in ("promote", "rollback")] == [("promote", "w1")]
     status = publisher.status()
     assert status is not None and (status["stable"], status["canary"]) == ("w1", "w2")
+    # retention (keep_versions = 1): the previous stable w0 stays loaded with its bundle for a manual rollback
+    assert {"w0", "w1", "w2"} <= set(status["versions"]) and loop.bundle("w0").is_dir()
+    # window 3 decides on w2: whichever way, the server keeps stable, canary and one previous stable of ours
+    loop.step(3)
+    status = publisher.status()
+    assert status is not None
+    ours = {"w0", "w1", "w2", "w3"}
+    previous = [v for v in dict.fromkeys(reversed(status["history"])) if v in ours and v not in (status["stable"], status["canary"])]
+    assert set(status["versions"]) & ours == {status["stable"], status["canary"], *previous[:1]} - {None}
+    dropped = {r.version for r in loop.log.records if r.action == "unload"}
+    assert dropped == ours - set(status["versions"]) - {"w3"} - {r.version for r in loop.log.records if r.action == "refuse"}
+    assert all(not loop.bundle(v).exists() and not loop.checkpoint(v).exists() for v in dropped)
 
 
 def test_warm_starts_train_their_own_epochs_and_the_phases_reuse_what_they_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,3 +148,26 @@ def test_warm_starts_train_their_own_epochs_and_the_phases_reuse_what_they_read(
     assert calls == [1, 2, 2, 3, 3]
     with pytest.raises(ValueError, match="warm_start_epochs must be >= 1"):
         _config(tmp_path, warm_start_epochs=0)
+
+
+@pytest.mark.parametrize("keep", [0, 1])
+def test_offline_retention_keeps_the_serving_version_and_keep_versions_previous_ones(tmp_path: Path, keep: int) -> None:
+    """keep_versions offline: the last published version serves, the `keep` published before it stay (bundle and
+    checkpoint) for a manual rollback; older ones lose their bundle and checkpoint, with an `unload` record each,
+    once; a restart redoes nothing."""
+    stream = _stream()
+    loop = RetrievalLoop(_config(tmp_path, keep_versions=keep), stream.day)
+    records = loop.run(0, 3)
+    dropped = [(r.window, r.version) for r in records if r.action == "unload"]
+    assert dropped == ([(1, "w0"), (2, "w1")] if keep == 0 else [(2, "w0")])
+    assert all("offline: its bundle deleted" in r.reason and r.extra["unloaded"] is False for r in records if r.action == "unload")
+    kept = {"w2"} if keep == 0 else {"w1", "w2"}
+    assert {p.name for p in (tmp_path / "bundles").iterdir()} == kept
+    assert {p.stem for p in (tmp_path / "checkpoints").iterdir()} == kept
+    again = RetrievalLoop(_config(tmp_path, keep_versions=keep), stream.day)
+    assert _actions(again.run(0, 3)) == _actions(records)
+    everything = RetrievalLoop(_config(tmp_path / "all", keep_versions=keep, keep_all_checkpoints=True), stream.day)
+    everything.run(0, 2)
+    assert {p.stem for p in (tmp_path / "all" / "checkpoints").iterdir()} == {"w0", "w1"}
+    with pytest.raises(ValueError, match="keep_versions must be >= 0, got -1"):
+        _config(tmp_path, keep_versions=-1)

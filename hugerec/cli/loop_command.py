@@ -29,7 +29,10 @@
 
 The decision log (work_dir/decisions.jsonl) is printed as a table at the end; `--log` prints it
 without running. A loop stopped at any point (Ctrl-C, kill -9) continues where it stopped when the
-same command runs again.
+same command runs again. Its first start writes the config's settings (the keys of --print-config, flat)
+to work_dir/settings.json; a later start in that work_dir with a changed config is refused in one line
+naming the changed keys (training.run_settings, as `train.resume`), except the keys a continued run may
+change (CONTINUE_MAY_CHANGE: how far it runs, its retention, the simulated traffic, where the tokens are).
 """
 
 from __future__ import annotations
@@ -206,6 +209,44 @@ def refuse_other_family(data: dict[str, Any], ours: type, theirs: type, model_ty
     walk(data, "")
 
 
+# Keys a loop continued in its work_dir may change: how far it runs (its last window; the synthetic stream's day d
+# does not depend on its number of days), how many versions it keeps, its simulated traffic, where its tokens are.
+# Every other key shapes the models or the decisions: a change is refused, naming it.
+CONTINUE_MAY_CHANGE = frozenset(
+    {
+        "loop.work_dir",
+        "loop.first",
+        "loop.last",
+        "loop.keep_versions",
+        "data.stream.days",
+        "server.replay_rows",
+        "server.token_env",
+        "server.ingest_token_env",
+    }
+)
+
+
+def keep_loop_settings(work_dir: Path, settings: dict[str, Any], may_change: frozenset[str]) -> None:
+    """Either loop's settings (its --print-config dict) kept in work_dir/settings.json by its first start; a later
+    start with other settings outside `may_change` -> ConfigError naming the changed keys (training.run_settings)."""
+    from hugerec.training.run_settings import flat_settings, keep_settings
+
+    path = work_dir / "settings.json"
+    try:
+        keep_settings(path, flat_settings(settings), may_change)
+    except ValueError as e:
+        raise ConfigError(f"{e}: continue it with its settings ({path}) or give another loop.work_dir") from None
+
+
+def loop_settings(cfg: LoopFile) -> dict[str, Any]:
+    """The ranking loop's file as --print-config shows it: [model] in the registry's dialect, [embedding] the
+    ModelSpec's tables and optimizer."""
+    out = to_dict(cfg, keep_none=True)
+    out["model"], out["embedding"] = config_to_dict(cfg.model.model), cfg.model.to_dict()
+    del out["embedding"]["model"]
+    return dict(out)
+
+
 OLD_MODEL_KEYS = {"dim": "embedding.dim", "capacity": "embedding.capacity", "sparse_lr": "embedding.optimizer",
                   "min_count": "embedding.min_count", "eviction": "embedding.eviction"}
 
@@ -304,10 +345,7 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
     if isinstance(cfg, RetrievalLoopFile):
         return run_retrieval_loop(cfg, print_config, only_log)
     if print_config:
-        out = to_dict(cfg, keep_none=True)
-        out["model"], out["embedding"] = config_to_dict(cfg.model.model), cfg.model.to_dict()
-        del out["embedding"]["model"]
-        print(json.dumps(out, indent=1, default=str))
+        print(json.dumps(loop_settings(cfg), indent=1, default=str))
         return 0
     work = Path(cfg.loop.work_dir)
     if only_log:
@@ -336,6 +374,7 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
         last = present[-1] if lc.last is None else lc.last
     if last <= lc.first:
         raise ValueError(f"loop.last ({last}) must be > loop.first ({lc.first}): window last is the final holdout")
+    keep_loop_settings(work, loop_settings(cfg), CONTINUE_MAY_CHANGE)
     with ExitStack() as stack:
         loop, url, ingest = _make_loop(cfg, config, source, stack)
         swept = remove_interrupted_loads(loop)  # before any load: what killed loads and publishes left behind

@@ -14,6 +14,11 @@
                  127.0.0.1; its status page shows the decisions) or "remote" (url, model, the admin token from the
                  environment variable `token_env`)
 
+A later start in the same work_dir with a changed config is refused in one line naming the changed keys
+(loop_command.keep_loop_settings), except CONTINUE_MAY_CHANGE: loop.first, loop.last, loop.keep_versions, the
+simulated traffic and the token's variable (data.drift.days is not among them: the drifting stream's days
+depend on their number).
+
 The ranking loop's keys (loop.holdout_share, [windows], [embedding] dim, [gate] auc_margin, [decisions], [monitor],
 [recovery], server.replay_rows, ...) are refused with a retrieval model, and these with a ranking model, in one
 line naming the key (loop_command.refuse_other_family).
@@ -40,7 +45,7 @@ from hugerec.continuous.publish import Publisher, ServerTarget
 from hugerec.continuous.retrieval_loop import RetrievalLoop, RetrievalLoopConfig
 from hugerec.data.interactions import Interactions, held_out_csr
 from hugerec.data.synthetic_interactions import DriftConfig, InteractionConfig, generate_interaction_days
-from hugerec.embedding.optimizers import Adagrad, Optimizer, optimizer_from_dict
+from hugerec.embedding.optimizers import Adagrad, Optimizer, optimizer_from_dict, optimizer_to_dict
 from hugerec.index.vector_index import IndexConfig, IndexKind
 from hugerec.models.mf import MFConfig
 from hugerec.models.registry import config_to_dict
@@ -175,6 +180,22 @@ def read_retrieval_loop_file(data: dict[str, Any], model: TwoTowerConfig | MFCon
     return cfg
 
 
+# Keys a retrieval loop continued in its work_dir may change (the ranking loop's CONTINUE_MAY_CHANGE): how far it
+# runs, how many versions it keeps, its simulated traffic, where its token is. Every other key shapes the models,
+# the events or the decisions: a change is refused, naming it.
+CONTINUE_MAY_CHANGE = frozenset(
+    {"loop.work_dir", "loop.first", "loop.last", "loop.keep_versions", "server.replay_users", "server.token_env"}
+)
+
+
+def retrieval_loop_settings(cfg: RetrievalLoopFile) -> dict[str, Any]:
+    """The file as --print-config shows it: [model] in the registry's dialect, the optimizer with its type."""
+    out = to_dict(cfg, keep_none=True)
+    out["model"] = config_to_dict(cfg.model)
+    out["embedding"]["optimizer"] = optimizer_to_dict(cfg.embedding.optimizer)
+    return dict(out)
+
+
 def loop_config(cfg: RetrievalLoopFile) -> RetrievalLoopConfig:
     """The retrieval loop's own config from the file's sections."""
     lc, users = cfg.loop, cfg.data.interactions
@@ -201,12 +222,10 @@ def loop_config(cfg: RetrievalLoopFile) -> RetrievalLoopConfig:
 
 
 def run_retrieval_loop(cfg: RetrievalLoopFile, print_config: bool, only_log: bool) -> int:
-    from hugerec.cli.loop_command import embedded_server, log_table
+    from hugerec.cli.loop_command import embedded_server, keep_loop_settings, log_table
 
     if print_config:
-        out = to_dict(cfg, keep_none=True)
-        out["model"] = config_to_dict(cfg.model)
-        print(json.dumps(out, indent=1, default=str))
+        print(json.dumps(retrieval_loop_settings(cfg), indent=1, default=str))
         return 0
     work = Path(cfg.loop.work_dir)
     if only_log:
@@ -220,6 +239,7 @@ def run_retrieval_loop(cfg: RetrievalLoopFile, print_config: bool, only_log: boo
             f"loop.last = {last}: need loop.first ({cfg.loop.first}) < loop.last <= data.drift.days - 1 ({days - 1}); "
             "window last is the final holdout"
         )
+    keep_loop_settings(work, retrieval_loop_settings(cfg), CONTINUE_MAY_CHANGE)
     stream = generate_interaction_days(cfg.data.interactions, cfg.data.drift)
     with ExitStack() as stack:
         publisher = None

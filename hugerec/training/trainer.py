@@ -79,6 +79,7 @@ from hugerec.training.pipeline import Pipeline, TieredStats, prepare_batch
 from hugerec.training.precision import Precision, autocast, unscale_sparse_gradients
 from hugerec.training.retrieval import RetrievalModel, RetrievalValidation, retrieval_metrics
 from hugerec.training.run_log import RunLog, plot_curves
+from hugerec.training.run_settings import changed_settings, flat_settings
 from hugerec.training.schedule import Schedule
 from hugerec.training.sequential import NextItemValidation, SequenceModel, next_item_metrics
 
@@ -545,9 +546,9 @@ class _Run:
         """What a resumed run must keep: the family, its settings and the TrainConfig fields outside
         RESUMABLE_CHANGES, as flat JSON (dotted keys)."""
         cfg = dataclasses.replace(self.cfg, schedule=self.cfg.schedule or self.family.schedule)
-        flat = {k: v for k, v in _flatten(cfg).items() if k not in RESUMABLE_CHANGES}
+        flat = {k: v for k, v in flat_settings(cfg).items() if k not in RESUMABLE_CHANGES}
         flat["early_stopping.metric"] = self.metric
-        flat.update({f"family.{k}": v for k, v in _flatten(self.family.settings()).items()})
+        flat.update({f"family.{k}": v for k, v in flat_settings(self.family.settings()).items()})
         return flat
 
     def checkpoint(self) -> None:
@@ -589,10 +590,8 @@ class _Run:
         saved = extra.get("settings")
         if not isinstance(saved, dict):
             return  # written before settings were kept: nothing to compare
-        now = self.settings()
-        changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
-        if changed:
-            detail = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:6])
+        detail = changed_settings(saved, self.settings())
+        if detail is not None:
             raise ValueError(
                 f"fit: cannot resume {path}: the config changed ({detail}); "
                 "resume with the run's settings or start a fresh run (resume=false)"
@@ -803,24 +802,6 @@ def _preserved_rng() -> Iterator[None]:
         yield
     finally:
         set_rng_state(state)
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """A config (dataclasses, enums, dicts, tuples, numbers) as flat JSON with dotted keys."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-        if not value:
-            return {prefix[:-1]: {}} if prefix else {}
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    if isinstance(value, enum.Enum):
-        value = value.value
-    elif isinstance(value, tuple | list):
-        value = [v.value if isinstance(v, enum.Enum) else v for v in value]
-    return {prefix[:-1]: value}
 
 
 def _postfix(history: History, metric: str) -> str:

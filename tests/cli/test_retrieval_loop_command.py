@@ -102,3 +102,25 @@ def test_a_key_of_the_other_loop_is_refused_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("hugerec loop: error: ") and message in err, err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_retrieval_loop_continued_with_a_changed_config_refuses_naming_the_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As the ranking loop: another model dimension or number of days (the drifting stream's days depend on it) in
+    the same work_dir is refused in one line naming the keys; a later last window or another retention goes on."""
+    monkeypatch.chdir(tmp_path)
+    small = [*SHRINK, "data.interactions.num_users=200", "data.interactions.num_items=100", "server.mode=offline", "loop.epochs=1"]
+    assert main(["loop", "configs/loop_two_tower.toml", *small, "loop.last=1"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    for change, named in (
+        (["model.dim=16", "model.embedding_dim=16"], "model.dim: 32 -> 16, model.embedding_dim: 32 -> 16"),
+        (["data.drift.days=5"], "data.drift.days: 4 -> 5"),
+        (["model.type=mf"], "model.type"),
+    ):
+        assert main(["loop", "configs/loop_two_tower.toml", *small, *change]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]  # after a note on model keys left out
+        assert err.startswith("hugerec loop: error: the config changed since the run in runs/loop_two_tower started (")
+        assert named in err, err
+    assert main(["loop", "configs/loop_two_tower.toml", *small, "loop.last=2", "loop.keep_versions=0"]) == 0
+    assert [(r["window"], r["action"]) for r in _records(tmp_path / "runs/loop_two_tower")][-2:] == [(1, "publish"), (1, "unload")]

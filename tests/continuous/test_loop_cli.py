@@ -155,3 +155,29 @@ def test_the_embedded_server_shows_the_loops_decisions_with_the_operators_token(
         url, used = embedded_server(tmp_path, log.path, 0, "LOOP_TOKEN_FOR_TEST", "i" * 16, stack)
         assert len(used) >= 16 and httpx.get(f"{url}/status/details", headers={"Authorization": f"Bearer {token}"}).status_code == 401
     assert "set $LOOP_TOKEN_FOR_TEST before `hugerec loop` to open its details" in capsys.readouterr().err
+
+
+def test_a_loop_continued_with_a_changed_config_refuses_naming_the_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first start keeps the settings in work_dir/settings.json; a later start with another lr or model is
+    refused in one line naming the keys, before anything runs; a later last window, a longer stream, another
+    retention or replay goes on."""
+    monkeypatch.chdir(tmp_path)
+    small = [*SHRINK, "server.mode=offline", "loop.epochs=1", "data.stream.rows_per_day=1000"]
+    assert main(["loop", "configs/loop_synthetic.toml", *small, "loop.last=1"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    log = (tmp_path / "runs/loop/decisions.jsonl").read_text()
+    for change, named in (
+        (["loop.lr=0.02"], "loop.lr: 0.01 -> 0.02"),
+        (["model.type=dcn_v2"], "model.type"),
+        (["embedding.optimizer={type='sgd',lr=0.05}"], "embedding.optimizer.type: 'adagrad' -> 'sgd'"),
+    ):
+        assert main(["loop", "configs/loop_synthetic.toml", *small, *change]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]  # after a note on model keys left out
+        assert err.startswith("hugerec loop: error: the config changed since the run in runs/loop started (")
+        assert named in err and "give another loop.work_dir" in err, err
+        assert (tmp_path / "runs/loop/decisions.jsonl").read_text() == log  # nothing ran
+    allowed = ["loop.last=2", "data.stream.days=4", "loop.keep_versions=3", "server.replay_rows=10"]
+    assert main(["loop", "configs/loop_synthetic.toml", *small, *allowed]) == 0, capsys.readouterr().err
+    assert '"window": 1' in (tmp_path / "runs/loop/decisions.jsonl").read_text()

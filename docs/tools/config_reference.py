@@ -424,8 +424,10 @@ def config_files() -> list[ConfigFile]:
             "`hugerec loop` with `model.type = \"two_tower\"` or `\"mf\"`",
             RetrievalLoopFile,
             _retrieval_loop_variants,
-            "The continuous-training loop of a retrieval model (`configs/loop_two_tower.toml`): its own [loop], [data], "
-            "[gate], [index] and [server]; a key of the ranking loop's file is refused.",
+            "The continuous-training loop of a retrieval model (`configs/loop_two_tower.toml`; over your own interaction "
+            "log: `configs/loop_movielens.toml`): its own [loop], [data] (a synthetic stream) or [preprocess] + [windows] "
+            "(your log, as `hugerec train` declares it, split into windows by its timestamp), [gate], [index] and "
+            "[server]; a key of the ranking loop's file is refused.",
         ),
         ConfigFile(
             "The up config",

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from hugerec.cli.config_file import ConfigError
-from hugerec.cli.run_config import RawFormat, RunConfig
+from hugerec.cli.run_config import RunConfig, declared_input
 from hugerec.data.input_spec import InputSpec
 from hugerec.data.loader import Loader, load
 from hugerec.data.prepare import PrepareReport, lacks_labels, prepare, transform_raw
@@ -65,16 +65,7 @@ def synth(cfg: RunConfig) -> SyntheticReport:
 def input_spec(cfg: RunConfig) -> InputSpec:
     """[preprocess]'s input with its columns (Parquet: preprocess.schema, a schema.json beside the files,
     or guessed from the files' types)."""
-    p = cfg.preprocess
-    spec = p.input_spec()
-    if p.format is RawFormat.PARQUET and not spec.columns and p.schema is not None:
-        if not Path(p.schema).is_file():
-            raise ConfigError(f"preprocess.schema: no schema at {p.schema}")
-        return InputSpec.from_schema(Schema.load(p.schema))
-    try:
-        return spec.resolved(p.input)
-    except (FileNotFoundError, ValueError) as e:
-        raise ConfigError(f"preprocess.input: {e}") from None
+    return declared_input(cfg.preprocess)
 
 
 def preprocess(cfg: RunConfig) -> PrepareReport:

@@ -172,7 +172,7 @@ def load_loop_file(path: str | None, overrides: Sequence[str]) -> tuple[LoopFile
     if kind.family is Family.RETRIEVAL:
         assert isinstance(model, TwoTowerConfig | MFConfig)
         refuse_other_family(data, RetrievalLoopFile, LoopFile, kind.name, "the ranking loop's")
-        return read_retrieval_loop_file(data, model), base
+        return read_retrieval_loop_file(data, model, base), base
     if kind.family is Family.RANKING:
         refuse_other_family(data, LoopFile, RetrievalLoopFile, kind.name, "the retrieval loop's (model.type = two_tower, mf)")
     cfg = from_dict(LoopFile, data, "", {Optimizer: optimizer_from_dict})

@@ -6,6 +6,13 @@
                  keep_versions (previous stables kept, loaded on the server with their bundles, for a manual rollback)
     [data]       [data.interactions] + [data.drift]: a synthetic drifting interaction stream, one window a day
                  (data.synthetic_interactions.generate_interaction_days)
+    [preprocess] instead of [data]: your interaction log, declared as `hugerec train` reads it (input, format,
+                 separator, header, encoding, quote, null_values, columns with roles user, item, timestamp,
+                 schema, on_error), split into windows by its timestamp:
+    [windows]    unit ("day", "hour", "minute") and size of the log's windows, numbered from the one holding its
+                 earliest event (aligned to the epoch); ids are the log's (its users and items when the loop
+                 first starts, dense in sorted raw order; work_dir/users.parquet and items.parquet give each
+                 dense id's raw one, which the published pipelines take)
     [model]      the [model] of every command: "two_tower" (user ids only: max_history = 0, recent = []) or "mf"
     [embedding]  optimizer: the towers' sparse optimizer
     [gate]       recall_margin, min_rows (users; the gate and the canary decision on Recall@K)
@@ -17,7 +24,8 @@
 A later start in the same work_dir with a changed config is refused in one line naming the changed keys
 (loop_command.keep_loop_settings), except CONTINUE_MAY_CHANGE: loop.first, loop.last, loop.keep_versions, the
 simulated traffic and the token's variable (data.drift.days is not among them: the drifting stream's days
-depend on their number).
+depend on their number). Over a log, its users, items and a digest of their raw ids are kept too: a log grown by
+events of the same users and items continues (new windows to run), one with new users or items is refused.
 
 The ranking loop's keys (loop.holdout_share, [windows], [embedding] dim, [gate] auc_margin, [decisions], [monitor],
 [recovery], server.replay_rows, ...) are refused with a retrieval model, and these with a ranking model, in one
@@ -27,6 +35,7 @@ line naming the key (loop_command.refuse_other_family).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import secrets
@@ -40,11 +49,14 @@ from typing import Any
 import numpy as np
 
 from hugerec.cli.config_file import ConfigError, from_dict, to_dict
+from hugerec.cli.run_config import PreprocessSection, declared_input, find_input
 from hugerec.continuous.decision_log import read_log
 from hugerec.continuous.publish import Publisher, ServerTarget
-from hugerec.continuous.retrieval_loop import RetrievalLoop, RetrievalLoopConfig
-from hugerec.data.interactions import Interactions, held_out_csr
+from hugerec.continuous.retrieval_loop import EventSource, RetrievalLoop, RetrievalLoopConfig
+from hugerec.data.events import interaction_log
+from hugerec.data.interactions import Interactions, Vocabulary, held_out_csr, time_windows
 from hugerec.data.synthetic_interactions import DriftConfig, InteractionConfig, generate_interaction_days
+from hugerec.data.windows import Windows, WindowUnit
 from hugerec.embedding.optimizers import Adagrad, Optimizer, optimizer_from_dict, optimizer_to_dict
 from hugerec.index.vector_index import IndexConfig, IndexKind
 from hugerec.models.mf import MFConfig
@@ -89,6 +101,32 @@ class InteractionStreamSection:
 
     interactions: InteractionConfig = field(default_factory=lambda: InteractionConfig(num_users=3000, num_items=1500))  # users, items, taste model
     drift: DriftConfig = field(default_factory=DriftConfig)  # days, drift, new items, events per user and day
+
+
+@dataclass(frozen=True)
+class LogWindows:
+    """[windows] of a retrieval loop over an interaction log ([preprocess]): windows of `size` units of the
+    timestamp role's column, numbered from the one holding the log's earliest event (aligned to the epoch, as
+    the ranking loop's windows)."""
+
+    unit: WindowUnit = WindowUnit.DAY  # "day", "hour" or "minute"
+    size: int = 1  # units per window (unit = "day", size = 7: weeks)
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"windows.size must be >= 1, got {self.size}")
+
+    @property
+    def seconds(self) -> int:
+        return Windows(unit=self.unit, size=self.size).seconds
+
+    def describe(self) -> str:
+        return f"{self.size} {self.unit.value}{'s' if self.size > 1 else ''}"
+
+
+# The [preprocess] keys the retrieval loop reads: how the log is laid out. The others (split, ops, join, out, ...)
+# prepare `hugerec train`'s shards, which the loop does not write: its windows split the log by time.
+LOG_KEYS = ("input", "format", "schema", "separator", "header", "encoding", "quote", "null_values", "columns", "on_error")
 
 
 @dataclass(frozen=True)
@@ -148,6 +186,8 @@ class RetrievalLoopFile:
 
     loop: RetrievalLoopSection = field(default_factory=RetrievalLoopSection)
     data: InteractionStreamSection = field(default_factory=InteractionStreamSection)
+    preprocess: PreprocessSection | None = None  # your interaction log instead of [data]'s synthetic stream
+    windows: LogWindows = field(default_factory=LogWindows)  # the log's windows (with [preprocess])
     model: TwoTowerConfig | MFConfig = field(default_factory=_loop_tower)  # [model]: read by the registry
     embedding: RetrievalEmbedding = field(default_factory=RetrievalEmbedding)
     gate: RecallGate = field(default_factory=RecallGate)
@@ -155,11 +195,32 @@ class RetrievalLoopFile:
     server: RetrievalServerSection = field(default_factory=RetrievalServerSection)
 
 
-def read_retrieval_loop_file(data: dict[str, Any], model: TwoTowerConfig | MFConfig) -> RetrievalLoopFile:
+def read_retrieval_loop_file(data: dict[str, Any], model: TwoTowerConfig | MFConfig, base: Path | None = None) -> RetrievalLoopFile:
     """The file's sections (without [model]) and its registry model -> RetrievalLoopFile; the loop's own checks
-    (a two-tower of user ids only, k <= ann_k, ...) as one ConfigError."""
+    (a two-tower of user ids only, k <= ann_k, a synthetic stream or a log, ...) as one ConfigError. `base`: the
+    config file's folder, where a relative preprocess.input (or $HUGEREC_DATA) is looked for."""
+    log = data.get("preprocess")
+    if log is not None:
+        if "data" in data:
+            raise ConfigError(
+                "data and preprocess: the retrieval loop reads a synthetic stream ([data.interactions], [data.drift]) "
+                "or your interaction log ([preprocess] with roles user, item, timestamp), not both"
+            )
+        for key in log if isinstance(log, dict) else ():
+            if key not in LOG_KEYS:
+                raise ConfigError(
+                    f"preprocess.{key}: the retrieval loop reads the log's layout ({', '.join(LOG_KEYS)}) and splits it "
+                    "into windows by its timestamp ([windows] unit, size); remove preprocess." + key
+                )
+    elif "windows" in data:
+        raise ConfigError("windows: the windows of an interaction log ([preprocess]); the synthetic stream has one window a day")
     cfg = from_dict(RetrievalLoopFile, data, "", {Optimizer: optimizer_from_dict})
     cfg = dataclasses.replace(cfg, model=model)
+    if cfg.preprocess is not None:
+        where = base or Path.cwd()
+        p = cfg.preprocess
+        found = dataclasses.replace(p, input=find_input(p.input, where) or p.input, schema=find_input(p.schema, where))
+        cfg = dataclasses.replace(cfg, preprocess=found)
     if isinstance(model, TwoTowerConfig):
         for key, value, ok in (
             ("max_history", model.max_history, model.max_history == 0),
@@ -174,7 +235,7 @@ def read_retrieval_loop_file(data: dict[str, Any], model: TwoTowerConfig | MFCon
                     "user id): set model.max_history = 0, model.recent = [], model.use_user_id = true, no side features"
                 )
     try:
-        loop_config(cfg)
+        loop_config(cfg, 1, 1)  # its checks now (the log's users and items are counted when it runs)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return cfg
@@ -196,13 +257,14 @@ def retrieval_loop_settings(cfg: RetrievalLoopFile) -> dict[str, Any]:
     return dict(out)
 
 
-def loop_config(cfg: RetrievalLoopFile) -> RetrievalLoopConfig:
-    """The retrieval loop's own config from the file's sections."""
+def loop_config(cfg: RetrievalLoopFile, num_users: int | None = None, num_items: int | None = None) -> RetrievalLoopConfig:
+    """The retrieval loop's own config from the file's sections; `num_users`, `num_items`: those of the events
+    (default: the synthetic stream's)."""
     lc, users = cfg.loop, cfg.data.interactions
     return RetrievalLoopConfig(
         lc.work_dir,
-        users.num_users,
-        users.num_items,
+        users.num_users if num_users is None else num_users,
+        users.num_items if num_items is None else num_items,
         model=cfg.model,
         optimizer=cfg.embedding.optimizer,
         epochs=lc.epochs,
@@ -231,16 +293,26 @@ def run_retrieval_loop(cfg: RetrievalLoopFile, print_config: bool, only_log: boo
     if only_log:
         print(log_table(read_log(work / "decisions.jsonl")))
         return 0
-    config = loop_config(cfg)
-    days = cfg.data.drift.days
-    last = days - 1 if cfg.loop.last is None else cfg.loop.last
-    if not cfg.loop.first < last <= days - 1:
-        raise ConfigError(
-            f"loop.last = {last}: need loop.first ({cfg.loop.first}) < loop.last <= data.drift.days - 1 ({days - 1}); "
-            "window last is the final holdout"
-        )
-    keep_loop_settings(work, retrieval_loop_settings(cfg), CONTINUE_MAY_CHANGE)
-    stream = generate_interaction_days(cfg.data.interactions, cfg.data.drift)
+    settings = retrieval_loop_settings(cfg)
+    if cfg.preprocess is None:
+        days = cfg.data.drift.days
+        last = days - 1 if cfg.loop.last is None else cfg.loop.last
+        if not cfg.loop.first < last <= days - 1:
+            raise ConfigError(
+                f"loop.last = {last}: need loop.first ({cfg.loop.first}) < loop.last <= data.drift.days - 1 ({days - 1}); "
+                "window last is the final holdout"
+            )
+        config = loop_config(cfg)
+        keep_loop_settings(work, settings, CONTINUE_MAY_CHANGE)
+        day: EventSource = generate_interaction_days(cfg.data.interactions, cfg.data.drift).day
+    else:
+        log = read_log_windows(cfg.preprocess, cfg.windows)
+        last = log.check_span(cfg.loop.first, cfg.loop.last)
+        config = loop_config(cfg, log.num_users, log.num_items)
+        settings["log"] = log.identity()  # a log whose users or items changed cannot continue: other ids, other tables
+        keep_loop_settings(work, settings, CONTINUE_MAY_CHANGE)
+        log.write_ids(work)
+        day = log.day
     with ExitStack() as stack:
         publisher = None
         match cfg.server.mode:
@@ -256,7 +328,7 @@ def run_retrieval_loop(cfg: RetrievalLoopFile, print_config: bool, only_log: boo
                 publisher = Publisher(ServerTarget(url, config.name, token))
             case _:
                 pass
-        loop = RetrievalLoop(config, stream.day, publisher)
+        loop = RetrievalLoop(config, day, publisher)
         finished = {"publish", "refuse", "skip"}
         pending = [k for k in range(cfg.loop.first, last) if not finished & {r.action for r in loop.log.of_window(k)}]
         if cfg.server.mode == "embedded" and pending:
@@ -272,9 +344,97 @@ def run_retrieval_loop(cfg: RetrievalLoopFile, print_config: bool, only_log: boo
         for k in pending:
             loop.step(k)
             if cfg.server.mode == "embedded" and cfg.server.replay_users:
-                print(f"hugerec loop: {replay(url, config.name, k + 1, stream.day(k + 1), cfg.server.replay_users, config.k)}", file=sys.stderr)
+                print(f"hugerec loop: {replay(url, config.name, k + 1, day(k + 1), cfg.server.replay_users, config.k)}", file=sys.stderr)
     print(log_table(read_log(work / "decisions.jsonl")))
     return 0
+
+
+@dataclass(frozen=True)
+class LogWindowEvents:
+    """An interaction log ([preprocess]) read once and split into windows ([windows]): window k's events with the
+    log's dense ids (`day`), the raw id of each dense one, and where it came from (for messages)."""
+
+    windows: tuple[Interactions, ...]
+    vocabulary: Vocabulary
+    num_users: int
+    num_items: int
+    path: str  # preprocess.input
+    span: LogWindows
+    start: int  # epoch seconds where window 0 starts
+
+    def day(self, k: int) -> Interactions:
+        """Window k's events (none outside the log's windows)."""
+        if 0 <= k < len(self.windows):
+            return self.windows[k]
+        return self.windows[0].with_frame(self.windows[0].frame.clear())
+
+    def check_span(self, first: int, last: int | None) -> int:
+        """loop.last (default: the log's last window) once loop.first < loop.last lie in the log's windows and both
+        hold events (window first is the first trained, window last the final holdout); else one ConfigError
+        naming the key, the file and the windows that hold events. Empty windows between them are skipped by the
+        loop, each with a `skip` record."""
+        n = len(self.windows)
+        last = n - 1 if last is None else last
+        began = time.strftime("%Y-%m-%d %H:%M", time.gmtime(self.start))
+        where = f"preprocess.input {self.path} ({n} windows of {self.span.describe()} from {began} UTC)"
+        if not 0 <= first < last <= n - 1:
+            raise ConfigError(
+                f"loop.last = {last}: need 0 <= loop.first ({first}) < loop.last <= {n - 1}, the last window of {where}; "
+                "window last is the final holdout"
+            )
+        for key, k in (("loop.first", first), ("loop.last", last)):
+            if self.windows[k].num_events == 0:
+                held = [j for j, w in enumerate(self.windows) if w.num_events]
+                raise ConfigError(
+                    f"{key} = {k}: window {k} of {where} holds no events; windows with events: {_spans(held)}"
+                )
+        return last
+
+    def identity(self) -> dict[str, Any]:
+        """What a continued run must find again: the counts and a digest of the raw ids behind the dense ones."""
+        digest = hashlib.sha256()
+        for ids in (self.vocabulary.users, self.vocabulary.items):
+            digest.update(np.ascontiguousarray(ids, dtype=np.int64).tobytes())
+            digest.update(b"|")
+        return {"users": self.num_users, "items": self.num_items, "ids_sha256": digest.hexdigest()}
+
+    def write_ids(self, work: Path) -> None:
+        """work/users.parquet and work/items.parquet: row i holds the raw id of dense id i (`raw`), what a client
+        of the published pipelines maps its ids with."""
+        import polars as pl
+
+        work.mkdir(parents=True, exist_ok=True)
+        for name, ids in (("users", self.vocabulary.users), ("items", self.vocabulary.items)):
+            path, tmp = work / f"{name}.parquet", work / f".{name}.parquet.tmp"
+            pl.DataFrame({"raw": np.asarray(ids, dtype=np.int64)}).write_parquet(tmp)
+            os.replace(tmp, path)
+
+
+def _spans(ks: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0..2, 5, 7..8"."""
+    out: list[str] = []
+    for k in ks:
+        if out and int(out[-1].split("..")[-1]) == k - 1:
+            out[-1] = f"{out[-1].split('..')[0]}..{k}"
+        else:
+            out.append(str(k))
+    return ", ".join(out)
+
+
+def read_log_windows(p: PreprocessSection, span: LogWindows) -> LogWindowEvents:
+    """The declared log's events (the roles user, item, timestamp, as `hugerec train` reads them; dense ids over the
+    whole log) in windows of `span`; bad input (a missing role, an unparsable timestamp, no events) as one
+    ConfigError naming the key or the file, line and value."""
+    spec = declared_input(p)
+    try:
+        data, vocabulary = interaction_log(spec, p.input, "the retrieval loop", p.on_error)
+    except FileNotFoundError as e:
+        raise ConfigError(f"preprocess.input: {e}") from None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    windows = time_windows(data, span.seconds)
+    start = int(data.frame["timestamp"].min()) // span.seconds * span.seconds  # type: ignore[arg-type]
+    return LogWindowEvents(tuple(windows), vocabulary, data.num_users, data.num_items, p.input, span, start)
 
 
 @dataclass

@@ -234,6 +234,22 @@ class PreprocessSection:
         )
 
 
+def declared_input(p: PreprocessSection) -> InputSpec:
+    """[preprocess]'s input with its columns (Parquet: preprocess.schema, a schema.json beside the files,
+    or guessed from the files' types); ConfigError naming the key."""
+    from hugerec.data.schema import Schema
+
+    spec = p.input_spec()
+    if p.format is RawFormat.PARQUET and not spec.columns and p.schema is not None:
+        if not Path(p.schema).is_file():
+            raise ConfigError(f"preprocess.schema: no schema at {p.schema}")
+        return InputSpec.from_schema(Schema.load(p.schema))
+    try:
+        return spec.resolved(p.input)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"preprocess.input: {e}") from None
+
+
 @dataclass(frozen=True)
 class DataSection:
     """Preprocessed Parquet shards; schema defaults to schema.json in the folder above `train`.
@@ -454,11 +470,11 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     except ValueError as e:
         raise ConfigError(str(e)) from None
     base = Path(path).resolve().parent if path is not None else Path.cwd()
-    data = upgrade_old_sections(data, family, lambda p: _find_input(p, base) or p)
+    data = upgrade_old_sections(data, family, lambda p: find_input(p, base) or p)
     if path is not None and isinstance(model.get("vectors"), list):  # [[model.vectors]] side tables: found like the data
         config_dir = Path(path).resolve().parent
         model["vectors"] = [
-            {**v, "path": _find_input(v["path"], config_dir)} if isinstance(v, dict) and isinstance(v.get("path"), str) else v
+            {**v, "path": find_input(v["path"], config_dir)} if isinstance(v, dict) and isinstance(v.get("path"), str) else v
             for v in model["vectors"]
         ]
     cfg = dataclasses.replace(from_dict(RunConfig, data, "", READERS), model=read_model(model), model_keys=frozenset(given))
@@ -469,7 +485,7 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     _check_roles(cfg)
     if path is not None:
         cfg = _resolve_inputs(cfg, Path(path).resolve().parent)
-        cfg = resolve_task_inputs(cfg, lambda p: _find_input(p, Path(path).resolve().parent))
+        cfg = resolve_task_inputs(cfg, lambda p: find_input(p, Path(path).resolve().parent))
     return cfg
 
 
@@ -573,7 +589,7 @@ def _resolve_inputs(cfg: RunConfig, config_dir: Path) -> RunConfig:
     )
 
 
-def _find_input(p: str | None, config_dir: Path) -> str | None:
+def find_input(p: str | None, config_dir: Path) -> str | None:
     """An input path with $HUGEREC_DATA expanded; relative and absent here: the one next to the config file."""
     if p is not None and "HUGEREC_DATA" in p:
         p = p.replace("${HUGEREC_DATA}", "$HUGEREC_DATA").replace("$HUGEREC_DATA", str(data_root(config_dir)))

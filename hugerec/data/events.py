@@ -38,7 +38,7 @@ import numpy as np
 import polars as pl
 
 from hugerec.data.input_spec import ColumnType, InputSpec, Role
-from hugerec.data.interactions import Interactions, categorify, leave_last_out, time_split
+from hugerec.data.interactions import Interactions, Vocabulary, categorify, leave_last_out, time_split
 from hugerec.data.prepare import SplitKind, SplitSpec, read_rows, time_cutoff
 from hugerec.data.preprocess.errors import OnError, SkipReport
 from hugerec.data.sessions import ItemVocabulary, Sequences, group_sequences, last_n, prefixes
@@ -119,6 +119,30 @@ class RetrievalData:
         return fit_part, valid
 
 
+def interaction_log(
+    spec: InputSpec,
+    paths: str | Sequence[str],
+    model: str,
+    on_error: OnError | str = OnError.RAISE,
+    max_users: int | None = None,
+    min_item_count: int = 1,
+) -> tuple[Interactions, Vocabulary]:
+    """The declared input's events (its user, item and timestamp roles; ValueError naming preprocess.columns
+    when `model`, what reads them, misses a role) with dense ids (sorted raw order: `categorify`).
+
+    max_users: only the users with the max_users smallest raw ids (a quick look); min_item_count: items with
+    fewer events are dropped with their events."""
+    user, item, time = _required(spec, model, (Role.USER,), (Role.ITEM,), (Role.TIMESTAMP,))
+    raw, _ = read_events(spec, paths, {"user": user, "item": item, "timestamp": time}, "preprocess.input", on_error)
+    if max_users is not None:
+        keep = raw["user"].unique().sort()[:max_users]
+        raw = raw.filter(pl.col("user").is_in(keep.implode()))
+    data, vocab = categorify(raw, min_item_count=min_item_count)
+    if data.num_events == 0:
+        raise ValueError(f"min_item_count = {min_item_count} leaves no events")
+    return data, vocab
+
+
 def retrieval_view(
     spec: InputSpec,
     paths: str | Sequence[str],
@@ -133,14 +157,7 @@ def retrieval_view(
     only the users with the max_users smallest raw ids (a quick look)."""
     split = split or SplitSpec(SplitKind.LEAVE_LAST_OUT)
     refuse_test_split(split)
-    user, item, time = _required(spec, "two_tower / mf", (Role.USER,), (Role.ITEM,), (Role.TIMESTAMP,))
-    raw, _ = read_events(spec, paths, {"user": user, "item": item, "timestamp": time}, "preprocess.input", on_error)
-    if max_users is not None:
-        keep = raw["user"].unique().sort()[:max_users]
-        raw = raw.filter(pl.col("user").is_in(keep.implode()))
-    data, vocab = categorify(raw, min_item_count=min_item_count)
-    if data.num_events == 0:
-        raise ValueError(f"min_item_count = {min_item_count} leaves no events")
+    data, vocab = interaction_log(spec, paths, "two_tower / mf", on_error, max_users, min_item_count)
     match split.kind:
         case SplitKind.LEAVE_LAST_OUT:
             train, test = leave_last_out(data, split.holdout)

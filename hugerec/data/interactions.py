@@ -166,6 +166,24 @@ def categorify(raw: pl.DataFrame, min_item_count: int = 1) -> tuple[Interactions
     return Interactions(frame, len(users), len(items)), Vocabulary(users.to_numpy(), items.to_numpy())
 
 
+def time_windows(data: Interactions, seconds: int) -> list[Interactions]:
+    """The events in windows of `seconds` (aligned to the epoch, as data.windows.Windows), numbered from the one
+    holding the earliest event: window k = [start + k * seconds, start + (k + 1) * seconds) with start =
+    floor(earliest / seconds) * seconds, up to the one holding the latest event. Windows between them without
+    events are empty; each keeps the log's id spaces. [] for a log without events."""
+    if seconds < 1:
+        raise ValueError(f"time_windows: seconds must be >= 1, got {seconds}")
+    if data.num_events == 0:
+        return []
+    index = data.frame["timestamp"].to_numpy() // seconds  # [N] epoch window of each event
+    index -= index.min()
+    count = int(index.max()) + 1
+    tagged = data.frame.with_columns(pl.Series("_window", index))
+    parts = {int(k[0]): part.drop("_window") for k, part in tagged.partition_by("_window", as_dict=True, maintain_order=True).items()}
+    empty = data.frame.clear()
+    return [data.with_frame(parts.get(k, empty)) for k in range(count)]
+
+
 def leave_last_out(data: Interactions, n: int = 1) -> tuple[Interactions, Interactions]:
     """Per user, the last `n` events by timestamp (ties: later row) go to the second part.
 

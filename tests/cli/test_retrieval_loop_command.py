@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import polars as pl
 import pytest
 
 from hugerec.cli import main
@@ -124,3 +126,141 @@ def test_a_retrieval_loop_continued_with_a_changed_config_refuses_naming_the_key
         assert named in err, err
     assert main(["loop", "configs/loop_two_tower.toml", *small, "loop.last=2", "loop.keep_versions=0"]) == 0
     assert [(r["window"], r["action"]) for r in _records(tmp_path / "runs/loop_two_tower")][-2:] == [(1, "publish"), (1, "unload")]
+
+
+LOG_CONFIG = """
+[loop]
+work_dir = "runs/log"
+batch_size = 256
+epochs = 2
+k = 20
+ann_k = 50
+
+[preprocess]
+input = "events.csv"
+format = "csv"
+header = true
+columns = [
+  { name = "who", type = "int", role = "user" },
+  { name = "what", type = "int", role = "item" },
+  { name = "when", type = "timestamp" },
+]
+
+[windows]
+unit = "hour"
+size = 6
+
+[model]
+type = "two_tower"
+dim = 16
+embedding_dim = 16
+user_layers = []
+max_history = 0
+recent = []
+
+[gate]
+min_rows = 20
+
+[index]
+kind = "exact"
+"""
+
+EPOCH = 1_700_000_000 // 21_600 * 21_600  # the start of a 6-hour window
+
+
+def _write_log(folder: Path, days: tuple[int, ...] = (0, 1, 2, 3)) -> tuple[np.ndarray, np.ndarray]:
+    """A drifting interaction stream's days as a csv log of raw ids (users 1000 + 7u, items 50 + 3i), day d's events
+    in the 6-hour window `days[d]` (a gap between two entries: empty windows); returns the raw users and items."""
+    from hugerec.data.synthetic_interactions import DriftConfig, InteractionConfig, generate_interaction_days
+
+    stream = generate_interaction_days(InteractionConfig(num_users=200, num_items=120, seed=3), DriftConfig(days=len(days), events=(4, 8)))
+    rows = ["who,what,when"]
+    for d, window in enumerate(days):
+        f = stream.day(d).frame
+        for u, i, t in zip(f["user"].to_list(), f["item"].to_list(), f["timestamp"].to_list(), strict=True):
+            rows.append(f"{1000 + 7 * u},{50 + 3 * i},{EPOCH + window * 21_600 + (t % 86_400) // 4}")
+    (folder / "events.csv").write_text("\n".join(rows) + "\n")
+    (folder / "log.toml").write_text(LOG_CONFIG)
+    f = pl.read_csv(folder / "events.csv")
+    return np.sort(f["who"].unique().to_numpy()), np.sort(f["what"].unique().to_numpy())
+
+
+def test_the_retrieval_loop_runs_over_an_interaction_log_split_into_windows_by_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """[preprocess] declares the log as `hugerec train` reads it; [windows] splits it by the timestamp role, from the
+    window of its first event; an empty window between two is skipped with a record; the pipelines take the log's
+    dense ids, whose raw ids users.parquet / items.parquet give; a log whose ids changed cannot continue."""
+    users, items = _write_log(tmp_path, days=(0, 1, 3, 4))  # window 2 holds no events
+    monkeypatch.chdir(tmp_path)
+    assert main(["loop", "log.toml", "server.mode=offline"]) == 0, capsys.readouterr().err
+    records = _records(tmp_path / "runs/log")
+    assert [(r["window"], r["action"]) for r in records] == [
+        (0, "trained"), (0, "publish"), (1, "trained"), (1, "refuse"), (2, "skip"), (3, "trained"), (3, "publish")
+    ]
+    assert "window 2 has 0 users with events" in str(records[3]["reason"]) and records[4]["reason"] == "window 2 has no events"
+    assert records[5]["reason"] == "warm start from w0"
+    assert pl.read_parquet(tmp_path / "runs/log/users.parquet")["raw"].to_numpy().tolist() == users.tolist()
+    assert pl.read_parquet(tmp_path / "runs/log/items.parquet")["raw"].to_numpy().tolist() == items.tolist()
+    assert len(load_index(tmp_path / "runs/log/bundles/w3/retrieval/index")) == len(items)
+    settings = json.loads((tmp_path / "runs/log/settings.json").read_text())
+    assert settings["log.users"] == len(users) and settings["log.items"] == len(items) and settings["windows.size"] == 6
+    # the log grows by one user: other dense ids, other table sizes: refused, naming the keys
+    with open(tmp_path / "events.csv", "a") as f:
+        f.write(f"5,{items[0]},{EPOCH + 5 * 21_600}\n")
+    assert main(["loop", "log.toml", "server.mode=offline", "loop.last=5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "the config changed since the run in runs/log started" in err and f"log.users: {len(users)} -> {len(users) + 1}" in err
+    assert "log.ids_sha256" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "edit", "message"),
+    [
+        ([], ("4,", "4,x"), "bad input at"),
+        ([], ("{ name = \"who\", type = \"int\", role = \"user\" }", "{ name = \"who\", type = \"int\", role = \"none\" }"),
+         "preprocess.columns: the retrieval loop needs a column with role \"user\"; the declared roles are"),
+        (["loop.first=2", "loop.last=3"], None, "loop.first = 2: window 2 of preprocess.input"),
+        (["loop.last=2"], None, "loop.last = 2: window 2 of preprocess.input"),
+        (["loop.last=9"], None, "loop.last = 9: need 0 <= loop.first (0) < loop.last <= 4, the last window of preprocess.input"),
+        (["preprocess.split=time"], None, "preprocess.split: the retrieval loop reads the log's layout"),
+        (["data.drift.days=3"], None, "data and preprocess: the retrieval loop reads a synthetic stream"),
+        (["windows.time_column=ts"], None, "windows.time_column: the ranking loop's key"),
+        (["preprocess.input=nothing.csv"], None, "preprocess.input"),
+    ],
+)
+def test_bad_interaction_logs_are_refused_in_one_line(
+    argv: list[str], edit: tuple[str, str] | None, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_log(tmp_path, days=(0, 1, 3, 4))
+    if edit is not None:
+        target = tmp_path / ("events.csv" if edit[0] == "4," else "log.toml")
+        text = target.read_text()
+        if edit[0] == "4,":  # the timestamp of the log's 4th event cannot be parsed
+            lines = text.splitlines()
+            who, what, _ = lines[4].split(",")
+            lines[4] = f"{who},{what},not-a-time"
+            target.write_text("\n".join(lines) + "\n")
+        else:
+            target.write_text(text.replace(*edit))
+    monkeypatch.chdir(tmp_path)
+    assert main(["loop", "log.toml", "server.mode=offline", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("hugerec loop: error: ") and message in err, err
+    if edit is not None and edit[0] == "4,":
+        assert "events.csv, line 5, column 'when'" in err and "not-a-time" in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data("movielens/ml-100k/u.data.gz")
+def test_configs_loop_movielens_runs_over_the_movielens_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], shared_data: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["loop", str(Path(__file__).resolve().parents[2] / "configs/loop_movielens.toml"), "loop.last=2"]) == 0
+    records = _records(tmp_path / "runs/loop_movielens")
+    assert [(r["window"], r["action"]) for r in records if r["action"] != "unload"][:2] == [(0, "trained"), (0, "publish")]
+    assert len(pl.read_parquet(tmp_path / "runs/loop_movielens/users.parquet")) == 943
+    assert "preprocess.input" in json.dumps(json.loads((tmp_path / "runs/loop_movielens/settings.json").read_text()))

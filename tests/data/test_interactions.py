@@ -150,3 +150,17 @@ def test_epoch_examples_and_full_ranking_are_what_the_retrieval_family_trains_an
     assert all(np.array_equal(a, b) for a, b in zip(exclude, seen, strict=True))
     assert history.to_lists() == last_items(*seen, np.arange(50), 5).to_lists()
 
+
+
+def test_time_windows_number_from_the_first_event_keep_empty_ones_and_the_id_spaces() -> None:
+    from hugerec.data.interactions import time_windows
+
+    frame = pl.DataFrame({"user": [0, 0, 1, 1, 2], "item": [0, 1, 1, 2, 0], "timestamp": [1050, 1190, 990, 1420, 1199]})
+    data = Interactions(frame, 4, 5)
+    windows = time_windows(data, 100)  # epoch windows 9, 10, 11, 11, 14 -> 0..5
+    assert [w.frame["timestamp"].to_list() for w in windows] == [[990], [1050], [1190, 1199], [], [], [1420]]
+    assert all((w.num_users, w.num_items) == (4, 5) for w in windows)
+    assert sum(w.num_events for w in windows) == data.num_events
+    assert time_windows(data.with_frame(frame.clear()), 100) == []
+    with pytest.raises(ValueError, match="seconds must be >= 1, got 0"):
+        time_windows(data, 0)

@@ -158,6 +158,7 @@ class RetrievalLoop:
         self._histories: dict[int, Interactions] = {}  # k -> the events of windows 0..k (the newest two kept)
         self._targets: dict[int, tuple[np.ndarray, CSR, CSR]] = {}  # k -> recall's users, held and seen rows
         self._recalls: dict[tuple[str, int, int], tuple[float, int]] = {}  # (version, checkpoint mtime, k) -> recall
+        self._models: dict[tuple[str, int], RetrievalModel] = {}  # (version, checkpoint mtime) -> the model (`load`)
 
     # -- state, read back from the decision log --------------------------------------------------
     def checkpoint(self, version: str) -> Path:
@@ -184,9 +185,26 @@ class RetrievalLoop:
         return model  # type: ignore[return-value]  # a retrieval config builds a retrieval model
 
     def load(self, version: str) -> RetrievalModel:
+        """The model of `version`'s checkpoint, in eval mode, kept in memory per (version, the checkpoint's mtime)
+        for the phases that read it again (the gate, the export, the next decision; the candidate is kept as
+        trained): read only, never trained (a warm start trains a model of its own, `_read`)."""
+        key = (version, self.checkpoint(version).stat().st_mtime_ns)
+        if key not in self._models:
+            self._keep(key, self._read(version))
+        return self._models[key]
+
+    def _read(self, version: str) -> RetrievalModel:
         model = self.build()
         model.load_state_dict(read_weights(self.checkpoint(version), "RetrievalLoop", "model checkpoint"))
         return model.eval()
+
+    def _keep(self, key: tuple[str, int], model: RetrievalModel) -> None:
+        """Keep `model` as `load`'s answer for `key`, with the three models used last (a window reads at most the
+        candidate, the serving model and the canary)."""
+        self._models.pop(key, None)
+        self._models[key] = model
+        while len(self._models) > 3:
+            del self._models[next(iter(self._models))]
 
     def history(self, k: int) -> Interactions:
         """Every event of windows 0..k in one log (window k - 1's log and window k's events, when that is kept)."""
@@ -247,11 +265,12 @@ class RetrievalLoop:
                 rows, how = self.history(k) if first < k else events, f"a fresh model on windows {first}..{k}"
                 model = self.build()
             else:
-                rows, how, model = events, f"warm start from {base}", self.load(base)
+                rows, how, model = events, f"warm start from {base}", self._read(base)
                 epochs = self.config.warm_start_epochs or epochs
             counts = np.bincount(self.history(k).items(), minlength=self.config.num_items)
             self.train(model, rows, counts, k, epochs)
             atomic_save(model.state_dict(), self.checkpoint(version))
+            self._keep((version, self.checkpoint(version).stat().st_mtime_ns), model)  # the gate and the export read it
             self.log.append(Record(k, "trained", how, extra={"events": rows.num_events, "base": base}))
         t1 = time.perf_counter()
         passed, reason, figures = self._gate(k, version)

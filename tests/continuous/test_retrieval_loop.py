@@ -66,6 +66,9 @@ def test_offline_loop_warm_starts_gates_on_recall_and_exports_a_fresh_index(tmp_
         assert len(rec.items) == 50 and not seen & set(rec.items.tolist()) and rec.sources[0] == "ann"
     finally:
         pipe.close()
+    # the models the phases read stay in memory: the candidate as trained equals its checkpoint read back
+    assert loop.recall(loop.load("w2"), 3) == loop.recall(loop._read("w2"), 3)
+    assert loop.load("w2") is loop.load("w2")
     # a restarted loop redoes nothing; the gate refuses a candidate worse than the serving model
     again = RetrievalLoop(_config(tmp_path, keep_versions=2), stream.day)
     assert _actions(again.run(0, 3)) == _actions(records)

@@ -81,14 +81,30 @@ def top_k(
             if inside.any():
                 scores = scores.clone()
                 scores[rows[inside], cols[inside] - i0] = float("-inf")
-            keys = encode(scores, i0)
-            keys = torch.topk(keys, min(kk, keys.shape[1]), dim=1).values
+            keys = _block_top_keys(scores, i0, min(kk, scores.shape[1]))  # [b, <= kk] this block's best keys
             if best is not None:
                 keys = torch.topk(torch.cat([best, keys], dim=1), min(kk, best.shape[1] + keys.shape[1]), dim=1).values
             best = keys
         assert best is not None
         out_scores[q0:q1], out_pos[q0:q1] = decode(best)
     return out_scores, out_pos
+
+
+def _block_top_keys(scores: torch.Tensor, first_position: int, m: int) -> torch.Tensor:
+    """[b, n] float32 scores of items first_position.. -> [b, m] their m best keys, best first: the keys of
+    `encode`, selected per row by the Numba kernel (ops/cpu/topk_kernels.py; `torch.topk(encode(...), m)` is its
+    reference) in one pass, without the [b, n] int64 keys."""
+    if scores.device.type != "cpu":
+        return torch.topk(encode(scores, first_position), m, dim=1).values
+    if scores.dtype != torch.float32:
+        raise ValueError(f"top_k: scores must be float32, got {scores.dtype}")
+    if torch.isnan(scores).any():
+        raise ValueError("top_k: scores contain NaN")
+    from hugerec.ops.cpu.topk_kernels import top_keys  # Numba: imported when first scored
+
+    out = np.empty((scores.shape[0], m), dtype=np.int64)
+    top_keys(scores.detach().contiguous().numpy().view(np.int32), first_position, out)
+    return torch.from_numpy(out)
 
 
 def _excluded(exclude: tuple[np.ndarray, np.ndarray] | None, q0: int, q1: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -44,6 +44,8 @@ day d = 1..6 scored on day d's holdout by the model serving after step d-1, the 
 the smallest over days 1-3, 5, 6.
 `two_tower day <d> recall@50` / `two_tower day <d> iteration time`: the two-tower loop on a drifting interaction
 stream against a two-tower retrained from scratch on every day so far (two_tower_week's docstring).
+`two_tower gate top-50`: the gate's exact top-50 of the serving model over the last day's users and every item,
+`hugerec-top_k` (the Numba block selection) against `torch-topk-int64-keys` (the torch path it replaced).
 `iteration time`: one loop step on day 5 (warm start, train a day, gate) plus publishing its model to a server in
 this process (export the bundle, load it, make it the canary; the model of day 4 already stable)
 against a full retrain from scratch on days 0..5 (same epochs, same rows per day).
@@ -367,7 +369,51 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = ()) -> l
         print(f"two_tower day {d}: served {version} recall@{cfg.k} {served:.4f} vs from scratch {reference:.4f} "
               f"({served / reference:.3f}x); iteration {step:.1f} s ({phases}) vs retrain {retrain:.1f} s ({step / retrain:.2f}x); "
               f"cpu {step_cpu:.1f} s vs {retrain_cpu:.1f} s ({step_cpu / retrain_cpu:.2f}x); load {os.getloadavg()[0]:.1f}", flush=True)
+    records += _gate_top_k(loop, days - 1)
     return records
+
+
+def _gate_top_k(loop: Any, k: int, repeats: int = 5) -> list[dict[str, Any]]:
+    """`two_tower gate top-<K>`: the gate's exact top-K of one model (the serving one) on window k's users, every
+    item scored, their earlier items excluded: `hugerec.index.topk.top_k` (each block's best keys through the
+    Numba kernel) against the torch path it replaced (`torch.topk` over the block's int64 keys, `encode`), on
+    the same score blocks; CPU seconds, the best of `repeats` each, interleaved; both answers must be equal."""
+    from hugerec.index import topk
+    from hugerec.sparse.jagged import JaggedTensor
+    from hugerec.training.ranking_metrics import csr_minus
+    from hugerec.training.retrieval import all_item_vectors, user_vectors
+
+    users, held, seen = loop._target(k)
+    model = loop.load(loop.serving_version())
+    empty = JaggedTensor(torch.zeros(0, dtype=torch.int64), torch.zeros(users.size, dtype=torch.int64))
+    q, v = user_vectors(model, torch.from_numpy(users), empty), all_item_vectors(model)
+    exclude, n, kk = csr_minus(seen, held), model.num_items, loop.config.k
+
+    def torch_keys(scores: torch.Tensor, first: int, m: int) -> torch.Tensor:
+        return torch.topk(topk.encode(scores, first), m, dim=1).values
+
+    ours_fn = topk._block_top_keys
+    best: dict[str, float] = {}
+    answers = {}
+    for _ in range(repeats):
+        for name, fn in (("hugerec-top_k", ours_fn), ("torch-topk-int64-keys", torch_keys)):
+            topk._block_top_keys = fn  # type: ignore[assignment]  # the block selection the benchmark compares
+            try:
+                c0 = time.process_time()
+                answers[name] = topk.top_k(lambda u0, u1, i0, i1: q[u0:u1] @ v[i0:i1].T, users.size, n, kk, exclude)
+                best[name] = min(best.get(name, float("inf")), time.process_time() - c0)
+            finally:
+                topk._block_top_keys = ours_fn
+    assert all(torch.equal(a, b) for a, b in zip(answers["hugerec-top_k"], answers["torch-topk-int64-keys"], strict=True))
+    config = f"two_tower gate top-{kk}"
+    print(f"{config}: {users.size} users x {n} items, top_k {best['hugerec-top_k'] * 1000:.1f} ms vs torch int64 keys "
+          f"{best['torch-topk-int64-keys'] * 1000:.1f} ms CPU ({best['hugerec-top_k'] / best['torch-topk-int64-keys']:.2f}x); "
+          f"load {os.getloadavg()[0]:.1f}", flush=True)
+    return [
+        _record(config, "hugerec-top_k", best["hugerec-top_k"], "s", False, users=int(users.size), items=n,
+                ratio_to_torch=best["hugerec-top_k"] / best["torch-topk-int64-keys"]),
+        _record(config, "torch-topk-int64-keys", best["torch-topk-int64-keys"], "s", False),
+    ]
 
 
 def _publish_seconds(loop: Loop, stable: str, candidate: str, work: Path, cfg: StreamConfig) -> float:

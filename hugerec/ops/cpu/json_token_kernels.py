@@ -1,5 +1,6 @@
-"""A JSON text's integer tokens too long for 64 bits, found by reading one byte in 19 until a digit, then that digit run (serving's JSON bodies:
-serving/runtime/json_tokens.py holds the caller and the bytes.translate reference the tests compare with).
+"""A JSON text's integer tokens too long for 64 bits, found by reading one byte in 19 until a digit, then that
+digit run (serving's JSON bodies: serving/runtime/json_tokens.py holds the caller and the bytes.translate
+reference the tests compare with).
 
 A token is a run of 20 digits or more, or a minus and 19, that follows the text's start or a character other
 than a digit, ".", "e", "E", "+" or "-": a fraction's or an exponent's digits follow "." or "e", a second minus

@@ -68,6 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--old", type=Path, help="the other checkout (the A side)")
     parser.add_argument("--old-python", default=sys.executable, help="its interpreter (default: this one)")
+    parser.add_argument("--new", type=Path, default=REPO, help="the B side's checkout (default: this one)")
     parser.add_argument("--quick", action="store_true", help="8 rounds of 0.4 s slices per config (else 24)")
     parser.add_argument("--rounds", type=int, help="rounds per config (each: one slice per side and method)")
     parser.add_argument("--slice", type=float, default=0.4, help="seconds of one slice (default 0.4, as serving.py)")
@@ -80,7 +81,7 @@ def main() -> None:
     if args.old is None:
         parser.error("--old is required")
     rounds = args.rounds or (8 if args.quick else 24)
-    sides = {"old": (args.old_python, args.old.resolve()), "new": (sys.executable, REPO)}
+    sides = {"old": (args.old_python, args.old.resolve()), "new": (sys.executable, args.new.resolve())}
     tmp = Path(tempfile.mkdtemp(prefix="hugerec-serving-ab-"))
     procs: dict[str, subprocess.Popen[bytes]] = {}
     ports: dict[str, int] = {}

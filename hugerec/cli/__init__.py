@@ -192,7 +192,9 @@ POST /recommend/interactions the ingest token ($HUGEREC_INGEST_TOKEN) or the adm
 token those routes are off. Request limits (README: "Serving limits") have safe defaults; change one
 with --limit NAME=VALUE, e.g. --limit max_users=64 --limit header_timeout_s=5.
 Pipeline bundles (`hugerec pipeline build`) are served beside model bundles: POST /recommend
-{"user": 1, "k": 10} and the KServe v2 model of the pipeline's name.
+{"user": 1, "k": 10} and the KServe v2 model of the pipeline's name. --state-dir, --redis-url and
+--updates-dir/--updates-stream concern model bundles (and a pipeline's ranker), --max-delay-ms model and
+GBM bundles: one that no bundle given reads is refused.
 Open http://127.0.0.1:8000/ in a browser for the status page: what is served and, with the admin token,
 versions, canary share, request rate and latency, and a `hugerec loop`'s recent decisions (--decision-log).
 example: hugerec serve runs/quickstart/bundle --port 8000"""
@@ -561,6 +563,29 @@ def _schema(args: argparse.Namespace) -> int:
         return 2
 
 
+# `hugerec serve` flags that only some bundle kinds read -> what reads them (any_bundle.server_settings_read)
+_SERVE_FLAGS = {
+    "--state-dir": ("state_dir", "options"),
+    "--redis-url": ("redis_url", "options"),
+    "--updates-dir": ("updates_dir", "options"),
+    "--updates-stream": ("updates_stream", "options"),
+    "--max-delay-ms": ("max_delay_ms", "batching"),
+}
+_READ_BY = {"options": "model bundles and pipeline bundles with a ranker", "batching": "model and gbm bundles"}
+
+
+def _check_serve_flags(args: argparse.Namespace) -> None:
+    """A flag that no bundle given reads is refused in one line naming it and the bundles' kinds (as serving.load
+    refuses an option of another kind), instead of being ignored."""
+    from hugerec.serving.bundles.any_bundle import server_settings_read
+
+    read = [(b, *server_settings_read(b)) for b in args.bundles]
+    for flag, (dest, setting) in _SERVE_FLAGS.items():
+        if getattr(args, dest) is not None and not any(setting in reads for _, _, reads in read):
+            kinds = "; ".join(f"{b} is a {kind} bundle" + (" without a ranker" if kind == "pipeline" else "") for b, kind, _ in read)
+            raise ValueError(f"{flag} applies to {_READ_BY[setting]} only; {kinds}")
+
+
 def _serve(args: argparse.Namespace) -> int:
     """`hugerec serve` takes bundle paths, not a training config."""
     try:
@@ -571,6 +596,7 @@ def _serve(args: argparse.Namespace) -> int:
         for b in args.bundles:
             if not (b / "manifest.json").is_file():
                 raise FileNotFoundError(f"{b} is not a bundle (no manifest.json); make one with `hugerec export`")
+        _check_serve_flags(args)
         batching = BatchingConfig() if args.max_delay_ms is None else BatchingConfig(max_delay_ms=args.max_delay_ms)
         from hugerec.serving.http.limits import limits_from_overrides
 

@@ -37,6 +37,30 @@ def test_serve_refuses_what_is_not_a_bundle(tmp_path: Path, capsys: pytest.Captu
 
 
 @pytest.mark.parametrize(
+    ("manifest", "flags", "message"),
+    [
+        ({"kind": "gbm", "format": 1}, ["--updates-dir", "u"], "--updates-dir applies to model bundles and pipeline bundles with a ranker only; {b} is a gbm bundle"),
+        ({"kind": "next_items", "format": 1}, ["--max-delay-ms", "2"], "--max-delay-ms applies to model and gbm bundles only; {b} is a next_items bundle"),
+        (
+            {"kind": "pipeline", "format": 1, "parts": ["features", "retrieval"]},
+            ["--state-dir", "s"],
+            "--state-dir applies to model bundles and pipeline bundles with a ranker only; {b} is a pipeline bundle without a ranker",
+        ),
+    ],
+)
+def test_serve_refuses_a_flag_no_bundle_given_reads(
+    manifest: dict[str, object], flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """serving.load refuses an option of another bundle kind; `hugerec serve` did ignore the flag. Refused before
+    any part of the bundle is read (here the folder holds only its manifest)."""
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["serve", str(bundle), *flags]) == 2
+    assert capsys.readouterr().err == "hugerec serve: error: " + message.format(b=bundle) + "\n"
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["train", "train.lrr=0.1"], "hugerec train: error: unknown key 'train.lrr'; did you mean 'train.lr'?"),

@@ -188,6 +188,28 @@ def bundle_kind_of(path: str | Path) -> str:
     return str(kind)
 
 
+SERVE_OPTIONS, BATCHING = "options", "batching"
+
+
+def server_settings_read(path: str | Path) -> tuple[str, frozenset[str]]:
+    """(the kind of the bundle at `path`, which of a server's settings for every load it reads): SERVE_OPTIONS,
+    the ServeOptions beyond `verify` (tiers, state dir, live updates: a model bundle's, and a pipeline's ranker's
+    when it has one), BATCHING (model and gbm). The server lends every load the same settings, so a setting that
+    no bundle served reads is one its caller should hear about (`hugerec serve` refuses it). ValueError as
+    bundle_kind_of."""
+    kind = bundle_kind_of(path)
+    match kind:
+        case "model":
+            return kind, frozenset({SERVE_OPTIONS, BATCHING})
+        case gbm_bundle.KIND:
+            return kind, frozenset({BATCHING})
+        case pipeline_bundle.KIND:
+            parts = json.loads((Path(path) / MANIFEST).read_text()).get("parts")
+            return kind, frozenset({SERVE_OPTIONS} if isinstance(parts, list) and "ranker" in parts else ())
+        case _:
+            return kind, frozenset()
+
+
 def _check_format(where: Path, kind: str, got: object, reads: int) -> None:
     if isinstance(got, int) and not isinstance(got, bool) and got > reads:
         raise ValueError(f"load: {where}: a {kind} bundle of format {got}, newer than this hugerec reads ({reads}); upgrade hugerec")

@@ -34,6 +34,9 @@ from hugerec.serving.runtime.inference_protocol import RequestError
 
 TICKET = "hugerec.reserved"  # the scope key of the body bytes a request holds of the in-flight budget
 RETRY_AFTER = "retry-after"
+# the scope key a protocol sets when it closes a request whose body is not in within this many seconds
+# (connection_limits.py): read_asgi_body then arms no timer of its own
+BODY_DEADLINE = "hugerec.body_deadline"
 BINARY_MEMORY_FACTOR = 4  # peak bytes per byte of a body of binary tensors, one model call of a batch included
 # peak bytes per byte of a JSON body while it is parsed: 4 measured on tensors of numbers; the worst shapes
 # (arrays of empty arrays, of one-character strings: 3 to 4 bytes of text per 56-64 byte object) reach 24
@@ -211,34 +214,45 @@ async def read_asgi_body(
 ) -> bytes | None:
     """A request body from raw ASGI messages; None when the client left before sending all of it.
 
-    One deadline for the whole body (asyncio.timeout: a timer, where wait_for per message made a task and
-    an event-loop turn of each). A body that came in one message of its Content-Length (every small
-    request) is that message's bytes, reserved and returned without a buffer or a copy."""
+    One deadline for the whole body: the connection's (a scope with BODY_DEADLINE no longer than timeout_s:
+    the protocol closes the request then, and receive() answers a disconnect), else an asyncio.timeout here
+    (a timer, where wait_for per message made a task and an event-loop turn of each). A body that came in one
+    message of its Content-Length (every small request) is that message's bytes, reserved and returned
+    without a buffer or a copy."""
     declared = None
     for key, value in scope["headers"]:
         if key == b"content-length":
             declared = check_declared_length(value.decode("latin-1"), max_bytes)
     if declared is not None and admission is not None:
         admission.reserve(scope, declared)  # before a byte is read: receive() resumes reading the socket
+    kept = scope.get(BODY_DEADLINE)
+    if kept is not None and kept <= timeout_s:
+        return await _receive_body(scope, receive, declared, max_bytes, admission)
     try:
         async with asyncio.timeout(timeout_s):
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            more = message.get("more_body", False)
-            if not more and declared is not None and len(chunk) == declared:
-                return chunk  # bytes, as ASGI says
-            body = _Body(declared, max_bytes, admission if declared is None else None, scope)  # reserved above
-            body.add(chunk)
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return None
-                body.add(message.get("body", b""))
-                more = message.get("more_body", False)
+            return await _receive_body(scope, receive, declared, max_bytes, admission)
     except TimeoutError:
         raise _body_timeout(timeout_s) from None
+
+
+async def _receive_body(
+    scope: Scope, receive: Receive, declared: int | None, max_bytes: int, admission: Admission | None
+) -> bytes | None:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        return None
+    chunk = message.get("body", b"")
+    more = message.get("more_body", False)
+    if not more and declared is not None and len(chunk) == declared:
+        return chunk  # bytes, as ASGI says
+    body = _Body(declared, max_bytes, admission if declared is None else None, scope)  # reserved above
+    body.add(chunk)
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body.add(message.get("body", b""))
+        more = message.get("more_body", False)
     return body.bytes()
 
 

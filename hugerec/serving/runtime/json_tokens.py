@@ -7,7 +7,8 @@ text's start or a character other than a digit, ".", "e", "E", "+" or "-" (a fra
 digits follow "." or "e"; a string of digits may look like one, which only costs the slower parser). Every
 64-bit integer is shorter, so a body without one keeps orjson.
 
-`may_hold_big_integers` is one pass of a Numba kernel (ops/cpu/json_token_kernels.py) over the bytes;
+`may_hold_big_integers` is a Numba kernel (ops/cpu/json_token_kernels.py) that reads one byte in 19 until
+it meets a digit (a token holds a run of 19 digits or more) and then measures that run;
 `may_hold_big_integers_reference` is the same test with bytes.translate and two substring searches, which
 the tests compare it against. Those searches step about one byte at a time on the digit-dense text of a
 tensor's floats (CPython's search skips ahead only past characters the needle lacks, and uses its two-way

@@ -19,7 +19,7 @@ from hugerec.models.gbm import FeatureMatrix, LightGBMConfig
 from hugerec.models.mf import MatrixFactorization
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SASRecConfig
-from hugerec.serving.bundles.any_bundle import bundle_kind_of, load
+from hugerec.serving.bundles.any_bundle import BATCHING, SERVE_OPTIONS, bundle_kind_of, load, server_settings_read
 from hugerec.serving.bundles.bundle_loader import ServeOptions
 from hugerec.serving.bundles.export import export
 from hugerec.serving.bundles.pipeline_bundle import PipelineOptions, export_pipeline
@@ -122,6 +122,17 @@ def test_an_option_of_another_kind_is_refused(bundles: dict[str, Path], kind: st
     with pytest.raises(ValueError, match=f"^load: {bundles[kind]} is {message}") as e:
         load(bundles[kind], **given)
     assert "\n" not in str(e.value)
+
+
+def test_the_server_settings_each_kind_reads(bundles: dict[str, Path]) -> None:
+    """What `hugerec serve` checks its flags against: a model bundle reads the ServeOptions and the batching, a GBM
+    bundle the batching, a next-items bundle neither, a pipeline the ServeOptions only through its ranker (this
+    one has none)."""
+    assert server_settings_read(bundles["model"]) == ("model", {SERVE_OPTIONS, BATCHING})
+    assert server_settings_read(bundles["gbm"]) == ("gbm", {BATCHING})
+    assert server_settings_read(bundles["next_items"]) == ("next_items", set())
+    assert server_settings_read(bundles["pipeline"]) == ("pipeline", set())
+    assert "ranker" not in json.loads((bundles["pipeline"] / "manifest.json").read_text())["parts"]
 
 
 def test_a_bad_option_value_is_refused_naming_it(bundles: dict[str, Path]) -> None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
+from hugerec.serving.bundles.bundle_loader import ServeOptions
 from hugerec.serving.http.connection_limits import raw_response
 from hugerec.serving.http.limits import RequestLimits
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
@@ -19,8 +21,9 @@ LIMITS = RequestLimits(header_timeout_s=1.0, body_timeout_s=1.5, max_header_byte
 
 
 @pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    srv = InferenceServer(ServerConfig(limits=LIMITS))
+def url(toy: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    srv = InferenceServer(ServerConfig(limits=LIMITS), ServeOptions(state_dir=str(tmp_path_factory.mktemp("state"))))
+    srv.add_bundle(toy.bundle)  # the infer route reads its body on raw ASGI messages, with the connection's deadline
     with BackgroundServer(srv) as url:
         yield url
     srv.close()
@@ -77,6 +80,15 @@ def test_a_body_sent_a_byte_at_a_time_is_cut_at_the_whole_body_deadline(url: str
         got, took = _trickle(sock, b"{" + b" " * 399, 0.1, until_s=6)
     assert got.startswith(b"HTTP/1.1 408") and b"did not arrive within 1.5 s" in got, got
     assert 1.3 < took < 4.5
+
+
+def test_an_infer_body_sent_a_byte_at_a_time_is_cut_at_the_whole_body_deadline(url: str) -> None:
+    """The infer route's read arms no timer of its own: the connection's deadline ends it (408, closed)."""
+    with _connect(url) as sock:
+        sock.sendall(b"POST /v2/models/toy/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 400\r\n\r\n")
+        got, took = _trickle(sock, b"{" + b" " * 399, 0.1, until_s=30)
+    assert got.startswith(b"HTTP/1.1 408") and b"request body did not arrive within 1.5 s" in got, got
+    assert took > 1.3  # never before the deadline
 
 
 def test_a_body_the_app_does_not_read_is_cut_too(url: str) -> None:

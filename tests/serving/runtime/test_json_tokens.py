@@ -21,6 +21,18 @@ def test_the_kernel_agrees_with_the_reference_on_any_text(text: str) -> None:
     assert may_hold_big_integers(raw) == may_hold_big_integers_reference(raw), raw
 
 
+# long texts of digit runs of every length around 19 and 20 behind every kind of character, at any offset:
+# the kernel reads one byte in 19 until it meets a digit
+_PIECES = st.tuples(st.text(_ALPHABET, max_size=3), st.integers(0, 45), st.sampled_from("0123456789"))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 40), st.lists(_PIECES, max_size=30))
+def test_the_kernel_agrees_with_the_reference_on_long_texts_of_runs(offset: int, pieces: list[tuple[str, int, str]]) -> None:
+    raw = (" " * offset + "".join(before + digit * run for before, run, digit in pieces)).encode()
+    assert may_hold_big_integers(raw) == may_hold_big_integers_reference(raw), raw
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False)), max_size=30))
 def test_json_numbers_are_flagged_exactly_when_an_integer_needs_more_than_64_bits_of_digits(

@@ -17,7 +17,9 @@ the same process on the same splits. Protocol (the same for every method, ours a
               baseline's from its grid (`baseline_grid`), each model's epochs by scoring the validation
               targets after every epoch (at most --max-epochs, stopping after --patience epochs without
               a better one; seed 0). The models' other settings (lr, windows, max_len, dropout) are
-              the ones earlier validation runs chose for SASRec (benchmarks/README.md).
+              the ones earlier validation runs chose for SASRec; HSTU's own small grid on validation
+              (--hstu-temperature, --max-len; benchmarks/README.md) kept them. --seeds 0 runs the
+              validation curve only (the curve goes to --json).
   test        read once, at the end: every method refitted on train + validation (MovieLens: each user's
               history up to the test item; YOOCHOOSE: the whole of train_full) with the chosen settings;
               models trained with seeds 0..--seeds-1 for the chosen epochs (mean, spread per seed).

@@ -32,7 +32,11 @@ from hugerec.ops.lookup_plan import COLUMN, FEATURE, MEAN, NUM_ROWS, ROW_OFFSET,
 from hugerec.ops.update_rule import RuleKind, UpdateRule
 from hugerec.ops.workspace import Workspace
 
-_FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}  # no "nnan"/"ninf": a NaN must stay visible
+# No "nnan"/"ninf": a NaN must stay visible. No "reassoc": with it LLVM may reorder sums (row-wise
+# Adagrad's sum of squares, a row's summed gradient) differently when a parallel kernel is compiled in
+# the process than when it is loaded from Numba's cache, so a run resumed in a process that loads the
+# cached kernel would not continue bit for bit the run that compiled it.
+_FASTMATH = {"nsz", "arcp", "contract", "afn"}
 # Prefetch distances of phase 2 (software prefetching pays there: each unique row is a chain of dependent
 # random loads that the out-of-order window cannot overlap on its own)
 SLOTS_AHEAD, OCCURRENCES_AHEAD, ROWS_AHEAD = 4, 8, 16

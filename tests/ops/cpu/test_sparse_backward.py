@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
@@ -116,3 +120,48 @@ def test_modes_agree_bit_for_bit_on_a_large_zipf_batch(monkeypatch: pytest.Monke
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
     touched = values[:batch].unique().numel() + values[batch:].unique().numel()
     assert results[0][1].count_nonzero() == touched  # sanity: every touched row updated
+
+
+# Runs every update rule in both modes on a skewed batch and prints a digest of the rows and states.
+_DIGEST = """
+import hashlib, torch
+from hugerec.ops.cpu import sparse_backward
+from hugerec.ops.update_rule import RuleKind, UpdateRule
+from hugerec.ops.workspace import Workspace
+gen = torch.Generator().manual_seed(5)
+batch, dim, num_rows = 700, 24, 900
+values = (torch.rand(2 * batch, generator=gen) ** 4 * num_rows).long()
+offsets = torch.arange(2 * batch + 1)
+plan = torch.tensor([[0, 0, 0, num_rows, 0, 0, 0], [1, 1, num_rows, num_rows, dim, 0, 0]])
+grad = torch.randn(batch, 2 * dim, generator=gen)
+lrs = torch.tensor([0.1, 0.2], dtype=torch.float64)
+digest = hashlib.sha256()
+for kind in RuleKind:
+    rule = UpdateRule(kind, lr=0.1, eps=1e-8, weight_decay=0.01, l1=0.01, l2=0.01, beta=0.1, lr_power=-0.5)
+    for dtype in (torch.float32, torch.bfloat16):
+        for limit in (0, sparse_backward.ACCUMULATE_MAX_BYTES):
+            sparse_backward.ACCUMULATE_MAX_BYTES = limit
+            weight = torch.randn(2 * num_rows, dim, generator=torch.Generator().manual_seed(1)).to(dtype)
+            state = torch.rand(2 * num_rows, rule.state_width(dim), generator=torch.Generator().manual_seed(2)) + 0.1
+            for _ in range(3):
+                sparse_backward.sparse_backward(
+                    weight, state, values, offsets, None, plan, dim, batch, False, grad, rule, lrs, Workspace()
+                )
+            digest.update(weight.view(torch.uint8).numpy().tobytes() + state.numpy().tobytes())
+print(digest.hexdigest())
+"""
+
+
+@pytest.mark.slow
+def test_cached_kernels_update_bit_for_bit_like_freshly_compiled_ones(tmp_path: Path) -> None:
+    """The first process compiles the kernels and writes Numba's cache, the second loads them from it: both
+    must update every rule's rows identically, or a killed run resumed in a new process would not continue
+    bit for bit (fastmath's "reassoc" broke this: the two compile paths reordered sums differently)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", _DIGEST], env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr
+        runs.append(proc.stdout.strip())
+        assert any(p.suffix == ".nbc" for p in (tmp_path / "numba-cache").rglob("*"))  # the second run loaded these
+    assert runs[0] == runs[1]

@@ -105,15 +105,16 @@ def test_relative_bias_matches_the_reference_and_its_gradient(lengths: list[int]
     offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
     gen = torch.Generator().manual_seed(seed)
     table = torch.randn(size, generator=gen)
-    ours, ref = table.clone().requires_grad_(), table.clone().requires_grad_()
+    ours, ref = table.clone().requires_grad_(), table.double().requires_grad_()  # gradients summed in float64 on both
     out = relative_bias(ours, offsets)
     want = reference.relative_bias(ref, offsets)
-    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(out, want.float(), rtol=0, atol=0)
     grad = torch.randn(out.shape, generator=gen)
     out.backward(grad)
-    want.backward(grad)
+    want.backward(grad.double())
     assert ours.grad is not None and ref.grad is not None
-    torch.testing.assert_close(ours.grad, ref.grad, rtol=1e-5, atol=1e-6)
+    assert ours.grad.dtype == torch.float32
+    torch.testing.assert_close(ours.grad, ref.grad.float(), rtol=1e-6, atol=1e-6)
 
 
 def test_relative_bias_of_many_sequences_sums_every_chunk() -> None:

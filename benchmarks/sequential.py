@@ -17,7 +17,9 @@ the same process on the same splits. Protocol (the same for every method, ours a
               baseline's from its grid (`baseline_grid`), each model's epochs by scoring the validation
               targets after every epoch (at most --max-epochs, stopping after --patience epochs without
               a better one; seed 0). The models' other settings (lr, windows, max_len, dropout) are
-              the ones earlier validation runs chose for SASRec (benchmarks/README.md).
+              the ones earlier validation runs chose for SASRec; HSTU's own small grid on validation
+              (--hstu-temperature, --max-len; benchmarks/README.md) kept them. --seeds 0 runs the
+              validation curve only (the curve goes to --json).
   test        read once, at the end: every method refitted on train + validation (MovieLens: each user's
               history up to the test item; YOOCHOOSE: the whole of train_full) with the chosen settings;
               models trained with seeds 0..--seeds-1 for the chosen epochs (mean, spread per seed).
@@ -240,13 +242,15 @@ class DeepSettings:
     layers: int = 2
     heads: int = 1
     hstu_temperature: float = 0.0  # HSTU: 0 = dot product scores (as SASRec); > 0 cosine / temperature
+    dim: int = 64
+    hstu_attention_dim: int = 0  # HSTU: per-head width of queries and keys (0: dim / heads)
 
 
 def build_model(name: str, num_items: int, s: DeepSettings, seed: int) -> Any:
     torch.manual_seed(seed)
-    cfg = SequenceConfig(num_items=num_items, max_len=s.max_len, dim=64, num_layers=s.layers, num_heads=s.heads, dropout=s.dropout)
+    cfg = SequenceConfig(num_items=num_items, max_len=s.max_len, dim=s.dim, num_layers=s.layers, num_heads=s.heads, dropout=s.dropout)
     if name == "hugerec-hstu":
-        return HSTU(cfg, optimizer=Adam(lr=s.lr), options=HSTUOptions(temperature=s.hstu_temperature))
+        return HSTU(cfg, optimizer=Adam(lr=s.lr), options=HSTUOptions(attention_dim=s.hstu_attention_dim, temperature=s.hstu_temperature))
     return MODELS[name](cfg, optimizer=Adam(lr=s.lr))
 
 
@@ -345,7 +349,14 @@ def quality(
     if baselines_on:
         results["item-transitions"] = split_metrics(test, transitions(test.train, test.num_items, transitions_counts, test.histories[:, -1]), k)
     for name in models:
-        epochs = epochs_override.get(name) or choose_epochs(name, valid, settings, max_epochs, patience, key, k, max_steps)[0]
+        epochs = epochs_override.get(name, 0)
+        if not epochs:
+            t0 = time.process_time()
+            epochs, curve = choose_epochs(name, valid, settings, max_epochs, patience, key, k, max_steps)
+            for e, v in enumerate(curve, start=1):
+                record(records, f"quality {dataset} valid {key} epoch {e}", name, v, "fraction")
+            record(records, f"quality {dataset} valid {key}", name, max(curve), f"fraction (best of {len(curve)} epochs, at {epochs})")
+            record(records, f"quality {dataset} valid cpu", name, time.process_time() - t0, "CPU seconds (validation run)", higher=False)
         if not seeds:  # --seeds 0: the validation run only
             print(f"  {name}: {epochs} epochs chosen on valid; no test run (--seeds 0)", flush=True)
             continue
@@ -450,7 +461,7 @@ def movielens(records: Records, args: argparse.Namespace) -> None:
     valid, test = movielens_splits()
     settings = DeepSettings(
         max_len=args.max_len, lr=args.lr, batch=args.batch, windows=args.windows, dropout=args.dropout, layers=args.layers, heads=args.heads,
-        hstu_temperature=args.hstu_temperature,
+        hstu_temperature=args.hstu_temperature, dim=args.dim, hstu_attention_dim=args.hstu_attention_dim,
     )
     if args.save_test_checkpoints:
         for name in model_list(args):
@@ -619,7 +630,7 @@ def merge(paths: list[str]) -> Records:
                     seeds.setdefault((dataset, r["method"], metric), {})[int(words[4])] = r["value"]
                 elif len(words) == 3 and not r["method"].startswith("hugerec"):
                     base.setdefault((dataset, metric), {})[r["method"]] = r["value"]
-                elif words[2] == "epochs":
+                elif words[2] in ("epochs", "valid"):  # the chosen epochs, the validation curves: as they are
                     out.append(r)
     means: dict[tuple[str, str, str], float] = {}
     for (dataset, model, metric), per_seed in sorted(seeds.items()):
@@ -630,8 +641,8 @@ def merge(paths: list[str]) -> Records:
         for s in sorted(per_seed):
             record(out, f"quality {dataset} {metric} seed {s}", model, per_seed[s], "fraction")
         print(f"  {dataset} {model} {metric}: {means[(dataset, model, metric)]:.4f} +- {np.std(values):.4f} over seeds {sorted(per_seed)}")
-    for (dataset, metric), values in sorted(base.items()):
-        for method, v in values.items():
+    for (dataset, metric), by_method in sorted(base.items()):
+        for method, v in by_method.items():
             record(out, f"quality {dataset} {metric}", method, v, "fraction")
     for (dataset, model, metric), mean in sorted(means.items()):
         short = model.removeprefix("hugerec-")
@@ -788,6 +799,8 @@ def main() -> None:
     parser.add_argument("--checkpoints", metavar="DIR", help="MovieLens: read the test runs' weights of the chosen epoch from DIR instead of training")
     parser.add_argument("--first-seed", type=int, default=0, help="test runs use seeds first-seed .. first-seed + seeds - 1 (to run seeds in parallel processes)")
     parser.add_argument("--hstu-temperature", type=float, default=0.0, help="MovieLens HSTU: 0 = dot-product scores, > 0 = cosine / temperature (HSTU's paper: 0.05)")
+    parser.add_argument("--hstu-attention-dim", type=int, default=0, help="MovieLens HSTU: per-head width of queries and keys (0: dim / heads)")
+    parser.add_argument("--dim", type=int, default=64, help="MovieLens: the models' embedding width")
     parser.add_argument("--seed", type=int, default=0, help="seed of the timing parts")
     parser.add_argument("--max-len", type=int, default=50, help="MovieLens: the models' max_len (histories read)")
     parser.add_argument("--windows", choices=("last", "sliding"), default="sliding", help="MovieLens training windows: each user's last max_len + 1 items, or windows over the whole history")

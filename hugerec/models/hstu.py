@@ -53,7 +53,7 @@ from hugerec.models.sequence import (
     SequenceModelConfig,
     last_position,
 )
-from hugerec.ops.jagged_attention import jagged_causal_attention, pair_positions
+from hugerec.ops.jagged_attention import jagged_causal_attention, pair_positions, relative_bias
 from hugerec.ops.reference import padded_causal_attention
 
 _TIME_LOG_BASE = 0.301  # HSTU's bucket width in ln(seconds)
@@ -158,14 +158,20 @@ class HSTULayer(nn.Module):
         b = table_gather(self.pos_bias, distance.clamp(0, len(self.pos_bias) - 1))
         return b if buckets is None else b + table_gather(self.time_bias, buckets)
 
+    def jagged_bias(self, offsets: torch.Tensor, buckets: torch.Tensor | None) -> torch.Tensor:
+        """[P] bias of every causal pair of the jagged sequences (the position part from the distances i - j
+        themselves, no [P] index); buckets [P] per pair or None."""
+        b = relative_bias(self.pos_bias, offsets)
+        return b if buckets is None else b + table_gather(self.time_bias, buckets)
+
     def finish(self, x: torch.Tensor, u: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """x + W2 dropout(u * LayerNorm(attn)); attn [..., H, Dv]."""
         return x + self.out(self.drop(u * self.norm_attn(attn.flatten(-2))))
 
-    def forward_jagged(self, x: torch.Tensor, offsets: torch.Tensor, distance: torch.Tensor, buckets: torch.Tensor | None) -> torch.Tensor:
-        """x [N, D], offsets [B + 1], distance / buckets [P] per causal pair -> [N, D]."""
+    def forward_jagged(self, x: torch.Tensor, offsets: torch.Tensor, buckets: torch.Tensor | None) -> torch.Tensor:
+        """x [N, D], offsets [B + 1], buckets [P] per causal pair (or None) -> [N, D]."""
         u, v, q, k = self.project(x)
-        return self.finish(x, u, jagged_causal_attention(q, k, v, self.bias(distance, buckets), offsets, self.scale))
+        return self.finish(x, u, jagged_causal_attention(q, k, v, self.jagged_bias(offsets, buckets), offsets, self.scale))
 
     def forward_padded(self, x: torch.Tensor, valid: torch.Tensor, distance: torch.Tensor, buckets: torch.Tensor | None) -> torch.Tensor:
         """x [B, L, D], valid [B, L], distance [L, L], buckets [B, L, L] -> [B, L, D]."""
@@ -254,14 +260,13 @@ class HSTU(nn.Module):
                 lengths = valid.sum(dim=1)
                 offsets = torch.zeros(len(seq) + 1, dtype=torch.int64)
                 torch.cumsum(lengths, dim=0, out=offsets[1:])
-                qrow, krow = pair_positions(offsets)  # [P] absolute rows of each causal pair
-                distance = qrow - krow
                 buckets = None
                 if times is not None:
+                    qrow, krow = pair_positions(offsets)  # [P] absolute rows of each causal pair
                     tj = times[valid]
                     buckets = time_buckets(tj[qrow] - tj[krow], self.options.time_buckets)
                 for layer in self.blocks:
-                    x = layer.forward_jagged(x, offsets, distance, buckets)
+                    x = layer.forward_jagged(x, offsets, buckets)
                 return self.norm(x), cand
             case Layout.PADDED:
                 rows, cand = self.lookup(seq, candidates)
@@ -304,10 +309,10 @@ class HSTU(nn.Module):
         lengths = valid.sum(dim=1)
         offsets = torch.zeros(b + 1, dtype=torch.int64)
         torch.cumsum(lengths, dim=0, out=offsets[1:])
-        qrow, krow = pair_positions(offsets)
         hist_buckets = None
         cand_buckets = self_bucket = None
         if times is not None and now is not None:
+            qrow, krow = pair_positions(offsets)
             tj = times[valid]
             hist_buckets = time_buckets(tj[qrow] - tj[krow], self.options.time_buckets)
             cand_buckets = time_buckets(now[:, None] - times, self.options.time_buckets)  # [B, Lh]
@@ -322,7 +327,7 @@ class HSTU(nn.Module):
             vp = v.new_zeros(b, lh, layer.heads, layer.dv)
             kp[valid], vp[valid] = k, v
             cache.append((kp, vp))
-            attn = jagged_causal_attention(q, k, v, layer.bias(qrow - krow, hist_buckets), offsets, layer.scale)
+            attn = jagged_causal_attention(q, k, v, layer.jagged_bias(offsets, hist_buckets), offsets, layer.scale)
             xj = layer.finish(xj, u, attn)
         out = []
         pos_c = self.positions.weight[self.cfg.max_len - 1]

@@ -4,10 +4,12 @@
     out = jagged_causal_attention(q, k, v, bias, offsets, scale)    # q, k [N, H, Dq], v [N, H, Dv], bias [P] -> [N, H, Dv]
 
 out_i = sum_{j <= i} silu(q_i . k_j + bias_ij) * scale * v_j inside each sequence (pointwise SiLU
-attention: no softmax, so nothing is normalised over the keys). `pair_positions(offsets)` gives each
-pair's absolute query and key rows, from which a caller builds `bias` (HSTU: relative position and time
-buckets; see `hugerec.models.hstu`). The kernels are `hugerec.ops.cpu.jagged_attention_kernels`; a call
-with less than SERIAL_WORK multiply-adds (one serving history) runs them on the calling thread only.
+attention: no softmax, so nothing is normalised over the keys). `relative_bias(table, offsets)` builds a
+bias from a table by relative position i - j (HSTU's positional bias) without forming any [P] index;
+`pair_positions(offsets)` gives each pair's absolute query and key rows, from which a caller builds
+other biases (HSTU's time buckets; see `hugerec.models.hstu`). The kernels are
+`hugerec.ops.cpu.jagged_attention_kernels`; a call with less than SERIAL_WORK multiply-adds (one
+serving history) runs them on the calling thread only.
 """
 
 from __future__ import annotations
@@ -65,6 +67,37 @@ def jagged_causal_attention(
     return out
 
 
+def relative_bias(table: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """table [T] (T >= 1) at every causal pair's distance i - j, capped at T - 1 -> [P], the layout of `bias`;
+    differentiable in table. The spec is `hugerec.ops.reference.relative_bias`; on the CPU in fp32 Numba
+    kernels write it row by row (no [P] index arrays) and sum its gradient by distance."""
+    if table.dim() != 1 or table.shape[0] < 1:
+        raise ValueError(f"relative_bias: table must be [T] with T >= 1, got {tuple(table.shape)}")
+    if offsets.dim() != 1 or len(offsets) < 1 or offsets.dtype != torch.int64:
+        raise ValueError(f"relative_bias: offsets must be [B + 1] int64, got {tuple(offsets.shape)} {offsets.dtype}")
+    if table.device.type != "cpu" or table.dtype != torch.float32 or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return reference.relative_bias(table, offsets)
+    out: torch.Tensor = _RelativeBias.apply(table, offsets, pair_offsets(offsets))
+    return out
+
+
+class _RelativeBias(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, table: torch.Tensor, offsets: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(int(pairs[-1]), dtype=torch.float32)
+        _cpu.relative_bias_forward(table.detach().contiguous().numpy(), offsets.numpy(), pairs.numpy(), out.numpy())
+        ctx.save_for_backward(offsets, pairs)
+        ctx.size = table.shape[0]
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        offsets, pairs = ctx.saved_tensors
+        partial = torch.empty(max(1, min(numba.get_num_threads(), len(offsets) - 1)), ctx.size, dtype=torch.float64)
+        _cpu.relative_bias_backward(grad.detach().contiguous().numpy(), offsets.numpy(), pairs.numpy(), partial.numpy())
+        return partial.sum(0).to(torch.float32), None, None
+
+
 def pair_positions(offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """([P] query rows, [P] key rows) of every causal pair, in the layout of `bias`."""
     pairs = pair_offsets(offsets)
@@ -74,11 +107,8 @@ def pair_positions(offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         key = torch.empty(num, dtype=torch.int64)
         _cpu.pair_positions(offsets.numpy(), pairs.numpy(), query.numpy(), key.numpy())
         return query, key
-    n = offsets.diff()
-    seq = torch.repeat_interleave(torch.arange(len(n), device=offsets.device), pairs.diff())
-    p = torch.arange(num, device=offsets.device) - pairs[:-1][seq]
-    i = ((torch.sqrt(8.0 * p.double() + 1.0) - 1.0) / 2.0).floor().long()
-    return offsets[:-1][seq] + i, offsets[:-1][seq] + p - i * (i + 1) // 2
+    seq, i, j = reference.pair_coordinates(offsets)
+    return offsets[:-1][seq] + i, offsets[:-1][seq] + j
 
 
 class _JaggedCausalAttention(torch.autograd.Function):
@@ -88,26 +118,33 @@ class _JaggedCausalAttention(torch.autograd.Function):
     ) -> torch.Tensor:
         q_c, k_c, v_c, b_c = (t.detach().contiguous() for t in (q, k, v, bias))
         out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=torch.float32)
+        # the scaled SiLU and its derivative of every pair and head, [H, P] each, kept only for a backward
+        kept = (q.shape[1], int(pairs[-1])) if any(ctx.needs_input_grad[:4]) else (0, 0)
+        saved_a, saved_ds = torch.empty(kept), torch.empty(kept)
         before = numba.get_num_threads()
         numba.set_num_threads(_threads(pairs, q, v))  # the calling thread's setting only
         try:
-            _cpu.attention_forward(q_c.numpy(), k_c.numpy(), v_c.numpy(), b_c.numpy(), offsets.numpy(), pairs.numpy(), float(scale), out.numpy())
+            _cpu.attention_forward(
+                q_c.numpy(), k_c.numpy(), v_c.numpy(), b_c.numpy(), offsets.numpy(), pairs.numpy(), float(scale), out.numpy(),
+                saved_a.numpy(), saved_ds.numpy(),
+            )
         finally:
             numba.set_num_threads(before)
-        ctx.save_for_backward(q_c, k_c, v_c, b_c, offsets, pairs)
-        ctx.scale = float(scale)
+        ctx.save_for_backward(q_c, k_c, v_c, saved_a, saved_ds, offsets, pairs)
+        ctx.bias_shape = bias.shape
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
-        q, k, v, bias, offsets, pairs = ctx.saved_tensors
-        grad_q, grad_k, grad_v, grad_bias = (torch.empty_like(t) for t in (q, k, v, bias))
+        q, k, v, saved_a, saved_ds, offsets, pairs = ctx.saved_tensors
+        grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (q, k, v))
+        grad_bias = torch.empty(ctx.bias_shape, dtype=torch.float32)
         before = numba.get_num_threads()
         numba.set_num_threads(_threads(pairs, q, v))
         try:
             _cpu.attention_backward(
-                grad.detach().contiguous().numpy(), q.numpy(), k.numpy(), v.numpy(), bias.numpy(), offsets.numpy(), pairs.numpy(), ctx.scale,
-                grad_q.numpy(), grad_k.numpy(), grad_v.numpy(), grad_bias.numpy(),
+                grad.detach().contiguous().numpy(), q.numpy(), k.numpy(), v.numpy(), saved_a.numpy(), saved_ds.numpy(), offsets.numpy(),
+                pairs.numpy(), grad_q.numpy(), grad_k.numpy(), grad_v.numpy(), grad_bias.numpy(),
             )
         finally:
             numba.set_num_threads(before)

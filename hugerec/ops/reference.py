@@ -264,6 +264,23 @@ def pair_offsets(offsets: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def pair_coordinates(offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """([P] sequence, [P] query position i, [P] key position j inside the sequence) of every causal pair, in
+    the layout of `pair_offsets`."""
+    pairs = pair_offsets(offsets)
+    pair_seq = torch.repeat_interleave(torch.arange(len(offsets) - 1, device=offsets.device), pairs.diff())  # [P]
+    p = torch.arange(int(pairs[-1]), device=offsets.device) - pairs[:-1][pair_seq]  # pair index inside its sequence
+    i = ((torch.sqrt(8.0 * p.double() + 1.0) - 1.0) / 2.0).floor().long()  # p = i (i + 1) / 2 + j, 0 <= j <= i
+    return pair_seq, i, p - i * (i + 1) // 2
+
+
+def relative_bias(table: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """table [T] at every causal pair's distance i - j, capped at T - 1 -> [P] in the layout of `pair_offsets`
+    (HSTU's relative position bias on jagged sequences)."""
+    _, i, j = pair_coordinates(offsets)
+    return table[(i - j).clamp(max=table.shape[0] - 1)]
+
+
 def padded_causal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, valid: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -302,10 +319,6 @@ def jagged_causal_attention(
         return out
 
     dense_bias = q.new_zeros(batch, length, length)
-    pairs = pair_offsets(offsets)
-    pair_seq = torch.repeat_interleave(torch.arange(batch, device=q.device), pairs.diff())  # [P]
-    p = torch.arange(bias.numel(), device=q.device) - pairs[:-1][pair_seq]  # pair index inside its sequence
-    i = ((torch.sqrt(8.0 * p.double() + 1.0) - 1.0) / 2.0).floor().long()  # p = i (i + 1) / 2 + j, 0 <= j <= i
-    j = p - i * (i + 1) // 2
+    pair_seq, i, j = pair_coordinates(offsets)
     dense_bias[pair_seq, i, j] = bias
     return padded_causal_attention(pad(q), pad(k), pad(v), dense_bias, valid, scale)[seq, pos]

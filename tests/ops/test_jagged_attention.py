@@ -6,7 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hugerec.ops import reference
-from hugerec.ops.jagged_attention import SERIAL_WORK, jagged_causal_attention, pair_offsets, pair_positions
+from hugerec.ops.jagged_attention import (
+    SERIAL_WORK,
+    jagged_causal_attention,
+    pair_offsets,
+    pair_positions,
+    relative_bias,
+)
 
 
 def _inputs(lengths: list[int], heads: int = 2, dq: int = 4, dv: int = 3, seed: int = 0, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
@@ -90,3 +96,40 @@ def test_a_problem_above_the_serial_size_runs_parallel_and_agrees() -> None:
     for a, b in zip(ours, ref, strict=True):
         assert a.grad is not None and b.grad is not None
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 12), min_size=1, max_size=5), st.integers(1, 14), st.integers(0, 1000))
+def test_relative_bias_matches_the_reference_and_its_gradient(lengths: list[int], size: int, seed: int) -> None:
+    # empty sequences, B = 1, tables shorter than a sequence (the cap) and longer
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+    gen = torch.Generator().manual_seed(seed)
+    table = torch.randn(size, generator=gen)
+    ours, ref = table.clone().requires_grad_(), table.double().requires_grad_()  # gradients summed in float64 on both
+    out = relative_bias(ours, offsets)
+    want = reference.relative_bias(ref, offsets)
+    torch.testing.assert_close(out, want.float(), rtol=0, atol=0)
+    grad = torch.randn(out.shape, generator=gen)
+    out.backward(grad)
+    want.backward(grad.double())
+    assert ours.grad is not None and ref.grad is not None
+    assert ours.grad.dtype == torch.float32
+    torch.testing.assert_close(ours.grad, ref.grad.float(), rtol=1e-6, atol=1e-6)
+
+
+def test_relative_bias_of_many_sequences_sums_every_chunk() -> None:
+    # more sequences than threads: each task's partial row covers every C-th sequence
+    offsets = torch.tensor([0, *torch.arange(1, 40).cumsum(0).tolist()], dtype=torch.int64)
+    table = torch.zeros(50, requires_grad=True)
+    relative_bias(table, offsets).sum().backward()
+    n = offsets.diff()
+    want = torch.tensor([float((n - d).clamp(min=0).sum()) for d in range(50)])  # pairs at distance d
+    assert table.grad is not None
+    torch.testing.assert_close(table.grad, want)
+
+
+def test_relative_bias_bad_input_is_named() -> None:
+    with pytest.raises(ValueError, match=r"table must be \[T\] with T >= 1, got \(0,\)"):
+        relative_bias(torch.zeros(0), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="offsets must be"):
+        relative_bias(torch.zeros(3), torch.tensor([0.0, 1.0]))

@@ -167,3 +167,12 @@ def test_jagged_causal_attention_by_definition() -> None:
                     want[o + i, h] += s / (1 + math.exp(-s)) * 0.5 * v[o + j, h]
                 p += 1
     torch.testing.assert_close(reference.jagged_causal_attention(q, k, v, bias, offsets, 0.5), want)
+
+
+def test_relative_bias_by_definition() -> None:
+    """table[min(i - j, T - 1)] pair by pair, in the pair order of pair_offsets, capped at the table's end."""
+    table = torch.tensor([10.0, 11.0, 12.0])
+    offsets = torch.tensor([0, 4, 4, 5])  # lengths 4, 0, 1
+    want = [table[min(i - j, 2)].item() for n in (4, 0, 1) for i in range(n) for j in range(i + 1)]
+    assert reference.relative_bias(table, offsets).tolist() == want
+    assert reference.relative_bias(table, torch.tensor([0])).shape == (0,)

@@ -5,7 +5,9 @@
 Sequences are jagged: rows offsets[b]..offsets[b + 1] of q, k, v [N, H, D] are sequence b, oldest first;
 bias [P] holds the causal pairs of every sequence (pair (i, j) of sequence b at pairs[b] + i (i + 1) / 2 + j),
 shared by the heads. Only the n (n + 1) / 2 causal pairs of a sequence are ever touched: no padding, no
-[B, H, L, L] score tensor, no mask; the backward recomputes each score instead of storing it.
+[B, H, L, L] score tensor, no mask. For training the forward keeps two floats per pair and head (the
+scaled SiLU and its derivative), which the backward reads instead of recomputing q_i . k_j and the
+sigmoid: 8 bytes per pair and head, against the backward's Dq multiply-adds and sigmoid per pair.
 
 Threads: the forward runs one (sequence, head) per task; the backward one sequence per task, its heads in
 turn, because the bias gradient of a pair sums over the heads (no two threads write the same row).
@@ -40,6 +42,39 @@ def pair_positions(offsets: np.ndarray, pairs: np.ndarray, query: np.ndarray, ke
                 p += 1
 
 
+@njit(parallel=True, cache=True, error_model="numpy")
+def relative_bias_forward(table: np.ndarray, offsets: np.ndarray, pairs: np.ndarray, out: np.ndarray) -> None:
+    """out [P] (written) = table[min(i - j, T - 1)] for every causal pair (i, j), in the bias layout: row i of
+    a sequence is table[i], table[i - 1], ..., table[0] (capped), so no pair index array is ever formed."""
+    last = len(table) - 1
+    for b in prange(len(offsets) - 1):
+        n = offsets[b + 1] - offsets[b]
+        p = pairs[b]
+        for i in range(n):
+            for j in range(i + 1):
+                out[p + j] = table[min(i - j, last)]
+            p += i + 1
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def relative_bias_backward(grad: np.ndarray, offsets: np.ndarray, pairs: np.ndarray, partial: np.ndarray) -> None:
+    """partial [C, T] float64 (written): row c sums grad [P] by capped distance over sequences c, c + C, ...;
+    the table's gradient is partial.sum(0). One row per task, so no two threads add into the same row."""
+    chunks, size = partial.shape
+    last = size - 1
+    num_seq = len(offsets) - 1
+    for c in prange(chunks):
+        row = partial[c]
+        row[:] = 0.0
+        for b in range(c, num_seq, chunks):
+            n = offsets[b + 1] - offsets[b]
+            p = pairs[b]
+            for i in range(n):
+                for j in range(i + 1):
+                    row[min(i - j, last)] += grad[p + j]
+                p += i + 1
+
+
 _LOG2E = np.float32(1.4426950408889634)
 _LN2_HI = np.float32(0.693145751953125)  # ln 2 in two parts (Cody-Waite): n * _LN2_HI is exact
 _LN2_LO = np.float32(1.4286068203094173e-06)
@@ -68,9 +103,16 @@ def sigmoid_row(s: np.ndarray, sig: np.ndarray, bits: np.ndarray, m: int) -> Non
 
 @njit(parallel=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
 def attention_forward(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray, offsets: np.ndarray, pairs: np.ndarray, scale: float, out: np.ndarray
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray, offsets: np.ndarray, pairs: np.ndarray, scale: float, out: np.ndarray,
+    saved_a: np.ndarray, saved_ds: np.ndarray,
 ) -> None:
-    """out [N, H, Dv] (written) from q, k [N, H, Dq], v [N, H, Dv], bias [P]."""
+    """out [N, H, Dv] (written) from q, k [N, H, Dq], v [N, H, Dv], bias [P].
+
+    For the backward (`attention_backward`), when saved_a and saved_ds are [H, P] (both written; [0, 0]: not
+    kept): a = silu(s) * scale and ds/da' = scale * silu'(s) = scale * sigmoid(s) + a (1 - sigmoid(s)) of
+    every pair and head, so the backward neither recomputes q_i . k_j nor the sigmoid.
+    """
+    save = saved_a.shape[1] > 0
     num_seq = len(offsets) - 1
     heads, dq, dv = q.shape[1], q.shape[2], v.shape[2]
     sc = np.float32(scale)
@@ -103,6 +145,12 @@ def attention_forward(
             sigmoid_row(s, sig, bits, m)
             for j in range(m):
                 s[j] = s[j] * sig[j] * sc  # silu(s) * scale
+            if save:
+                sa = saved_a[h, base : base + m]
+                sd = saved_ds[h, base : base + m]
+                for j in range(m):
+                    sa[j] = s[j]
+                    sd[j] = sc * sig[j] + s[j] * (np.float32(1.0) - sig[j])
             for d in range(dv):
                 vd = vt[d]
                 acc = np.float32(0.0)
@@ -113,19 +161,17 @@ def attention_forward(
 
 @njit(parallel=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
 def attention_backward(
-    grad: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray, offsets: np.ndarray, pairs: np.ndarray,
-    scale: float, grad_q: np.ndarray, grad_k: np.ndarray, grad_v: np.ndarray, grad_bias: np.ndarray,
+    grad: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, saved_a: np.ndarray, saved_ds: np.ndarray, offsets: np.ndarray,
+    pairs: np.ndarray, grad_q: np.ndarray, grad_k: np.ndarray, grad_v: np.ndarray, grad_bias: np.ndarray,
 ) -> None:
-    """grad [N, H, Dv] of the output -> grad_q, grad_k [N, H, Dq], grad_v [N, H, Dv], grad_bias [P] (all written).
+    """grad [N, H, Dv] of the output -> grad_q, grad_k [N, H, Dq], grad_v [N, H, Dv], grad_bias [P] (all written),
+    from the forward's saved_a, saved_ds [H, P] (`attention_forward`).
 
-    With s = q_i . k_j + bias_ij, a = silu(s) * scale, g = grad_i:
-        dv_j += a g;  ds = (g . v_j) * scale * silu'(s);  dq_i += ds k_j;  dk_j += ds q_i;  dbias_ij += ds
-    where silu'(s) = sigmoid(s) (1 + s (1 - sigmoid(s))).
+    With s = q_i . k_j + bias_ij, a = silu(s) * scale (saved), g = grad_i:
+        dv_j += a g;  ds = (g . v_j) * scale * silu'(s) (the factor saved);  dq_i += ds k_j;  dk_j += ds q_i;  dbias_ij += ds
     """
     num_seq = len(offsets) - 1
     heads, dq, dv = q.shape[1], q.shape[2], v.shape[2]
-    sc = np.float32(scale)
-    one = np.float32(1.0)
     for b in prange(num_seq):
         o0 = offsets[b]
         n = offsets[b + 1] - o0
@@ -135,11 +181,7 @@ def attention_backward(
         vt = np.empty((dv, n), dtype=np.float32)
         dkt = np.empty((dq, n), dtype=np.float32)  # the gradients of k^T, v^T, accumulated over the queries
         dvt = np.empty((dv, n), dtype=np.float32)
-        s = np.empty(n, dtype=np.float32)
-        sig = np.empty(n, dtype=np.float32)
         da = np.empty(n, dtype=np.float32)
-        a = np.empty(n, dtype=np.float32)
-        bits = np.empty(n, dtype=np.int32)
         for h in range(heads):
             for j in range(n):
                 for d in range(dq):
@@ -151,17 +193,9 @@ def attention_backward(
             for i in range(n):
                 m = i + 1
                 base = p0 + i * (i + 1) // 2
-                for j in range(m):
-                    s[j] = bias[base + j]
-                    da[j] = 0.0
-                for d in range(dq):
-                    qd = q[o0 + i, h, d]
-                    kd = kt[d]
-                    for j in range(m):
-                        s[j] += qd * kd[j]
-                sigmoid_row(s, sig, bits, m)
-                for j in range(m):
-                    a[j] = s[j] * sig[j] * sc  # silu(s) * scale
+                a = saved_a[h, base : base + m]
+                dsf = saved_ds[h, base : base + m]
+                da[:m] = 0.0
                 for d in range(dv):  # da_j = g . v_j and dv_j += a_j g, both along the keys
                     gd = grad[o0 + i, h, d]
                     vd = vt[d]
@@ -169,10 +203,10 @@ def attention_backward(
                     for j in range(m):
                         da[j] += gd * vd[j]
                         dvd[j] += gd * a[j]
+                gb = grad_bias[base : base + m]
                 for j in range(m):  # ds, in place of da
-                    x = s[j]
-                    da[j] = da[j] * sc * sig[j] * (one + x * (one - sig[j]))
-                    grad_bias[base + j] += da[j]
+                    da[j] *= dsf[j]
+                    gb[j] += da[j]
                 for d in range(dq):
                     qd = q[o0 + i, h, d]
                     kd = kt[d]

@@ -44,3 +44,23 @@ def test_dry_run_writes_every_figure(tmp_path: Path) -> None:
         for r in records
     )
     assert "no GPU figure" in done.stdout
+
+
+def test_every_kernel_test_the_script_names_exists() -> None:
+    """The script hands its list to pytest on the GPU machine, where a stale path ends the test run with a
+    usage error before any test runs; collecting them here catches a test that was moved or renamed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_benchmark", ROOT / "benchmarks" / "gpu.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *module.KERNEL_TESTS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -16,10 +16,11 @@ the same process on the same splits. Protocol (the same for every method, ours a
   choosing    every setting is chosen on the validation split by the first metric (Recall@K): each
               baseline's from its grid (`baseline_grid`), each model's epochs by scoring the validation
               targets after every epoch (at most --max-epochs, stopping after --patience epochs without
-              a better one; seed 0). The models' other settings (lr, windows, max_len, dropout) are
-              the ones earlier validation runs chose for SASRec; HSTU's own small grid on validation
-              (--hstu-temperature, --max-len; benchmarks/README.md) kept them. --seeds 0 runs the
-              validation curve only (the curve goes to --json).
+              a better one; seed 0; every metric of every epoch goes to --json). The models' other
+              settings are MOVIELENS_SETTINGS: SASRec's chosen by earlier validation runs, HSTU's by its
+              own grid on validation (benchmarks/README.md); --max-len, --lr, ... set a field for every
+              model, --set MODEL.FIELD=VALUE for one (a grid point). --seeds 0 runs the validation curve
+              only.
   test        read once, at the end: every method refitted on train + validation (MovieLens: each user's
               history up to the test item; YOOCHOOSE: the whole of train_full) with the chosen settings;
               models trained with seeds 0..--seeds-1 for the chosen epochs (mean, spread per seed).
@@ -53,7 +54,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -245,6 +246,35 @@ class DeepSettings:
     dim: int = 64
     hstu_attention_dim: int = 0  # HSTU: per-head width of queries and keys (0: dim / heads)
 
+    def __post_init__(self) -> None:
+        for name in ("max_len", "batch", "layers", "heads", "dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if isinstance(self.hstu_attention_dim, bool) or not isinstance(self.hstu_attention_dim, int) or self.hstu_attention_dim < 0:
+            raise ValueError(f"hstu_attention_dim must be an int >= 0, got {self.hstu_attention_dim!r}")
+        if self.dim % self.heads:
+            raise ValueError(f"dim {self.dim} must be a multiple of heads {self.heads}")
+        if self.windows not in ("last", "sliding"):
+            raise ValueError(f"windows must be 'last' or 'sliding', got {self.windows!r}")
+        for name, ok, wanted in (
+            ("lr", lambda v: 0 < v < np.inf, "a finite number > 0"),
+            ("dropout", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+            ("hstu_temperature", lambda v: 0 <= v < np.inf, "a finite number >= 0"),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+                raise ValueError(f"{name} must be {wanted}, got {value!r}")
+
+
+# MovieLens: each model's settings (the flags --max-len ... --hstu-attention-dim set a field for every model,
+# --set MODEL.FIELD=VALUE for one). SASRec's were chosen on validation by earlier runs; HSTU's in its own grid
+# on the validation split (benchmarks/README.md, "HSTU's own settings on validation").
+MOVIELENS_SETTINGS: dict[str, DeepSettings] = {
+    "hugerec-sasrec": DeepSettings(max_len=50, lr=6e-3, batch=128, windows="sliding"),
+    "hugerec-hstu": DeepSettings(max_len=50, lr=6e-3, batch=128, windows="sliding"),
+}
+
 
 def build_model(name: str, num_items: int, s: DeepSettings, seed: int) -> Any:
     torch.manual_seed(seed)
@@ -315,25 +345,30 @@ def model_block(model: Any, split: Split) -> Callable[[int, int], torch.Tensor]:
     return model_scores(model, split.histories[:, -model.cfg.max_len :])
 
 
-def choose_epochs(name: str, valid: Split, s: DeepSettings, max_epochs: int, patience: int, key: str, k: int, max_steps: int | None) -> tuple[int, list[float]]:
-    """Train on the valid split's training data, score the valid targets after every epoch; the best epoch
-    (stop after `patience` epochs without a better one)."""
-    curve: list[float] = []
+def choose_epochs(
+    name: str, valid: Split, s: DeepSettings, max_epochs: int, patience: int, key: str, k: int, max_steps: int | None
+) -> tuple[int, list[dict[str, float]]]:
+    """Train on the valid split's training data, score the valid targets after every epoch; the epoch with
+    the best `key` (stop after `patience` epochs without a better one) and every metric of every epoch."""
+    curve: list[dict[str, float]] = []
+
+    def best() -> int:
+        return int(np.argmax([m[key] for m in curve]))
 
     def evaluate_epoch(model: Any, epoch: int) -> None:
-        curve.append(split_metrics(valid, model_block(model, valid), k)[key])
-        print(f"    {name} epoch {epoch + 1}: valid {key} {curve[-1]:.4f}", flush=True)
-        if len(curve) - 1 - int(np.argmax(curve)) >= patience:
+        curve.append(split_metrics(valid, model_block(model, valid), k))
+        print(f"    {name} epoch {epoch + 1}: valid " + "  ".join(f"{m} {v:.4f}" for m, v in curve[-1].items() if "@" in m), flush=True)
+        if len(curve) - 1 - best() >= patience:
             raise _Stop
 
     model = train_model(name, valid, s, max_epochs, 0, max_steps, evaluate_epoch)
     if not curve:  # --quick's max_steps ended training inside the first epoch
-        curve.append(split_metrics(valid, model_block(model, valid), k)[key])
-    return int(np.argmax(curve)) + 1, curve
+        curve.append(split_metrics(valid, model_block(model, valid), k))
+    return best() + 1, curve
 
 
 def quality(
-    records: Records, dataset: str, valid: Split, test: Split, quick: bool, models: list[str], settings: DeepSettings,
+    records: Records, dataset: str, valid: Split, test: Split, quick: bool, models: list[str], settings: dict[str, DeepSettings],
     metrics: tuple[str, str], k: int, seeds: range, max_epochs: int, patience: int, epochs_override: dict[str, int], max_steps: int | None,
     baselines_on: bool = True, checkpoints: Path | None = None,
 ) -> None:
@@ -352,16 +387,18 @@ def quality(
         epochs = epochs_override.get(name, 0)
         if not epochs:
             t0 = time.process_time()
-            epochs, curve = choose_epochs(name, valid, settings, max_epochs, patience, key, k, max_steps)
-            for e, v in enumerate(curve, start=1):
-                record(records, f"quality {dataset} valid {key} epoch {e}", name, v, "fraction")
-            record(records, f"quality {dataset} valid {key}", name, max(curve), f"fraction (best of {len(curve)} epochs, at {epochs})")
+            epochs, curve = choose_epochs(name, valid, settings[name], max_epochs, patience, key, k, max_steps)
+            for e, got in enumerate(curve, start=1):
+                for metric in metrics:
+                    record(records, f"quality {dataset} valid {metric} epoch {e}", name, got[metric], "fraction")
+            for metric in metrics:  # every metric at the epoch chosen by `key`
+                record(records, f"quality {dataset} valid {metric}", name, curve[epochs - 1][metric], f"fraction (epoch {epochs} of {len(curve)}, chosen by {key})")
             record(records, f"quality {dataset} valid cpu", name, time.process_time() - t0, "CPU seconds (validation run)", higher=False)
         if not seeds:  # --seeds 0: the validation run only
             print(f"  {name}: {epochs} epochs chosen on valid; no test run (--seeds 0)", flush=True)
             continue
         print(f"  {name}: {epochs} epochs (chosen on valid), test with seeds {list(seeds)}", flush=True)
-        runs = [split_metrics(test, model_block(test_model(name, test, settings, epochs, seed, max_steps, checkpoints), test), k) for seed in seeds]
+        runs = [split_metrics(test, model_block(test_model(name, test, settings[name], epochs, seed, max_steps, checkpoints), test), k) for seed in seeds]
         results[name] = {metric: float(np.mean([r[metric] for r in runs])) for metric in metrics}
         for metric in metrics:
             values = [r[metric] for r in runs]
@@ -456,20 +493,65 @@ def epochs_by_model(text: str | None) -> dict[str, int]:
     return {name: int(n) for name, n in (part.split("=", 1) for part in text.split(","))}
 
 
-def movielens(records: Records, args: argparse.Namespace) -> None:
+SETTING_FLAGS = ("max_len", "lr", "batch", "windows", "dropout", "layers", "heads", "hstu_temperature", "dim", "hstu_attention_dim")
+
+
+FIELD_TYPES = {f.name: str(f.type) for f in fields(DeepSettings)}  # "int" | "float" | "str" (annotations are strings here)
+
+
+def setting_value(field: str, text: str) -> object:
+    """The text of a --set value as the type of DeepSettings' field."""
+    match FIELD_TYPES[field]:
+        case "int":
+            return int(text)
+        case "float":
+            return float(text)
+        case _:
+            return text
+
+
+def movielens_settings(args: argparse.Namespace, models: list[str]) -> dict[str, DeepSettings]:
+    """Each model's settings: MOVIELENS_SETTINGS (SASRec's for models without their own), then the flags
+    given for every model, then --set MODEL.FIELD=VALUE. A bad item exits naming it."""
+    common = {name: getattr(args, name) for name in SETTING_FLAGS if getattr(args, name) is not None}
+    per_model: dict[str, dict[str, object]] = {}
+    for item in args.set or []:
+        target, eq, text = item.partition("=")
+        model, dot, field = target.partition(".")
+        if not eq or not dot:
+            raise SystemExit(f"benchmarks/sequential.py: --set {item!r}: expected MODEL.FIELD=VALUE (e.g. hugerec-hstu.layers=4)")
+        if model not in models:
+            raise SystemExit(f"benchmarks/sequential.py: --set {item!r}: model {model!r} is not in --models {models}")
+        if field not in FIELD_TYPES:
+            raise SystemExit(f"benchmarks/sequential.py: --set {item!r}: unknown field {field!r}; known: {sorted(FIELD_TYPES)}")
+        try:
+            per_model.setdefault(model, {})[field] = setting_value(field, text)
+        except ValueError:
+            wanted = {"int": "an integer", "float": "a number"}[FIELD_TYPES[field]]
+            raise SystemExit(f"benchmarks/sequential.py: --set {item!r}: {field} must be {wanted}, got {text!r}") from None
+    out: dict[str, DeepSettings] = {}
+    for model in models:
+        try:
+            out[model] = replace(MOVIELENS_SETTINGS.get(model, MOVIELENS_SETTINGS["hugerec-sasrec"]), **common, **per_model.get(model, {}))
+        except ValueError as e:
+            given = [f"{model}.{k}={v}" for k, v in per_model.get(model, {}).items()] + [f"--{k.replace('_', '-')} {v}" for k, v in common.items()]
+            raise SystemExit(f"benchmarks/sequential.py: the settings of {model} ({', '.join(given)}): {e}") from None
+    return out
+
+
+def movielens(records: Records, args: argparse.Namespace, settings: dict[str, DeepSettings]) -> None:
+    models = model_list(args)
     print("quality movielens (leave-last-out, history excluded, full ranking)", flush=True)
+    for name, got in settings.items():
+        print(f"  {name}: {got}", flush=True)
     valid, test = movielens_splits()
-    settings = DeepSettings(
-        max_len=args.max_len, lr=args.lr, batch=args.batch, windows=args.windows, dropout=args.dropout, layers=args.layers, heads=args.heads,
-        hstu_temperature=args.hstu_temperature, dim=args.dim, hstu_attention_dim=args.hstu_attention_dim,
-    )
     if args.save_test_checkpoints:
-        for name in model_list(args):
+        for name in models:
             for seed in seed_range(args):
-                save_test_checkpoints(name, test, settings, args.max_epochs, seed, Path(args.save_test_checkpoints))
+                save_test_checkpoints(name, test, settings[name], args.max_epochs, seed, Path(args.save_test_checkpoints))
         return
     quality(
-        records, "movielens", valid, test, args.quick, model_list(args), settings, ("recall@10", "ndcg@10"), 10, seed_range(args),
+        records, "movielens", valid, test, args.quick, models, settings, ("recall@10", "ndcg@10"), 10, seed_range(args),
         2 if args.quick else args.max_epochs, args.patience, epochs_by_model(args.epochs), 24 if args.quick else None, not args.no_baselines,
         None if args.checkpoints is None else Path(args.checkpoints),
     )
@@ -478,8 +560,8 @@ def movielens(records: Records, args: argparse.Namespace) -> None:
 def yoochoose(records: Records, args: argparse.Namespace) -> None:
     print("quality yoochoose (every prefix, unseen items removed, full ranking)", flush=True)
     valid, test = yoochoose_splits()
-    settings = DeepSettings(max_len=20, lr=3e-3, batch=256, windows="last", layers=2, heads=1)
     models = [m for m in model_list(args) if m != "hugerec-hstu"]  # HSTU is measured on MovieLens
+    settings = dict.fromkeys(models, DeepSettings(max_len=20, lr=3e-3, batch=256, windows="last", layers=2, heads=1))
     quality(
         records, "yoochoose", valid, test, args.quick, models, settings, ("recall@20", "mrr@20"), 20, seed_range(args),
         2 if args.quick else args.max_epochs, args.patience, epochs_by_model(args.epochs), 40 if args.quick else None, not args.no_baselines,
@@ -798,17 +880,21 @@ def main() -> None:
     parser.add_argument("--save-test-checkpoints", metavar="DIR", help="MovieLens: train the test runs for --max-epochs, saving each epoch's weights to DIR (no scoring)")
     parser.add_argument("--checkpoints", metavar="DIR", help="MovieLens: read the test runs' weights of the chosen epoch from DIR instead of training")
     parser.add_argument("--first-seed", type=int, default=0, help="test runs use seeds first-seed .. first-seed + seeds - 1 (to run seeds in parallel processes)")
-    parser.add_argument("--hstu-temperature", type=float, default=0.0, help="MovieLens HSTU: 0 = dot-product scores, > 0 = cosine / temperature (HSTU's paper: 0.05)")
-    parser.add_argument("--hstu-attention-dim", type=int, default=0, help="MovieLens HSTU: per-head width of queries and keys (0: dim / heads)")
-    parser.add_argument("--dim", type=int, default=64, help="MovieLens: the models' embedding width")
+    parser.add_argument("--hstu-temperature", type=float, help="MovieLens HSTU: 0 = dot-product scores, > 0 = cosine / temperature (HSTU's paper: 0.05)")
+    parser.add_argument("--hstu-attention-dim", type=int, help="MovieLens HSTU: per-head width of queries and keys (0: dim / heads)")
+    parser.add_argument("--dim", type=int, help="MovieLens: the models' embedding width")
     parser.add_argument("--seed", type=int, default=0, help="seed of the timing parts")
-    parser.add_argument("--max-len", type=int, default=50, help="MovieLens: the models' max_len (histories read)")
-    parser.add_argument("--windows", choices=("last", "sliding"), default="sliding", help="MovieLens training windows: each user's last max_len + 1 items, or windows over the whole history")
-    parser.add_argument("--dropout", type=float, default=0.2, help="MovieLens: the models' dropout")
-    parser.add_argument("--lr", type=float, default=6e-3, help="MovieLens: learning rate (dense Adam and the item table's sparse Adam)")
-    parser.add_argument("--batch", type=int, default=128, help="MovieLens: sequences per step")
-    parser.add_argument("--layers", type=int, default=2, help="MovieLens: transformer / HSTU blocks (GRU layers)")
-    parser.add_argument("--heads", type=int, default=1, help="MovieLens: attention heads")
+    parser.add_argument("--max-len", type=int, help="MovieLens: the models' max_len (histories read)")
+    parser.add_argument("--windows", choices=("last", "sliding"), help="MovieLens training windows: each user's last max_len + 1 items, or windows over the whole history")
+    parser.add_argument("--dropout", type=float, help="MovieLens: the models' dropout")
+    parser.add_argument("--lr", type=float, help="MovieLens: learning rate (dense Adam and the item table's sparse Adam)")
+    parser.add_argument("--batch", type=int, help="MovieLens: sequences per step")
+    parser.add_argument("--layers", type=int, help="MovieLens: transformer / HSTU blocks (GRU layers)")
+    parser.add_argument("--heads", type=int, help="MovieLens: attention heads")
+    parser.add_argument(
+        "--set", action="append", metavar="MODEL.FIELD=VALUE",
+        help="MovieLens: one model's setting (repeatable), e.g. hugerec-hstu.layers=4; fields: " + ", ".join(SETTING_FLAGS),
+    )
     parser.add_argument("--train-seconds", type=float, help="train part: seconds of training per side (default 45, 15 with --quick)")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="pool the --json records of several quality runs (seeds run in parallel) and write them with --json")
     args = parser.parse_args()
@@ -824,12 +910,13 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"benchmarks/sequential.py: --models names unknown models {sorted(unknown)}; known: {[*MODELS, 'hugerec-hstu']}")
     parts = set(args.only.split(","))
+    settings = movielens_settings(args, model_list(args))  # a bad setting exits here, before any work
     if parts & {"movielens", "yoochoose", "hstu-train", "hstu-scoring"} and not DATA.exists():
         raise SystemExit(f"benchmarks/sequential.py: data folder {DATA} not found; set HUGEREC_DATA")
     if "yoochoose" in parts:
         yoochoose(records, args)
     if "movielens" in parts:
-        movielens(records, args)
+        movielens(records, args, settings)
     if "hstu-train" in parts:
         hstu_train(records, args.quick, args.seed)
     if "hstu-scoring" in parts:

@@ -1,12 +1,18 @@
 """benchmarks/sequential.py --merge: the quality records of runs made side by side (the validation and test
-runs, seeds in parallel processes, the baselines in another) pooled as one run would have written them."""
+runs, seeds in parallel processes, the baselines in another) pooled as one run would have written them; each
+model's MovieLens settings (MOVIELENS_SETTINGS, the common flags, --set MODEL.FIELD=VALUE) and their checks."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -58,3 +64,63 @@ def test_merge_pools_seeds_and_takes_ratios_against_the_strongest_baseline(tmp_p
     assert got[("movielens hstu", "hugerec-hstu", "ndcg@10 x sknn (strongest baseline)")] == pytest.approx(0.20 / 0.17)
     assert got[("movielens hstu", "hugerec-hstu", "recall@10 x hugerec-sasrec")] == pytest.approx(0.34 / 0.30)
     assert got[("movielens sasrec", "hugerec-sasrec", "ndcg@10 x sknn (strongest baseline)")] == pytest.approx(0.18 / 0.17)
+
+
+def _sequential() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sequential_benchmark", ROOT / "benchmarks" / "sequential.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the module's string annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def _args(models: str, *sets: str, **flags: object) -> argparse.Namespace:
+    seq = _sequential()
+    given = dict.fromkeys(seq.SETTING_FLAGS, None) | flags
+    return argparse.Namespace(models=models, set=list(sets), **given)
+
+
+def test_each_model_gets_its_settings_then_the_common_flags_then_its_set_items() -> None:
+    seq = _sequential()
+    got = seq.movielens_settings(_args("hugerec-sasrec,hugerec-hstu"), ["hugerec-sasrec", "hugerec-hstu"])
+    assert got == {name: seq.MOVIELENS_SETTINGS[name] for name in ("hugerec-sasrec", "hugerec-hstu")}
+    args = _args("hugerec-sasrec,hugerec-hstu", "hugerec-hstu.layers=3", "hugerec-hstu.hstu_temperature=0.05", dropout=0.3)
+    got = seq.movielens_settings(args, ["hugerec-sasrec", "hugerec-hstu"])
+    assert got["hugerec-sasrec"] == dataclasses.replace(seq.MOVIELENS_SETTINGS["hugerec-sasrec"], dropout=0.3)
+    assert got["hugerec-hstu"] == dataclasses.replace(seq.MOVIELENS_SETTINGS["hugerec-hstu"], dropout=0.3, layers=3, hstu_temperature=0.05)
+
+
+@pytest.mark.parametrize(
+    ("item", "named"),
+    [
+        ("hugerec-hstu.layers=x", "layers must be an integer, got 'x'"),
+        ("hugerec-hstu.layers=0", "layers must be an int >= 1, got 0"),
+        ("hugerec-hstu.dropout=1.5", "dropout must be a number in [0, 1), got 1.5"),
+        ("hugerec-hstu.lr=nan", "lr must be a finite number > 0, got nan"),
+        ("hugerec-hstu.windows=all", "windows must be 'last' or 'sliding', got 'all'"),
+        ("hugerec-hstu.heads=3", "dim 64 must be a multiple of heads 3"),
+        ("hugerec-hstu.depth=4", "unknown field 'depth'"),
+        ("hugerec-sasrec.layers=4", "model 'hugerec-sasrec' is not in --models"),
+        ("hugerec-hstu.layers", "expected MODEL.FIELD=VALUE"),
+    ],
+)
+def test_a_bad_set_item_exits_naming_it(item: str, named: str) -> None:
+    with pytest.raises(SystemExit) as got:
+        _sequential().movielens_settings(_args("hugerec-hstu", item), ["hugerec-hstu"])
+    assert named in str(got.value)
+    assert item.partition("=")[0] in str(got.value)
+
+
+def test_a_bad_set_item_exits_before_any_work(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sequential.py"), "--only", "movielens", "--models", "hugerec-hstu", "--set", "hugerec-hstu.dropout=-0.1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HUGEREC_DATA": str(tmp_path / "no-data")},
+    )
+    assert done.returncode != 0
+    assert "hugerec-hstu.dropout=-0.1" in done.stderr
+    assert "dropout must be a number in [0, 1), got -0.1" in done.stderr

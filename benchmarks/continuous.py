@@ -363,12 +363,13 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = ()) -> l
                                ratio_to_from_scratch=step / retrain, phases=loop.seconds))
         records.append(_record(f"two_tower day {d} iteration time", "two_tower-from-scratch", retrain, "s", False))
         records.append(_record(f"two_tower day {d} iteration cpu time", "hugerec-loop-two_tower", step_cpu, "s", False,
-                               ratio_to_from_scratch=step_cpu / retrain_cpu))
+                               ratio_to_from_scratch=step_cpu / retrain_cpu, phases=loop.cpu_seconds))
         records.append(_record(f"two_tower day {d} iteration cpu time", "two_tower-from-scratch", retrain_cpu, "s", False))
-        phases = " + ".join(f"{loop.seconds[p]:.1f}" for p in ("train", "gate", "publish"))
+        phases = " + ".join(f"{loop.seconds[p]:.2f}" for p in ("train", "gate", "publish"))
+        cpu_phases = " + ".join(f"{loop.cpu_seconds[p]:.2f}" for p in ("train", "gate", "publish"))
         print(f"two_tower day {d}: served {version} recall@{cfg.k} {served:.4f} vs from scratch {reference:.4f} "
-              f"({served / reference:.3f}x); iteration {step:.1f} s ({phases}) vs retrain {retrain:.1f} s ({step / retrain:.2f}x); "
-              f"cpu {step_cpu:.1f} s vs {retrain_cpu:.1f} s ({step_cpu / retrain_cpu:.2f}x); load {os.getloadavg()[0]:.1f}", flush=True)
+              f"({served / reference:.3f}x); iteration {step:.2f} s ({phases}) vs retrain {retrain:.2f} s ({step / retrain:.2f}x); "
+              f"cpu {step_cpu:.2f} s ({cpu_phases}) vs {retrain_cpu:.2f} s ({step_cpu / retrain_cpu:.2f}x); load {os.getloadavg()[0]:.1f}", flush=True)
     records += _gate_top_k(loop, days - 1)
     return records
 
@@ -380,14 +381,13 @@ def _gate_top_k(loop: Any, k: int, repeats: int = 5) -> list[dict[str, Any]]:
     the same score blocks; CPU seconds, the best of `repeats` each, interleaved; both answers must be equal."""
     from hugerec.index import topk
     from hugerec.sparse.jagged import JaggedTensor
-    from hugerec.training.ranking_metrics import csr_minus
     from hugerec.training.retrieval import all_item_vectors, user_vectors
 
-    users, held, seen = loop._target(k)
+    users, _, exclude = loop._target(k)
     model = loop.load(loop.serving_version())
     empty = JaggedTensor(torch.zeros(0, dtype=torch.int64), torch.zeros(users.size, dtype=torch.int64))
     q, v = user_vectors(model, torch.from_numpy(users), empty), all_item_vectors(model)
-    exclude, n, kk = csr_minus(seen, held), model.num_items, loop.config.k
+    n, kk = model.num_items, loop.config.k
 
     def torch_keys(scores: torch.Tensor, first: int, m: int) -> torch.Tensor:
         return torch.topk(topk.encode(scores, first), m, dim=1).values

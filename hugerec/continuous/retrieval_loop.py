@@ -66,8 +66,8 @@ from hugerec.sparse.jagged import JaggedTensor
 from hugerec.training.checkpoint import atomic_save, read_weights
 from hugerec.training.declared_loss import retrieval_loss
 from hugerec.training.epoch_batches import EpochBatches
-from hugerec.training.ranking_metrics import CSR
-from hugerec.training.retrieval import RetrievalFamily, RetrievalModel, retrieval_metrics
+from hugerec.training.ranking_metrics import CSR, csr_minus, list_recall
+from hugerec.training.retrieval import RetrievalFamily, RetrievalModel, top_items
 from hugerec.training.trainer import TrainConfig, fit
 
 EventSource = Callable[[int], Interactions]  # k -> the events of window k (dense ids)
@@ -154,9 +154,10 @@ class RetrievalLoop:
         self.publisher = publisher
         self.work = Path(config.work_dir)
         self.log = DecisionLog(config.log_path)
-        self.seconds: dict[str, float] = {}  # the phases of the last step: train, gate, publish (for the benchmark)
+        self.seconds: dict[str, float] = {}  # the phases of the last step: train, gate, publish (wall, for the benchmark)
+        self.cpu_seconds: dict[str, float] = {}  # the same phases in this process's CPU seconds
         self._histories: dict[int, Interactions] = {}  # k -> the events of windows 0..k (the newest two kept)
-        self._targets: dict[int, tuple[np.ndarray, CSR, CSR]] = {}  # k -> recall's users, held and seen rows
+        self._targets: dict[int, tuple[np.ndarray, CSR, CSR]] = {}  # k -> recall's users, held rows, excluded rows
         self._recalls: dict[tuple[str, int, int], tuple[float, int]] = {}  # (version, checkpoint mtime, k) -> recall
         self._models: dict[tuple[str, int], RetrievalModel] = {}  # (version, checkpoint mtime) -> the model (`load`)
 
@@ -256,7 +257,7 @@ class RetrievalLoop:
         if events.num_events == 0:
             self.log.append(Record(k, "skip", f"window {k} has no events"))
             return
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if "trained" not in done or not self.checkpoint(version).is_file():
             base = self.base_version()
             first = min((r.window for r in self.log.records if r.action == "trained"), default=k)
@@ -272,15 +273,16 @@ class RetrievalLoop:
             atomic_save(model.state_dict(), self.checkpoint(version))
             self._keep((version, self.checkpoint(version).stat().st_mtime_ns), model)  # the gate and the export read it
             self.log.append(Record(k, "trained", how, extra={"events": rows.num_events, "base": base}))
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         passed, reason, figures = self._gate(k, version)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         if not passed:
             self.log.append(Record(k, "refuse", reason, figures, version))
         else:
             self._publish(k, version, reason, figures)
         self._retire(k)
         self.seconds = {"train": t1 - t0, "gate": t2 - t1, "publish": time.perf_counter() - t2}
+        self.cpu_seconds = {"train": c1 - c0, "gate": c2 - c1, "publish": time.process_time() - c2}
 
     def train(self, model: RetrievalModel, rows: Interactions, counts: np.ndarray, k: int, epochs: int | None = None) -> None:
         """`epochs` (None: the config's) over `rows` (events; `counts`: every item's events so far, the negatives'
@@ -304,12 +306,12 @@ class RetrievalLoop:
     def recall(self, model: RetrievalModel, k: int) -> tuple[float, int]:
         """(Recall@K of `model` on window k's events, the users it is measured on): each user's items of window k
         among the items the user had not met in windows 0..k-1 (exact top-K over every item)."""
-        users, held, seen = self._target(k)
+        users, held, exclude = self._target(k)
         if not users.size:
             return float("nan"), 0
         empty = JaggedTensor(torch.zeros(0, dtype=torch.int64), torch.zeros(users.size, dtype=torch.int64))
-        got = retrieval_metrics(model, torch.from_numpy(users), empty, held, seen, (self.config.k,))
-        return float(got[f"recall@{self.config.k}"]), int(users.size)
+        top = top_items(model, torch.from_numpy(users), empty, exclude, self.config.k)  # [U', K]
+        return list_recall(top, held, self.config.num_items, self.config.k), int(users.size)
 
     def recall_of(self, version: str, k: int) -> tuple[float, int]:
         """`recall` of the checkpoint of `version`, kept per (version, the checkpoint's mtime, k)."""
@@ -320,15 +322,17 @@ class RetrievalLoop:
         return self._recalls[key]
 
     def _target(self, k: int) -> tuple[np.ndarray, CSR, CSR]:
-        """Window k's measured users [U'] (those with events), their items of window k and their items of windows
-        0..k-1, as CSR over those users only."""
+        """Window k's measured users [U'] (those with events), their items of window k, and the items each may not
+        be recommended (met in windows 0..k-1 and not again in window k: `retrieval_metrics`'s exclusion), as CSR
+        over those users only; computed once for every model measured on window k."""
         if k not in self._targets:
             target = self.source(k)
             held = _seen_csr(target)
             users = np.flatnonzero(np.diff(held[0]) > 0)
             before = self.history(k - 1) if k > 0 else Interactions(target.frame.clear(), target.num_users, target.num_items)
             self._targets = {j: t for j, t in self._targets.items() if j >= k - 1}
-            self._targets[k] = (users, _rows(held, users), _rows(_seen_csr(before), users))
+            held_rows = _rows(held, users)
+            self._targets[k] = (users, held_rows, csr_minus(_rows(_seen_csr(before), users), held_rows))
         return self._targets[k]
 
     def _gate(self, k: int, version: str) -> tuple[bool, str, dict[str, float]]:

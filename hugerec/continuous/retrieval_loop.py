@@ -158,6 +158,7 @@ class RetrievalLoop:
         self.cpu_seconds: dict[str, float] = {}  # the same phases in this process's CPU seconds
         self._histories: dict[int, Interactions] = {}  # k -> the events of windows 0..k (the newest two kept)
         self._targets: dict[int, tuple[np.ndarray, CSR, CSR]] = {}  # k -> recall's users, held rows, excluded rows
+        self._seen: dict[int, CSR] = {}  # k -> each user's items of windows 0..k (the newest two kept, `seen`)
         self._recalls: dict[tuple[str, int, int], tuple[float, int]] = {}  # (version, checkpoint mtime, k) -> recall
         self._models: dict[tuple[str, int], RetrievalModel] = {}  # (version, checkpoint mtime) -> the model (`load`)
 
@@ -326,14 +327,25 @@ class RetrievalLoop:
         be recommended (met in windows 0..k-1 and not again in window k: `retrieval_metrics`'s exclusion), as CSR
         over those users only; computed once for every model measured on window k."""
         if k not in self._targets:
-            target = self.source(k)
-            held = _seen_csr(target)
+            held = _seen_csr(self.source(k))
             users = np.flatnonzero(np.diff(held[0]) > 0)
-            before = self.history(k - 1) if k > 0 else Interactions(target.frame.clear(), target.num_users, target.num_items)
-            self._targets = {j: t for j, t in self._targets.items() if j >= k - 1}
             held_rows = _rows(held, users)
-            self._targets[k] = (users, held_rows, csr_minus(_rows(_seen_csr(before), users), held_rows))
+            self._targets = {j: t for j, t in self._targets.items() if j >= k - 1}
+            self._targets[k] = (users, held_rows, csr_minus(_rows(self.seen(k - 1), users), held_rows))
         return self._targets[k]
+
+    def seen(self, k: int) -> CSR:
+        """Each user's items of windows 0..k as CSR over every user (offsets [U + 1], items [N]; k < 0: none): window
+        k - 1's rows and window k's distinct items side by side, row by row, when window k - 1's are kept (an item
+        met in two windows is then listed twice: the exclusion reads the rows as sets), else from the events so far."""
+        if k < 0:
+            return np.zeros(self.config.num_users + 1, np.int64), np.zeros(0, np.int64)
+        if k not in self._seen:
+            before = self._seen.get(k - 1)
+            rows = _seen_csr(self.history(k)) if before is None else _side_by_side(before, _seen_csr(self.source(k)))
+            self._seen = {j: r for j, r in self._seen.items() if j >= k - 1}
+            self._seen[k] = rows
+        return self._seen[k]
 
     def _gate(self, k: int, version: str) -> tuple[bool, str, dict[str, float]]:
         c = self.config
@@ -450,6 +462,17 @@ class RetrievalLoop:
             action, why = "rollback", f"canary Recall@{self.config.k} {ours:.4f} below stable {stable}'s {theirs:.4f} - {margin}"
         self.log.append(Record(k, action, why, figures, canary, extra={"stable": stable}))
         self._retire(k)
+
+
+def _side_by_side(a: CSR, b: CSR) -> CSR:
+    """Row r of the result: a's row r, then b's row r (two CSRs over the same rows), without a sort."""
+    (a_off, a_items), (b_off, b_items) = a, b
+    a_len, b_len = np.diff(a_off), np.diff(b_off)  # [R] each
+    offsets = np.concatenate([[0], np.cumsum(a_len + b_len)]).astype(np.int64)
+    items = np.empty(int(offsets[-1]), np.int64)
+    items[np.repeat(offsets[:-1] - a_off[:-1], a_len) + np.arange(len(a_items))] = a_items  # each row's first part
+    items[np.repeat(offsets[:-1] + a_len - b_off[:-1], b_len) + np.arange(len(b_items))] = b_items  # after it
+    return offsets, items
 
 
 def _rows(csr: CSR, users: np.ndarray) -> CSR:

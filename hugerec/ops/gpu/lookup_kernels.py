@@ -3,9 +3,9 @@
 One launch serves every plan line it is given, and the lines may come from several table groups of
 one storage dtype: each line carries its group's row buffer as an address, its row stride and its
 dim (the *line table* below), so tables of mixed dims share a launch. The pooled kernel runs one
-program per (BLOCK_B bags, line): step i gathers the i-th row of each of its bags as one
-[BLOCK_B, BLOCK_D] tile (masked loads: invalid ids, -1, padding lanes and bags already done read
-nothing), scales them by the per-id weights and sums in fp32; MEAN divides by the ids that had a row. The sequence kernel copies one row
+program per (bag, line): it walks the bag's ids in tiles of BLOCK_L ids x BLOCK_D columns, gathers
+the rows (masked loads: invalid ids, -1 and padding lanes read nothing), scales them by the per-id
+weights and sums in fp32; MEAN divides by the ids that had a row. The sequence kernel copies one row
 per id, BLOCK_N ids per program. Invalid ids are counted into a device counter and skipped.
 
 Line table, int64 [L, LINE_WIDTH]: the plan's seven columns (`hugerec.ops.lookup_plan`), then
@@ -56,9 +56,10 @@ def _pooled_kernel(
     out_stride,
     DTYPE: tl.constexpr,
     WEIGHTED: tl.constexpr,
-    BLOCK_B: tl.constexpr,
+    BLOCK_L: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    b = tl.program_id(0)
     line = lines + tl.program_id(1) * 10
     feature = tl.load(line + 0)
     row_offset = tl.load(line + 2)
@@ -69,20 +70,18 @@ def _pooled_kernel(
     weight = row_pointer(tl.load(line + 7), DTYPE)
     stride = tl.load(line + 8)
     dim = tl.load(line + 9)
-    b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-    in_batch = b < batch
     bag = feature * batch + b
-    start = tl.load(offsets + bag, mask=in_batch, other=0)
-    end = tl.load(offsets + bag + 1, mask=in_batch, other=0)
-    longest = tl.max(end - start, axis=0)
+    start = tl.load(offsets + bag)
+    end = tl.load(offsets + bag + 1)
+    lanes = tl.arange(0, BLOCK_L)
     for d0 in range(0, dim, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         in_dim = cols < dim
-        acc = tl.zeros([BLOCK_B, BLOCK_D], dtype=tl.float32)
-        count = tl.zeros([BLOCK_B], dtype=tl.int32)
-        bad = tl.zeros([BLOCK_B], dtype=tl.int32)
-        for i in range(0, longest):  # the i-th id of every bag at once: BLOCK_B rows gathered per step
-            idx = start + i
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        count = tl.zeros([BLOCK_L], dtype=tl.int32)
+        bad = tl.zeros([BLOCK_L], dtype=tl.int32)
+        for i0 in range(start, end, BLOCK_L):
+            idx = i0 + lanes
             live = idx < end
             v = tl.load(values + idx, mask=live, other=0)
             ok = live & (v >= 0) & (v < num_rows)
@@ -92,13 +91,13 @@ def _pooled_kernel(
             x = tl.load(weight + rows[:, None] + cols[None, :], mask=ok[:, None] & in_dim[None, :], other=0.0)
             x = x.to(tl.float32)
             if WEIGHTED:
-                sw = tl.load(per_sample_weights + idx, mask=ok, other=0.0)
-                x = x * sw[:, None]
-            acc += x
+                s = tl.load(per_sample_weights + idx, mask=ok, other=0.0)
+                x = x * s[:, None]
+            acc += tl.sum(x, axis=0)
+        n = tl.sum(count, axis=0)
         if mean != 0:
-            acc = acc / tl.maximum(count, 1).to(tl.float32)[:, None]
-        dest = b.to(tl.int64) * out_stride + column  # int64: B x width can pass 2**31
-        tl.store(out + dest[:, None] + cols[None, :], acc, mask=in_batch[:, None] & in_dim[None, :])
+            acc = acc / tl.maximum(n, 1).to(tl.float32)
+        tl.store(out + b * out_stride + column + cols, acc, mask=in_dim)
         wrong = tl.sum(bad, axis=0)
         if d0 == 0 and wrong > 0:
             tl.atomic_add(invalid, wrong.to(tl.int64))
@@ -183,13 +182,6 @@ def block_d(dims: Sequence[int]) -> int:
     return min(MAX_BLOCK_D, max(16, triton.next_power_of_2(max(dims))))
 
 
-def pooled_bags(bd: int, batch: int) -> int:
-    """Bags per program of the pooled kernel: enough that one step gathers about 2,048 values (a program per
-    bag is latency-bound: a one-id bag of 128 floats is one 512-byte row behind four dependent loads), at
-    most the batch rounded up to a power of two."""
-    return max(1, min(2048 // bd, triton.next_power_of_2(max(batch, 1))))
-
-
 def _warps(block: int) -> int:
     return 1 if block <= 512 else 2 if block <= 2048 else 4
 
@@ -218,8 +210,8 @@ def pooled_lookup_groups(
     if batch == 0 or lines.shape[0] == 0:
         return invalid
     bd = block_d(dims)
-    block_b = pooled_bags(bd, batch)
-    _pooled_kernel[(triton.cdiv(batch, block_b), lines.shape[0])](
+    block_l = 4 if bd <= 64 else 2
+    _pooled_kernel[(batch, lines.shape[0])](
         lines,
         values,
         offsets,
@@ -230,9 +222,9 @@ def pooled_lookup_groups(
         out.stride(0),
         DTYPE=DTYPE_CODE[weights[0].dtype],
         WEIGHTED=per_sample_weights is not None,
-        BLOCK_B=block_b,
+        BLOCK_L=block_l,
         BLOCK_D=bd,
-        num_warps=4 if block_b * bd >= 2048 else _warps(block_b * bd),
+        num_warps=_warps(block_l * bd),
     )
     return invalid
 

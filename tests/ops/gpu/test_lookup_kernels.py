@@ -137,7 +137,7 @@ def test_kernels_compile_for_hopper(hopper: Any) -> None:
         "out_stride": "i32",
         "DTYPE": "constexpr",
         "WEIGHTED": "constexpr",
-        "BLOCK_B": "constexpr",
+        "BLOCK_L": "constexpr",
         "BLOCK_D": "constexpr",
     }
     sequence = {
@@ -155,7 +155,7 @@ def test_kernels_compile_for_hopper(hopper: Any) -> None:
     hopper(
         [
             *(
-                (module, "_pooled_kernel", pooled, {"DTYPE": d, "WEIGHTED": w, "BLOCK_B": 16, "BLOCK_D": 32})
+                (module, "_pooled_kernel", pooled, {"DTYPE": d, "WEIGHTED": w, "BLOCK_L": 4, "BLOCK_D": 32})
                 for d in (0, 1, 2)
                 for w in (False, True)
             ),

@@ -202,6 +202,9 @@ def test_a_hot_row_sums_many_occurrences() -> None:
     torch.testing.assert_close(got_s.cpu(), state, rtol=1e-4, atol=1e-5)
 
 
+BLOCKS = (16, 32, 64, 128, 256, 512)  # BLOCK_D of dims up to 512
+
+
 def test_kernels_compile_for_hopper(hopper: Any) -> None:
     module = "hugerec.ops.gpu.sparse_backward"
     occurrences = {
@@ -217,7 +220,7 @@ def test_kernels_compile_for_hopper(hopper: Any) -> None:
         "grad_stride": "i32",
         "WEIGHTED": "constexpr",
         "SEQUENCE": "constexpr",
-        "BLOCK_B": "constexpr",
+        "BLOCK_L": "constexpr",
     }
     update = {
         "sorted_rows": "*i64",
@@ -241,32 +244,28 @@ def test_kernels_compile_for_hopper(hopper: Any) -> None:
         "STOCHASTIC": "constexpr",
         "SHORT": "constexpr",
         "BLOCK_S": "constexpr",
-        "BLOCK_K": "constexpr",
         "BLOCK_D": "constexpr",
     }
+    hot = {("BLOCK_K" if k == "BLOCK_S" else k): v for k, v in update.items()}  # same order, BLOCK_K for BLOCK_S
     hopper(
         [
             *(
-                (module, "_occurrences_kernel", occurrences, {"WEIGHTED": w, "SEQUENCE": s, "BLOCK_B": 128})
+                (module, "_occurrences_kernel", occurrences, {"WEIGHTED": w, "SEQUENCE": s, "BLOCK_L": 4})
                 for w, s in ((False, False), (True, False), (False, True))
             ),
-            *(
-                (
-                    module,
-                    "_update_kernel",
-                    update,
-                    {
-                        "KIND": k,
-                        "DTYPE": d,
-                        "STOCHASTIC": True,
-                        "SHORT": 8,
-                        "BLOCK_S": 16,
-                        "BLOCK_K": 16,
-                        "BLOCK_D": 128,
-                    },
+            *(  # every rule and dtype at dim 128, every tile shape the launcher picks with two rules
+                (module, kernel, signature, {"KIND": k, "DTYPE": d, "STOCHASTIC": True, "SHORT": 8, **c})
+                for kernel, signature, shapes in (
+                    ("_update_kernel", update, [{"BLOCK_S": max(1, min(32, 2048 // b)), "BLOCK_D": b} for b in BLOCKS]),
+                    (
+                        "_hot_update_kernel",
+                        hot,
+                        [{"BLOCK_K": max(1, min(16, 4096 // b)), "BLOCK_D": b} for b in BLOCKS],
+                    ),
                 )
-                for k in range(5)
-                for d in (0, 1, 2)
+                for c in shapes
+                for k in (range(5) if c["BLOCK_D"] == 128 else (1, 2))
+                for d in ((0, 1, 2) if c["BLOCK_D"] == 128 else (0,))
             ),
         ]
     )

@@ -15,8 +15,7 @@ No dense gradient, no [N, D] gradient either, and no host round trip:
    side by side as one [BLOCK_S, BLOCK_D] tile, one occurrence of each per step (a program per
    segment waits on a chain of dependent loads with little in flight); `_hot_update_kernel` gives
    each longer segment (a hot row) a program of its own that sums it in tiles of BLOCK_K
-   occurrences, so hot rows proceed in parallel; the longer segments are listed first (cumsum and
-   scatter, no size read back), so that no program is launched per occurrence. Each row is one segment of one program, so no two
+   occurrences, so hot rows proceed in parallel. Each row is one segment of one program, so no two
    programs write one row and no atomics are needed; the sum order is fixed (deterministic).
 
 fp16 / bf16 rows are rounded stochastically when written (`STOCHASTIC`, on by default): the fp32
@@ -240,7 +239,6 @@ def _update_kernel(
 
 @triton.jit
 def _hot_update_kernel(
-    hot_segments,
     sorted_rows,
     order,
     grad_at,
@@ -271,12 +269,11 @@ def _hot_update_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """One program per slot of hot_segments (the segments of more than SHORT occurrences, then -1): the
-    segment's occurrences summed in tiles of BLOCK_K, then its row updated."""
-    segment = tl.load(hot_segments + tl.program_id(0))
-    if segment >= 0:
-        first = tl.load(seg_first + segment)
-        last = tl.load(seg_first + segment + 1)
+    """One program per possible segment; those of more than SHORT occurrences (hot rows) sum theirs in tiles
+    of BLOCK_K and update their row, the others return at once."""
+    first = tl.load(seg_first + tl.program_id(0))
+    if first < n:
+        last = tl.load(seg_first + tl.program_id(0) + 1)
         row = tl.load(sorted_rows + first)
         if (last - first > SHORT) & (row != 0x7FFFFFFFFFFFFFFF):
             cols = tl.arange(0, BLOCK_D)
@@ -378,16 +375,7 @@ def sparse_backward(
     _update_kernel[(triton.cdiv(n, block_s),)](
         *args, **kinds, SHORT=SHORT_SEGMENT, BLOCK_S=block_s, BLOCK_D=bd, num_warps=4
     )
-    # the hot segments listed without reading their number back: at most n // (SHORT + 1) segments can be
-    # longer than SHORT, so that many programs (-1: none) instead of one per occurrence
-    length = seg_first[1 : n + 1] - seg_first[:n]  # [n] occurrences of segment s (0 past the last one)
-    hot = length > SHORT_SEGMENT
-    slots = n // (SHORT_SEGMENT + 1) + 1
-    hot_segments = torch.full((slots + 1,), -1, dtype=torch.int64, device=device)
-    at = torch.where(hot, torch.cumsum(hot, 0) - 1, slots)  # the others write the spare slot
-    hot_segments.index_put_((at,), torch.arange(n, device=device))
-    _hot_update_kernel[(slots,)](
-        hot_segments,
+    _hot_update_kernel[(n,)](
         *args,
         **kinds,
         SHORT=SHORT_SEGMENT,

@@ -246,7 +246,7 @@ def test_kernels_compile_for_hopper(hopper: Any) -> None:
         "BLOCK_S": "constexpr",
         "BLOCK_D": "constexpr",
     }
-    hot = {"hot_segments": "*i64"} | {("BLOCK_K" if k == "BLOCK_S" else k): v for k, v in update.items()}
+    hot = {("BLOCK_K" if k == "BLOCK_S" else k): v for k, v in update.items()}  # same order, BLOCK_K for BLOCK_S
     hopper(
         [
             *(

@@ -3,7 +3,7 @@ monitor time.
 
     python benchmarks/continuous.py [--quick] [--json PATH] [--rows-per-day N] [--monitor-rows N]
         [--epochs N] [--intraday MINUTES ...] [--intraday-only] [--week-load-rows N] [--week-load-only]
-        [--config-week-only] [--config-week-rows N] [--two-tower-only]
+        [--config-week-only] [--config-week-rows N] [--two-tower-only] [--two-tower-repeats N]
 
 Stream: hugerec.data.synthetic_stream, 7 days (0..6), 6 sparse features (vocabulary 2,000, 2% of the
 ids of every popularity rank replaced by new ids each day) + 4 dense, concept drift on day 4 (half
@@ -43,7 +43,8 @@ stream: 20,000 rows a day, `--quick` 10,000; its training settings; offline) for
 day d = 1..6 scored on day d's holdout by the model serving after step d-1, the same lift as above; `lift kept`:
 the smallest over days 1-3, 5, 6.
 `two_tower day <d> recall@50` / `two_tower day <d> iteration time`: the two-tower loop on a drifting interaction
-stream against a two-tower retrained from scratch on every day so far (two_tower_week's docstring).
+stream against a two-tower retrained from scratch on every day so far (two_tower_week's docstring); the times are
+medians over `--two-tower-repeats` loops run side by side (3; `--quick`: 1).
 `two_tower gate top-50`: the gate's exact top-50 of the serving model over the last day's users and every item,
 `hugerec-top_k` (the Numba block selection) against `torch-topk-int64-keys` (the torch path it replaced).
 `iteration time`: one loop step on day 5 (warm start, train a day, gate) plus publishing its model to a server in
@@ -297,7 +298,7 @@ def config_week(rows_per_day: int | None) -> list[dict[str, Any]]:
     return records
 
 
-def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = (), repeats: int = 1) -> list[dict[str, Any]]:
     """The two-tower loop of configs/loop_two_tower.toml (continuous.retrieval_loop, offline: a published pipeline
     serves at once; the config's model, epochs, batch, learning rates, index; `overrides` as on the command line)
     on its drifting interaction stream (data.synthetic_interactions.generate_interaction_days: `users` x `items`,
@@ -308,8 +309,11 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = ()) -> l
     `two_tower day <d> iteration time` (wall) and `... iteration cpu time` (this process's CPU seconds: the cost
     on a machine shared with other work, where wall time measures the neighbours too): the loop's step on day
     d-1 (warm start and train on that day, gate, export the pipeline bundle with a new index) against the
-    retrain from scratch on days 0..d-1. Both sides run after a warm-up loop on a small stream, so that neither
-    pays the kernels' compilation."""
+    retrain from scratch on days 0..d-1. `repeats` loops run side by side (the same seeded work: each day, each
+    loop's step and then its retrain, loop after loop), and each time is the median of its `repeats` samples
+    (all in `samples`, the per-loop ratios in `ratios`): one sample moves by a third under a shared machine's
+    load. The served Recall@50 is the first loop's. Both sides run after a warm-up loop on a small stream, so
+    that neither pays the kernels' compilation."""
     from hugerec.cli.loop_command import load_loop_file
     from hugerec.cli.retrieval_loop_command import RetrievalLoopFile, loop_config
     from hugerec.continuous.retrieval_loop import RetrievalLoop
@@ -329,14 +333,30 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = ()) -> l
 
     warm, _ = loop_of(300, 200, 2, ("gate.min_rows=1",))
     warm.step(0)  # compiles the kernels both sides use
-    loop, stream = loop_of(users, items, 7, overrides)
+    loops = [loop_of(users, items, 7, overrides) for _ in range(repeats)]
+    loop, stream = loops[0]
     cfg = loop.config
     days = stream.drift.days
     records: list[dict[str, Any]] = []
     for d in range(1, days):
-        t0, c0 = time.perf_counter(), time.process_time()
-        loop.step(d - 1)
-        step, step_cpu = time.perf_counter() - t0, time.process_time() - c0
+        times: dict[str, list[float]] = {"step": [], "step_cpu": [], "retrain": [], "retrain_cpu": []}
+        phases: list[dict[str, float]] = []
+        for each, _ in loops:
+            t0, c0 = time.perf_counter(), time.process_time()
+            each.step(d - 1)
+            times["step"].append(time.perf_counter() - t0)
+            times["step_cpu"].append(time.process_time() - c0)
+            phases.append(each.cpu_seconds)
+            history = each.history(d - 1)
+            t0, c0 = time.perf_counter(), time.process_time()
+            scratch = each.build()
+            each.train(scratch, history, np.bincount(history.items(), minlength=items), d - 1)
+            times["retrain"].append(time.perf_counter() - t0)
+            times["retrain_cpu"].append(time.process_time() - c0)
+            if each is loop:
+                reference_model = scratch
+        step, step_cpu, retrain, retrain_cpu = (float(np.median(times[x])) for x in ("step", "step_cpu", "retrain", "retrain_cpu"))
+        cpu_ratios = [a / b for a, b in zip(times["step_cpu"], times["retrain_cpu"], strict=True)]
         version = loop.serving_version()
         assert version is not None, loop.log.records[-1]
         held = held_out_csr(stream.day(d))
@@ -349,26 +369,23 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = ()) -> l
         finally:
             pipe.close()
         served = list_metrics(top, held, items, (cfg.k,))[f"recall@{cfg.k}"]
-        history = loop.history(d - 1)
-        t0, c0 = time.perf_counter(), time.process_time()
-        scratch = loop.build()
-        loop.train(scratch, history, np.bincount(history.items(), minlength=items), d - 1)
-        retrain, retrain_cpu = time.perf_counter() - t0, time.process_time() - c0
-        reference, n = loop.recall(scratch, d)
+        reference, n = loop.recall(reference_model, d)
         config = f"two_tower day {d} recall@{cfg.k}"
         records.append(_record(config, "hugerec-loop-two_tower", served, "recall", True, serving=version, users=n,
                                ratio_to_from_scratch=served / reference, exact_recall=loop.recall(loop.load(version), d)[0]))
-        records.append(_record(config, "two_tower-from-scratch", reference, "recall", True, events=history.num_events))
+        records.append(_record(config, "two_tower-from-scratch", reference, "recall", True, events=loop.history(d - 1).num_events))
         records.append(_record(f"two_tower day {d} iteration time", "hugerec-loop-two_tower", step, "s", False,
-                               ratio_to_from_scratch=step / retrain, phases=loop.seconds))
-        records.append(_record(f"two_tower day {d} iteration time", "two_tower-from-scratch", retrain, "s", False))
+                               ratio_to_from_scratch=step / retrain, samples=times["step"]))
+        records.append(_record(f"two_tower day {d} iteration time", "two_tower-from-scratch", retrain, "s", False, samples=times["retrain"]))
         records.append(_record(f"two_tower day {d} iteration cpu time", "hugerec-loop-two_tower", step_cpu, "s", False,
-                               ratio_to_from_scratch=step_cpu / retrain_cpu))
-        records.append(_record(f"two_tower day {d} iteration cpu time", "two_tower-from-scratch", retrain_cpu, "s", False))
-        phases = " + ".join(f"{loop.seconds[p]:.1f}" for p in ("train", "gate", "publish"))
+                               ratio_to_from_scratch=step_cpu / retrain_cpu, samples=times["step_cpu"], ratios=cpu_ratios, phases=phases))
+        records.append(_record(f"two_tower day {d} iteration cpu time", "two_tower-from-scratch", retrain_cpu, "s", False, samples=times["retrain_cpu"]))
+        cpu_phases = " + ".join(f"{np.median([p[x] for p in phases]):.2f}" for x in ("train", "gate", "publish"))
+        spread = f", per loop {min(cpu_ratios):.2f}-{max(cpu_ratios):.2f}x" if repeats > 1 else ""
         print(f"two_tower day {d}: served {version} recall@{cfg.k} {served:.4f} vs from scratch {reference:.4f} "
-              f"({served / reference:.3f}x); iteration {step:.1f} s ({phases}) vs retrain {retrain:.1f} s ({step / retrain:.2f}x); "
-              f"cpu {step_cpu:.1f} s vs {retrain_cpu:.1f} s ({step_cpu / retrain_cpu:.2f}x); load {os.getloadavg()[0]:.1f}", flush=True)
+              f"({served / reference:.3f}x); iteration {step:.2f} s vs retrain {retrain:.2f} s ({step / retrain:.2f}x); "
+              f"cpu {step_cpu:.2f} s ({cpu_phases}) vs {retrain_cpu:.2f} s ({step_cpu / retrain_cpu:.2f}x{spread}); "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
     records += _gate_top_k(loop, days - 1)
     return records
 
@@ -380,14 +397,13 @@ def _gate_top_k(loop: Any, k: int, repeats: int = 5) -> list[dict[str, Any]]:
     the same score blocks; CPU seconds, the best of `repeats` each, interleaved; both answers must be equal."""
     from hugerec.index import topk
     from hugerec.sparse.jagged import JaggedTensor
-    from hugerec.training.ranking_metrics import csr_minus
     from hugerec.training.retrieval import all_item_vectors, user_vectors
 
-    users, held, seen = loop._target(k)
+    users, _, exclude = loop._target(k)
     model = loop.load(loop.serving_version())
     empty = JaggedTensor(torch.zeros(0, dtype=torch.int64), torch.zeros(users.size, dtype=torch.int64))
     q, v = user_vectors(model, torch.from_numpy(users), empty), all_item_vectors(model)
-    exclude, n, kk = csr_minus(seen, held), model.num_items, loop.config.k
+    n, kk = model.num_items, loop.config.k
 
     def torch_keys(scores: torch.Tensor, first: int, m: int) -> torch.Tensor:
         return torch.topk(topk.encode(scores, first), m, dim=1).values
@@ -679,6 +695,12 @@ def main() -> None:
         help="overrides of configs/loop_two_tower.toml for the two-tower week (e.g. loop.warm_start_epochs=2)",
     )
     ap.add_argument(
+        "--two-tower-repeats",
+        type=int,
+        default=None,
+        help="loops of the two-tower week run side by side, each time the median of theirs (default 3; --quick: 1)",
+    )
+    ap.add_argument(
         "--config-week-rows",
         type=int,
         default=None,
@@ -704,6 +726,8 @@ def main() -> None:
         ap.error(f"--intraday: each window length must divide a day of 1440 minutes, got {args.intraday}")
     if args.intraday_only and not args.intraday:
         ap.error("--intraday-only needs --intraday MINUTES")
+    if args.two_tower_repeats is not None and args.two_tower_repeats < 1:
+        ap.error(f"--two-tower-repeats must be >= 1, got {args.two_tower_repeats}")
     # every loop's work folder goes here and is deleted at the end: checkpoints take GBs (576 of 20 MB at 5 minutes)
     with tempfile.TemporaryDirectory(prefix="hugerec-continuous-bench-") as scratch:
         tempfile.tempdir = scratch
@@ -721,7 +745,8 @@ def _main(args: argparse.Namespace) -> None:
     if not (args.week_load_only or args.intraday_only or args.two_tower_only):
         records += config_week(args.config_week_rows or (10_000 if args.quick else None))
     if not (args.week_load_only or args.intraday_only or args.config_week_only):
-        records += two_tower_week(*((1000, 500) if args.quick else (3000, 1500)), tuple(args.two_tower_set))
+        repeats = (1 if args.quick else 3) if args.two_tower_repeats is None else args.two_tower_repeats
+        records += two_tower_week(*((1000, 500) if args.quick else (3000, 1500)), tuple(args.two_tower_set), repeats)
     for minutes in args.intraday:
         recovery = Recovery(growth=args.recovery_growth or Recovery.growth, hours=args.recovery_hours or Recovery.hours)
         records += intraday_drift_day(rows, args.epochs, minutes, args.intraday_seed, recovery)

@@ -54,7 +54,6 @@ KERNEL_TESTS = [  # Triton against the torch reference first; the last three als
     "tests/embedding/test_feature_remap.py::test_tables_on_a_device_remap_as_on_the_host",
     "tests/embedding/test_collection.py::test_cuda_matches_cpu",
     "tests/embedding/test_collection_dynamic.py::test_cuda_matches_cpu",
-    "tests/serving/store/test_cache.py",
 ]
 # MLPerf DLRM (Criteo Terabyte) table sizes; capped per run so that both methods fit
 MLPERF_ROWS = [

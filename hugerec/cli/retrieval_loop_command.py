@@ -155,12 +155,13 @@ class LoopIndexSection:
     expansion_add: int = 128  # HNSW: efConstruction
     expansion_search: int = 512  # HNSW: ef of a query
     dtype: str = "f32"  # HNSW: how the graph stores the vectors, "f32" or "f16"
+    build_threads: int = 0  # HNSW: threads of a build (0: every core; 1: the same graph from the same vectors)
 
     def __post_init__(self) -> None:
         self.index_config()  # its own checks, now
 
     def index_config(self) -> IndexConfig:
-        return IndexConfig(self.kind, self.connectivity, self.expansion_add, self.expansion_search, dtype=self.dtype)
+        return IndexConfig(self.kind, self.connectivity, self.expansion_add, self.expansion_search, dtype=self.dtype, build_threads=self.build_threads)
 
 
 @dataclass(frozen=True)

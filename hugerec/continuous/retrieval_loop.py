@@ -66,8 +66,8 @@ from hugerec.sparse.jagged import JaggedTensor
 from hugerec.training.checkpoint import atomic_save, read_weights
 from hugerec.training.declared_loss import retrieval_loss
 from hugerec.training.epoch_batches import EpochBatches
-from hugerec.training.ranking_metrics import CSR
-from hugerec.training.retrieval import RetrievalFamily, RetrievalModel, retrieval_metrics
+from hugerec.training.ranking_metrics import CSR, csr_minus, list_recall
+from hugerec.training.retrieval import RetrievalFamily, RetrievalModel, top_items
 from hugerec.training.trainer import TrainConfig, fit
 
 EventSource = Callable[[int], Interactions]  # k -> the events of window k (dense ids)
@@ -154,9 +154,11 @@ class RetrievalLoop:
         self.publisher = publisher
         self.work = Path(config.work_dir)
         self.log = DecisionLog(config.log_path)
-        self.seconds: dict[str, float] = {}  # the phases of the last step: train, gate, publish (for the benchmark)
+        self.seconds: dict[str, float] = {}  # the phases of the last step: train, gate, publish (wall, for the benchmark)
+        self.cpu_seconds: dict[str, float] = {}  # the same phases in this process's CPU seconds
         self._histories: dict[int, Interactions] = {}  # k -> the events of windows 0..k (the newest two kept)
-        self._targets: dict[int, tuple[np.ndarray, CSR, CSR]] = {}  # k -> recall's users, held and seen rows
+        self._targets: dict[int, tuple[np.ndarray, CSR, CSR]] = {}  # k -> recall's users, held rows, excluded rows
+        self._seen: dict[int, CSR] = {}  # k -> each user's items of windows 0..k (the newest two kept, `seen`)
         self._recalls: dict[tuple[str, int, int], tuple[float, int]] = {}  # (version, checkpoint mtime, k) -> recall
         self._models: dict[tuple[str, int], RetrievalModel] = {}  # (version, checkpoint mtime) -> the model (`load`)
 
@@ -256,7 +258,7 @@ class RetrievalLoop:
         if events.num_events == 0:
             self.log.append(Record(k, "skip", f"window {k} has no events"))
             return
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if "trained" not in done or not self.checkpoint(version).is_file():
             base = self.base_version()
             first = min((r.window for r in self.log.records if r.action == "trained"), default=k)
@@ -272,15 +274,16 @@ class RetrievalLoop:
             atomic_save(model.state_dict(), self.checkpoint(version))
             self._keep((version, self.checkpoint(version).stat().st_mtime_ns), model)  # the gate and the export read it
             self.log.append(Record(k, "trained", how, extra={"events": rows.num_events, "base": base}))
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         passed, reason, figures = self._gate(k, version)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         if not passed:
             self.log.append(Record(k, "refuse", reason, figures, version))
         else:
             self._publish(k, version, reason, figures)
         self._retire(k)
         self.seconds = {"train": t1 - t0, "gate": t2 - t1, "publish": time.perf_counter() - t2}
+        self.cpu_seconds = {"train": c1 - c0, "gate": c2 - c1, "publish": time.process_time() - c2}
 
     def train(self, model: RetrievalModel, rows: Interactions, counts: np.ndarray, k: int, epochs: int | None = None) -> None:
         """`epochs` (None: the config's) over `rows` (events; `counts`: every item's events so far, the negatives'
@@ -304,12 +307,12 @@ class RetrievalLoop:
     def recall(self, model: RetrievalModel, k: int) -> tuple[float, int]:
         """(Recall@K of `model` on window k's events, the users it is measured on): each user's items of window k
         among the items the user had not met in windows 0..k-1 (exact top-K over every item)."""
-        users, held, seen = self._target(k)
+        users, held, exclude = self._target(k)
         if not users.size:
             return float("nan"), 0
         empty = JaggedTensor(torch.zeros(0, dtype=torch.int64), torch.zeros(users.size, dtype=torch.int64))
-        got = retrieval_metrics(model, torch.from_numpy(users), empty, held, seen, (self.config.k,))
-        return float(got[f"recall@{self.config.k}"]), int(users.size)
+        top = top_items(model, torch.from_numpy(users), empty, exclude, self.config.k)  # [U', K]
+        return list_recall(top, held, self.config.num_items, self.config.k), int(users.size)
 
     def recall_of(self, version: str, k: int) -> tuple[float, int]:
         """`recall` of the checkpoint of `version`, kept per (version, the checkpoint's mtime, k)."""
@@ -320,16 +323,29 @@ class RetrievalLoop:
         return self._recalls[key]
 
     def _target(self, k: int) -> tuple[np.ndarray, CSR, CSR]:
-        """Window k's measured users [U'] (those with events), their items of window k and their items of windows
-        0..k-1, as CSR over those users only."""
+        """Window k's measured users [U'] (those with events), their items of window k, and the items each may not
+        be recommended (met in windows 0..k-1 and not again in window k: `retrieval_metrics`'s exclusion), as CSR
+        over those users only; computed once for every model measured on window k."""
         if k not in self._targets:
-            target = self.source(k)
-            held = _seen_csr(target)
+            held = _seen_csr(self.source(k))
             users = np.flatnonzero(np.diff(held[0]) > 0)
-            before = self.history(k - 1) if k > 0 else Interactions(target.frame.clear(), target.num_users, target.num_items)
+            held_rows = _rows(held, users)
             self._targets = {j: t for j, t in self._targets.items() if j >= k - 1}
-            self._targets[k] = (users, _rows(held, users), _rows(_seen_csr(before), users))
+            self._targets[k] = (users, held_rows, csr_minus(_rows(self.seen(k - 1), users), held_rows))
         return self._targets[k]
+
+    def seen(self, k: int) -> CSR:
+        """Each user's items of windows 0..k as CSR over every user (offsets [U + 1], items [N]; k < 0: none): window
+        k - 1's rows and window k's distinct items side by side, row by row, when window k - 1's are kept (an item
+        met in two windows is then listed twice: the exclusion reads the rows as sets), else from the events so far."""
+        if k < 0:
+            return np.zeros(self.config.num_users + 1, np.int64), np.zeros(0, np.int64)
+        if k not in self._seen:
+            before = self._seen.get(k - 1)
+            rows = _seen_csr(self.history(k)) if before is None else _side_by_side(before, _seen_csr(self.source(k)))
+            self._seen = {j: r for j, r in self._seen.items() if j >= k - 1}
+            self._seen[k] = rows
+        return self._seen[k]
 
     def _gate(self, k: int, version: str) -> tuple[bool, str, dict[str, float]]:
         c = self.config
@@ -446,6 +462,17 @@ class RetrievalLoop:
             action, why = "rollback", f"canary Recall@{self.config.k} {ours:.4f} below stable {stable}'s {theirs:.4f} - {margin}"
         self.log.append(Record(k, action, why, figures, canary, extra={"stable": stable}))
         self._retire(k)
+
+
+def _side_by_side(a: CSR, b: CSR) -> CSR:
+    """Row r of the result: a's row r, then b's row r (two CSRs over the same rows), without a sort."""
+    (a_off, a_items), (b_off, b_items) = a, b
+    a_len, b_len = np.diff(a_off), np.diff(b_off)  # [R] each
+    offsets = np.concatenate([[0], np.cumsum(a_len + b_len)]).astype(np.int64)
+    items = np.empty(int(offsets[-1]), np.int64)
+    items[np.repeat(offsets[:-1] - a_off[:-1], a_len) + np.arange(len(a_items))] = a_items  # each row's first part
+    items[np.repeat(offsets[:-1] + a_len - b_off[:-1], b_len) + np.arange(len(b_items))] = b_items  # after it
+    return offsets, items
 
 
 def _rows(csr: CSR, users: np.ndarray) -> CSR:

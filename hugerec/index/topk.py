@@ -98,12 +98,11 @@ def _block_top_keys(scores: torch.Tensor, first_position: int, m: int) -> torch.
         return torch.topk(encode(scores, first_position), m, dim=1).values
     if scores.dtype != torch.float32:
         raise ValueError(f"top_k: scores must be float32, got {scores.dtype}")
-    if torch.isnan(scores).any():
-        raise ValueError("top_k: scores contain NaN")
     from hugerec.ops.cpu.topk_kernels import top_keys  # Numba: imported when first scored
 
     out = np.empty((scores.shape[0], m), dtype=np.int64)
-    top_keys(scores.detach().contiguous().numpy().view(np.int32), first_position, out)
+    if top_keys(scores.detach().contiguous().numpy().view(np.int32), first_position, out):  # the count of NaN scores
+        raise ValueError("top_k: scores contain NaN")
     return torch.from_numpy(out)
 
 

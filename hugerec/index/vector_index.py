@@ -49,7 +49,9 @@ class IndexConfig:
     dtype: how the graph stores the vectors: "f32", or "f16" (half the memory and the bytes a search reads,
     so a search is about a third faster; the scores it returns are computed from the half-precision vectors,
     about 1e-3 of the score's scale off, and the neighbours found are the same to within a fraction of a
-    percent of recall in our measurements).
+    percent of recall in our measurements), build_threads: the threads a build inserts on (0: every core, the
+    library's default; 1: one, and then the same vectors give the same graph on every build: a parallel build's
+    graph depends on how the threads' inserts interleave, and so does what it finds).
     """
 
     kind: IndexKind = IndexKind.EXACT
@@ -58,6 +60,7 @@ class IndexConfig:
     expansion_search: int = 512
     max_norm: float | None = None
     dtype: str = "f32"
+    build_threads: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.kind, str):
@@ -68,6 +71,8 @@ class IndexConfig:
         for name in ("connectivity", "expansion_add", "expansion_search"):
             if getattr(self, name) < 2:
                 raise ValueError(f"IndexConfig: {name} must be >= 2, got {getattr(self, name)}")
+        if isinstance(self.build_threads, bool) or not isinstance(self.build_threads, int) or self.build_threads < 0:
+            raise ValueError(f"IndexConfig: build_threads must be an integer >= 0 (0: every core), got {self.build_threads!r}")
         if self.dtype not in HNSW_DTYPES:
             raise ValueError(f"IndexConfig: dtype must be one of {list(HNSW_DTYPES)}, got {self.dtype!r}")
         if self.max_norm is not None and not self.max_norm > 0:
@@ -166,7 +171,7 @@ class HnswIndex:
                 f"{self.max_norm:.4g}; rebuild the index (or build it with a larger IndexConfig.max_norm)"
             )
         extra = (self.max_norm**2 - norms**2).clamp_min(0).sqrt().float()  # [N]
-        self._index.add(ids_t.numpy().astype(np.uint64), torch.cat([vec_t, extra[:, None]], dim=1).numpy())
+        self._index.add(ids_t.numpy().astype(np.uint64), torch.cat([vec_t, extra[:, None]], dim=1).numpy(), threads=self.config.build_threads)
 
     def remove(self, ids: np.ndarray | torch.Tensor) -> None:
         ids_np = _check_remove(self, ids, self.ids())

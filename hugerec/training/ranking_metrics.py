@@ -36,33 +36,60 @@ CSR = tuple[np.ndarray, np.ndarray]
 def list_metrics(top: torch.Tensor, held_out: CSR, num_items: int, ks: Sequence[int]) -> dict[str, float]:
     """Metrics of given top lists: top [U, L] item positions (-1 = empty slot), held_out CSR over the same U rows."""
     ks = _check_ks(ks)
-    offsets, items = held_out
-    n_held = np.diff(offsets)
+    n_held = np.diff(held_out[0])
     keep = n_held > 0
     out: dict[str, float] = {"users": float(keep.sum()), "users_skipped": float((~keep).sum())}
     if top.shape[0] != len(n_held):
         raise ValueError(f"list_metrics: {top.shape[0]} top lists but held_out has {len(n_held)} users")
     top_np = top.numpy()
-    # hit[u, r]: is the r-th recommendation of user u one of u's held-out items (vectorised membership
-    # through a (user, item) join key, item positions < num_items)
-    rows = np.repeat(np.arange(len(n_held)), n_held)
-    held_keys = rows.astype(np.int64) * (num_items + 1) + items
-    rec_keys = np.arange(len(n_held), dtype=np.int64)[:, None] * (num_items + 1) + top_np  # [U, L]
-    hit = np.isin(rec_keys, held_keys) & (top_np >= 0)  # [U, L]
-    hit, n_h = hit[keep], n_held[keep].astype(np.float64)
+    hit = _hits(top_np, held_out, num_items)[keep]  # [U', L]
+    n_h = n_held[keep].astype(np.float64)
     discount = 1.0 / np.log2(np.arange(2, top.shape[1] + 2))
     for k in ks:
         h = hit[:, :k]
         n_hits = h.sum(axis=1)
         ideal = np.cumsum(1.0 / np.log2(np.arange(2, k + 2)))[np.minimum(n_h, k).astype(np.int64) - 1] if len(n_h) else n_h
         first = np.where(h.any(axis=1), h.argmax(axis=1), -1)
-        out[f"recall@{k}"] = _mean(n_hits / np.minimum(n_h, k))
+        out[f"recall@{k}"] = _recall(h, n_h, k)
         out[f"ndcg@{k}"] = _mean((h * discount[: h.shape[1]]).sum(axis=1) / ideal)
         out[f"mrr@{k}"] = _mean(np.where(first >= 0, 1.0 / (np.maximum(first, 0) + 1), 0.0))
         out[f"hitrate@{k}"] = _mean((n_hits > 0).astype(np.float64))
         listed = top_np[keep][:, :k]
         out[f"coverage@{k}"] = len(np.unique(listed[listed >= 0])) / num_items if num_items else 0.0
     return out
+
+
+def list_recall(top: torch.Tensor, held_out: CSR, num_items: int, k: int) -> float:
+    """`list_metrics(top, held_out, num_items, (k,))["recall@<k>"]` alone (the same arithmetic, the same value), for
+    a caller that reads nothing else (the retrieval loop's gate)."""
+    (k,) = _check_ks((k,))
+    n_held = np.diff(held_out[0])
+    if top.shape[0] != len(n_held):
+        raise ValueError(f"list_recall: {top.shape[0]} top lists but held_out has {len(n_held)} users")
+    keep = n_held > 0
+    return _recall(_hits(top.numpy(), held_out, num_items)[keep][:, :k], n_held[keep].astype(np.float64), k)
+
+
+def _hits(top: np.ndarray, held_out: CSR, num_items: int) -> np.ndarray:
+    """hit [U, L] bool: is the r-th entry of user u's list one of u's held-out items (empty slots -1 never are), by
+    the Numba kernel ops/cpu/list_hits_kernels.py (its tests hold it to the NumPy join-key `np.isin`)."""
+    from hugerec.ops.cpu.list_hits_kernels import list_hits  # Numba: imported when first measured
+
+    offsets, items = held_out
+    hit = np.empty(top.shape, dtype=np.bool_)
+    list_hits(
+        np.ascontiguousarray(top, dtype=np.int64),
+        np.ascontiguousarray(offsets, dtype=np.int64),
+        np.ascontiguousarray(items, dtype=np.int64),
+        num_items,
+        hit,
+    )
+    return hit
+
+
+def _recall(hit: np.ndarray, n_held: np.ndarray, k: int) -> float:
+    """Mean over users of |hits in the top k| / min(k, |held out|): hit [U', <= k], n_held [U'] float64 (> 0)."""
+    return _mean(hit.sum(axis=1) / np.minimum(n_held, k))
 
 
 def full_ranking_metrics(

@@ -7,6 +7,7 @@
     items = all_item_vectors(model)                                   # [I, D] for the index
     scores, ids = recommend(model, users, user_history, k=10, exclude=train_csr)
     metrics = retrieval_metrics(model, users, user_history, held_out, exclude, ks=(10, 50))
+    top = top_items(model, users, user_history, exclude, k=50)      # [U, 50] positions, exclude taken as given
 
 A step: user vectors [B, D] for the batch, item vectors [B + M, D] for its positives and the sampled
 negatives in one lookup (`model(user_features, item_features)`), then the loss; dense parameters
@@ -240,8 +241,16 @@ def retrieval_metrics(
     ks: tuple[int, ...] = (10, 50),
 ) -> dict[str, float]:
     """Full-ranking metrics (see ranking_metrics) of the model for `users` (rows of held_out/exclude)."""
-    q, v = user_vectors(model, users, history), all_item_vectors(model)
     if exclude is not None:
         exclude = csr_minus(exclude, held_out)
-    _, top = top_k(lambda u0, u1, i0, i1: q[u0:u1] @ v[i0:i1].T, users.numel(), model.num_items, max(ks), exclude)
-    return list_metrics(top, held_out, model.num_items, ks)
+    return list_metrics(top_items(model, users, history, exclude, max(ks)), held_out, model.num_items, ks)
+
+
+def top_items(model: RetrievalModel, users: torch.Tensor, history: JaggedTensor, exclude: CSR | None, k: int) -> torch.Tensor:
+    """[U, k] the model's exact top-k item positions for `users` (best first, -1 past the items left), every item
+    scored; exclude: CSR over the users of the (user, item) pairs never returned, taken as given (`retrieval_metrics`
+    first keeps each user's held-out items rankable; a caller measuring several models on one window computes that
+    once)."""
+    q, v = user_vectors(model, users, history), all_item_vectors(model)
+    _, top = top_k(lambda u0, u1, i0, i1: q[u0:u1] @ v[i0:i1].T, users.numel(), model.num_items, k, exclude)
+    return top

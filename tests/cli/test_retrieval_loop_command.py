@@ -50,7 +50,8 @@ def test_loop_command_trains_a_two_tower_and_serves_its_pipelines_as_canaries(
     for version in ("w0", "w1"):  # each pipeline bundle holds an index of its own
         manifest = json.loads((work / "bundles" / version / "manifest.json").read_text())
         assert manifest["kind"] == "pipeline"
-        assert len(load_index(work / "bundles" / version / "retrieval" / "index")) == 300
+        index = load_index(work / "bundles" / version / "retrieval" / "index")
+        assert len(index) == 300 and index.config.build_threads == 1  # the config's one-thread build: the same graph every run
     # the embedded server answered window 1's users with w0 alone, window 2's with the stable w0 and the canary w1
     traffic = [line for line in captured.err.splitlines() if "traffic" in line]
     assert len(traffic) == 2 and "w0 answered 100" in traffic[0]

@@ -10,11 +10,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from hugerec.continuous.decision_log import Record
 from hugerec.continuous.publish import Publisher, ServerTarget
-from hugerec.continuous.retrieval_loop import RetrievalLoop, RetrievalLoopConfig
-from hugerec.data.interactions import Interactions
+from hugerec.continuous.retrieval_loop import RetrievalLoop, RetrievalLoopConfig, _side_by_side
+from hugerec.data.interactions import Interactions, held_out_csr
 from hugerec.data.synthetic_interactions import (
     DriftConfig,
     InteractionConfig,
@@ -24,7 +25,10 @@ from hugerec.data.synthetic_interactions import (
 from hugerec.index.vector_index import load_index
 from hugerec.serving.bundles.any_bundle import load
 from hugerec.serving.pipeline.runner import Query
+from hugerec.sparse.jagged import JaggedTensor
 from hugerec.training.checkpoint import atomic_save
+from hugerec.training.ranking_metrics import subset_csr
+from hugerec.training.retrieval import retrieval_metrics
 
 from .conftest import TOKEN
 
@@ -68,6 +72,22 @@ def test_offline_loop_warm_starts_gates_on_recall_and_exports_a_fresh_index(tmp_
         pipe.close()
     # the models the phases read stay in memory: the candidate as trained equals its checkpoint read back
     assert loop.recall(loop.load("w2"), 3) == loop.recall(loop._read("w2"), 3)
+    # each user's items so far, grown window by window, are the sets of the events so far
+    for k in range(3):
+        offsets, items = loop.seen(k)
+        ref_offsets, ref_items = held_out_csr(loop.history(k))
+        assert all(
+            set(items[offsets[u] : offsets[u + 1]].tolist()) == set(ref_items[ref_offsets[u] : ref_offsets[u + 1]].tolist())
+            for u in range(USERS)
+        )
+    # the gate's Recall@K (one exclusion per window, the recall alone) is the full metrics' recall@K, to the bit
+    for version, k in (("w1", 2), ("w2", 3)):
+        held = held_out_csr(stream.day(k))
+        users = np.flatnonzero(np.diff(held[0]) > 0)
+        empty = JaggedTensor(torch.zeros(0, dtype=torch.int64), torch.zeros(users.size, dtype=torch.int64))
+        seen = subset_csr(held_out_csr(loop.history(k - 1)), users)
+        full = retrieval_metrics(loop.load(version), torch.from_numpy(users), empty, subset_csr(held, users), seen, (50,))
+        assert loop.recall(loop.load(version), k) == (full["recall@50"], users.size)
     assert loop.load("w2") is loop.load("w2")
     # a restarted loop redoes nothing; the gate refuses a candidate worse than the serving model
     again = RetrievalLoop(_config(tmp_path, keep_versions=2), stream.day)
@@ -174,3 +194,12 @@ def test_offline_retention_keeps_the_serving_version_and_keep_versions_previous_
     assert {p.stem for p in (tmp_path / "all" / "checkpoints").iterdir()} == {"w0", "w1"}
     with pytest.raises(ValueError, match="keep_versions must be >= 0, got -1"):
         _config(tmp_path, keep_versions=-1)
+
+
+def test_side_by_side_puts_each_rows_second_part_after_its_first() -> None:
+    a = (np.array([0, 2, 2, 3]), np.array([5, 6, 7]))
+    b = (np.array([0, 1, 3, 3]), np.array([8, 9, 10]))
+    offsets, items = _side_by_side(a, b)
+    assert offsets.tolist() == [0, 3, 5, 6] and items.tolist() == [5, 6, 8, 9, 10, 7]
+    empty = (np.zeros(4, np.int64), np.zeros(0, np.int64))
+    assert [x.tolist() for x in _side_by_side(empty, empty)] == [[0, 0, 0, 0], []]

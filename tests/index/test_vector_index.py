@@ -152,3 +152,19 @@ print("ok", numba.threading_layer(), i.shape[0])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("ok")
+
+
+def test_an_hnsw_build_on_one_thread_gives_the_same_graph_every_time(tmp_path: Path) -> None:
+    """build_threads = 1: the same vectors, the same graph (a parallel build's depends on how its threads interleave):
+    two builds answer alike and save the same bytes; the setting is checked and saved with the index."""
+    items, queries = _latent(1500, 40)
+    config = IndexConfig(IndexKind.HNSW, build_threads=1)
+    first, second = build_index(items, config=config), build_index(items, config=config)
+    for a, b in zip(first.query(queries, 100), second.query(queries, 100), strict=True):
+        assert torch.equal(a, b)
+    first.save(tmp_path / "a")
+    second.save(tmp_path / "b")
+    assert (tmp_path / "a" / "hnsw.usearch").read_bytes() == (tmp_path / "b" / "hnsw.usearch").read_bytes()
+    assert load_index(tmp_path / "a").config.build_threads == 1
+    with pytest.raises(ValueError, match=r"build_threads must be an integer >= 0 \(0: every core\), got -1"):
+        IndexConfig(IndexKind.HNSW, build_threads=-1)

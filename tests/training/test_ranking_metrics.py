@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hugerec.index.topk import matmul_block
-from hugerec.training.ranking_metrics import full_ranking_metrics, list_metrics, subset_csr
+from hugerec.training.ranking_metrics import full_ranking_metrics, list_metrics, list_recall, subset_csr
 
 
 def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -118,3 +118,16 @@ def test_bad_ks_and_shapes() -> None:
 def test_subset_csr() -> None:
     offsets, items = subset_csr(_csr([[1, 2], [], [3]]), np.array([2, 0]))
     assert offsets.tolist() == [0, 1, 3] and items.tolist() == [3, 1, 2]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 40), st.integers(1, 15), st.integers(0, 2**31 - 1))
+def test_list_recall_is_list_metrics_recall(users: int, num_items: int, width: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    top = torch.from_numpy(rng.integers(-1, num_items, (users, width)).astype(np.int64))
+    n_held = rng.integers(0, 5, users)
+    held = (np.concatenate([[0], np.cumsum(n_held)]).astype(np.int64), rng.integers(0, num_items, int(n_held.sum())).astype(np.int64))
+    for k in sorted({1, width, width + 3}):
+        assert list_recall(top, held, num_items, k) == list_metrics(top, held, num_items, (k,))[f"recall@{k}"]
+    with pytest.raises(ValueError, match="list_recall"):
+        list_recall(top[:0], held, num_items, 1)

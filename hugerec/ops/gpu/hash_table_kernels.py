@@ -1,19 +1,20 @@
 """Triton kernels of the device hash table (`hugerec.ops.hash_table_tensors` holds the table and its ops).
 
-Layout (S slots, a power of two >= 2 C, plus one junk slot at index S):
+Layout (S slots, a power of two >= 2 C, plus one spare slot at index S):
 
     slot_keys  [S + 1] int64   the key of each slot
     slot_rows  [S + 1] int64   its row; EMPTY (-1) ends a probe, TOMBSTONE (-2) is a deleted entry that a
-                               probe steps over and an insert may take; the junk slot holds JUNK (-3),
-                               which no compare-and-swap expects: lanes with nothing to do aim at it
+                               probe steps over and an insert may take; the spare slot at S holds JUNK
+                               (-3), a value no real slot holds: a lane with nothing to claim swaps
+                               expecting it, which changes nothing
     sketch     [d, w] int32    count-min counters (saturate at SKETCH_MAX when read)
 
 Probing is linear from the same splitmix64 home slot as the CPU table (`hugerec.ops.cpu.hash_table_kernels`).
 Every kernel works on BLOCK keys per program, one lane per key, each lane probing until it is done
 (a hit or an empty slot); the program loops while any lane is still probing.
 
-`insert_mapping` claims a slot with an atomic compare-and-swap of its row (EMPTY -> row, or
-TOMBSTONE -> row) and then writes the key. Its keys are distinct and known to be absent (the caller
+`insert_mapping` claims a slot with one atomic compare-and-swap of its row (EMPTY -> row, or
+TOMBSTONE -> row, whichever the lane read there) and then writes the key. Its keys are distinct and known to be absent (the caller
 looked them up first), so two lanes never insert one key and a tombstone may be reused; readers run
 in later kernels, after every insert of the launch has landed.
 """
@@ -57,7 +58,7 @@ def _lookup_kernel(slot_keys, slot_rows, keys, out, n, mask, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _insert_kernel(slot_keys, slot_rows, keys, rows, n, mask, junk, BLOCK: tl.constexpr):
+def _insert_kernel(slot_keys, slot_rows, keys, rows, n, mask, BLOCK: tl.constexpr):
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = idx < n
     k = tl.load(keys + idx, mask=live, other=0)
@@ -65,15 +66,16 @@ def _insert_kernel(slot_keys, slot_rows, keys, rows, n, mask, junk, BLOCK: tl.co
     s = (_mix(k) & mask).to(tl.int64)
     probing = live
     while tl.max(probing.to(tl.int32), axis=0) > 0:
-        target = tl.where(probing, s, junk)
-        old = tl.atomic_cas(slot_rows + target, tl.full([BLOCK], -1, dtype=tl.int64), row)
-        took = probing & (old == -1)
-        again = tl.where(probing & (old == -2), s, junk)
-        old2 = tl.atomic_cas(slot_rows + again, tl.full([BLOCK], -2, dtype=tl.int64), row)
-        took = took | (probing & (old == -2) & (old2 == -2))
+        r = tl.load(slot_rows + s, mask=probing, other=0)
+        free = probing & (r < 0)  # EMPTY or TOMBSTONE: claim it if nobody else does first
+        # One compare-and-swap per lane, on the lane's own slot: a lane with nothing to claim expects JUNK,
+        # which no real slot holds, so its swap changes nothing (no shared dummy address to contend on).
+        old = tl.atomic_cas(slot_rows + s, tl.where(free, r, -3), row)
+        took = free & (old == r)
         tl.store(slot_keys + s, k, mask=took)
+        # an occupied slot is never this key's (keys are absent): step on; a lost race re-reads the slot
+        s = tl.where(probing & ~free, (s + 1) & mask, s)
         probing = probing & ~took
-        s = (s + 1) & mask
 
 
 @triton.jit
@@ -135,8 +137,7 @@ def insert_mapping(slot_keys: torch.Tensor, slot_rows: torch.Tensor, keys: torch
     """Put distinct, absent keys into the slots, pointing at rows."""
     n = keys.shape[0]
     if n:
-        junk = slot_rows.shape[0] - 1
-        _insert_kernel[_grid(n)](slot_keys, slot_rows, keys, rows, n, junk - 1, junk, BLOCK=BLOCK)
+        _insert_kernel[_grid(n)](slot_keys, slot_rows, keys, rows, n, slot_rows.shape[0] - 2, BLOCK=BLOCK)
 
 
 def delete_keys(slot_keys: torch.Tensor, slot_rows: torch.Tensor, keys: torch.Tensor) -> None:

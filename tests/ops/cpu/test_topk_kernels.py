@@ -45,3 +45,12 @@ def test_top_keys_on_a_large_block() -> None:
     scores = torch.cat([scores, torch.randn(300, 1500)], dim=1)
     expected = torch.topk(encode(scores, 100), 50, dim=1).values
     assert torch.equal(_kernel(scores, 100, 50), expected)
+
+
+def test_top_keys_counts_the_nan_scores() -> None:
+    scores = torch.randn(4, 30)
+    scores[1, 3] = scores[3, 0] = float("nan")
+    scores[2, 5] = -float("nan")  # the sign bit set: still NaN
+    out = np.empty((4, 5), dtype=np.int64)
+    assert top_keys(scores.numpy().view(np.int32), 0, out) == 3
+    assert top_keys(torch.randn(4, 30).numpy().view(np.int32), 0, out) == 0

@@ -57,7 +57,8 @@ def test_sparse_backward_matches_reference(
     grad = torch.randn((c.sequence_rows, c.dim) if sequence else (c.batch, c.columns), generator=gen)
     state = torch.rand(c.weight.shape[0], rule.state_width(c.dim), generator=gen) + 0.1  # sums, v and n are > 0
     lrs = torch.rand(int(plan[:, 1].max()) + 1, generator=gen, dtype=torch.float64) * 0.5
-    w_got, s_got = c.weight.to(DEVICE), state.to(DEVICE)
+    # copies: on the CPU (the interpreter) `.to(DEVICE)` would alias the tensors the reference then updates
+    w_got, s_got = c.weight.clone().to(DEVICE), state.clone().to(DEVICE)
     w_want, s_want = c.weight.clone(), state.clone()
     psw = None if c.per_sample_weights is None else c.per_sample_weights.to(DEVICE)
     sparse_backward.sparse_backward(
@@ -178,7 +179,7 @@ def test_a_hot_row_sums_many_occurrences() -> None:
     lrs = torch.tensor([0.1], dtype=torch.float64)
     weight = torch.randn(num_rows, dim, generator=gen)
     state = torch.zeros(num_rows, dim)
-    got_w, got_s = weight.to(DEVICE), state.to(DEVICE)
+    got_w, got_s = weight.clone().to(DEVICE), state.clone().to(DEVICE)  # copies, not aliases on the CPU
     sparse_backward.sparse_backward(
         got_w,
         got_s,
@@ -199,6 +200,9 @@ def test_a_hot_row_sums_many_occurrences() -> None:
     )
     torch.testing.assert_close(got_w.cpu(), weight, rtol=2e-5, atol=2e-5)
     torch.testing.assert_close(got_s.cpu(), state, rtol=1e-4, atol=1e-5)
+
+
+BLOCKS = (16, 32, 64, 128, 256, 512)  # BLOCK_D of dims up to 512
 
 
 def test_kernels_compile_for_hopper(hopper: Any) -> None:
@@ -238,24 +242,60 @@ def test_kernels_compile_for_hopper(hopper: Any) -> None:
         "KIND": "constexpr",
         "DTYPE": "constexpr",
         "STOCHASTIC": "constexpr",
-        "BLOCK_K": "constexpr",
+        "SHORT": "constexpr",
+        "BLOCK_S": "constexpr",
         "BLOCK_D": "constexpr",
     }
+    hot = {("BLOCK_K" if k == "BLOCK_S" else k): v for k, v in update.items()}  # same order, BLOCK_K for BLOCK_S
     hopper(
         [
             *(
                 (module, "_occurrences_kernel", occurrences, {"WEIGHTED": w, "SEQUENCE": s, "BLOCK_L": 4})
                 for w, s in ((False, False), (True, False), (False, True))
             ),
-            *(
-                (
-                    module,
-                    "_update_kernel",
-                    update,
-                    {"KIND": k, "DTYPE": d, "STOCHASTIC": True, "BLOCK_K": 16, "BLOCK_D": 128},
+            *(  # every rule and dtype at dim 128, every tile shape the launcher picks with two rules
+                (module, kernel, signature, {"KIND": k, "DTYPE": d, "STOCHASTIC": True, "SHORT": 8, **c})
+                for kernel, signature, shapes in (
+                    ("_update_kernel", update, [{"BLOCK_S": max(1, min(32, 2048 // b)), "BLOCK_D": b} for b in BLOCKS]),
+                    (
+                        "_hot_update_kernel",
+                        hot,
+                        [{"BLOCK_K": max(1, min(16, 4096 // b)), "BLOCK_D": b} for b in BLOCKS],
+                    ),
                 )
-                for k in range(5)
-                for d in (0, 1, 2)
+                for c in shapes
+                for k in (range(5) if c["BLOCK_D"] == 128 else (1, 2))
+                for d in ((0, 1, 2) if c["BLOCK_D"] == 128 else (0,))
             ),
         ]
     )
+
+
+@pytest.mark.parametrize("kind", list(RuleKind))
+def test_short_and_long_segments_side_by_side(kind: RuleKind) -> None:
+    """Segments just under, at and over the short limit, and hot rows of several tiles, in the same programs:
+    the side-by-side and one-by-one sums both land on the right rows."""
+    short = sparse_backward.SHORT_SEGMENT
+    lengths = [1, short - 1, short, short + 1, 2 * short + 3, 1, 40, short]  # occurrences of rows 0..7
+    values = torch.cat([torch.full((n,), r) for r, n in enumerate(lengths)])
+    values = values[torch.randperm(values.shape[0], generator=torch.Generator().manual_seed(5))]
+    batch, dim, num_rows = values.shape[0], 24, 10
+    offsets = torch.arange(batch + 1)
+    plan = torch.tensor([[0, 0, 0, num_rows, 0, 0, 0]])
+    gen = torch.Generator().manual_seed(6)
+    grad = torch.randn(batch, dim, generator=gen)
+    rule = UpdateRule(kind, lr=0.1, eps=1e-6, beta1=0.9, beta2=0.99, l1=0.01, l2=0.01, beta=0.1, lr_power=-0.5)
+    lrs = torch.tensor([0.1], dtype=torch.float64)
+    weight = torch.randn(num_rows, dim, generator=gen)
+    state = torch.rand(num_rows, rule.state_width(dim), generator=gen) + 0.1
+    got_w, got_s = weight.clone().to(DEVICE), state.clone().to(DEVICE)  # copies, not aliases on the CPU
+    sparse_backward.sparse_backward(
+        got_w, got_s, values.to(DEVICE), offsets.to(DEVICE), None, plan, dim, batch, False, grad.to(DEVICE), rule,
+        lrs, Workspace(),
+    )  # fmt: skip
+    reference.sparse_backward(
+        weight, state, values, offsets, None, plan, dim, batch, False, grad, rule, lrs, Workspace()
+    )
+    torch.testing.assert_close(got_w.cpu(), weight, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(got_s.cpu(), state, rtol=1e-4, atol=1e-5)
+    assert torch.equal(got_w.cpu()[8:], weight[8:])  # rows no id hit

@@ -70,3 +70,45 @@ def test_save_and_load_keep_each_users_last_items(tmp_path: Path) -> None:
     again = InteractionStore.load(path, max_items=1)
     assert again.items(1).tolist() == [12] and again.items(2).tolist() == [22]
     assert InteractionStore.load(path).items(2).tolist() == [21, 22]
+
+
+def _reference(users: np.ndarray, items: np.ndarray, max_items: int) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for u, i in zip(users.tolist(), items.tolist(), strict=True):
+        out.setdefault(u, []).append(i)
+    return {u: v[-max_items:] for u, v in out.items()}
+
+
+def test_from_pairs_save_load_and_adds_equal_a_per_user_reference(tmp_path: Path) -> None:
+    """The store made from events or a file keeps them as one CSR (array operations, no per-user Python); adds on
+    top of it, save and load give each user's last max_items as a dict of lists does."""
+    rng = np.random.default_rng(1)
+    users, items = rng.integers(-5, 40, 500), rng.integers(0, 1000, 500)
+    users[:3] = [2**62, -(2**62), 2**62]
+    store = InteractionStore.from_pairs(users, items, max_items=7)
+    reference = _reference(users, items, 7)
+    assert len(store) == len(reference)
+    for u in [*reference, 41, -6, 10**30, -(10**30)]:
+        assert store.items(u).tolist() == reference.get(u, []) and (u in store) == (u in reference)
+    with pytest.raises(ValueError):
+        store.items(3)[0] = 1  # read-only views
+    for u, new in ((3, [1, 2]), (3, [5] * 9), (100, [7]), (2**62, [8])):  # a base user, again, a new user
+        store.add(u, new)
+        reference[u] = (reference.get(u, []) + new)[-7:]
+    assert len(store) == len(reference) and store.items(3).tolist() == reference[3]
+    for max_items in (7, 3):
+        again = InteractionStore.load(store.save(tmp_path / "seen.npz"), max_items=max_items)
+        assert len(again) == len(reference)
+        assert all(again.items(u).tolist() == v[-max_items:] for u, v in reference.items())
+    empty = InteractionStore.from_pairs(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    assert len(empty) == 0 and empty.items(0).size == 0
+    assert len(InteractionStore.load(empty.save(tmp_path / "empty.npz"))) == 0
+
+
+def test_load_refuses_a_file_whose_users_are_not_sorted_and_distinct(tmp_path: Path) -> None:
+    np.savez(tmp_path / "bad.npz", users=np.array([3, 1]), offsets=np.array([0, 1, 2]), items=np.array([5, 6]))
+    with pytest.raises(ValueError, match="users must be sorted and distinct, got 3 before 1"):
+        InteractionStore.load(tmp_path / "bad.npz")
+    np.savez(tmp_path / "bad.npz", users=np.array([1, 3]), offsets=np.array([0, 2, 1]), items=np.array([5]))
+    with pytest.raises(ValueError, match="offsets decrease at user 3"):
+        InteractionStore.load(tmp_path / "bad.npz")

@@ -359,7 +359,12 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = (), repe
         cpu_ratios = [a / b for a, b in zip(times["step_cpu"], times["retrain_cpu"], strict=True)]
         version = loop.serving_version()
         assert version is not None, loop.log.records[-1]
-        held = held_out_csr(stream.day(d))
+        # judged on the users the gate did not read (gate.user_share < 1), so that the gate's choice is not
+        # also the measurement; with a gate over every user, on every user
+        gate = cfg.gate_user_share == 1
+        offsets, held_items = held_out_csr(stream.day(d))
+        judged = np.repeat(loop.gate_users == gate, np.diff(offsets))
+        held = (np.concatenate([[0], np.cumsum(np.where(loop.gate_users == gate, np.diff(offsets), 0))]), held_items[judged])
         pipe = load(loop.bundle(version), name=cfg.name, version=version)
         try:
             top = torch.full((users, cfg.k), -1, dtype=torch.int64)
@@ -369,10 +374,10 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = (), repe
         finally:
             pipe.close()
         served = list_metrics(top, held, items, (cfg.k,))[f"recall@{cfg.k}"]
-        reference, n = loop.recall(reference_model, d)
+        reference, n = loop.recall(reference_model, d, gate=gate)
         config = f"two_tower day {d} recall@{cfg.k}"
         records.append(_record(config, "hugerec-loop-two_tower", served, "recall", True, serving=version, users=n,
-                               ratio_to_from_scratch=served / reference, exact_recall=loop.recall(loop.load(version), d)[0]))
+                               ratio_to_from_scratch=served / reference, exact_recall=loop.recall(loop.load(version), d, gate=gate)[0]))
         records.append(_record(config, "two_tower-from-scratch", reference, "recall", True, events=loop.history(d - 1).num_events))
         records.append(_record(f"two_tower day {d} iteration time", "hugerec-loop-two_tower", step, "s", False,
                                ratio_to_from_scratch=step / retrain, samples=times["step"]))

@@ -15,7 +15,8 @@
                  dense id's raw one, which the published pipelines take)
     [model]      the [model] of every command: "two_tower" (user ids only: max_history = 0, recent = []) or "mf"
     [embedding]  optimizer: the towers' sparse optimizer
-    [gate]       recall_margin, min_rows (users; the gate and the canary decision on Recall@K)
+    [gate]       recall_margin, min_rows (users; the gate and the canary decision on Recall@K), user_share (the
+                 share of the users they measure, a fixed draw: the others are left to judge the served model)
     [index]      the ANN index built afresh for every published pipeline (kind "hnsw" or "exact", HNSW's settings)
     [server]     mode "offline" (a published candidate serves at once), "embedded" (a server in this process on
                  127.0.0.1; its status page shows the decisions) or "remote" (url, model, the admin token from the
@@ -144,6 +145,11 @@ class RecallGate:
 
     recall_margin: float = 0.01  # how far below the serving model's Recall@K a candidate may be
     min_rows: int = 50  # users with events in the window needed to judge (fewer: refuse at the gate, wait with a canary)
+    user_share: float = 1.0  # the share of the users (a fixed draw) the gate and the decision measure; the rest judge the served model
+
+    def __post_init__(self) -> None:
+        if not 0 < self.user_share <= 1:
+            raise ValueError(f"gate.user_share must be in (0, 1], got {self.user_share}")
 
 
 @dataclass(frozen=True)
@@ -276,6 +282,7 @@ def loop_config(cfg: RetrievalLoopFile, num_users: int | None = None, num_items:
         ann_k=lc.ann_k,
         recall_margin=cfg.gate.recall_margin,
         min_users=cfg.gate.min_rows,
+        gate_user_share=cfg.gate.user_share,
         canary_share=lc.canary_share,
         index=cfg.index.index_config(),
         name=lc.name,

@@ -11,7 +11,9 @@ redoes only the unfinished phase):
     2. train    warm-start from the checkpoint of the last published version not rolled back, `warm_start_epochs`
                 over window k's events (while nothing is published: a fresh model on every window so far)
     3. gate     candidate and serving model on window k + 1's events: Recall@K of each user's items of that
-                day among the items the user had not met up to window k (exact top-K over every item): the
+                day among the items the user had not met up to window k (exact top-K over every item), over
+                the gate's users (`gate_user_share` of the users, a fixed draw; the canary decision reads the
+                same ones, and the others are left to judge the served model on, unselected by the gate): the
                 candidate passes with at least `min_users` users and a Recall@K at least the serving model's
                 minus `recall_margin`
     4. publish  a pipeline bundle (bundles/w<k>: the towers, an ANN index built afresh over the candidate's
@@ -52,6 +54,7 @@ import torch
 from hugerec.continuous.decision_log import DecisionLog, LiveRoles, Record, live_roles
 from hugerec.continuous.publish import Publisher
 from hugerec.data.interactions import Interactions, held_out_csr, iter_examples
+from hugerec.data.windows import holdout_mask
 from hugerec.embedding.optimizers import Adagrad, Optimizer
 from hugerec.index.vector_index import IndexConfig, IndexKind
 from hugerec.models.mf import MFConfig
@@ -99,6 +102,7 @@ class RetrievalLoopConfig:
     ann_k: int = 200
     recall_margin: float = 0.01
     min_users: int = 50
+    gate_user_share: float = 1.0
     canary_share: float = 0.1
     index: IndexConfig = field(default_factory=lambda: IndexConfig(IndexKind.HNSW))
     name: str = "recs"
@@ -125,6 +129,8 @@ class RetrievalLoopConfig:
                 "RetrievalLoopConfig: a two-tower must embed user ids only (max_history = 0, recent = [], no side "
                 f"features, use_user_id), got max_history={m.max_history}, recent={list(m.recent)}"
             )
+        if not 0 < self.gate_user_share <= 1:
+            raise ValueError(f"RetrievalLoopConfig: gate_user_share must be in (0, 1], got {self.gate_user_share}")
         if not self.recall_margin >= 0 or not 0 < self.canary_share <= 1 or not self.lr > 0:
             raise ValueError(
                 f"RetrievalLoopConfig: need recall_margin >= 0, canary_share in (0, 1], lr > 0, got "
@@ -157,7 +163,10 @@ class RetrievalLoop:
         self.seconds: dict[str, float] = {}  # the phases of the last step: train, gate, publish (wall, for the benchmark)
         self.cpu_seconds: dict[str, float] = {}  # the same phases in this process's CPU seconds
         self._histories: dict[int, Interactions] = {}  # k -> the events of windows 0..k (the newest two kept)
-        self._targets: dict[int, tuple[np.ndarray, CSR, CSR]] = {}  # k -> recall's users, held rows, excluded rows
+        self._targets: dict[tuple[int, bool], tuple[np.ndarray, CSR, CSR]] = {}  # (k, gate) -> users, held, excluded
+        # the users the gate and the canary decision measure (a fixed draw); the others measure the served model
+        share = self.config.gate_user_share
+        self.gate_users = np.ones(self.config.num_users, bool) if share == 1 else holdout_mask(self.config.num_users, share, self.config.seed)
         self._seen: dict[int, CSR] = {}  # k -> each user's items of windows 0..k (the newest two kept, `seen`)
         self._recalls: dict[tuple[str, int, int], tuple[float, int]] = {}  # (version, checkpoint mtime, k) -> recall
         self._models: dict[tuple[str, int], RetrievalModel] = {}  # (version, checkpoint mtime) -> the model (`load`)
@@ -304,10 +313,11 @@ class RetrievalLoop:
         fit(model, batches, None, config, family=RetrievalFamily(counts, retrieval_loss(c.model), ks=(c.k,)))
         model.eval()
 
-    def recall(self, model: RetrievalModel, k: int) -> tuple[float, int]:
+    def recall(self, model: RetrievalModel, k: int, gate: bool = True) -> tuple[float, int]:
         """(Recall@K of `model` on window k's events, the users it is measured on): each user's items of window k
-        among the items the user had not met in windows 0..k-1 (exact top-K over every item)."""
-        users, held, exclude = self._target(k)
+        among the items the user had not met in windows 0..k-1 (exact top-K over every item); over the gate's
+        users (`gate_users`), or with gate=False over the others (those a served model is judged on)."""
+        users, held, exclude = self._target(k, gate)
         if not users.size:
             return float("nan"), 0
         empty = JaggedTensor(torch.zeros(0, dtype=torch.int64), torch.zeros(users.size, dtype=torch.int64))
@@ -322,17 +332,18 @@ class RetrievalLoop:
             self._recalls[key] = self.recall(self.load(version), k)
         return self._recalls[key]
 
-    def _target(self, k: int) -> tuple[np.ndarray, CSR, CSR]:
-        """Window k's measured users [U'] (those with events), their items of window k, and the items each may not
-        be recommended (met in windows 0..k-1 and not again in window k: `retrieval_metrics`'s exclusion), as CSR
-        over those users only; computed once for every model measured on window k."""
-        if k not in self._targets:
+    def _target(self, k: int, gate: bool = True) -> tuple[np.ndarray, CSR, CSR]:
+        """Window k's measured users [U'] (those with events, among the gate's users or the others), their items of
+        window k, and the items each may not be recommended (met in windows 0..k-1 and not again in window k:
+        `retrieval_metrics`'s exclusion), as CSR over those users only; computed once for every model measured on
+        window k."""
+        if (k, gate) not in self._targets:
             held = _seen_csr(self.source(k))
-            users = np.flatnonzero(np.diff(held[0]) > 0)
+            users = np.flatnonzero((np.diff(held[0]) > 0) & (self.gate_users == gate))
             held_rows = _rows(held, users)
-            self._targets = {j: t for j, t in self._targets.items() if j >= k - 1}
-            self._targets[k] = (users, held_rows, csr_minus(_rows(self.seen(k - 1), users), held_rows))
-        return self._targets[k]
+            self._targets = {j: t for j, t in self._targets.items() if j[0] >= k - 1}
+            self._targets[(k, gate)] = (users, held_rows, csr_minus(_rows(self.seen(k - 1), users), held_rows))
+        return self._targets[(k, gate)]
 
     def seen(self, k: int) -> CSR:
         """Each user's items of windows 0..k as CSR over every user (offsets [U + 1], items [N]; k < 0: none): window

@@ -95,6 +95,9 @@ def test_loop_command_trains_a_matrix_factorisation_offline(
         (["configs/loop_synthetic.toml", "data.drift.days=3"], "data.drift: the retrieval loop's"),
         (["configs/loop_two_tower.toml", "model.max_history=10"], "model.max_history = 10: the loop's two-tower embeds user ids only"),
         (["configs/loop_two_tower.toml", "loop.last=9"], "loop.last = 9: need loop.first (0) < loop.last <= data.drift.days - 1 (6)"),
+        (["configs/loop_two_tower.toml", "gate.user_share=1.5"], "gate.user_share must be in (0, 1], got 1.5"),
+        (["configs/loop_two_tower.toml", "gate.user_share=0"], "gate.user_share must be in (0, 1], got 0"),
+        (["configs/loop_synthetic.toml", "gate.user_share=0.5"], "gate.user_share: the retrieval loop's"),
     ],
 )
 def test_a_key_of_the_other_loop_is_refused_in_one_line(

@@ -203,3 +203,34 @@ def test_side_by_side_puts_each_rows_second_part_after_its_first() -> None:
     assert offsets.tolist() == [0, 3, 5, 6] and items.tolist() == [5, 6, 8, 9, 10, 7]
     empty = (np.zeros(4, np.int64), np.zeros(0, np.int64))
     assert [x.tolist() for x in _side_by_side(empty, empty)] == [[0, 0, 0, 0], []]
+
+
+def test_the_gate_reads_its_share_of_the_users_and_leaves_the_others_to_judge_the_served_model(tmp_path: Path) -> None:
+    """gate_user_share < 1: the gate (and the canary decision) measure a fixed draw of the users, and a served model
+    is judged on the others, whom no gate decision looked at; the two parts cover every user with events."""
+    stream = _stream()
+    loop = RetrievalLoop(_config(tmp_path, gate_user_share=0.5), stream.day)
+    records = loop.run(0, 2)
+    drawn = loop.gate_users
+    assert 0.4 < drawn.mean() < 0.6
+    assert np.array_equal(drawn, RetrievalLoop(_config(tmp_path / "again", gate_user_share=0.5), stream.day).gate_users)
+    held = held_out_csr(stream.day(1))
+    active = np.diff(held[0]) > 0
+    published = [r for r in records if r.action == "publish"]
+    assert published[0].gate is not None and published[0].gate["users"] == (active & drawn).sum()
+    model = loop.load("w0")
+    gate_recall, gate_n = loop.recall(model, 1)
+    rest_recall, rest_n = loop.recall(model, 1, gate=False)
+    assert (gate_n, rest_n) == ((active & drawn).sum(), (active & ~drawn).sum())
+    # each part is the exact recall over its users: the two parts, weighted by users, give the recall over all
+    whole = RetrievalLoop(_config(tmp_path / "whole"), stream.day)
+    all_recall, all_n = whole.recall(model, 1)
+    assert all_n == gate_n + rest_n
+    assert (gate_recall * gate_n + rest_recall * rest_n) / all_n == pytest.approx(all_recall, abs=1e-6)
+    assert whole.recall(model, 1, gate=False)[1] == 0  # share 1: the gate reads every user
+
+
+@pytest.mark.parametrize("share", [0.0, -0.1, 1.5, float("nan")])
+def test_a_gate_user_share_outside_0_1_is_refused(tmp_path: Path, share: float) -> None:
+    with pytest.raises(ValueError, match="gate_user_share must be in"):
+        _config(tmp_path, gate_user_share=share)

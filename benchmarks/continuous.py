@@ -321,7 +321,7 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = (), repe
     from hugerec.data.synthetic_interactions import generate_interaction_days
     from hugerec.serving import load
     from hugerec.serving.pipeline.runner import Query
-    from hugerec.training.ranking_metrics import list_metrics
+    from hugerec.training.ranking_metrics import list_metrics, subset_csr
 
     def loop_of(n_users: int, n_items: int, days: int, extra: tuple[str, ...]) -> tuple[RetrievalLoop, Any]:
         sizes = (f"data.interactions.num_users={n_users}", f"data.interactions.num_items={n_items}", f"data.drift.days={days}")
@@ -362,15 +362,15 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = (), repe
         # judged on the users the gate did not read (gate.user_share < 1), so that the gate's choice is not
         # also the measurement; with a gate over every user, on every user
         gate = cfg.gate_user_share == 1
-        offsets, held_items = held_out_csr(stream.day(d))
-        judged = np.repeat(loop.gate_users == gate, np.diff(offsets))
-        held = (np.concatenate([[0], np.cumsum(np.where(loop.gate_users == gate, np.diff(offsets), 0))]), held_items[judged])
+        day = held_out_csr(stream.day(d))
+        judged = np.flatnonzero((np.diff(day[0]) > 0) & (loop.gate_users == gate))
+        held = subset_csr(day, judged)
         pipe = load(loop.bundle(version), name=cfg.name, version=version)
         try:
-            top = torch.full((users, cfg.k), -1, dtype=torch.int64)
-            for u in np.flatnonzero(np.diff(held[0]) > 0):
+            top = torch.full((judged.size, cfg.k), -1, dtype=torch.int64)
+            for i, u in enumerate(judged):
                 answer = pipe.pipeline.recommend(Query(int(u), cfg.k)).items
-                top[u, : len(answer)] = torch.from_numpy(answer)
+                top[i, : len(answer)] = torch.from_numpy(answer)
         finally:
             pipe.close()
         served = list_metrics(top, held, items, (cfg.k,))[f"recall@{cfg.k}"]

@@ -69,7 +69,7 @@ from hugerec.sparse.jagged import JaggedTensor
 from hugerec.training.checkpoint import atomic_save, read_weights
 from hugerec.training.declared_loss import retrieval_loss
 from hugerec.training.epoch_batches import EpochBatches
-from hugerec.training.ranking_metrics import CSR, csr_minus, list_recall
+from hugerec.training.ranking_metrics import CSR, csr_minus, list_recall, subset_csr
 from hugerec.training.retrieval import RetrievalFamily, RetrievalModel, top_items
 from hugerec.training.trainer import TrainConfig, fit
 
@@ -340,9 +340,9 @@ class RetrievalLoop:
         if (k, gate) not in self._targets:
             held = _seen_csr(self.source(k))
             users = np.flatnonzero((np.diff(held[0]) > 0) & (self.gate_users == gate))
-            held_rows = _rows(held, users)
+            held_rows = subset_csr(held, users)
             self._targets = {j: t for j, t in self._targets.items() if j[0] >= k - 1}
-            self._targets[(k, gate)] = (users, held_rows, csr_minus(_rows(self.seen(k - 1), users), held_rows))
+            self._targets[(k, gate)] = (users, held_rows, csr_minus(subset_csr(self.seen(k - 1), users), held_rows))
         return self._targets[(k, gate)]
 
     def seen(self, k: int) -> CSR:
@@ -484,12 +484,3 @@ def _side_by_side(a: CSR, b: CSR) -> CSR:
     items[np.repeat(offsets[:-1] - a_off[:-1], a_len) + np.arange(len(a_items))] = a_items  # each row's first part
     items[np.repeat(offsets[:-1] + a_len - b_off[:-1], b_len) + np.arange(len(b_items))] = b_items  # after it
     return offsets, items
-
-
-def _rows(csr: CSR, users: np.ndarray) -> CSR:
-    """The CSR rows of `users` (in that order) as a CSR of their own."""
-    offsets, items = csr
-    lengths = offsets[users + 1] - offsets[users]
-    out = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    starts = np.repeat(offsets[users] - out[:-1], lengths)
-    return out, items[starts + np.arange(int(lengths.sum()))]

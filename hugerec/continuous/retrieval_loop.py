@@ -290,8 +290,9 @@ class RetrievalLoop:
                     for collection in (m for m in model.modules() if isinstance(m, EmbeddingCollection)):
                         collection.reset_optimizer_state()
                     how += " (sparse optimizer state reset)"
-                if self.config.warm_start_epochs is not None:
-                    epochs = self.config.warm_start_epochs
+                w = self.config.warm_start_epochs
+                if w is not None:
+                    epochs = int(w) if float(w).is_integer() else w  # 2.0 from a file: 2 passes, logged as 2
             counts = np.bincount(self.history(k).items(), minlength=self.config.num_items)
             steps = self.train(model, rows, counts, k, epochs)
             atomic_save(model.state_dict(), self.checkpoint(version))

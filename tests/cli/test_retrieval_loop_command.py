@@ -142,7 +142,7 @@ def test_a_retrieval_loop_continued_with_a_changed_config_refuses_naming_the_key
         (["model.dim=16", "model.embedding_dim=16"], "model.dim: 32 -> 16, model.embedding_dim: 32 -> 16"),
         (["data.drift.days=5"], "data.drift.days: 4 -> 5"),
         (["model.type=mf"], "model.type"),
-        (["loop.warm_start_epochs=1.5"], "loop.warm_start_epochs: None -> 1.5"),
+        (["loop.warm_start_epochs=1.5"], "loop.warm_start_epochs: 2.0 -> 1.5"),
         (["loop.warm_start_reset_optimizer=true"], "loop.warm_start_reset_optimizer: False -> True"),
     ):
         assert main(["loop", "configs/loop_two_tower.toml", *small, *change]) == 2

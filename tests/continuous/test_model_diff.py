@@ -79,8 +79,12 @@ def test_table_rows_and_dense_weights_of_a_model() -> None:
     keys, values, default = rows["user"]
     assert keys.tolist() == list(range(6)) and values.shape == (6, 4) and default is None
     weights = dense_weights(model)
-    assert weights and not any("user" in k or "item" in k for k in weights)
-    assert set(weights) == {k for k, _ in model.named_parameters() if k in weights}
+    collection = {
+        f"{name}.{k}" for name, m in model.named_modules() if isinstance(m, EmbeddingCollection) for k in m.state_dict()
+    }
+    assert collection and set(weights) == set(model.state_dict()) - collection  # everything but the collection's
+    for name, value in weights.items():
+        assert value is model.state_dict()[name] or torch.equal(value, model.state_dict()[name])
 
 
 def test_write_model_delta_reads_back_to_the_candidates_rows(tmp_path: Path) -> None:

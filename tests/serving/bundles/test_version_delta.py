@@ -1,12 +1,16 @@
 """Version deltas as files: write then read gives back the same updates (rows, deleted keys, default rows)
 and dense weights, with the base it was computed against; every damage is refused naming the file: a changed
 file (checksum), a missing one, a foreign manifest, another format version, row counts other than the
-manifest's, tables the manifest does not list."""
+manifest's, tables the manifest does not list. derive_version: the base plus a delta serves what the whole
+candidate serves, the base keeps serving its own, the version's state goes when it closes; a delta made against
+other content or naming a foreign table is refused."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -14,15 +18,21 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from hugerec.continuous.model_diff import write_model_delta
 from hugerec.serving.bundles.bundle_files import MANIFEST, sha256_file
+from hugerec.serving.bundles.bundle_loader import ServeOptions, load_bundle
 from hugerec.serving.bundles.version_delta import (
     DELETED,
     DENSE,
     ROWS,
+    STATE_PREFIX,
+    derive_version,
     is_version_delta,
     read_version_delta,
     write_version_delta,
 )
+from hugerec.serving.runtime.inference_protocol import Signature, to_model_inputs
+from hugerec.serving.runtime.model_inputs import ModelInputs
 from hugerec.serving.store.parameter_server import TableUpdate
 
 
@@ -134,3 +144,51 @@ def test_a_manifest_that_is_not_json_is_named(tmp_path: Path) -> None:
     (path / MANIFEST).write_text("{")
     with pytest.raises(ValueError, match=f"{path / MANIFEST} is not valid JSON"):
         read_version_delta(path)
+
+
+def _inputs(toy: Any, batch: Any) -> ModelInputs:
+    return to_model_inputs(toy.tensors(batch), Signature(toy.num_dense, toy.features))
+
+
+def test_derive_version_serves_the_candidate_and_leaves_the_base(toy: Any, tmp_path: Path) -> None:
+    candidate = copy.deepcopy(toy.model)
+    with torch.no_grad():
+        candidate.embedding_collections()[0].table_weight("user")[:50].add_(0.5)
+        for p in candidate.dense_parameters():
+            p.mul_(1.5)
+    base = load_bundle(toy.bundle, ServeOptions(state_dir=str(tmp_path / "base-state")))
+    base_info = {"bundle": str(base.bundle.path), "bundle_id": base.bundle.id}
+    delta = read_version_delta(
+        write_model_delta(toy.model, candidate, tmp_path / "updates" / "w1", "1", base.bundle.id)
+    )
+    assert [len(u.keys) for u in delta.updates if u.table == "user"] == [50]  # only the changed rows travel
+    derived = derive_version(base.model, base.preprocess, base_info, delta, "2")
+    try:
+        batch = toy.batch(32, seed=4)
+        got = torch.sigmoid(torch.from_numpy(derived.model.predict(_inputs(toy, batch)))).numpy()
+        np.testing.assert_allclose(got, toy.offline(batch, candidate), rtol=1e-5, atol=1e-6)
+        still = torch.sigmoid(torch.from_numpy(base.model.predict(_inputs(toy, batch)))).numpy()
+        np.testing.assert_allclose(still, toy.offline(batch), rtol=1e-5, atol=1e-6)  # the base is never written
+        assert derived.info["bundle_id"] == delta.id and derived.info["base"] == "1"
+        assert derived.state_dir.parent == delta.path and derived.state_dir.is_dir()
+    finally:
+        derived.close()
+        base.close()
+    assert not derived.state_dir.exists()  # the version's state goes with it
+    assert sorted(p.name for p in delta.path.iterdir()) == sorted([MANIFEST, ROWS, DELETED, DENSE])
+
+
+def test_derive_version_refuses_another_base_and_foreign_tables(toy: Any, tmp_path: Path) -> None:
+    base = load_bundle(toy.bundle, ServeOptions(state_dir=str(tmp_path / "base-state")))
+    try:
+        info = {"bundle": str(base.bundle.path), "bundle_id": base.bundle.id}
+        other = read_version_delta(write_version_delta(tmp_path / "d1", "1", "f" * 64, [], {}))
+        with pytest.raises(ValueError, match=r"was made against base content f{12}\.\.\., but version '1' serves"):
+            derive_version(base.model, base.preprocess, info, other, "2")
+        wrong = TableUpdate("user", np.array([1], np.int64), np.zeros((1, 3), np.float32))
+        foreign = read_version_delta(write_version_delta(tmp_path / "d2", "1", base.bundle.id, [wrong], {}))
+        with pytest.raises(ValueError, match="table 'user' \\(width 3\\) is not a table of 'toy'"):
+            derive_version(base.model, base.preprocess, info, foreign, "2")
+        assert not any(p.name.startswith(STATE_PREFIX) for p in (tmp_path / "d2").iterdir())  # nothing left behind
+    finally:
+        base.close()

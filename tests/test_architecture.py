@@ -1,6 +1,7 @@
 """The rules of ARCHITECTURE.md that a program can check: one base name per module and per class, no private
-name used outside its module, names imported from the module that defines them, tests that mirror the package,
-ops/gpu's modules named after ops/cpu's, and where Numba and Triton may be imported.
+name used outside its module, names imported from the module that defines them, tests that mirror the package
+(every test file names a module, every module has its test file), ops/gpu's modules named after ops/cpu's, and
+where Numba and Triton may be imported.
 (The layering is import-linter's: the contracts in pyproject.toml.)"""
 
 from __future__ import annotations

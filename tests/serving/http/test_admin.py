@@ -4,6 +4,7 @@ load's and load_delta's bad bodies; each refusal a 4xx naming the field or value
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,7 @@ import httpx
 import pytest
 
 from hugerec.serving.bundles.bundle_loader import ServeOptions
-from hugerec.serving.http.admin import _load_parameters
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
-from hugerec.serving.runtime.inference_protocol import RequestError
 
 TOKEN = "a" * 24
 
@@ -109,11 +108,13 @@ def test_load_refusals_name_the_path(admin: httpx.Client, tmp_path: Path) -> Non
     assert "load_delta needs {'delta'" in _error(admin.post(delta, json={"delta": "d", "base": 1, "version": "2"}), 400)
 
 
-def test_load_parameters_reads_tritons_config_form_and_the_plain_one() -> None:
-    assert _load_parameters({"bundle": "b", "version": "2"}) == {"bundle": "b", "version": "2"}
-    assert _load_parameters({"parameters": {"config": '{"bundle": "b"}'}}) == {"bundle": "b"}
-    assert _load_parameters({"parameters": {"version": "3", "config": 1}}) == {"version": "3"}
-    with pytest.raises(RequestError, match=r"parameters\.config must be a JSON object"):
-        _load_parameters({"parameters": {"config": "[1, 2]"}})
-    with pytest.raises(RequestError, match=r"parameters\.config is not valid JSON"):
-        _load_parameters({"parameters": {"config": "{"}})
+def test_load_reads_tritons_config_form(admin: httpx.Client, tmp_path: Path) -> None:
+    """tritonclient's load_model(config=...) sends {"parameters": {"config": "<JSON>"}}: read as the plain body."""
+    load = "/v2/repository/models/toy/load"
+    missing = str(tmp_path / "nowhere")
+    config = {"parameters": {"config": json.dumps({"bundle": missing})}}
+    assert f"cannot load {missing!r}" in _error(admin.post(load, json=config), 400)
+    listed = {"parameters": {"config": "[1, 2]"}}
+    assert "parameters.config must be a JSON object" in _error(admin.post(load, json=listed), 400)
+    unload = {"parameters": {"version": "7"}}  # other parameters are read as the body's keys
+    assert "field 'version'" in _error(admin.post("/v2/repository/models/toy/unload", json=unload), 404)

@@ -95,3 +95,13 @@ def test_bad_data_is_refused_naming_the_column(tmp_path: Path) -> None:
         read_matrix(_shards(tmp_path / "c", pa.table(good)), SCHEMA, group="user")
     with pytest.raises(ValueError, match=r"model\.group: column 'user' has a null"):
         read_matrix(_shards(tmp_path / "d", pa.table({**good, "user": [1, None]})), SCHEMA, group="user")
+
+
+def test_shards_of_zero_rows_are_refused_as_an_empty_dataset(tmp_path: Path) -> None:
+    """A file with no row group and files whose row groups hold no rows are the same empty dataset: refused in
+    one line naming the paths, not an empty matrix that a GBM would fit to nothing."""
+    empty = pa.table({"label": pa.array([], pa.float64()), "d0": pa.array([], pa.float64()), "c0": pa.array([], pa.int32())})
+    folder = _shards(tmp_path, empty, empty)
+    assert pq.ParquetFile(next(folder.glob("*.parquet"))).metadata.num_row_groups == 1  # a row group of zero rows
+    with pytest.raises(ValueError, match=r"shards holds no rows \(empty dataset\)"):
+        read_matrix(folder, SCHEMA)

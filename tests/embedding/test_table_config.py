@@ -121,8 +121,30 @@ def test_from_dict_refuses_unknown_keys_and_inits() -> None:
         ValueError, match=r"unknown init type 'xavier'; expected one of \['normal', 'uniform', 'zeros'\]"
     ):
         TableConfig.from_dict({**base, "init": {"type": "xavier"}})
-    with pytest.raises(ValueError, match="'lifo' is not a valid Eviction"):
+    with pytest.raises(ValueError, match="table 't': dynamic: 'lifo' is not a valid Eviction"):
         TableConfig.from_dict({**base, "dynamic": {"eviction": "lifo"}})
+
+
+@pytest.mark.parametrize(
+    ("d", "message"),
+    [
+        ({"name": "t", "dim": 2}, r"TableConfig.from_dict: missing keys \['num_rows'\]"),
+        ({"num_rows": 4, "dim": 2}, r"missing keys \['name'\]"),
+        ({"name": "t", "num_rows": 4, "dim": 2, "init": {"type": "normal", "sigma": 1}}, r"table 't': init 'normal' has no keys \['sigma'\]; it has \['mean', 'std'\]"),
+        ({"name": "t", "num_rows": 4, "dim": 2, "dynamic": {"capacity": 4}}, r"table 't': dynamic has no keys \['capacity'\]"),
+        ({"name": "t", "num_rows": 4, "dim": 2, "dynamic": [1]}, r"table 't': dynamic must be an object, got list"),
+        ({"name": "t", "num_rows": 4, "dim": 2, "pooling": "max"}, r"table 't': 'max' is not a valid Pooling"),
+        ({"name": "t", "num_rows": 4, "dim": 2, "storage": "tape"}, r"table 't': 'tape' is not a valid Storage"),
+        ({"name": "t", "num_rows": 4, "dim": 2, "dtype": "fp64"}, r"table 't': 'fp64' is not a valid StorageDtype"),
+    ],
+)
+def test_from_dict_names_the_key_of_a_missing_or_bad_value(d: dict[str, Any], message: str) -> None:
+    """A table read from a model file or a checkpoint: every mistake is one ValueError naming the key, never a
+    TypeError or KeyError from deep inside."""
+    with pytest.raises(ValueError, match=message):
+        TableConfig.from_dict(d)
+    with pytest.raises(ValueError, match="a table must be an object, got list"):
+        TableConfig.from_dict([d])  # type: ignore[arg-type]
 
 
 def test_uniform_init_bound_follows_the_rows() -> None:

@@ -226,14 +226,18 @@ CONTINUE_MAY_CHANGE = frozenset(
 )
 
 
-def keep_loop_settings(work_dir: Path, settings: dict[str, Any], may_change: frozenset[str]) -> None:
+def keep_loop_settings(
+    work_dir: Path, settings: dict[str, Any], may_change: frozenset[str], defaults: dict[str, Any]
+) -> None:
     """Either loop's settings (its --print-config dict) kept in work_dir/settings.json by its first start; a later
-    start with other settings outside `may_change` -> ConfigError naming the changed keys (training.run_settings)."""
+    start with other settings outside `may_change` -> ConfigError naming the changed keys (training.run_settings).
+    `defaults`: the settings of the loop's file with nothing set; a key that settings.json lacks (one a later
+    hugerec added) compares as its default."""
     from hugerec.training.run_settings import flat_settings, keep_settings
 
     path = work_dir / "settings.json"
     try:
-        keep_settings(path, flat_settings(settings), may_change)
+        keep_settings(path, flat_settings(settings), may_change, flat_settings(defaults))
     except ValueError as e:
         raise ConfigError(f"{e}: continue it with its settings ({path}) or give another loop.work_dir") from None
 
@@ -374,7 +378,7 @@ def run_loop(config_path: str | None, overrides: Sequence[str], print_config: bo
         last = present[-1] if lc.last is None else lc.last
     if last <= lc.first:
         raise ValueError(f"loop.last ({last}) must be > loop.first ({lc.first}): window last is the final holdout")
-    keep_loop_settings(work, loop_settings(cfg), CONTINUE_MAY_CHANGE)
+    keep_loop_settings(work, loop_settings(cfg), CONTINUE_MAY_CHANGE, loop_settings(LoopFile()))
     with ExitStack() as stack:
         loop, url, ingest = _make_loop(cfg, config, source, stack)
         swept = remove_interrupted_loads(loop)  # before any load: what killed loads and publishes left behind

@@ -322,14 +322,14 @@ def run_retrieval_loop(cfg: RetrievalLoopFile, print_config: bool, only_log: boo
                 "window last is the final holdout"
             )
         config = loop_config(cfg)
-        keep_loop_settings(work, settings, CONTINUE_MAY_CHANGE)
+        keep_loop_settings(work, settings, CONTINUE_MAY_CHANGE, retrieval_loop_settings(RetrievalLoopFile()))
         day: EventSource = generate_interaction_days(cfg.data.interactions, cfg.data.drift).day
     else:
         log = read_log_windows(cfg.preprocess, cfg.windows)
         last = log.check_span(cfg.loop.first, cfg.loop.last)
         config = loop_config(cfg, log.num_users, log.num_items)
         settings["log"] = log.identity()  # a log whose users or items changed cannot continue: other ids, other tables
-        keep_loop_settings(work, settings, CONTINUE_MAY_CHANGE)
+        keep_loop_settings(work, settings, CONTINUE_MAY_CHANGE, retrieval_loop_settings(RetrievalLoopFile()))
         log.write_ids(work)
         day = log.day
     with ExitStack() as stack:

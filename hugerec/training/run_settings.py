@@ -47,12 +47,17 @@ def changed_settings(saved: Mapping[str, Any], now: Mapping[str, Any]) -> str | 
     return ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:6]) + more
 
 
-def keep_settings(path: str | Path, settings: Mapping[str, Any], may_change: frozenset[str]) -> None:
+def keep_settings(
+    path: str | Path, settings: Mapping[str, Any], may_change: frozenset[str], defaults: Mapping[str, Any] | None = None
+) -> None:
     """A run's settings file: written (atomically) by the run's first start; a later start with other settings,
     `may_change` (dotted keys) left out of the comparison, raises ValueError naming the changed keys, and nothing
-    is written. A file that cannot be read as a JSON object is refused, naming it."""
+    is written. A file that cannot be read as a JSON object is refused, naming it. `defaults`: every key's
+    default; a key the saved file lacks (a setting a later hugerec added) counts as its default there, the value
+    that does what the run did before the key existed, so adding a setting does not stop older runs."""
     p = Path(path)
     now = json.loads(json.dumps({k: v for k, v in settings.items() if k not in may_change}, default=str))  # as read back
+    added = json.loads(json.dumps({k: v for k, v in (defaults or {}).items() if k not in may_change}, default=str))
     if p.exists():
         try:
             saved = json.loads(p.read_text())
@@ -60,7 +65,7 @@ def keep_settings(path: str | Path, settings: Mapping[str, Any], may_change: fro
             raise ValueError(f"{p}: not the run's settings (JSON): {e}") from None
         if not isinstance(saved, dict):
             raise ValueError(f"{p}: not the run's settings (a JSON object)")
-        saved = {k: v for k, v in saved.items() if k not in may_change}
+        saved = {**{k: v for k, v in added.items() if k not in saved}, **{k: v for k, v in saved.items() if k not in may_change}}
         changed = changed_settings(saved, now)
         if changed is not None:
             raise ValueError(f"the config changed since the run in {p.parent} started ({changed})")

@@ -74,15 +74,15 @@ def test_the_old_model_dialect_is_upgraded_with_a_note(tmp_path: Path, capsys: p
 def test_settings_are_kept_across_starts(tmp_path: Path) -> None:
     cfg, _ = load_loop_file(None, [f"loop.work_dir={tmp_path}"])
     assert isinstance(cfg, LoopFile)
-    keep_loop_settings(tmp_path, loop_settings(cfg), CONTINUE_MAY_CHANGE)
+    keep_loop_settings(tmp_path, loop_settings(cfg), CONTINUE_MAY_CHANGE, loop_settings(LoopFile()))
     assert (tmp_path / "settings.json").is_file()
     more, _ = load_loop_file(None, [f"loop.work_dir={tmp_path}", "loop.last=6", "server.replay_rows=10"])
     assert isinstance(more, LoopFile)
-    keep_loop_settings(tmp_path, loop_settings(more), CONTINUE_MAY_CHANGE)  # how far it runs may change
+    keep_loop_settings(tmp_path, loop_settings(more), CONTINUE_MAY_CHANGE, loop_settings(LoopFile()))  # how far it runs may change
     other, _ = load_loop_file(None, [f"loop.work_dir={tmp_path}", "loop.lr=0.5"])
     assert isinstance(other, LoopFile)
     with pytest.raises(ConfigError, match=r"loop\.lr.*continue it with its settings"):
-        keep_loop_settings(tmp_path, loop_settings(other), CONTINUE_MAY_CHANGE)
+        keep_loop_settings(tmp_path, loop_settings(other), CONTINUE_MAY_CHANGE, loop_settings(LoopFile()))
 
 
 @pytest.mark.parametrize(

@@ -289,3 +289,28 @@ def test_configs_loop_movielens_runs_over_the_movielens_sample(
     assert [(r["window"], r["action"]) for r in records if r["action"] != "unload"][:2] == [(0, "trained"), (0, "publish")]
     assert len(pl.read_parquet(tmp_path / "runs/loop_movielens/users.parquet")) == 943
     assert "preprocess.input" in json.dumps(json.loads((tmp_path / "runs/loop_movielens/settings.json").read_text()))
+
+
+def test_a_loop_started_before_a_setting_existed_continues_while_it_keeps_its_default(tmp_path: Path) -> None:
+    """settings.json of a loop started by an older hugerec lacks the keys added since (gate.user_share,
+    index.build_threads, loop.warm_start_reset_optimizer): the loop continues with them at their defaults, the
+    old behaviour, and a start that changes one is refused naming it."""
+    from hugerec.cli.config_file import ConfigError
+    from hugerec.cli.loop_command import keep_loop_settings
+    from hugerec.cli.retrieval_loop_command import CONTINUE_MAY_CHANGE, retrieval_loop_settings
+    from hugerec.training.run_settings import flat_settings
+
+    def settings(*overrides: str) -> dict[str, object]:
+        config = Path(__file__).resolve().parents[2] / "configs" / "loop_two_tower.toml"
+        cfg, _ = load_loop_file(str(config), [f"loop.work_dir={tmp_path}", "gate.user_share=1", "index.build_threads=0", *overrides])
+        assert isinstance(cfg, RetrievalLoopFile)
+        return retrieval_loop_settings(cfg)
+
+    defaults = retrieval_loop_settings(RetrievalLoopFile())
+    older = {k: v for k, v in flat_settings(settings()).items() if k not in CONTINUE_MAY_CHANGE}
+    for added in ("gate.user_share", "index.build_threads", "loop.warm_start_reset_optimizer"):
+        del older[added]
+    (tmp_path / "settings.json").write_text(json.dumps(older, default=str))
+    keep_loop_settings(tmp_path, settings(), CONTINUE_MAY_CHANGE, defaults)
+    with pytest.raises(ConfigError, match=r"gate\.user_share: 1\.0 -> 0\.5"):
+        keep_loop_settings(tmp_path, settings("gate.user_share=0.5"), CONTINUE_MAY_CHANGE, defaults)

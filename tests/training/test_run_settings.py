@@ -55,3 +55,19 @@ def test_keep_settings_writes_once_then_refuses_a_change_outside_may_change(tmp_
     path.write_text("{")
     with pytest.raises(ValueError, match=r"settings\.json: not the run.s settings \(JSON\)"):
         keep_settings(path, {"lr": 0.1}, frozenset())
+
+
+def test_a_key_the_saved_settings_lack_compares_as_its_default(tmp_path: Path) -> None:
+    """A setting added by a later hugerec is absent from an older run's file: that run continues while the key
+    keeps its default (what the run did before the key existed), and is refused, naming the key, otherwise."""
+    path = tmp_path / "settings.json"
+    keep_settings(path, {"lr": 0.1}, frozenset())  # written before "share" existed
+    defaults = {"lr": 0.5, "share": 1.0, "last": None}
+    keep_settings(path, {"lr": 0.1, "share": 1.0}, frozenset(), defaults)
+    keep_settings(path, {"lr": 0.1, "share": 1}, frozenset(), defaults)  # 1 == 1.0 as JSON reads it back
+    with pytest.raises(ValueError, match=r"\(share: 1\.0 -> 0\.5\)"):
+        keep_settings(path, {"lr": 0.1, "share": 0.5}, frozenset(), defaults)
+    with pytest.raises(ValueError, match=r"share: None -> 1\.0"):
+        keep_settings(path, {"lr": 0.1, "share": 1.0}, frozenset())  # without defaults: a key on one side only
+    with pytest.raises(ValueError, match=r"lr: 0\.1 -> 0\.5"):
+        keep_settings(path, {"lr": 0.5}, frozenset(), defaults)  # a key the file has is never defaulted

@@ -16,7 +16,7 @@ the same process on the same splits. Protocol (the same for every method, ours a
   choosing    every setting is chosen on the validation split by the first metric (Recall@K): each
               baseline's from its grid (`baseline_grid`), each model's epochs by scoring the validation
               targets after every epoch (at most --max-epochs, stopping after --patience epochs without
-              a better one; seed 0; every metric of every epoch goes to --json). The models' other
+              a better one; seed --valid-seed, 0 unless given; every metric of every epoch goes to --json). The models' other
               settings are MOVIELENS_SETTINGS: SASRec's chosen by earlier validation runs, HSTU's by its
               own grid on validation (benchmarks/README.md); --max-len, --lr, ... set a field for every
               model, --set MODEL.FIELD=VALUE for one (a grid point). --seeds 0 runs the validation curve
@@ -346,7 +346,7 @@ def model_block(model: Any, split: Split) -> Callable[[int, int], torch.Tensor]:
 
 
 def choose_epochs(
-    name: str, valid: Split, s: DeepSettings, max_epochs: int, patience: int, key: str, k: int, max_steps: int | None
+    name: str, valid: Split, s: DeepSettings, max_epochs: int, patience: int, key: str, k: int, max_steps: int | None, seed: int = 0
 ) -> tuple[int, list[dict[str, float]]]:
     """Train on the valid split's training data, score the valid targets after every epoch; the epoch with
     the best `key` (stop after `patience` epochs without a better one) and every metric of every epoch."""
@@ -361,7 +361,7 @@ def choose_epochs(
         if len(curve) - 1 - best() >= patience:
             raise _Stop
 
-    model = train_model(name, valid, s, max_epochs, 0, max_steps, evaluate_epoch)
+    model = train_model(name, valid, s, max_epochs, seed, max_steps, evaluate_epoch)
     if not curve:  # --quick's max_steps ended training inside the first epoch
         curve.append(split_metrics(valid, model_block(model, valid), k))
     return best() + 1, curve
@@ -370,7 +370,7 @@ def choose_epochs(
 def quality(
     records: Records, dataset: str, valid: Split, test: Split, quick: bool, models: list[str], settings: dict[str, DeepSettings],
     metrics: tuple[str, str], k: int, seeds: range, max_epochs: int, patience: int, epochs_override: dict[str, int], max_steps: int | None,
-    baselines_on: bool = True, checkpoints: Path | None = None,
+    baselines_on: bool = True, checkpoints: Path | None = None, valid_seed: int = 0,
 ) -> None:
     """Choose every setting on `valid`, then fit on test.train (= train + valid) and read `test` once."""
     key = metrics[0]
@@ -387,7 +387,7 @@ def quality(
         epochs = epochs_override.get(name, 0)
         if not epochs:
             t0 = time.process_time()
-            epochs, curve = choose_epochs(name, valid, settings[name], max_epochs, patience, key, k, max_steps)
+            epochs, curve = choose_epochs(name, valid, settings[name], max_epochs, patience, key, k, max_steps, valid_seed)
             for e, got in enumerate(curve, start=1):
                 for metric in metrics:
                     record(records, f"quality {dataset} valid {metric} epoch {e}", name, got[metric], "fraction")
@@ -553,7 +553,7 @@ def movielens(records: Records, args: argparse.Namespace, settings: dict[str, De
     quality(
         records, "movielens", valid, test, args.quick, models, settings, ("recall@10", "ndcg@10"), 10, seed_range(args),
         2 if args.quick else args.max_epochs, args.patience, epochs_by_model(args.epochs), 24 if args.quick else None, not args.no_baselines,
-        None if args.checkpoints is None else Path(args.checkpoints),
+        None if args.checkpoints is None else Path(args.checkpoints), args.valid_seed,
     )
 
 
@@ -879,6 +879,7 @@ def main() -> None:
     parser.add_argument("--no-baselines", action="store_true", help="quality parts: train and score the models only (a tuning run)")
     parser.add_argument("--save-test-checkpoints", metavar="DIR", help="MovieLens: train the test runs for --max-epochs, saving each epoch's weights to DIR (no scoring)")
     parser.add_argument("--checkpoints", metavar="DIR", help="MovieLens: read the test runs' weights of the chosen epoch from DIR instead of training")
+    parser.add_argument("--valid-seed", type=int, default=0, help="MovieLens: the seed of the validation run (several seeds per grid point: one process each)")
     parser.add_argument("--first-seed", type=int, default=0, help="test runs use seeds first-seed .. first-seed + seeds - 1 (to run seeds in parallel processes)")
     parser.add_argument("--hstu-temperature", type=float, help="MovieLens HSTU: 0 = dot-product scores, > 0 = cosine / temperature (HSTU's paper: 0.05)")
     parser.add_argument("--hstu-attention-dim", type=int, help="MovieLens HSTU: per-head width of queries and keys (0: dim / heads)")

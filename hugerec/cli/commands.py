@@ -44,7 +44,7 @@ from hugerec.models.model import RecModel
 from hugerec.models.model_config import DCNv2Config, DeepFMConfig, DLRMConfig, WideAndDeepConfig
 from hugerec.models.registry import Family, build_model
 from hugerec.sparse.batch import Batch
-from hugerec.training.checkpoint import load_checkpoint
+from hugerec.training.checkpoint import list_checkpoints, load_checkpoint
 from hugerec.training.defaults import auto_batch_size, auto_embedding_dims, fitted_to_data
 from hugerec.training.model_file import load_model, save_model
 from hugerec.training.trainer import History, evaluate, fit, predict, resolve_device, seed_everything
@@ -114,7 +114,7 @@ def train(cfg: RunConfig) -> History:
     cfg = with_data_defaults(cfg, rows, len(schema.dense), tables[0].dim if tables else 16)
     if launched_by_torchrun():
         return _train_distributed(cfg, schema, tables)
-    _prepare_disk_tables(tables, fresh=not cfg.train.resume)
+    _prepare_disk_tables(tables, fresh=_starts_afresh(cfg))
     if cfg.train.seed is not None:  # the same seed, the same initial weights
         seed_everything(cfg.train.seed)
     model = _build(cfg, tables, schema)
@@ -129,9 +129,17 @@ def train(cfg: RunConfig) -> History:
     return history
 
 
+def _starts_afresh(cfg: RunConfig) -> bool:
+    """Whether this run starts from nothing: not train.resume, or train.resume with no complete checkpoint in
+    <out_dir>/checkpoints (a run killed before its first checkpoint was committed: `fit` starts afresh then)."""
+    return not cfg.train.resume or not list_checkpoints(cfg.out_dir / "checkpoints")
+
+
 def _prepare_disk_tables(tables: list[TableConfig], fresh: bool) -> None:
-    """The folders of the disk tables' files; a fresh run (not train.resume) removes the files and snapshots an
-    earlier run left there, as it replaces that run's checkpoints (a resumed one restores them)."""
+    """The folders of the disk tables' files; a run that starts afresh removes the files and snapshots an
+    earlier run left there, as it replaces that run's checkpoints (a resumed one restores them). A run
+    killed after a table's first snapshot but before its first checkpoint was committed left trained rows
+    (and maybe a torn file) that no checkpoint describes: its restart starts afresh, so they go too."""
     for t in tables:
         if t.storage is not Storage.DISK:
             continue
@@ -243,7 +251,7 @@ def _train_distributed(cfg: RunConfig, schema: Schema, tables: list[TableConfig]
     env = init_from_env()
     try:
         if env.rank == 0:
-            _prepare_disk_tables(tables, fresh=not cfg.train.resume)
+            _prepare_disk_tables(tables, fresh=_starts_afresh(cfg))
         dist.barrier()  # no rank builds its disk tables before rank 0 has removed an earlier run's files
         seed_everything(0 if cfg.train.seed is None else cfg.train.seed)  # every rank must build the same model
         model = _build(cfg, tables, schema)

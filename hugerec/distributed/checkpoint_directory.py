@@ -315,13 +315,22 @@ def save_checkpoint_dir(
         _fsync(final.parent)
         shutil.rmtree(old, ignore_errors=True)
     _barrier()
+    for p in placed:  # the disk tables' snapshots this checkpoint names live as long as it does
+        key = f"{_piece_prefix(p)}/disk_snapshot"
+        if key in tensors:
+            p.local.pin_disk_snapshot(p.table.name, int(tensors[key]), final)
     return final
+
+
+def _piece_prefix(p: Placed) -> str:
+    s = p.shard
+    return f"emb/{p.table.name}/{s.row_start}-{s.row_start + s.num_rows}/{s.col_start}-{s.col_start + s.dim}"
 
 
 def _save_static(p: Placed, state: dict[str, Any]) -> Piece:
     s = p.shard
     piece = Piece(p.table.name, "", s.row_start, s.row_start + s.num_rows, s.col_start, s.col_start + s.dim)
-    piece = dataclasses.replace(piece, prefix=f"emb/{p.table.name}/{piece.r0}-{piece.r1}/{piece.c0}-{piece.c1}")
+    piece = dataclasses.replace(piece, prefix=_piece_prefix(p))
     for field, v in table_state(p.local, p.table.name).items():
         state[f"{piece.prefix}/{field}"] = v
     return piece

@@ -18,6 +18,7 @@ touched. Nothing is updated in eval mode or under `torch.no_grad()`.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -217,6 +218,13 @@ class EmbeddingCollection(nn.Module):
             for k, v in tier.stats().items():
                 total[k] += v
         return total
+
+    def pin_disk_snapshot(self, table: str, snapshot: int, holder: str | Path) -> None:
+        """Keeps disk-tier `table`'s snapshot (the number a state dict of it named) while `holder`, the
+        checkpoint directory or model file holding that state dict, exists (DiskTier.pin)."""
+        if table not in self._fused.tiers:
+            raise ValueError(f"EmbeddingCollection.pin_disk_snapshot: {table!r} is not a disk-tier table")
+        self._fused.tiers[table].pin(snapshot, holder)
 
     def flush(self) -> None:
         """Writes the disk-tier tables' dirty cached rows back and marks their files clean."""

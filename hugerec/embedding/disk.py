@@ -3,6 +3,7 @@
     <path>                     the live file: a 4 KiB JSON header, then R records of W + S bytes
                                (record r = row r's weight bytes, padded to D_pad, then its fp32 state)
     <path>.snapshots/<n>       checkpoint snapshots (clones of the live file, see `snapshot`)
+    <path>.snapshots/pins.json what still names a snapshot: {holder path: n} (see `pin`)
 
 The cache is C slots of the table group's weight and state buffers: a batch's rows are mapped to
 slots before the lookup (`prepare`), so the lookup and the fused backward run on the cached rows
@@ -25,6 +26,12 @@ trains as the killed one would have. A snapshot is written under a temporary nam
 complete, so a torn one never counts. Checkpoints clone the live file (`FICLONE`, a reflink: copy-on-write and
 instant on btrfs/XFS; elsewhere `copy_file_range`, an in-kernel copy that never passes through
 this process's memory). A hard link would not do: the live file is written in place afterwards.
+
+A checkpoint or a model file names its snapshot by number, so a snapshot lives as long as something
+names it: `snapshot` deletes the old ones beyond the KEEP_SNAPSHOTS newest, except those pinned by a
+holder (a checkpoint directory, a model file) that still exists. Without pins the best checkpoint, an
+older checkpoint kept by keep_checkpoints > 3 or a model file written earlier would lose its rows to
+the rotation once three newer snapshots were taken.
 """
 
 from __future__ import annotations
@@ -51,7 +58,8 @@ log = logging.getLogger(__name__)
 HEADER_BYTES = 4096
 MAGIC = "hugerec-disk-tier-1"
 PINNED = 2  # batches whose slots no prepare may take: the one being trained and the one prepared next
-KEEP_SNAPSHOTS = 3  # newest snapshots kept per table (the trainer keeps 3 checkpoints by default)
+KEEP_SNAPSHOTS = 3  # newest snapshots kept per table, beside the pinned ones (see `pin`)
+PINS = "pins.json"  # in snapshot_dir: {absolute holder path: snapshot number}
 _FICLONE = 0x40049409
 _INIT_CHUNK = 1 << 16  # rows initialised per write when a file is created
 # Touched pages of a shared mapping count in the process's RSS, and a table larger than memory would
@@ -354,10 +362,41 @@ class DiskTier:
                     e.errno, f"table {self.table!r}: cannot write the checkpoint's snapshot {str(d / str(n))!r} "
                     f"({self.path.stat().st_size:,} bytes): {e.strerror}"
                 ) from None
+        pinned = set(self._pins().values())
         for old in taken[: max(0, len(taken) + 1 - KEEP_SNAPSHOTS)]:
-            (d / str(old)).unlink(missing_ok=True)
+            if old not in pinned:
+                (d / str(old)).unlink(missing_ok=True)
         self._snapshot, self._changed, self._restored = n, False, None
         return n
+
+    def pin(self, n: int, holder: str | Path) -> None:
+        """Keeps snapshot n while `holder` exists: a checkpoint directory or a model file whose state names n
+        (pinning a holder again moves its pin). The pins file is replaced atomically; holders that are gone
+        are dropped from it here."""
+        if not (self.snapshot_dir / str(n)).is_file():
+            raise ValueError(f"table {self.table!r}: cannot pin snapshot {n}: {str(self.snapshot_dir / str(n))!r} does not exist")
+        pins = self._pins()
+        pins[str(Path(holder).resolve())] = int(n)
+        tmp = self.snapshot_dir / f".{PINS}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(pins, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.snapshot_dir / PINS)
+        _fsync_dir(self.snapshot_dir)
+
+    def _pins(self) -> dict[str, int]:
+        """{holder: snapshot} of the holders that still exist."""
+        path = self.snapshot_dir / PINS
+        if not path.is_file():
+            return {}
+        try:
+            pins = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"table {self.table!r}: {str(path)!r} is not a pins file: {e}") from None
+        if not isinstance(pins, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in pins.values()):
+            raise ValueError(f"table {self.table!r}: {str(path)!r} is not a pins file: not an object of snapshot numbers")
+        return {k: v for k, v in pins.items() if Path(k).exists()}
 
     def _snapshots(self) -> list[int]:
         """The numbers of the complete snapshots in snapshot_dir, oldest first."""

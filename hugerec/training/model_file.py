@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import Optimizer, optimizer_from_dict, optimizer_to_dict
 from hugerec.embedding.table_config import TableConfig
 from hugerec.models.gbm import TreeModel, library_of, require
@@ -204,7 +205,20 @@ def save_model(
             meta |= _sequential_sizes(model, config, ids)
             obj |= ids.tensors()  # type: ignore[union-attr]  # checked by _sequential_sizes
     obj["spec"] = json.dumps(meta)
-    return atomic_save(obj, path)
+    written = atomic_save(obj, path)
+    _pin_disk_snapshots(model, obj["state"], written)
+    return written
+
+
+def _pin_disk_snapshots(model: nn.Module, state: Mapping[str, Any], holder: Path) -> None:
+    """A disk-tier table's rows stay in its snapshot, which the state names: keep it while the file exists."""
+    for name, m in model.named_modules():
+        if isinstance(m, EmbeddingCollection) and m.has_disk_tables:
+            prefix = f"{name}." if name else ""
+            for t in m.tables:
+                key = f"{prefix}tables.{t.name}.disk_snapshot"
+                if key in state:
+                    m.pin_disk_snapshot(t.name, int(state[key]), holder)
 
 
 def _retrieval_sizes(model: nn.Module, config: ModelConfig, ids: RawIds | None) -> dict[str, int]:

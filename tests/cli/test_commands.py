@@ -126,6 +126,48 @@ def test_cli_train_with_disk_tables_killed_mid_run_resumes_bit_for_bit(prepared:
     assert all(b'"clean": true' in p.read_bytes()[:4096] for p in (prepared / "runs/disk_killed/tables").glob("*.rows"))
 
 
+# `hugerec train` in a child that kills itself with SIGKILL right after the first disk table's first snapshot is
+# complete, inside the checkpoint of step 2, before that checkpoint is committed: the file is clean and holds the
+# rows of step 2, a snapshot of it exists, and no checkpoint does
+_KILLED_AFTER_SNAPSHOT = """
+import os, signal, sys
+from hugerec.cli import main
+from hugerec.embedding.disk import DiskTier
+snapshot = DiskTier.snapshot
+def killing_snapshot(self):
+    n = snapshot(self)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return n
+DiskTier.snapshot = killing_snapshot
+sys.exit(main(["train", *sys.argv[1:]]))
+"""
+
+
+def test_cli_train_killed_before_its_first_checkpoint_commits_starts_afresh(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run killed after a disk table's first snapshot but before the first checkpoint is committed has nothing
+    to resume from: `train.resume=true` starts afresh (the trained rows in the files, which no checkpoint
+    describes, are not kept under a new dense part) and ends bitwise equal to the uninterrupted run."""
+    import signal
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(prepared)
+    common = [*TINY, *DISK, "data.batch_size=16", "train.max_steps=6", "train.epochs=1"]
+    train(load_run_config(None, [*common, "train.out_dir=runs/first_whole"]))
+    killed = [*common, "train.out_dir=runs/first_killed"]
+    proc = subprocess.run([sys.executable, "-c", _KILLED_AFTER_SNAPSHOT, *killed], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    tables = prepared / "runs/first_killed/tables"
+    assert len([d for d in tables.glob("*.rows.snapshots") if any(d.iterdir())]) == 1  # the case: a snapshot, no checkpoint
+    assert not list((prepared / "runs/first_killed/checkpoints").glob("step-*"))
+    train(load_run_config(None, [*killed, "train.resume=true"]))
+    whole = _disk_model_rows(prepared / "runs/first_whole/model.pt")
+    resumed = _disk_model_rows(prepared / "runs/first_killed/model.pt")
+    assert whole.keys() == resumed.keys() and any(k.endswith(".rows") for k in whole)
+    for k in whole:
+        assert torch.equal(whole[k], resumed[k]), k
+
+
 def test_embedding_disk_keys_are_checked(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(prepared)
     with pytest.raises(ConfigError, match=r'embedding.*exactly one of cache_rows and cache_bytes, got cache_rows = None'):

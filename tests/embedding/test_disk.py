@@ -189,6 +189,68 @@ def test_snapshots_kept(tmp_path: Path) -> None:
         emb.load_state_dict({**emb.state_dict(), "tables.a.disk_snapshot": torch.tensor(1)})
 
 
+def test_a_pinned_snapshot_outlives_the_rotation_while_its_holder_exists(tmp_path: Path) -> None:
+    """A snapshot pinned by a holder (a checkpoint directory, a model file) is not rotated out while the holder
+    exists; once it is gone, the next snapshot's rotation deletes it."""
+    emb = collection(tables(tmp_path, 18), SGD(lr=0.1))
+    data = batches(8)
+    step(emb, data[0])
+    first = int(emb.state_dict()["tables.a.disk_snapshot"])
+    rows = emb.read_rows("a", torch.arange(40))[0].clone()
+    holder = tmp_path / "checkpoints" / "best"
+    holder.mkdir(parents=True)
+    emb.pin_disk_snapshot("a", first, holder)
+    for f in data[1:6]:
+        step(emb, f)
+        emb.state_dict()
+    snaps = tmp_path / "a.rows.snapshots"
+    assert sorted(int(p.name) for p in snaps.iterdir() if p.name.isdigit()) == [first, 4, 5, 6]
+    other = collection(tables(tmp_path, 18), SGD(lr=0.1))
+    other.load_state_dict({**emb.state_dict(), "tables.a.disk_snapshot": torch.tensor(first)})
+    assert torch.equal(other.read_rows("a", torch.arange(40))[0], rows)
+    del other
+    holder.rmdir()
+    step(emb, data[6])
+    emb.state_dict()
+    assert sorted(int(p.name) for p in snaps.iterdir() if p.name.isdigit()) == [5, 6, 7]
+    with pytest.raises(ValueError, match=r"cannot pin snapshot 1: .*1' does not exist"):
+        emb.pin_disk_snapshot("a", 1, tmp_path)
+    with pytest.raises(ValueError, match="'b' is not a disk-tier table"):
+        emb.pin_disk_snapshot("b", 7, tmp_path)
+    (snaps / "pins.json").write_text("[1, 2")
+    step(emb, data[7])
+    with pytest.raises(ValueError, match=r"pins.json' is not a pins file"):
+        emb.state_dict()
+
+
+def test_the_best_checkpoint_keeps_its_rows_past_three_newer_checkpoints(tmp_path: Path) -> None:
+    """save_best pins the snapshot it names: after more than KEEP_SNAPSHOTS newer checkpoints the best one still
+    loads, with its rows (it crashed `hugerec train`'s best.pt once the best evaluation was 3 checkpoints old)."""
+    from hugerec.training.checkpoint import best_checkpoint, load_checkpoint, save_best, save_checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    model = DiskModel(run)
+    data = disk_batches()
+    opt = torch.optim.SGD(model.out.parameters(), lr=0.1)
+
+    def train(batches: list[object]) -> None:
+        for b in batches:
+            opt.zero_grad()
+            model(b).square().sum().backward()
+            opt.step()
+
+    train(data[:2])
+    save_best(run / "checkpoints", model)
+    best_rows = model.emb.read_rows("user", torch.arange(48))[0].clone()
+    for k in range(5):
+        train(data[2 + 2 * k : 4 + 2 * k])
+        save_checkpoint(run / "checkpoints", 4 + 2 * k, model, keep_last=2)
+    fresh = DiskModel(run)
+    load_checkpoint(best_checkpoint(run / "checkpoints"), fresh)  # type: ignore[arg-type]
+    assert torch.equal(fresh.emb.read_rows("user", torch.arange(48))[0], best_rows)
+
+
 def test_bad_config_and_files(tmp_path: Path) -> None:
     p = str(tmp_path / "t.rows")
     with pytest.raises(ValueError, match="cache_rows = 11 is larger than the table"):

@@ -49,6 +49,34 @@ def test_round_trip_rebuilds_the_model_and_its_schema(tmp_path: Path) -> None:
     assert load_model(bare).schema is None
 
 
+def test_a_model_file_with_disk_tables_keeps_its_rows_past_newer_snapshots(tmp_path: Path) -> None:
+    """A disk-tier table's rows stay in the snapshot the model file names; save_model pins it, so the file
+    still loads its own rows after the table has taken more than three newer snapshots."""
+    from dataclasses import replace
+
+    from hugerec.sparse.batch import Batch
+    from hugerec.sparse.features import SparseFeatures
+
+    torch.manual_seed(0)
+    tables = [replace(t, storage="disk", cache_rows=20, path=str(tmp_path / f"{t.name}.rows")) for t in SCHEMA.table_configs(dim=4)]  # type: ignore[arg-type]
+    model = build_model(CONFIG, tables, 2, OPTIMIZER)
+    assert isinstance(model, RecModel)
+
+    def train_step(seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        sparse = SparseFeatures.from_dense({"user": torch.randint(0, 50, (8,), generator=g), "item": torch.randint(0, 30, (8,), generator=g)})
+        model(Batch(torch.randn(8, 2, generator=g), sparse, torch.zeros(8))).sum().backward()
+
+    train_step(0)
+    path = save_model(tmp_path / "model.pt", model, CONFIG, OPTIMIZER, tables=tables)
+    rows = model.sparse_arch.read_rows("user", torch.arange(50))[0].clone()
+    for seed in range(1, 6):
+        train_step(seed)
+        model.state_dict()  # a checkpoint's snapshot
+    back = load_model(path)
+    assert torch.equal(back.model.sparse_arch.read_rows("user", torch.arange(50))[0], rows)  # type: ignore[union-attr]
+
+
 def test_flipped_bytes_are_reported_not_loaded(tmp_path: Path) -> None:
     """#20 defects 4 and 8: 64 flipped bytes loaded as wrong weights; now the file is named as damaged."""
     path, _ = saved(tmp_path)

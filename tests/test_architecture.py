@@ -1,6 +1,7 @@
 """The rules of ARCHITECTURE.md that a program can check: one base name per module and per class, no private
-name used outside its module, names imported from the module that defines them, tests that mirror the package,
-ops/gpu's modules named after ops/cpu's, and where Numba and Triton may be imported.
+name used outside its module, names imported from the module that defines them, tests that mirror the package
+(every test file names a module, every module has its test file), ops/gpu's modules named after ops/cpu's, and
+where Numba and Triton may be imported.
 (The layering is import-linter's: the contracts in pyproject.toml.)"""
 
 from __future__ import annotations
@@ -125,6 +126,31 @@ def test_duplicate_check_exempts_only_the_cpu_gpu_mirror() -> None:
     }
 
 
+def mirror_names(package: Path) -> set[str]:
+    """The names a test file in tests/<folder>/ may mirror, for the package hugerec/<folder>: its modules, its
+    sub-packages, and its own name (for its `__init__`)."""
+    names = {p.stem for p in package.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    names |= {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+    names.add(package.name)
+    return names
+
+
+def mirrored_module(test: PurePosixPath, package: Path) -> Path | None:
+    """The module (a file of `package`, or a package's `__init__`) that tests/<folder>/test_<name>.py mirrors:
+    <name> is the module's name or the name + "_" + the aspect tested (test_loop_server.py), the longest such
+    name winning (test_fused_lookup.py mirrors fused_lookup.py, not fused.py); None if it names none."""
+    name = test.stem.removeprefix("test_")
+    matches = [m for m in mirror_names(package) if name == m or name.startswith(m + "_")]
+    if not matches:
+        return None
+    best = max(matches, key=len)
+    if best == package.name and not (package / f"{best}.py").is_file():
+        return package / "__init__.py"
+    if (package / best / "__init__.py").is_file():
+        return package / best / "__init__.py"
+    return package / f"{best}.py"
+
+
 def test_tests_mirror_the_package() -> None:
     """tests/<folder>/test_<name>.py tests hugerec/<folder>/: <name> is a module of that folder (or of a
     sub-package named so), or such a module's name + "_" + the aspect tested (test_loop_server.py). The
@@ -138,13 +164,96 @@ def test_tests_mirror_the_package() -> None:
         if not (package / "__init__.py").is_file():
             bad.append(f"{path.relative_to(ROOT)}: no package hugerec/{folder.as_posix()}")
             continue
-        modules = {p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
-        modules |= {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
-        modules.add(package.name)  # the package's own __init__
-        name = path.stem.removeprefix("test_")
-        if not any(name == m or name.startswith(m + "_") for m in modules):
+        if mirrored_module(PurePosixPath(path.name), package) is None:
             bad.append(f"{path.relative_to(ROOT)}: names no module of hugerec/{folder.as_posix()}")
     assert bad == []
+
+
+def re_export_only(init: Path) -> bool:
+    """A package `__init__` that defines no function or class: it only imports and lists names (its `__all__` is
+    counted and checked by tests/test_package.py), so it has no behaviour of its own for a test file to test."""
+    tree = ast.parse(init.read_text(encoding="utf-8"))
+    return not any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) for n in tree.body)
+
+
+def untested_modules(root: Path = ROOT) -> list[str]:
+    """The modules of hugerec/ (as "hugerec/x/y.py") that no test file mirrors: hugerec/<folder>/<m>.py wants
+    tests/<folder>/test_<m>.py or test_<m>_<aspect>.py, a top-level hugerec/<m>.py tests/test_<m>.py; a
+    re-export-only `__init__` wants none."""
+    package_root = root / "hugerec"
+    mirrored: set[Path] = set()
+    for test in (root / "tests").rglob("test_*.py"):
+        package = package_root / test.parent.relative_to(root / "tests")
+        if package == package_root:  # tests/test_<m>.py: a top-level module, or the package as a whole
+            mirrored.add(package_root / f"{test.stem.removeprefix('test_')}.py")
+        elif (package / "__init__.py").is_file() and (module := mirrored_module(PurePosixPath(test.name), package)):
+            mirrored.add(module)
+    return [
+        path.relative_to(root).as_posix()
+        for path in sorted(package_root.rglob("*.py"))
+        if path not in mirrored and not (path.name == "__init__.py" and re_export_only(path))
+    ]
+
+
+# The modules that have no test file of their own, each with the reason: no behaviour of its own to test. Keep it
+# short: a module with behaviour gets its tests/<folder>/test_<module>.py instead (test_every_module_has_a_test_file).
+NO_TEST_FILE = {
+    "hugerec/__main__.py": "`python -m hugerec` is `hugerec`: one call of cli.main (torchrun launches it in tests/cli)",
+    "hugerec/ops/lookup_plan.py": "constants only: the column indices of the lookup plan, read by the tested lookups",
+}
+
+
+def mirror_problems(untested: list[str], exempt: dict[str, str]) -> list[str]:
+    """One line per module without a test file that is not exempt, and per exemption that is stale (its module
+    has a test file now, or no longer exists)."""
+    missing = [
+        f"{m}: no test file (tests/{PurePosixPath(m).parent.relative_to('hugerec')}/test_<its name>.py); write one, "
+        "or put it in NO_TEST_FILE with the reason"
+        for m in untested
+        if m not in exempt
+    ]
+    stale = [
+        f"{m}: in NO_TEST_FILE but it has a test file now, or no longer exists" for m in exempt if m not in untested
+    ]
+    return missing + stale
+
+
+def test_every_module_has_a_test_file() -> None:
+    """The other direction of test_tests_mirror_the_package: every module of the package has its mirroring test
+    file, or is in NO_TEST_FILE with the reason; and every entry of NO_TEST_FILE names a module that exists
+    and still lacks one, so the list cannot go stale."""
+    assert mirror_problems(untested_modules(), NO_TEST_FILE) == []
+
+
+def test_the_mirror_check_finds_a_missing_test_file(tmp_path: Path) -> None:
+    files = [
+        "hugerec/__init__.py",  # re-exports only: needs no test file
+        "hugerec/top.py",
+        "hugerec/lone.py",
+        "hugerec/sub/__init__.py",
+        "hugerec/sub/fused.py",
+        "hugerec/sub/fused_lookup.py",
+        "hugerec/sub/loop.py",
+        "hugerec/sub/deep/__init__.py",
+        "tests/test_top.py",
+        "tests/sub/test_fused_lookup.py",  # mirrors fused_lookup.py, not fused.py
+        "tests/sub/test_loop_server.py",  # loop.py, its server aspect
+        "tests/sub/test_deep.py",  # the sub-package's __init__
+    ]
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    (tmp_path / "hugerec/sub/deep/__init__.py").write_text("def f() -> None: ...\n")
+    (tmp_path / "hugerec/sub/__init__.py").write_text("class C: ...\n")
+    assert untested_modules(tmp_path) == ["hugerec/lone.py", "hugerec/sub/__init__.py", "hugerec/sub/fused.py"]
+    (tmp_path / "tests/sub/test_sub.py").write_text("")
+    assert untested_modules(tmp_path) == ["hugerec/lone.py", "hugerec/sub/fused.py"]
+    exempt = {"hugerec/lone.py": "constants only", "hugerec/sub/loop.py": "stale: it has a test file"}
+    assert mirror_problems(untested_modules(tmp_path), exempt) == [
+        "hugerec/sub/fused.py: no test file (tests/sub/test_<its name>.py); write one, or put it in NO_TEST_FILE "
+        "with the reason",
+        "hugerec/sub/loop.py: in NO_TEST_FILE but it has a test file now, or no longer exists",
+    ]
 
 
 def _imported_roots(tree: ast.Module) -> Iterator[tuple[int, str]]:

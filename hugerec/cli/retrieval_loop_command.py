@@ -1,9 +1,12 @@
 """`hugerec loop` of a retrieval model (`model.type = "two_tower"` or `"mf"`): continuous.retrieval_loop from a TOML file.
 
     [loop]       work_dir, first, last (windows first..last-1 are trained; window `last` is the final holdout), name
-                 (the pipeline's name on the server), batch_size, lr, epochs, warm_start_epochs, canary_share, seed, k (the gate's
-                 Recall@K and the pipeline's answers), ann_k (the ANN source's candidates before exclude-seen),
-                 keep_versions (previous stables kept, loaded on the server with their bundles, for a manual rollback)
+                 (the pipeline's name on the server), batch_size, lr, epochs (the first model's, from scratch),
+                 warm_start_epochs (each warm start's passes over its window; may be fractional),
+                 warm_start_reset_optimizer (a warm start resets the sparse optimizer state), canary_share, seed, k
+                 (the gate's Recall@K and the pipeline's answers), ann_k (the ANN source's candidates before
+                 exclude-seen), keep_versions (previous stables kept, loaded on the server with their bundles, for a
+                 manual rollback)
     [data]       [data.interactions] + [data.drift]: a synthetic drifting interaction stream, one window a day
                  (data.synthetic_interactions.generate_interaction_days)
     [preprocess] instead of [data]: your interaction log, declared as `hugerec train` reads it (input, format,
@@ -38,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import secrets
 import sys
@@ -88,12 +92,18 @@ class RetrievalLoopSection:
     batch_size: int = 512  # events per training step
     lr: float = 3e-3  # the dense learning rate (Adam)
     epochs: int = 2  # epochs of a model trained from scratch (the first one, over every window so far)
-    warm_start_epochs: int | None = None  # epochs of a warm start over its window (none: `epochs`)
+    warm_start_epochs: float | None = None  # passes of a warm start over its window (none: `epochs`; 1.5: one and a half)
+    warm_start_reset_optimizer: bool = False  # a warm start resets the towers' sparse optimizer state (weights kept)
     canary_share: float = 0.1  # the share of the traffic a published canary gets
     seed: int = 0  # the training's seed
     k: int = 50  # the K of the gate's Recall@K and of the pipeline's answers
     ann_k: int = 200  # candidates the pipeline's ANN source takes before exclude-seen
     keep_versions: int = 1  # previous stables kept (loaded, bundles and checkpoints); older ones and rolled-back canaries go
+
+    def __post_init__(self) -> None:
+        w = self.warm_start_epochs
+        if w is not None and not (w > 0 and math.isfinite(w)):
+            raise ValueError(f"loop.warm_start_epochs must be a number > 0, got {w}")
 
 
 @dataclass(frozen=True)
@@ -276,6 +286,7 @@ def loop_config(cfg: RetrievalLoopFile, num_users: int | None = None, num_items:
         optimizer=cfg.embedding.optimizer,
         epochs=lc.epochs,
         warm_start_epochs=lc.warm_start_epochs,
+        warm_start_reset_optimizer=lc.warm_start_reset_optimizer,
         lr=lc.lr,
         batch_size=lc.batch_size,
         k=lc.k,

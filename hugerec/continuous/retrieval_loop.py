@@ -8,8 +8,9 @@ redoes only the unfinished phase):
                 user met that day, which neither model was trained on): its Recall@K at least the stable's
                 minus `recall_margin` -> promote, else roll back (the server then serves the stable pipeline
                 and its index again)
-    2. train    warm-start from the checkpoint of the last published version not rolled back, `warm_start_epochs`
-                over window k's events (while nothing is published: a fresh model on every window so far)
+    2. train    warm-start from the checkpoint of the last published version not rolled back (its sparse optimizer
+                state reset with `warm_start_reset_optimizer`), `warm_start_epochs` over window k's events (while
+                nothing is published: a fresh model on every window so far, `epochs`)
     3. gate     candidate and serving model on window k + 1's events: Recall@K of each user's items of that
                 day among the items the user had not met up to window k (exact top-K over every item), over
                 the gate's users (`gate_user_share` of the users, a fixed draw; the canary decision reads the
@@ -40,6 +41,7 @@ must give the same events for a window on every call.
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -55,6 +57,7 @@ from hugerec.continuous.decision_log import DecisionLog, LiveRoles, Record, live
 from hugerec.continuous.publish import Publisher
 from hugerec.data.interactions import Interactions, held_out_csr, iter_examples
 from hugerec.data.windows import holdout_mask
+from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import Adagrad, Optimizer
 from hugerec.index.vector_index import IndexConfig, IndexKind
 from hugerec.models.mf import MFConfig
@@ -95,7 +98,12 @@ class RetrievalLoopConfig:
     model: TwoTowerConfig | MFConfig = field(default_factory=_default_tower)
     optimizer: Optimizer = field(default_factory=lambda: Adagrad(lr=0.1))  # the towers' sparse optimizer
     epochs: int = 2  # epochs of a model trained from scratch (the first one, on every window so far)
-    warm_start_epochs: int | None = None  # epochs of a warm start over its one window (None: `epochs`)
+    # passes of a warm start over its one window (None: `epochs`); a fraction trains that share of the window's
+    # batches in the last pass (1.5: one pass, then the first half of a second shuffle)
+    warm_start_epochs: float | None = None
+    # a warm start resets the towers' sparse optimizer state (Adagrad's sums back to their initial value, the rows'
+    # weights kept): rows trained for days otherwise take ever smaller steps on the new window
+    warm_start_reset_optimizer: bool = False
     lr: float = 3e-3  # the dense learning rate (Adam)
     batch_size: int = 512
     k: int = 50
@@ -115,8 +123,9 @@ class RetrievalLoopConfig:
             raise ValueError(f"RetrievalLoopConfig: keep_versions must be >= 0, got {self.keep_versions}")
         if self.num_users < 1 or self.num_items < 1:
             raise ValueError(f"RetrievalLoopConfig: num_users and num_items must be >= 1, got {self.num_users}, {self.num_items}")
-        if self.warm_start_epochs is not None and self.warm_start_epochs < 1:
-            raise ValueError(f"RetrievalLoopConfig: warm_start_epochs must be >= 1 or None, got {self.warm_start_epochs}")
+        w = self.warm_start_epochs
+        if w is not None and not (w > 0 and math.isfinite(w)):
+            raise ValueError(f"RetrievalLoopConfig: warm_start_epochs must be a number > 0 or None, got {w}")
         if self.epochs < 1 or self.batch_size < 1 or self.min_users < 1:
             raise ValueError(
                 f"RetrievalLoopConfig: epochs, batch_size and min_users must be >= 1, got {self.epochs}, {self.batch_size}, {self.min_users}"
@@ -271,18 +280,24 @@ class RetrievalLoop:
         if "trained" not in done or not self.checkpoint(version).is_file():
             base = self.base_version()
             first = min((r.window for r in self.log.records if r.action == "trained"), default=k)
-            epochs = self.config.epochs
+            epochs: float = self.config.epochs
             if base is None:  # nothing published yet: a fresh model on every window so far
                 rows, how = self.history(k) if first < k else events, f"a fresh model on windows {first}..{k}"
                 model = self.build()
             else:
                 rows, how, model = events, f"warm start from {base}", self._read(base)
-                epochs = self.config.warm_start_epochs or epochs
+                if self.config.warm_start_reset_optimizer:
+                    for collection in (m for m in model.modules() if isinstance(m, EmbeddingCollection)):
+                        collection.reset_optimizer_state()
+                    how += " (sparse optimizer state reset)"
+                w = self.config.warm_start_epochs
+                if w is not None:
+                    epochs = int(w) if float(w).is_integer() else w  # 2.0 from a file: 2 passes, logged as 2
             counts = np.bincount(self.history(k).items(), minlength=self.config.num_items)
-            self.train(model, rows, counts, k, epochs)
+            steps = self.train(model, rows, counts, k, epochs)
             atomic_save(model.state_dict(), self.checkpoint(version))
             self._keep((version, self.checkpoint(version).stat().st_mtime_ns), model)  # the gate and the export read it
-            self.log.append(Record(k, "trained", how, extra={"events": rows.num_events, "base": base}))
+            self.log.append(Record(k, "trained", how, extra={"events": rows.num_events, "base": base, "epochs": epochs, "steps": steps}))
         t1, c1 = time.perf_counter(), time.process_time()
         passed, reason, figures = self._gate(k, version)
         t2, c2 = time.perf_counter(), time.process_time()
@@ -294,14 +309,19 @@ class RetrievalLoop:
         self.seconds = {"train": t1 - t0, "gate": t2 - t1, "publish": time.perf_counter() - t2}
         self.cpu_seconds = {"train": c1 - c0, "gate": c2 - c1, "publish": time.process_time() - c2}
 
-    def train(self, model: RetrievalModel, rows: Interactions, counts: np.ndarray, k: int, epochs: int | None = None) -> None:
-        """`epochs` (None: the config's) over `rows` (events; `counts`: every item's events so far, the negatives'
-        distribution and log-Q), through the one trainer (RetrievalFamily), seeded by window k."""
+    def train(self, model: RetrievalModel, rows: Interactions, counts: np.ndarray, k: int, epochs: float | None = None) -> int:
+        """`epochs` (None: the config's) passes over `rows` (events; `counts`: every item's events so far, the
+        negatives' distribution and log-Q), through the one trainer (RetrievalFamily), seeded by window k. A
+        fractional `epochs` ends with that share of a pass: ceil(epochs) shuffles, round(epochs x batches) steps
+        (at least one). Returns the steps taken."""
         c = self.config
+        epochs = c.epochs if epochs is None else epochs
         n = -(-rows.num_events // c.batch_size)
         batches = EpochBatches(lambda e: iter_examples(rows, c.batch_size, 0, seed=c.seed + 1000 * k + e), length=n)
+        whole = float(epochs).is_integer()
         config = TrainConfig(
-            epochs=epochs or c.epochs,
+            epochs=math.ceil(epochs),
+            max_steps=None if whole else max(1, round(epochs * n)),
             lr=c.lr,
             progress=False,
             tensorboard=False,
@@ -310,8 +330,9 @@ class RetrievalLoop:
             pipeline=False,
             seed=c.seed + k,
         )
-        fit(model, batches, None, config, family=RetrievalFamily(counts, retrieval_loss(c.model), ks=(c.k,)))
+        result = fit(model, batches, None, config, family=RetrievalFamily(counts, retrieval_loss(c.model), ks=(c.k,)))
         model.eval()
+        return result.steps
 
     def recall(self, model: RetrievalModel, k: int, gate: bool = True) -> tuple[float, int]:
         """(Recall@K of `model` on window k's events, the users it is measured on): each user's items of window k

@@ -75,7 +75,7 @@ def read_matrix(
             if column.null_count:
                 raise ValueError(f"model.group: column {group!r} has a null (every row needs its query)")
             keys.append(column.to_numpy(zero_copy_only=False))
-    if not parts:
+    if not parts or not sum(len(b) for b in parts):  # no row group, or row groups of zero rows
         raise ValueError(f"{paths} holds no rows (empty dataset)")
     x = np.concatenate(parts)
     y = np.concatenate(ys) if labels else np.zeros(0, np.float32)

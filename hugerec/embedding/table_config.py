@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from hugerec.embedding.optimizers import Optimizer, optimizer_from_dict, optimizer_to_dict
@@ -217,29 +217,46 @@ class TableConfig:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> TableConfig:
+        """The TableConfig of `to_dict()`'s output (a model file's or a checkpoint's tables); a missing or
+        unknown key, or a value of the wrong kind, is a ValueError naming the key (and the table)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"TableConfig.from_dict: a table must be an object, got {type(d).__name__}")
         d = dict(d)
         known = {"name", "num_rows", "dim", "features", "pooling", "init", "dtype", "optimizer", "dynamic"}
         unknown = set(d) - known - {"storage", "cache_rows", "cache_bytes", "path"}
         if unknown:
             raise ValueError(f"TableConfig.from_dict: unknown keys {sorted(unknown)}")
+        missing = [k for k in ("name", "num_rows", "dim") if k not in d]
+        if missing:
+            raise ValueError(f"TableConfig.from_dict: missing keys {missing}")
+        where = f"TableConfig.from_dict: table {d['name']!r}"
         init_d = dict(d.get("init") or {"type": "uniform"})
-        kind = init_d.pop("type")
+        kind = init_d.pop("type", None)
         inits: dict[str, type] = {"uniform": Uniform, "normal": Normal, "zeros": Zeros}
         if kind not in inits:
-            raise ValueError(f"TableConfig.from_dict: unknown init type {kind!r}; expected one of {sorted(inits)}")
+            raise ValueError(f"{where}: unknown init type {kind!r}; expected one of {sorted(inits)}")
+        names = {f.name for f in fields(inits[kind])}
+        if set(init_d) - names:
+            raise ValueError(f"{where}: init {kind!r} has no keys {sorted(set(init_d) - names)}; it has {sorted(names)}")
         opt = d.get("optimizer")
         dyn = d.get("dynamic")
+        try:
+            pooling = Pooling(d.get("pooling", "sum"))
+            dtype = StorageDtype(d.get("dtype", "fp32"))
+            storage = Storage(d.get("storage", "memory"))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
         return TableConfig(
             name=d["name"],
             num_rows=d["num_rows"],
             dim=d["dim"],
             features=tuple(d.get("features") or ()),
-            pooling=Pooling(d.get("pooling", "sum")),
+            pooling=pooling,
             init=inits[kind](**init_d),
-            dtype=StorageDtype(d.get("dtype", "fp32")),
+            dtype=dtype,
             optimizer=None if opt is None else optimizer_from_dict(opt),
-            dynamic=None if dyn is None else _dynamic_from_dict(dyn),
-            storage=Storage(d.get("storage", "memory")),
+            dynamic=None if dyn is None else _dynamic_from_dict(dyn, where),
+            storage=storage,
             cache_rows=d.get("cache_rows"),
             cache_bytes=d.get("cache_bytes"),
             path=d.get("path"),
@@ -260,8 +277,16 @@ def _dynamic_to_dict(c: DynamicConfig) -> dict[str, Any]:
     return d
 
 
-def _dynamic_from_dict(d: dict[str, Any]) -> DynamicConfig:
+def _dynamic_from_dict(d: dict[str, Any], where: str) -> DynamicConfig:
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: dynamic must be an object, got {type(d).__name__}")
     d = dict(d)
-    d["eviction"] = Eviction(d.get("eviction", "lru"))
-    d["missing"] = Missing(d.get("missing", "zeros"))
+    names = {f.name for f in fields(DynamicConfig)}
+    if set(d) - names:
+        raise ValueError(f"{where}: dynamic has no keys {sorted(set(d) - names)}; it has {sorted(names)}")
+    try:
+        d["eviction"] = Eviction(d.get("eviction", "lru"))
+        d["missing"] = Missing(d.get("missing", "zeros"))
+    except ValueError as e:
+        raise ValueError(f"{where}: dynamic: {e}") from None
     return DynamicConfig(**d)

@@ -68,6 +68,19 @@ def test_loop_command_trains_a_two_tower_and_serves_its_pipelines_as_canaries(
     assert capsys.readouterr().out.splitlines()[1:][: len(rows)] == rows
 
 
+def test_the_warm_start_keys_reach_the_loop() -> None:
+    """loop.warm_start_epochs (a fraction allowed) and loop.warm_start_reset_optimizer: read from the file, overridden
+    on the command line, handed to RetrievalLoopConfig; unset, a warm start trains `loop.epochs` and keeps the state."""
+    from hugerec.cli.retrieval_loop_command import loop_config
+
+    cfg, _ = load_loop_file("configs/loop_two_tower.toml", ["loop.warm_start_epochs=1.5", "loop.warm_start_reset_optimizer=false"])
+    assert isinstance(cfg, RetrievalLoopFile)
+    config = loop_config(cfg)
+    assert (config.epochs, config.warm_start_epochs, config.warm_start_reset_optimizer) == (2, 1.5, False)
+    default = RetrievalLoopFile()
+    assert (default.loop.warm_start_epochs, default.loop.warm_start_reset_optimizer) == (None, False)
+
+
 def test_loop_command_trains_a_matrix_factorisation_offline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -98,6 +111,12 @@ def test_loop_command_trains_a_matrix_factorisation_offline(
         (["configs/loop_two_tower.toml", "gate.user_share=1.5"], "gate.user_share must be in (0, 1], got 1.5"),
         (["configs/loop_two_tower.toml", "gate.user_share=0"], "gate.user_share must be in (0, 1], got 0"),
         (["configs/loop_synthetic.toml", "gate.user_share=0.5"], "gate.user_share: the retrieval loop's"),
+        (["configs/loop_two_tower.toml", "loop.warm_start_epochs=0"], "loop.warm_start_epochs must be a number > 0, got 0"),
+        (["configs/loop_two_tower.toml", "loop.warm_start_epochs=-1.5"], "loop.warm_start_epochs must be a number > 0, got -1.5"),
+        (["configs/loop_two_tower.toml", "loop.warm_start_epochs=nan"], "loop.warm_start_epochs must be a number > 0, got nan"),
+        (["configs/loop_two_tower.toml", "loop.warm_start_epochs='two'"], "loop.warm_start_epochs: expected a number, got 'two'"),
+        (["configs/loop_two_tower.toml", "loop.warm_start_reset_optimizer=2"], "loop.warm_start_reset_optimizer: expected true or false, got 2"),
+        (["configs/loop_synthetic.toml", "loop.warm_start_epochs=1"], "loop.warm_start_epochs: the retrieval loop's"),
     ],
 )
 def test_a_key_of_the_other_loop_is_refused_in_one_line(
@@ -123,6 +142,8 @@ def test_a_retrieval_loop_continued_with_a_changed_config_refuses_naming_the_key
         (["model.dim=16", "model.embedding_dim=16"], "model.dim: 32 -> 16, model.embedding_dim: 32 -> 16"),
         (["data.drift.days=5"], "data.drift.days: 4 -> 5"),
         (["model.type=mf"], "model.type"),
+        (["loop.warm_start_epochs=1.5"], "loop.warm_start_epochs: 2.0 -> 1.5"),
+        (["loop.warm_start_reset_optimizer=true"], "loop.warm_start_reset_optimizer: False -> True"),
     ):
         assert main(["loop", "configs/loop_two_tower.toml", *small, *change]) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]  # after a note on model keys left out

@@ -150,7 +150,7 @@ def test_warm_starts_train_their_own_epochs_and_the_phases_reuse_what_they_read(
     a (version, window) is computed once: the next window's decision reads the same figures."""
     stream = _stream()
     loop = RetrievalLoop(_config(tmp_path, epochs=2, warm_start_epochs=1), stream.day)
-    epochs: list[int | None] = []
+    epochs: list[float | None] = []
     train, recall = loop.train, loop.recall
     calls: list[int] = []
 
@@ -169,8 +169,77 @@ def test_warm_starts_train_their_own_epochs_and_the_phases_reuse_what_they_read(
     assert calls == [1, 2, 2, 3, 3]  # window k + 1: the candidate, then (from window 1 on) the serving model
     assert loop.recall_of("w1", 2) == (loop.log.records[3].gate["candidate_recall"], USERS)  # type: ignore[index]
     assert calls == [1, 2, 2, 3, 3]
-    with pytest.raises(ValueError, match="warm_start_epochs must be >= 1"):
-        _config(tmp_path, warm_start_epochs=0)
+
+
+def _batches(stream: InteractionDays, k: int, batch_size: int = 256) -> int:
+    return -(-stream.day(k).num_events // batch_size)
+
+
+@pytest.mark.parametrize("warm", [None, 0.5, 1.5, 1.25, 3.0])
+def test_a_fractional_warm_start_trains_that_share_of_its_window_and_the_first_model_its_epochs(tmp_path: Path, warm: float | None) -> None:
+    """warm_start_epochs = 1.5 (say): a warm start takes round(1.5 x its window's batches) steps, the first model
+    (nothing to warm-start from) `epochs` x its batches, with or without the setting; each trained record says how
+    many steps and epochs it took."""
+    stream = _stream()
+    loop = RetrievalLoop(_config(tmp_path, epochs=2, warm_start_epochs=warm), stream.day)
+    loop.run(0, 3)
+    trained = [r for r in loop.log.records if r.action == "trained"]
+    assert [r.reason for r in trained] == ["a fresh model on windows 0..0", "warm start from w0", "warm start from w1"]
+    assert trained[0].extra == {"events": stream.day(0).num_events, "base": None, "epochs": 2, "steps": 2 * _batches(stream, 0)}
+    for k in (1, 2):
+        w = 2 if warm is None else warm
+        assert trained[k].extra["epochs"] == w and trained[k].extra["steps"] == round(w * _batches(stream, k))  # type: ignore[index]
+
+
+def test_a_fractional_epoch_count_trains_reproducibly_and_stops_mid_pass(tmp_path: Path) -> None:
+    """1.5 epochs: 1.5 x the window's batches (not 2 passes' worth, another model than 2 epochs), the same model bit
+    for bit on a second run."""
+    stream = _stream()
+    loop = RetrievalLoop(_config(tmp_path, epochs=2, warm_start_epochs=1.5), stream.day)
+    rows = stream.day(1)
+    counts = np.bincount(rows.items(), minlength=ITEMS)
+    n = _batches(stream, 1)
+    half, full = loop.build(), loop.build()
+    assert loop.train(half, rows, counts, 1, 1.5) == round(1.5 * n)
+    assert loop.train(full, rows, counts, 1, 2) == 2 * n
+    assert not all(torch.equal(a, b) for a, b in zip(half.state_dict().values(), full.state_dict().values(), strict=True))
+    again = loop.build()
+    assert loop.train(again, rows, counts, 1, 1.5) == round(1.5 * n)
+    assert all(torch.equal(a, b) for a, b in zip(half.state_dict().values(), again.state_dict().values(), strict=True))
+
+
+@pytest.mark.parametrize("reset", [False, True])
+def test_a_warm_start_resets_the_sparse_optimizer_state_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reset: bool) -> None:
+    """warm_start_reset_optimizer: a warm start begins from the published weights with the Adagrad sums back at their
+    initial value (0), else with the sums it was published with; the first model is fresh either way."""
+    stream = _stream()
+    loop = RetrievalLoop(_config(tmp_path, warm_start_reset_optimizer=reset), stream.day)
+    train = loop.train
+    started: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []
+
+    def spied(model, rows, counts, k, e=None):  # type: ignore[no-untyped-def]
+        state = {n: t.clone() for n, t in model.state_dict().items()}
+        started.append(({n: t for n, t in state.items() if n.endswith(".sum")}, {n: t for n, t in state.items() if n.endswith(".weight")}))
+        return train(model, rows, counts, k, e)
+
+    monkeypatch.setattr(loop, "train", spied)
+    loop.run(0, 2)
+    (sums0, _), (sums1, weights1) = started
+    assert sums0 and all(not t.any() for t in sums0.values())
+    published = torch.load(loop.checkpoint("w0"), weights_only=True)
+    assert all(torch.equal(weights1[n], published[n]) for n in weights1)  # the published weights, either way
+    if reset:
+        assert all(not t.any() for t in sums1.values())
+    else:
+        assert all(torch.equal(sums1[n], published[n]) and sums1[n].any() for n in sums1)
+    reason = [r.reason for r in loop.log.records if r.action == "trained"][1]
+    assert reason == "warm start from w0" + (" (sparse optimizer state reset)" if reset else "")
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf")])
+def test_a_bad_warm_start_epochs_is_refused(tmp_path: Path, bad: float) -> None:
+    with pytest.raises(ValueError, match="warm_start_epochs must be a number > 0 or None, got"):
+        _config(tmp_path, warm_start_epochs=bad)
 
 
 @pytest.mark.parametrize("keep", [0, 1])

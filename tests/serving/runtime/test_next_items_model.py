@@ -1,0 +1,139 @@
+"""NextItemsModel: exact top-k next items equal a plain-NumPy ranking of the query vector against every item
+vector (seen items excluded, raw ids in and out); unknown ids counted and skipped, histories longer than
+max_len truncated and counted, a history with nothing known gets the most popular items; the v2 request and
+response (JSON and binary outputs); bad k and bad outputs refused naming the value."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hugerec.embedding.optimizers import Adam
+from hugerec.models.sasrec import SASRec
+from hugerec.models.sequence import SASRecConfig
+from hugerec.serving.bundles.next_items_bundle import load_next_items, write_next_items_bundle
+from hugerec.serving.runtime.inference_protocol import HEADER_LENGTH, RequestError
+from hugerec.serving.runtime.next_items_model import NextItemsModel, encode
+from hugerec.training.model_file import RawIds, save_model
+from hugerec.training.sequential import query_vectors
+
+ITEMS = 12
+RAW = np.arange(ITEMS, dtype=np.int64) * 10 + 100  # dense id d (1..I) is raw id RAW[d - 1]
+COUNTS = np.array([0, 5, 1, 9, 2, 2, 7, 3, 0, 4, 6, 8, 1], np.int64)  # [I + 1], 0 at the padding id
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> NextItemsModel:
+    folder = tmp_path_factory.mktemp("next_items")
+    torch.manual_seed(0)
+    config = SASRecConfig(max_len=4, dim=8, num_layers=1, num_heads=2)
+    save_model(folder / "m.pt", SASRec(config.sequence_config(ITEMS)), config, Adam(lr=0.01), ids=RawIds(RAW, COUNTS))
+    return load_next_items(write_next_items_bundle(folder / "m.pt", folder / "bundle", name="seq", version="2", k=3))
+
+
+def _reference(model: NextItemsModel, dense_history: list[int], k: int) -> tuple[list[int], np.ndarray]:
+    """Top-k raw ids by q . v over every item but those in the history, in plain NumPy."""
+    padded = np.zeros((1, model.saved.max_len), np.int64)
+    tail = dense_history[-model.saved.max_len :]
+    padded[0, model.saved.max_len - len(tail) :] = tail
+    q = query_vectors(model.saved.model, torch.from_numpy(padded)).numpy()[0]  # type: ignore[arg-type]
+    scores = model.item_vectors.numpy() @ q  # [I]: dense id d at d - 1
+    scores[np.array(dense_history) - 1] = -np.inf
+    order = np.argsort(-scores, kind="stable")[:k]
+    return RAW[order].tolist(), scores[order]
+
+
+def test_top_k_equals_the_plain_ranking(model: NextItemsModel) -> None:
+    histories = [[1, 5, 2], [7], [3, 3, 9, 10, 11, 12]]  # dense ids; the last one longer than max_len 4
+    values = np.concatenate([RAW[np.array(h) - 1] for h in histories])
+    out = model.next_items(values, np.array([len(h) for h in histories]), k=4)
+    for b, h in enumerate(histories):
+        items, scores = _reference(model, h, 4)
+        assert out["items"][b].tolist() == items
+        np.testing.assert_allclose(out["scores"][b], scores, rtol=1e-5, atol=1e-6)
+    assert out["truncated_items"].tolist() == [0, 0, 2] and out["unknown_items"].tolist() == [0, 0, 0]
+
+
+def test_unknown_ids_are_skipped_and_a_cold_history_gets_the_popular_items(model: NextItemsModel) -> None:
+    values = np.array(
+        [RAW[0], 7, 8, 9], np.int64
+    )  # one known id then an unknown one; then a history of two unknown ids
+    out = model.next_items(values, np.array([2, 2, 0]), k=3)
+    assert out["unknown_items"].tolist() == [1, 2, 0]
+    assert out["items"][0].tolist() == _reference(model, [1], 3)[0]
+    popular = RAW[np.argsort(-COUNTS[1:], kind="stable")[:3]].tolist()  # 9, 8, 7 events
+    assert out["items"][1].tolist() == popular and out["items"][2].tolist() == popular
+    assert out["scores"][1].tolist() == [9.0, 8.0, 7.0]
+
+
+def test_fewer_items_than_k_remain(model: NextItemsModel) -> None:
+    out = model.next_items(RAW, np.array([ITEMS]), k=ITEMS)  # every item seen: nothing left to recommend
+    assert out["items"].tolist() == [[-1] * ITEMS] and out["scores"].tolist() == [[0.0] * ITEMS]
+
+
+@pytest.mark.parametrize("k", [0, ITEMS + 1])
+def test_k_outside_the_catalogue_is_refused(model: NextItemsModel, k: int) -> None:
+    with pytest.raises(RequestError, match=f"parameter 'k' = {k} must be in 1..{ITEMS}"):
+        model.next_items(RAW[:1], np.array([1]), k=k)
+
+
+def _request(**extra: object) -> bytes:
+    body = {
+        "inputs": [
+            {"name": "items", "datatype": "INT64", "shape": [2], "data": [int(RAW[0]), int(RAW[1])]},
+            {"name": "items.lengths", "datatype": "INT64", "shape": [1], "data": [2]},
+        ],
+        **extra,
+    }
+    return json.dumps(body).encode()
+
+
+def test_a_v2_request_is_answered_as_json_or_binary(model: NextItemsModel) -> None:
+    body, headers = model.answer(_request(id="r1"), None)
+    assert headers == {"content-type": "application/json"}
+    reply = json.loads(body)
+    assert (reply["model_name"], reply["model_version"], reply["id"]) == ("seq", "2", "r1")
+    outputs = {o["name"]: o for o in reply["outputs"]}
+    assert outputs["items"]["shape"] == [1, 3] and outputs["items"]["data"] == _reference(model, [1, 2], 3)[0]
+    body, headers = model.answer(_request(outputs=[{"name": "items", "parameters": {"binary_data": True}}]), None)
+    header = int(headers[HEADER_LENGTH])
+    described = json.loads(body[:header])["outputs"]
+    assert [o["name"] for o in described] == ["items"] and described[0]["parameters"]["binary_data_size"] == 24
+    assert np.frombuffer(body[header:], "<i8").tolist() == _reference(model, [1, 2], 3)[0]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"parameters": {"k": "3"}}, "parameter 'k' must be an integer, got '3'"),
+        ({"parameters": {"k": True}}, "parameter 'k' must be an integer, got True"),
+        ({"parameters": {"k": 10**30}}, "field 'parameters.k': an integer of 31 digits"),
+        ({"outputs": {"name": "items"}}, "'outputs' must be a list"),
+        ({"outputs": [{"name": "logits"}]}, "unknown output 'logits'; the model has"),
+    ],
+)
+def test_bad_requests_are_refused_naming_the_value(
+    model: NextItemsModel, extra: dict[str, object], message: str
+) -> None:
+    with pytest.raises(RequestError, match=message):
+        model.answer(_request(**extra), None)
+
+
+def test_encode_writes_only_the_outputs_asked_for() -> None:
+    outputs = {
+        "items": np.array([[1, 2]]),
+        "scores": np.array([[0.5, 0.25]]),
+        "unknown_items": np.array([0]),
+        "truncated_items": np.array([0]),
+    }
+    body, _ = encode("m", "1", {"outputs": [{"name": "scores"}]}, outputs)
+    assert json.loads(body)["outputs"] == [{"name": "scores", "datatype": "FP32", "shape": [1, 2], "data": [0.5, 0.25]}]
+
+
+def test_candidate_scoring_is_only_an_hstus(model: NextItemsModel) -> None:
+    assert not model.scores_candidates
+    with pytest.raises(ValueError, match="next-items model 'seq' is a sasrec, which has no candidate scoring"):
+        model.candidate_scores(RAW[:2], RAW[2:5])

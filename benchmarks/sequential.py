@@ -16,11 +16,15 @@ the same process on the same splits. Protocol (the same for every method, ours a
   choosing    every setting is chosen on the validation split by the first metric (Recall@K): each
               baseline's from its grid (`baseline_grid`), each model's epochs by scoring the validation
               targets after every epoch (at most --max-epochs, stopping after --patience epochs without
-              a better one; seed 0; every metric of every epoch goes to --json). The models' other
+              a better one; seed --valid-seed, 0 unless given; every metric of every epoch goes to --json). The models' other
               settings are MOVIELENS_SETTINGS: SASRec's chosen by earlier validation runs, HSTU's by its
               own grid on validation (benchmarks/README.md); --max-len, --lr, ... set a field for every
               model, --set MODEL.FIELD=VALUE for one (a grid point). --seeds 0 runs the validation curve
-              only.
+              only. --lr-decay-epochs N (field lr_decay_epochs; 0 = a constant lr): every lr, the dense
+              Adam's and the item table's sparse Adam's, falls linearly to 0 over N epochs. The horizon
+              is counted in epochs of the run's own data (N x its steps per epoch), so after e epochs
+              the lr is (1 - e/N) x lr in the validation run and in the test refit alike, although the
+              refit's data is a little longer; a run of more than N epochs is refused.
   test        read once, at the end: every method refitted on train + validation (MovieLens: each user's
               history up to the test item; YOOCHOOSE: the whole of train_full) with the chosen settings;
               models trained with seeds 0..--seeds-1 for the chosen epochs (mean, spread per seed).
@@ -105,6 +109,7 @@ from hugerec.training.next_item_baselines import (
     slist_grams,
     slist_solve,
 )
+from hugerec.training.schedule import Schedule
 from hugerec.training.sequential import (
     FullSoftmax,
     SequentialFamily,
@@ -245,14 +250,17 @@ class DeepSettings:
     hstu_temperature: float = 0.0  # HSTU: 0 = dot product scores (as SASRec); > 0 cosine / temperature
     dim: int = 64
     hstu_attention_dim: int = 0  # HSTU: per-head width of queries and keys (0: dim / heads)
+    lr_decay_epochs: int = 0  # 0: a constant lr; N: every lr decays linearly to 0 over N epochs (lr_schedule)
 
     def __post_init__(self) -> None:
         for name in ("max_len", "batch", "layers", "heads", "dim"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if isinstance(self.hstu_attention_dim, bool) or not isinstance(self.hstu_attention_dim, int) or self.hstu_attention_dim < 0:
-            raise ValueError(f"hstu_attention_dim must be an int >= 0, got {self.hstu_attention_dim!r}")
+        for name in ("hstu_attention_dim", "lr_decay_epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         if self.dim % self.heads:
             raise ValueError(f"dim {self.dim} must be a multiple of heads {self.heads}")
         if self.windows not in ("last", "sliding"):
@@ -269,7 +277,8 @@ class DeepSettings:
 
 # MovieLens: each model's settings (the flags --max-len ... --hstu-attention-dim set a field for every model,
 # --set MODEL.FIELD=VALUE for one). SASRec's were chosen on validation by earlier runs; HSTU's in its own grid
-# on the validation split (benchmarks/README.md, "HSTU's own settings on validation").
+# on the validation split (benchmarks/README.md, "HSTU's own settings on validation"). Both keep a constant lr: a
+# linear decay over 20 or 30 epochs (lr_decay_epochs) lost on the mean of two validation seeds (the third round).
 MOVIELENS_SETTINGS: dict[str, DeepSettings] = {
     "hugerec-sasrec": DeepSettings(max_len=50, lr=6e-3, batch=128, windows="sliding"),
     "hugerec-hstu": DeepSettings(max_len=50, lr=6e-3, batch=128, windows="sliding", heads=2),  # 2 heads of 32: 28 epochs
@@ -284,6 +293,14 @@ def build_model(name: str, num_items: int, s: DeepSettings, seed: int) -> Any:
     return MODELS[name](cfg, optimizer=Adam(lr=s.lr))
 
 
+def lr_schedule(s: DeepSettings) -> Schedule | None:
+    """The settings' lr schedule for `fit`: None (the family's constant lr), or a linear decay to 0 over
+    lr_decay_epochs epochs of the run's data, applied to the sparse item table's Adam too."""
+    if not s.lr_decay_epochs:
+        return None
+    return Schedule(decay_epochs=float(s.lr_decay_epochs), power=1.0, sparse=True)
+
+
 def train_model(
     name: str, split: Split, s: DeepSettings, epochs: int, seed: int, max_steps: int | None = None,
     on_epoch: Callable[[Any, int], None] | None = None,
@@ -291,7 +308,9 @@ def train_model(
     """The model trained by `fit` (the sequential family, full softmax); on_epoch(model, e) after each
     epoch e (0-based) that ran to its end; it may raise _Stop to end training there."""
     model = build_model(name, split.num_items, s, seed)
-    tc = TrainConfig(epochs=epochs, lr=s.lr, max_steps=max_steps, seed=seed, progress=False, tensorboard=False, plot=False)
+    tc = TrainConfig(
+        epochs=epochs, lr=s.lr, max_steps=max_steps, seed=seed, progress=False, tensorboard=False, plot=False, schedule=lr_schedule(s)
+    )
     width = window_width(model)
     # "last": each sequence's last max_len (+ 1) items; "sliding": windows over the whole of each sequence
     data = last_n(split.train, width) if s.windows == "last" else sliding_windows(split.train, width)
@@ -325,8 +344,9 @@ def checkpoint_path(folder: Path, name: str, seed: int, epoch: int) -> Path:
 def save_test_checkpoints(name: str, test: Split, s: DeepSettings, max_epochs: int, seed: int, folder: Path) -> None:
     """--save-test-checkpoints: train on the test split's training data for max_epochs, saving the weights
     after every epoch and scoring nothing, while the validation run chooses the epoch; the test is then
-    read once, from the chosen epoch's file (--checkpoints). Training is deterministic and the lr constant,
-    so the weights after epoch E are those of an E-epoch run."""
+    read once, from the chosen epoch's file (--checkpoints). Training is deterministic and the lr a function
+    of the step alone (constant, or decayed over lr_decay_epochs whatever the run's length), so the weights
+    after epoch E are those of an E-epoch run."""
     folder.mkdir(parents=True, exist_ok=True)
     train_model(name, test, s, max_epochs, seed, None, lambda model, epoch: torch.save(model.state_dict(), checkpoint_path(folder, name, seed, epoch + 1)))
 
@@ -346,7 +366,7 @@ def model_block(model: Any, split: Split) -> Callable[[int, int], torch.Tensor]:
 
 
 def choose_epochs(
-    name: str, valid: Split, s: DeepSettings, max_epochs: int, patience: int, key: str, k: int, max_steps: int | None
+    name: str, valid: Split, s: DeepSettings, max_epochs: int, patience: int, key: str, k: int, max_steps: int | None, seed: int = 0
 ) -> tuple[int, list[dict[str, float]]]:
     """Train on the valid split's training data, score the valid targets after every epoch; the epoch with
     the best `key` (stop after `patience` epochs without a better one) and every metric of every epoch."""
@@ -361,7 +381,7 @@ def choose_epochs(
         if len(curve) - 1 - best() >= patience:
             raise _Stop
 
-    model = train_model(name, valid, s, max_epochs, 0, max_steps, evaluate_epoch)
+    model = train_model(name, valid, s, max_epochs, seed, max_steps, evaluate_epoch)
     if not curve:  # --quick's max_steps ended training inside the first epoch
         curve.append(split_metrics(valid, model_block(model, valid), k))
     return best() + 1, curve
@@ -370,7 +390,7 @@ def choose_epochs(
 def quality(
     records: Records, dataset: str, valid: Split, test: Split, quick: bool, models: list[str], settings: dict[str, DeepSettings],
     metrics: tuple[str, str], k: int, seeds: range, max_epochs: int, patience: int, epochs_override: dict[str, int], max_steps: int | None,
-    baselines_on: bool = True, checkpoints: Path | None = None,
+    baselines_on: bool = True, checkpoints: Path | None = None, valid_seed: int = 0,
 ) -> None:
     """Choose every setting on `valid`, then fit on test.train (= train + valid) and read `test` once."""
     key = metrics[0]
@@ -387,7 +407,7 @@ def quality(
         epochs = epochs_override.get(name, 0)
         if not epochs:
             t0 = time.process_time()
-            epochs, curve = choose_epochs(name, valid, settings[name], max_epochs, patience, key, k, max_steps)
+            epochs, curve = choose_epochs(name, valid, settings[name], max_epochs, patience, key, k, max_steps, valid_seed)
             for e, got in enumerate(curve, start=1):
                 for metric in metrics:
                     record(records, f"quality {dataset} valid {metric} epoch {e}", name, got[metric], "fraction")
@@ -493,7 +513,9 @@ def epochs_by_model(text: str | None) -> dict[str, int]:
     return {name: int(n) for name, n in (part.split("=", 1) for part in text.split(","))}
 
 
-SETTING_FLAGS = ("max_len", "lr", "batch", "windows", "dropout", "layers", "heads", "hstu_temperature", "dim", "hstu_attention_dim")
+SETTING_FLAGS = (
+    "max_len", "lr", "batch", "windows", "dropout", "layers", "heads", "hstu_temperature", "dim", "hstu_attention_dim", "lr_decay_epochs",
+)
 
 
 FIELD_TYPES = {f.name: str(f.type) for f in fields(DeepSettings)}  # "int" | "float" | "str" (annotations are strings here)
@@ -539,6 +561,24 @@ def movielens_settings(args: argparse.Namespace, models: list[str]) -> dict[str,
     return out
 
 
+def check_decay_horizons(args: argparse.Namespace, settings: dict[str, DeepSettings]) -> None:
+    """Exits, naming the model, when a run would train past its lr decay's horizon (the lr is 0 there)."""
+    override = epochs_by_model(args.epochs)
+    for name, s in settings.items():
+        if not s.lr_decay_epochs:
+            continue
+        if override.get(name):
+            longest, what = override[name], f"--epochs {name}={override[name]}"
+        else:
+            longest = 2 if args.quick else args.max_epochs
+            what = f"--max-epochs {longest}" + (" (--quick)" if args.quick else "")
+        if longest > s.lr_decay_epochs:
+            raise SystemExit(
+                f"benchmarks/sequential.py: {name}: {what} trains past its lr decay of {s.lr_decay_epochs} epochs; "
+                "give at most as many epochs as the decay's horizon (or a longer --lr-decay-epochs)"
+            )
+
+
 def movielens(records: Records, args: argparse.Namespace, settings: dict[str, DeepSettings]) -> None:
     models = model_list(args)
     print("quality movielens (leave-last-out, history excluded, full ranking)", flush=True)
@@ -553,7 +593,7 @@ def movielens(records: Records, args: argparse.Namespace, settings: dict[str, De
     quality(
         records, "movielens", valid, test, args.quick, models, settings, ("recall@10", "ndcg@10"), 10, seed_range(args),
         2 if args.quick else args.max_epochs, args.patience, epochs_by_model(args.epochs), 24 if args.quick else None, not args.no_baselines,
-        None if args.checkpoints is None else Path(args.checkpoints),
+        None if args.checkpoints is None else Path(args.checkpoints), args.valid_seed,
     )
 
 
@@ -879,6 +919,7 @@ def main() -> None:
     parser.add_argument("--no-baselines", action="store_true", help="quality parts: train and score the models only (a tuning run)")
     parser.add_argument("--save-test-checkpoints", metavar="DIR", help="MovieLens: train the test runs for --max-epochs, saving each epoch's weights to DIR (no scoring)")
     parser.add_argument("--checkpoints", metavar="DIR", help="MovieLens: read the test runs' weights of the chosen epoch from DIR instead of training")
+    parser.add_argument("--valid-seed", type=int, default=0, help="MovieLens: the seed of the validation run (several seeds per grid point: one process each)")
     parser.add_argument("--first-seed", type=int, default=0, help="test runs use seeds first-seed .. first-seed + seeds - 1 (to run seeds in parallel processes)")
     parser.add_argument("--hstu-temperature", type=float, help="MovieLens HSTU: 0 = dot-product scores, > 0 = cosine / temperature (HSTU's paper: 0.05)")
     parser.add_argument("--hstu-attention-dim", type=int, help="MovieLens HSTU: per-head width of queries and keys (0: dim / heads)")
@@ -891,6 +932,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, help="MovieLens: sequences per step")
     parser.add_argument("--layers", type=int, help="MovieLens: transformer / HSTU blocks (GRU layers)")
     parser.add_argument("--heads", type=int, help="MovieLens: attention heads")
+    parser.add_argument(
+        "--lr-decay-epochs", type=int, metavar="N",
+        help="MovieLens: every lr (dense and sparse Adam) decays linearly to 0 over N >= 1 epochs of the run's data (default: constant)",
+    )
     parser.add_argument(
         "--set", action="append", metavar="MODEL.FIELD=VALUE",
         help="MovieLens: one model's setting (repeatable), e.g. hugerec-hstu.layers=4; fields: " + ", ".join(SETTING_FLAGS),
@@ -910,7 +955,11 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"benchmarks/sequential.py: --models names unknown models {sorted(unknown)}; known: {[*MODELS, 'hugerec-hstu']}")
     parts = set(args.only.split(","))
+    if args.lr_decay_epochs is not None and args.lr_decay_epochs < 1:
+        raise SystemExit(f"benchmarks/sequential.py: --lr-decay-epochs must be an integer >= 1, got {args.lr_decay_epochs}")
     settings = movielens_settings(args, model_list(args))  # a bad setting exits here, before any work
+    if "movielens" in parts:
+        check_decay_horizons(args, settings)
     if parts & {"movielens", "yoochoose", "hstu-train", "hstu-scoring"} and not DATA.exists():
         raise SystemExit(f"benchmarks/sequential.py: data folder {DATA} not found; set HUGEREC_DATA")
     if "yoochoose" in parts:

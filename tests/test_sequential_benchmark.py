@@ -124,3 +124,45 @@ def test_a_bad_set_item_exits_before_any_work(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "hugerec-hstu.dropout=-0.1" in done.stderr
     assert "dropout must be a number in [0, 1), got -0.1" in done.stderr
+
+
+def test_lr_decay_epochs_is_a_linear_decay_of_every_lr_over_epochs_of_the_runs_data() -> None:
+    seq = _sequential()
+    settings = seq.DeepSettings(max_len=50, lr=6e-3, batch=128, windows="sliding", lr_decay_epochs=20)
+    schedule = seq.lr_schedule(settings)
+    assert (schedule.decay_epochs, schedule.power, schedule.end_factor, schedule.sparse) == (20.0, 1.0, 0.0, True)
+    for steps_per_epoch in (87, 90):  # the validation run's and a longer refit's: the same lr after each epoch
+        steps = schedule.in_steps(steps_per_epoch)
+        assert [steps.factor(e * steps_per_epoch) for e in (0, 5, 10)] == pytest.approx([1.0, 0.75, 0.5])
+    assert seq.lr_schedule(dataclasses.replace(settings, lr_decay_epochs=0)) is None  # 0: constant
+    with pytest.raises(ValueError, match="lr_decay_epochs must be an int >= 0, got -1"):
+        dataclasses.replace(settings, lr_decay_epochs=-1)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        ({"max_epochs": 30}, "hugerec-hstu: --max-epochs 30 trains past its lr decay of 20 epochs"),
+        ({"epochs": "hugerec-hstu=21"}, "hugerec-hstu: --epochs hugerec-hstu=21 trains past its lr decay of 20 epochs"),
+    ],
+)
+def test_a_run_longer_than_its_decay_is_refused(flags: dict[str, object], named: str) -> None:
+    seq = _sequential()
+    settings = {"hugerec-hstu": dataclasses.replace(seq.MOVIELENS_SETTINGS["hugerec-hstu"], lr_decay_epochs=20)}
+    args = argparse.Namespace(**({"epochs": None, "max_epochs": 20, "quick": False} | flags))
+    with pytest.raises(SystemExit, match=named):
+        seq.check_decay_horizons(args, settings)
+    seq.check_decay_horizons(argparse.Namespace(epochs="hugerec-hstu=20", max_epochs=40, quick=False), settings)  # within
+
+
+def test_lr_decay_epochs_below_1_exits_in_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sequential.py"), "--only", "movielens", "--lr-decay-epochs", "0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HUGEREC_DATA": str(tmp_path / "no-data")},
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip() == "benchmarks/sequential.py: --lr-decay-epochs must be an integer >= 1, got 0"

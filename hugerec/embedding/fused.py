@@ -11,11 +11,13 @@ in place by the fused backward (`hugerec.ops.sparse_backward`), never by a torch
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch import nn
 
 from hugerec.embedding.disk import DiskTier
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, Optimizer, RowWiseAdagrad, optimizer_name
@@ -125,6 +127,7 @@ class FusedTables:
         self.groups: list[FusedGroup] = []
         self.slots: dict[str, TableSlot] = {}
         self.steps: dict[str, int] = {t.name: 0 for t in tables}
+        self.lr_scale = 1.0  # multiplier on every table's lr for the next updates (`set_lr_scale`)
         self.outputs = OutputPool()  # lookup outputs, recycled across steps
         self.resident: dict[str, int] = {}  # rows a table holds in its group: num_rows, or its cache slots
         self.tiers: dict[str, DiskTier] = {}  # the disk tier of each storage = DISK table
@@ -319,14 +322,22 @@ class FusedTables:
                 _fill_rows(block[:, f.start : f.start + f.width], rows, f.initial)
 
     # -- steps -----------------------------------------------------------------------------------
+    def set_lr_scale(self, factor: float) -> None:
+        """Multiplies every table's lr by `factor` in the updates from now on (a learning-rate schedule's
+        factor for the step about to be taken; 1.0: the optimizers' own lr, exactly)."""
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not (math.isfinite(factor) and factor >= 0):
+            raise ValueError(f"FusedTables: lr scale must be a finite number >= 0, got {factor!r}")
+        self.lr_scale = float(factor)
+
     def advance(self, group: int, tables: Sequence[int]) -> torch.Tensor:
-        """Counts one step for the group's `tables` (indices); -> lrs [T_g] float64, each table's lr for it."""
+        """Counts one step for the group's `tables` (indices); -> lrs [T_g] float64, each table's lr for it
+        (the rule's lr for that step times `lr_scale`)."""
         g = self.groups[group]
         lrs = torch.zeros(len(g.tables), dtype=torch.float64)
         for i in tables:
             name = g.tables[i]
             self.steps[name] += 1
-            lrs[i] = g.rule.step_lr(self.steps[name])
+            lrs[i] = g.rule.step_lr(self.steps[name]) * self.lr_scale
         return lrs
 
     # -- devices ---------------------------------------------------------------------------------
@@ -341,6 +352,18 @@ class FusedTables:
     @property
     def device(self) -> torch.device:
         return self.groups[0].weight.device if self.groups else torch.device("cpu")
+
+
+def sparse_tables(model: nn.Module) -> list[FusedTables]:
+    """The fused tables of every hugerec embedding module inside `model` (EmbeddingCollection, the drop-in
+    layers, the local shards of a ShardedEmbeddingCollection), each once, in module order: what a
+    learning-rate schedule scales besides the dense optimizer."""
+    found: dict[int, FusedTables] = {}
+    for m in model.modules():
+        fused = getattr(m, "_fused", None)
+        if isinstance(fused, FusedTables):
+            found.setdefault(id(fused), fused)
+    return list(found.values())
 
 
 def _init(c: TableConfig, fresh: torch.Tensor) -> None:

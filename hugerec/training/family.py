@@ -89,7 +89,8 @@ class TrainerFamily(Protocol):
 
     @property
     def schedule(self) -> Schedule:
-        """The dense learning rate's schedule when TrainConfig.schedule is None."""
+        """The learning-rate schedule when TrainConfig.schedule is None (the dense lr's; the tables' too
+        when its `sparse` is set)."""
         ...
 
     def settings(self) -> dict[str, Any]: ...

@@ -1,7 +1,9 @@
 """Learning-rate schedule: linear warmup, constant, then polynomial decay (the MLPerf DLRM policy).
 
 The schedule is a pure function of the step, so a checkpoint only has to store the step to resume
-it exactly (no scheduler object with hidden state):
+it exactly (no scheduler object with hidden state). The trainer multiplies the dense optimizer's lr
+by the factor, and with `sparse=True` the embedding tables' sparse optimizers' lr too (the factor
+reaches the fused update as a per-step multiplier on each table's lr):
 
     factor
       1 |      ______________
@@ -28,6 +30,10 @@ class Schedule:
     end_factor    floor of the multiplier once decayed
     decay_epochs  the decay's length in epochs instead of steps (0: off; needs decay_steps = 0): `fit`
                   turns it into decay_steps with the training data's length (`in_steps`)
+    sparse        also scale the sparse optimizers' lr (every embedding table's rows) by the factor, not
+                  only the dense optimizer's. False: the tables keep their own constant lr. The MLPerf
+                  DLRM reference decays both (`mlperf_dlrm`); a sequential model's item table is most of
+                  its parameters, so a decay for it needs True
 
     TrainConfig's default is Schedule(decay_epochs=1.0, power=1.0): the dense lr falls linearly to 0 over
     the first epoch. Measured on the real Criteo sample (benchmarks/quality.py, `real criteo auc`): the
@@ -43,6 +49,7 @@ class Schedule:
     power: float = 2.0
     end_factor: float = 0.0
     decay_epochs: float = 0.0
+    sparse: bool = False
 
     def __post_init__(self) -> None:
         for name in ("warmup_steps", "decay_start", "decay_steps"):
@@ -61,6 +68,8 @@ class Schedule:
             raise ValueError(f"Schedule: decay_epochs must be a number >= 0, got {self.decay_epochs!r}")
         if not self.decay_epochs >= 0:
             raise ValueError(f"Schedule: decay_epochs must be >= 0, got {self.decay_epochs}")
+        if not isinstance(self.sparse, bool):
+            raise ValueError(f"Schedule: sparse must be true or false, got {self.sparse!r}")
         if self.decay_epochs and self.decay_steps:
             raise ValueError(
                 f"Schedule: give decay_steps ({self.decay_steps}) or decay_epochs ({self.decay_epochs}), not both"
@@ -80,8 +89,9 @@ class Schedule:
 
     @staticmethod
     def mlperf_dlrm(warmup_steps: int = 2750, decay_start: int = 49315, decay_steps: int = 27772) -> Schedule:
-        """The MLPerf DLRM (Criteo Terabyte) reference policy: linear warmup, then quadratic decay to 0."""
-        return Schedule(warmup_steps, decay_start, decay_steps, power=2.0, end_factor=0.0)
+        """The MLPerf DLRM (Criteo Terabyte) reference policy: linear warmup, then quadratic decay to 0, of
+        every lr (the reference's one optimizer updates the embeddings and the MLPs alike)."""
+        return Schedule(warmup_steps, decay_start, decay_steps, power=2.0, end_factor=0.0, sparse=True)
 
     def factor(self, step: int) -> float:
         """Multiplier for the update taken at 0-based `step`."""

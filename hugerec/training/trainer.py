@@ -4,7 +4,8 @@ A plain loop, no callback framework.
     for each batch:                       (epochs, or until max_steps)
         step = family.prepare(batch)      to the device, negatives drawn, lookups' features built
                                           (the pipeline's worker thread, one batch ahead)
-        lr = base_lr * schedule(step)     dense optimizer param groups
+        lr = base_lr * schedule(step)     dense optimizer param groups (and the tables' sparse
+                                          optimizers when schedule.sparse)
         loss = family.step_loss(model, step)   autocast: bf16 (CPU/GPU) or fp16 (GPU, with loss scaling)
         loss.backward()                   embedding rows are updated here, by the fused sparse optimizer
         clip + dense optimizer step       any torch.optim optimizer (default Adam)
@@ -26,7 +27,7 @@ Resuming continues exactly: a checkpoint holds the model (with the embedding row
 optimizer state), the dense optimizer, the step and history, the family and the settings that shape
 the result (a resumed run that changes one is refused, naming it), and per rank the loss scaler, the
 loader position, the family's generator and every RNG state; the learning-rate schedule is a pure
-function of the step.
+function of the step (for the dense and the sparse optimizers alike).
 
 Under torch.distributed (torchrun) every rank calls `fit` with its own part of the data: rank 0 alone
 shows progress and writes logs, TensorBoard and the plot; logged losses and eval metrics are over all
@@ -57,6 +58,7 @@ from torch import nn
 from tqdm import tqdm
 
 from hugerec.distributed.shard import sharded_collections
+from hugerec.embedding.fused import sparse_tables
 from hugerec.models.gbm import FeatureMatrix, TreeModel
 from hugerec.sparse.batch import Batch
 from hugerec.training.checkpoint import (
@@ -126,7 +128,8 @@ class TrainConfig:
     optimizer         dense optimizer when `fit` is not given one
     weight_decay      dense optimizer weight decay
     schedule          warmup / decay multiplier on the dense lr (Schedule.mlperf_dlrm(): the MLPerf policy);
-                      the embedding tables keep their sparse optimizer's own lr. None: the family's default,
+                      the embedding tables keep their sparse optimizer's own lr unless schedule.sparse,
+                      which scales theirs by the same factor. None: the family's default,
                       for ranking a linear decay to 0 over the first epoch (see Schedule), for retrieval and
                       sequential models a constant lr (Schedule())
     precision         fp32, bf16 (autocast, CPU and GPU) or fp16 (autocast + loss scaling, GPU only)
@@ -346,6 +349,8 @@ def fit(
     finally:
         for hook in hooks:
             hook.remove()
+        for tables in run.sparse_tables:  # the model leaves fit with its optimizers' own lr
+            tables.set_lr_scale(1.0)
         run.bar.close()
         run.log.close()
     history = run.history
@@ -388,6 +393,7 @@ class _Run:
         self.opt = optimizer or (_make_optimizer(cfg, self.params) if self.params else None)
         self.base_lrs = [] if self.opt is None else [float(g["lr"]) for g in self.opt.param_groups]
         self.schedule = (cfg.schedule or family.schedule).in_steps(_epoch_length(train_data, 1))
+        self.sparse_tables = sparse_tables(model) if self.schedule.sparse else []
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision is Precision.FP16 else None
         self.autocast = autocast(self.device, cfg.precision)
         self.out_dir = None if cfg.out_dir is None else Path(cfg.out_dir)
@@ -430,6 +436,8 @@ class _Run:
         if self.opt is not None:
             for group, base in zip(self.opt.param_groups, self.base_lrs, strict=True):
                 group["lr"] = base * factor
+        for tables in self.sparse_tables:  # schedule.sparse: the same factor on the rows' updates in backward
+            tables.set_lr_scale(factor)
         with self.autocast:
             loss = self.family.step_loss(self.model, prepared, self.ctx)
         if self.opt is not None:
@@ -590,6 +598,7 @@ class _Run:
         saved = extra.get("settings")
         if not isinstance(saved, dict):
             return  # written before settings were kept: nothing to compare
+        saved = {"schedule.sparse": False, **saved}  # written before Schedule.sparse: the dense lr alone
         detail = changed_settings(saved, self.settings())
         if detail is not None:
             raise ValueError(

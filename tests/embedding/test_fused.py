@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hugerec.embedding.fused import FusedTables, padded_dim, state_fields
+from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.fused import FusedTables, padded_dim, sparse_tables, state_fields
+from hugerec.embedding.layers import EmbeddingBag
 from hugerec.embedding.optimizers import SGD, Adagrad, Adam, Ftrl, RowWiseAdagrad
 from hugerec.embedding.table_config import Normal, StorageDtype, TableConfig, Zeros
 
@@ -93,6 +95,32 @@ def test_advance_counts_steps_and_gives_adams_bias_corrected_lr() -> None:
     lrs = fused.advance(0, [1])
     assert fused.steps == {"a": 0, "b": 1}
     assert lrs.tolist() == [0.0, pytest.approx(0.1 * 0.5 / 0.5)]
+
+
+def test_lr_scale_multiplies_every_tables_step_lr() -> None:
+    fused = FusedTables([TableConfig("a", 5, 2), TableConfig("b", 4, 2)], Adam(lr=0.1, beta1=0.5, beta2=0.75))
+    fused.set_lr_scale(0.25)
+    lrs = fused.advance(0, [0, 1])
+    assert lrs.tolist() == [pytest.approx(0.1 * 0.25), pytest.approx(0.1 * 0.25)]
+    fused.set_lr_scale(1)
+    assert fused.advance(0, [0]).tolist()[0] == 0.1 * (1.0 - 0.75**2) ** 0.5 / (1.0 - 0.5**2)  # 1.0: exactly the rule's
+
+
+@pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf"), True, "1"])
+def test_lr_scale_refuses_what_is_not_a_finite_number_at_least_0(bad: object) -> None:
+    fused = FusedTables([TableConfig("a", 5, 2)], SGD(lr=0.1))
+    with pytest.raises(ValueError, match="lr scale must be a finite number >= 0"):
+        fused.set_lr_scale(bad)  # type: ignore[arg-type]
+    assert fused.lr_scale == 1.0
+
+
+def test_sparse_tables_finds_collections_and_layers_once_each() -> None:
+    coll = EmbeddingCollection([TableConfig("a", 5, 2, ("f",))], SGD(lr=0.1))
+    bag = EmbeddingBag(4, 2, mode="sum", optimizer=SGD(lr=0.1))
+    model = torch.nn.ModuleDict({"coll": coll, "bag": bag, "again": coll, "dense": torch.nn.Linear(2, 2)})
+    found = sparse_tables(model)
+    assert [id(t) for t in found] == [id(coll._fused), id(bag._fused)]
+    assert sparse_tables(torch.nn.Linear(2, 2)) == []
 
 
 @pytest.mark.parametrize("dtype", list(StorageDtype))

@@ -64,3 +64,10 @@ def test_decay_epochs_becomes_decay_steps() -> None:
 def test_decay_epochs_validation(kwargs: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Schedule(**kwargs)  # type: ignore[arg-type]
+
+
+def test_sparse_is_off_by_default_and_on_in_the_mlperf_policy() -> None:
+    assert not Schedule().sparse and not Schedule(decay_epochs=1.0, power=1.0).sparse
+    assert Schedule.mlperf_dlrm().sparse  # the MLPerf reference decays the embeddings' lr too
+    with pytest.raises(ValueError, match="sparse must be true or false, got 1"):
+        Schedule(sparse=1)  # type: ignore[arg-type]

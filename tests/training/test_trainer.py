@@ -9,6 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from hugerec.embedding.collection import EmbeddingCollection
+from hugerec.embedding.optimizers import SGD, Adam, Optimizer
+from hugerec.embedding.table_config import TableConfig
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 from hugerec.training.checkpoint import list_checkpoints, load_checkpoint
@@ -149,6 +152,68 @@ def test_schedule_drives_the_dense_lr() -> None:
     cfg = quiet(lr=0.1, optimizer=DenseOptimizer.SGD, log_every=1, schedule=Schedule(warmup_steps=4))
     history = fit(TinyModel(), make_batches(6), None, cfg)
     assert [r["lr"] for r in history.train] == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1, 0.1])
+
+
+class SparseTinyModel(nn.Module):
+    """TinyModel with a hugerec EmbeddingCollection: the id rows are updated by a sparse optimizer in backward."""
+
+    def __init__(self, optimizer: Optimizer, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = EmbeddingCollection([TableConfig("ids", NUM_IDS, 8, ("item",))], optimizer)
+        self.mlp = nn.Sequential(nn.Linear(8 + 3, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
+
+    def dense_parameters(self) -> Iterator[nn.Parameter]:  # what the dense optimizer updates (a hugerec model's method)
+        return self.mlp.parameters()
+
+    def rows(self) -> torch.Tensor:
+        return self.emb.state_dict()["tables.ids.weight"].clone()
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        pooled = self.emb(batch.sparse).values  # [B, 8]
+        return self.mlp(torch.cat([batch.dense, pooled], dim=1)).squeeze(1)  # [B, 11] -> [B]
+
+
+def test_a_sparse_schedule_scales_the_rows_update() -> None:
+    """Schedule(sparse=True): the first step's factor (1/4 of warmup) reaches the sparse SGD update: the rows
+    move as with a sparse lr of a quarter (bitwise), a quarter as far as without sparse; fit leaves the
+    tables at their own lr."""
+    batches = make_batches(1)
+    moved = {}
+    for name, opt, sparse in (("scaled", SGD(lr=0.5), True), ("reference", SGD(lr=0.125), False), ("dense only", SGD(lr=0.5), False)):
+        model = SparseTinyModel(opt)
+        before = model.rows()
+        fit(model, list(batches), None, quiet(epochs=1, lr=0.01, schedule=Schedule(warmup_steps=4, sparse=sparse)))
+        moved[name] = model.rows() - before
+        assert model.emb._fused.lr_scale == 1.0
+    assert moved["reference"].abs().sum() > 0
+    assert torch.equal(moved["scaled"], moved["reference"])
+    torch.testing.assert_close(moved["dense only"] * 0.25, moved["scaled"])
+
+
+@pytest.mark.parametrize("first_steps", [7, 10])
+def test_resume_is_exact_with_a_sparse_schedule(tmp_path: Path, first_steps: int) -> None:
+    """N steps + resume + M steps == N + M steps, bitwise, with the schedule on the sparse Adam's lr too."""
+    batches = make_batches(5)
+    schedule = Schedule(warmup_steps=3, decay_start=4, decay_steps=20, sparse=True)
+    kw: dict[str, Any] = {"epochs": 3, "lr": 0.01, "schedule": schedule}
+    whole = SparseTinyModel(Adam(lr=0.05))
+    fit(whole, ShufflingLoader(batches), None, quiet(out_dir=str(tmp_path / "whole"), **kw))
+    run = str(tmp_path / "part")
+    first = fit(SparseTinyModel(Adam(lr=0.05)), ShufflingLoader(batches), None, quiet(max_steps=first_steps, out_dir=run, checkpoint_every=3, **kw))
+    assert first.steps == first_steps
+    resumed = SparseTinyModel(Adam(lr=0.05), seed=123)
+    assert fit(resumed, ShufflingLoader(batches), None, quiet(out_dir=run, resume=True, **kw)).steps == 15
+    a, b = weights(whole), weights(resumed)
+    assert a.keys() == b.keys() and "emb.tables.ids.exp_avg" in a
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    # the same run with the dense lr alone scheduled ends elsewhere: the factor did reach the rows
+    dense_only = SparseTinyModel(Adam(lr=0.05))
+    fit(dense_only, ShufflingLoader(batches), None, quiet(epochs=3, lr=0.01, schedule=Schedule(warmup_steps=3, decay_start=4, decay_steps=20)))
+    assert not torch.equal(weights(dense_only)["emb.tables.ids.weight"], a["emb.tables.ids.weight"])
+    with pytest.raises(ValueError, match=r"schedule\.sparse"):  # a resumed run that changes it is refused
+        fit(SparseTinyModel(Adam(lr=0.05)), ShufflingLoader(batches), None, quiet(out_dir=run, resume=True, **{**kw, "schedule": Schedule(warmup_steps=3, decay_start=4, decay_steps=20)}))
 
 
 def test_gradient_clipping_bounds_the_update() -> None:

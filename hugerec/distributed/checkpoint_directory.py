@@ -63,6 +63,8 @@ from hugerec.distributed.sharded import Placed, ShardedEmbeddingCollection, tabl
 from hugerec.distributed.sharding_plan import Shard, ShardingKind
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.hash_table import HashTableContents
+from hugerec.embedding.layers import Embedding, EmbeddingBag
+from hugerec.embedding.optimizers import Adam
 from hugerec.embedding.table_config import Missing, TableConfig
 
 FORMAT = "hugerec-checkpoint"
@@ -409,6 +411,7 @@ def load_checkpoint_dir(
                     f"load_checkpoint: {where}: {k[6:]} has shape {getattr(saved, 'shape', None)}, the model {tuple(v.shape)}"
                 )
             v.copy_(saved)
+    _load_layer_steps(model, reader)
     for p in placed:
         if p.table.dynamic is None:
             mine = [x for x in reader.pieces if x.table == p.table.name and _overlap(x, p.shard)]
@@ -417,6 +420,17 @@ def load_checkpoint_dir(
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, reader[OPTIMIZER_KEY])
     return reader.extra
+
+
+def _load_layer_steps(model: nn.Module, reader: _Reader) -> None:
+    """The Adam step of a drop-in Embedding / EmbeddingBag is an int of its fused tables: its state dict shows
+    it as a fresh tensor, which the copy of the dense state cannot reach, so each layer loads it itself (a
+    resumed run's bias correction goes on from the saved step instead of restarting)."""
+    for name, m in _unwrap(model).named_modules():
+        if isinstance(m, Embedding | EmbeddingBag) and isinstance(m.optimizer, Adam):
+            key = f"dense/{name}.optimizer.step" if name else "dense/optimizer.step"
+            if key in reader:
+                m.load_state_dict({"optimizer.step": reader[key]}, strict=False)
 
 
 def _restore_disk_tiers(reader: _Reader, placed: list[Placed]) -> None:

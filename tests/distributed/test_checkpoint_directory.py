@@ -309,3 +309,40 @@ def test_damage_is_named_and_a_torn_write_is_not_a_checkpoint(tmp_path: Path) ->
         load_checkpoint_dir(torn, Small())
     save_checkpoint_dir(tmp_path / "again", model)  # overwriting a checkpoint in place
     assert not torn.exists() and load_checkpoint_dir(tmp_path / "again", Small()) is None
+
+
+def test_a_drop_in_layer_on_adam_resumes_with_its_step(tmp_path: Path) -> None:
+    """hugerec.EmbeddingBag / Embedding on sparse Adam: the checkpoint's Adam step reaches the layer (its state
+    dict shows the step as a fresh tensor, which the dense copy alone never wrote back), so training on after a
+    load gives the uninterrupted run's rows bit for bit (the bias correction restarted at step 1 before)."""
+    from hugerec.embedding.layers import Embedding, EmbeddingBag
+    from hugerec.embedding.optimizers import Adam
+
+    class Layers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.bag = EmbeddingBag(30, 4, mode="sum", optimizer=Adam(lr=0.05))
+            self.one = Embedding(20, 4, optimizer=Adam(lr=0.05))
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.bag(ids % 30) * self.one(ids[:, 0] % 20)
+
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, 600, (6, 3), generator=g) for _ in range(10)]
+
+    def steps(model: Layers, part: list[torch.Tensor]) -> None:
+        for ids in part:
+            model(ids).sin().sum().backward()
+
+    whole = Layers()
+    steps(whole, data)
+    cut = Layers()
+    steps(cut, data[:6])
+    save_checkpoint_dir(tmp_path / "ck", cut)
+    resumed = Layers()
+    load_checkpoint_dir(tmp_path / "ck", resumed)
+    assert int(resumed.state_dict()["bag.optimizer.step"]) == int(cut.state_dict()["bag.optimizer.step"]) > 0
+    steps(resumed, data[6:])
+    for k, v in whole.state_dict().items():
+        assert torch.equal(resumed.state_dict()[k], v), k

@@ -207,6 +207,11 @@ class EmbeddingCollection(nn.Module):
         )
 
     @property
+    def fused_tables(self) -> FusedTables:
+        """The tables' fused storage and optimizer state (what a learning-rate schedule scales: `sparse_tables`)."""
+        return self._fused
+
+    @property
     def has_disk_tables(self) -> bool:
         return bool(self._fused.tiers)
 

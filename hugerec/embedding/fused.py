@@ -359,8 +359,8 @@ def sparse_tables(model: nn.Module) -> list[FusedTables]:
     layers, the local shards of a ShardedEmbeddingCollection), each once, in module order: what a
     learning-rate schedule scales besides the dense optimizer."""
     found: dict[int, FusedTables] = {}
-    for m in model.modules():
-        fused = getattr(m, "_fused", None)
+    for m in model.modules():  # by their public `fused_tables` (this module sits below the classes that have one)
+        fused = getattr(m, "fused_tables", None)
         if isinstance(fused, FusedTables):
             found.setdefault(id(fused), fused)
     return list(found.values())

@@ -96,6 +96,11 @@ class _SparseLayer(nn.Module):
             raise ValueError(f"{self._kind}: negative id {int(ids.min())} in input")
         return torch.where(ids == self.padding_idx, -1, ids), 1
 
+    @property
+    def fused_tables(self) -> FusedTables:
+        """The layer's fused storage and optimizer state (what a learning-rate schedule scales: `sparse_tables`)."""
+        return self._fused
+
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}"
         if self.padding_idx is not None:

@@ -36,10 +36,14 @@ def flat_settings(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: value}
 
 
-def changed_settings(saved: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
+def changed_settings(
+    saved: Mapping[str, Any], now: Mapping[str, Any], defaults: Mapping[str, Any] | None = None
+) -> str | None:
     """The keys whose values differ between `saved` and `now` (a key on one side only too), sorted, as
     "key: old -> new, ..." (the first six with their values, every further key by name); None when nothing
-    changed."""
+    changed. `defaults`: a key `saved` lacks (a setting added after it was written) counts as its default
+    there, the value that does what the run did before the key existed."""
+    saved = {**{k: v for k, v in (defaults or {}).items() if k not in saved}, **saved}
     changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
     if not changed:
         return None
@@ -65,8 +69,8 @@ def keep_settings(
             raise ValueError(f"{p}: not the run's settings (JSON): {e}") from None
         if not isinstance(saved, dict):
             raise ValueError(f"{p}: not the run's settings (a JSON object)")
-        saved = {**{k: v for k, v in added.items() if k not in saved}, **{k: v for k, v in saved.items() if k not in may_change}}
-        changed = changed_settings(saved, now)
+        saved = {k: v for k, v in saved.items() if k not in may_change}
+        changed = changed_settings(saved, now, added)
         if changed is not None:
             raise ValueError(f"the config changed since the run in {p.parent} started ({changed})")
         return

@@ -598,8 +598,7 @@ class _Run:
         saved = extra.get("settings")
         if not isinstance(saved, dict):
             return  # written before settings were kept: nothing to compare
-        saved = {"schedule.sparse": False, **saved}  # written before Schedule.sparse: the dense lr alone
-        detail = changed_settings(saved, self.settings())
+        detail = changed_settings(saved, self.settings(), {"schedule.sparse": False})  # before it: the dense lr alone
         if detail is not None:
             raise ValueError(
                 f"fit: cannot resume {path}: the config changed ({detail}); "

@@ -25,6 +25,9 @@ the same process on the same splits. Protocol (the same for every method, ours a
               is counted in epochs of the run's own data (N x its steps per epoch), so after e epochs
               the lr is (1 - e/N) x lr in the validation run and in the test refit alike, although the
               refit's data is a little longer; a run of more than N epochs is refused.
+              --set hugerec-hstu.times=true (field times): HSTU's relative bias reads the items' timestamps
+              (log-scale buckets of t_i - t_j): the training windows carry them, and the validation and test
+              histories theirs (a query reads its history's times, never the target's).
   test        read once, at the end: every method refitted on train + validation (MovieLens: each user's
               history up to the test item; YOOCHOOSE: the whole of train_full) with the chosen settings;
               models trained with seeds 0..--seeds-1 for the chosen epochs (mean, spread per seed).
@@ -146,9 +149,9 @@ def transitions(train: Sequences, num_items: int, counts: np.ndarray, last: np.n
     return score
 
 
-def model_scores(model: Any, histories: np.ndarray) -> Callable[[int, int], torch.Tensor]:
+def model_scores(model: Any, histories: np.ndarray, times: np.ndarray | None = None) -> Callable[[int, int], torch.Tensor]:
     items = all_item_vectors(model)
-    queries = query_vectors(model, torch.from_numpy(histories))
+    queries = query_vectors(model, torch.from_numpy(histories), times=times)
     return lambda q0, q1: queries[q0:q1] @ items.T
 
 
@@ -160,6 +163,7 @@ class Split:
     name: str  # "valid" | "test"
     train: Sequences
     histories: np.ndarray  # [Q, HISTORY] the last items before each target, left-padded
+    times: np.ndarray  # [Q, HISTORY] their timestamps (seconds; 0 at padding): read by HSTU with times=True
     targets: np.ndarray  # [Q]
     exclude: CSR | None  # items ranked out per query (MovieLens: the user's training items)
     own: np.ndarray | None  # [Q] the query's own training sequence (the kNN baselines leave it out)
@@ -251,6 +255,7 @@ class DeepSettings:
     dim: int = 64
     hstu_attention_dim: int = 0  # HSTU: per-head width of queries and keys (0: dim / heads)
     lr_decay_epochs: int = 0  # 0: a constant lr; N: every lr decays linearly to 0 over N epochs (lr_schedule)
+    times: bool = False  # HSTU: the items' timestamps feed its time buckets in training, validation and test
 
     def __post_init__(self) -> None:
         for name in ("max_len", "batch", "layers", "heads", "dim"):
@@ -263,6 +268,8 @@ class DeepSettings:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         if self.dim % self.heads:
             raise ValueError(f"dim {self.dim} must be a multiple of heads {self.heads}")
+        if not isinstance(self.times, bool):
+            raise ValueError(f"times must be true or false, got {self.times!r}")
         if self.windows not in ("last", "sliding"):
             raise ValueError(f"windows must be 'last' or 'sliding', got {self.windows!r}")
         for name, ok, wanted in (
@@ -313,8 +320,10 @@ def train_model(
     )
     width = window_width(model)
     # "last": each sequence's last max_len (+ 1) items; "sliding": windows over the whole of each sequence
-    data = last_n(split.train, width) if s.windows == "last" else sliding_windows(split.train, width)
-    batches = window_batches(data, s.batch, seed)
+    cut = (lambda values: last_n(split.train, width, values=values)) if s.windows == "last" else (lambda values: sliding_windows(split.train, width, values=values))
+    batches: EpochBatches[Any] = (
+        window_batches(cut(None), s.batch, seed, times=cut(split.train.timestamps)) if s.times else window_batches(cut(None), s.batch, seed)
+    )
     if on_epoch is not None:  # the callback after each epoch, as the next one starts (then back to training)
         inner = batches
 
@@ -327,7 +336,7 @@ def train_model(
         batches = EpochBatches(epoch, len(inner))
     t0 = time.perf_counter()
     try:
-        history = fit(model, batches, None, tc, family=SequentialFamily(FullSoftmax(), mask_prob=0.2))
+        history = fit(model, batches, None, tc, family=SequentialFamily(FullSoftmax(), mask_prob=0.2, times=s.times))
         if on_epoch is not None and (max_steps is None or history.steps == epochs * len(batches)):
             on_epoch(model, epochs - 1)
         print(f"  {name}: {history.steps} steps in {time.perf_counter() - t0:.0f} s, loss {history.train[0]['loss']:.3f} -> {history.train[-1]['loss']:.3f}", flush=True)
@@ -361,8 +370,10 @@ def test_model(name: str, test: Split, s: DeepSettings, epochs: int, seed: int, 
     return model.train(False)
 
 
-def model_block(model: Any, split: Split) -> Callable[[int, int], torch.Tensor]:
-    return model_scores(model, split.histories[:, -model.cfg.max_len :])
+def model_block(model: Any, split: Split, times: bool = False) -> Callable[[int, int], torch.Tensor]:
+    """The model's score blocks on the split's histories (their last max_len items; with times, their timestamps too)."""
+    width = model.cfg.max_len
+    return model_scores(model, split.histories[:, -width:], split.times[:, -width:] if times else None)
 
 
 def choose_epochs(
@@ -376,14 +387,14 @@ def choose_epochs(
         return int(np.argmax([m[key] for m in curve]))
 
     def evaluate_epoch(model: Any, epoch: int) -> None:
-        curve.append(split_metrics(valid, model_block(model, valid), k))
+        curve.append(split_metrics(valid, model_block(model, valid, s.times), k))
         print(f"    {name} epoch {epoch + 1}: valid " + "  ".join(f"{m} {v:.4f}" for m, v in curve[-1].items() if "@" in m), flush=True)
         if len(curve) - 1 - best() >= patience:
             raise _Stop
 
     model = train_model(name, valid, s, max_epochs, seed, max_steps, evaluate_epoch)
     if not curve:  # --quick's max_steps ended training inside the first epoch
-        curve.append(split_metrics(valid, model_block(model, valid), k))
+        curve.append(split_metrics(valid, model_block(model, valid, s.times), k))
     return best() + 1, curve
 
 
@@ -418,7 +429,10 @@ def quality(
             print(f"  {name}: {epochs} epochs chosen on valid; no test run (--seeds 0)", flush=True)
             continue
         print(f"  {name}: {epochs} epochs (chosen on valid), test with seeds {list(seeds)}", flush=True)
-        runs = [split_metrics(test, model_block(test_model(name, test, settings[name], epochs, seed, max_steps, checkpoints), test), k) for seed in seeds]
+        runs = [
+            split_metrics(test, model_block(test_model(name, test, settings[name], epochs, seed, max_steps, checkpoints), test, settings[name].times), k)
+            for seed in seeds
+        ]
         results[name] = {metric: float(np.mean([r[metric] for r in runs])) for metric in metrics}
         for metric in metrics:
             values = [r[metric] for r in runs]
@@ -459,7 +473,7 @@ def movielens_splits() -> tuple[Split, Split]:
     users_idx = np.arange(len(seqs))
 
     def split(name: str, tr: Sequences, targets: np.ndarray) -> Split:
-        return Split(name, tr, last_n(tr, HISTORY), targets, (tr.offsets, tr.items), users_idx, num_items)
+        return Split(name, tr, last_n(tr, HISTORY), last_n(tr, HISTORY, values=tr.timestamps), targets, (tr.offsets, tr.items), users_idx, num_items)
 
     print(f"  {len(seqs)} users, {len(seqs.items)} events, {num_items} items (users 1-2999 of ML-1M: about half of it)", flush=True)
     return split("valid", train, valid_targets), split("test", train_full, test_targets)
@@ -488,7 +502,8 @@ def yoochoose_splits() -> tuple[Split, Split]:
         seq, end, targets = prefixes(evaluated)
         print(f"  {name}: {len(train)} training sessions, {len(evaluated)} {name} sessions, {len(targets)} prefixes; "
               f"{report.unknown_items} clicks on items unseen in training removed, {report.dropped_sequences} sessions left too short", flush=True)
-        return Split(name, train, last_n(evaluated, HISTORY, rows=seq, ends=end), targets, None, None, vocab.num_items)
+        histories, times = (last_n(evaluated, HISTORY, rows=seq, ends=end, values=v) for v in (None, evaluated.timestamps))
+        return Split(name, train, histories, times, targets, None, None, vocab.num_items)
 
     print(f"  validation: sessions ending on the last day of train_full, "
           f"{datetime.fromtimestamp(int(valid_raw.timestamps.min()), UTC):%Y-%m-%d %H:%M} to {datetime.fromtimestamp(valid_end, UTC):%Y-%m-%d %H:%M} UTC; "
@@ -528,6 +543,10 @@ def setting_value(field: str, text: str) -> object:
             return int(text)
         case "float":
             return float(text)
+        case "bool":
+            if text.lower() not in ("true", "false"):
+                raise ValueError(text)
+            return text.lower() == "true"
         case _:
             return text
 
@@ -549,10 +568,12 @@ def movielens_settings(args: argparse.Namespace, models: list[str]) -> dict[str,
         try:
             per_model.setdefault(model, {})[field] = setting_value(field, text)
         except ValueError:
-            wanted = {"int": "an integer", "float": "a number"}[FIELD_TYPES[field]]
+            wanted = {"int": "an integer", "float": "a number", "bool": "true or false"}[FIELD_TYPES[field]]
             raise SystemExit(f"benchmarks/sequential.py: --set {item!r}: {field} must be {wanted}, got {text!r}") from None
     out: dict[str, DeepSettings] = {}
     for model in models:
+        if per_model.get(model, {}).get("times") and model != "hugerec-hstu":
+            raise SystemExit(f"benchmarks/sequential.py: --set {model}.times=true: {model} cannot use timestamps (hugerec-hstu can)")
         try:
             out[model] = replace(MOVIELENS_SETTINGS.get(model, MOVIELENS_SETTINGS["hugerec-sasrec"]), **common, **per_model.get(model, {}))
         except ValueError as e:
@@ -938,7 +959,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--set", action="append", metavar="MODEL.FIELD=VALUE",
-        help="MovieLens: one model's setting (repeatable), e.g. hugerec-hstu.layers=4; fields: " + ", ".join(SETTING_FLAGS),
+        help="MovieLens: one model's setting (repeatable), e.g. hugerec-hstu.layers=4; fields: " + ", ".join(FIELD_TYPES)
+        + "; hugerec-hstu.times=true feeds the MovieLens timestamps to HSTU's time buckets (training windows, validation and test histories)",
     )
     parser.add_argument("--train-seconds", type=float, help="train part: seconds of training per side (default 45, 15 with --quick)")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="pool the --json records of several quality runs (seeds run in parallel) and write them with --json")

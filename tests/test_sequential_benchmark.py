@@ -14,7 +14,11 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
+import torch
+
+from hugerec.data.sessions import Sequences, last_n
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -103,6 +107,7 @@ def test_each_model_gets_its_settings_then_the_common_flags_then_its_set_items()
         ("hugerec-hstu.depth=4", "unknown field 'depth'"),
         ("hugerec-sasrec.layers=4", "model 'hugerec-sasrec' is not in --models"),
         ("hugerec-hstu.layers", "expected MODEL.FIELD=VALUE"),
+        ("hugerec-hstu.times=yes", "times must be true or false, got 'yes'"),
     ],
 )
 def test_a_bad_set_item_exits_naming_it(item: str, named: str) -> None:
@@ -110,6 +115,29 @@ def test_a_bad_set_item_exits_naming_it(item: str, named: str) -> None:
         _sequential().movielens_settings(_args("hugerec-hstu", item), ["hugerec-hstu"])
     assert named in str(got.value)
     assert item.partition("=")[0] in str(got.value)
+
+
+def test_times_feed_hstu_in_training_and_scoring_and_are_refused_for_sasrec() -> None:
+    """--set hugerec-hstu.times=true: the settings carry it, training reads the windows' times (TimedWindows
+    through the family) and the scores read the histories' times; SASRec cannot take it."""
+    seq = _sequential()
+    got = seq.movielens_settings(_args("hugerec-hstu", "hugerec-hstu.times=true"), ["hugerec-hstu"])
+    assert got["hugerec-hstu"] == dataclasses.replace(seq.MOVIELENS_SETTINGS["hugerec-hstu"], times=True)
+    with pytest.raises(SystemExit, match="hugerec-sasrec cannot use timestamps"):
+        seq.movielens_settings(_args("hugerec-sasrec", "hugerec-sasrec.times=True"), ["hugerec-sasrec"])
+    rng = np.random.default_rng(0)
+    n, length, num_items = 12, 9, 20
+    times = np.cumsum(rng.integers(1, 10**6, n * length))
+    train = Sequences(np.arange(n), np.arange(0, n * length + 1, length), rng.integers(1, num_items + 1, n * length), times)
+    split = seq.Split("valid", train, last_n(train, seq.HISTORY), last_n(train, seq.HISTORY, values=train.timestamps), np.ones(n, np.int64), None, None, num_items)
+    s = seq.DeepSettings(max_len=4, lr=1e-2, batch=4, windows="sliding", dim=8, heads=2, times=True)
+    model = seq.train_model("hugerec-hstu", split, s, 1, 0)
+    with torch.no_grad():
+        for layer in model.blocks:  # a visible time bias
+            layer.time_bias.normal_()
+    assert not torch.allclose(seq.model_block(model, split, True)(0, n), seq.model_block(model, split, False)(0, n))
+    with pytest.raises(ValueError, match="SASRec cannot use timestamps"):
+        seq.train_model("hugerec-sasrec", split, s, 1, 0)
 
 
 def test_a_bad_set_item_exits_before_any_work(tmp_path: Path) -> None:

@@ -265,12 +265,14 @@ def with_reversed(seqs: Sequences) -> Sequences:
     )
 
 
-def sliding_windows(seqs: Sequences, width: int, stride: int | None = None) -> np.ndarray:
+def sliding_windows(seqs: Sequences, width: int, stride: int | None = None, values: np.ndarray | None = None) -> np.ndarray:
     """[W, width] training windows covering every sequence, not only its end: windows end at n, n - stride,
     n - 2 * stride, ... (while >= 2 items remain), each the last `width` items before its end, left-padded.
 
     stride defaults to width - 1 (consecutive windows share one item, so every transition is trained
     once). `last_n(seqs, width)` is the first window of each sequence; long histories add more.
+    values [N]: a list feature beside the items (e.g. `seqs.timestamps`) cut into the same windows instead
+    of the items, so row r column t is the value of window r's item in column t (padding: 0).
     """
     if width < 2:
         raise ValueError(f"sliding_windows: width must be >= 2, got {width}")
@@ -282,7 +284,7 @@ def sliding_windows(seqs: Sequences, width: int, stride: int | None = None) -> n
     rows = np.repeat(np.arange(len(seqs), dtype=np.int64), count)
     j = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)  # window index inside its sequence
     ends = seqs.offsets[rows] + n[rows] - j * stride
-    return last_n(seqs, width, rows=rows, ends=ends)
+    return last_n(seqs, width, rows=rows, ends=ends, values=values)
 
 
 def read_yoochoose(path: str | Path) -> pl.DataFrame:

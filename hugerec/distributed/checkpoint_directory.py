@@ -56,7 +56,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 
 from hugerec.distributed.routing import key_shard
 from hugerec.distributed.sharded import Placed, ShardedEmbeddingCollection, table_state
@@ -418,7 +418,9 @@ def load_checkpoint_dir(
             _install_static(p, mine, reader, where)
     _load_dynamic(reader, placed)
     if optimizer is not None:
-        set_optimizer_state_dict(model, optimizer, reader[OPTIMIZER_KEY])
+        # strict=False: a parameter that never had a gradient (a head the run's loss does not train, as
+        # HSTU's ranking head under the next-item loss) has no saved state, and gets none: as in the run
+        set_optimizer_state_dict(model, optimizer, reader[OPTIMIZER_KEY], options=StateDictOptions(strict=False))
     return reader.extra
 
 

@@ -182,6 +182,7 @@ class HSTULayer(nn.Module):
 
 class HSTU(nn.Module):
     objective = Objective.NEXT
+    uses_times = True  # forward / query take the items' timestamps (the sequential family passes them with times=True)
 
     def __init__(
         self, cfg: SequenceConfig, optimizer: Optimizer = DEFAULT_OPTIMIZER, options: HSTUOptions | None = None, layout: Layout = Layout.JAGGED

@@ -7,6 +7,16 @@
     metrics = next_item_metrics(model, histories, targets, exclude=None, ks=(10, 20))
     top_items = recommend_next(model, [np.array([5, 17, 3])], k=10)
 
+With timestamps (HSTU's time buckets; models with `uses_times`), the windows' times ride beside them:
+
+    windows = sliding_windows(train, window_width(hstu)); times = sliding_windows(train, window_width(hstu), values=train.timestamps)
+    batches = window_batches(windows, 128, seed=0, times=times)           # TimedWindows batches
+    valid = NextItemValidation(histories, targets, exclude, times=history_times)
+    fit(hstu, batches, valid, TrainConfig(epochs=30), family=SequentialFamily(FullSoftmax(), times=True))
+
+The input at position t carries its own item's time; the query at t reads the times of positions <= t
+only (its own time, never its target's), and a validation query the times of its history alone.
+
 Losses (a closed union, consumed by one `match`):
   FullSoftmax     cross entropy over items 1..I: [N, I] logits for the N trained positions of a batch;
                   for catalogues small enough for that (the MovieLens and YOOCHOOSE samples)
@@ -33,7 +43,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, cast
+from typing import Any, ClassVar, Protocol, cast, overload
 
 import numpy as np
 import torch
@@ -82,11 +92,44 @@ class SequenceModel(Protocol):
 @dataclass(frozen=True)
 class NextItemValidation:
     """What a sequential model is validated on: histories [Q, L] (left-padded dense ids), their next
-    items targets [Q], and exclude (CSR of items never to rank per query) or None; `next_item_metrics`."""
+    items targets [Q], exclude (CSR of items never to rank per query) or None, and times [Q, L] (int64
+    seconds of the history's items, for models with `uses_times`) or None; `next_item_metrics`."""
 
     histories: np.ndarray
     targets: np.ndarray
     exclude: CSR | None = None
+    times: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.times is not None and np.shape(self.times) != np.shape(self.histories):
+            raise ValueError(
+                f"NextItemValidation: times must have the histories' shape {np.shape(self.histories)}, got {np.shape(self.times)}"
+            )
+
+
+@dataclass(frozen=True)
+class TimedWindows:
+    """A batch of training windows with their items' timestamps (`window_batches(..., times=...)`):
+    windows [B, W] int64 item ids (left-padded), times [B, W] int64 seconds (a padding column's time is
+    never read)."""
+
+    windows: torch.Tensor
+    times: torch.Tensor
+
+
+def uses_times(model: object) -> bool:
+    """Whether a sequential model takes timestamps (`times` in forward and query): HSTU's time buckets."""
+    return bool(getattr(model, "uses_times", False))
+
+
+def _times_tensor(times: np.ndarray | torch.Tensor, shape: tuple[int, ...], where: str) -> torch.Tensor:
+    """times as int64 seconds of `shape`; another shape or a non-integer dtype is refused, naming `where`."""
+    t = torch.as_tensor(times)
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{where}: times must have the shape of the items {shape}, got {tuple(t.shape)}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"{where}: times must be integer seconds, got dtype {t.dtype}")
+    return t.to(torch.int64)
 
 
 @dataclass(frozen=True)
@@ -96,6 +139,7 @@ class _Step:
     targets: torch.Tensor  # [N] their items
     neg: torch.Tensor  # the sampled negatives: [M] (sampled softmax), [N] (BCE), [0] (full softmax)
     candidates: torch.Tensor  # what the item lookup returns rows for: targets then negatives, or all items
+    times: torch.Tensor | None = None  # [B, L] seconds of the input positions (times=True), else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,12 +153,16 @@ class SequentialFamily:
                  and logQ (None: needed only by SampledSoftmax)
     mask_prob    the masked model's share of masked items
     ks           cutoffs of the validation metrics; early stopping watches recall@ks[0]
+    times        the batches are TimedWindows and the validation carries times: the model (one with
+                 `uses_times`: HSTU) reads the input positions' timestamps; kept in the checkpoint's
+                 settings, so a resume cannot switch it
     """
 
     loss: SequenceLoss = field(default_factory=FullSoftmax)
     item_counts: np.ndarray | None = None
     mask_prob: float = 0.2
     ks: tuple[int, ...] = (10, 20)
+    times: bool = False
     name: ClassVar[str] = "sequential"
 
     def __post_init__(self) -> None:
@@ -123,6 +171,8 @@ class SequentialFamily:
         if not self.ks or any(not isinstance(k, int) or k < 1 for k in self.ks):
             raise ValueError(f"SequentialFamily: ks must be integers >= 1, got {self.ks!r}")
         object.__setattr__(self, "ks", tuple(self.ks))
+        if not isinstance(self.times, bool):
+            raise ValueError(f"SequentialFamily: times must be True or False, got {self.times!r}")
         sampler = None
         if isinstance(self.loss, SampledSoftmax):
             if self.item_counts is None:
@@ -145,15 +195,29 @@ class SequentialFamily:
         if self.item_counts is not None:
             counts = np.ascontiguousarray(np.asarray(self.item_counts, dtype=np.float64))
             out["item_counts"] = hashlib.sha256(counts.tobytes()).hexdigest()[:16]
+        if self.times:  # only when on: the settings of a run without times are those from before the key
+            out["times"] = True
         return out
 
-    def prepare(self, model: nn.Module, batch: torch.Tensor, ctx: StepContext) -> Prepared:
+    def _check_times(self, model: nn.Module, given: bool, what: str) -> None:
+        """Refuses times the family was not told of, times missing when it was, and times for a model that cannot read them."""
+        if given and not self.times:
+            raise ValueError(f"SequentialFamily: the {what} carry times but the family has times=False (SequentialFamily(times=True) uses them)")
+        if self.times and not given:
+            raise ValueError(f"SequentialFamily(times=True): the {what} carry no times (window_batches(..., times=...), NextItemValidation(..., times=...))")
+        if self.times and not uses_times(model):
+            raise ValueError(f"SequentialFamily(times=True): {type(model).__name__} cannot use timestamps (HSTU does)")
+
+    def prepare(self, model: nn.Module, batch: torch.Tensor | TimedWindows, ctx: StepContext) -> Prepared:
         cfg = cast(SequenceConfig, model.cfg)
         objective = cast(Objective, model.objective)
         width = cfg.max_len + (1 if objective is Objective.NEXT else 0)
-        windows = torch.as_tensor(batch, dtype=torch.int64)
+        timed = isinstance(batch, TimedWindows)
+        self._check_times(model, timed, "batches")
+        windows = torch.as_tensor(batch.windows if isinstance(batch, TimedWindows) else batch, dtype=torch.int64)
         if windows.dim() != 2 or windows.shape[1] != width:
             raise ValueError(f"SequentialFamily: batches must be windows [B, {width}], got shape {tuple(windows.shape)}")
+        times = _times_tensor(batch.times, tuple(windows.shape), "SequentialFamily") if isinstance(batch, TimedWindows) else None
         if windows.numel() and (int(windows.min()) < 0 or int(windows.max()) > cfg.num_items):
             raise ValueError(
                 f"SequentialFamily: item ids must be in 1..{cfg.num_items} (0 = padding), got {int(windows.min())}..{int(windows.max())}"
@@ -163,6 +227,7 @@ class SequentialFamily:
             case Objective.NEXT:
                 seq, target = windows[:, :-1], windows[:, 1:]  # [B, L]: position t predicts t + 1
                 valid = (seq != PAD) & (target != PAD)
+                times = None if times is None else times[:, :-1]  # the inputs' own times: never a target's
             case Objective.MASKED:
                 seq, target = mask_items(windows, cfg.mask_id, self.mask_prob, gen)
                 valid = target != PAD
@@ -182,14 +247,14 @@ class SequentialFamily:
         seq, cand = seq.to(ctx.device), cand.to(ctx.device)
         lookup = next((m for m in model.modules() if isinstance(m, ItemLookup)), None)
         sparse = (lookup.features(seq, cand),) if lookup is not None else ()
-        step = _Step(seq, valid.to(ctx.device), tgt.to(ctx.device), neg.to(ctx.device), cand)
+        step = _Step(seq, valid.to(ctx.device), tgt.to(ctx.device), neg.to(ctx.device), cand, None if times is None else times.to(ctx.device))
         return Prepared(step, sparse, int(windows.shape[0]))
 
     def step_loss(self, model: nn.Module, prepared: Prepared, ctx: StepContext) -> torch.Tensor:
         step: _Step = prepared.inputs
         n = step.targets.numel()
         sizes = rows_of_ranks(n, ctx)
-        hidden, rows = model(step.seq, step.candidates)
+        hidden, rows = model(step.seq, step.candidates) if step.times is None else model(step.seq, step.candidates, step.times)
         # [B, L, D] -> [N, D] by flat index (index_select's backward adds rows; a mask's sorts them)
         h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, step.valid.reshape(-1).nonzero().squeeze(1)).float()
         rows = rows.float()
@@ -216,7 +281,8 @@ class SequentialFamily:
     def evaluate(
         self, model: nn.Module, data: NextItemValidation, device: torch.device | None, precision: Precision
     ) -> dict[str, float]:
-        return next_item_metrics(model, data.histories, data.targets, data.exclude, self.ks)  # type: ignore[arg-type]
+        self._check_times(model, data.times is not None, "validation histories")
+        return next_item_metrics(model, data.histories, data.targets, data.exclude, self.ks, times=data.times)  # type: ignore[arg-type]
 
 
 def window_width(model: SequenceModel) -> int:
@@ -224,13 +290,30 @@ def window_width(model: SequenceModel) -> int:
     return model.cfg.max_len + (1 if model.objective is Objective.NEXT else 0)
 
 
+@overload
 def window_batches(
-    windows: np.ndarray | torch.Tensor, batch_size: int, seed: int = 0, rank: int = 0, world: int = 1
-) -> EpochBatches[torch.Tensor]:
+    windows: np.ndarray | torch.Tensor, batch_size: int, seed: int = 0, rank: int = 0, world: int = 1, times: None = None
+) -> EpochBatches[torch.Tensor]: ...
+@overload
+def window_batches(
+    windows: np.ndarray | torch.Tensor, batch_size: int, seed: int = 0, rank: int = 0, world: int = 1, *, times: np.ndarray | torch.Tensor
+) -> EpochBatches[TimedWindows]: ...
+def window_batches(
+    windows: np.ndarray | torch.Tensor,
+    batch_size: int,
+    seed: int = 0,
+    rank: int = 0,
+    world: int = 1,
+    times: np.ndarray | torch.Tensor | None = None,
+) -> EpochBatches[torch.Tensor] | EpochBatches[TimedWindows]:
     """Training windows [S, W] (`hugerec.data.sessions.last_n` / `sliding_windows` of the training
     sequences with W = window_width(model)) as `fit`'s data: batches of `batch_size` windows [B, W],
     reshuffled every epoch from (seed, epoch), resumable. Windows with fewer than 2 items are left out
     (a window needs an input and a target); ValueError when none is left.
+
+    times [S, W]: the windows' timestamps (int64 seconds, the same windows cut from `Sequences.timestamps`:
+    `sliding_windows(..., values=seqs.timestamps)`); the batches are then TimedWindows, the same rows of
+    both (for SequentialFamily(times=True)). Another shape is refused.
 
     rank, world: under torchrun, this rank's contiguous rows of each global batch (every rank gives the
     same windows and seed), so that W ranks train the batches one process would."""
@@ -239,20 +322,26 @@ def window_batches(
     w = torch.as_tensor(windows, dtype=torch.int64)
     if w.dim() != 2:
         raise ValueError(f"window_batches: windows must be [S, W], got shape {tuple(w.shape)}")
-    w = w[(w != PAD).sum(dim=1) >= 2]
+    t = None if times is None else _times_tensor(times, tuple(w.shape), "window_batches")
+    keep = (w != PAD).sum(dim=1) >= 2
+    w = w[keep]
     if not len(w):
         raise ValueError("window_batches: no training sequence has 2 or more items")
 
     if not 0 <= rank < world:
         raise ValueError(f"window_batches: rank must be in 0..world - 1, got rank {rank}, world {world}")
 
-    def epoch(e: int) -> Iterator[torch.Tensor]:
+    def rows_of(e: int) -> Iterator[torch.Tensor]:
         order = torch.randperm(len(w), generator=torch.Generator().manual_seed(seed * 1_000_003 + e))
         for b0 in range(0, len(order), batch_size):
             rows = order[b0 : b0 + batch_size]
-            yield w[rows[rank_rows(len(rows), rank, world)]]
+            yield rows[rank_rows(len(rows), rank, world)]
 
-    return EpochBatches(epoch, length=-(-len(w) // batch_size))
+    length = -(-len(w) // batch_size)
+    if t is None:
+        return EpochBatches(lambda e: (w[rows] for rows in rows_of(e)), length=length)
+    tk = t[keep]
+    return EpochBatches(lambda e: (TimedWindows(w[rows], tk[rows]) for rows in rows_of(e)), length=length)
 
 
 def all_item_vectors(model: SequenceModel, block: int = 65536) -> torch.Tensor:
@@ -262,11 +351,23 @@ def all_item_vectors(model: SequenceModel, block: int = 65536) -> torch.Tensor:
         return torch.cat([model.item_vectors(ids[i : i + block]) for i in range(0, len(ids), block)])
 
 
-def query_vectors(model: SequenceModel, histories: torch.Tensor, block: int = 1024) -> torch.Tensor:
-    """[Q, L] left-padded histories -> [Q, D] next-item query vectors (eval mode, no gradient)."""
+def query_vectors(
+    model: SequenceModel, histories: torch.Tensor, block: int = 1024, times: torch.Tensor | np.ndarray | None = None
+) -> torch.Tensor:
+    """[Q, L] left-padded histories -> [Q, D] next-item query vectors (eval mode, no gradient).
+
+    times [Q, L]: the histories' timestamps (int64 seconds), for a model with `uses_times`; a query
+    reads its history's times alone (the target's time is not an input)."""
     model.train(False)
+    if times is None:
+        with torch.no_grad():
+            return torch.cat([model.query(histories[i : i + block]) for i in range(0, len(histories), block)] or [torch.empty(0)])
+    if not uses_times(model):
+        raise ValueError(f"query_vectors: {type(model).__name__} cannot use timestamps (HSTU does); give times=None")
+    t = _times_tensor(times, tuple(histories.shape), "query_vectors")
+    query = cast(Any, model).query  # HSTU.query(history, times)
     with torch.no_grad():
-        return torch.cat([model.query(histories[i : i + block]) for i in range(0, len(histories), block)] or [torch.empty(0)])
+        return torch.cat([query(histories[i : i + block], t[i : i + block]) for i in range(0, len(histories), block)] or [torch.empty(0)])
 
 
 def next_item_metrics(
@@ -276,10 +377,12 @@ def next_item_metrics(
     exclude: CSR | None = None,
     ks: Sequence[int] = (10, 20),
     block: int = 1024,
+    times: np.ndarray | None = None,
 ) -> dict[str, float]:
-    """Full-ranking next-item metrics (see hugerec.training.next_item) of histories [Q, L] -> targets [Q]."""
+    """Full-ranking next-item metrics (see hugerec.training.next_item) of histories [Q, L] -> targets [Q];
+    times [Q, L]: the histories' timestamps (`query_vectors`)."""
     items = all_item_vectors(model)
-    queries = query_vectors(model, torch.from_numpy(histories), block)
+    queries = query_vectors(model, torch.from_numpy(histories), block, times)
 
     def score(q0: int, q1: int) -> torch.Tensor:
         return queries[q0:q1] @ items.T  # [q, I]

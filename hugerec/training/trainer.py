@@ -658,7 +658,7 @@ def evaluate(
         case RetrievalValidation():
             return retrieval_metrics(model, data.users, data.history, data.held_out, data.exclude, tuple(ks or (10, 50)))  # type: ignore[arg-type]
         case NextItemValidation():
-            return next_item_metrics(model, data.histories, data.targets, data.exclude, tuple(ks or (10, 20)))  # type: ignore[arg-type]
+            return next_item_metrics(model, data.histories, data.targets, data.exclude, tuple(ks or (10, 20)), times=data.times)  # type: ignore[arg-type]
         case FeatureMatrix():
             if not isinstance(model, TreeModel):
                 raise TypeError(f"evaluate: a FeatureMatrix is the data of trees, not of a {type(model).__name__}")

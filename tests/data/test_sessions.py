@@ -168,6 +168,11 @@ def test_sliding_windows_match_the_reference_and_cover_every_transition(lengths:
         pairs = [(a, b) for w in got.tolist() for a, b in itertools.pairwise(w) if a != PAD]
         expected = [(int(items[i]), int(items[i + 1])) for s in range(len(lengths)) for i in range(offsets[s], offsets[s + 1] - 1)]
         assert sorted(pairs) == sorted(expected)
+    # the items' timestamps cut into the same windows: column t holds the time of the item in column t
+    timed = Sequences(seqs.keys, offsets, items, items * 1000 + 7)
+    times = sliding_windows(timed, width, stride, values=timed.timestamps)
+    assert times.shape == got.shape and times.dtype == np.int64
+    assert (times == np.where(got != PAD, got * 1000 + 7, 0)).all()
 
 
 def test_sliding_windows_bad_arguments() -> None:

@@ -346,3 +346,24 @@ def test_a_drop_in_layer_on_adam_resumes_with_its_step(tmp_path: Path) -> None:
     steps(resumed, data[6:])
     for k, v in whole.state_dict().items():
         assert torch.equal(resumed.state_dict()[k], v), k
+
+
+def test_a_parameter_that_never_had_a_gradient_resumes_without_optimizer_state(tmp_path: Path) -> None:
+    """A head the loss never trains (HSTU's ranking head under the next-item loss) has no dense-Adam state;
+    the checkpoint loads into a fresh optimizer, which then steps as the saved one would."""
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"used": nn.Linear(3, 1), "unused": nn.Linear(3, 1)})
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model["used"](torch.ones(2, 3)).sum().backward()
+    opt.step()
+    save_checkpoint_dir(tmp_path / "ck", model, opt)
+    fresh = nn.ModuleDict({"used": nn.Linear(3, 1), "unused": nn.Linear(3, 1)})
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=0.1)
+    load_checkpoint_dir(tmp_path / "ck", fresh, fresh_opt)
+    for m, o in ((model, opt), (fresh, fresh_opt)):
+        o.zero_grad()
+        m["used"](torch.ones(2, 3)).sum().backward()
+        o.step()
+    for k, v in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+    assert not fresh_opt.state[fresh["unused"].weight]

@@ -67,6 +67,25 @@ def test_prediction_at_t_ignores_later_items_and_times() -> None:
             assert not torch.allclose(h2[:, t + 1 :], h[:, t + 1 :])
 
 
+@pytest.mark.parametrize("layout", [Layout.JAGGED, Layout.PADDED])
+def test_all_equal_times_add_one_constant_bucket(layout: Layout) -> None:
+    """Every pair's time difference is 0 when the times are equal: bucket 0 everywhere, so the model equals
+    the one without times whose position bias carries time_bias[0] (a constant bias for every pair)."""
+    jagged, padded = _pair()
+    model = jagged if layout is Layout.JAGGED else padded
+    seq = torch.randint(1, 51, (3, 8), generator=torch.Generator().manual_seed(5))
+    seq[1, :5] = PAD
+    shifted = HSTU(CFG, layout=layout).eval()
+    shifted.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for layer in shifted.blocks:
+            layer.pos_bias += layer.time_bias[0]
+        got, _ = model(seq, None, torch.full(seq.shape, 1_700_000_000))
+        want, _ = shifted(seq)
+    assert bool((time_buckets(torch.zeros(5, dtype=torch.int64), 64) == 0).all())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_time_buckets() -> None:
     got = time_buckets(torch.tensor([0, 1, -1, 2, 100, 10**9]), 64)
     assert got.tolist() == [0, 0, 0, int(np.log(2) / 0.301), int(np.log(100) / 0.301), 64]

@@ -1,6 +1,7 @@
 """The sequential family of the one trainer: the models learn a deterministic chain with every loss;
 early stopping on recall@K; dynamic and disk-tier item tables with and without the pipeline, bit for
-bit; recommend_next; errors."""
+bit; recommend_next; errors; HSTU's timestamps through the family (TimedWindows): the step against a
+padded reference, padding times ignored, resume to the bit, the refusals."""
 
 from __future__ import annotations
 
@@ -11,23 +12,30 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hugerec.data.sessions import Sequences, last_n
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import Adam
 from hugerec.embedding.table_config import DynamicConfig
 from hugerec.models.gru4rec import GRU4Rec
+from hugerec.models.hstu import HSTU, Layout
 from hugerec.models.masked import MaskedTransformer
 from hugerec.models.sasrec import SASRec
-from hugerec.models.sequence import SequenceConfig, item_table
+from hugerec.models.sequence import PAD, SequenceConfig, item_table
 from hugerec.training.early_stopping import EarlyStopping
-from hugerec.training.losses import Negatives, SampledSoftmax
+from hugerec.training.family import StepContext
+from hugerec.training.losses import Negatives, SampledSoftmax, full_softmax
 from hugerec.training.sequential import (
     BCE,
     FullSoftmax,
     NextItemValidation,
     SequentialFamily,
+    TimedWindows,
     next_item_metrics,
+    query_vectors,
     recommend_next,
     window_batches,
     window_width,
@@ -162,3 +170,137 @@ def test_family_and_window_errors() -> None:
         fit(model, window_batches(last_n(two, 4), 8), None, quiet, family=SequentialFamily())
     with pytest.raises(ValueError, match=r"item ids must be in 1..5 \(0 = padding\), got 1..9"):
         fit(model, window_batches(last_n(two, 5) * 2 + 1, 8), None, quiet, family=SequentialFamily())
+
+
+# -- timestamps (HSTU's time buckets) ---------------------------------------------------------------------
+HSTU_CFG = SequenceConfig(num_items=NUM_ITEMS, max_len=5, dim=8, num_layers=2, num_heads=2, dropout=0.0)
+
+
+def _hstu(layout: Layout = Layout.JAGGED) -> HSTU:
+    torch.manual_seed(0)
+    model = HSTU(HSTU_CFG, optimizer=Adam(lr=0.05), layout=layout)
+    with torch.no_grad():  # non-zero relative biases, so that the times change the outputs
+        for layer in model.blocks:
+            layer.pos_bias.normal_()
+            layer.time_bias.normal_()
+    return model
+
+
+def _timed_chains(n: int, length: int, seed: int) -> tuple[Sequences, np.ndarray]:
+    """_chains with increasing timestamps (seconds) spread over days, and the same windows of their times."""
+    seqs = _chains(n, length, seed)
+    gaps = np.random.default_rng(seed + 7).integers(1, 10**6, len(seqs.items))
+    timed = Sequences(seqs.keys, seqs.offsets, seqs.items, np.cumsum(gaps))
+    return timed, last_n(timed, length, values=timed.timestamps)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.data())
+def test_hstu_step_with_times_equals_a_padded_reference(data: st.DataObject) -> None:
+    """The family's step on TimedWindows (jagged HSTU) = a hand-computed step: the padded model on the
+    windows' inputs and their own times, logits over every item, cross entropy at the trained positions.
+    B = 1 and short windows included; whatever times the padding columns hold, the loss is the same."""
+    b = data.draw(st.integers(1, 3))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 10**6)))
+    windows = torch.randint(1, NUM_ITEMS + 1, (b, HSTU_CFG.max_len + 1), generator=g)
+    for r in range(b):  # at least 2 items a row: an input and its target
+        windows[r, : data.draw(st.integers(0, HSTU_CFG.max_len - 1))] = PAD
+    times = torch.randint(0, 10**8, windows.shape, generator=g).sort(dim=1).values.masked_fill(windows == PAD, 0)
+    garbage = times + (windows == PAD) * torch.randint(-(10**9), 10**9, windows.shape, generator=g)  # only at padding
+    family = SequentialFamily(FullSoftmax(), times=True)
+    model, ref = _hstu(), _hstu(Layout.PADDED)
+    ctx = StepContext(torch.device("cpu"), torch.Generator().manual_seed(0))
+    got = family.step_loss(model, family.prepare(model, TimedWindows(windows, times), ctx), ctx)
+    again = family.step_loss(model, family.prepare(model, TimedWindows(windows, garbage), ctx), ctx)
+    assert torch.equal(got, again)
+    seq, target = windows[:, :-1], windows[:, 1:]
+    hidden, rows = ref(seq, torch.arange(1, NUM_ITEMS + 1), times[:, :-1])  # the inputs' times: never a target's
+    valid = (seq != PAD) & (target != PAD)
+    want = F.cross_entropy(hidden[valid] @ rows.T, target[valid] - 1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    got.backward()
+    want.backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        if p.grad is not None:  # the item table's rows are updated inside the backward (no .grad)
+            assert q.grad is not None, name
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_times_change_the_hstu_step_and_the_no_times_path_is_unchanged() -> None:
+    """With times the loss differs from the same windows without; without times the step is the model's own
+    forward (the path of every run before times existed), bit for bit."""
+    train, windows_times = _timed_chains(4, HSTU_CFG.max_len + 1, 0)
+    windows = last_n(train, HSTU_CFG.max_len + 1)
+    ctx = StepContext(torch.device("cpu"), torch.Generator().manual_seed(0))
+    timed, plain = SequentialFamily(times=True), SequentialFamily()
+    model = _hstu()
+    with torch.no_grad():
+        with_t = timed.step_loss(model, timed.prepare(model, TimedWindows(torch.from_numpy(windows), torch.from_numpy(windows_times)), ctx), ctx)
+        without = plain.step_loss(model, plain.prepare(model, torch.from_numpy(windows), ctx), ctx)
+        seq, target = torch.from_numpy(windows[:, :-1]), torch.from_numpy(windows[:, 1:])
+        hidden, rows = model(seq, torch.arange(1, NUM_ITEMS + 1))
+        valid = (seq != PAD) & (target != PAD)
+        h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, valid.reshape(-1).nonzero().squeeze(1))
+        want = full_softmax(h.float(), rows.float(), target[valid] - 1)  # the step as it was before times
+    assert not torch.allclose(with_t, without)
+    assert torch.equal(without, want)
+
+
+def test_hstu_with_times_resumes_to_the_bit_and_a_resume_cannot_switch_times(tmp_path: Path) -> None:
+    """fit with TimedWindows and a timed validation: N steps + resume == the whole run, bitwise, early
+    stopping's state included; resuming with times off (or on, for a run without) is refused naming the key."""
+    train, times = _timed_chains(40, HSTU_CFG.max_len + 1, 0)
+    windows = last_n(train, HSTU_CFG.max_len + 1)
+    test, _ = _timed_chains(20, HSTU_CFG.max_len + 1, 1)
+    hist = last_n(test, HSTU_CFG.max_len, ends=test.offsets[1:] - 1)
+    valid = NextItemValidation(hist, test.items[test.offsets[1:] - 1], None, last_n(test, HSTU_CFG.max_len, ends=test.offsets[1:] - 1, values=test.timestamps))
+    family = SequentialFamily(times=True, ks=(5,))
+    kw: dict[str, Any] = {"epochs": 3, "lr": 0.01, "progress": False, "tensorboard": False, "plot": False, "early_stopping": EarlyStopping(patience=5)}
+    whole = _hstu()
+    fit(whole, window_batches(windows, 8, times=times), valid, TrainConfig(out_dir=str(tmp_path / "whole"), **kw), family=family)
+    run = str(tmp_path / "part")
+    first = fit(_hstu(), window_batches(windows, 8, times=times), valid, TrainConfig(max_steps=7, checkpoint_every=3, out_dir=run, **kw), family=family)
+    assert first.steps == 7
+    resumed = _hstu()
+    history = fit(resumed, window_batches(windows, 8, times=times), valid, TrainConfig(out_dir=run, resume=True, **kw), family=family)
+    assert history.steps == 15
+    for (k, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+    with pytest.raises(ValueError, match=r"family\.times: True -> None"):
+        fit(_hstu(), window_batches(windows, 8), None, TrainConfig(out_dir=run, resume=True, **kw), family=SequentialFamily(ks=(5,)))
+    plain_run = str(tmp_path / "plain")
+    fit(_hstu(), window_batches(windows, 8), None, TrainConfig(out_dir=plain_run, max_steps=2, **kw), family=SequentialFamily(ks=(5,)))
+    with pytest.raises(ValueError, match=r"family\.times: None -> True"):
+        fit(_hstu(), window_batches(windows, 8, times=times), valid, TrainConfig(out_dir=plain_run, resume=True, **kw), family=family)
+    # validation reads the histories' times: scoring the same model without them gives other vectors
+    q_times = query_vectors(resumed, torch.from_numpy(hist), times=valid.times)
+    assert not torch.allclose(q_times, query_vectors(resumed, torch.from_numpy(hist)))
+    assert next_item_metrics(resumed, hist, valid.targets, ks=(5,), times=valid.times)["recall@5"] == history.evals[-1]["recall@5"]
+
+
+def test_times_are_refused_where_they_cannot_be_used() -> None:
+    train, times = _timed_chains(6, 6, 0)
+    windows = last_n(train, 6)
+    quiet = TrainConfig(progress=False, tensorboard=False, plot=False)
+    with pytest.raises(ValueError, match=r"window_batches: times must have the shape of the items \(6, 6\), got \(6, 5\)"):
+        window_batches(windows, 8, times=times[:, 1:])
+    with pytest.raises(ValueError, match=r"window_batches: times must be integer seconds, got dtype torch\.float64"):
+        window_batches(windows, 8, times=times.astype(np.float64))
+    sasrec = SASRec(SequenceConfig(num_items=NUM_ITEMS, max_len=5, dim=8))
+    with pytest.raises(ValueError, match=r"SequentialFamily\(times=True\): SASRec cannot use timestamps"):
+        fit(sasrec, window_batches(windows, 8, times=times), None, quiet, family=SequentialFamily(times=True))
+    with pytest.raises(ValueError, match="the batches carry times but the family has times=False"):
+        fit(_hstu(), window_batches(windows, 8, times=times), None, quiet, family=SequentialFamily())
+    with pytest.raises(ValueError, match=r"SequentialFamily\(times=True\): the batches carry no times"):
+        fit(_hstu(), window_batches(windows, 8), None, quiet, family=SequentialFamily(times=True))
+    ctx = StepContext(torch.device("cpu"), torch.Generator())
+    with pytest.raises(ValueError, match=r"SequentialFamily: times must have the shape of the items \(2, 6\), got \(2, 5\)"):
+        SequentialFamily(times=True).prepare(_hstu(), TimedWindows(torch.from_numpy(windows[:2]), torch.from_numpy(times[:2, 1:])), ctx)
+    with pytest.raises(ValueError, match=r"NextItemValidation: times must have the histories' shape \(6, 6\), got \(6, 5\)"):
+        NextItemValidation(windows, windows[:, -1], None, times[:, 1:])
+    with pytest.raises(ValueError, match="query_vectors: SASRec cannot use timestamps"):
+        query_vectors(sasrec, torch.from_numpy(windows[:, 1:]), times=times[:, 1:])
+    with pytest.raises(ValueError, match=r"SequentialFamily\(times=True\): the validation histories carry no times"):
+        fit(_hstu(), window_batches(windows, 8, times=times), NextItemValidation(windows[:, 1:], windows[:, 0]), quiet, family=SequentialFamily(times=True))
+    with pytest.raises(ValueError, match="times must be True or False"):
+        SequentialFamily(times=1)  # type: ignore[arg-type]

@@ -40,7 +40,8 @@ recent sampled sessions), and item-transitions (counts of i followed by j, score
 Timing parts:
   hstu train          the same HSTU (ML-1M users' last 200 items, dim 64, 2 layers, 2 heads, 128 sampled
                       negatives, batch 128) on the jagged layout (Numba attention) and the padded plain-torch
-                      one, stepping in turn on the same batches: samples/s and the ratio.
+                      one, stepping in turn on the same batches: samples/s and the ratio; and the
+                      jagged layout with the windows' timestamps (time buckets on), the cost of the times.
   hstu cached scoring 1,024 candidates for one 199-item history: cached (M-FALCON) against one forward per
                       candidate and one batched forward of 1,024 sequences (ms, ratios).
   softmax             the full-softmax loss of a MovieLens step and its backward: the blocked loss against
@@ -116,6 +117,7 @@ from hugerec.training.schedule import Schedule
 from hugerec.training.sequential import (
     FullSoftmax,
     SequentialFamily,
+    TimedWindows,
     all_item_vectors,
     query_vectors,
     window_batches,
@@ -802,44 +804,51 @@ def merge(paths: list[str]) -> Records:
 
 
 # -- HSTU: jagged against padded training, cached against uncached scoring --------------------------------
-def movielens_windows(max_len: int) -> tuple[np.ndarray, int]:
-    """The ML-1M training shape: each user's last max_len + 1 items (left-padded), and the catalogue size."""
+def movielens_windows(max_len: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The ML-1M training shape: each user's last max_len + 1 items (left-padded), their timestamps, and the catalogue size."""
     users = group_sequences(read_movielens(DATA / "movielens" / "ml-1m" / "ratings.dat.gz"), key="user", drop_repeats=False)
     vocab = ItemVocabulary.fit(users.items)
     seqs, _ = vocab.encode(users)
-    return last_n(seqs, max_len + 1), vocab.num_items
+    return last_n(seqs, max_len + 1), last_n(seqs, max_len + 1, values=seqs.timestamps), vocab.num_items
 
 
 def hstu_train(records: Records, quick: bool, seed: int) -> None:
     """Training samples/s of the same HSTU (max_len 200, dim 64, 2 layers, 2 heads, 128 uniform sampled
     negatives, batch 128) on the jagged layout and on the padded plain-torch one, step by step in turn on
-    the same batches."""
+    the same batches; and the jagged layout with the windows' timestamps (time buckets on): their cost."""
     max_len, batch = 200, 128
-    windows, num_items = movielens_windows(max_len)
+    windows, window_times, num_items = movielens_windows(max_len)
     lengths = (windows != 0).sum(axis=1) - 1
     print(f"hstu train (ML-1M shape: {len(windows)} users' last {max_len} items, mean length {lengths.mean():.0f}, batch {batch})", flush=True)
     cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2)
     loss = SampledSoftmax(negatives=Negatives.UNIFORM, num_negatives=128)
     counts = np.bincount(windows.ravel(), minlength=num_items + 1).astype(np.float64)
     counts[0] = 0.0
-    family = SequentialFamily(loss, item_counts=counts)  # the step `fit` runs: prepare, then the loss
+    families = {  # the step `fit` runs: prepare, then the loss
+        False: SequentialFamily(loss, item_counts=counts),
+        True: SequentialFamily(loss, item_counts=counts, times=True),
+    }
     sides = {}
-    for name, layout in (("hugerec-hstu-jagged", Layout.JAGGED), ("torch-hstu-padded", Layout.PADDED)):
+    for name, layout, timed in (
+        ("hugerec-hstu-jagged", Layout.JAGGED, False), ("torch-hstu-padded", Layout.PADDED, False), ("hugerec-hstu-jagged-times", Layout.JAGGED, True),
+    ):
         torch.manual_seed(seed)
         model = HSTU(cfg, optimizer=Adam(lr=1e-3), options=HSTUOptions(temperature=0.05), layout=layout)
         model.train()
         ctx = StepContext(torch.device("cpu"), torch.Generator().manual_seed(seed))
-        sides[name] = (model, torch.optim.Adam(list(model.parameters()), lr=1e-3), ctx)
-    data = torch.from_numpy(windows)
+        sides[name] = (model, torch.optim.Adam(list(model.parameters()), lr=1e-3), ctx, timed)
+    data, data_times = torch.from_numpy(windows), torch.from_numpy(window_times)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))
     steps = 2 if quick else 8
     seconds = dict.fromkeys(sides, 0.0)
     cpu = dict.fromkeys(sides, 0.0)  # this process's CPU seconds: on a loaded machine, wall time is mostly waiting
     for step in range(steps + 1):  # step 0 warms up (JIT, allocator)
-        b = data[order[(step * batch) % len(data) :][:batch]]
-        for name, (model, opt, ctx) in sides.items():
+        rows = order[(step * batch) % len(data) :][:batch]
+        b, bt = data[rows], TimedWindows(data[rows], data_times[rows])
+        for name, (model, opt, ctx, timed) in sides.items():
+            family = families[timed]
             t0, c0 = time.perf_counter(), time.process_time()
-            value = family.step_loss(model, family.prepare(model, b, ctx), ctx)
+            value = family.step_loss(model, family.prepare(model, bt if timed else b, ctx), ctx)
             opt.zero_grad()
             value.backward()
             opt.step()
@@ -857,13 +866,16 @@ def hstu_train(records: Records, quick: bool, seed: int) -> None:
     record(records, "hstu train", "hugerec-hstu-jagged", ratio, "x torch-hstu-padded")
     record(records, "hstu train cpu", "hugerec-hstu-jagged", cpu_ratio, "x torch-hstu-padded")
     print(f"  jagged / padded: {ratio:.2f}x wall, {cpu_ratio:.2f}x CPU time (target >= 3x)", flush=True)
+    times_cpu = cpu_rates["hugerec-hstu-jagged-times"] / cpu_rates["hugerec-hstu-jagged"]
+    record(records, "hstu train times", "hugerec-hstu-jagged-times", times_cpu, "x hugerec-hstu-jagged (samples per CPU second)")
+    print(f"  jagged with times / without: {rates['hugerec-hstu-jagged-times'] / rates['hugerec-hstu-jagged']:.2f}x wall, {times_cpu:.2f}x CPU time", flush=True)
 
 
 def hstu_scoring(records: Records, quick: bool, seed: int) -> None:
     """1,024 candidates for one 199-item history, ranking-head scores: cached (history once, micro-batches
     of 256 candidates) against one forward per candidate and one batched forward of 1,024 sequences."""
     max_len, num_candidates = 200, 1024
-    windows, num_items = movielens_windows(max_len)
+    windows, _, num_items = movielens_windows(max_len)
     full = windows[(windows != 0).sum(axis=1) == max_len + 1]  # users with a full-length history
     history = torch.from_numpy(full[0, 1:-1])[None]  # [1, 199]
     torch.manual_seed(seed)

@@ -50,6 +50,7 @@ from hugerec.distributed.shard import shard
 from hugerec.distributed.sharding_plan import ShardingKind
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.index.vector_index import load_index
+from hugerec.models.hstu import HSTUConfig
 from hugerec.models.mf import MatrixFactorization, MFConfig
 from hugerec.models.registry import Family, build_model
 from hugerec.models.sequence import PAD, MLMConfig, SequenceModelConfig
@@ -232,7 +233,8 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
     kind = cfg.model
     assert isinstance(kind, SequenceModelConfig)  # the CLI sends sequential models here
     d = sequence_data(cfg, kind.max_len)
-    fit_part, validation = _sequence_validation(cfg, d.train, kind.max_len)
+    timed = uses_event_times(kind)
+    fit_part, validation = _sequence_validation(cfg, d.train, kind.max_len, timed)
     env = _distributed()
     rank, world = (0, 1) if env is None else (env.rank, env.world_size)
     if rank == 0:
@@ -252,17 +254,21 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
         model = build()
         width = window_width(model)  # type: ignore[arg-type]  # SASRec / MaskedTransformer / GRU4Rec
         train = with_reversed(fit_part) if cfg.sequences.augment_reversed else fit_part
-        match cfg.sequences.windows:
+        match cfg.sequences.windows:  # the items' windows, and with model.times their timestamps' (the same windows)
             case SequenceWindows.LAST:
-                windows = last_n(train, width)
+                windows, times = last_n(train, width), last_n(train, width, values=train.timestamps) if timed else None
             case SequenceWindows.SLIDING:
-                windows = sliding_windows(train, width)
+                windows, times = sliding_windows(train, width), sliding_windows(train, width, values=train.timestamps) if timed else None
         if env is not None:
             model = _shard(model, ("item",), cfg.sequences.batch_size // world, rank, world)
-        batches = window_batches(windows, cfg.sequences.batch_size, cfg.train.seed or 0, rank, world)
+        batches: EpochBatches[Any] = (
+            window_batches(windows, cfg.sequences.batch_size, cfg.train.seed or 0, rank, world)
+            if times is None
+            else window_batches(windows, cfg.sequences.batch_size, cfg.train.seed or 0, rank, world, times=times)
+        )
         fit_counts = np.bincount(fit_part.items, minlength=d.vocab.num_items + 1)
         mask_prob = kind.mask_prob if isinstance(kind, MLMConfig) else MLMConfig.mask_prob
-        family = SequentialFamily(sequence_loss(kind), fit_counts, mask_prob, tuple(cfg.sequences.ks))
+        family = SequentialFamily(sequence_loss(kind), fit_counts, mask_prob, tuple(cfg.sequences.ks), times=timed)
         history = fit(model, batches, validation, cfg.train, family=family)
     finally:
         if env is not None:
@@ -272,21 +278,29 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
     _print_best(history)
     trained = model if env is None else _whole(history, cfg, build)
     seq_model: SequenceModel = trained  # type: ignore[assignment]
-    metrics = evaluate(seq_model, NextItemValidation(d.histories, d.targets, d.exclude), ks=cfg.sequences.ks)
+    metrics = evaluate(seq_model, NextItemValidation(d.histories, d.targets, d.exclude, d.history_times if timed else None), ks=cfg.sequences.ks)
     metrics["queries"] = float(len(d.targets))
     save_model(cfg.out_dir / "model.pt", trained, kind, cfg.embedding.optimizer, ids=RawIds(d.vocab.raw, counts))
     _write_metrics(cfg, metrics)
     return metrics
 
 
-def _sequence_validation(cfg: RunConfig, train: Sequences, max_len: int) -> tuple[Sequences, NextItemValidation]:
+def uses_event_times(kind: object) -> bool:
+    """Whether [model] asks for the events' timestamps (HSTU's `times = true`): training windows, validation and
+    test histories then carry them."""
+    return isinstance(kind, HSTUConfig) and kind.times
+
+
+def _sequence_validation(cfg: RunConfig, train: Sequences, max_len: int, timed: bool = False) -> tuple[Sequences, NextItemValidation]:
     """The training sequences minus the validation split, and the split's queries: leave-last-out takes each
-    sequence's last training item; every-prefix takes the latest tenth of the training sequences by time."""
+    sequence's last training item; every-prefix takes the latest tenth of the training sequences by time.
+    timed: the queries carry their histories' timestamps."""
     s = cfg.sequences
     match s.protocol:
         case SequenceProtocol.LEAVE_LAST_OUT:
             fit_part, targets = sequences_leave_last_out(train)
-            return fit_part, NextItemValidation(last_n(fit_part, max_len), targets, (fit_part.offsets, fit_part.items))
+            times = last_n(fit_part, max_len, values=fit_part.timestamps) if timed else None
+            return fit_part, NextItemValidation(last_n(fit_part, max_len), targets, (fit_part.offsets, fit_part.items), times)
         case SequenceProtocol.EVERY_PREFIX:
             # the latest tenth of the training sequences by their last event (at least one)
             ends = np.where(train.lengths > 0, train.timestamps[np.maximum(train.offsets[1:] - 1, 0)], np.iinfo(np.int64).min)
@@ -296,7 +310,8 @@ def _sequence_validation(cfg: RunConfig, train: Sequences, max_len: int) -> tupl
             if not len(fit_part):
                 raise ConfigError(f"sequences: {len(train)} training sequence(s) are too few to keep a validation split")
             seq, end, targets = prefixes(valid)
-            return fit_part, NextItemValidation(last_n(valid, max_len, rows=seq, ends=end), targets, None)
+            times = last_n(valid, max_len, rows=seq, ends=end, values=valid.timestamps) if timed else None
+            return fit_part, NextItemValidation(last_n(valid, max_len, rows=seq, ends=end), targets, None, times)
 
 
 # -- the model file --------------------------------------------------------------------------------
@@ -358,7 +373,8 @@ def evaluate_task(cfg: RunConfig, model_path: Path | None) -> dict[str, float]:
             f"the declared input gives {d2.vocab.num_items:,} items, not the {len(saved.items_raw):,} {saved.path} was trained on: "
             "evaluate with the training config"
         )
-    metrics = evaluate(seq_model, NextItemValidation(d2.histories, d2.targets, d2.exclude), ks=cfg.sequences.ks)
+    times = d2.history_times if uses_event_times(saved.config) else None
+    metrics = evaluate(seq_model, NextItemValidation(d2.histories, d2.targets, d2.exclude, times), ks=cfg.sequences.ks)
     metrics["queries"] = float(len(d2.targets))
     return metrics
 
@@ -534,6 +550,11 @@ def _recommend_sequential(saved: SavedModel, cfg: RunConfig, index: Any) -> tupl
         raw_histories += [_ints(line, f"{r.history_file}: line {n + 1}") for n, line in enumerate(lines) if line.strip()]
     if not raw_histories:
         raise ConfigError("recommend: no history given; pass --history 1,2,3 or set recommend.history / recommend.history_file")
+    if uses_event_times(saved.config):
+        raise ConfigError(
+            f"recommend: {saved.path} is an HSTU trained with model.times = true; recommend takes histories without timestamps, "
+            "which that model was not trained on (train with model.times = false to recommend from item ids alone)"
+        )
     model: SequenceModel = saved.model  # type: ignore[assignment]
     vocab = ItemVocabulary(saved.items_raw)
     max_len = model.cfg.max_len

@@ -225,7 +225,7 @@ class SequenceData:
     """vocab: raw item ids -> 1..I; train: the training sequences (dense ids); histories [Q, max_len]:
     left-padded dense ids of the test queries, targets [Q]; exclude: what the ranking leaves out per query
     (leave_last_out: the history's items, as CSR), None for every_prefix; unknown_test_items: test items
-    unseen in training, skipped."""
+    unseen in training, skipped; history_times [Q, max_len]: the histories' timestamps (0 at padding)."""
 
     vocab: ItemVocabulary
     train: Sequences
@@ -233,6 +233,7 @@ class SequenceData:
     targets: np.ndarray
     exclude: tuple[np.ndarray, np.ndarray] | None
     unknown_test_items: int
+    history_times: np.ndarray
 
 
 def refuse_test_split(split: SplitSpec) -> None:
@@ -276,7 +277,8 @@ def sequence_view(
             vocab = ItemVocabulary.fit(seqs.items)
             encoded, _ = vocab.encode(seqs, min_length=2)
             train, targets = sequence_leave_last_out(encoded)
-            return SequenceData(vocab, train, last_n(train, max_len), targets, (train.offsets, train.items), 0)
+            times = last_n(train, max_len, values=train.timestamps)
+            return SequenceData(vocab, train, last_n(train, max_len), targets, (train.offsets, train.items), 0, times)
         case SequenceProtocol.EVERY_PREFIX:
             if test_paths is not None:
                 if split is not None:
@@ -307,7 +309,8 @@ def sequence_view(
             if not len(targets):
                 raise ValueError("sequences: no test sequence keeps 2 items the training data knows")
             histories = last_n(test_seqs, max_len, rows=seq, ends=end)
-            return SequenceData(vocab, train, histories, targets, None, report.unknown_items)
+            times = last_n(test_seqs, max_len, rows=seq, ends=end, values=test_seqs.timestamps)
+            return SequenceData(vocab, train, histories, targets, None, report.unknown_items, times)
 
 
 def _required(spec: InputSpec, model: str, *needs: tuple[Role, ...]) -> tuple[str, ...]:

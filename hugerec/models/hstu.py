@@ -119,10 +119,13 @@ class HSTUConfig(SequenceModelConfig):
     attention_dim: int = HSTUOptions.attention_dim  # per-head width of queries and keys (0: dim / num_heads)
     time_buckets: int = HSTUOptions.time_buckets  # log-scale time-difference buckets of the relative attention bias
     temperature: float = HSTUOptions.temperature  # > 0: cosine of outputs and item rows / temperature; 0: dot product
+    times: bool = False  # the events' timestamps feed the time buckets in training, validation and test (`hugerec train`)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.options()  # HSTUOptions' checks, now
+        if not isinstance(self.times, bool):
+            raise ValueError(f"HSTUConfig: times must be true or false, got {self.times!r}")
 
     def options(self) -> HSTUOptions:
         return HSTUOptions(self.attention_dim, self.time_buckets, self.temperature)

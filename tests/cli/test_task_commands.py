@@ -319,6 +319,25 @@ def test_sequential_train_and_evaluate(sequential_dir: Path, model: str, capsys:
     assert _last_json(capsys.readouterr().out) == pytest.approx(trained, abs=1e-6)
 
 
+def test_hstu_with_times_trains_and_evaluates_on_timestamps(sequential_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """model.times = true: the windows, the validation and the test histories carry the events' timestamps
+    (the metrics differ from the same HSTU without them, and evaluate reads them again: the same figures);
+    recommend and export, which take no timestamps, refuse that model in one line."""
+    assert main(["train", "hstu.toml"]) == 0
+    plain = _last_json(capsys.readouterr().out)
+    assert main(["train", "hstu.toml", "model.times=true"]) == 0
+    trained = _last_json(capsys.readouterr().out)
+    assert trained != plain
+    assert main(["evaluate", "hstu.toml", "model.times=true"]) == 0
+    assert _last_json(capsys.readouterr().out) == pytest.approx(trained, abs=1e-6)
+    assert main(["recommend", "hstu.toml", "model.times=true", "--history", "5001,5002", "--k", "3"]) == 2
+    assert "trained with model.times = true; recommend takes histories without timestamps" in _one_line_error(capsys, "recommend")
+    assert main(["export", "hstu.toml", "model.times=true"]) == 2
+    assert "a next-items bundle scores histories without timestamps" in _one_line_error(capsys, "export")
+    assert main(["train", "hstu.toml", "model.times=1"]) == 2
+    assert "model.times: expected true or false, got 1" in _one_line_error(capsys, "train")
+
+
 def test_sequential_recommend_history(sequential_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "sasrec.toml"]) == 0
     capsys.readouterr()

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hugerec.models.hstu import HSTU, HSTUOptions, Layout, table_gather, time_buckets
+from hugerec.models.hstu import HSTU, HSTUConfig, HSTUOptions, Layout, table_gather, time_buckets
 from hugerec.models.sequence import PAD, SequenceConfig
 from hugerec.training.losses import Negatives, SampledSoftmax
 from hugerec.training.sequential import FullSoftmax, SequentialFamily, next_item_metrics, window_batches
@@ -84,6 +84,12 @@ def test_all_equal_times_add_one_constant_bucket(layout: Layout) -> None:
         want, _ = shifted(seq)
     assert bool((time_buckets(torch.zeros(5, dtype=torch.int64), 64) == 0).all())
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_hstu_config_times_is_a_bool() -> None:
+    assert HSTUConfig(times=True).times and not HSTUConfig().times
+    with pytest.raises(ValueError, match="HSTUConfig: times must be true or false, got 1"):
+        HSTUConfig(times=1)  # type: ignore[arg-type]
 
 
 def test_time_buckets() -> None:

@@ -39,6 +39,7 @@ def write_next_items_bundle(
 ) -> Path:
     """A sequential model file -> a next-items bundle at `out` (replaced if it is one already)."""
     saved = load_sequence_model(model_path)  # refuses anything else, before anything is written
+    _refuse_timed(saved.config, f"export: {model_path}")
     if not 1 <= k <= saved.num_items:
         raise ValueError(f"export: k = {k} must be in 1..{saved.num_items} (the catalogue's size)")
     final = Path(out)
@@ -63,6 +64,16 @@ def write_next_items_bundle(
     return final
 
 
+def _refuse_timed(config: object, where: str) -> None:
+    """A next-items request carries item ids without timestamps: a model trained on them (HSTU with
+    `times = true`) would be served inputs it never saw, so it is refused."""
+    if getattr(config, "times", False) is True:
+        raise ValueError(
+            f"{where} is an HSTU trained with model.times = true; a next-items bundle scores histories without "
+            "timestamps, which that model was not trained on (serve a model trained with times = false)"
+        )
+
+
 def load_next_items(path: str | Path, name: str | None = None, version: str | None = None, max_rows: int = 65536) -> NextItemsModel:
     """Open a next-items bundle: checksums verified, the model rebuilt (weights only), item vectors computed once."""
     folder = Path(path)
@@ -75,6 +86,7 @@ def load_next_items(path: str | Path, name: str | None = None, version: str | No
     if not (folder / MODEL).is_file() or sha256_file(folder / MODEL) != expected:
         raise ValueError(f"load_next_items: {folder / MODEL} is missing or does not match its checksum in the manifest")
     saved = load_sequence_model(folder / MODEL)
+    _refuse_timed(saved.config, f"load_next_items: {folder / MODEL}")
     model: SequenceModel = saved.model  # type: ignore[assignment]
     vectors = all_item_vectors(model).float()
     return NextItemsModel(

@@ -391,10 +391,15 @@ def next_item_metrics(
 
 
 def recommend_next(
-    model: SequenceModel, histories: Sequence[np.ndarray], k: int = 10, exclude_history: bool = False
+    model: SequenceModel,
+    histories: Sequence[np.ndarray],
+    k: int = 10,
+    exclude_history: bool = False,
+    times: Sequence[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-k next items for each history (dense ids, oldest first; longer than max_len: the last max_len are used).
 
+    times: each history's timestamps (int64 seconds, one per item), for a model with `uses_times`.
     Returns (items [Q, k] int64, scores [Q, k]). An empty history is an error (it has nothing to go on).
     """
     if k < 1:
@@ -409,7 +414,17 @@ def recommend_next(
         if int(tail.min()) < 1 or int(tail.max()) > num_items:
             raise ValueError(f"recommend_next: history {i}: item ids must be in 1..{num_items}, got range {int(tail.min())}..{int(tail.max())}")
         padded[i, max_len - len(tail) :] = tail
-    scores = query_vectors(model, torch.from_numpy(padded)) @ all_item_vectors(model).T  # [Q, I]
+    padded_times = None
+    if times is not None:
+        if len(times) != len(histories):
+            raise ValueError(f"recommend_next: {len(times)} times for {len(histories)} histories")
+        padded_times = np.zeros_like(padded)  # [Q, L], the same columns as the items
+        for i, (h, t) in enumerate(zip(histories, times, strict=True)):
+            if len(t) != len(h):
+                raise ValueError(f"recommend_next: history {i} has {len(h)} items but {len(t)} times")
+            tail_t = np.asarray(t, dtype=np.int64)[-max_len:]
+            padded_times[i, max_len - len(tail_t) :] = tail_t
+    scores = query_vectors(model, torch.from_numpy(padded), times=padded_times) @ all_item_vectors(model).T  # [Q, I]
     if exclude_history:
         for i, h in enumerate(histories):
             scores[i, torch.as_tensor(np.asarray(h, dtype=np.int64) - 1)] = float("-inf")

@@ -281,6 +281,23 @@ def test_hstu_with_times_resumes_to_the_bit_and_a_resume_cannot_switch_times(tmp
     assert next_item_metrics(resumed, hist, valid.targets, ks=(5,), times=valid.times)["recall@5"] == history.evals[-1]["recall@5"]
 
 
+def test_recommend_next_with_times() -> None:
+    """Each history's times, cut to max_len as its items are: the same scores as the timed query vectors."""
+    model = _hstu()
+    long, long_t = np.arange(1, 11), np.arange(10) * 86_400
+    items, scores = recommend_next(model, [long, long[-5:]], k=5, times=[long_t, long_t[-5:]])
+    assert (items[0] == items[1]).all()
+    np.testing.assert_allclose(scores[0], scores[1], rtol=1e-5)
+    _, plain = recommend_next(model, [long], k=5)
+    assert not np.allclose(plain[0], scores[0])
+    with pytest.raises(ValueError, match="history 0 has 10 items but 9 times"):
+        recommend_next(model, [long], times=[long_t[1:]])
+    with pytest.raises(ValueError, match="recommend_next: 2 times for 1 histories"):
+        recommend_next(model, [long], times=[long_t, long_t])
+    with pytest.raises(ValueError, match="query_vectors: SASRec cannot use timestamps"):
+        recommend_next(SASRec(SequenceConfig(num_items=NUM_ITEMS, max_len=5, dim=8)), [long], times=[long_t])
+
+
 def test_times_are_refused_where_they_cannot_be_used() -> None:
     train, times = _timed_chains(6, 6, 0)
     windows = last_n(train, 6)

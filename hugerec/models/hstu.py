@@ -53,7 +53,7 @@ from hugerec.models.sequence import (
     SequenceModelConfig,
     last_position,
 )
-from hugerec.ops.jagged_attention import jagged_causal_attention, pair_positions, relative_bias
+from hugerec.ops.jagged_attention import jagged_causal_attention, log_time_buckets, relative_bias
 from hugerec.ops.reference import padded_causal_attention
 
 _TIME_LOG_BASE = 0.301  # HSTU's bucket width in ln(seconds)
@@ -264,11 +264,9 @@ class HSTU(nn.Module):
                 lengths = valid.sum(dim=1)
                 offsets = torch.zeros(len(seq) + 1, dtype=torch.int64)
                 torch.cumsum(lengths, dim=0, out=offsets[1:])
-                buckets = None
+                buckets = None  # [P] per causal pair, from the items' times in one pass
                 if times is not None:
-                    qrow, krow = pair_positions(offsets)  # [P] absolute rows of each causal pair
-                    tj = times[valid]
-                    buckets = time_buckets(tj[qrow] - tj[krow], self.options.time_buckets)
+                    buckets = log_time_buckets(times[valid], offsets, _TIME_LOG_BASE, self.options.time_buckets)
                 for layer in self.blocks:
                     x = layer.forward_jagged(x, offsets, buckets)
                 return self.norm(x), cand
@@ -316,9 +314,7 @@ class HSTU(nn.Module):
         hist_buckets = None
         cand_buckets = self_bucket = None
         if times is not None and now is not None:
-            qrow, krow = pair_positions(offsets)
-            tj = times[valid]
-            hist_buckets = time_buckets(tj[qrow] - tj[krow], self.options.time_buckets)
+            hist_buckets = log_time_buckets(times[valid], offsets, _TIME_LOG_BASE, self.options.time_buckets)
             cand_buckets = time_buckets(now[:, None] - times, self.options.time_buckets)  # [B, Lh]
             self_bucket = time_buckets(torch.zeros(1, dtype=torch.int64), self.options.time_buckets)
         # the candidate slot's distance to history column j: Lh - j (the history ends one slot before it)

@@ -98,6 +98,22 @@ class _RelativeBias(torch.autograd.Function):
         return partial.sum(0).to(torch.float32), None, None
 
 
+def log_time_buckets(times: torch.Tensor, offsets: torch.Tensor, width: float, cap: int) -> torch.Tensor:
+    """times [N] int64 (the jagged rows' seconds) -> [P] int64, the layout of `bias`: every causal pair's
+    min(floor(ln(max(|t_i - t_j|, 1)) / width), cap) (HSTU's time buckets). The spec is
+    `hugerec.ops.reference.log_time_buckets`; on the CPU one Numba pass over the pairs (no [P] row indices)."""
+    if times.dim() != 1 or offsets.dim() != 1 or times.dtype != torch.int64 or offsets.dtype != torch.int64:
+        raise ValueError(f"log_time_buckets: times [N] and offsets [B + 1] must be int64, got {times.dtype} {tuple(times.shape)}, {offsets.dtype} {tuple(offsets.shape)}")
+    if len(offsets) < 1 or int(offsets[-1]) != len(times):
+        raise ValueError(f"log_time_buckets: offsets end at {int(offsets[-1]) if len(offsets) else None}, times has {len(times)} rows")
+    if times.device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return reference.log_time_buckets(times, offsets, width, cap)
+    pairs = pair_offsets(offsets)
+    out = torch.empty(int(pairs[-1]), dtype=torch.int64)
+    _cpu.log_time_buckets(times.contiguous().numpy(), offsets.numpy(), pairs.numpy(), float(width), int(cap), out.numpy())
+    return out
+
+
 def pair_positions(offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """([P] query rows, [P] key rows) of every causal pair, in the layout of `bias`."""
     pairs = pair_offsets(offsets)

@@ -274,6 +274,15 @@ def pair_coordinates(offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     return pair_seq, i, p - i * (i + 1) // 2
 
 
+def log_time_buckets(times: torch.Tensor, offsets: torch.Tensor, width: float, cap: int) -> torch.Tensor:
+    """times [N] (the jagged rows' seconds) -> [P] int64 in the layout of `pair_offsets`: each causal pair's
+    min(floor(ln(max(|t_i - t_j|, 1)) / width), cap) (HSTU's log-scale time buckets)."""
+    seq, i, j = pair_coordinates(offsets)
+    first = offsets[:-1][seq]
+    delta = times[first + i] - times[first + j]
+    return (torch.log(delta.abs().clamp(min=1).double()) / width).long().clamp(max=cap)
+
+
 def relative_bias(table: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """table [T] at every causal pair's distance i - j, capped at T - 1 -> [P] in the layout of `pair_offsets`
     (HSTU's relative position bias on jagged sequences)."""

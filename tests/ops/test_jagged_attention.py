@@ -9,6 +9,7 @@ from hugerec.ops import reference
 from hugerec.ops.jagged_attention import (
     SERIAL_WORK,
     jagged_causal_attention,
+    log_time_buckets,
     pair_offsets,
     pair_positions,
     relative_bias,
@@ -133,3 +134,36 @@ def test_relative_bias_bad_input_is_named() -> None:
         relative_bias(torch.zeros(0), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="offsets must be"):
         relative_bias(torch.zeros(3), torch.tensor([0.0, 1.0]))
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.integers(0, 12), min_size=1, max_size=5),
+    st.sampled_from([10, 10**6, 10**9, 2**62]),
+    st.integers(1, 70),
+    st.integers(0, 1000),
+)
+def test_log_time_buckets_match_the_reference(lengths: list[int], spread: int, cap: int, seed: int) -> None:
+    """Any times (unsorted, equal, negative differences, near int64's range), empty sequences and B = 1:
+    the kernel's buckets are the reference's, and HSTU's per-difference formula's."""
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+    gen = torch.Generator().manual_seed(seed)
+    times = torch.randint(0, spread, (sum(lengths),), generator=gen, dtype=torch.int64)
+    got = log_time_buckets(times, offsets, 0.301, cap)
+    want = reference.log_time_buckets(times, offsets, 0.301, cap)
+    assert got.dtype == torch.int64 and torch.equal(got, want)
+    query, key = pair_positions(offsets)
+    delta = times[query] - times[key]
+    assert torch.equal(got, (torch.log(delta.abs().clamp(min=1).double()) / 0.301).long().clamp(max=cap))
+
+
+def test_log_time_buckets_exact_at_every_bucket_edge() -> None:
+    """Differences at and around each bucket's first second, where a floor could slip."""
+    edges = torch.tensor([int(torch.tensor(0.301 * k, dtype=torch.float64).exp()) + d for k in range(70) for d in (-1, 0, 1, 2)])
+    times = torch.cat([torch.zeros(1, dtype=torch.int64), edges.clamp(min=0)])
+    offsets = torch.tensor([0, len(times)], dtype=torch.int64)
+    assert torch.equal(log_time_buckets(times, offsets, 0.301, 64), reference.log_time_buckets(times, offsets, 0.301, 64))
+    with pytest.raises(ValueError, match="times has 3 rows"):
+        log_time_buckets(torch.zeros(3, dtype=torch.int64), torch.tensor([0, 2]), 0.301, 64)
+    with pytest.raises(ValueError, match="must be int64"):
+        log_time_buckets(torch.zeros(2), torch.tensor([0, 2]), 0.301, 64)

@@ -22,6 +22,8 @@ per pair and ran about 3x slower on the ML-1M shape.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -40,6 +42,24 @@ def pair_positions(offsets: np.ndarray, pairs: np.ndarray, query: np.ndarray, ke
                 query[p] = o0 + i
                 key[p] = o0 + j
                 p += 1
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def log_time_buckets(times: np.ndarray, offsets: np.ndarray, pairs: np.ndarray, width: float, cap: int, out: np.ndarray) -> None:
+    """out [P] (written) = min(floor(ln(max(|t_i - t_j|, 1)) / width), cap) for every causal pair (i, j), in the
+    bias layout, from the rows' times [N] alone: no [P] row indices or differences are formed. No fastmath:
+    the log and the division are those of the plain-torch spec, so the floor falls on the same bucket."""
+    for b in prange(len(offsets) - 1):
+        o0 = offsets[b]
+        n = offsets[b + 1] - o0
+        p = pairs[b]
+        for i in range(n):
+            ti = times[o0 + i]
+            for j in range(i + 1):
+                d = abs(ti - times[o0 + j])
+                k = int(math.log(float(max(d, 1))) / width)
+                out[p + j] = min(k, cap)
+            p += i + 1
 
 
 @njit(parallel=True, cache=True, error_model="numpy")

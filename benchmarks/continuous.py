@@ -312,7 +312,8 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = (), repe
     retrain from scratch on days 0..d-1. Day 1's step is the loop's bootstrap, not an iteration: with nothing
     published to warm-start from, its first model trains from scratch on day 0 with `loop.epochs`, as the retrain
     does, plus its gate and export, so it costs more than the retrain by construction (its records say
-    `bootstrap`); from day 2 on each step warm-starts (`loop.warm_start_epochs`, `loop.warm_start_reset_optimizer`).
+    `bootstrap`); from day 2 on each step warm-starts (`loop.warm_start_epochs`, `loop.warm_start_reset_optimizer`,
+    `loop.warm_start_replay`: the earlier days' events it replays, counted in the record's `replayed`).
     `repeats` loops run side by side (the same seeded work: each day, each
     loop's step and then its retrain, loop after loop), and each time is the median of its `repeats` samples
     (all in `samples`, the per-loop ratios in `ratios`): one sample moves by a third under a shared machine's
@@ -389,11 +390,13 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = (), repe
         records.append(_record(f"two_tower day {d} iteration time", "two_tower-from-scratch", retrain, "s", False, samples=times["retrain"]))
         records.append(_record(f"two_tower day {d} iteration cpu time", "hugerec-loop-two_tower", step_cpu, "s", False,
                                ratio_to_from_scratch=step_cpu / retrain_cpu, samples=times["step_cpu"], ratios=cpu_ratios, phases=phases,
-                               bootstrap=trained.extra["base"] is None, epochs=trained.extra["epochs"], steps=trained.extra["steps"]))
+                               bootstrap=trained.extra["base"] is None, epochs=trained.extra["epochs"], steps=trained.extra["steps"],
+                               replayed=trained.extra.get("replayed", 0)))
         records.append(_record(f"two_tower day {d} iteration cpu time", "two_tower-from-scratch", retrain_cpu, "s", False, samples=times["retrain_cpu"]))
         cpu_phases = " + ".join(f"{np.median([p[x] for p in phases]):.2f}" for x in ("train", "gate", "publish"))
         spread = f", per loop {min(cpu_ratios):.2f}-{max(cpu_ratios):.2f}x" if repeats > 1 else ""
-        what = (f"warm start, {trained.extra['epochs']} epochs, {trained.extra['steps']} steps" if trained.extra["base"] is not None
+        what = (f"warm start, {trained.extra['epochs']} epochs, {trained.extra['steps']} steps, {trained.extra.get('replayed', 0)} events replayed"
+                if trained.extra["base"] is not None
                 else f"bootstrap, not an iteration: the loop's first model, from scratch on day 0 as the retrain, {trained.extra['epochs']} epochs")
         print(f"two_tower day {d}: served {version} recall@{cfg.k} {served:.4f} vs from scratch {reference:.4f} "
               f"({served / reference:.3f}x); iteration ({what}) {step:.2f} s vs retrain {retrain:.2f} s ({step / retrain:.2f}x); "

@@ -46,7 +46,10 @@ def test_loop_command_trains_a_two_tower_and_serves_its_pipelines_as_canaries(
         (0, "trained", None), (0, "publish", "w0"), (1, "trained", None), (1, "publish", "w1")
     ]
     assert "stable" in str(records[1]["reason"]) and "canary at share 0.5" in str(records[3]["reason"])
-    assert records[2]["reason"] == "warm start from w0"
+    # the config's warm start: Adagrad sums reset, half the day's event count replayed from the earlier days
+    extra = records[2]["extra"]
+    assert isinstance(extra, dict) and extra["replayed"] == round(0.5 * (extra["events"] - extra["replayed"])) > 0
+    assert records[2]["reason"] == f"warm start from w0 (sparse optimizer state reset) with {extra['replayed']} replayed events of windows 0..0"
     for version in ("w0", "w1"):  # each pipeline bundle holds an index of its own
         manifest = json.loads((work / "bundles" / version / "manifest.json").read_text())
         assert manifest["kind"] == "pipeline"
@@ -151,9 +154,9 @@ def test_a_retrieval_loop_continued_with_a_changed_config_refuses_naming_the_key
         (["model.dim=16", "model.embedding_dim=16"], "model.dim: 32 -> 16, model.embedding_dim: 32 -> 16"),
         (["data.drift.days=5"], "data.drift.days: 4 -> 5"),
         (["model.type=mf"], "model.type"),
-        (["loop.warm_start_epochs=1.5"], "loop.warm_start_epochs: 2.0 -> 1.5"),
-        (["loop.warm_start_reset_optimizer=true"], "loop.warm_start_reset_optimizer: False -> True"),
-        (["loop.warm_start_replay=3.5"], "loop.warm_start_replay: "),
+        (["loop.warm_start_epochs=1.5"], "loop.warm_start_epochs: 1.0 -> 1.5"),
+        (["loop.warm_start_reset_optimizer=false"], "loop.warm_start_reset_optimizer: True -> False"),
+        (["loop.warm_start_replay=0.25"], "loop.warm_start_replay: 0.5 -> 0.25"),
     ):
         assert main(["loop", "configs/loop_two_tower.toml", *small, *change]) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]  # after a note on model keys left out
@@ -312,7 +315,7 @@ def test_a_loop_started_before_a_setting_existed_continues_while_it_keeps_its_de
 
     def settings(*overrides: str) -> dict[str, object]:
         config = Path(__file__).resolve().parents[2] / "configs" / "loop_two_tower.toml"
-        at_defaults = ["gate.user_share=1", "index.build_threads=0", "loop.warm_start_replay=0"]
+        at_defaults = ["gate.user_share=1", "index.build_threads=0", "loop.warm_start_replay=0", "loop.warm_start_reset_optimizer=false"]
         cfg, _ = load_loop_file(str(config), [f"loop.work_dir={tmp_path}", *at_defaults, *overrides])
         assert isinstance(cfg, RetrievalLoopFile)
         return retrieval_loop_settings(cfg)

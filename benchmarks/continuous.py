@@ -244,7 +244,7 @@ def config_week(rows_per_day: int | None) -> list[dict[str, Any]]:
     each model of CONFIG_MODELS: windows 0..5 trained, day d = 1..6 (config `loop_synthetic day <d> lift`) scored
     on day d's holdout by the model serving after step d - 1, as (AUC - 0.5) / (oracle AUC - 0.5); nothing serving
     yet scores 0. `loop_synthetic lift kept` is the smallest lift over KEPT_DAYS (the issue asks >= 0.95)."""
-    from hugerec.cli.loop_command import load_loop_file, loop_config
+    from hugerec.cli.loop_command import LoopFile, load_loop_file, loop_config
 
     records: list[dict[str, Any]] = []
     kept: dict[str, float] = {}
@@ -252,9 +252,10 @@ def config_week(rows_per_day: int | None) -> list[dict[str, Any]]:
         sizes = [] if rows_per_day is None else [f"data.stream.rows_per_day={rows_per_day}"]
         work = tempfile.mkdtemp(prefix="hugerec-config-week-")
         cfg, _ = load_loop_file(str(CONFIG), ["server.mode=offline", f"loop.work_dir={work}", *sizes, *overrides])
-        assert cfg.data.stream is not None
-        stream = Stream(cfg.data.stream)
-        days = [stream.day(d) for d in range(cfg.data.stream.days)]
+        assert isinstance(cfg, LoopFile) and cfg.data.stream is not None
+        stream_config = cfg.data.stream  # a ranking loop over the synthetic stream
+        stream = Stream(stream_config)
+        days = [stream.day(d) for d in range(stream_config.days)]
         lc = loop_config(cfg)
         loop = Loop(lc, [day.table for day in days].__getitem__)
         t0 = time.perf_counter()
@@ -265,7 +266,7 @@ def config_week(rows_per_day: int | None) -> list[dict[str, Any]]:
             held = holdout_mask(days[d].table.num_rows, lc.holdout_share, lc.seed)
             holdout = days[d].table.filter(pa.array(held))
             y, oracle = holdout["label"].to_numpy(), days[d].probability[held]
-            p = np.full(y.shape, 0.5) if version is None else _scores(loop.load(version), holdout, cfg.data.stream)
+            p = np.full(y.shape, 0.5) if version is None else _scores(loop.load(version), holdout, stream_config)
             lifts[d] = _lift(p, y, oracle)
             records.append(
                 _record(
@@ -290,7 +291,7 @@ def config_week(rows_per_day: int | None) -> list[dict[str, Any]]:
                 "min share of oracle lift, days 1-3, 5, 6",
                 True,
                 model=overrides,
-                rows_per_day=cfg.data.stream.rows_per_day,
+                rows_per_day=stream_config.rows_per_day,
                 seconds=time.perf_counter() - t0,
             )
         )
@@ -326,6 +327,7 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = (), repe
     from hugerec.data.synthetic_interactions import generate_interaction_days
     from hugerec.serving import load
     from hugerec.serving.pipeline.runner import Query
+    from hugerec.serving.pipeline.served_pipeline import ServedPipeline
     from hugerec.training.ranking_metrics import list_metrics, subset_csr
 
     def loop_of(n_users: int, n_items: int, days: int, extra: tuple[str, ...]) -> tuple[RetrievalLoop, Any]:
@@ -371,6 +373,7 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = (), repe
         judged = np.flatnonzero((np.diff(day[0]) > 0) & (loop.gate_users == gate))
         held = subset_csr(day, judged)
         pipe = load(loop.bundle(version), name=cfg.name, version=version)
+        assert isinstance(pipe, ServedPipeline)  # the retrieval loop publishes pipeline bundles
         try:
             top = torch.full((judged.size, cfg.k), -1, dtype=torch.int64)
             for i, u in enumerate(judged):

@@ -244,7 +244,7 @@ def config_week(rows_per_day: int | None) -> list[dict[str, Any]]:
     each model of CONFIG_MODELS: windows 0..5 trained, day d = 1..6 (config `loop_synthetic day <d> lift`) scored
     on day d's holdout by the model serving after step d - 1, as (AUC - 0.5) / (oracle AUC - 0.5); nothing serving
     yet scores 0. `loop_synthetic lift kept` is the smallest lift over KEPT_DAYS (the issue asks >= 0.95)."""
-    from hugerec.cli.loop_command import load_loop_file, loop_config
+    from hugerec.cli.loop_command import LoopFile, load_loop_file, loop_config
 
     records: list[dict[str, Any]] = []
     kept: dict[str, float] = {}
@@ -252,9 +252,10 @@ def config_week(rows_per_day: int | None) -> list[dict[str, Any]]:
         sizes = [] if rows_per_day is None else [f"data.stream.rows_per_day={rows_per_day}"]
         work = tempfile.mkdtemp(prefix="hugerec-config-week-")
         cfg, _ = load_loop_file(str(CONFIG), ["server.mode=offline", f"loop.work_dir={work}", *sizes, *overrides])
-        assert cfg.data.stream is not None
-        stream = Stream(cfg.data.stream)
-        days = [stream.day(d) for d in range(cfg.data.stream.days)]
+        assert isinstance(cfg, LoopFile) and cfg.data.stream is not None
+        stream_config = cfg.data.stream  # a ranking loop over the synthetic stream
+        stream = Stream(stream_config)
+        days = [stream.day(d) for d in range(stream_config.days)]
         lc = loop_config(cfg)
         loop = Loop(lc, [day.table for day in days].__getitem__)
         t0 = time.perf_counter()
@@ -265,7 +266,7 @@ def config_week(rows_per_day: int | None) -> list[dict[str, Any]]:
             held = holdout_mask(days[d].table.num_rows, lc.holdout_share, lc.seed)
             holdout = days[d].table.filter(pa.array(held))
             y, oracle = holdout["label"].to_numpy(), days[d].probability[held]
-            p = np.full(y.shape, 0.5) if version is None else _scores(loop.load(version), holdout, cfg.data.stream)
+            p = np.full(y.shape, 0.5) if version is None else _scores(loop.load(version), holdout, stream_config)
             lifts[d] = _lift(p, y, oracle)
             records.append(
                 _record(
@@ -290,7 +291,7 @@ def config_week(rows_per_day: int | None) -> list[dict[str, Any]]:
                 "min share of oracle lift, days 1-3, 5, 6",
                 True,
                 model=overrides,
-                rows_per_day=cfg.data.stream.rows_per_day,
+                rows_per_day=stream_config.rows_per_day,
                 seconds=time.perf_counter() - t0,
             )
         )
@@ -312,7 +313,8 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = (), repe
     retrain from scratch on days 0..d-1. Day 1's step is the loop's bootstrap, not an iteration: with nothing
     published to warm-start from, its first model trains from scratch on day 0 with `loop.epochs`, as the retrain
     does, plus its gate and export, so it costs more than the retrain by construction (its records say
-    `bootstrap`); from day 2 on each step warm-starts (`loop.warm_start_epochs`, `loop.warm_start_reset_optimizer`).
+    `bootstrap`); from day 2 on each step warm-starts (`loop.warm_start_epochs`, `loop.warm_start_reset_optimizer`,
+    `loop.warm_start_replay`: the earlier days' events it replays, counted in the record's `replayed`).
     `repeats` loops run side by side (the same seeded work: each day, each
     loop's step and then its retrain, loop after loop), and each time is the median of its `repeats` samples
     (all in `samples`, the per-loop ratios in `ratios`): one sample moves by a third under a shared machine's
@@ -325,6 +327,7 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = (), repe
     from hugerec.data.synthetic_interactions import generate_interaction_days
     from hugerec.serving import load
     from hugerec.serving.pipeline.runner import Query
+    from hugerec.serving.pipeline.served_pipeline import ServedPipeline
     from hugerec.training.ranking_metrics import list_metrics, subset_csr
 
     def loop_of(n_users: int, n_items: int, days: int, extra: tuple[str, ...]) -> tuple[RetrievalLoop, Any]:
@@ -370,6 +373,7 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = (), repe
         judged = np.flatnonzero((np.diff(day[0]) > 0) & (loop.gate_users == gate))
         held = subset_csr(day, judged)
         pipe = load(loop.bundle(version), name=cfg.name, version=version)
+        assert isinstance(pipe, ServedPipeline)  # the retrieval loop publishes pipeline bundles
         try:
             top = torch.full((judged.size, cfg.k), -1, dtype=torch.int64)
             for i, u in enumerate(judged):
@@ -389,11 +393,13 @@ def two_tower_week(users: int, items: int, overrides: tuple[str, ...] = (), repe
         records.append(_record(f"two_tower day {d} iteration time", "two_tower-from-scratch", retrain, "s", False, samples=times["retrain"]))
         records.append(_record(f"two_tower day {d} iteration cpu time", "hugerec-loop-two_tower", step_cpu, "s", False,
                                ratio_to_from_scratch=step_cpu / retrain_cpu, samples=times["step_cpu"], ratios=cpu_ratios, phases=phases,
-                               bootstrap=trained.extra["base"] is None, epochs=trained.extra["epochs"], steps=trained.extra["steps"]))
+                               bootstrap=trained.extra["base"] is None, epochs=trained.extra["epochs"], steps=trained.extra["steps"],
+                               replayed=trained.extra.get("replayed", 0)))
         records.append(_record(f"two_tower day {d} iteration cpu time", "two_tower-from-scratch", retrain_cpu, "s", False, samples=times["retrain_cpu"]))
         cpu_phases = " + ".join(f"{np.median([p[x] for p in phases]):.2f}" for x in ("train", "gate", "publish"))
         spread = f", per loop {min(cpu_ratios):.2f}-{max(cpu_ratios):.2f}x" if repeats > 1 else ""
-        what = (f"warm start, {trained.extra['epochs']} epochs, {trained.extra['steps']} steps" if trained.extra["base"] is not None
+        what = (f"warm start, {trained.extra['epochs']} epochs, {trained.extra['steps']} steps, {trained.extra.get('replayed', 0)} events replayed"
+                if trained.extra["base"] is not None
                 else f"bootstrap, not an iteration: the loop's first model, from scratch on day 0 as the retrain, {trained.extra['epochs']} epochs")
         print(f"two_tower day {d}: served {version} recall@{cfg.k} {served:.4f} vs from scratch {reference:.4f} "
               f"({served / reference:.3f}x); iteration ({what}) {step:.2f} s vs retrain {retrain:.2f} s ({step / retrain:.2f}x); "

@@ -176,7 +176,7 @@ def loader_records(rows: int, baseline_batches: int, tmp: Path) -> list[dict[str
 def preprocess_records(quick: bool) -> list[dict[str, Any]]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
-        import data_preprocess  # type: ignore[import-not-found]  # sibling script, not a package
+        import data_preprocess  # sibling script, not a package
     except ImportError as e:
         print(f"note: benchmarks/data_preprocess.py not importable ({e}); preprocessing records skipped")
         return []

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -78,7 +79,7 @@ def write_criteo_tsv(path: Path, rows: int, seed: int = 0, block: int = 250_000)
 
 
 def hugerec_workflow() -> Workflow:
-    dense, sparse = list(CRITEO_DENSE), list(CRITEO_SPARSE)
+    dense, sparse = tuple(CRITEO_DENSE), tuple(CRITEO_SPARSE)
     return Workflow([FillMissing(dense), LogOp(dense), Normalize(dense), Categorify(sparse)])
 
 
@@ -130,7 +131,7 @@ def throughput(rows: int, tmp: Path) -> list[dict[str, object]]:
     expected = pandas_pipeline(path, tmp / "pandas.parquet")
     theirs, theirs_cpu = time.perf_counter() - start, time.process_time() - cpu
 
-    got = pl.read_parquet(result.paths).to_pandas()
+    got = pl.read_parquet(list(result.paths)).to_pandas()
     for c in CRITEO_SPARSE:
         assert (got[c].to_numpy() == expected[c].to_numpy()).all(), f"Categorify mismatch in {c}"
     for c in CRITEO_DENSE:
@@ -224,8 +225,8 @@ def run(quick: bool) -> list[dict[str, object]]:
     return records
 
 
-def _print_table(records: list[dict[str, object]]) -> None:
-    by_config: dict[str, dict[str, dict[str, object]]] = {}
+def _print_table(records: list[dict[str, Any]]) -> None:
+    by_config: dict[str, dict[str, dict[str, Any]]] = {}
     for r in records:
         by_config.setdefault(str(r["config"]), {})[str(r["method"])] = r
     print(f"{'config':52} {'method':17} {'value':>14} unit")

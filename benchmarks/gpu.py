@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -344,7 +345,7 @@ def hash_table_at(rep: Report, timer: Timer, device: Any, sizes: Sizes, load: fl
     some = fresh[: max(1, min(fresh.shape[0], (capacity - held.shape[0]) // 2))]
     times = []
     for step in range(1, sizes.steps + 1):
-        times.append(_timed(timer, lambda step=step: table.find_or_insert_tensor(some, step)))
+        times.append(_timed(timer, functools.partial(table.find_or_insert_tensor, some, step)))
         table.remove(some)
     rep.add(f"hash find_or_insert / {config}", "hugerec", some.shape[0] / statistics.median(times) * 1e3, "keys/s")
     # baseline: a sorted key array

@@ -122,17 +122,19 @@ def make_world(items: int, users: int, workdir: Path) -> None:
     with torch.no_grad():
         mf.user_embedding.table_weight("user_id").copy_(torch.from_numpy(user_vecs))
         mf.item_embedding.table_weight("item_id").copy_(torch.from_numpy(item_vecs))
-    item_cols = {
+    item_cols: dict[str, np.ndarray] = {
         "available": (rng.random(items) < 0.9).astype(np.int64),
         "region": rng.integers(0, REGIONS, items),
         "category": rng.integers(0, CATEGORIES, items),
         "price": rng.random(items).astype(np.float32),
         "promoted": (rng.random(items) < 0.05).astype(np.int64),
     }
-    user_cols = {"age": rng.integers(15, 80, users), "region": rng.integers(0, REGIONS, users)}
+    user_cols: dict[str, np.ndarray] = {"age": rng.integers(15, 80, users), "region": rng.integers(0, REGIONS, users)}
     seen_u = np.repeat(np.arange(users), SEEN)
     seen_i = rng.integers(0, items, users * SEEN)
-    np.savez(workdir / "world.npz", seen_u=seen_u, seen_i=seen_i, **{f"item_{k}": v for k, v in item_cols.items()}, **{f"user_{k}": v for k, v in user_cols.items()})
+    world: dict[str, Any] = {"seen_u": seen_u, "seen_i": seen_i}
+    world |= {f"item_{k}": v for k, v in item_cols.items()} | {f"user_{k}": v for k, v in user_cols.items()}
+    np.savez(workdir / "world.npz", **world)
     encoder = UserEncoder(mf)
     np.save(workdir / "user_vectors.npy", mf.user_embedding.table_weight("user_id").detach().numpy())
     np.save(workdir / "item_vectors.npy", encoder.item_vectors())
@@ -356,8 +358,10 @@ def main() -> None:
     from hugerec.index.vector_index import HnswIndex
     from hugerec.serving import load
     from hugerec.serving.pipeline import Query
+    from hugerec.serving.pipeline.served_pipeline import ServedPipeline
 
     loaded = load(workdir / "pipeline")
+    assert isinstance(loaded, ServedPipeline)
     res = loaded.pipeline.res
     assert isinstance(res.index, HnswIndex) and res.encoder is not None and res.item_vectors is not None
     rng = np.random.default_rng(2)
@@ -368,7 +372,8 @@ def main() -> None:
     for u in stream[:20]:  # warm-up
         loaded.pipeline.recommend(Query(u, K))
         naive.recommend(u)
-    ours_lat, ours_cpu, stages, overlap = [], [], {}, []
+    stages: dict[str, list[float]] = {}
+    ours_lat, ours_cpu, overlap = [], [], []
     for u in stream:
         t, c = time.perf_counter(), time.thread_time()
         rec = loaded.pipeline.recommend(Query(u, K))
@@ -390,8 +395,8 @@ def main() -> None:
         records.append(record("pipeline in-process p99", method, np.percentile(lat, 99) * 1e3, "ms", False))
     for method, lat in ((OURS, ours_cpu), (NAIVE, naive_cpu)):  # CPU time of the thread: what a loaded machine inflates least
         records.append(record("pipeline in-process cpu p50", method, np.percentile(lat, 50) * 1e3, "ms", False))
-    for name, sec in stages.items():
-        records.append(record(f"pipeline in-process stage {name} p50", OURS, np.percentile(sec, 50) * 1e3, "ms", False))
+    for name, stage_seconds in stages.items():
+        records.append(record(f"pipeline in-process stage {name} p50", OURS, np.percentile(stage_seconds, 50) * 1e3, "ms", False))
     records.append(record("pipeline top-20 overlap with naive (exact retrieval)", OURS, float(np.mean(overlap)), "fraction", True))
     print(f"in process: {len(ours_lat)} requests ({OURS}, expansion_search {ef}), {len(naive_lat)} ({NAIVE}); the two top-20 lists "
           f"share {np.mean(overlap):.0%} of their items (HNSW vs exact retrieval)")

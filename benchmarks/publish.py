@@ -39,11 +39,12 @@ from hugerec.continuous.traffic import instances
 from hugerec.data.synthetic_stream import Stream, StreamConfig
 from hugerec.data.windows import table_batches
 from hugerec.embedding.optimizers import Adagrad
-from hugerec.models.dlrm import DLRM
+from hugerec.models.model import RecModel
 from hugerec.models.model_config import DLRMConfig
 from hugerec.serving.bundles.export import export
 from hugerec.serving.bundles.model_bundle import Bundle
 from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
+from hugerec.serving.runtime.served_model import ServedModel
 from hugerec.training.trainer import TrainConfig, fit
 
 
@@ -55,7 +56,7 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.relative_to(path).parts[0].startswith("state"))
 
 
-def _train(model: DLRM, stream: Stream, day: int, batch: int) -> DLRM:
+def _train(model: RecModel, stream: Stream, day: int, batch: int) -> RecModel:
     config = TrainConfig(epochs=1, lr=3e-3, progress=False, tensorboard=False, plot=False, device="cpu", pipeline=False, seed=day)
     fit(model.train(), table_batches(stream.day(day).table, stream.config.schema, batch, shuffle=True, seed=day), config=config)
     return model.eval()
@@ -102,9 +103,9 @@ def main() -> None:
             sizes: dict[str, int] = {}
             rows_sent: dict[str, int] = {}  # rows (and evicted keys) in the files handed over
             answers: dict[str, np.ndarray] = {}
-            for r in range(repeats):
+            for rep in range(repeats):
                 for method in ("hugerec-delta", "whole-bundle"):
-                    version = f"{'d' if method == 'hugerec-delta' else 'b'}{r}"
+                    version = f"{'d' if method == 'hugerec-delta' else 'b'}{rep}"
                     start = time.perf_counter()
                     if method == "hugerec-delta":
                         path = write_model_delta(stable, candidate, work / version, "w0", base_id)
@@ -121,6 +122,7 @@ def main() -> None:
                         else sum(manifest["info"]["rows"].values())
                     )
                     served = server.model_versions("model").get(version)
+                    assert isinstance(served, ServedModel)  # an exported ranking model
                     answers[method] = served.model.predict(served.preprocess(probe))
                     publisher.rollback(version)
                     server.unload("model", version)

@@ -139,7 +139,7 @@ def prepare(data: RealData, seed: int, out: Path) -> Schema:
     order = np.random.default_rng(seed).permutation(n)
     cut1, cut2 = int(SPLIT[0] * n), int((SPLIT[0] + SPLIT[1]) * n)
     parts = {"train": order[:cut1], "valid": order[cut1:cut2], "test": order[cut2:]}
-    dense, sparse = list(data.dense), list(data.sparse)
+    dense, sparse = tuple(data.dense), tuple(data.sparse)
     ops: list[Any] = [FillMissing(dense, 0.0)]
     if data.log_dense:
         ops.append(LogOp(dense))
@@ -338,7 +338,7 @@ def run_vectors(seeds: list[int], workdir: Path) -> list[dict[str, Any]]:
                 f"{r['best_epoch']:.0f}, {r['train_seconds']:.0f} s)",
                 flush=True,
             )
-    records = [
+    records: list[dict[str, Any]] = [
         {
             "config": config,
             "method": method,

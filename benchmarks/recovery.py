@@ -105,7 +105,7 @@ def worker(run: Path, point: str, steps: int) -> None:
                 die_at(steps // 2)
                 return out
 
-            disk.DiskTier.prepare = killing_prepare  # type: ignore[method-assign]
+            disk.DiskTier.prepare = killing_prepare  # type: ignore[method-assign,assignment]
         case "mid-snapshot":
             clone = disk._clone
 
@@ -126,7 +126,7 @@ def worker(run: Path, point: str, steps: int) -> None:
                 die_at(4)  # the first flush of the 2nd checkpoint (each checkpoint's state_dict() flushes 3 times)
                 return int(written)
 
-            disk.row_cache.flush = killing_flush
+            disk.row_cache.flush = killing_flush  # type: ignore[assignment]  # a plain function in place of the Numba dispatcher
     train(run, steps, resume=False)
     raise SystemExit(f"recovery: the worker was not killed at {point}")
 
@@ -171,7 +171,7 @@ SHRINK = [
 
 def restart(tmp: Path) -> list[dict[str, Any]]:
     from hugerec.cli import main
-    from hugerec.cli.loop_command import _make_loop, load_loop_file, loop_config
+    from hugerec.cli.loop_command import LoopFile, _make_loop, load_loop_file, loop_config
     from hugerec.continuous.decision_log import live_roles
     from hugerec.continuous.server_restore import restore_server
     from hugerec.serving.http.server import BackgroundServer, InferenceServer, ServerConfig
@@ -181,6 +181,7 @@ def restart(tmp: Path) -> list[dict[str, Any]]:
     try:
         assert main(["loop", "configs/loop_synthetic.toml", *SHRINK]) == 0
         cfg, _ = load_loop_file("configs/loop_synthetic.toml", SHRINK)
+        assert isinstance(cfg, LoopFile)  # loop_synthetic.toml is a ranking loop
         config = loop_config(cfg)
         started = time.perf_counter()
         with ExitStack() as stack:

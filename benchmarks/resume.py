@@ -58,7 +58,7 @@ def setup(kind: str, quick: bool) -> tuple[Any, Any, Any, Any, int]:
     from hugerec.embedding.optimizers import Adam
     from hugerec.models.sasrec import SASRec
     from hugerec.models.sequence import SequenceConfig
-    from hugerec.models.two_tower import TwoTower, TwoTowerConfig
+    from hugerec.models.two_tower import Similarity, TwoTower, TwoTowerConfig
     from hugerec.training.epoch_batches import EpochBatches
     from hugerec.training.losses import SampledSoftmax
     from hugerec.training.retrieval import RetrievalFamily, RetrievalValidation
@@ -74,10 +74,10 @@ def setup(kind: str, quick: bool) -> tuple[Any, Any, Any, Any, int]:
         train, valid = leave_last_out(data)
         seen = histories(train)
         users = torch.arange(data.num_users)
-        validation = RetrievalValidation(users, last_items(*seen, users.numpy(), 20), held_out_csr(valid), seen)
+        validation: RetrievalValidation | NextItemValidation = RetrievalValidation(users, last_items(*seen, users.numpy(), 20), held_out_csr(valid), seen)
         steps = -(-train.num_events // 512)
-        batches = EpochBatches(lambda e: iter_examples(train, 512, 20, seed=e), steps)
-        config = TwoTowerConfig(dim=dim, embedding_dim=dim, user_layers=(64,), max_history=20, recent=(1, 5), similarity="cosine", temperature=0.05)
+        batches: EpochBatches[Any] = EpochBatches(lambda e: iter_examples(train, 512, 20, seed=e), steps)
+        config = TwoTowerConfig(dim=dim, embedding_dim=dim, user_layers=(64,), max_history=20, recent=(1, 5), similarity=Similarity.COSINE, temperature=0.05)
 
         def build() -> Any:
             torch.manual_seed(0)

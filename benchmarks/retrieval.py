@@ -28,7 +28,6 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -462,4 +461,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -76,7 +76,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numba
 import numpy as np
@@ -238,8 +238,10 @@ def gbm_in_process(library: str, path: Path, bundle: Path, seconds: float) -> li
     from hugerec import serving
     from hugerec.models.gbm import Library, TreeModel
     from hugerec.serving.runtime.model_inputs import ModelInputs
+    from hugerec.serving.runtime.served_model import ServedModel
 
     served = serving.load(bundle)
+    assert isinstance(served, ServedModel)  # a GBM bundle serves as a ranking model
     model = served.model
     served.close()  # its batcher; the model itself holds no resources
     tree = TreeModel.load(path, Library(library), threads=1)
@@ -419,14 +421,14 @@ def wait_ready(proc: subprocess.Popen[bytes], port: int) -> None:
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server {proc.args} exited with {proc.returncode}")
+            raise RuntimeError(f"server {proc.args!r} exited with {proc.returncode}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"server {proc.args} did not become ready")
+    raise RuntimeError(f"server {proc.args!r} did not become ready")
 
 
 # -- load generation -------------------------------------------------------------------------------
@@ -785,7 +787,7 @@ def run_dlrm(args: argparse.Namespace) -> list[dict[str, Any]]:
     against two versions of the server), whose bundle export was called export_bundle."""
     import hugerec.serving.bundles.export as bundles
 
-    export = getattr(bundles, "export", None) or bundles.export_bundle
+    export = getattr(bundles, "export", None) or cast(Any, bundles).export_bundle  # older checkouts only
 
     torch.set_num_threads(1)  # like the servers (OMP_NUM_THREADS=1): clients and servers share the cores
     rows = 5_000 if args.quick else 50_000

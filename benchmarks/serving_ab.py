@@ -30,7 +30,7 @@ import sys
 import tempfile
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serving import _cpu_seconds, drive, free_port, kserve_binary, kserve_json, make_requests, wait_ready
@@ -48,7 +48,7 @@ def export_bundle(out: str, rows: int) -> None:
 
     import hugerec.serving.bundles.export as bundles
 
-    export = getattr(bundles, "export", None) or bundles.export_bundle  # older checkouts: export_bundle
+    export = getattr(bundles, "export", None) or cast(Any, bundles).export_bundle  # older checkouts: export_bundle
     export(build_model(rows), out, name="dlrm")
 
 

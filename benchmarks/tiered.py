@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -129,15 +129,15 @@ def run_ids(kind: str, args: argparse.Namespace, tmp: Path) -> list[dict[str, An
             seconds[n] += block(models[n], data[start : start + k], n == "hugerec-disk")
     after = models["hugerec-disk"].emb.disk_stats()
     rates = {n: args.steps / seconds[n] for n in names}
-    d = {key: after[key] - before[key] for key in after}
-    hit = d["hits"] / max(d["hits"] + d["misses"], 1)
+    delta = {key: after[key] - before[key] for key in after}
+    hit = delta["hits"] / max(delta["hits"] + delta["misses"], 1)
     config = f"tiered {kind} cache {args.cache:g}"
     print(f"\n{config}: {TABLES} tables x {rows:,} rows, dim {DIM}, batch {batch}, cache {cache:,} rows per table")
     for n in names:
         print(f"  {n:22s} {rates[n]:8.2f} steps/s   {rates[n] / rates['in-memory']:.2f}x in-memory")
     print(
-        f"  hugerec-disk: hit rate {hit:.3f}, rows read {d['rows_read'] / args.steps:,.0f} and written "
-        f"{d['rows_written'] / args.steps:,.0f} per step, prefetch {1000 * d['prepare_s'] / args.steps:.1f} ms per step"
+        f"  hugerec-disk: hit rate {hit:.3f}, rows read {delta['rows_read'] / args.steps:,.0f} and written "
+        f"{delta['rows_written'] / args.steps:,.0f} per step, prefetch {1000 * delta['prepare_s'] / args.steps:.1f} ms per step"
     )
     records = [
         {"config": config, "method": n, "value": rates[n], "unit": "steps/s", "higher_is_better": True} for n in names
@@ -187,7 +187,7 @@ def record_store(tmp: Path, rows: int = 200_000, reads: int = 20_000, record: in
         row_cache.prepare(want, False, False, 2, slot_of_row, row_of_slot, prev, nxt, stamp, dirty, state, mm, wcache, scache, out, counters)  # fmt: skip
         times["hugerec-mmap"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        got = db[keys]
+        got = cast(list[bytes], db[cast(Any, keys)])  # a multi-get: rocksdict's stub types the list's items loosely
         block = np.frombuffer(b"".join(got), dtype=np.uint8).reshape(reads, record)
         times["rocksdict"].append(time.perf_counter() - t0)
         assert np.array_equal(block, data[want])

@@ -3,7 +3,9 @@
     [loop]       work_dir, first, last (windows first..last-1 are trained; window `last` is the final holdout), name
                  (the pipeline's name on the server), batch_size, lr, epochs (the first model's, from scratch),
                  warm_start_epochs (each warm start's passes over its window; may be fractional),
-                 warm_start_reset_optimizer (a warm start resets the sparse optimizer state), canary_share, seed, k
+                 warm_start_reset_optimizer (a warm start resets the sparse optimizer state), warm_start_replay (a
+                 warm start also trains on that many times its window's event count of earlier events, drawn
+                 uniformly: experience replay; 0 = none), canary_share, seed, k
                  (the gate's Recall@K and the pipeline's answers), ann_k (the ANN source's candidates before
                  exclude-seen), keep_versions (previous stables kept, loaded on the server with their bundles, for a
                  manual rollback)
@@ -94,6 +96,7 @@ class RetrievalLoopSection:
     epochs: int = 2  # epochs of a model trained from scratch (the first one, over every window so far)
     warm_start_epochs: float | None = None  # passes of a warm start over its window (none: `epochs`; 1.5: one and a half)
     warm_start_reset_optimizer: bool = False  # a warm start resets the towers' sparse optimizer state (weights kept)
+    warm_start_replay: float = 0.0  # a warm start also trains on round(this x its window's events) earlier events (0: none)
     canary_share: float = 0.1  # the share of the traffic a published canary gets
     seed: int = 0  # the training's seed
     k: int = 50  # the K of the gate's Recall@K and of the pipeline's answers
@@ -104,6 +107,9 @@ class RetrievalLoopSection:
         w = self.warm_start_epochs
         if w is not None and not (w > 0 and math.isfinite(w)):
             raise ValueError(f"loop.warm_start_epochs must be a number > 0, got {w}")
+        r = self.warm_start_replay
+        if not (r >= 0 and math.isfinite(r)):
+            raise ValueError(f"loop.warm_start_replay must be a number >= 0, got {r}")
 
 
 @dataclass(frozen=True)
@@ -287,6 +293,7 @@ def loop_config(cfg: RetrievalLoopFile, num_users: int | None = None, num_items:
         epochs=lc.epochs,
         warm_start_epochs=lc.warm_start_epochs,
         warm_start_reset_optimizer=lc.warm_start_reset_optimizer,
+        warm_start_replay=lc.warm_start_replay,
         lr=lc.lr,
         batch_size=lc.batch_size,
         k=lc.k,

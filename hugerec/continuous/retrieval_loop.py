@@ -9,8 +9,10 @@ redoes only the unfinished phase):
                 minus `recall_margin` -> promote, else roll back (the server then serves the stable pipeline
                 and its index again)
     2. train    warm-start from the checkpoint of the last published version not rolled back (its sparse optimizer
-                state reset with `warm_start_reset_optimizer`), `warm_start_epochs` over window k's events (while
-                nothing is published: a fresh model on every window so far, `epochs`)
+                state reset with `warm_start_reset_optimizer`), `warm_start_epochs` over window k's events and,
+                with `warm_start_replay` r > 0, round(r x their count) events of windows 0..k-1 drawn uniformly
+                without replacement (seeded by the loop's seed and k; at most every earlier event), shuffled
+                together (while nothing is published: a fresh model on every window so far, `epochs`)
     3. gate     candidate and serving model on window k + 1's events: Recall@K of each user's items of that
                 day among the items the user had not met up to window k (exact top-K over every item), over
                 the gate's users (`gate_user_share` of the users, a fixed draw; the canary decision reads the
@@ -104,6 +106,11 @@ class RetrievalLoopConfig:
     # a warm start resets the towers' sparse optimizer state (Adagrad's sums back to their initial value, the rows'
     # weights kept): rows trained for days otherwise take ever smaller steps on the new window
     warm_start_reset_optimizer: bool = False
+    # experience replay: a warm start also trains on round(warm_start_replay x the window's events) events of the
+    # earlier windows (a uniform draw without replacement, capped at what exists), so that what a day's events
+    # do not show (the users' older tastes, the older items) is not forgotten; `warm_start_epochs` counts passes
+    # over the window and the replayed events together. 0: the window alone
+    warm_start_replay: float = 0.0
     lr: float = 3e-3  # the dense learning rate (Adam)
     batch_size: int = 512
     k: int = 50
@@ -126,6 +133,9 @@ class RetrievalLoopConfig:
         w = self.warm_start_epochs
         if w is not None and not (w > 0 and math.isfinite(w)):
             raise ValueError(f"RetrievalLoopConfig: warm_start_epochs must be a number > 0 or None, got {w}")
+        r = self.warm_start_replay
+        if isinstance(r, bool) or not isinstance(r, int | float) or not (r >= 0 and math.isfinite(r)):
+            raise ValueError(f"RetrievalLoopConfig: warm_start_replay must be a number >= 0, got {r!r}")
         if self.epochs < 1 or self.batch_size < 1 or self.min_users < 1:
             raise ValueError(
                 f"RetrievalLoopConfig: epochs, batch_size and min_users must be >= 1, got {self.epochs}, {self.batch_size}, {self.min_users}"
@@ -293,11 +303,18 @@ class RetrievalLoop:
                 w = self.config.warm_start_epochs
                 if w is not None:
                     epochs = int(w) if float(w).is_integer() else w  # 2.0 from a file: 2 passes, logged as 2
+                replayed = self.replay(k, events)
+                if replayed.num_events:
+                    how += f" with {replayed.num_events} replayed events of windows 0..{k - 1}"
+                    rows = Interactions(pl.concat([events.frame, replayed.frame]), self.config.num_users, self.config.num_items)
             counts = np.bincount(self.history(k).items(), minlength=self.config.num_items)
             steps = self.train(model, rows, counts, k, epochs)
             atomic_save(model.state_dict(), self.checkpoint(version))
             self._keep((version, self.checkpoint(version).stat().st_mtime_ns), model)  # the gate and the export read it
-            self.log.append(Record(k, "trained", how, extra={"events": rows.num_events, "base": base, "epochs": epochs, "steps": steps}))
+            extra: dict[str, Any] = {"events": rows.num_events, "base": base, "epochs": epochs, "steps": steps}
+            if base is not None:
+                extra["replayed"] = rows.num_events - events.num_events  # of `events`: those drawn from earlier windows
+            self.log.append(Record(k, "trained", how, extra=extra))
         t1, c1 = time.perf_counter(), time.process_time()
         passed, reason, figures = self._gate(k, version)
         t2, c2 = time.perf_counter(), time.process_time()
@@ -308,6 +325,20 @@ class RetrievalLoop:
         self._retire(k)
         self.seconds = {"train": t1 - t0, "gate": t2 - t1, "publish": time.perf_counter() - t2}
         self.cpu_seconds = {"train": c1 - c0, "gate": c2 - c1, "publish": time.process_time() - c2}
+
+    def replay(self, k: int, events: Interactions) -> Interactions:
+        """The events a warm start at window k replays beside window k's `events`: round(warm_start_replay x their
+        count) of the events of windows 0..k-1 (at most all of them), a uniform draw without replacement seeded by
+        (the loop's seed, k), so that a restarted loop draws the same ones; no events with warm_start_replay 0."""
+        c = self.config
+        want = round(c.warm_start_replay * events.num_events)
+        earlier = self.history(k - 1) if want and k > 0 else None
+        if earlier is None or earlier.num_events == 0:
+            return events.with_frame(events.frame.clear())
+        n = min(want, earlier.num_events)
+        rng = np.random.default_rng([c.seed, k, 0x5EED])  # its own stream: the training's shuffles use other seeds
+        drawn = np.sort(rng.choice(earlier.num_events, size=n, replace=False))  # [n] rows of the events so far
+        return earlier.with_frame(earlier.frame[drawn].select(events.frame.columns))
 
     def train(self, model: RetrievalModel, rows: Interactions, counts: np.ndarray, k: int, epochs: float | None = None) -> int:
         """`epochs` (None: the config's) passes over `rows` (events; `counts`: every item's events so far, the

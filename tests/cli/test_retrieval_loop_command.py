@@ -46,7 +46,10 @@ def test_loop_command_trains_a_two_tower_and_serves_its_pipelines_as_canaries(
         (0, "trained", None), (0, "publish", "w0"), (1, "trained", None), (1, "publish", "w1")
     ]
     assert "stable" in str(records[1]["reason"]) and "canary at share 0.5" in str(records[3]["reason"])
-    assert records[2]["reason"] == "warm start from w0"
+    # the config's warm start: Adagrad sums reset, half the day's event count replayed from the earlier days
+    extra = records[2]["extra"]
+    assert isinstance(extra, dict) and extra["replayed"] == round(0.5 * (extra["events"] - extra["replayed"])) > 0
+    assert records[2]["reason"] == f"warm start from w0 (sparse optimizer state reset) with {extra['replayed']} replayed events of windows 0..0"
     for version in ("w0", "w1"):  # each pipeline bundle holds an index of its own
         manifest = json.loads((work / "bundles" / version / "manifest.json").read_text())
         assert manifest["kind"] == "pipeline"
@@ -73,12 +76,15 @@ def test_the_warm_start_keys_reach_the_loop() -> None:
     on the command line, handed to RetrievalLoopConfig; unset, a warm start trains `loop.epochs` and keeps the state."""
     from hugerec.cli.retrieval_loop_command import loop_config
 
-    cfg, _ = load_loop_file("configs/loop_two_tower.toml", ["loop.warm_start_epochs=1.5", "loop.warm_start_reset_optimizer=false"])
+    cfg, _ = load_loop_file(
+        "configs/loop_two_tower.toml", ["loop.warm_start_epochs=1.5", "loop.warm_start_reset_optimizer=false", "loop.warm_start_replay=0.5"]
+    )
     assert isinstance(cfg, RetrievalLoopFile)
     config = loop_config(cfg)
-    assert (config.epochs, config.warm_start_epochs, config.warm_start_reset_optimizer) == (2, 1.5, False)
+    assert (config.epochs, config.warm_start_epochs, config.warm_start_reset_optimizer, config.warm_start_replay) == (2, 1.5, False, 0.5)
     default = RetrievalLoopFile()
-    assert (default.loop.warm_start_epochs, default.loop.warm_start_reset_optimizer) == (None, False)
+    assert (default.loop.warm_start_epochs, default.loop.warm_start_reset_optimizer, default.loop.warm_start_replay) == (None, False, 0.0)
+    assert loop_config(default).warm_start_replay == 0.0
 
 
 def test_loop_command_trains_a_matrix_factorisation_offline(
@@ -117,6 +123,12 @@ def test_loop_command_trains_a_matrix_factorisation_offline(
         (["configs/loop_two_tower.toml", "loop.warm_start_epochs='two'"], "loop.warm_start_epochs: expected a number, got 'two'"),
         (["configs/loop_two_tower.toml", "loop.warm_start_reset_optimizer=2"], "loop.warm_start_reset_optimizer: expected true or false, got 2"),
         (["configs/loop_synthetic.toml", "loop.warm_start_epochs=1"], "loop.warm_start_epochs: the retrieval loop's"),
+        (["configs/loop_two_tower.toml", "loop.warm_start_replay=-0.5"], "loop.warm_start_replay must be a number >= 0, got -0.5"),
+        (["configs/loop_two_tower.toml", "loop.warm_start_replay=nan"], "loop.warm_start_replay must be a number >= 0, got nan"),
+        (["configs/loop_two_tower.toml", "loop.warm_start_replay=inf"], "loop.warm_start_replay must be a number >= 0, got inf"),
+        (["configs/loop_two_tower.toml", "loop.warm_start_replay='half'"], "loop.warm_start_replay: expected a number, got 'half'"),
+        (["configs/loop_two_tower.toml", "loop.warm_start_replay=true"], "loop.warm_start_replay: expected a number, got True"),
+        (["configs/loop_synthetic.toml", "loop.warm_start_replay=1"], "loop.warm_start_replay: the retrieval loop's"),
     ],
 )
 def test_a_key_of_the_other_loop_is_refused_in_one_line(
@@ -142,8 +154,9 @@ def test_a_retrieval_loop_continued_with_a_changed_config_refuses_naming_the_key
         (["model.dim=16", "model.embedding_dim=16"], "model.dim: 32 -> 16, model.embedding_dim: 32 -> 16"),
         (["data.drift.days=5"], "data.drift.days: 4 -> 5"),
         (["model.type=mf"], "model.type"),
-        (["loop.warm_start_epochs=1.5"], "loop.warm_start_epochs: 2.0 -> 1.5"),
-        (["loop.warm_start_reset_optimizer=true"], "loop.warm_start_reset_optimizer: False -> True"),
+        (["loop.warm_start_epochs=1.5"], "loop.warm_start_epochs: 1.0 -> 1.5"),
+        (["loop.warm_start_reset_optimizer=false"], "loop.warm_start_reset_optimizer: True -> False"),
+        (["loop.warm_start_replay=0.25"], "loop.warm_start_replay: 0.5 -> 0.25"),
     ):
         assert main(["loop", "configs/loop_two_tower.toml", *small, *change]) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]  # after a note on model keys left out
@@ -293,7 +306,7 @@ def test_configs_loop_movielens_runs_over_the_movielens_sample(
 
 def test_a_loop_started_before_a_setting_existed_continues_while_it_keeps_its_default(tmp_path: Path) -> None:
     """settings.json of a loop started by an older hugerec lacks the keys added since (gate.user_share,
-    index.build_threads, loop.warm_start_reset_optimizer): the loop continues with them at their defaults, the
+    index.build_threads, loop.warm_start_reset_optimizer, loop.warm_start_replay): the loop continues with them at their defaults, the
     old behaviour, and a start that changes one is refused naming it."""
     from hugerec.cli.config_file import ConfigError
     from hugerec.cli.loop_command import keep_loop_settings
@@ -302,15 +315,18 @@ def test_a_loop_started_before_a_setting_existed_continues_while_it_keeps_its_de
 
     def settings(*overrides: str) -> dict[str, object]:
         config = Path(__file__).resolve().parents[2] / "configs" / "loop_two_tower.toml"
-        cfg, _ = load_loop_file(str(config), [f"loop.work_dir={tmp_path}", "gate.user_share=1", "index.build_threads=0", *overrides])
+        at_defaults = ["gate.user_share=1", "index.build_threads=0", "loop.warm_start_replay=0", "loop.warm_start_reset_optimizer=false"]
+        cfg, _ = load_loop_file(str(config), [f"loop.work_dir={tmp_path}", *at_defaults, *overrides])
         assert isinstance(cfg, RetrievalLoopFile)
         return retrieval_loop_settings(cfg)
 
     defaults = retrieval_loop_settings(RetrievalLoopFile())
     older = {k: v for k, v in flat_settings(settings()).items() if k not in CONTINUE_MAY_CHANGE}
-    for added in ("gate.user_share", "index.build_threads", "loop.warm_start_reset_optimizer"):
+    for added in ("gate.user_share", "index.build_threads", "loop.warm_start_reset_optimizer", "loop.warm_start_replay"):
         del older[added]
     (tmp_path / "settings.json").write_text(json.dumps(older, default=str))
     keep_loop_settings(tmp_path, settings(), CONTINUE_MAY_CHANGE, defaults)
     with pytest.raises(ConfigError, match=r"gate\.user_share: 1\.0 -> 0\.5"):
         keep_loop_settings(tmp_path, settings("gate.user_share=0.5"), CONTINUE_MAY_CHANGE, defaults)
+    with pytest.raises(ConfigError, match=r"loop\.warm_start_replay: 0\.0 -> 0\.5"):
+        keep_loop_settings(tmp_path, settings("loop.warm_start_replay=0.5"), CONTINUE_MAY_CHANGE, defaults)

@@ -2,7 +2,7 @@
 
 Numba's default OpenMP layer shares libgomp with torch; after each parallel Numba kernel its waiting
 threads slow torch's own CPU ops down by orders of magnitude on a busy machine (see the report in
-benchmarks/distributed.py). The single-threaded worker processes that spawn() starts get the
+benchmarks/sharding.py). The single-threaded worker processes that spawn() starts get the
 workqueue layer through the environment. This pytest process must keep its thread-safe layer
 (workqueue aborts when two threads launch kernels at once, as the serving tests do), so it picks
 its layer with a first parallel launch *before* the variable is set, and the variable is set only

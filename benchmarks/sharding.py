@@ -1,6 +1,6 @@
 """Hybrid-parallel training on torch.distributed (gloo, CPU): 2 processes against 1 on the same global batch.
 
-    python benchmarks/distributed.py [--quick] [--json PATH]
+    python benchmarks/sharding.py [--quick] [--json PATH]
 
 Model: DLRM (13 dense features, bottom 64-32-16, top 64-32-1) over 8 tables of dim 16 with 10 to
 200,000 rows (quick: 20,000), Adagrad; features 0-5 one id per example, 6-7 three. Ids uniform.
@@ -41,7 +41,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 
 from hugerec.distributed.launch import spawn
 from hugerec.distributed.planner import Workload, estimate_bytes_sent, plan
-from hugerec.distributed.shard import prefetching, shard, sharded_collections
+from hugerec.distributed.shard import ShardedModel, prefetching, shard, sharded_collections
 from hugerec.distributed.sharding_plan import ShardingPlan, TablePlacement
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import Adagrad
@@ -56,7 +56,7 @@ HOTNESS = (1, 1, 1, 1, 1, 1, 3, 3)
 
 
 def tables(quick: bool) -> list[TableConfig]:
-    rows = (200_000, 100_000, 50_000, 20_000, 5_000, 1_000, 100, 10)
+    rows: tuple[int, ...] = (200_000, 100_000, 50_000, 20_000, 5_000, 1_000, 100, 10)
     if quick:
         rows = tuple(min(r, 20_000) for r in rows)
     return [TableConfig(f"t{i}", r, DIM, features=(f"f{i}",)) for i, r in enumerate(rows)]
@@ -125,6 +125,7 @@ def _worker(
     out = []
     for plan_json, use_prefetch in runs:
         m = shard(model(tabs), ShardingPlan.from_json(plan_json))
+        assert isinstance(m, ShardedModel)  # the model has dense parameters, so shard wraps it in DDP
         dense_bytes = [0]
 
         def count(state, bucket, dense_bytes=dense_bytes):  # type: ignore[no-untyped-def]  # DDP checks real annotations

@@ -558,7 +558,7 @@ def movielens_settings(args: argparse.Namespace, models: list[str]) -> dict[str,
     """Each model's settings: MOVIELENS_SETTINGS (SASRec's for models without their own), then the flags
     given for every model, then --set MODEL.FIELD=VALUE. A bad item exits naming it."""
     common = {name: getattr(args, name) for name in SETTING_FLAGS if getattr(args, name) is not None}
-    per_model: dict[str, dict[str, object]] = {}
+    per_model: dict[str, dict[str, Any]] = {}  # field -> a value of its type (setting_value)
     for item in args.set or []:
         target, eq, text = item.partition("=")
         model, dot, field = target.partition(".")

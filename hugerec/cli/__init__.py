@@ -155,7 +155,8 @@ COMMANDS["recommend"] = (
     "source = popularity in the output and counted on stderr. Sequential models: --history 1,2,3\n"
     "(raw item ids, oldest first; recommend.history_file for one history per line): unknown items are\n"
     "skipped and counted (column unknown_items); histories longer than model.max_len keep their last\n"
-    "max_len items. k larger than the catalogue is an error. Writes --out (default recommend.out, else\n"
+    "max_len items. An HSTU trained with model.times = true also needs --history-times (each item's time in\n"
+    "seconds, recommend.history_times). k larger than the catalogue is an error. Writes --out (default recommend.out, else\n"
     "train.out_dir/recommendations.parquet): user or history, rank, item, score, source.\n"
     "example: hugerec recommend configs/movielens_two_tower.toml --users 1,2,3 --k 10\n"
     "example: hugerec recommend configs/movielens_sasrec.toml --history 1193,661,914 --k 10",
@@ -287,6 +288,7 @@ def _parser() -> argparse.ArgumentParser:
         if name == "recommend":
             p.add_argument("--users", help="comma-separated raw user ids (retrieval models)")
             p.add_argument("--history", help="comma-separated raw item ids, oldest first (sequential models)")
+            p.add_argument("--history-times", help="comma-separated seconds, one per --history item (an HSTU trained with model.times = true)")
             p.add_argument("--k", type=int, help="items per user / history (default: recommend.k)")
             p.add_argument("--out", help="Parquet file (default: recommend.out, else train.out_dir/recommendations.parquet)")
     loop = sub.add_parser(
@@ -368,13 +370,14 @@ def _recommend_overrides(args: argparse.Namespace) -> list[str]:
     if args.command != "recommend":
         return []
     out = []
-    for flag, key in (("users", "users"), ("history", "history")):
+    for flag, key in (("users", "users"), ("history", "history"), ("history_times", "history_times")):
         value = getattr(args, flag)
         if value is not None:
             ids = [v.strip() for v in value.split(",") if v.strip()]
             for v in ids:
-                if not v.lstrip("-").isdigit():
-                    raise ConfigError(f"--{flag}: {v!r} is not an integer id (give comma-separated ids, e.g. 1,2,3)")
+                if not v.lstrip("-").isdigit() or len(v) > 20:
+                    what = "a time in seconds" if key == "history_times" else "an integer id"
+                    raise ConfigError(f"--{flag.replace('_', '-')}: {v[:30]!r} is not {what} (give comma-separated integers, e.g. 1,2,3)")
             out.append(f"recommend.{key}=[{','.join(ids)}]")
     if args.k is not None:
         out.append(f"recommend.k={args.k}")

@@ -147,22 +147,26 @@ class IndexSection:
 
 @dataclass(frozen=True)
 class RecommendSection:
-    """What `hugerec recommend` answers (the command line's --users / --history / --k / --out override these).
+    """What `hugerec recommend` answers (the command line's --users / --history / --history-times / --k / --out
+    override these).
 
-    users         retrieval: raw user ids; a user the model never saw gets the most popular items
-    users_file    retrieval: a text file with one raw user id per line
-    history       sequential: one history of raw item ids, oldest first (unknown items skipped, counted)
-    history_file  sequential: a text file with one history per line, item ids separated by commas
-    k             items per user / history (at most the catalogue's size)
-    exclude_seen  leave out the user's training items (retrieval) or the history's items (sequential)
-    use_index     answer from the index `hugerec index` built (index.out) instead of exact scoring
-    out           the Parquet file (none: <train.out_dir>/recommendations.parquet)
+    users          retrieval: raw user ids; a user the model never saw gets the most popular items
+    users_file     retrieval: a text file with one raw user id per line
+    history        sequential: one history of raw item ids, oldest first (unknown items skipped, counted)
+    history_file   sequential: a text file with one history per line, item ids separated by commas
+    history_times  sequential, a model trained with times (HSTU, model.times = true): the time in seconds of
+                   each item of `history` (the same length), as the data's timestamp column reads them
+    k              items per user / history (at most the catalogue's size)
+    exclude_seen   leave out the user's training items (retrieval) or the history's items (sequential)
+    use_index      answer from the index `hugerec index` built (index.out) instead of exact scoring
+    out            the Parquet file (none: <train.out_dir>/recommendations.parquet)
     """
 
     users: tuple[int, ...] = ()
     users_file: str | None = None
     history: tuple[int, ...] = ()
     history_file: str | None = None
+    history_times: tuple[int, ...] = ()
     k: int = 10
     exclude_seen: bool = True
     use_index: bool = False
@@ -171,6 +175,9 @@ class RecommendSection:
     def __post_init__(self) -> None:
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
+        for t in self.history_times:
+            if isinstance(t, bool) or not isinstance(t, int) or not -(2**63) <= t < 2**63:
+                raise ValueError(f"history_times: {str(t)[:30]!r} is not a time in int64 seconds")
 
 
 # -- the old dialect -------------------------------------------------------------------------------

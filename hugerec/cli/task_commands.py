@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hugerec.cli.config_file import ConfigError
-from hugerec.cli.interactions_config import SequenceWindows
+from hugerec.cli.interactions_config import RecommendSection, SequenceWindows
 from hugerec.cli.run_config import RunConfig
 from hugerec.data.events import RetrievalData, SequenceData, SequenceProtocol, retrieval_view, sequence_view
 from hugerec.data.input_spec import InputSpec
@@ -550,19 +550,18 @@ def _recommend_sequential(saved: SavedModel, cfg: RunConfig, index: Any) -> tupl
         raw_histories += [_ints(line, f"{r.history_file}: line {n + 1}") for n, line in enumerate(lines) if line.strip()]
     if not raw_histories:
         raise ConfigError("recommend: no history given; pass --history 1,2,3 or set recommend.history / recommend.history_file")
-    if uses_event_times(saved.config):
-        raise ConfigError(
-            f"recommend: {saved.path} is an HSTU trained with model.times = true; recommend takes histories without timestamps, "
-            "which that model was not trained on (train with model.times = false to recommend from item ids alone)"
-        )
+    raw_times = _history_times(saved, r, raw_histories)
     model: SequenceModel = saved.model  # type: ignore[assignment]
     vocab = ItemVocabulary(saved.items_raw)
     max_len = model.cfg.max_len
     dense = [vocab.lookup(np.asarray(h, dtype=np.int64)) for h in raw_histories]
     unknown = np.array([int((d == PAD).sum()) for d in dense])
+    times = [t[d != PAD] for d, t in zip(dense, raw_times, strict=True)]  # each kept item keeps its own time
     dense = [d[d != PAD] for d in dense]
     empty = np.array([len(d) == 0 for d in dense])
-    padded = np.stack([last_n(Sequences(np.zeros(1), np.array([0, len(d)]), d, np.zeros(len(d), np.int64)), max_len)[0] for d in dense])
+    seqs = [Sequences(np.zeros(1), np.array([0, len(d)]), d, t) for d, t in zip(dense, times, strict=True)]
+    padded = np.stack([last_n(s, max_len)[0] for s in seqs])
+    padded_times = np.stack([last_n(s, max_len, values=s.timestamps)[0] for s in seqs]) if uses_event_times(saved.config) else None
     seen = [np.unique(d) if r.exclude_seen else np.empty(0, np.int64) for d in dense]
     notes = []
     if unknown.sum():
@@ -573,7 +572,7 @@ def _recommend_sequential(saved: SavedModel, cfg: RunConfig, index: Any) -> tupl
     scores = np.zeros((len(dense), r.k), dtype=np.float32)
     warm = np.flatnonzero(~empty)
     if len(warm):
-        q = query_vectors(model, torch.from_numpy(padded[warm])).float()
+        q = query_vectors(model, torch.from_numpy(padded[warm]), times=None if padded_times is None else padded_times[warm]).float()
         vectors = sequence_item_vectors(model).float() if index is None else torch.empty(0)
         ids[warm], scores[warm] = _top(q, vectors, r.k, [seen[i] for i in warm], index, 1)
     cold = np.flatnonzero(empty)
@@ -586,6 +585,26 @@ def _recommend_sequential(saved: SavedModel, cfg: RunConfig, index: Any) -> tupl
     table = _rows(np.arange(len(dense)), "history", shifted, scores, saved.items_raw, np.where(empty, "popularity", "model"))
     per_row = np.repeat(unknown, (shifted >= 0).sum(axis=1))
     return table.append_column("unknown_items", pa.array(per_row.astype(np.int32))), notes
+
+
+def _history_times(saved: SavedModel, r: RecommendSection, histories: list[list[int]]) -> list[np.ndarray]:
+    """Each history's item times (int64 seconds): recommend.history_times for a model trained with times
+    (HSTU, model.times = true), zeros (never read) for any other; ConfigError naming the key otherwise."""
+    if not uses_event_times(saved.config):
+        if r.history_times:
+            raise ConfigError(f"recommend.history_times: {saved.path} was trained without timestamps (model.times = false) and takes none")
+        return [np.zeros(len(h), np.int64) for h in histories]
+    if r.history_file:
+        raise ConfigError(
+            f"recommend.history_file: {saved.path} is an HSTU trained with model.times = true, which needs each item's time and "
+            "a history file carries none; give recommend.history with recommend.history_times (--history ... --history-times ...)"
+        )
+    if len(r.history_times) != len(r.history):
+        raise ConfigError(
+            f"recommend.history_times: {saved.path} is an HSTU trained with model.times = true; give one time in seconds per "
+            f"recommend.history item ({len(r.history)} items, {len(r.history_times)} times; --history-times t1,t2,...)"
+        )
+    return [np.asarray(r.history_times, dtype=np.int64)]
 
 
 def warn(notes: list[str], command: str) -> None:

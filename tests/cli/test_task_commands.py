@@ -322,18 +322,46 @@ def test_sequential_train_and_evaluate(sequential_dir: Path, model: str, capsys:
 def test_hstu_with_times_trains_and_evaluates_on_timestamps(sequential_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """model.times = true: the windows, the validation and the test histories carry the events' timestamps
     (the metrics differ from the same HSTU without them, and evaluate reads them again: the same figures);
-    recommend and export, which take no timestamps, refuse that model in one line."""
+    recommend takes the history's times (--history-times; refused in one line naming the key without them, and
+    by a model trained without times), answering what recommend_next gives in process and what the exported
+    next-items bundle answers with "items.times"."""
     assert main(["train", "hstu.toml"]) == 0
     plain = _last_json(capsys.readouterr().out)
+    assert main(["recommend", "hstu.toml", "--history", "5001,5002", "--history-times", "1,2"]) == 2
+    assert "recommend.history_times: " in _one_line_error(capsys, "recommend")
     assert main(["train", "hstu.toml", "model.times=true"]) == 0
     trained = _last_json(capsys.readouterr().out)
     assert trained != plain
     assert main(["evaluate", "hstu.toml", "model.times=true"]) == 0
     assert _last_json(capsys.readouterr().out) == pytest.approx(trained, abs=1e-6)
     assert main(["recommend", "hstu.toml", "model.times=true", "--history", "5001,5002", "--k", "3"]) == 2
-    assert "trained with model.times = true; recommend takes histories without timestamps" in _one_line_error(capsys, "recommend")
-    assert main(["export", "hstu.toml", "model.times=true"]) == 2
-    assert "a next-items bundle scores histories without timestamps" in _one_line_error(capsys, "export")
+    err = _one_line_error(capsys, "recommend")
+    assert "recommend.history_times: " in err and "trained with model.times = true; give one time in seconds per recommend.history item (2 items, 0 times" in err
+    assert main(["recommend", "hstu.toml", "--history", "5001,5002", "--history-times", "1," + "9" * 30]) == 2
+    assert "--history-times: '999999999999999999999999999999' is not a time in seconds" in _one_line_error(capsys, "recommend")
+    history, times = [5001, 5002, 99, 5003], [1_700_000_000, 1_700_000_600, 1_700_000_700, 1_700_090_000]  # 99: unknown
+    args = ["--history", ",".join(map(str, history)), "--history-times", ",".join(map(str, times)), "--k", "4"]
+    assert main(["recommend", "hstu.toml", "model.times=true", *args]) == 0
+    capsys.readouterr()
+    recs = pl.read_parquet(sequential_dir / "run" / "recommendations.parquet")
+
+    from hugerec.serving.bundles.any_bundle import load
+    from hugerec.serving.runtime.next_items_model import NextItemsModel
+    from hugerec.training.model_file import load_model
+    from hugerec.training.sequential import recommend_next
+
+    saved = load_model(sequential_dir / "run" / "model.pt")
+    known = np.array([h != 99 for h in history])
+    dense = saved.lookup(np.array(history)[known])
+    items, scores = recommend_next(saved.model, [dense], k=4, exclude_history=True, times=[np.array(times)[known]])  # type: ignore[arg-type]
+    assert recs["item"].to_list() == saved.items_raw[items[0] - 1].tolist()
+    np.testing.assert_allclose(recs["score"].to_numpy(), scores[0], rtol=1e-5)
+    assert main(["export", "hstu.toml", "model.times=true"]) == 0
+    capsys.readouterr()
+    served = load(sequential_dir / "run" / "bundle")
+    assert isinstance(served, NextItemsModel) and served.uses_times
+    out = served.next_items(np.array(history), np.array([4]), k=4, times=np.array(times))
+    assert out["items"][0].tolist() == recs["item"].to_list() and out["unknown_items"].tolist() == [1]
     assert main(["train", "hstu.toml", "model.times=1"]) == 2
     assert "model.times: expected true or false, got 1" in _one_line_error(capsys, "train")
 

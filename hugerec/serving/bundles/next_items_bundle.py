@@ -5,7 +5,8 @@
     out = model.next_items(values, lengths)      # raw item ids [N] + lengths [B] -> items [B, k], scores [B, k]
 
 A next-items bundle is a folder: `manifest.json` ({"kind": "next_items", "format": 1, name, version, k,
-exclude_seen, sha256 of each file}) and `model.pt` (hugerec.training.model_file's format). Export
+exclude_seen, sha256 of each file; "times": true for a model trained on its items' timestamps, an HSTU with
+`model.times = true`, whose requests carry "items.times"}) and `model.pt` (hugerec.training.model_file's format). Export
 writes a temporary folder and renames it into place; load checks the checksums first.
 
 The loaded model is hugerec.serving.runtime.next_items_model.NextItemsModel (its request and outputs are
@@ -39,7 +40,6 @@ def write_next_items_bundle(
 ) -> Path:
     """A sequential model file -> a next-items bundle at `out` (replaced if it is one already)."""
     saved = load_sequence_model(model_path)  # refuses anything else, before anything is written
-    _refuse_timed(saved.config, f"export: {model_path}")
     if not 1 <= k <= saved.num_items:
         raise ValueError(f"export: k = {k} must be in 1..{saved.num_items} (the catalogue's size)")
     final = Path(out)
@@ -57,6 +57,7 @@ def write_next_items_bundle(
             "model_type": saved.model_type,
             "num_items": saved.num_items,
             "max_len": saved.max_len,
+            **({"times": True} if _timed(saved.config) else {}),  # absent without times: such manifests are as before
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "sha256": {MODEL: sha256_file(tmp / MODEL)},
         }
@@ -64,14 +65,9 @@ def write_next_items_bundle(
     return final
 
 
-def _refuse_timed(config: object, where: str) -> None:
-    """A next-items request carries item ids without timestamps: a model trained on them (HSTU with
-    `times = true`) would be served inputs it never saw, so it is refused."""
-    if getattr(config, "times", False) is True:
-        raise ValueError(
-            f"{where} is an HSTU trained with model.times = true; a next-items bundle scores histories without "
-            "timestamps, which that model was not trained on (serve a model trained with times = false)"
-        )
+def _timed(config: object) -> bool:
+    """Whether a sequential model was trained on its items' timestamps (HSTU with `model.times = true`)."""
+    return getattr(config, "times", False) is True
 
 
 def load_next_items(path: str | Path, name: str | None = None, version: str | None = None, max_rows: int = 65536) -> NextItemsModel:
@@ -86,7 +82,11 @@ def load_next_items(path: str | Path, name: str | None = None, version: str | No
     if not (folder / MODEL).is_file() or sha256_file(folder / MODEL) != expected:
         raise ValueError(f"load_next_items: {folder / MODEL} is missing or does not match its checksum in the manifest")
     saved = load_sequence_model(folder / MODEL)
-    _refuse_timed(saved.config, f"load_next_items: {folder / MODEL}")
+    if bool(manifest.get("times", False)) != _timed(saved.config):
+        raise ValueError(
+            f"load_next_items: {folder / MANIFEST} says times = {bool(manifest.get('times', False))} but the model in "
+            f"{folder / MODEL} was trained with model.times = {_timed(saved.config)}"
+        )
     model: SequenceModel = saved.model  # type: ignore[assignment]
     vectors = all_item_vectors(model).float()
     return NextItemsModel(

@@ -193,12 +193,14 @@ class PipelineRunner:
                 case Sequential():
                     if r.sequential is None:
                         raise ValueError("Pipeline: source 'sequential' needs a next-items model")
+                    _refuse_timed(r.sequential, "source 'sequential'")
 
     def _check_score(self, score: Score) -> None:
         if score.sequential:
             if self.res.sequential is None or not self.res.sequential.scores_candidates:
                 kind = "none" if self.res.sequential is None else f"a {self.res.sequential.saved.model_type}"
                 raise ValueError(f"Pipeline: Score with sequential = true needs an HSTU next-items model (cached candidate scoring); it has {kind}")
+            _refuse_timed(self.res.sequential, "Score with sequential = true")
             return
         ranker = self.res.ranker
         if ranker is None:
@@ -511,3 +513,13 @@ def _occurrence(values: np.ndarray) -> np.ndarray:
     out = np.empty(len(values), np.int64)
     out[order] = rank
     return out
+
+
+def _refuse_timed(model: NextItemsModel, stage: str) -> None:
+    """The interaction store keeps each user's recent items without their times: a next-items model trained on
+    timestamps (an HSTU with model.times = true) cannot be given them here, so the pipeline is refused when built."""
+    if model.uses_times:
+        raise ValueError(
+            f"Pipeline: {stage} uses next-items bundle {model.name!r}, an HSTU trained with model.times = true; the "
+            "interaction store keeps the users' recent items without their times (use a bundle trained with times = false)"
+        )

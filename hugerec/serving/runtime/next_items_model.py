@@ -6,10 +6,15 @@
 Request (KServe v2 / Triton, JSON or the binary extension):
     "items"          INT64 [N] the raw item ids of every history, oldest first, one after another
     "items.lengths"  INT64 [B] items per history            (or "items" [B, L] padded with -1)
+    "items.times"    INT64 [N] (or [B, L] beside padded items) each item's time in seconds: required by a
+                     model trained with times (an HSTU with `model.times = true`: its time buckets read the
+                     differences, so any epoch works, negative seconds too, as the data path reads them),
+                     refused by any other; the metadata lists it only for such a model
     parameters.k     optional, 1..catalogue size (default: the bundle's k)
 Outputs: "items" INT64 [B, k] (raw ids, best first; -1 where fewer than k remain), "scores" FP32
 [B, k], "unknown_items" INT64 [B] (ids the model does not know, skipped), "truncated_items" INT64 [B]
-(known ids left out because the history is longer than the model's max_len: it keeps the last max_len).
+(known ids left out because the history is longer than the model's max_len: it keeps the last max_len,
+with their own times).
 A history with no known item gets the most popular items. Scoring is exact: the query vector against
 every item vector (one [B, I] matmul).
 
@@ -33,6 +38,8 @@ from hugerec.models.hstu import HSTU
 from hugerec.models.sequence import PAD
 from hugerec.serving.runtime.inference_protocol import (
     HEADER_LENGTH,
+    LENGTHS_SUFFIX,
+    PADDING,
     LiveFields,
     RequestError,
     Signature,
@@ -45,6 +52,7 @@ from hugerec.training.model_file import SavedModel as SavedSequenceModel
 from hugerec.training.sequential import SequenceModel, query_vectors
 
 FEATURE = "items"
+TIMES = FEATURE + ".times"
 OUTPUTS = ("items", "scores", "unknown_items", "truncated_items")
 _DATATYPES = {"items": "INT64", "scores": "FP32", "unknown_items": "INT64", "truncated_items": "INT64"}
 
@@ -77,18 +85,35 @@ class NextItemsModel(ServedObject):
     def max_rows(self) -> int:
         return self.request_rows
 
+    @property
+    def uses_times(self) -> bool:
+        """True when the model was trained on its items' timestamps (an HSTU with `model.times = true`):
+        a request then carries "items.times"."""
+        return getattr(self.saved.config, "times", False) is True
+
     def fields(self) -> LiveFields:
-        return LiveFields(self.signature.input_names(), frozenset(), frozenset({0}))
+        names = self.signature.input_names()
+        return LiveFields(names | {TIMES} if self.uses_times else names, frozenset(), frozenset({0}))
 
     async def infer(self, body: bytes, header_length: str | None, live: LiveFields) -> tuple[bytes, dict[str, str]]:
-        return await asyncio.to_thread(self.answer, body, header_length)  # a [B, I] matmul: off the event loop
+        return await asyncio.to_thread(self.answer, body, header_length, live)  # a [B, I] matmul: off the event loop
 
     def close(self) -> None:
         """Nothing to release: the model and the item vectors are tensors in memory."""
 
-    def next_items(self, values: np.ndarray, lengths: np.ndarray, k: int | None = None) -> dict[str, np.ndarray]:
-        """values [N] raw ids, lengths [B] -> {"items": [B, k] raw ids (-1: none), "scores": [B, k], "unknown_items": [B]}."""
+    def next_items(
+        self, values: np.ndarray, lengths: np.ndarray, k: int | None = None, times: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
+        """values [N] raw ids, lengths [B] -> {"items": [B, k] raw ids (-1: none), "scores": [B, k], "unknown_items": [B]}.
+
+        times [N] int64 seconds beside the values: required by a model with `uses_times`, refused otherwise."""
         k = self.k if k is None else k
+        if self.uses_times and times is None:
+            raise RequestError(f"input {TIMES!r} is required: model {self.name!r} was trained on its items' timestamps (int64 seconds, one per item)")
+        if not self.uses_times and times is not None:
+            raise RequestError(f"input {TIMES!r}: model {self.name!r} was trained without timestamps and does not take them")
+        if times is not None and np.shape(times) != np.shape(values):
+            raise RequestError(f"input {TIMES!r} has shape {list(np.shape(times))}; it needs one time per item, {list(np.shape(values))}")
         num_items = self.saved.num_items
         if not 1 <= k <= num_items:
             raise RequestError(f"parameter 'k' = {k} must be in 1..{num_items} (the catalogue's size)")
@@ -99,6 +124,7 @@ class NextItemsModel(ServedObject):
         known = dense != PAD
         unknown = np.bincount(row[~known], minlength=b).astype(np.int64)  # [B]
         dense, row = dense[known], row[known]
+        seconds = None if times is None else np.asarray(times, dtype=np.int64)[known]  # [N_known], the same cut
         n_known = np.bincount(row, minlength=b)
         max_len = self.saved.max_len
         # [B, L] left-padded: the last max_len known ids of each history (position from the history's end)
@@ -108,11 +134,16 @@ class NextItemsModel(ServedObject):
         truncated = np.bincount(row[~keep], minlength=b).astype(np.int64)  # [B]
         padded = np.full((b, max_len), PAD, dtype=np.int64)
         padded[row[keep], max_len - 1 - from_end[keep]] = dense[keep]
+        padded_times = None  # [B, L]: the kept items' own times (0 at padding, which the model never reads)
+        if seconds is not None:
+            padded_times = np.zeros((b, max_len), dtype=np.int64)
+            padded_times[row[keep], max_len - 1 - from_end[keep]] = seconds[keep]
         scores = torch.full((b, num_items), float("-inf"))
         warm = n_known > 0
         if warm.any():
             model: SequenceModel = self.saved.model  # type: ignore[assignment]
-            q = query_vectors(model, torch.from_numpy(padded[warm])).float()  # [W, D]
+            t = None if padded_times is None else padded_times[warm]
+            q = query_vectors(model, torch.from_numpy(padded[warm]), times=t).float()  # [W, D]
             scores[torch.from_numpy(warm)] = q @ self.item_vectors.T  # [W, I]
         if not warm.all():  # nothing known to go on: the most popular items
             scores[torch.from_numpy(~warm)] = torch.from_numpy(self.saved.item_counts[1:].astype(np.float32))
@@ -154,26 +185,36 @@ class NextItemsModel(ServedObject):
             out[known] = scores[0].numpy()
         return out, truncated
 
-    def answer(self, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
-        """An infer request body -> (response body, headers); bad requests raise RequestError (400)."""
+    def answer(self, body: bytes, header_length: str | None, live: LiveFields | None = None) -> tuple[bytes, dict[str, str]]:
+        """An infer request body -> (response body, headers); bad requests raise RequestError (400). "items.times"
+        sent to a model without times is refused, unless another loaded version of it (`live`) takes them."""
         header_bytes, blob = split_body(body, header_length)
         request, tensors = parse_tensors(header_bytes, blob, self.request_rows)
+        raw_times = tensors.pop(TIMES, None)
+        if raw_times is not None and not self.uses_times and live is not None and TIMES in live.inputs and live.versions > 1:
+            raw_times = None  # a canary or stable version trained with times takes them: this one reads the items alone
+        if raw_times is not None and not self.uses_times:
+            raise RequestError(f"input {TIMES!r}: model {self.name!r} was trained without timestamps and does not take them")
         inputs = to_model_inputs(tensors, self.signature)
         values, lengths = inputs.ids[FEATURE]
+        times = None if raw_times is None else request_times(raw_times, tensors[FEATURE], FEATURE + LENGTHS_SUFFIX in tensors)
         params = request.get("parameters") or {}
         k = params.get("k") if isinstance(params, dict) else None
         if k is not None and (isinstance(k, bool) or not isinstance(k, int)):
             raise RequestError(f"parameter 'k' must be an integer, got {k!r}")
-        outputs = self.next_items(values, lengths, k)
+        outputs = self.next_items(values, lengths, k, times)
         return encode(self.name, self.version, request, outputs)
 
     def metadata(self) -> dict[str, Any]:
+        inputs: list[dict[str, Any]] = [
+            {"name": FEATURE, "datatype": "INT64", "shape": [-1]},
+            {"name": FEATURE + LENGTHS_SUFFIX, "datatype": "INT64", "shape": [-1]},
+        ]
+        if self.uses_times:
+            inputs.append({"name": TIMES, "datatype": "INT64", "shape": [-1]})
         return {
             "platform": self.platform,
-            "inputs": [
-                {"name": FEATURE, "datatype": "INT64", "shape": [-1]},
-                {"name": FEATURE + ".lengths", "datatype": "INT64", "shape": [-1]},
-            ],
+            "inputs": inputs,
             "outputs": [
                 {"name": "items", "datatype": "INT64", "shape": [-1, -1]},
                 {"name": "scores", "datatype": "FP32", "shape": [-1, -1]},
@@ -181,6 +222,24 @@ class NextItemsModel(ServedObject):
                 {"name": "truncated_items", "datatype": "INT64", "shape": [-1]},
             ],
         }
+
+
+def request_times(raw: np.ndarray, items: np.ndarray, jagged: bool) -> np.ndarray:
+    """The request's "items.times" -> int64 seconds [N] beside the item values `to_model_inputs` kept (the
+    slots of a [B, L] padded "items" that hold -1 are dropped from both); RequestError naming the field for
+    another shape than the items', non-integers, or values beyond int64 (the decoder already refused
+    integers beyond 64 bits and values outside the declared datatype)."""
+    if raw.shape != items.shape:
+        how = "[N] beside \"items\" and \"items.lengths\"" if jagged else "the shape of \"items\""
+        raise RequestError(f"input {TIMES!r} has shape {list(raw.shape)}; it needs {how}: {list(items.shape)}")
+    if raw.dtype.kind not in "iu":
+        raise RequestError(f"input {TIMES!r} must hold integer seconds, got {raw.dtype}")
+    if raw.dtype == np.uint64 and raw.size and int(raw.max()) > np.iinfo(np.int64).max:
+        raise RequestError(f"input {TIMES!r} has values above the int64 range")
+    seconds = raw.astype(np.int64, copy=False)
+    if not jagged and items.ndim == 2:
+        return seconds[items != PADDING]  # row-major: the same order as the kept item values
+    return seconds.reshape(-1)
 
 
 def encode(model: str, version: str, request: Mapping[str, Any], outputs: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:

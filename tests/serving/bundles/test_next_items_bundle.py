@@ -1,4 +1,5 @@
-"""Next-items bundles: export a sequential model, load it, answer KServe v2 requests (item list + lengths)."""
+"""Next-items bundles: export a sequential model, load it, answer KServe v2 requests (item list + lengths; with
+the items' times for an HSTU trained on them)."""
 
 from __future__ import annotations
 
@@ -224,3 +225,99 @@ def test_an_hstu_is_served_as_next_items_and_scores_candidates(hstu_bundle: Path
     assert scores[1] == -np.inf and truncated == 11 - (MAX_LEN - 1)
     with pytest.raises(ValueError, match="sasrec, which has no candidate scoring"):
         load_next_items(bundle).candidate_scores(history, candidates)
+
+
+@pytest.fixture(scope="module")
+def timed_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An HSTU trained on its items' timestamps (model.times = true), exported as a next-items bundle."""
+    torch.manual_seed(0)
+    config = HSTUConfig(max_len=MAX_LEN, dim=16, num_layers=2, num_heads=2, times=True)
+    model = HSTU(config.sequence_config(NUM_ITEMS), Adam(lr=0.01), config.options())
+    rng = np.random.default_rng(0)
+    start = rng.integers(1, NUM_ITEMS + 1, 200)
+    windows = (start[:, None] + np.arange(MAX_LEN + 1)[None, :] - 1) % NUM_ITEMS + 1
+    times = np.cumsum(rng.integers(1, 10**6, windows.shape), axis=1)  # increasing seconds, gaps of many buckets
+    quiet = TrainConfig(epochs=2, lr=0.01, progress=False, tensorboard=False, plot=False)
+    fit(model, window_batches(windows, 32, times=times), None, quiet, family=SequentialFamily(times=True))
+    root = tmp_path_factory.mktemp("timed")
+    save_model(root / "model.pt", model, config, Adam(lr=0.01), ids=RawIds(RAW, COUNTS))
+    return export(root / "model.pt", root / "bundle", name="timed", k=5)
+
+
+def test_a_timed_hstu_is_exported_and_its_manifest_says_so(timed_bundle: Path, bundle: Path, tmp_path: Path) -> None:
+    manifest = json.loads((timed_bundle / "manifest.json").read_text())
+    assert manifest["times"] is True and "times" not in json.loads((bundle / "manifest.json").read_text())
+    served = load_next_items(timed_bundle)
+    assert served.uses_times and not load_next_items(bundle).uses_times
+    # a manifest that disagrees with its model is refused at load
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(timed_bundle, copy)
+    del manifest["times"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"says times = False but the model .* was trained with model.times = True"):
+        load_next_items(copy)
+
+
+@pytest.fixture(scope="module")
+def timed_server(timed_bundle: Path, bundle: Path) -> Iterator[str]:
+    srv = InferenceServer(ServerConfig(limits=RequestLimits(max_request_rows=16)))
+    srv.add_bundle(timed_bundle)
+    srv.add_bundle(bundle)
+    with BackgroundServer(srv) as url:
+        yield url
+    srv.close()
+
+
+HIST = [np.array([3, 4, 5]), np.arange(1, 12)]  # dense ids; the second longer than MAX_LEN
+HIST_T = [np.array([1_000, 50_000, 50_060]), np.cumsum(np.arange(1, 12) ** 4) + 1_600_000_000]
+
+
+def test_the_server_answers_a_timed_hstu_as_recommend_next_with_times(timed_bundle: Path, timed_server: str) -> None:
+    saved = load_model(timed_bundle / "model.pt")
+    items, scores = recommend_next(saved.model, HIST, k=4, exclude_history=True, times=HIST_T)  # type: ignore[arg-type]
+    request = {
+        "inputs": [
+            {"name": "items", "datatype": "INT64", "shape": [14], "data": RAW[np.concatenate(HIST) - 1].tolist()},
+            {"name": "items.lengths", "datatype": "INT64", "shape": [2], "data": [3, 11]},
+            {"name": "items.times", "datatype": "INT64", "shape": [14], "data": np.concatenate(HIST_T).tolist()},
+        ],
+        "parameters": {"k": 4},
+    }
+    r = httpx.post(f"{timed_server}/v2/models/timed/infer", json=request)
+    assert r.status_code == 200, r.text
+    outputs = {o["name"]: o for o in r.json()["outputs"]}
+    assert outputs["items"]["data"] == RAW[items - 1].ravel().tolist()
+    np.testing.assert_allclose(np.array(outputs["scores"]["data"]).reshape(2, 4), scores, rtol=1e-6, atol=1e-7)
+    assert outputs["truncated_items"]["data"] == [0, 11 - MAX_LEN]
+    # the history longer than max_len reads its tail's own times: the same answer as the tail alone
+    tail = recommend_next(saved.model, [HIST[1][-MAX_LEN:]], k=4, times=[HIST_T[1][-MAX_LEN:]])  # type: ignore[arg-type]
+    np.testing.assert_array_equal(tail[1][0], recommend_next(saved.model, [HIST[1]], k=4, times=[HIST_T[1]])[1][0])  # type: ignore[arg-type]
+    meta = httpx.get(f"{timed_server}/v2/models/timed").json()
+    assert [i["name"] for i in meta["inputs"]] == ["items", "items.lengths", "items.times"]
+
+
+HUGE = "7" * 5000
+
+
+@pytest.mark.parametrize(
+    ("model", "times", "message"),
+    [
+        ("timed", None, "input 'items.times' is required"),
+        ("timed", "[1, 2]", "input 'items.times': shape [3] needs 3 values, 'data' has 2"),
+        ("timed", "[1.5, 2, 3]", "input 'items.times': datatype INT64 needs integers"),
+        ("timed", f"[1, 2, {HUGE}]", "field 'inputs[2].data[2]': an integer of 5000 digits"),
+        ("timed", f"[1, 2, 1{'0' * 400}]", "field 'inputs[2].data[2]': an integer of 401 digits"),
+        ("timed", "[1, [2], 3]", "input 'items.times': 'data' is not a regular array"),
+        ("seq", "[1, 2, 3]", "input 'items.times': model 'seq' was trained without timestamps and does not take them"),
+    ],
+)
+def test_bad_times_over_http_are_400_naming_the_field(timed_server: str, model: str, times: str | None, message: str) -> None:
+    inputs = ['{"name": "items", "datatype": "INT64", "shape": [3], "data": [1000, 1003, 1006]}',
+              '{"name": "items.lengths", "datatype": "INT64", "shape": [1], "data": [3]}']
+    if times is not None:
+        inputs.append('{"name": "items.times", "datatype": "INT64", "shape": [3], "data": ' + times + "}")
+    body = '{"inputs": [' + ", ".join(inputs) + "]}"
+    r = httpx.post(f"{timed_server}/v2/models/{model}/infer", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and message in r.json()["error"], r.text

@@ -33,6 +33,7 @@ from hugerec.serving.pipeline.stages import (
     Popular,
     Retrieve,
     Score,
+    Sequential,
 )
 from hugerec.serving.runtime.inference_protocol import RequestError
 from hugerec.sparse.batch import Batch
@@ -322,10 +323,11 @@ def test_feature_store_on_the_other_tiers(tier: str, tmp_path: Any, request: pyt
         store.close()
 
 
-def _sequential(tmp_path: Any, model_type: str) -> Any:
-    """A next-items model over the toy catalogue (raw item id i = dense id i + 1), untrained."""
+def _sequential(tmp_path: Any, model_type: str, times: bool = False) -> Any:
+    """A next-items model over the toy catalogue (raw item id i = dense id i + 1), untrained; times: an HSTU
+    trained with model.times = true."""
     torch.manual_seed(0)
-    config = HSTUConfig(max_len=6, dim=8, num_layers=1, num_heads=2) if model_type == "hstu" else SASRecConfig(max_len=6, dim=8, num_layers=1, num_heads=2)
+    config = HSTUConfig(max_len=6, dim=8, num_layers=1, num_heads=2, times=times) if model_type == "hstu" else SASRecConfig(max_len=6, dim=8, num_layers=1, num_heads=2)
     cfg = config.sequence_config(ITEMS)
     model = HSTU(cfg) if model_type == "hstu" else SASRec(cfg)
     counts = np.concatenate([[0], np.ones(ITEMS)]).astype(np.int64)
@@ -351,3 +353,14 @@ def test_score_with_the_sequential_model_ranks_by_its_cached_candidate_scores(tm
         PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Score(sequential=True), Order())), res)
     with pytest.raises(ValueError, match="sequential = true takes no dense or sparse inputs"):
         Score(sparse=(("item", "item.id"),), sequential=True)
+
+
+def test_a_next_items_model_trained_with_times_is_refused_when_the_pipeline_is_built(tmp_path: Any) -> None:
+    """The interaction store keeps the users' recent items without their times: the Score stage and the
+    sequential source refuse an HSTU trained on them, in one line naming the stage and the bundle."""
+    res = resources(make_world(8))
+    res.sequential = _sequential(tmp_path, "hstu", times=True)
+    with pytest.raises(ValueError, match=r"^Pipeline: Score with sequential = true uses next-items bundle 'model', an HSTU trained with model.times = true"):
+        PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Score(sequential=True), Order())), res)
+    with pytest.raises(ValueError, match=r"^Pipeline: source 'sequential' uses next-items bundle 'model', an HSTU trained with model.times = true"):
+        PipelineRunner(PipelineSpec((Retrieve((Sequential(5),)), Order())), res)

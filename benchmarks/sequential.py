@@ -44,6 +44,11 @@ Timing parts:
                       jagged layout with the windows' timestamps (time buckets on), the cost of the times.
   hstu cached scoring 1,024 candidates for one 199-item history: cached (M-FALCON) against one forward per
                       candidate and one batched forward of 1,024 sequences (ms, ratios).
+  hstu serving        the served next-items answer (NextItemsModel.answer: the KServe v2 JSON request decoded,
+                      the query, the exact top-10 over the catalogue, the response encoded) of an HSTU bundle
+                      trained with times ("items.times" in the request) against the same weights exported
+                      without times, ML-1M shape (max_len 50, dim 64, 2 layers, 2 heads), B = 1 and 64
+                      histories of 50 items per request, in turn: median ms per request and the ratio.
   softmax             the full-softmax loss of a MovieLens step and its backward: the blocked loss against
                       F.cross_entropy on the [N, I] logits (ms and CPU ms per call, ratio).
   train <shape>       SASRec training samples/s (length 50, dim 64, 2 blocks) on a synthetic 1M-item
@@ -907,6 +912,63 @@ def hstu_scoring(records: Records, quick: bool, seed: int) -> None:
         print(f"  cached vs {name}: {sec / cached_s:.1f}x (target >= {target}x)", flush=True)
 
 
+def hstu_serving(records: Records, quick: bool, seed: int) -> None:
+    """The served next-items answer of the same HSTU weights exported with times (requests carry "items.times")
+    and without: median ms per request, in turn on the same histories (ML-1M users' last 50 items)."""
+    import tempfile
+
+    from hugerec.models.hstu import HSTUConfig
+    from hugerec.serving.bundles.next_items_bundle import load_next_items, write_next_items_bundle
+    from hugerec.training.model_file import RawIds, save_model
+
+    max_len = 50
+    windows, window_times, num_items = movielens_windows(max_len)
+    full = (windows[:, 1:] != 0).all(axis=1)
+    histories, times = windows[full][:, 1:], window_times[full][:, 1:]  # users with 50 items: [U, 50] dense ids, seconds
+    torch.manual_seed(seed)
+    config = HSTUConfig(max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2, times=True)
+    model = HSTU(config.sequence_config(num_items), Adam(lr=1e-3), config.options())
+    with torch.no_grad():  # time biases that are read (a fresh model's are zeros)
+        for layer in model.blocks:
+            layer.time_bias.normal_(generator=torch.Generator().manual_seed(seed))
+    raw = np.arange(1, num_items + 1, dtype=np.int64) * 7  # raw id of dense item d: 7 d
+    counts = np.concatenate([[0], np.ones(num_items)]).astype(np.int64)
+    repeats = 20 if quick else 100
+    print(f"hstu serving (next-items answers of an HSTU bundle with times and without, {len(histories)} users' last {max_len} items, {repeats} requests per side)", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        served = {}
+        for name, timed in (("hugerec-hstu-times", True), ("hugerec-hstu", False)):
+            path = Path(tmp) / f"{name}.pt"
+            save_model(path, model, replace(config, times=timed), Adam(lr=1e-3), ids=RawIds(raw, counts))
+            served[name] = load_next_items(write_next_items_bundle(path, Path(tmp) / name, name=name, k=10))
+        rng = np.random.default_rng(seed)
+        for b in (1, 64):
+            bodies: dict[str, list[bytes]] = {name: [] for name in served}
+            for _ in range(repeats):
+                rows = rng.choice(len(histories), b, replace=False)
+                inputs = [
+                    {"name": "items", "datatype": "INT64", "shape": [b * max_len], "data": raw[histories[rows] - 1].ravel().tolist()},
+                    {"name": "items.lengths", "datatype": "INT64", "shape": [b], "data": [max_len] * b},
+                ]
+                seconds = {"name": "items.times", "datatype": "INT64", "shape": [b * max_len], "data": times[rows].ravel().tolist()}
+                bodies["hugerec-hstu-times"].append(json.dumps({"inputs": [*inputs, seconds]}).encode())
+                bodies["hugerec-hstu"].append(json.dumps({"inputs": inputs}).encode())
+            ms: dict[str, list[float]] = {name: [] for name in served}
+            for i in range(repeats + 1):  # request 0 warms up
+                for name, model_side in served.items():
+                    t0 = time.perf_counter()
+                    model_side.answer(bodies[name][max(i - 1, 0)], None)
+                    if i:
+                        ms[name].append((time.perf_counter() - t0) * 1000)
+            config_name = f"hstu serving B={b}"
+            for name, values in ms.items():
+                record(records, config_name, name, float(np.median(values)), "ms per request", higher=False)
+                print(f"  B={b:<3d} {name:20s} {np.median(values):8.2f} ms (median)", flush=True)
+            ratio = float(np.median(ms["hugerec-hstu-times"]) / np.median(ms["hugerec-hstu"]))
+            record(records, config_name, "hugerec-hstu-times", ratio, "x hugerec-hstu (ms per request)", higher=False)
+            print(f"  B={b:<3d} with times / without: {ratio:.2f}x the time per request", flush=True)
+
+
 def softmax_loss(records: Records, quick: bool, seed: int) -> None:
     """The full-softmax loss of a MovieLens step (N 6,400 positions, 3,615 items, dim 64) with its backward:
     hugerec's blocked loss against F.cross_entropy on the [N, I] logits, in turn, same inputs; wall and
@@ -944,7 +1006,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="first grid point of each baseline, 2 epochs of at most 24 (40) steps, short timings")
     parser.add_argument("--json", help="write every figure to this JSON file")
-    parser.add_argument("--only", default="movielens,yoochoose,train,hstu-train,hstu-scoring,softmax", help="comma-separated parts to run")
+    parser.add_argument("--only", default="movielens,yoochoose,train,hstu-train,hstu-scoring,hstu-serving,softmax", help="comma-separated parts to run")
     parser.add_argument("--models", default="hugerec-sasrec,hugerec-hstu", help="comma-separated hugerec models to train (also hugerec-mlm, hugerec-gru4rec; none: the baselines only)")
     parser.add_argument("--epochs", help="N or MODEL=N,...: skip the model's validation run and train N epochs (default: chosen on the valid split)")
     parser.add_argument("--max-epochs", type=int, default=30, help="validation run: at most this many epochs")
@@ -995,7 +1057,7 @@ def main() -> None:
     settings = movielens_settings(args, model_list(args))  # a bad setting exits here, before any work
     if "movielens" in parts:
         check_decay_horizons(args, settings)
-    if parts & {"movielens", "yoochoose", "hstu-train", "hstu-scoring"} and not DATA.exists():
+    if parts & {"movielens", "yoochoose", "hstu-train", "hstu-scoring", "hstu-serving"} and not DATA.exists():
         raise SystemExit(f"benchmarks/sequential.py: data folder {DATA} not found; set HUGEREC_DATA")
     if "yoochoose" in parts:
         yoochoose(records, args)
@@ -1005,6 +1067,8 @@ def main() -> None:
         hstu_train(records, args.quick, args.seed)
     if "hstu-scoring" in parts:
         hstu_scoring(records, args.quick, args.seed)
+    if "hstu-serving" in parts:
+        hstu_serving(records, args.quick, args.seed)
     if "train" in parts:
         throughput(records, args.quick, args.seed, args.train_seconds)
     if "softmax" in parts:

@@ -321,3 +321,30 @@ def test_bad_times_over_http_are_400_naming_the_field(timed_server: str, model: 
     body = '{"inputs": [' + ", ".join(inputs) + "]}"
     r = httpx.post(f"{timed_server}/v2/models/{model}/infer", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400 and message in r.json()["error"], r.text
+
+
+def test_a_version_without_times_ignores_them_while_a_version_with_them_is_loaded(timed_bundle: Path, bundle: Path) -> None:
+    """Canary routing across a change of the fields: clients send "items.times" for the version trained with
+    them; the other version (no times) reads the items alone rather than refusing the request."""
+    srv = InferenceServer(ServerConfig())
+    srv.add_bundle(timed_bundle, name="recs", version="1")
+    srv.add_bundle(bundle, name="recs", version="2")
+    body = {"inputs": [
+        {"name": "items", "datatype": "INT64", "shape": [2], "data": [1000, 1003]},
+        {"name": "items.lengths", "datatype": "INT64", "shape": [1], "data": [2]},
+        {"name": "items.times", "datatype": "INT64", "shape": [2], "data": [10, 20]},
+    ]}
+    try:
+        with BackgroundServer(srv) as url:
+            assert httpx.post(f"{url}/v2/models/recs/infer", json=body).json()["model_version"] == "1"
+            srv.model_versions("recs").set_canary("2", 1.0)
+            r = httpx.post(f"{url}/v2/models/recs/infer", json=body)
+            assert r.status_code == 200 and r.json()["model_version"] == "2", r.text
+            meta = httpx.get(f"{url}/v2/models/recs/versions/1").json()
+            assert [i["name"] for i in meta["inputs"]] == ["items", "items.lengths", "items.times"]
+            srv.model_versions("recs").promote("2")
+            srv.unload("recs", "1")
+            r = httpx.post(f"{url}/v2/models/recs/infer", json=body)  # no loaded version takes them now
+            assert r.status_code == 400 and "input 'items.times': model 'recs' was trained without timestamps" in r.json()["error"]
+    finally:
+        srv.close()

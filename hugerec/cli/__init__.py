@@ -134,7 +134,8 @@ COMMANDS = {
         "(preprocess.out/workflow, when present, so /predict takes raw rows) and a manifest with checksums.\n"
         "Sequential models (sasrec, mlm, gru4rec) export a next-items bundle instead: the server answers\n"
         "KServe v2 requests with an INT64 item list (\"items\" [N] + \"items.lengths\" [B]) by the top\n"
-        "recommend.k next items (\"items\", \"scores\", \"unknown_items\"), scored exactly over the catalogue.\n"
+        "recommend.k next items (\"items\", \"scores\", \"unknown_items\"), scored exactly over the catalogue;\n"
+        "an HSTU trained with model.times = true also takes each item's seconds (\"items.times\", INT64 [N]).\n"
         "example: hugerec export configs/quickstart.toml && hugerec serve runs/quickstart/bundle\n"
         "example: hugerec export configs/yoochoose_sasrec.toml && hugerec serve runs/yoochoose_sasrec/bundle",
     ),

@@ -7,6 +7,7 @@ torchrun --nproc-per-node 2 -m hugerec train ...   -> the command calls init_fro
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.util
 import multiprocessing
@@ -66,7 +67,18 @@ def init_from_env(backend: str | None = None, timeout_s: float = 1800.0) -> Dist
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group(chosen, timeout=timedelta(seconds=timeout_s))
+        # A process that ends with its group alive can abort (SIGABRT) in interpreter finalization: gloo's
+        # worker threads still hold finished work whose tensors are freed after Python is torn down. The
+        # group this function made is destroyed at exit, while the interpreter is whole (a no-op if the
+        # caller destroyed it already).
+        atexit.register(destroy_at_exit)
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device, dist.get_backend())
+
+
+def destroy_at_exit() -> None:
+    """Destroy the default process group if it is still up (`init_from_env` registers this with atexit)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _reference(fn: Callable[..., Any]) -> tuple[str, str, str | None]:

@@ -49,3 +49,37 @@ def test_init_from_env_needs_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert launched_by_torchrun() and os.environ["RANK"] == "0"
+
+
+EXIT_SCRIPT = """
+import atexit, sys
+import torch
+import torch.distributed as dist
+from hugerec.distributed.launch import init_from_env
+
+# registered before init_from_env's handler, so atexit runs it after: it sees what that handler left
+atexit.register(lambda: print("group alive at exit:", dist.is_initialized(), flush=True))
+env = init_from_env("gloo")
+t = torch.ones(3) * (env.rank + 1)
+dist.all_reduce(t)
+print("sum", int(t[0]), flush=True)
+"""
+
+
+def test_init_from_env_destroys_its_group_at_exit() -> None:
+    """A torchrun-style process that never calls destroy_process_group still ends with its group destroyed
+    (by the atexit handler init_from_env registers), while the interpreter is whole: exiting with a live gloo
+    group can abort in finalization."""
+    import subprocess
+    import sys
+
+    port = str(free_port())
+    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", EXIT_SCRIPT], env=base | {"RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for out in outs:
+        assert "sum 3" in out and "group alive at exit: False" in out, out

@@ -141,15 +141,20 @@ def test_times_feed_hstu_in_training_and_scoring_and_are_refused_for_sasrec() ->
         seq.train_model("hugerec-sasrec", split, s, 1, 0)
 
 
-def test_a_bad_set_item_exits_before_any_work(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "sequential.py"), "--only", "movielens", "--models", "hugerec-hstu", "--set", "hugerec-hstu.dropout=-0.1"],
+def _run_script(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """benchmarks/sequential.py with `args`, run from tmp_path with no data folder in reach."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sequential.py"), *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "HUGEREC_DATA": str(tmp_path / "no-data")},
     )
+
+
+def test_a_bad_set_item_exits_before_any_work(tmp_path: Path) -> None:
+    done = _run_script(tmp_path, "--only", "movielens", "--models", "hugerec-hstu", "--set", "hugerec-hstu.dropout=-0.1")
     assert done.returncode != 0
     assert "hugerec-hstu.dropout=-0.1" in done.stderr
     assert "dropout must be a number in [0, 1), got -0.1" in done.stderr
@@ -185,13 +190,6 @@ def test_a_run_longer_than_its_decay_is_refused(flags: dict[str, object], named:
 
 
 def test_lr_decay_epochs_below_1_exits_in_one_line(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "sequential.py"), "--only", "movielens", "--lr-decay-epochs", "0"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "HUGEREC_DATA": str(tmp_path / "no-data")},
-    )
+    done = _run_script(tmp_path, "--only", "movielens", "--lr-decay-epochs", "0")
     assert done.returncode != 0
     assert done.stderr.strip() == "benchmarks/sequential.py: --lr-decay-epochs must be an integer >= 1, got 0"

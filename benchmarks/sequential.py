@@ -66,7 +66,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -129,6 +129,7 @@ from hugerec.training.sequential import (
     window_width,
 )
 from hugerec.training.trainer import TrainConfig, fit
+from hugerec.training.weight_average import EpochAverage
 
 DATA = Path(os.environ.get("HUGEREC_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
 Records = list[dict[str, Any]]
@@ -263,9 +264,10 @@ class DeepSettings:
     hstu_attention_dim: int = 0  # HSTU: per-head width of queries and keys (0: dim / heads)
     lr_decay_epochs: int = 0  # 0: a constant lr; N: every lr decays linearly to 0 over N epochs (lr_schedule)
     times: bool = False  # HSTU: the items' timestamps feed its time buckets in training, validation and test
+    average_epochs: int = 1  # 1: the raw weights; K: the mean of the weights at the last K epoch ends (fit's average_epochs)
 
     def __post_init__(self) -> None:
-        for name in ("max_len", "batch", "layers", "heads", "dim"):
+        for name in ("max_len", "batch", "layers", "heads", "dim", "average_epochs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -321,10 +323,13 @@ def train_model(
     on_epoch: Callable[[Any, int], None] | None = None,
 ) -> Any:
     """The model trained by `fit` (the sequential family, full softmax); on_epoch(model, e) after each
-    epoch e (0-based) that ran to its end; it may raise _Stop to end training there."""
+    epoch e (0-based) that ran to its end, with the raw weights (fit averages nothing then: the callback takes
+    the means it wants, `EpochMeans`); it may raise _Stop to end training there. Without on_epoch the model
+    returned is fit's mean of the last s.average_epochs epoch ends."""
     model = build_model(name, split.num_items, s, seed)
     tc = TrainConfig(
-        epochs=epochs, lr=s.lr, max_steps=max_steps, seed=seed, progress=False, tensorboard=False, plot=False, schedule=lr_schedule(s)
+        epochs=epochs, lr=s.lr, max_steps=max_steps, seed=seed, progress=False, tensorboard=False, plot=False, schedule=lr_schedule(s),
+        average_epochs=1 if on_epoch is not None else s.average_epochs,
     )
     width = window_width(model)
     # "last": each sequence's last max_len (+ 1) items; "sliding": windows over the whole of each sequence
@@ -358,14 +363,47 @@ def checkpoint_path(folder: Path, name: str, seed: int, epoch: int) -> Path:
     return folder / f"{name}-seed{seed}-epoch{epoch}.pt"
 
 
+class EpochMeans:
+    """Several epoch-tail means from one training run: the ring of the last max(ks) epoch-end weights
+    (weight_average.EpochAverage, as `fit` keeps it) and, for each K in ks, the model with the mean of the
+    last K of them loaded for a while. The raw trajectory is the same for every K (training goes on from the
+    raw weights), so one run gives every K's validation curve."""
+
+    def __init__(self, ks: tuple[int, ...]) -> None:
+        self.ks = ks
+        self.ring: EpochAverage | None = None
+
+    def each(self, model: Any, epoch: int) -> Iterator[int]:
+        """After epoch `epoch` (0-based): for each K, the model holds the mean of the last K epoch ends while the
+        caller's loop body runs (K = 1: the raw weights); the raw weights are back after the loop."""
+        if max(self.ks) > 1:
+            if self.ring is None:
+                self.ring = EpochAverage(model, max(self.ks), key="average_epochs")
+            self.ring.push(epoch)
+        for k in self.ks:
+            if k == 1:
+                yield k
+                continue
+            assert self.ring is not None
+            with self.ring.averaged(epoch, k):
+                yield k
+
+
 def save_test_checkpoints(name: str, test: Split, s: DeepSettings, max_epochs: int, seed: int, folder: Path) -> None:
     """--save-test-checkpoints: train on the test split's training data for max_epochs, saving the weights
     after every epoch and scoring nothing, while the validation run chooses the epoch; the test is then
     read once, from the chosen epoch's file (--checkpoints). Training is deterministic and the lr a function
     of the step alone (constant, or decayed over lr_decay_epochs whatever the run's length), so the weights
-    after epoch E are those of an E-epoch run."""
+    after epoch E are those of an E-epoch run; with average_epochs K the file of epoch E holds the mean of
+    epochs E - K + 1 .. E, as fit's E-epoch run returns it."""
     folder.mkdir(parents=True, exist_ok=True)
-    train_model(name, test, s, max_epochs, seed, None, lambda model, epoch: torch.save(model.state_dict(), checkpoint_path(folder, name, seed, epoch + 1)))
+    means = EpochMeans((s.average_epochs,))
+
+    def save(model: Any, epoch: int) -> None:
+        for _ in means.each(model, epoch):
+            torch.save(model.state_dict(), checkpoint_path(folder, name, seed, epoch + 1))
+
+    train_model(name, test, s, max_epochs, seed, None, save)
 
 
 def test_model(name: str, test: Split, s: DeepSettings, epochs: int, seed: int, max_steps: int | None, checkpoints: Path | None) -> Any:
@@ -385,31 +423,39 @@ def model_block(model: Any, split: Split, times: bool = False) -> Callable[[int,
 
 
 def choose_epochs(
-    name: str, valid: Split, s: DeepSettings, max_epochs: int, patience: int, key: str, k: int, max_steps: int | None, seed: int = 0
-) -> tuple[int, list[dict[str, float]]]:
-    """Train on the valid split's training data, score the valid targets after every epoch; the epoch with
-    the best `key` (stop after `patience` epochs without a better one) and every metric of every epoch."""
-    curve: list[dict[str, float]] = []
+    name: str, valid: Split, s: DeepSettings, max_epochs: int, patience: int, key: str, k: int, max_steps: int | None, seed: int = 0,
+    average_grid: tuple[int, ...] = (),
+) -> tuple[int, dict[int, list[dict[str, float]]]]:
+    """Train on the valid split's training data, score the valid targets after every epoch, for every K of
+    average_grid and s.average_epochs (the mean of the last K epoch ends, all from the same raw run); the
+    epoch with the best `key` on s.average_epochs' curve, and each K's curve (every metric of every epoch).
+    Training stops after `patience` epochs in which no K's curve found a better `key`."""
+    ks = tuple(sorted({s.average_epochs, *average_grid}))
+    curves: dict[int, list[dict[str, float]]] = {a: [] for a in ks}
+    means = EpochMeans(ks)
 
-    def best() -> int:
-        return int(np.argmax([m[key] for m in curve]))
+    def best(a: int) -> int:
+        return int(np.argmax([m[key] for m in curves[a]]))
 
     def evaluate_epoch(model: Any, epoch: int) -> None:
-        curve.append(split_metrics(valid, model_block(model, valid, s.times), k))
-        print(f"    {name} epoch {epoch + 1}: valid " + "  ".join(f"{m} {v:.4f}" for m, v in curve[-1].items() if "@" in m), flush=True)
-        if len(curve) - 1 - best() >= patience:
+        for a in means.each(model, epoch):
+            curves[a].append(split_metrics(valid, model_block(model, valid, s.times), k))
+            tag = "" if len(ks) == 1 else f" (mean of the last {a})" if a > 1 else " (raw)"
+            print(f"    {name} epoch {epoch + 1}{tag}: valid " + "  ".join(f"{m} {v:.4f}" for m, v in curves[a][-1].items() if "@" in m), flush=True)
+        if min(epoch - best(a) for a in ks) >= patience:
             raise _Stop
 
     model = train_model(name, valid, s, max_epochs, seed, max_steps, evaluate_epoch)
-    if not curve:  # --quick's max_steps ended training inside the first epoch
-        curve.append(split_metrics(valid, model_block(model, valid, s.times), k))
-    return best() + 1, curve
+    if not curves[ks[0]]:  # --quick's max_steps ended training inside the first epoch: one raw point for every K
+        point = split_metrics(valid, model_block(model, valid, s.times), k)
+        curves = {a: [point] for a in ks}
+    return best(s.average_epochs) + 1, curves
 
 
 def quality(
     records: Records, dataset: str, valid: Split, test: Split, quick: bool, models: list[str], settings: dict[str, DeepSettings],
     metrics: tuple[str, str], k: int, seeds: range, max_epochs: int, patience: int, epochs_override: dict[str, int], max_steps: int | None,
-    baselines_on: bool = True, checkpoints: Path | None = None, valid_seed: int = 0,
+    baselines_on: bool = True, checkpoints: Path | None = None, valid_seed: int = 0, average_grid: tuple[int, ...] = (),
 ) -> None:
     """Choose every setting on `valid`, then fit on test.train (= train + valid) and read `test` once."""
     key = metrics[0]
@@ -426,10 +472,13 @@ def quality(
         epochs = epochs_override.get(name, 0)
         if not epochs:
             t0 = time.process_time()
-            epochs, curve = choose_epochs(name, valid, settings[name], max_epochs, patience, key, k, max_steps, valid_seed)
-            for e, got in enumerate(curve, start=1):
-                for metric in metrics:
-                    record(records, f"quality {dataset} valid {metric} epoch {e}", name, got[metric], "fraction")
+            epochs, curves = choose_epochs(name, valid, settings[name], max_epochs, patience, key, k, max_steps, valid_seed, average_grid)
+            curve = curves[settings[name].average_epochs]
+            for average, each in curves.items():  # K = 1 (the raw weights) under the names of the earlier rounds
+                tag = "" if average == 1 else f" average {average}"
+                for e, got in enumerate(each, start=1):
+                    for metric in metrics:
+                        record(records, f"quality {dataset} valid {metric} epoch {e}{tag}", name, got[metric], "fraction")
             for metric in metrics:  # every metric at the epoch chosen by `key`
                 record(records, f"quality {dataset} valid {metric}", name, curve[epochs - 1][metric], f"fraction (epoch {epochs} of {len(curve)}, chosen by {key})")
             record(records, f"quality {dataset} valid cpu", name, time.process_time() - t0, "CPU seconds (validation run)", higher=False)
@@ -448,6 +497,7 @@ def quality(
             for seed, v in zip(seeds, values, strict=True):
                 record(records, f"quality {dataset} {metric} seed {seed}", name, v, "fraction")
         record(records, f"quality {dataset} epochs", name, float(epochs), "epochs (chosen on valid)", higher=False)
+        record(records, f"quality {dataset} average epochs", name, float(settings[name].average_epochs), "epoch ends averaged (setting)", higher=False)
     for method, got in results.items():
         for metric in metrics:
             record(records, f"quality {dataset} {metric}", method, got[metric], "fraction")
@@ -519,6 +569,19 @@ def yoochoose_splits() -> tuple[Split, Split]:
     return split("valid", tr_raw, valid_raw), split("test", full_raw, test_raw)
 
 
+def average_grid(text: str | None) -> tuple[int, ...]:
+    """--average-epochs-grid 1,3,5,8 -> (1, 3, 5, 8); exits naming the flag on anything but integers >= 1."""
+    if not text:
+        return ()
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise SystemExit(f"benchmarks/sequential.py: --average-epochs-grid {text!r}: expected integers >= 1, e.g. 1,3,5,8") from None
+    if any(v < 1 for v in values):
+        raise SystemExit(f"benchmarks/sequential.py: --average-epochs-grid {text!r}: every K must be >= 1")
+    return values
+
+
 def model_list(args: argparse.Namespace) -> list[str]:
     return [] if args.models == "none" else args.models.split(",")
 
@@ -538,6 +601,7 @@ def epochs_by_model(text: str | None) -> dict[str, int]:
 
 SETTING_FLAGS = (
     "max_len", "lr", "batch", "windows", "dropout", "layers", "heads", "hstu_temperature", "dim", "hstu_attention_dim", "lr_decay_epochs",
+    "average_epochs",
 )
 
 
@@ -622,7 +686,7 @@ def movielens(records: Records, args: argparse.Namespace, settings: dict[str, De
     quality(
         records, "movielens", valid, test, args.quick, models, settings, ("recall@10", "ndcg@10"), 10, seed_range(args),
         2 if args.quick else args.max_epochs, args.patience, epochs_by_model(args.epochs), 24 if args.quick else None, not args.no_baselines,
-        None if args.checkpoints is None else Path(args.checkpoints), args.valid_seed,
+        None if args.checkpoints is None else Path(args.checkpoints), args.valid_seed, average_grid(args.average_epochs_grid),
     )
 
 
@@ -1037,6 +1101,15 @@ def main() -> None:
         help="MovieLens: one model's setting (repeatable), e.g. hugerec-hstu.layers=4; fields: " + ", ".join(FIELD_TYPES)
         + "; hugerec-hstu.times=true feeds the MovieLens timestamps to HSTU's time buckets (training windows, validation and test histories)",
     )
+    parser.add_argument(
+        "--average-epochs", type=int, metavar="K",
+        help="MovieLens: every model's weights are the mean of its last K epoch ends (fit's average_epochs; default 1: the raw weights)",
+    )
+    parser.add_argument(
+        "--average-epochs-grid", metavar="K,K,...",
+        help="MovieLens validation runs: also record the valid curve of the mean of the last K epoch ends for each K "
+        "(all from the same raw training run; records named '... epoch E average K'), e.g. 1,3,5,8",
+    )
     parser.add_argument("--train-seconds", type=float, help="train part: seconds of training per side (default 45, 15 with --quick)")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="pool the --json records of several quality runs (seeds run in parallel) and write them with --json")
     args = parser.parse_args()
@@ -1055,6 +1128,7 @@ def main() -> None:
     if args.lr_decay_epochs is not None and args.lr_decay_epochs < 1:
         raise SystemExit(f"benchmarks/sequential.py: --lr-decay-epochs must be an integer >= 1, got {args.lr_decay_epochs}")
     settings = movielens_settings(args, model_list(args))  # a bad setting exits here, before any work
+    average_grid(args.average_epochs_grid)  # and a bad grid
     if "movielens" in parts:
         check_decay_horizons(args, settings)
     if parts & {"movielens", "yoochoose", "hstu-train", "hstu-scoring", "hstu-serving"} and not DATA.exists():

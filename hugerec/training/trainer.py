@@ -23,6 +23,11 @@ of the step-N/ ones, which keep the last weights; a sharded model's ranks write 
 without an out_dir, kept in memory when `restore_best` asks for them back (a sharded model needs the
 out_dir for that).
 
+Epoch averaging (average_epochs = K > 1, training/weight_average.py): the model that is evaluated, early-stopped
+on, kept as the best, checkpointed as best/ and returned is the mean of the weights at the last K epoch ends
+(between epoch ends, the weights as they are count as the newest); training goes on from the raw weights,
+which the step-N/ checkpoints keep, with the ring of snapshots in each rank's part.
+
 Resuming continues exactly: a checkpoint holds the model (with the embedding rows and their
 optimizer state), the dense optimizer, the step and history, the family and the settings that shape
 the result (a resumed run that changes one is refused, naming it), and per rank the loss scaler, the
@@ -84,6 +89,7 @@ from hugerec.training.run_log import RunLog, plot_curves
 from hugerec.training.run_settings import changed_settings, flat_settings
 from hugerec.training.schedule import Schedule
 from hugerec.training.sequential import NextItemValidation, SequenceModel, next_item_metrics
+from hugerec.training.weight_average import EpochAverage
 
 
 class DenseOptimizer(enum.Enum):
@@ -154,6 +160,11 @@ class TrainConfig:
     plot              write curves.png at the end (needs out_dir)
     pipeline          prepare batch i + 1 (decode, negatives, dynamic-table remap, disk-tier prefetch) in a
                       worker thread while step i runs (hugerec.training.pipeline; sharded: also the id exchange)
+    average_epochs    1: off. K > 1: the model evaluated, kept as the best and returned is the mean of the weights
+                      (dense parameters and table rows; not the optimizer state) at the last K epoch ends, while
+                      training goes on from the raw weights (training/weight_average.py). Costs K copies of the
+                      model's tables and dense parameters in memory and in each checkpoint; refused for disk
+                      and dynamic tables; a sharded run's ranks each average their own shard
     """
 
     epochs: int = 1
@@ -178,8 +189,13 @@ class TrainConfig:
     tensorboard: bool = True
     plot: bool = True
     pipeline: bool = True
+    average_epochs: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.average_epochs, bool) or not isinstance(self.average_epochs, int) or self.average_epochs < 1:
+            raise ValueError(
+                f"TrainConfig: average_epochs must be an int >= 1 (1: no averaging), got {self.average_epochs!r}"
+            )
         if isinstance(self.optimizer, str):
             object.__setattr__(self, "optimizer", DenseOptimizer(self.optimizer))
         if isinstance(self.precision, str):
@@ -344,6 +360,8 @@ def fit(
             run.log_window()
         run.evaluate()
         run.checkpoint()
+        if run.average is not None:  # the checkpoint keeps the raw weights; the model leaves fit with their mean
+            run.average.load_average(run.step)
         if run.early_stopping.restore_best:
             run.restore_best()
     finally:
@@ -387,6 +405,8 @@ class _Run:
             raise ValueError(f"fit: precision fp16 needs a CUDA device (got {self.device}); use bf16 on CPU")
         model.to(self.device)
         model.train()
+        # average_epochs > 1: the ring of epoch-end snapshots (refuses disk and dynamic tables, naming the key)
+        self.average = EpochAverage(model, cfg.average_epochs) if cfg.average_epochs > 1 else None
         # a hugerec model names its dense parameters; any other module: every trainable parameter
         dense_parameters = getattr(model, "dense_parameters", model.parameters)
         self.params = [p for p in dense_parameters() if p.requires_grad]
@@ -466,6 +486,8 @@ class _Run:
 
     def end_epoch(self) -> None:
         self.epoch, self.batches_in_epoch = self.epoch + 1, 0
+        if self.average is not None:
+            self.average.push(self.step)
         if self.cfg.eval_every is None:
             self.evaluate()
 
@@ -513,22 +535,32 @@ class _Run:
             return
         started = time.perf_counter()
         was_training = self.model.training
-        with _preserved_rng():  # evaluation must not shift the training run's random stream
+        with self.averaged(), _preserved_rng():  # evaluation must not shift the training run's random stream
             try:
                 result = self.family.evaluate(self.model, self.eval_data, self.device, self.cfg.precision)
             finally:
                 self.model.train(was_training)
-        record = {"step": float(self.step), "epoch": float(self.epoch), **result}
-        self.history.evals.append(record)
-        self.log.write("eval", self.step, result)
-        best = self.tracker.update(record)
-        if best:
-            self.save_best()
+            record = {"step": float(self.step), "epoch": float(self.epoch), **result}
+            self.history.evals.append(record)
+            self.log.write("eval", self.step, result)
+            best = self.tracker.update(record)
+            if best:
+                self.save_best()
         self.bar.set_postfix_str(_postfix(self.history, self.metric), refresh=False)
         if self.metric in record:
             self.say(f"eval {self.metric}={record[self.metric]:.4f}{' (best)' if best else ''}")
         self.last_eval_step = self.step
         self.window_start += time.perf_counter() - started  # keep evaluation time out of samples/s
+
+    @contextmanager
+    def averaged(self) -> Iterator[None]:
+        """average_epochs > 1: the mean of the last epoch ends' weights in the model inside the block (evaluated
+        and saved as the best), the raw ones back after it; else nothing changes."""
+        if self.average is None:
+            yield
+            return
+        with self.average.averaged(self.step):
+            yield
 
     def save_best(self) -> None:
         """The weights of the evaluation just made, as the best: checkpoints/best/ (collective), or a copy in memory."""
@@ -578,6 +610,7 @@ class _Run:
             "loader": None if loader is None else loader.state_dict(),
             "rng": rng_state(),
             "generator": self.ctx.generator.get_state(),
+            "average": None if self.average is None else self.average.state_dict(),
         }
         self.history.checkpoint = save_checkpoint(
             self.ckpt_dir, self.step, self.model, self.opt, extra, rank_state, keep_last=self.cfg.keep_checkpoints
@@ -598,7 +631,8 @@ class _Run:
         saved = extra.get("settings")
         if not isinstance(saved, dict):
             return  # written before settings were kept: nothing to compare
-        detail = changed_settings(saved, self.settings(), {"schedule.sparse": False})  # before it: the dense lr alone
+        # keys added after a checkpoint was written count as the value that did what the run did before them
+        detail = changed_settings(saved, self.settings(), {"schedule.sparse": False, "average_epochs": 1})
         if detail is not None:
             raise ValueError(
                 f"fit: cannot resume {path}: the config changed ({detail}); "
@@ -617,6 +651,11 @@ class _Run:
             self.tracker.load_state_dict(extra["early_stopping"])
         self.last_checkpoint_step = self.step
         state = resumed.rank_state
+        if state is None and self.average is not None:
+            raise ValueError(
+                f"fit: cannot resume {resumed.path} with average_epochs = {self.cfg.average_epochs} on another number "
+                "of ranks: each rank's ring of epoch snapshots is its own shard's; resume on the ranks that wrote it"
+            )
         if state is None:  # written by a group of another size: no rank's stream is ours, start anew here
             if self.cfg.seed is not None:
                 seed_everything(self.cfg.seed + self.step)
@@ -630,6 +669,8 @@ class _Run:
             self.ctx.generator.set_state(state["generator"])
         if state["loader"] is not None:
             _stateful(self.train_data, "load_state_dict").load_state_dict(state["loader"])
+        if self.average is not None:
+            self.average.load_state_dict(state["average"])
         self.fast_forward = state["loader"] is None
 
 

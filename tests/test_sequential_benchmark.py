@@ -193,3 +193,51 @@ def test_lr_decay_epochs_below_1_exits_in_one_line(tmp_path: Path) -> None:
     done = _run_script(tmp_path, "--only", "movielens", "--lr-decay-epochs", "0")
     assert done.returncode != 0
     assert done.stderr.strip() == "benchmarks/sequential.py: --lr-decay-epochs must be an integer >= 1, got 0"
+
+
+def _small_split(seq: ModuleType) -> object:
+    rng = np.random.default_rng(0)
+    n, length, num_items = 12, 9, 20
+    train = Sequences(np.arange(n), np.arange(0, n * length + 1, length), rng.integers(1, num_items + 1, n * length), np.zeros(n * length, np.int64))
+    targets = rng.integers(1, num_items + 1, n)
+    return seq.Split("valid", train, last_n(train, seq.HISTORY), last_n(train, seq.HISTORY, values=train.timestamps), targets, None, None, num_items)
+
+
+def test_average_epochs_is_a_setting_and_one_run_gives_every_ks_curve() -> None:
+    """--set MODEL.average_epochs=K sets the field (K >= 1); a validation run with a grid scores the raw weights and
+    each K's mean after every epoch, the raw curve the same as a run without the grid; a refit with
+    average_epochs K (fit's mean) ends with the weights the grid's K took at that epoch."""
+    seq = _sequential()
+    got = seq.movielens_settings(_args("hugerec-sasrec", "hugerec-sasrec.average_epochs=3"), ["hugerec-sasrec"])
+    assert got["hugerec-sasrec"] == dataclasses.replace(seq.MOVIELENS_SETTINGS["hugerec-sasrec"], average_epochs=3)
+    with pytest.raises(SystemExit, match=r"hugerec-hstu.average_epochs=0.*average_epochs must be an int >= 1, got 0"):
+        seq.movielens_settings(_args("hugerec-hstu", "hugerec-hstu.average_epochs=0"), ["hugerec-hstu"])
+    split = _small_split(seq)
+    s = seq.DeepSettings(max_len=4, lr=1e-2, batch=4, windows="sliding", dim=8)
+    epochs, curves = seq.choose_epochs("hugerec-sasrec", split, s, 3, 3, "recall@10", 10, None, 0, (1, 2, 3))
+    assert sorted(curves) == [1, 2, 3] and all(len(c) == 3 for c in curves.values())
+    assert curves[2][0] == curves[1][0]  # after one epoch every mean is that epoch's weights
+    assert curves[3][1] == curves[2][1]  # after two, the mean of 3 is the mean of the 2 there are
+    _, plain = seq.choose_epochs("hugerec-sasrec", split, s, 3, 3, "recall@10", 10, None, 0)
+    assert plain == {1: curves[1]} and 1 <= epochs <= 3
+    taken: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+    means = seq.EpochMeans((1, 2))
+
+    def on_epoch(model: torch.nn.Module, epoch: int) -> None:
+        for k in means.each(model, epoch):
+            taken[(epoch, k)] = {n: v.clone() for n, v in model.state_dict().items()}
+
+    seq.train_model("hugerec-sasrec", split, s, 3, 0, None, on_epoch)
+    refit = seq.train_model("hugerec-sasrec", split, dataclasses.replace(s, average_epochs=2), 3, 0).state_dict()
+    assert not torch.equal(taken[(2, 2)]["lookup.items.tables.item.weight"], taken[(2, 1)]["lookup.items.tables.item.weight"])
+    assert [n for n, v in refit.items() if not torch.equal(v, taken[(2, 2)][n])] == []
+
+
+@pytest.mark.parametrize("grid", ["1,x", "0,3", ""])
+def test_a_bad_average_grid_exits_naming_it(grid: str) -> None:
+    seq = _sequential()
+    if not grid:
+        assert seq.average_grid(grid) == ()
+        return
+    with pytest.raises(SystemExit, match=f"--average-epochs-grid '{grid}'"):
+        seq.average_grid(grid)

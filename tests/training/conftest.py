@@ -44,7 +44,7 @@ from hugerec.training.sequential import NextItemValidation, SequentialFamily, wi
 from hugerec.training.trainer import TrainConfig, fit
 
 out, kind, world, resume, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5]
-dropout, dense = float(sys.argv[6]), sys.argv[7]
+dropout, dense, average = float(sys.argv[6]), sys.argv[7], int(sys.argv[8])
 rank = int(os.environ.get("RANK", "0"))
 marker = Path(out + f".marker{rank}")
 if world > 1:
@@ -125,7 +125,7 @@ if world > 1:
     model = shard(model, sharding)
 cfg = TrainConfig(epochs=3, lr=0.01 if dense == "adam" else 0.1, optimizer=dense, eval_every=4, checkpoint_every=3, log_every=1, keep_checkpoints=0, out_dir=out,
                   resume=resume, seed=0, progress=False, tensorboard=False, plot=False,
-                  early_stopping=EarlyStopping(patience=None))  # every run takes all 18 steps
+                  early_stopping=EarlyStopping(patience=None), average_epochs=average)  # every run takes all 18 steps
 history = fit(model, data, valid, cfg, family=Hooked(*family_args))
 if rank == 0:
     Path(out + ".done").write_text(str(history.steps))
@@ -141,25 +141,29 @@ class FamilyRuns:
         self.script.write_text(FAMILY_SCRIPT)
 
     def launch(
-        self, out: str, kind: str, world: int = 1, resume: bool = False, kill_at: str = "none", dropout: float = 0.1, dense: str = "adam"
+        self, out: str, kind: str, world: int = 1, resume: bool = False, kill_at: str = "none", dropout: float = 0.1, dense: str = "adam",
+        average: int = 1,
     ) -> list[Any]:
         from hugerec.distributed.launch import free_port
 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_THREADING_LAYER": "workqueue"}
         env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
-        args = [sys.executable, str(self.script), str(self.root / out), kind, str(world), "1" if resume else "0", kill_at, str(dropout), dense]
+        args = [sys.executable, str(self.script), str(self.root / out), kind, str(world), "1" if resume else "0", kill_at, str(dropout), dense, str(average)]
         ranks = [{"RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world)] if world > 1 else [{}]
         return [subprocess.Popen(args, env=env | extra) for extra in ranks]
 
-    def run(self, out: str, kind: str, world: int = 1, resume: bool = False, dropout: float = 0.1, dense: str = "adam") -> None:
+    def run(
+        self, out: str, kind: str, world: int = 1, resume: bool = False, dropout: float = 0.1, dense: str = "adam", average: int = 1
+    ) -> None:
         """dense: the dense optimizer, "adam" or "sgd" (Adam turns float noise in a zero gradient, as attention's
-        key bias has, into full steps: comparing runs that differ in rounding needs sgd there)."""
-        for p in self.launch(out, kind, world, resume, "none", dropout, dense):
+        key bias has, into full steps: comparing runs that differ in rounding needs sgd there); average: the
+        run's average_epochs."""
+        for p in self.launch(out, kind, world, resume, "none", dropout, dense, average):
             assert p.wait(timeout=300) == 0
 
-    def kill(self, out: str, kind: str, kill_at: str, world: int = 1) -> None:
+    def kill(self, out: str, kind: str, kill_at: str, world: int = 1, average: int = 1) -> None:
         """Start a run that stops at `kill_at`, wait until every rank is there, SIGKILL them all."""
-        procs = self.launch(out, kind, world, False, kill_at)
+        procs = self.launch(out, kind, world, False, kill_at, average=average)
         markers = [self.root / f"{out}.marker{r}" for r in range(world)]
         deadline = time.monotonic() + 300
         while not any(m.is_file() for m in markers):
@@ -179,7 +183,7 @@ class FamilyRuns:
         head = FAMILY_SCRIPT.split("class Hooked")[0].replace("if world > 1:\n    init_from_env(\"gloo\")\n", "")
         sys_argv = sys.argv
         try:
-            sys.argv = ["x", str(self.root / "unused"), kind, "1", "0", "none", "0.0", "adam"]
+            sys.argv = ["x", str(self.root / "unused"), kind, "1", "0", "none", "0.0", "adam", "1"]
             exec(compile(head, "family_script_head", "exec"), namespace)  # the test's own script
         finally:
             sys.argv = sys_argv

@@ -636,19 +636,21 @@ def _evals(path: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # seven training processes, each importing torch: minutes on a loaded machine
-@pytest.mark.parametrize("kind", ["two_tower", "sasrec"])
-def test_kill_9_mid_epoch_mid_checkpoint_and_mid_evaluation_then_resume_is_exact(family_runs: Any, kind: str) -> None:
+@pytest.mark.parametrize(("kind", "average"), [("two_tower", 1), ("sasrec", 1), ("sasrec", 2)])
+def test_kill_9_mid_epoch_mid_checkpoint_and_mid_evaluation_then_resume_is_exact(family_runs: Any, kind: str, average: int) -> None:
     """A two-tower (sampled softmax with history masking) and a SASRec (dropout, mixed negatives) killed with
     SIGKILL while preparing a batch mid-epoch, while writing a checkpoint (its rank file written, its index
     not) and while evaluating: each resumed run ends with the uninterrupted run's weights bit for bit, the
-    same evaluations, and every training step logged once."""
-    family_runs.run("whole", kind)
+    same evaluations, and every training step logged once. With average_epochs 2 the evaluations (every 4
+    steps: mid-epoch, over the last epoch end's snapshot and the weights as they are) read the ring of epoch
+    snapshots, which the resumed run must have back exactly."""
+    family_runs.run("whole", kind, average=average)
     want = family_runs.final_weights("whole", kind)
     steps = int((family_runs.root / "whole.done").read_text())
     for point in ("epoch", "checkpoint", "eval"):
-        family_runs.kill(point, kind, point)
+        family_runs.kill(point, kind, point, average=average)
         assert not (family_runs.root / f"{point}.done").exists()
-        family_runs.run(point, kind, resume=True)
+        family_runs.run(point, kind, resume=True, average=average)
         got = family_runs.final_weights(point, kind)
         assert want.keys() == got.keys()
         assert [k for k in want if not torch.equal(want[k], got[k])] == [], point
@@ -718,3 +720,130 @@ def test_progress_in_a_log_file_is_a_line_per_window_and_evaluation(capsys: pyte
     assert [line.split(":")[0] for line in lines] == ["step 4/16", "step 8/16", "step 8/16", "step 12/16", "step 16/16", "step 16/16"]
     assert lines[0].startswith("step 4/16: loss=") and "samples/s" in lines[0]
     assert lines[2].startswith("step 8/16: eval auc=") and lines[2].endswith(" (best)")
+
+
+class EpochSnapshots:
+    """The batches, and a copy of the model's weights as each epoch after the first starts (its previous
+    epoch's end): the raw trajectory that epoch averaging takes its means of."""
+
+    def __init__(self, batches: list[Batch], model: nn.Module) -> None:
+        self.batches, self.model = batches, model
+        self.taken: list[dict[str, torch.Tensor]] = []
+        self.started = 0
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self.started:
+            self.taken.append(weights(self.model))
+        self.started += 1
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+AVERAGED = ("emb.tables.ids.weight", "mlp.0.weight", "mlp.0.bias", "mlp.3.weight", "mlp.3.bias")
+
+
+def test_average_epochs_evaluates_keeps_and_returns_the_mean_of_the_last_k_epoch_ends(tmp_path: Path) -> None:
+    """A raw run (average_epochs 1) gives the epoch-end weights; the run with average_epochs 3 trains the same
+    trajectory (its last checkpoint holds the raw weights, bit for bit), evaluates at each epoch the NumPy mean
+    of the last 3 epoch ends (fewer at first), keeps the best of those means as best/ and returns the mean of
+    the last 3. The optimizer state is the raw run's."""
+    batches, valid = make_batches(4), make_batches(2, seed=1)
+    kw: dict[str, Any] = {"epochs": 5, "lr": 0.02, "schedule": Schedule(), "pipeline": False}
+    kw["early_stopping"] = EarlyStopping(patience=None)
+    raw_model = SparseTinyModel(Adam(lr=0.05))
+    data = EpochSnapshots(batches, raw_model)
+    raw = fit(raw_model, data, valid, quiet(**kw))
+    ends = [*data.taken, weights(raw_model)]  # the weights at the end of epochs 1..5
+    assert len(ends) == 5
+
+    model = SparseTinyModel(Adam(lr=0.05))
+    history = fit(model, list(batches), valid, quiet(out_dir=str(tmp_path), average_epochs=3, **kw))
+    got = weights(model)
+    for key in AVERAGED:
+        want = np.mean(np.stack([e[key].double().numpy() for e in ends[-3:]]), axis=0)
+        np.testing.assert_allclose(got[key].double().numpy(), want, rtol=1e-6, atol=1e-7, err_msg=key)
+    assert torch.equal(got["emb.tables.ids.exp_avg"], ends[-1]["emb.tables.ids.exp_avg"])  # not averaged
+    last = SparseTinyModel(Adam(lr=0.05), seed=5)
+    load_checkpoint(list_checkpoints(tmp_path / "checkpoints")[-1][1], last)
+    assert all(torch.equal(weights(last)[k], ends[-1][k]) for k in ends[-1])  # training went on from the raw weights
+    for epoch, record in enumerate(history.evals, start=1):  # each evaluation scored the mean of the last <= 3 ends
+        probe = SparseTinyModel(Adam(lr=0.05), seed=7)
+        mean = dict(ends[epoch - 1])
+        for key in AVERAGED:
+            mean[key] = torch.stack([e[key] for e in ends[max(epoch - 3, 0) : epoch]]).double().mean(0).float()
+        probe.load_state_dict(mean)
+        assert evaluate(probe, valid)["auc"] == pytest.approx(record["auc"], abs=1e-9), epoch
+    assert [r["auc"] for r in history.evals] != [r["auc"] for r in raw.evals]
+    assert history.best_eval is not None and history.best_checkpoint is not None
+    best = SparseTinyModel(Adam(lr=0.05), seed=9)
+    load_checkpoint(history.best_checkpoint, best)
+    assert evaluate(best, valid)["auc"] == pytest.approx(history.best_eval["auc"], abs=1e-9)
+
+
+def test_average_epochs_1_is_the_run_without_it_bit_for_bit() -> None:
+    batches, valid = make_batches(5), make_batches(2, seed=1)
+    runs = []
+    for extra in ({}, {"average_epochs": 1}):
+        model = SparseTinyModel(Adam(lr=0.05))
+        history = fit(model, list(batches), valid, quiet(epochs=3, lr=0.01, early_stopping=EarlyStopping(patience=None), **extra))
+        runs.append((weights(model), [r["auc"] for r in history.evals]))
+    assert runs[0][1] == runs[1][1]
+    assert all(torch.equal(runs[0][0][k], runs[1][0][k]) for k in runs[0][0])
+
+
+@pytest.mark.parametrize("first_steps", [7, 10, 13])  # mid-epoch, at an epoch's last batch, after a mid-run eval
+def test_resume_is_exact_with_epoch_averaging(tmp_path: Path, first_steps: int) -> None:
+    """N steps + resume + M steps == N + M steps with average_epochs 3: the same evaluations (every 4 steps and
+    at epoch ends: means over the ring, which the checkpoint carries), the same returned mean, the same best/."""
+    batches, valid = make_batches(5), make_batches(2, seed=1)
+    kw: dict[str, Any] = {"epochs": 4, "lr": 0.01, "eval_every": 4, "average_epochs": 3, "schedule": Schedule()}
+    kw["early_stopping"] = EarlyStopping(patience=None)
+    whole = SparseTinyModel(Adam(lr=0.05))
+    expected = fit(whole, ShufflingLoader(batches), valid, quiet(out_dir=str(tmp_path / "whole"), **kw))
+    run = str(tmp_path / "part")
+    first = fit(SparseTinyModel(Adam(lr=0.05)), ShufflingLoader(batches), valid, quiet(max_steps=first_steps, out_dir=run, checkpoint_every=3, **kw))
+    assert first.steps == first_steps
+    resumed = SparseTinyModel(Adam(lr=0.05), seed=123)
+    second = fit(resumed, ShufflingLoader(batches), valid, quiet(out_dir=run, resume=True, **kw))
+    assert second.steps == 20
+    got = {r["step"]: r["auc"] for r in second.evals}
+    assert all(got[r["step"]] == r["auc"] for r in expected.evals)
+    a, b = weights(whole), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    best_a, best_b = SparseTinyModel(Adam(lr=0.05)), SparseTinyModel(Adam(lr=0.05))
+    assert expected.best_checkpoint is not None and second.best_checkpoint is not None
+    load_checkpoint(expected.best_checkpoint, best_a)
+    load_checkpoint(second.best_checkpoint, best_b)
+    assert all(torch.equal(weights(best_a)[k], weights(best_b)[k]) for k in AVERAGED)
+
+
+def test_average_epochs_is_refused_when_bad_changed_on_resume_or_resumed_on_other_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hugerec.cli.config_file import ConfigError, from_dict
+    from hugerec.training import checkpoint as checkpoint_module
+    from hugerec.training import trainer as trainer_module
+
+    for bad in (0, -2, True, 2.5, "3"):
+        with pytest.raises(ValueError, match=r"^TrainConfig: average_epochs must be an int >= 1 \(1: no averaging\)"):
+            TrainConfig(average_epochs=bad)  # type: ignore[arg-type]
+    assert from_dict(TrainConfig, {"average_epochs": 4}, "train").average_epochs == 4  # the [train] key
+    with pytest.raises(ConfigError, match=r"^train: TrainConfig: average_epochs must be an int >= 1"):
+        from_dict(TrainConfig, {"average_epochs": 0}, "train")
+    run = str(tmp_path)
+    fit(SparseTinyModel(Adam(lr=0.05)), make_batches(4), None, quiet(max_steps=6, out_dir=run, checkpoint_every=3))
+    with pytest.raises(ValueError, match=r"config changed \(average_epochs: 1 -> 2\)"):
+        fit(SparseTinyModel(Adam(lr=0.05)), make_batches(4), None, quiet(out_dir=run, resume=True, average_epochs=2))
+    averaged = str(tmp_path / "averaged")
+    fit(SparseTinyModel(Adam(lr=0.05)), make_batches(4), None, quiet(max_steps=6, out_dir=averaged, checkpoint_every=3, average_epochs=2))
+    real = checkpoint_module.load_checkpoint
+
+    def from_another_group(path: Any, model: Any, optimizer: Any = None, *, verified: bool = False) -> Any:
+        resumed = real(path, model, optimizer, verified=verified)
+        return checkpoint_module.Resumed(resumed.path, resumed.extra, None)  # as a group of another size reads it
+
+    monkeypatch.setattr(trainer_module, "load_checkpoint", from_another_group)
+    with pytest.raises(ValueError, match=r"with average_epochs = 2 on another number of ranks"):
+        fit(SparseTinyModel(Adam(lr=0.05)), make_batches(4), None, quiet(epochs=3, out_dir=averaged, resume=True, average_epochs=2))

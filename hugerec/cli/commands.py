@@ -273,9 +273,9 @@ def _train_distributed(cfg: RunConfig, schema: Schema, tables: list[TableConfig]
     finally:
         dist.destroy_process_group()
     if env.rank == 0:  # the final sharded checkpoint, read whole in this one process
-        assert history.checkpoint is not None  # fit writes one at the end: the CLI always has an out_dir
+        assert history.model_checkpoint is not None  # fit writes one at the end: the CLI always has an out_dir
         whole = _build(cfg, tables, schema)
-        load_checkpoint(history.checkpoint, whole)
+        load_checkpoint(history.model_checkpoint, whole)  # the weights fit returned (averaged: train.average_epochs)
         write_model(cfg.out_dir / "model.pt", whole, cfg, schema, tables)
         _save_best(cfg, history, schema, tables)
         write_config(cfg)

@@ -192,7 +192,7 @@ def _whole(history: History, cfg: RunConfig, build: Any) -> nn.Module:
     train.early_stopping.restore_best, else its last)."""
     whole: nn.Module = build()
     best = history.best_checkpoint if cfg.train.early_stopping.restore_best else None
-    path = best or history.checkpoint
+    path = best or history.model_checkpoint  # the weights fit returned (averaged: train.average_epochs)
     assert path is not None  # fit writes a final checkpoint: the CLI always has an out_dir
     load_checkpoint(path, whole)
     return whole.eval()

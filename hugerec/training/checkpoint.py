@@ -7,6 +7,8 @@
       step-0000000900.damaged/    a checkpoint that failed its checksums, set aside on resume
       best/                       the best evaluation's weights (`save_best`; the trainer's early stopping),
                                   in the same format: read it with `load_checkpoint` like any other
+      average/                    the weights `fit` returned when it averaged epochs (`save_best(..., AVERAGE)`:
+                                  the mean of the last epoch ends; the step-N/ ones keep the raw weights)
 
 `save_checkpoint` is collective (every rank calls it; one process is a group of one) and atomic: the
 ranks write into the temporary directory, rank 0 renames it into place once every file and the index
@@ -43,6 +45,7 @@ from hugerec.distributed import checkpoint_directory as directory_format
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^step-(\d{10})$")
 BEST = "best"  # the best evaluation's checkpoint, beside the step-N/ ones
+AVERAGE = "average"  # the epoch-averaged weights fit returned (TrainConfig.average_epochs > 1)
 
 
 @dataclass(frozen=True)
@@ -171,11 +174,13 @@ def checkpoint_extra(path: str | Path) -> Any:
     return directory_format.read_extra(path)
 
 
-def save_best(directory: str | Path, model: nn.Module, extra: Any = None) -> Path:
-    """Write `model` (sharded or not) as `directory`/best/, replacing the previous best: collective and
-    atomic like save_checkpoint, in its format (no optimizer, no rank state); `load_checkpoint` reads
-    it on any number of ranks or in one process."""
-    return directory_format.save_checkpoint_dir(Path(directory) / BEST, model, None, extra)
+def save_best(directory: str | Path, model: nn.Module, extra: Any = None, name: str = BEST) -> Path:
+    """Write `model` (sharded or not) as `directory`/best/ (or `name`: AVERAGE), replacing the previous one:
+    collective and atomic like save_checkpoint, in its format (no optimizer, no rank state); `load_checkpoint`
+    reads it on any number of ranks or in one process."""
+    if name not in (BEST, AVERAGE):
+        raise ValueError(f"save_best: name must be {BEST!r} or {AVERAGE!r}, got {name!r}")
+    return directory_format.save_checkpoint_dir(Path(directory) / name, model, None, extra)
 
 
 def best_checkpoint(directory: str | Path) -> Path | None:
@@ -191,8 +196,8 @@ def remove_checkpoints(directory: str | Path) -> None:
     if not d.is_dir():
         return
     for p in d.iterdir():
-        doomed = _NAME.match(p.name) or p.name.endswith(".damaged") or p.name.startswith((".step-", f".{BEST}."))
-        if p.is_dir() and (doomed or p.name == BEST):
+        doomed = _NAME.match(p.name) or p.name.endswith(".damaged") or p.name.startswith((".step-", f".{BEST}.", f".{AVERAGE}."))
+        if p.is_dir() and (doomed or p.name in (BEST, AVERAGE)):
             shutil.rmtree(p)
 
 

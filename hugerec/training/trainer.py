@@ -67,6 +67,7 @@ from hugerec.embedding.fused import sparse_tables
 from hugerec.models.gbm import FeatureMatrix, TreeModel
 from hugerec.sparse.batch import Batch
 from hugerec.training.checkpoint import (
+    AVERAGE,
     Resumed,
     best_checkpoint,
     checkpoint_extra,
@@ -271,6 +272,9 @@ class History:
     best_eval: dict[str, float] | None = None  # the best evaluation by early_stopping.metric (step, epoch, ...)
     best_checkpoint: Path | None = None  # checkpoints/best/: the best evaluation's checkpoint (needs out_dir)
     stopped_early: bool = False  # stopped by early_stopping.patience before the epochs / max_steps ran out
+    # the run's final model as a checkpoint (needs out_dir; restore_best's is best_checkpoint): `checkpoint` (the
+    # last weights), or with average_epochs > 1 checkpoints/average/ (their epoch mean; step-N/ keeps the raw ones)
+    model_checkpoint: Path | None = None
 
     @property
     def final_eval(self) -> dict[str, float] | None:
@@ -360,8 +364,12 @@ def fit(
             run.log_window()
         run.evaluate()
         run.checkpoint()
+        run.history.model_checkpoint = run.history.checkpoint
         if run.average is not None:  # the checkpoint keeps the raw weights; the model leaves fit with their mean
             run.average.load_average(run.step)
+            if run.ckpt_dir is not None:  # collective: a sharded run's whole model, for a reader in one process
+                extra = {"step": run.step, "average_epochs": cfg.average_epochs, "family": run.family.name}
+                run.history.model_checkpoint = save_best(run.ckpt_dir, model, extra, AVERAGE)
         if run.early_stopping.restore_best:
             run.restore_best()
     finally:

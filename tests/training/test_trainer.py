@@ -403,6 +403,10 @@ def test_a_fresh_run_removes_an_old_runs_best(tmp_path: Path) -> None:
     assert (tmp_path / "checkpoints" / "best" / "index.json").is_file()
     history = fit(TinyModel(), make_batches(4), None, quiet(out_dir=str(tmp_path)))
     assert history.best_checkpoint is None and not (tmp_path / "checkpoints" / "best").exists()
+    fit(TinyModel(), make_batches(4), None, quiet(epochs=2, out_dir=str(tmp_path), average_epochs=2))
+    assert (tmp_path / "checkpoints" / "average" / "index.json").is_file()
+    history = fit(TinyModel(), make_batches(4), None, quiet(out_dir=str(tmp_path)))  # and its epoch average
+    assert history.model_checkpoint == history.checkpoint and not (tmp_path / "checkpoints" / "average").exists()
 
 
 def test_the_default_schedule_decays_over_the_first_epoch() -> None:
@@ -768,6 +772,10 @@ def test_average_epochs_evaluates_keeps_and_returns_the_mean_of_the_last_k_epoch
     last = SparseTinyModel(Adam(lr=0.05), seed=5)
     load_checkpoint(list_checkpoints(tmp_path / "checkpoints")[-1][1], last)
     assert all(torch.equal(weights(last)[k], ends[-1][k]) for k in ends[-1])  # training went on from the raw weights
+    assert history.model_checkpoint == tmp_path / "checkpoints" / "average"  # the returned mean, for a CLI reader
+    returned = SparseTinyModel(Adam(lr=0.05), seed=6)
+    load_checkpoint(history.model_checkpoint, returned)
+    assert all(torch.equal(weights(returned)[k], got[k]) for k in AVERAGED)
     for epoch, record in enumerate(history.evals, start=1):  # each evaluation scored the mean of the last <= 3 ends
         probe = SparseTinyModel(Adam(lr=0.05), seed=7)
         mean = dict(ends[epoch - 1])
@@ -789,6 +797,7 @@ def test_average_epochs_1_is_the_run_without_it_bit_for_bit() -> None:
         model = SparseTinyModel(Adam(lr=0.05))
         history = fit(model, list(batches), valid, quiet(epochs=3, lr=0.01, early_stopping=EarlyStopping(patience=None), **extra))
         runs.append((weights(model), [r["auc"] for r in history.evals]))
+        assert history.model_checkpoint is None  # no out_dir
     assert runs[0][1] == runs[1][1]
     assert all(torch.equal(runs[0][0][k], runs[1][0][k]) for k in runs[0][0])
 

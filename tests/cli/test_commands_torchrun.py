@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from hugerec.cli.commands import evaluate_model, read_model
 from hugerec.cli.run_config import load_run_config
@@ -22,7 +23,10 @@ def _split_row_groups(src: Path, dst: Path) -> None:
         pq.write_table(pq.read_table(f), dst / f.name, row_group_size=256)
 
 
-def test_torchrun_two_ranks_train_and_write_model(prepared: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("average", [[], ["train.epochs=2", "train.average_epochs=2", "train.schedule.decay_epochs=0"]], ids=["raw", "averaged"])
+def test_torchrun_two_ranks_train_and_write_model(prepared: Path, tmp_path: Path, average: list[str]) -> None:
+    """Averaged: model.pt holds the mean of the two epoch ends that the final evaluation scored (each rank
+    averaged its shard), not the raw last weights the step checkpoints keep."""
     data = prepared / "runs" / "quickstart" / "data"
     for split in ("train", "eval"):
         _split_row_groups(data / split, tmp_path / split)
@@ -34,6 +38,7 @@ def test_torchrun_two_ranks_train_and_write_model(prepared: Path, tmp_path: Path
         f"data.eval={tmp_path / 'eval'}",
         f"data.schema={data / 'schema.json'}",
         f"train.out_dir={out}",
+        *average,
     ]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "hugerec", "train", *overrides]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -48,3 +53,6 @@ def test_torchrun_two_ranks_train_and_write_model(prepared: Path, tmp_path: Path
     assert f"{evaluate_model(load_run_config(None, overrides))['auc']:.4f}" == aucs[0]
     assert (out / "metrics.jsonl").is_file()
     assert list_checkpoints(out / "checkpoints")  # the final checkpoint, written by both ranks
+    assert (out / "checkpoints" / "average").is_dir() == bool(average)
+    if average:  # the final evaluation scored the mean of the two epoch ends: model.pt is that model
+        assert f"{evaluate_model(load_run_config(None, overrides), out / 'model.pt')['auc']:.4f}" == aucs[0]

@@ -28,6 +28,11 @@ the same process on the same splits. Protocol (the same for every method, ours a
               --set hugerec-hstu.times=true (field times): HSTU's relative bias reads the items' timestamps
               (log-scale buckets of t_i - t_j): the training windows carry them, and the validation and test
               histories theirs (a query reads its history's times, never the target's).
+              --set MODEL.average_epochs=K (or --average-epochs K for every model): the model scored is the
+              mean of the weights at its last K epoch ends (fit's TrainConfig.average_epochs), in the test
+              refit too. --average-epochs-grid 1,3,5,8: the validation run also scores, after every epoch,
+              the mean of the last K epoch ends for each K (records '... valid METRIC epoch E average K'),
+              all from the one raw training run (training goes on from the raw weights whatever K).
   test        read once, at the end: every method refitted on train + validation (MovieLens: each user's
               history up to the test item; YOOCHOOSE: the whole of train_full) with the chosen settings;
               models trained with seeds 0..--seeds-1 for the chosen epochs (mean, spread per seed).

@@ -74,7 +74,7 @@ from hugerec.sparse.jagged import JaggedTensor
 from hugerec.training.checkpoint import atomic_save, read_weights
 from hugerec.training.declared_loss import retrieval_loss
 from hugerec.training.epoch_batches import EpochBatches
-from hugerec.training.ranking_metrics import CSR, csr_minus, recall_at_k, subset_csr
+from hugerec.training.ranking_metrics import CSR, recall_at_k, subset_csr
 from hugerec.training.retrieval import RetrievalFamily, RetrievalModel, all_item_vectors, user_vectors
 from hugerec.training.trainer import TrainConfig, fit
 
@@ -377,13 +377,14 @@ class RetrievalLoop:
         """(Recall@K of `model` on window k's events, the users it is measured on): each user's items of window k
         among the items the user had not met in windows 0..k-1 (exact top-K over every item); over the gate's
         users (`gate_users`), or with gate=False over the others (those a served model is judged on)."""
-        users, held, exclude = self._target(k, gate)
+        users, held, seen = self._target(k, gate)
         if not users.size:
             return float("nan"), 0
         empty = JaggedTensor(torch.zeros(0, dtype=torch.int64), torch.zeros(users.size, dtype=torch.int64))
         q, v = user_vectors(model, torch.from_numpy(users), empty), all_item_vectors(model)  # [U', D], [I, D]
-        # the value list_recall(top_items(...)) gives, to the bit (the same scores), without the top-K lists
-        return recall_at_k(lambda u0, u1, i0, i1: q[u0:u1] @ v[i0:i1].T, held, exclude, self.config.num_items, self.config.k), int(users.size)
+        # the value list_recall(top_items(..., csr_minus(seen, held), ...)) gives, to the bit (the same scores),
+        # without the top-K lists and the exclusion minus the held items (recall_at_k keeps those rankable)
+        return recall_at_k(lambda u0, u1, i0, i1: q[u0:u1] @ v[i0:i1].T, held, seen, self.config.num_items, self.config.k), int(users.size)
 
     def recall_of(self, version: str, k: int) -> tuple[float, int]:
         """`recall` of the checkpoint of `version`, kept per (version, the checkpoint's mtime, k)."""
@@ -395,15 +396,14 @@ class RetrievalLoop:
 
     def _target(self, k: int, gate: bool = True) -> tuple[np.ndarray, CSR, CSR]:
         """Window k's measured users [U'] (those with events, among the gate's users or the others), their items of
-        window k, and the items each may not be recommended (met in windows 0..k-1 and not again in window k:
-        `retrieval_metrics`'s exclusion), as CSR over those users only; computed once for every model measured on
-        window k."""
+        window k, and their items of windows 0..k-1 (which are not recommended unless met again in window k:
+        `retrieval_metrics`'s exclusion, `recall_at_k`'s), as CSR over those users only; computed once for every
+        model measured on window k."""
         if (k, gate) not in self._targets:
             held = self.held(k)
             users = np.flatnonzero((np.diff(held[0]) > 0) & (self.gate_users == gate))
-            held_rows = subset_csr(held, users)
             self._targets = {j: t for j, t in self._targets.items() if j[0] >= k - 1}
-            self._targets[(k, gate)] = (users, held_rows, csr_minus(subset_csr(self.seen(k - 1), users), held_rows))
+            self._targets[(k, gate)] = (users, subset_csr(held, users), subset_csr(self.seen(k - 1), users))
         return self._targets[(k, gate)]
 
     def held(self, k: int) -> CSR:

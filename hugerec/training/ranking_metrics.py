@@ -79,20 +79,20 @@ def recall_at_k(
     user_block: int = 1024,
     item_block: int = 65536,
 ) -> float:
-    """`list_recall(top_k(score_block, U, num_items, k, exclude, user_block, item_block)[1], held_out, num_items, k)`
-    (exclude taken as given, as top_k takes it), the same value to the bit, without the top-K lists: a held-out item
-    is in a user's top K exactly when fewer than K items have a larger top_k key (score, then the smaller position),
-    which one pass over the user's scores counts (the Numba kernel ops/cpu/rank_hits_kernels.py). The scores come
-    from the same `score_block` calls as top_k's, so they are the same floats. A catalogue of more than `item_block`
-    items (a user's scores in several blocks) goes through the lists."""
+    """`full_ranking_metrics(score_block, held_out, exclude, num_items, (k,), user_block, item_block)["recall@<k>"]`
+    (a user's excluded items are not ranked, except the user's own held-out items), the same value to the bit,
+    without the top-K lists: a held-out item is in a user's top K exactly when fewer than K items have a larger top_k
+    key (score, then the smaller position), which one pass over the user's scores counts (the Numba kernel
+    ops/cpu/rank_hits_kernels.py), so neither the lists nor the exclusion minus the held-out items are built. The
+    scores come from the same `score_block` calls as top_k's, so they are the same floats. A catalogue of more than
+    `item_block` items (a user's scores in several blocks) goes through full_ranking_metrics."""
     (k,) = _check_ks((k,))
     offsets = held_out[0]
     num_users = len(offsets) - 1
     if exclude is not None and len(exclude[0]) != len(offsets):
         raise ValueError(f"recall_at_k: exclude has {len(exclude[0]) - 1} users, held_out {num_users}")
     if num_items > item_block or num_items < 1:
-        _, top = top_k(score_block, num_users, num_items, k, exclude, user_block, item_block)
-        return list_recall(top, held_out, num_items, k)
+        return full_ranking_metrics(score_block, held_out, exclude, num_items, (k,), user_block, item_block)[f"recall@{k}"]
     if num_items >= 1 << 32:
         raise ValueError(f"recall_at_k: at most 2^32 - 1 items, got {num_items}")
     from hugerec.ops.cpu.rank_hits_kernels import rank_hits  # Numba: imported when first measured

@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hugerec.index.topk import matmul_block, top_k
-from hugerec.training.ranking_metrics import full_ranking_metrics, list_metrics, list_recall, recall_at_k, subset_csr
+from hugerec.training.ranking_metrics import (
+    csr_minus,
+    full_ranking_metrics,
+    list_metrics,
+    list_recall,
+    recall_at_k,
+    subset_csr,
+)
 
 
 def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -140,9 +147,9 @@ def _random_csr(rng: np.random.Generator, rows: int, most: int, high: int) -> tu
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 40), st.integers(1, 60), st.integers(1, 70), st.integers(1, 16), st.booleans(), st.booleans(), st.integers(0, 2**31 - 1))
-def test_recall_at_k_is_list_recall_of_top_k(users: int, num_items: int, k: int, user_block: int, ties: bool, excluded: bool, seed: int) -> None:
-    # the same value to the bit: over several user blocks, with ties (coarse vectors), with and without an exclusion,
-    # users without held-out items skipped, k above the catalogue
+def test_recall_at_k_is_full_ranking_recall(users: int, num_items: int, k: int, user_block: int, ties: bool, excluded: bool, seed: int) -> None:
+    # the same value to the bit: over several user blocks, with ties (coarse vectors), with and without an exclusion
+    # (held-out items among the excluded stay rankable), users without held-out items skipped, k above the catalogue
     rng = np.random.default_rng(seed)
     q = torch.from_numpy(rng.integers(-2, 3, (users, 4)) if ties else rng.standard_normal((users, 4))).float()
     v = torch.from_numpy(rng.integers(-2, 3, (num_items, 4)) if ties else rng.standard_normal((num_items, 4))).float()
@@ -150,16 +157,19 @@ def test_recall_at_k_is_list_recall_of_top_k(users: int, num_items: int, k: int,
     exclude = _random_csr(rng, users, 6, num_items) if excluded else None
     if not np.diff(held[0]).any():
         return  # no user to measure: list_recall's mean of nothing
-    _, top = top_k(matmul_block(q, v), users, num_items, k, exclude, user_block)
-    assert recall_at_k(matmul_block(q, v), held, exclude, num_items, k, user_block) == list_recall(top, held, num_items, k)
+    expected = full_ranking_metrics(matmul_block(q, v), held, exclude, num_items, (k,), user_block)[f"recall@{k}"]
+    assert recall_at_k(matmul_block(q, v), held, exclude, num_items, k, user_block) == expected
+    _, top = top_k(matmul_block(q, v), users, num_items, k, None if exclude is None else csr_minus(exclude, held), user_block)
+    assert expected == list_recall(top, held, num_items, k)  # what the retrieval loop's gate computed before
 
 
 def test_recall_at_k_of_a_catalogue_in_several_blocks_goes_through_the_lists() -> None:
     rng = np.random.default_rng(3)
     q, v = torch.randn(30, 8), torch.randn(200, 8)
     held, exclude = _random_csr(rng, 30, 5, 200), _random_csr(rng, 30, 5, 200)
-    _, top = top_k(matmul_block(q, v), 30, 200, 10, exclude, 1024, 64)
-    assert recall_at_k(matmul_block(q, v), held, exclude, 200, 10, item_block=64) == list_recall(top, held, 200, 10)
+    expected = full_ranking_metrics(matmul_block(q, v), held, exclude, 200, (10,), item_block=64)["recall@10"]
+    assert recall_at_k(matmul_block(q, v), held, exclude, 200, 10, item_block=64) == expected
+    assert recall_at_k(matmul_block(q, v), held, exclude, 200, 10) == expected  # one block: the kernel
 
 
 def test_recall_at_k_refuses_nan_scores_and_a_mismatched_exclusion() -> None:

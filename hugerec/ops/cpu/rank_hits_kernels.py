@@ -29,7 +29,8 @@ def rank_hits(
     """hits [b]: per row, how many distinct held-out items rank among the row's k best keys. bits [b, n]: the float32
     scores of items 0..n-1 as int32 bit patterns; held_offsets / exclude_offsets [b + 1] with held_items /
     exclude_items: CSRs over the rows (positions; those outside 0..n-1 match nothing). An excluded pair scores -inf
-    (as top_k masks it), and a held-out item scoring -inf is no hit (top_k lists such a slot as position -1).
+    (as top_k masks it) unless the item is one of the row's held-out items (which stay rankable, the protocol of
+    `full_ranking_metrics`), and a held-out item scoring -inf is no hit (top_k lists such a slot as position -1).
     Returns the number of NaN scores among the pairs not excluded (the caller refuses them; `hits` is then
     meaningless)."""
     nans = 0
@@ -56,18 +57,27 @@ def _row(bits: np.ndarray, held_items: np.ndarray, exclude_items: np.ndarray, k:
         bad += (b & 0x7FFFFFFF) > 0x7F800000  # NaN
         b = np.int64(0) if b == -2147483648 else b  # -0.0 counts as +0.0
         keys[j] = ((b ^ ((b >> 31) & 0x7FFFFFFF)) << 32) | (_LOW - j)
+    held = np.empty(held_items.size, dtype=np.int64)  # the row's held-out positions inside the catalogue
+    m = 0
+    for item in held_items:
+        if 0 <= item < n:
+            held[m] = item
+            m += 1
+    held = np.unique(held[:m])  # sorted; a duplicated held-out item counted once
     for x in exclude_items:
         if 0 <= x < n:
+            i = np.searchsorted(held, x)
+            if i < held.size and held[i] == x:
+                continue  # a held-out item stays rankable
             order = keys[x] >> 32
             bad -= (order > 0x7F800000) | (order < _NEG_INF_ORDER)  # a NaN masked (once: then it is -inf's)
             keys[x] = (np.int64(_NEG_INF_ORDER) << 32) | (_LOW - x)
-    held = np.empty(held_items.size, dtype=np.int64)
     m = 0
-    for item in held_items:
-        if 0 <= item < n and keys[item] >> 32 > _NEG_INF_ORDER:  # masked or -inf: listed as -1 at best
+    for item in held:
+        if keys[item] >> 32 > _NEG_INF_ORDER:  # scoring -inf: listed as -1 at best
             held[m] = keys[item]
             m += 1
-    held = np.unique(held[:m])  # a duplicated held-out item counted once
+    held = held[:m]  # their keys
     found = 0
     if held.size <= _FEW:
         for i in range(held.size):

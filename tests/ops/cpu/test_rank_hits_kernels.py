@@ -1,7 +1,8 @@
 """The rank-counting kernel of the exact Recall@K == its reference, the held-out items found in `top_k`'s lists
 (`list_hits` of `torch.topk` over `encode`d keys): ties (equal scores: the smaller position first), -0.0 and +0.0,
 infinite scores, excluded pairs (held-out ones too), duplicated and out-of-catalogue held-out items, k above the
-catalogue, empty rows, one row; and NaN scores counted unless excluded."""
+catalogue, empty rows, one row; and NaN scores counted unless excluded. A held-out item among the excluded stays
+rankable (the reference masks the exclusion minus the row's held-out items)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ def _reference(scores: np.ndarray, held: tuple[np.ndarray, np.ndarray], exclude:
     rows, n = scores.shape
     masked = torch.from_numpy(scores.copy())
     for r in range(rows):
+        mine = set(held[1][held[0][r] : held[0][r + 1]].tolist())
         for x in exclude[1][exclude[0][r] : exclude[0][r + 1]]:
-            if 0 <= x < n:
+            if 0 <= x < n and x not in mine:  # a held-out item stays rankable
                 masked[r, x] = float("-inf")
     keys = torch.topk(encode(masked, 0), min(k, n), dim=1).values
     _, top = decode(keys)
@@ -50,7 +52,7 @@ def test_rank_hits_equal_the_top_k_lists(rows: int, n: int, k: int, ties: bool, 
     rng = np.random.default_rng(seed)
     scores = rng.choice(_VALUES, (rows, n)) if ties else rng.standard_normal((rows, n)).astype(np.float32)
     held = _csr(rng, rows, 6, -2, n + 2)  # duplicates and items outside the catalogue
-    exclude = _csr(rng, rows, 8, -1, n + 1)  # held-out items among them too
+    exclude = _csr(rng, rows, 8, -1, n + 1)  # held-out items among them too (they stay rankable)
     hits, nans = _kernel(scores, held, exclude, k)
     assert nans == 0
     assert np.array_equal(hits, _reference(scores, held, exclude, k))

@@ -199,9 +199,12 @@ class InteractionStore:
     def load(path: str | Path, max_items: int = DEFAULT_MAX_ITEMS, times: bool = True) -> InteractionStore:
         """A saved store; each user keeps its last `max_items` items. times=False leaves the file's event times
         out (an untimed store); a file without them is always untimed."""
-        with np.load(path, allow_pickle=False) as saved:
-            users, offsets, items = saved["users"], saved["offsets"], saved["items"]
-            seconds = saved["times"] if times and "times" in saved.files else None
+        try:
+            with np.load(path, allow_pickle=False) as saved:  # no pickle: nothing in the file runs
+                users, offsets, items = saved["users"], saved["offsets"], saved["items"]
+                seconds = saved["times"] if times and "times" in saved.files else None
+        except (KeyError, ValueError, OSError, EOFError) as e:  # a missing array, object arrays, not an npz
+            raise ValueError(f"InteractionStore.load: {path}: not a saved interaction store: {' '.join(str(e).split())[:200]}") from None
         if users.ndim != 1 or offsets.shape != (users.shape[0] + 1,) or items.ndim != 1 or offsets[0] != 0 or offsets[-1] != items.shape[0]:
             raise ValueError(f"InteractionStore.load: {path} holds {users.shape[0]} users, offsets {offsets.shape} and {items.shape[0]} items that do not match")
         if (np.diff(offsets) < 0).any():

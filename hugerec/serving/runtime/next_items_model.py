@@ -196,7 +196,7 @@ class NextItemsModel(ServedObject):
             if times is not None:
                 seconds = np.asarray(times, dtype=np.int64)
                 hist_times = torch.from_numpy(seconds[known][first:])[None]  # [1, Lh]: the kept ids' own times
-                now = torch.from_numpy(seconds[-1:] if len(seconds) else np.zeros(1, np.int64))  # [1]
+                now = torch.tensor(seconds[-1:] if len(seconds) else [0], dtype=torch.int64)  # [1]: the latest event's time
             with torch.no_grad():
                 scores = model.candidate_scores(hist, torch.from_numpy(cand[cand_known])[None], hist_times, now, micro_batch=micro_batch)
             out[cand_known] = scores[0].numpy()

@@ -241,6 +241,20 @@ class ServedPipeline(ServedObject):
 
     def add_interactions(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """/recommend/interactions: append items to the user's history (seen items) of this version."""
+        user, items, times = self._interactions(body)
+        store = self.pipeline.res.interactions
+        try:
+            store.add(user, items, times if store.timed else None)  # a store without times keeps none
+        except ValueError as e:
+            raise RequestError(f"field 'times': {e}"[:300]) from None  # times going back (a post since the check)
+        return {"user": user, "added": len(items)}
+
+    def check_interactions(self, body: Mapping[str, Any]) -> None:
+        self._interactions(body)
+
+    def _interactions(self, body: Mapping[str, Any]) -> tuple[int, list[int], list[int] | None]:
+        """A /recommend/interactions body -> (user, items, times); RequestError naming the first bad field,
+        times going back before the user's latest stored one included."""
         unknown = sorted(set(body) - {"user", "items", "times", "pipeline"})
         if unknown:
             raise RequestError(f"unknown field {unknown[0]!r}; /recommend/interactions takes 'user', 'items', 'times', 'pipeline'")
@@ -251,19 +265,17 @@ class ServedPipeline(ServedObject):
         times = None if body.get("times") is None else _times(body["times"], "times", len(items))
         store = self.pipeline.res.interactions
         if not store.timed:  # no model here reads times: checked above, not kept
-            store.add(user, items)
-            return {"user": user, "added": len(items)}
+            return user, items, times
         if times is None:
             model = self.pipeline.res.sequential
             raise RequestError(
                 f"field 'times' is required: next-items bundle {model.name if model else '?'!r} of pipeline {self.name!r} reads "
                 "each event's time (int64 seconds, one per item)"
             )
-        try:
-            store.add(user, items, times)
-        except ValueError as e:
-            raise RequestError(f"field 'times': {e}"[:300]) from None  # times going back in time
-        return {"user": user, "added": len(items)}
+        stored = store.history(user)[1]
+        if stored is not None and len(stored) and times[0] < int(stored[-1]):
+            raise RequestError(f"field 'times': times[0] = {times[0]} is earlier than user {user}'s latest event time {int(stored[-1])}: events go in time order")
+        return user, items, times
 
     def update_features(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """/recommend/features: overwrite columns of existing rows of a feature table of this version."""

@@ -489,3 +489,31 @@ def test_a_pipeline_without_a_timed_model_takes_times_and_keeps_none(server: tup
     r = httpx.post(f"{url}/recommend", json={"user": 9, "k": 5, "history": [1], "history.times": [3]})
     assert r.status_code == 200, r.text
     assert [i["name"] for i in httpx.get(f"{url}/v2/models/recs").json()["inputs"]] == ["user", "history", "history.lengths"]
+
+
+def test_a_post_is_kept_by_every_version_of_the_pipeline_or_by_none(tmp_path: Path) -> None:
+    """Version 1 reads times, version 0 (no sequential model, asked first) does not: a post without times is
+    refused by version 1 before version 0 keeps anything; with times, both keep the items (version 0 without
+    the times)."""
+    pipe, _ = timed_bundle(tmp_path / "v1")
+    decl = declaration_from_dict({"pipeline": {"name": "timed", "version": "0"}, "retrieve": {"sources": [{"kind": "popular", "k": 12}]},
+                                  "order": {"max_k": 12}}, "v0")
+    features = FeatureStore.in_memory({"user": ("age",), "item": ("price",)})
+    features.write("item", np.arange(200), {"price": np.ones(200)})
+    v2 = export_pipeline(tmp_path / "v2", decl, features, InteractionStore.from_pairs(np.array([7]), np.array([3])), np.arange(200))
+    srv = InferenceServer(ServerConfig(admin_token="t" * 16, ingest_token=INGEST_TOKEN, seed=0))
+    srv.add_bundle(v2)
+    srv.add_bundle(pipe)
+    try:
+        with BackgroundServer(srv) as url:
+            one, two = (srv.model_versions("timed").get(v) for v in ("1", "0"))
+            assert isinstance(one, ServedPipeline) and isinstance(two, ServedPipeline)
+            r = httpx.post(f"{url}/recommend/interactions", json={"user": 7, "items": [50]}, headers=INGEST)
+            assert r.status_code == 400 and "field 'times' is required" in r.json()["error"]
+            assert two.pipeline.res.interactions.items(7).tolist() == [3]  # nothing kept by the version that takes it
+            latest = int(one.pipeline.res.interactions.history(7)[1][-1])  # type: ignore[index]
+            r = httpx.post(f"{url}/recommend/interactions", json={"user": 7, "items": [50], "times": [latest + 1]}, headers=INGEST)
+            assert r.status_code == 200 and r.json()["versions"] == ["0", "1"], r.text
+            assert two.pipeline.res.interactions.items(7).tolist() == [3, 50] and one.pipeline.res.interactions.items(7)[-1] == 50
+    finally:
+        srv.close()

@@ -54,6 +54,12 @@ Timing parts:
                       trained with times ("items.times" in the request) against the same weights exported
                       without times, ML-1M shape (max_len 50, dim 64, 2 layers, 2 heads), B = 1 and 64
                       histories of 50 items per request, in turn: median ms per request and the ratio.
+  hstu pipeline       the served four-stage pipeline (PipelineRunner.recommend: the user's stored history
+                      from the interaction store, the HSTU's next 200 items and 100 popular ones, seen items
+                      dropped, every candidate ranked by the HSTU's cached scoring, top 10) with the HSTU
+                      trained with times (the store keeps each rating's time; the model reads them) against
+                      the same weights without times (a store without times), ML-1M users' last 51 ratings,
+                      one user per request, in turn: median ms per request and the ratio.
   softmax             the full-softmax loss of a MovieLens step and its backward: the blocked loss against
                       F.cross_entropy on the [N, I] logits (ms and CPU ms per call, ratio).
   train <shape>       SASRec training samples/s (length 50, dim 64, 2 blocks) on a synthetic 1M-item
@@ -1038,6 +1044,86 @@ def hstu_serving(records: Records, quick: bool, seed: int) -> None:
             print(f"  B={b:<3d} with times / without: {ratio:.2f}x the time per request", flush=True)
 
 
+def hstu_pipeline(records: Records, quick: bool, seed: int) -> None:
+    """The served pipeline (retrieve: the HSTU's next items and popular ones; filter: seen; score: the HSTU's
+    cached candidate scoring; order: top 10) with the same HSTU weights trained with times (a timed store, the
+    model reading each stored rating's time) and without: median ms per request, users in turn."""
+    import tempfile
+
+    from hugerec.models.hstu import HSTUConfig
+    from hugerec.serving.bundles.next_items_bundle import load_next_items, write_next_items_bundle
+    from hugerec.serving.pipeline import (
+        Filter,
+        Order,
+        PipelineRunner,
+        PipelineSpec,
+        Popular,
+        Query,
+        Resources,
+        Retrieve,
+        Score,
+        Sequential,
+    )
+    from hugerec.serving.pipeline.feature_store import FeatureStore
+    from hugerec.serving.pipeline.interaction_store import InteractionStore
+    from hugerec.training.model_file import RawIds, save_model
+
+    max_len = 50
+    windows, window_times, num_items = movielens_windows(max_len)  # [U, 51] each user's last 51 ratings, seconds
+    known = windows != 0
+    users = np.repeat(np.arange(len(windows)), known.sum(axis=1))  # [N] events, each user's in time order
+    raw = np.arange(1, num_items + 1, dtype=np.int64) * 7  # raw id of dense item d: 7 d
+    items, seconds = raw[windows[known] - 1], window_times[known]
+    torch.manual_seed(seed)
+    config = HSTUConfig(max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2, times=True)
+    model = HSTU(config.sequence_config(num_items), Adam(lr=1e-3), config.options())
+    with torch.no_grad():  # time biases that are read (a fresh model's are zeros)
+        for layer in model.blocks:
+            layer.time_bias.normal_(generator=torch.Generator().manual_seed(seed))
+    counts = np.concatenate([[0], np.bincount(windows[known], minlength=num_items + 1)[1:]]).astype(np.int64)
+    popular = raw[np.argsort(-counts[1:], kind="stable")]
+    features = FeatureStore.in_memory({"user": ("age",), "item": ("count",)})
+    features.write("user", np.arange(len(windows)), {"age": np.full(len(windows), 30.0)})
+    features.write("item", raw, {"count": counts[1:].astype(np.float64)})
+    spec = PipelineSpec((Retrieve((Sequential(200), Popular(100))), Filter(exclude_seen=True), Score(sequential=True), Order(max_k=10)))
+    requests = 30 if quick else 200
+    rng = np.random.default_rng(seed)
+    asked = rng.choice(len(windows), requests, replace=False).tolist()
+    print(f"hstu pipeline (retrieve 200 HSTU + 100 popular, drop seen, HSTU cached scoring, top 10; {len(windows)} users' last "
+          f"{max_len + 1} ratings; {requests} requests per side, in turn)", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        runners = {}
+        for name, timed in (("hugerec-hstu-times", True), ("hstu-without-times", False)):
+            path = Path(tmp) / f"{name}.pt"
+            save_model(path, model, replace(config, times=timed), Adam(lr=1e-3), ids=RawIds(raw, counts))
+            seq = load_next_items(write_next_items_bundle(path, Path(tmp) / name, name=name, k=10))
+            store = InteractionStore.from_pairs(users, items, times=seconds if timed else None)
+            runners[name] = PipelineRunner(spec, Resources(features, store, popular=popular, sequential=seq, max_history=max_len))
+        assert runners["hugerec-hstu-times"].needs_times and not runners["hstu-without-times"].needs_times
+        ms: dict[str, list[float]] = {name: [] for name in runners}
+        cpu: dict[str, list[float]] = {name: [] for name in runners}  # the thread's CPU time: what load inflates least
+        differ = 0
+        for i in range(requests + 1):  # request 0 warms up
+            answers = []
+            for name, runner in runners.items():
+                user = asked[max(i - 1, 0)]
+                t0, c0 = time.perf_counter(), time.thread_time()
+                rec = runner.recommend(Query(user, 10))
+                if i:
+                    ms[name].append((time.perf_counter() - t0) * 1000)
+                    cpu[name].append((time.thread_time() - c0) * 1000)
+                answers.append(rec.items.tolist())
+            differ += bool(i) and answers[0] != answers[1]
+    for config_name, values_of in (("hstu pipeline", ms), ("hstu pipeline cpu", cpu)):
+        for name, values in values_of.items():
+            record(records, config_name, name, float(np.median(values)), "ms per request", higher=False)
+            print(f"  {config_name:18s} {name:20s} {np.median(values):8.2f} ms (median)", flush=True)
+        ratio = float(np.median(values_of["hugerec-hstu-times"]) / np.median(values_of["hstu-without-times"]))
+        record(records, config_name, "hugerec-hstu-times", ratio, "x hstu-without-times (ms per request)", higher=False)
+        print(f"  {config_name}: with times / without: {ratio:.2f}x the time per request", flush=True)
+    print(f"  {differ} of {requests} answers differ (the times are read)", flush=True)
+
+
 def softmax_loss(records: Records, quick: bool, seed: int) -> None:
     """The full-softmax loss of a MovieLens step (N 6,400 positions, 3,615 items, dim 64) with its backward:
     hugerec's blocked loss against F.cross_entropy on the [N, I] logits, in turn, same inputs; wall and
@@ -1075,7 +1161,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="first grid point of each baseline, 2 epochs of at most 24 (40) steps, short timings")
     parser.add_argument("--json", help="write every figure to this JSON file")
-    parser.add_argument("--only", default="movielens,yoochoose,train,hstu-train,hstu-scoring,hstu-serving,softmax", help="comma-separated parts to run")
+    parser.add_argument("--only", default="movielens,yoochoose,train,hstu-train,hstu-scoring,hstu-serving,hstu-pipeline,softmax", help="comma-separated parts to run")
     parser.add_argument("--models", default="hugerec-sasrec,hugerec-hstu", help="comma-separated hugerec models to train (also hugerec-mlm, hugerec-gru4rec; none: the baselines only)")
     parser.add_argument("--epochs", help="N or MODEL=N,...: skip the model's validation run and train N epochs (default: chosen on the valid split)")
     parser.add_argument("--max-epochs", type=int, default=30, help="validation run: at most this many epochs")
@@ -1136,7 +1222,7 @@ def main() -> None:
     average_grid(args.average_epochs_grid)  # and a bad grid
     if "movielens" in parts:
         check_decay_horizons(args, settings)
-    if parts & {"movielens", "yoochoose", "hstu-train", "hstu-scoring", "hstu-serving"} and not DATA.exists():
+    if parts & {"movielens", "yoochoose", "hstu-train", "hstu-scoring", "hstu-serving", "hstu-pipeline"} and not DATA.exists():
         raise SystemExit(f"benchmarks/sequential.py: data folder {DATA} not found; set HUGEREC_DATA")
     if "yoochoose" in parts:
         yoochoose(records, args)
@@ -1148,6 +1234,8 @@ def main() -> None:
         hstu_scoring(records, args.quick, args.seed)
     if "hstu-serving" in parts:
         hstu_serving(records, args.quick, args.seed)
+    if "hstu-pipeline" in parts:
+        hstu_pipeline(records, args.quick, args.seed)
     if "train" in parts:
         throughput(records, args.quick, args.seed, args.train_seconds)
     if "softmax" in parts:

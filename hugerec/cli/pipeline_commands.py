@@ -1,7 +1,7 @@
 """`hugerec pipeline build` and `hugerec pipeline query`: a pipeline bundle from trained models and a config.
 
     hugerec pipeline build configs/movielens_pipeline.toml [--out DIR] [--print-config]
-    hugerec pipeline query runs/movielens_pipeline --user 1 --k 10 [--history 3,4] [--context hour=9] [--debug]
+    hugerec pipeline query runs/movielens_pipeline --user 1 --k 10 [--history 3,4 [--history-times T1,T2]] [--context hour=9] [--debug]
 
 The config is a pipeline declaration (hugerec.serving.pipeline.declaration: [pipeline], [retrieve],
 [filter], [score], [order]) plus [inputs]:
@@ -19,7 +19,9 @@ The config is a pipeline declaration (hugerec.serving.pipeline.declaration: [pip
 
 Ids are the raw ids of the interaction log. The feature tables always hold "events" (training events
 of the user) and "count" (training events of the item) beside the columns given; the interaction store
-holds the retrieval model's training interactions; "popular" ranks items by their count.
+holds the retrieval model's training interactions, with their times (the data's timestamp column) when
+the model file carries them (a retrieval model trained by this hugerec does), which a sequential bundle
+trained with times (an HSTU with model.times = true) needs; "popular" ranks items by their count.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def add_parser(sub: Any) -> None:
     query.add_argument("--user", type=int, required=True, help="the raw user id")
     query.add_argument("--k", type=int, default=10, help="items to return (default: 10)")
     query.add_argument("--history", help="comma-separated raw item ids, oldest first, added to the stored history")
+    query.add_argument("--history-times", help="comma-separated seconds, one per --history item (needed when the pipeline's "
+                       "sequential bundle is an HSTU trained with model.times = true)")
     query.add_argument("--context", action="append", default=[], metavar="KEY=NUMBER", help="a context value (repeatable)")
     query.add_argument("--debug", action="store_true", help="also print every stage's candidates")
     query.add_argument("--seed", type=int, help="seed of the exploration draw")
@@ -242,7 +246,8 @@ def build(config: str, out: str | None) -> tuple[Path, Any]:
     popular = items_raw[np.lexsort((items_raw, -counts))]
     index_config = _index_config(inputs.index, dict(inputs.index_options), f"{config} [inputs] index_options")
     try:
-        path = export_pipeline(inputs.out, declaration, store, InteractionStore.from_pairs(events_users, events_items), popular, encoder,
+        seen = InteractionStore.from_pairs(events_users, events_items, times=ids.train_times)  # times: None in older model files
+        path = export_pipeline(inputs.out, declaration, store, seen, popular, encoder,
                                index_config, inputs.ranker_bundle, inputs.sequential_bundle)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(f"{config}: {' '.join(str(e).split())}") from None
@@ -255,12 +260,8 @@ def query(args: argparse.Namespace) -> dict[str, Any]:
     from hugerec.serving.pipeline.served_pipeline import ServedPipeline
     from hugerec.serving.runtime.inference_protocol import RequestError
 
-    history: list[int] = []
-    if args.history:
-        for v in (v.strip() for v in args.history.split(",")):
-            if not v.lstrip("-").isdigit():
-                raise ConfigError(f"--history: {v!r} is not an integer id (give comma-separated ids, e.g. 1,2,3)")
-            history.append(int(v))
+    history = _integers(args.history, "--history", "ids, e.g. 1,2,3")
+    times = None if args.history_times is None else tuple(_integers(args.history_times, "--history-times", "seconds, e.g. 978300760,978301968"))
     context: dict[str, float] = {}
     for item in args.context:
         key, sep, value = item.partition("=")
@@ -277,12 +278,22 @@ def query(args: argparse.Namespace) -> dict[str, Any]:
     loaded = load(args.bundle)
     try:
         assert isinstance(loaded, ServedPipeline)  # the manifest's kind said so
-        rec = loaded.pipeline.recommend(Query(args.user, args.k, tuple(history), context, args.seed), args.debug)
+        rec = loaded.pipeline.recommend(Query(args.user, args.k, tuple(history), context, args.seed, times), args.debug)
     except (RequestError, StageError) as e:
         raise ConfigError(str(e)) from None
     finally:
         loaded.close()
     return {"pipeline": loaded.name, "version": loaded.version, "user": args.user, **rec.to_json()}
+
+
+def _integers(text: str | None, flag: str, example: str) -> list[int]:
+    """Comma-separated integers of a flag (within int64); a bad one is a ConfigError naming the flag."""
+    out: list[int] = []
+    for v in (v.strip() for v in (text or "").split(",") if text):
+        if not v.lstrip("-").isdigit() or len(v) > 20 or not -(1 << 63) <= int(v) < 1 << 63:
+            raise ConfigError(f"{flag}: {v[:40]!r} is not an integer within int64 (give comma-separated {example})")
+        out.append(int(v))
+    return out
 
 
 def run(args: argparse.Namespace) -> int:

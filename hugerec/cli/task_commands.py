@@ -165,7 +165,8 @@ def train_retrieval(cfg: RunConfig) -> dict[str, float]:
     _print_best(history)
     trained = model if env is None else _whole(history, cfg, lambda: build_retrieval_model(kind, d.data.num_users, d.data.num_items, cfg))
     metrics = held_out_metrics(trained, d, s.ks)  # type: ignore[arg-type]  # a retrieval model
-    save_task_model(cfg, trained, d.users_raw, d.items_raw, d.train.item_counts(), histories(d.train))  # type: ignore[arg-type]
+    train_times = d.train.frame["timestamp"].to_numpy().astype(np.int64)  # [N] beside histories(d.train)'s items
+    save_task_model(cfg, trained, d.users_raw, d.items_raw, d.train.item_counts(), histories(d.train), train_times)  # type: ignore[arg-type]
     _write_metrics(cfg, metrics)
     return metrics
 
@@ -322,9 +323,11 @@ def save_task_model(
     items_raw: np.ndarray,
     item_counts: np.ndarray,
     train_csr: tuple[np.ndarray, np.ndarray],
+    train_times: np.ndarray | None = None,
 ) -> Path:
-    """A retrieval model.pt in the library's format (hugerec.training.save_model) with its raw ids."""
-    ids = RawIds(items_raw, item_counts, users_raw, train_csr)
+    """A retrieval model.pt in the library's format (hugerec.training.save_model) with its raw ids and the
+    training events' times beside train_csr (the pipeline's interaction store keeps them)."""
+    ids = RawIds(items_raw, item_counts, users_raw, train_csr, train_times)
     return save_model(cfg.out_dir / "model.pt", model, cfg.model, cfg.embedding.optimizer, ids=ids)
 
 

@@ -73,12 +73,16 @@ class RawIds:
     item_counts  training events per dense id: retrieval [I]; sequential [I + 1] (0 at the padding id)
     users        retrieval: [U] raw id of each dense user
     train_csr    retrieval: each user's training items (offsets [U + 1], dense items), what recommend excludes
+    train_times  retrieval, optional: the event time (int64 seconds) of each item of train_csr, beside it
+                 (each user's times in order): the pipeline's interaction store keeps them for a next-items
+                 model trained with times. Files written before it have none (None).
     """
 
     items: np.ndarray
     item_counts: np.ndarray
     users: np.ndarray | None = None
     train_csr: tuple[np.ndarray, np.ndarray] | None = None
+    train_times: np.ndarray | None = None
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {"items": self.items, "item_counts": self.item_counts}
@@ -86,6 +90,8 @@ class RawIds:
             out["users"] = self.users
         if self.train_csr is not None:
             out["train_offsets"], out["train_items"] = self.train_csr
+        if self.train_times is not None:
+            out["train_times"] = self.train_times
         return {f"ids.{k}": torch.from_numpy(np.array(v, dtype=np.int64)) for k, v in out.items()}
 
     @staticmethod
@@ -94,7 +100,10 @@ class RawIds:
             return None
         arrays = {k[4:]: v.numpy() for k, v in saved.items() if k.startswith("ids.")}
         csr = (arrays["train_offsets"], arrays["train_items"]) if "train_offsets" in arrays else None
-        return RawIds(arrays["items"], arrays["item_counts"], arrays.get("users"), csr)
+        times = arrays.get("train_times")
+        if times is not None and (csr is None or times.shape != csr[1].shape):
+            raise ValueError(f"ids.train_times holds {times.shape[0]} times for {0 if csr is None else len(csr[1])} training items")
+        return RawIds(arrays["items"], arrays["item_counts"], arrays.get("users"), csr, times)
 
 
 @dataclass(frozen=True)
@@ -243,6 +252,9 @@ def _retrieval_sizes(model: nn.Module, config: ModelConfig, ids: RawIds | None) 
         )
     if len(offsets) != users + 1 or int(offsets[-1]) != len(train_items):
         raise ValueError(f"save_model: train_csr is not {users} users' item lists (offsets, items)")
+    times = ids.train_times
+    if times is not None and (np.shape(times) != np.shape(train_items) or np.asarray(times).dtype.kind not in "iu"):
+        raise ValueError(f"save_model: train_times must be integer seconds, one per item of train_csr ({len(train_items)}), got {np.asarray(times).dtype} {list(np.shape(times))}")
     return {"num_users": users, "num_items": items}
 
 

@@ -135,3 +135,107 @@ def test_index_options_reach_the_hnsw_index_and_bad_ones_are_named(workdir: Path
         assert main(["pipeline", "build", "bad.toml"]) == 2
         err = capsys.readouterr().err.strip()
         assert "bad.toml [inputs] " in err and message in err and "\n" not in err, err
+
+
+HSTU = """
+[preprocess]
+input = "ratings.dat"
+format = "csv"
+separator = "::"
+header = false
+columns = [
+  { name = "user", type = "int", role = "user" },
+  { name = "item", type = "int", role = "item" },
+  { name = "rating", type = "int", role = "none" },
+  { name = "timestamp", type = "timestamp" },
+]
+[sequences]
+protocol = "leave_last_out"
+batch_size = 32
+ks = [5]
+[embedding]
+optimizer = { type = "adam", lr = 0.003 }
+[model]
+type = "hstu"
+max_len = 6
+dim = 16
+num_heads = 2
+times = true
+[train]
+epochs = 1
+max_steps = 4
+out_dir = "hstu_run"
+"""
+
+TIMED_PIPELINE = """
+[inputs]
+retrieval_model = "run/model.pt"
+sequential_bundle = "hstu_run/bundle"
+index = "exact"
+out = "timed_pipe"
+
+[pipeline]
+name = "timed"
+
+[retrieve]
+sources = [{ kind = "ann", k = 10 }, { kind = "sequential", k = 10 }, { kind = "popular", k = 10, cold_k = 20 }]
+
+[score]
+sequential = true
+
+[order]
+max_k = 20
+"""
+
+
+def test_a_pipeline_of_an_hstu_trained_with_times_builds_and_answers_with_them(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As configs/movielens_hstu_pipeline.toml says: a two-tower and an HSTU trained with model.times = true by
+    `hugerec train`, the HSTU exported, `hugerec pipeline build`: the store keeps the training events' times
+    (the retrieval model file carries them), the pipeline's Score ranks with the stored times, `pipeline query`
+    takes --history-times (refused in one line without them); a model file written before it carried times is
+    refused at build naming the stage and the bundle."""
+    from hugerec.serving.bundles.next_items_bundle import load_next_items
+    from hugerec.training.model_file import load_model
+
+    (workdir / "hstu.toml").write_text(HSTU)
+    (workdir / "timed.toml").write_text(TIMED_PIPELINE)
+    assert main(["train", "two_tower.toml"]) == 0
+    assert main(["train", "hstu.toml"]) == 0
+    assert main(["export", "hstu.toml"]) == 0
+    capsys.readouterr()
+    assert main(["pipeline", "build", "timed.toml"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    with np.load(workdir / "timed_pipe" / "interactions.npz") as saved:
+        users, offsets, times = saved["users"], saved["offsets"], saved["times"]
+    user = int(users[2])
+    # the ratings file: user u's t-th rating at 1_000_000 + 100 u + t; the last one of each user is held out
+    assert times[offsets[2] : offsets[3]].tolist() == [1_000_000 + 100 * user + t for t in range(9)]
+    assert main(["pipeline", "query", "timed_pipe", "--user", str(user), "--k", "5", "--debug"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    seq = load_next_items(workdir / "hstu_run" / "bundle")
+    ids = load_model(workdir / "run" / "model.pt").ids
+    assert ids is not None and ids.train_csr is not None and ids.users is not None
+    row = int(np.searchsorted(ids.users, user))
+    history = ids.items[ids.train_csr[1][ids.train_csr[0][row] : ids.train_csr[0][row + 1]]]
+    cands = np.array(out["stages"]["retrieve"]["items"])
+    logits, _ = seq.candidate_scores(history, cands, times=times[offsets[2] : offsets[3]])
+    assert out["items"] == cands[np.lexsort((cands, -logits))][:5].tolist()
+    args = ["pipeline", "query", "timed_pipe", "--user", str(user), "--k", "5", "--history", "101,102"]
+    assert main(args) == 2
+    assert "field 'history.times' is required with a history" in capsys.readouterr().err
+    assert main([*args, "--history-times", f"{2_000_000},{2_000_060}"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--history-times", "5,6"]) == 2
+    assert "field 'history.times[0]' = 5 is earlier than user" in capsys.readouterr().err
+    assert main([*args, "--history-times", "1," + "9" * 30]) == 2
+    assert "--history-times: '999999999999999999999999999999' is not an integer within int64" in capsys.readouterr().err
+    # a retrieval model file written before it carried the training events' times
+    import torch as _torch
+
+    saved_model = _torch.load(workdir / "run" / "model.pt", weights_only=True)
+    del saved_model["ids.train_times"]
+    _torch.save(saved_model, workdir / "run" / "model.pt")
+    assert main(["pipeline", "build", "timed.toml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "source 'sequential' uses next-items bundle 'hstu', an HSTU trained with model.times = true, but the interaction store keeps no event times" in err
+    assert "\n" not in err

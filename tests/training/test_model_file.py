@@ -163,6 +163,28 @@ def test_retrieval_models_round_trip_with_their_raw_ids(tmp_path: Path, config: 
         save_model(tmp_path / "bad.pt", model, config, Adam())
 
 
+def test_a_retrieval_model_file_carries_its_training_events_times(tmp_path: Path) -> None:
+    """ids.train_times rides beside train_csr (the pipeline's interaction store keeps them); a file without them
+    (written before they existed) reads as None; another length or a non-integer dtype is refused."""
+    config = MFConfig(dim=8, loss="bpr")
+    torch.manual_seed(0)
+    model = build_model(config, optimizer=Adam(lr=0.01), num_users=6, num_items=9)
+    ids = _retrieval_ids(6, 9)
+    times = np.arange(12, dtype=np.int64) * 1_000 + 1_700_000_000
+    timed = RawIds(ids.items, ids.item_counts, ids.users, ids.train_csr, times)
+    back = load_model(save_model(tmp_path / "timed.pt", model, config, Adam(lr=0.01), ids=timed))
+    assert back.ids is not None and back.ids.train_times is not None and back.ids.train_times.tolist() == times.tolist()
+    assert load_model(save_model(tmp_path / "plain.pt", model, config, Adam(lr=0.01), ids=ids)).ids.train_times is None  # type: ignore[union-attr]
+    for bad, message in ((times[:5], r"got int64 \[5\]"), (times.astype(np.float64), r"got float64 \[12\]")):
+        with pytest.raises(ValueError, match=r"save_model: train_times must be integer seconds, one per item of train_csr \(12\), " + message):
+            save_model(tmp_path / "bad.pt", model, config, Adam(lr=0.01), ids=RawIds(ids.items, ids.item_counts, ids.users, ids.train_csr, bad))
+    saved = torch.load(tmp_path / "timed.pt", weights_only=True)
+    saved["ids.train_times"] = saved["ids.train_times"][:3]
+    torch.save(saved, tmp_path / "crafted.pt")
+    with pytest.raises(ValueError, match=r"crafted\.pt is not a hugerec model file: ids.train_times holds 3 times for 12 training items"):
+        load_model(tmp_path / "crafted.pt")
+
+
 @pytest.mark.parametrize(
     "config",
     [

@@ -5,7 +5,8 @@
                                   (pipeline/declaration.py's structure), "parts": which of the parts below exist,
                                   "sha256": {relative path: hash} of every other file}
       features/                  the feature tables (user, item): features.json + <table>.npz
-      interactions.npz           what each user has interacted with (exclude-seen, history)
+      interactions.npz           what each user has interacted with (exclude-seen, history), with each event's
+                                  time when the store was built with them (interaction_store.py)
       popular.npy                item ids, most popular first
       retrieval/encoder.pt       the retrieval model's towers (UserEncoder, weights only)
       retrieval/index/           the ANN index over the item vectors (hugerec.index, usearch HNSW or exact)
@@ -16,6 +17,10 @@
 Export writes a temporary folder, loads it back as a check (so a bundle that exists is one that
 loads), and renames it into place. `load_pipeline` verifies every checksum before reading anything;
 nothing it reads can run code (npz/npy without pickle, torch weights only, the ranker's own checks).
+The interaction store is loaded with its event times when the pipeline's next-items model reads them (an
+HSTU trained with times, in the sequential source or the Score stage), without them otherwise (so a
+pipeline without such a model serves as it did before stores kept times); such a model beside a store
+without times is refused, naming the stage and the bundle.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from hugerec.serving.pipeline.declaration import PipelineDeclaration, declaratio
 from hugerec.serving.pipeline.encoder import UserEncoder
 from hugerec.serving.pipeline.feature_store import FeatureStore
 from hugerec.serving.pipeline.interaction_store import DEFAULT_MAX_ITEMS, InteractionStore
-from hugerec.serving.pipeline.runner import PipelineRunner, Resources
+from hugerec.serving.pipeline.runner import PipelineRunner, Resources, reads_times
 
 KIND = "pipeline"
 FORMAT = 1
@@ -166,7 +171,7 @@ def load_pipeline(path: str | Path, options: PipelineOptions | None = None, name
         features = FeatureStore.load(folder / "features", options.feature_tier, options.feature_location,
                                      namespace=f"hugerec:features:{declaration.name}:{declaration.version}")
         closers.append(features.close)
-        resources = Resources(features, InteractionStore.load(folder / "interactions.npz", options.max_interactions), popular=np.load(folder / "popular.npy", allow_pickle=False))
+        resources = Resources(features, popular=np.load(folder / "popular.npy", allow_pickle=False))
         if "retrieval" in parts:
             ks = [getattr(s, "k", 0) for s in declaration.spec.stages[0].sources]  # type: ignore[union-attr]  # stage 0 is Retrieve
             index = load_index(folder / "retrieval" / "index", options.expansion_search)
@@ -181,6 +186,8 @@ def load_pipeline(path: str | Path, options: PipelineOptions | None = None, name
             resources.ranker = loaded.model
         if "sequential" in parts:
             resources.sequential = load_next_items(folder / "sequential")
+        timed = reads_times(declaration.spec, resources.sequential)  # the store's times are read
+        resources.interactions = InteractionStore.load(folder / "interactions.npz", options.max_interactions, times=timed)
         pipeline = PipelineRunner(declaration.spec, resources, options.seed)
     except BaseException:
         for close in closers:

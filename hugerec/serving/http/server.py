@@ -427,6 +427,9 @@ class InferenceServer:
             targets = [versions.get(v) for v in versions.versions()]
 
             def apply() -> dict[str, Any]:
+                if endpoint == "interactions":  # every version checks the post first: kept by all of them or by none
+                    for t in targets:
+                        t.check_interactions(body)
                 answers = [t.update_features(body) if endpoint == "features" else t.add_interactions(body) for t in targets]
                 return {**answers[0], "versions": [t.version for t in targets]}
 

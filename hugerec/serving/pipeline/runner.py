@@ -13,6 +13,15 @@ deterministic (exploration draws from the request's seed or the pipeline's gener
 A stage that raises (a store that is down, a model that fails) becomes StageError naming the stage: the
 server answers 503 when the cause is a store it could not reach (ConnectionError, TimeoutError), else 500.
 Bad requests raise RequestError (400) before any stage runs.
+
+Event times: when the next-items model of the `sequential` source or of a Score with sequential = true was
+trained on timestamps (an HSTU with model.times = true), the pipeline `needs_times`: its interaction store
+must keep each event's time (refused when built otherwise, naming the stage and the bundle), a request's
+own history comes with one time per item (`Query.history_times`, not earlier than the user's latest stored
+event and not decreasing), and the model reads the kept history's times: the sequential source gives them
+to `next_items` as the next-items bundle's "items.times" (the last max_len known ids keep their own times),
+the Score stage to the cached candidate scoring with the candidates at the time of the user's latest event.
+A pipeline without such a model reads no times (history_times are then not used).
 """
 
 from __future__ import annotations
@@ -88,13 +97,15 @@ class Resources:
 @dataclass(frozen=True)
 class Query:
     """One request: user id, k, optional recent history (oldest first, added to the stored one),
-    context values (keys the pipeline declares), seed for exploration."""
+    context values (keys the pipeline declares), seed for exploration, and the history's event times
+    (int64 seconds, one per history item: required with a history when the pipeline `needs_times`)."""
 
     user: int
     k: int
     history: tuple[int, ...] = ()
     context: Mapping[str, float] = field(default_factory=dict)
     seed: int | None = None
+    history_times: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +156,7 @@ class _State:
     history: np.ndarray  # [H] recent items, oldest first
     seen: np.ndarray  # items to exclude as already seen
     context: dict[str, float]
+    times: np.ndarray | None = None  # [H] the history's event times (int64 seconds) when the pipeline needs them
     candidates: Candidates | None = None
     item_rows: np.ndarray | None = None  # [K, C_item] rows of the current candidates
     item_found: np.ndarray | None = None  # [K] bool
@@ -158,6 +170,8 @@ class PipelineRunner:
         self.sources = tuple(source_name(s) for s in retrieve.sources)
         self.order: Order = spec.stage(Order)
         self.context_keys = spec.defaults
+        # the model reads the events' times: the store must keep them and a request's history carries them
+        self.needs_times = reads_times(spec, resources.sequential)
         self._rng = np.random.default_rng(seed)
         self._rng_lock = threading.Lock()
         for table in (USER, ITEM):
@@ -193,14 +207,14 @@ class PipelineRunner:
                 case Sequential():
                     if r.sequential is None:
                         raise ValueError("Pipeline: source 'sequential' needs a next-items model")
-                    _refuse_timed(r.sequential, "source 'sequential'")
+                    _refuse_untimed(r.sequential, r.interactions, "source 'sequential'")
 
     def _check_score(self, score: Score) -> None:
         if score.sequential:
             if self.res.sequential is None or not self.res.sequential.scores_candidates:
                 kind = "none" if self.res.sequential is None else f"a {self.res.sequential.saved.model_type}"
                 raise ValueError(f"Pipeline: Score with sequential = true needs an HSTU next-items model (cached candidate scoring); it has {kind}")
-            _refuse_timed(self.res.sequential, "Score with sequential = true")
+            _refuse_untimed(self.res.sequential, self.res.interactions, "Score with sequential = true")
             return
         ranker = self.res.ranker
         if ranker is None:
@@ -234,6 +248,14 @@ class PipelineRunner:
         unknown = sorted(set(query.context) - set(self.context_keys))
         if unknown:
             raise RequestError(f"field 'context' has unknown keys {unknown}; this pipeline takes {sorted(self.context_keys)}")
+        if query.history_times is not None and len(query.history_times) != len(query.history):
+            raise RequestError(f"field 'history.times' has {len(query.history_times)} times for the {len(query.history)} history items (one each)")
+        if self.needs_times and query.history and query.history_times is None:
+            assert self.res.sequential is not None
+            raise RequestError(
+                f"field 'history.times' is required with a history: next-items bundle {self.res.sequential.name!r} reads the "
+                "events' times (int64 seconds, one per history item)"
+            )
 
     def recommend(self, query: Query, debug: bool = False) -> Recommendation:
         self.check_query(query)
@@ -243,6 +265,8 @@ class PipelineRunner:
         t0 = time.perf_counter()
         try:
             state = self._start(query)
+        except RequestError:
+            raise
         except Exception as e:
             raise StageError("features", e) from e
         seconds["features"] = time.perf_counter() - t0
@@ -299,12 +323,15 @@ class PipelineRunner:
         r = self.res
         rows, found = r.features.read(USER, np.array([query.user], np.int64))
         cold = not bool(found[0])
-        stored = r.interactions.items(query.user)
+        stored, stored_times = r.interactions.history(query.user)
         given = np.asarray(query.history, np.int64)
         seen = np.concatenate([stored, given]) if len(given) else stored
         history = seen[-r.max_history :] if r.max_history else seen[:0]
         context = {**self.context_keys, **{k: float(v) for k, v in query.context.items()}}
         state = _State(query, rows[0], cold, history, seen, context)
+        if self.needs_times:
+            assert stored_times is not None  # the store keeps times: checked when built
+            state.times = _history_times(stored_times, query.history_times, query.user)[-len(history) :] if len(history) else _NO_TIMES
         if cold:
             state.notes.append(f"user {query.user} is unknown: cold start (popular items{', item-to-item from the history given' if len(given) else ''})")
         return state
@@ -348,7 +375,7 @@ class PipelineRunner:
                 if not len(state.history):
                     return none
                 k = min(s.k, r.sequential.saved.num_items)
-                out = r.sequential.next_items(state.history, np.array([len(state.history)]), k)
+                out = r.sequential.next_items(state.history, np.array([len(state.history)]), k, state.times)
                 found = out["items"][0] >= 0
                 return out["items"][0][found], out["scores"][0][found]
 
@@ -417,7 +444,7 @@ class PipelineRunner:
             return
         if stage.sequential:
             assert self.res.sequential is not None
-            logits, truncated = self.res.sequential.candidate_scores(state.history, c.items)
+            logits, truncated = self.res.sequential.candidate_scores(state.history, c.items, times=state.times)
             if truncated:
                 state.notes.append(f"score: the history's {truncated} oldest items were left out (the model reads {self.res.sequential.saved.max_len - 1})")
             scores = 1.0 / (1.0 + np.exp(-np.clip(logits.astype(np.float64), -88.0, 88.0)))
@@ -515,11 +542,37 @@ def _occurrence(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _refuse_timed(model: NextItemsModel, stage: str) -> None:
-    """The interaction store keeps each user's recent items without their times: a next-items model trained on
-    timestamps (an HSTU with model.times = true) cannot be given them here, so the pipeline is refused when built."""
-    if model.uses_times:
+def reads_times(spec: PipelineSpec, model: NextItemsModel | None) -> bool:
+    """Whether the pipeline's next-items model reads event times: it was trained on them (an HSTU with
+    model.times = true) and the spec uses it (the `sequential` source, or a Score with sequential = true)."""
+    retrieve: Retrieve = spec.stage(Retrieve)
+    score: Score | None = spec.stage(Score)
+    used = any(isinstance(s, Sequential) for s in retrieve.sources) or (score is not None and score.sequential)
+    return used and model is not None and model.uses_times
+
+
+_NO_TIMES = np.zeros(0, np.int64)
+
+
+def _history_times(stored: np.ndarray, given: tuple[int, ...] | None, user: int) -> np.ndarray:
+    """The stored history's times followed by the request's history times ([S + G] int64 seconds); RequestError
+    naming 'history.times' when those go back in time (before the user's latest stored event, or decreasing)."""
+    if not given:
+        return stored
+    new = np.asarray(given, np.int64)
+    if len(new) > 1 and (np.diff(new) < 0).any():
+        j = int(np.argmax(np.diff(new) < 0)) + 1
+        raise RequestError(f"field 'history.times[{j}]' = {int(new[j])} is earlier than history.times[{j - 1}] = {int(new[j - 1])}: the history goes oldest first")
+    if len(stored) and int(new[0]) < int(stored[-1]):
+        raise RequestError(f"field 'history.times[0]' = {int(new[0])} is earlier than user {user}'s latest stored event time {int(stored[-1])}")
+    return np.concatenate([stored, new])
+
+
+def _refuse_untimed(model: NextItemsModel, interactions: InteractionStore, stage: str) -> None:
+    """A next-items model trained on timestamps (an HSTU with model.times = true) reads each event's time: a
+    pipeline whose interaction store keeps none is refused when built."""
+    if model.uses_times and not interactions.timed:
         raise ValueError(
-            f"Pipeline: {stage} uses next-items bundle {model.name!r}, an HSTU trained with model.times = true; the "
-            "interaction store keeps the users' recent items without their times (use a bundle trained with times = false)"
+            f"Pipeline: {stage} uses next-items bundle {model.name!r}, an HSTU trained with model.times = true, but the "
+            "interaction store keeps no event times (build it from events with their timestamps, or use a bundle trained with times = false)"
         )

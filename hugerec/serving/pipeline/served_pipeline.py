@@ -1,24 +1,34 @@
 """A loaded pipeline behind HTTP: the friendly POST /recommend and a KServe v2 model.
 
-    POST /recommend  {"user": 17, "k": 20, "history"?: [ids, oldest first], "context"?: {"hour": 9},
-                      "pipeline"?: name, "version"?: v, "debug"?: false, "seed"?: int}
+    POST /recommend  {"user": 17, "k": 20, "history"?: [ids, oldest first], "history.times"?: [seconds, one per
+                      history id], "context"?: {"hour": 9}, "pipeline"?: name, "version"?: v, "debug"?: false,
+                      "seed"?: int}
       -> {"pipeline", "version", "user", "items": [...], "scores": [...], "sources": [...],
           "cold_start": bool, "notes": [...], "stages"?: {stage: {"items", "scores", "sources"}}, "seconds"?: {...}}
 
     POST /v2/models/{pipeline}/infer   inputs "user" INT64 [B]; optional "history" INT64 [N] with
-      "history.lengths" INT64 [B]; parameters.k, parameters.context (an object of numbers)
+      "history.lengths" INT64 [B] (and "history.times" INT64 [N]); parameters.k, parameters.context (an object
+      of numbers)
       -> outputs "items" INT64 [B, k] (-1 past the end), "scores" FP32 [B, k], "sources" BYTES [B, k]
          (the retrieval source of each item, "" past the end), "cold_start" BOOL [B];
          parameters.notes: one list of notes per user (a short list is always explained there)
 
-    POST /recommend/interactions  {"user": 17, "items": [ids], "pipeline"?: name}: the user has now seen
-                                  these items (every loaded version of the pipeline takes them)
+    POST /recommend/interactions  {"user": 17, "items": [ids], "times"?: [seconds], "pipeline"?: name}: the user
+                                  has now seen these items (every loaded version of the pipeline takes them)
     POST /recommend/features      {"table": "item", "ids": [...], "columns": {"available": [...]}, "pipeline"?}:
                                   overwrite some columns of existing rows (admin token required)
 
 Every bad field is a RequestError (4xx) naming it and its limit (QueryLimits: users per infer request,
 history ids, k; ids within int64); a stage that fails is a StageError (the server answers 503 when it could
 not reach a store, else 500).
+
+Event times ("times", "history.times"): int64 seconds (integers within int64; anything else is a 400
+naming the field), one per item, oldest first and never decreasing, none earlier than the user's latest
+stored event (400 naming the field: training reads each user's events in time order, so a history whose
+times go back is one the model never saw). A pipeline whose next-items model reads times (runner.py,
+`needs_times`) requires them with every item posted and with a request's history (400 naming the field
+when missing: never a time of 0); a pipeline without one checks them and keeps none, so one post serves a
+version with times and another without side by side.
 """
 
 from __future__ import annotations
@@ -39,8 +49,8 @@ from hugerec.serving.runtime.inference_protocol import LiveFields, RequestError,
 from hugerec.serving.runtime.served_object import ServedObject
 
 PLATFORM = "hugerec_pipeline"
-REQUEST_KEYS = ("user", "k", "history", "context", "pipeline", "version", "debug", "seed")
-INFER_INPUTS = frozenset({"user", "history", "history.lengths"})
+REQUEST_KEYS = ("user", "k", "history", "history.times", "context", "pipeline", "version", "debug", "seed")
+INFER_INPUTS = frozenset({"user", "history", "history.lengths", "history.times"})
 _LATENCY_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
 _COUNT_BUCKETS = tuple(float(4**i) for i in range(0, 10))
 
@@ -168,7 +178,7 @@ class ServedPipeline(ServedObject):
             # rows: users, or the history ids of all users together
             name, array, offset = decode_tensor(spec, i, blob, offset, limits.max_users * max(limits.max_history, 1))
             if name not in INFER_INPUTS:
-                raise RequestError(f"unknown input {name!r}; a pipeline takes 'user' and optionally 'history' + 'history.lengths'")
+                raise RequestError(f"unknown input {name!r}; a pipeline takes 'user' and optionally 'history' + 'history.lengths' (+ 'history.times')")
             if name in tensors:
                 raise RequestError(f"input {name!r} is given twice")
             tensors[name] = _ids(array, name)
@@ -183,6 +193,9 @@ class ServedPipeline(ServedObject):
         history = tensors.get("history", np.zeros(0, np.int64)).reshape(-1)
         if len(lengths) != len(users) or (lengths < 0).any() or int(lengths.sum()) != len(history):
             raise RequestError(f"input 'history.lengths' must give one length >= 0 per user ({len(users)}) summing to the {len(history)} history ids")
+        times = tensors.get("history.times")
+        if times is not None and times.reshape(-1).shape != history.shape:
+            raise RequestError(f"input 'history.times' has {times.size} times; it needs one per history id ({len(history)})")
         if len(lengths) and int(lengths.max()) > limits.max_history:
             raise RequestError(f"input 'history': a user has {int(lengths.max())} history ids; this server takes at most {limits.max_history}", status=413)
         params = request.get("parameters") or {}
@@ -195,7 +208,12 @@ class ServedPipeline(ServedObject):
         context = _context(params.get("context"), "parameters.context")
         seed = _seed(params.get("seed"), "parameters.seed")
         starts = np.r_[0, np.cumsum(lengths)]
-        queries = [Query(u, k, tuple(history[starts[i] : starts[i + 1]].tolist()), context, seed) for i, u in enumerate(users.tolist())]
+        flat_times = None if times is None else times.reshape(-1)
+        queries = [
+            Query(u, k, tuple(history[starts[i] : starts[i + 1]].tolist()), context, seed,
+                  None if flat_times is None else tuple(flat_times[starts[i] : starts[i + 1]].tolist()))
+            for i, u in enumerate(users.tolist())
+        ]
         for q in queries:
             self.pipeline.check_query(q)
         return InferRequest(queries, k, None if request.get("id") is None else str(request["id"])[:256])
@@ -223,15 +241,41 @@ class ServedPipeline(ServedObject):
 
     def add_interactions(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """/recommend/interactions: append items to the user's history (seen items) of this version."""
-        unknown = sorted(set(body) - {"user", "items", "pipeline"})
+        user, items, times = self._interactions(body)
+        store = self.pipeline.res.interactions
+        try:
+            store.add(user, items, times if store.timed else None)  # a store without times keeps none
+        except ValueError as e:
+            raise RequestError(f"field 'times': {e}"[:300]) from None  # times going back (a post since the check)
+        return {"user": user, "added": len(items)}
+
+    def check_interactions(self, body: Mapping[str, Any]) -> None:
+        self._interactions(body)
+
+    def _interactions(self, body: Mapping[str, Any]) -> tuple[int, list[int], list[int] | None]:
+        """A /recommend/interactions body -> (user, items, times); RequestError naming the first bad field,
+        times going back before the user's latest stored one included."""
+        unknown = sorted(set(body) - {"user", "items", "times", "pipeline"})
         if unknown:
-            raise RequestError(f"unknown field {unknown[0]!r}; /recommend/interactions takes 'user', 'items', 'pipeline'")
+            raise RequestError(f"unknown field {unknown[0]!r}; /recommend/interactions takes 'user', 'items', 'times', 'pipeline'")
         user = _id(body.get("user"), "user")
         items = _id_list(body.get("items"), "items", self.limits.max_history)
         if not items:
             raise RequestError("field 'items' must be a non-empty list of integer item ids")
-        self.pipeline.res.interactions.add(user, items)
-        return {"user": user, "added": len(items)}
+        times = None if body.get("times") is None else _times(body["times"], "times", len(items))
+        store = self.pipeline.res.interactions
+        if not store.timed:  # no model here reads times: checked above, not kept
+            return user, items, times
+        if times is None:
+            model = self.pipeline.res.sequential
+            raise RequestError(
+                f"field 'times' is required: next-items bundle {model.name if model else '?'!r} of pipeline {self.name!r} reads "
+                "each event's time (int64 seconds, one per item)"
+            )
+        stored = store.history(user)[1]
+        if stored is not None and len(stored) and times[0] < int(stored[-1]):
+            raise RequestError(f"field 'times': times[0] = {times[0]} is earlier than user {user}'s latest event time {int(stored[-1])}: events go in time order")
+        return user, items, times
 
     def update_features(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """/recommend/features: overwrite columns of existing rows of a feature table of this version."""
@@ -264,6 +308,7 @@ class ServedPipeline(ServedObject):
                 {"name": "user", "datatype": "INT64", "shape": [-1]},
                 {"name": "history", "datatype": "INT64", "shape": [-1], "optional": True},
                 {"name": "history.lengths", "datatype": "INT64", "shape": [-1], "optional": True},
+                *([{"name": "history.times", "datatype": "INT64", "shape": [-1], "optional": True}] if self.pipeline.needs_times else []),
             ],
             "outputs": [
                 {"name": "items", "datatype": "INT64", "shape": [-1, -1]},
@@ -286,10 +331,11 @@ def parse_recommend(body: Mapping[str, Any], limits: QueryLimits | None = None) 
     user = _id(body["user"], "user")
     k = _k(body.get("k", 20), "k", limits)
     history = _id_list(body.get("history", []), "history", limits.max_history)
+    times = None if body.get("history.times") is None else tuple(_times(body["history.times"], "history.times", len(history)))
     debug = body.get("debug", False)
     if not isinstance(debug, bool):
         raise RequestError(f"field 'debug' must be true or false, got {debug!r}"[:200])
-    return Query(user, k, tuple(history), _context(body.get("context"), "context"), _seed(body.get("seed"), "seed")), debug
+    return Query(user, k, tuple(history), _context(body.get("context"), "context"), _seed(body.get("seed"), "seed"), times), debug
 
 
 @dataclass(frozen=True)
@@ -320,6 +366,22 @@ def _id_list(v: object, name: str, max_len: int | None) -> list[int]:
         raise RequestError(f"field {name!r} has {len(v)} ids; this server takes at most {max_len}", status=413)
     for i, x in enumerate(v):
         _id(x, f"{name}[{i}]")
+    return v
+
+
+def _times(v: object, name: str, n: int) -> list[int]:
+    """Event times: a list of n integers within int64 (seconds), one per item of the same request."""
+    if not isinstance(v, list):
+        raise RequestError(f"field {name!r} must be a list of integer seconds, one per item, got {v!r}"[:200])
+    if len(v) != n:
+        raise RequestError(f"field {name!r} has {len(v)} times for {n} items (one each)")
+    for i, x in enumerate(v):
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise RequestError(f"field '{name}[{i}]' must be an integer (seconds), got {x!r}"[:200])
+        if not INT64_MIN <= x <= INT64_MAX:
+            raise RequestError(f"field '{name}[{i}]' = {x} is outside the int64 range of times"[:200])
+        if i and x < v[i - 1]:
+            raise RequestError(f"field '{name}[{i}]' = {x} is earlier than {name}[{i - 1}] = {v[i - 1]}: events go oldest first"[:200])
     return v
 
 

@@ -164,25 +164,42 @@ class NextItemsModel(ServedObject):
         """True when the model ranks given candidates itself (an HSTU: cached candidate scoring)."""
         return isinstance(self.saved.model, HSTU)
 
-    def candidate_scores(self, history: np.ndarray, candidates: np.ndarray, micro_batch: int = 256) -> tuple[np.ndarray, int]:
+    def candidate_scores(
+        self, history: np.ndarray, candidates: np.ndarray, micro_batch: int = 256, times: np.ndarray | None = None
+    ) -> tuple[np.ndarray, int]:
         """One history's raw ids (oldest first) and K candidates' raw ids -> ([K] float32 ranking-head logits,
         -inf for a candidate the model does not know; the number of known history ids left out because
-        the history is longer than max_len - 1, the slot before the candidate's)."""
+        the history is longer than max_len - 1, the slot before the candidate's).
+
+        times [H] int64 seconds beside the history: required by a model with `uses_times`, refused otherwise;
+        the kept ids keep their own times and the candidates sit at the time of the history's latest event."""
         model = self.saved.model
         if not isinstance(model, HSTU):
             raise ValueError(f"next-items model {self.name!r} is a {self.saved.model_type}, which has no candidate scoring (an HSTU has)")
-        dense = self.saved.lookup(np.asarray(history, dtype=np.int64))
-        dense = dense[dense != PAD]
+        if self.uses_times != (times is not None):
+            raise ValueError(f"next-items model {self.name!r} " + ("reads its items' times: give one per history item" if self.uses_times else "was trained without timestamps and takes no times"))
+        raw = np.asarray(history, dtype=np.int64)
+        if times is not None and np.shape(times) != raw.shape:
+            raise ValueError(f"candidate_scores: {len(times)} times for {len(raw)} history items")
+        dense = self.saved.lookup(raw)
+        known = dense != PAD
+        dense = dense[known]
         room = self.saved.max_len - 1
         truncated = max(len(dense) - room, 0)
         cand = self.saved.lookup(np.asarray(candidates, dtype=np.int64))
-        known = cand != PAD
+        cand_known = cand != PAD
         out = np.full(len(cand), -np.inf, dtype=np.float32)
-        if known.any():
-            hist = torch.from_numpy(dense[len(dense) - min(len(dense), room) :])[None]  # [1, Lh]
+        if cand_known.any():
+            first = len(dense) - min(len(dense), room)
+            hist = torch.from_numpy(dense[first:])[None]  # [1, Lh]
+            hist_times = now = None
+            if times is not None:
+                seconds = np.asarray(times, dtype=np.int64)
+                hist_times = torch.from_numpy(seconds[known][first:])[None]  # [1, Lh]: the kept ids' own times
+                now = torch.tensor(seconds[-1:] if len(seconds) else [0], dtype=torch.int64)  # [1]: the latest event's time
             with torch.no_grad():
-                scores = model.candidate_scores(hist, torch.from_numpy(cand[known])[None], micro_batch=micro_batch)
-            out[known] = scores[0].numpy()
+                scores = model.candidate_scores(hist, torch.from_numpy(cand[cand_known])[None], hist_times, now, micro_batch=micro_batch)
+            out[cand_known] = scores[0].numpy()
         return out, truncated
 
     def answer(self, body: bytes, header_length: str | None, live: LiveFields | None = None) -> tuple[bytes, dict[str, str]]:

@@ -122,6 +122,11 @@ class ServedObject(ABC):
         """/recommend/interactions: what a user has now seen (pipelines)."""
         raise Unsupported(self, "/recommend/interactions", "it keeps no seen-items store; name a pipeline")
 
+    def check_interactions(self, body: Mapping[str, Any]) -> None:
+        """The RequestError `add_interactions(body)` would raise, without adding anything: the server checks
+        every loaded version before any adds, so a post is kept by all of them or by none."""
+        raise Unsupported(self, "/recommend/interactions", "it keeps no seen-items store; name a pipeline")
+
     def update_features(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """/recommend/features: overwrite feature columns (pipelines)."""
         raise Unsupported(self, "/recommend/features", "it keeps no feature store; name a pipeline")

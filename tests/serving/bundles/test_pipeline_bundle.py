@@ -15,7 +15,7 @@ import torch
 from hugerec.models.mf import MatrixFactorization
 from hugerec.serving.bundles.bundle_files import MANIFEST
 from hugerec.serving.bundles.pipeline_bundle import PipelineOptions, export_pipeline, is_pipeline_bundle, load_pipeline
-from hugerec.serving.pipeline.declaration import declaration_from_dict
+from hugerec.serving.pipeline.declaration import PipelineDeclaration, declaration_from_dict
 from hugerec.serving.pipeline.encoder import UserEncoder
 from hugerec.serving.pipeline.feature_store import FeatureStore
 from hugerec.serving.pipeline.interaction_store import InteractionStore
@@ -125,4 +125,90 @@ def test_folders_that_are_not_pipeline_bundles(tmp_path: Path) -> None:
 )
 def test_bad_options_are_refused(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        PipelineOptions(**kwargs)  # type: ignore[arg-type]
+        PipelineOptions(**kwargs)
+
+
+# -- event times in the bundle's interaction store ------------------------------------------------------------
+def _timed_hstu(tmp_path: Path) -> Path:
+    """A next-items bundle of an HSTU trained with model.times = true over ITEMS (time biases not zero)."""
+    from hugerec.embedding.optimizers import Adam
+    from hugerec.models.hstu import HSTU, HSTUConfig
+    from hugerec.serving.bundles.next_items_bundle import write_next_items_bundle
+    from hugerec.training.model_file import RawIds, save_model
+
+    torch.manual_seed(5)
+    config = HSTUConfig(max_len=6, dim=8, num_layers=1, num_heads=2, times=True)
+    model = HSTU(config.sequence_config(len(ITEMS)))
+    with torch.no_grad():
+        for layer in model.blocks:
+            layer.time_bias.normal_(0.0, 2.0)
+    save_model(tmp_path / "hstu.pt", model, config, Adam(lr=0.01), ids=RawIds(ITEMS, np.r_[0, np.ones(len(ITEMS), np.int64)]))
+    return write_next_items_bundle(tmp_path / "hstu.pt", tmp_path / "hstu", name="hstu")
+
+
+def _sequential_declaration(score: bool) -> PipelineDeclaration:
+    spec: dict[str, object] = {"pipeline": {"name": "timed", "version": "1"}, "retrieve": {"sources": [{"kind": "sequential", "k": 8}]}}
+    if score:
+        spec = {"pipeline": {"name": "timed", "version": "1"}, "retrieve": {"sources": [{"kind": "popular", "k": 15}]}, "score": {"sequential": True}}
+    return declaration_from_dict(spec, "test")
+
+
+SEEN_USERS, SEEN_ITEMS = np.array([1, 1, 2, 1, 2]), np.array([101, 105, 110, 103, 111])
+SEEN_TIMES = np.array([1_000, 90_000, 95_000, 3_000_000, 3_000_001])
+
+
+def test_a_timed_model_reads_the_bundles_stored_times(tmp_path: Path) -> None:
+    """The store's times are written into the bundle and read back for a pipeline whose HSTU reads them: the
+    answer is the next-items bundle's for the stored history and its times."""
+    from hugerec.serving.bundles.next_items_bundle import load_next_items
+
+    seq = _timed_hstu(tmp_path)
+    seen = InteractionStore.from_pairs(SEEN_USERS, SEEN_ITEMS, times=SEEN_TIMES)
+    path = export_pipeline(tmp_path / "pipe", _sequential_declaration(False), _features(), seen, ITEMS, sequential_bundle=seq)
+    with np.load(path / "interactions.npz") as saved:
+        assert saved["times"].tolist() == [1_000, 90_000, 3_000_000, 95_000, 3_000_001]  # user 1's, then user 2's
+    loaded = load_pipeline(path)
+    try:
+        assert loaded.pipeline.needs_times and loaded.pipeline.res.interactions.timed
+        want = load_next_items(seq).next_items(np.array([101, 105, 103]), np.array([3]), 8, np.array([1_000, 90_000, 3_000_000]))
+        assert loaded.pipeline.recommend(Query(1, 8)).items.tolist() == want["items"][0].tolist()
+    finally:
+        loaded.close()
+
+
+@pytest.mark.parametrize("score", [False, True])
+def test_a_timed_model_beside_a_store_without_times_is_refused_naming_the_stage_and_the_bundle(tmp_path: Path, score: bool) -> None:
+    """At export (which loads the bundle back) and at load (a bundle whose interactions.npz has no times, the file
+    of a store before times existed): one line naming the stage and the next-items bundle."""
+    seq = _timed_hstu(tmp_path)
+    stage = "Score with sequential = true" if score else "source 'sequential'"
+    message = f"^Pipeline: {stage} uses next-items bundle 'hstu', an HSTU trained with model.times = true, but the interaction store keeps no event times"
+    seen = InteractionStore.from_pairs(SEEN_USERS, SEEN_ITEMS)
+    with pytest.raises(ValueError, match=message):
+        export_pipeline(tmp_path / "pipe", _sequential_declaration(score), _features(), seen, ITEMS, sequential_bundle=seq)
+    assert not (tmp_path / "pipe").exists()  # nothing written
+    timed = InteractionStore.from_pairs(SEEN_USERS, SEEN_ITEMS, times=SEEN_TIMES)
+    path = export_pipeline(tmp_path / "pipe", _sequential_declaration(score), _features(), timed, ITEMS, sequential_bundle=seq)
+    seen.save(path / "interactions.npz")  # the store without times, as written before they existed
+    with pytest.raises(ValueError, match=message):
+        load_pipeline(path, PipelineOptions(verify=False))
+
+
+def test_a_pipeline_without_a_timed_model_serves_as_before_times_existed(tmp_path: Path) -> None:
+    """Across the change: a bundle whose store keeps no times (the file layout before them: users, offsets,
+    items) and the same bundle with times in the file answer the same, bit for bit, and neither store keeps
+    times when no model reads them."""
+    declaration = declaration_from_dict({"pipeline": {"name": "shop", "version": "1"}, "retrieve": {"sources": [{"kind": "popular", "k": 12}]}}, "test")
+    old = export_pipeline(tmp_path / "old", declaration, _features(), InteractionStore.from_pairs(SEEN_USERS, SEEN_ITEMS), ITEMS[::-1].copy())
+    new = export_pipeline(tmp_path / "new", declaration, _features(), InteractionStore.from_pairs(SEEN_USERS, SEEN_ITEMS, times=SEEN_TIMES), ITEMS[::-1].copy())
+    with np.load(old / "interactions.npz") as saved:
+        assert sorted(saved.files) == ["items", "offsets", "users"]
+    a, b = load_pipeline(old), load_pipeline(new)
+    try:
+        assert not a.pipeline.res.interactions.timed and not b.pipeline.res.interactions.timed
+        for user in (1, 2, 3):
+            ra, rb = a.pipeline.recommend(Query(user, 10)), b.pipeline.recommend(Query(user, 10))
+            assert ra.items.tobytes() == rb.items.tobytes() and ra.scores.tobytes() == rb.scores.tobytes()
+    finally:
+        a.close()
+        b.close()

@@ -3,6 +3,7 @@ half an update, save / load."""
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -112,3 +113,126 @@ def test_load_refuses_a_file_whose_users_are_not_sorted_and_distinct(tmp_path: P
     np.savez(tmp_path / "bad.npz", users=np.array([1, 3]), offsets=np.array([0, 2, 1]), items=np.array([5]))
     with pytest.raises(ValueError, match="offsets decrease at user 3"):
         InteractionStore.load(tmp_path / "bad.npz")
+
+
+# -- event times (a timed store, for a next-items model trained with times) ----------------------------------
+def _timed_events(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n events of 40 users in time order: times non-decreasing overall (so within each user), ties included."""
+    users, items = rng.integers(-5, 35, n), rng.integers(0, 1000, n)
+    times = np.cumsum(rng.integers(0, 3, n)) + 1_700_000_000
+    return users, items, times
+
+
+def test_a_timed_store_keeps_each_items_own_time_through_adds_save_and_load(tmp_path: Path) -> None:
+    """Times ride beside the items: from events, through adds that move buffers, save and load (at another
+    max_items), each user's last items keep their own times, as a dict of (item, time) lists does."""
+    rng = np.random.default_rng(2)
+    users, items, times = _timed_events(rng, 600)
+    store = InteractionStore.from_pairs(users, items, max_items=6, times=times)
+    assert store.timed
+    reference: dict[int, list[tuple[int, int]]] = {}
+    for u, i, t in zip(users.tolist(), items.tolist(), times.tolist(), strict=True):
+        reference.setdefault(u, []).append((i, t))
+    clock = int(times[-1])
+    for step in range(300):  # base users and new ones, adds of 1..9 items (more than max_items: the last kept)
+        u = int(rng.integers(-8, 40))
+        n = int(rng.integers(1, 10))
+        new_t = clock + np.cumsum(rng.integers(0, 5, n))
+        clock = int(new_t[-1])
+        new_i = rng.integers(0, 1000, n)
+        store.add(u, new_i, new_t)
+        reference.setdefault(u, []).extend(zip(new_i.tolist(), new_t.tolist(), strict=True))
+        if step % 50 == 0 or step == 299:
+            for user, pairs in reference.items():
+                got_i, got_t = store.history(user)
+                assert got_t is not None and got_i.tolist() == [p[0] for p in pairs[-6:]] and got_t.tolist() == [p[1] for p in pairs[-6:]]
+                assert not got_t.flags.writeable
+    for max_items in (6, 2):
+        again = InteractionStore.load(store.save(tmp_path / "seen.npz"), max_items=max_items)
+        assert again.timed and len(again) == len(reference)
+        for user, pairs in reference.items():
+            got_i, got_t = again.history(user)
+            assert got_t is not None and got_i.tolist() == [p[0] for p in pairs[-max_items:]] and got_t.tolist() == [p[1] for p in pairs[-max_items:]]
+    untimed = InteractionStore.load(tmp_path / "seen.npz", max_items=6, times=False)  # the file's times left out
+    assert not untimed.timed and untimed.history(int(users[0]))[1] is None
+    assert untimed.items(int(users[0])).tolist() == store.items(int(users[0])).tolist()
+
+
+def test_an_untimed_store_is_the_store_before_times_and_refuses_them(tmp_path: Path) -> None:
+    """A store without times writes the same file as before times existed (users, offsets, items) and reads a
+    file of that layout; it takes no times, and a timed store takes none without them."""
+    store = InteractionStore.from_pairs(np.array([1, 2, 1]), np.array([10, 20, 11]))
+    path = store.save(tmp_path / "old.npz")
+    with np.load(path) as saved:
+        assert sorted(saved.files) == ["items", "offsets", "users"]
+    assert not InteractionStore.load(path).timed and store.history(1)[1] is None
+    with pytest.raises(ValueError, match="this store keeps no event times"):
+        store.add(1, [5], [1])
+    timed = InteractionStore.from_pairs(np.array([1]), np.array([10]), times=np.array([100]))
+    with pytest.raises(ValueError, match="this store keeps event times: give one per item"):
+        timed.add(1, [5])
+    with pytest.raises(ValueError, match="2 times for 1 items"):
+        timed.add(1, [5], [100, 101])
+
+
+def test_times_that_go_back_are_refused_naming_them() -> None:
+    """Training reads each user's events sorted by time: a history whose times decrease is refused, in a post
+    (naming the position) and against the user's latest stored time (naming both); equal times are fine."""
+    store = InteractionStore.from_pairs(np.array([1, 1]), np.array([10, 11]), times=np.array([100, 200]))
+    store.add(1, [12], [200])  # a tie with the latest: kept
+    with pytest.raises(ValueError, match=r"^times\[0\] = 150 is earlier than user 1's latest event time 200"):
+        store.add(1, [13], [150])
+    with pytest.raises(ValueError, match=r"^times\[2\] = 250 is earlier than times\[1\] = 300"):
+        store.add(1, [13, 14, 15], [210, 300, 250])
+    assert store.items(1).tolist() == [10, 11, 12]  # nothing of a refused add was kept
+    store.add(7, [1, 2], [5, 6])  # a new user: any first time
+    with pytest.raises(ValueError, match=r"InteractionStore.from_pairs: user 2's event times decrease \(9 then 8\)"):
+        InteractionStore.from_pairs(np.array([1, 2, 2]), np.array([1, 2, 3]), times=np.array([50, 9, 8]))
+    with pytest.raises(ValueError, match="times must be \\[N\\] integer seconds"):
+        InteractionStore.from_pairs(np.array([1]), np.array([1]), times=np.array([1.5]))
+
+
+@pytest.mark.parametrize(
+    ("times", "message"),
+    [
+        (np.array([1.0, 2.0, 3.0]), "times must be int64 seconds, one per item \\(3\\), got float64 \\[3\\]"),
+        (np.array([1, 2], np.int64), "times must be int64 seconds, one per item \\(3\\), got int64 \\[2\\]"),
+        (np.array([1, 2, 3], np.int32), "got int32"),
+        (np.array([5, 1, 9], np.int64), "user 1's event times decrease \\(5 then 1\\)"),
+        (np.array(["a", "b", "c"]), "times must be int64 seconds"),
+    ],
+)
+def test_load_refuses_bad_times_in_one_line_naming_the_file(tmp_path: Path, times: np.ndarray, message: str) -> None:
+    path = tmp_path / "bad.npz"
+    np.savez(path, users=np.array([1, 2]), offsets=np.array([0, 2, 3]), items=np.array([5, 6, 7]), times=times)
+    with pytest.raises(ValueError, match=f"^InteractionStore.load: {re.escape(str(path))}: .*{message}") as e:
+        InteractionStore.load(path)
+    assert "\n" not in str(e.value)
+    np.savez(path, users=np.array([1, 2]), offsets=np.array([0, 2, 3]), items=np.array([5, 6, 7]), times=np.array([1, 2, 3], dtype=object))
+    with pytest.raises(ValueError, match=f"^InteractionStore.load: {re.escape(str(path))}: not a saved interaction store: Object arrays"):
+        InteractionStore.load(path)  # no pickle: nothing in the file runs
+
+
+def test_readers_see_items_and_times_of_one_version() -> None:
+    """history() reads items and times from one published entry: a reader never pairs new items with old times."""
+    store = InteractionStore(max_items=32, timed=True)
+    stop = threading.Event()
+    bad: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            items, times = store.history(4)
+            assert times is not None
+            if items.shape != times.shape or (items != times - 1000).any():  # each item's time is its id + 1000
+                bad.append((items.copy(), times.copy()))
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for t in readers:
+        t.start()
+    for start in range(0, 8000, 7):
+        ids = np.arange(start, start + 7)
+        store.add(4, ids, ids + 1000)
+    stop.set()
+    for t in readers:
+        t.join()
+    assert bad == []

@@ -355,12 +355,115 @@ def test_score_with_the_sequential_model_ranks_by_its_cached_candidate_scores(tm
         Score(sparse=(("item", "item.id"),), sequential=True)
 
 
-def test_a_next_items_model_trained_with_times_is_refused_when_the_pipeline_is_built(tmp_path: Any) -> None:
-    """The interaction store keeps the users' recent items without their times: the Score stage and the
-    sequential source refuse an HSTU trained on them, in one line naming the stage and the bundle."""
-    res = resources(make_world(8))
+def test_a_next_items_model_trained_with_times_beside_a_store_without_times_is_refused(tmp_path: Any) -> None:
+    """An HSTU trained on timestamps reads each event's time: a store keeping none is refused when the pipeline
+    is built, in one line naming the stage and the bundle; a timed store is taken."""
+    w = make_world(8)
+    res = resources(w)
     res.sequential = _sequential(tmp_path, "hstu", times=True)
-    with pytest.raises(ValueError, match=r"^Pipeline: Score with sequential = true uses next-items bundle 'model', an HSTU trained with model.times = true"):
+    with pytest.raises(ValueError, match=r"^Pipeline: Score with sequential = true uses next-items bundle 'model', an HSTU trained with model.times = true, but the interaction store keeps no event times"):
         PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Score(sequential=True), Order())), res)
-    with pytest.raises(ValueError, match=r"^Pipeline: source 'sequential' uses next-items bundle 'model', an HSTU trained with model.times = true"):
+    with pytest.raises(ValueError, match=r"^Pipeline: source 'sequential' uses next-items bundle 'model', an HSTU trained with model.times = true, but the interaction store keeps no event times"):
         PipelineRunner(PipelineSpec((Retrieve((Sequential(5),)), Order())), res)
+    assert not PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Order())), res).needs_times  # the model unused: no times read
+    res.interactions = _timed_store(w)
+    assert PipelineRunner(PipelineSpec((Retrieve((Sequential(5),)), Order())), res).needs_times
+
+
+# -- a next-items model trained with times: the stored history's times reach it ------------------------------
+def _timed_sequential(tmp_path: Any, max_len: int = 6) -> Any:
+    """An HSTU trained with model.times = true whose time biases are not zero (untrained ones are, and times
+    would change nothing), as a next-items bundle."""
+    torch.manual_seed(1)
+    config = HSTUConfig(max_len=max_len, dim=8, num_layers=2, num_heads=2, times=True)
+    model = HSTU(config.sequence_config(ITEMS))
+    with torch.no_grad():
+        for layer in model.blocks:
+            layer.time_bias.normal_(0.0, 2.0)
+    counts = np.concatenate([[0], np.ones(ITEMS)]).astype(np.int64)
+    save_model(tmp_path / "timed.pt", model, config, Adam(lr=0.01), ids=RawIds(np.arange(ITEMS), counts))
+    return load_next_items(write_next_items_bundle(tmp_path / "timed.pt", tmp_path / "timed"))
+
+
+def _timed_store(w: dict[str, Any]) -> InteractionStore:
+    """The world's events with times: event e at 1.7e9 + 37 e**1.5 seconds (gaps from seconds to days)."""
+    events = w["events"]
+    times = (1_700_000_000 + 37 * np.arange(len(events)) ** 1.5).astype(np.int64)
+    return InteractionStore.from_pairs(events["user"].to_numpy(), events["item"].to_numpy(), times=times)
+
+
+def test_the_sequential_source_answers_what_the_next_items_bundle_gives_with_the_stored_times(tmp_path: Any) -> None:
+    """The sequential source gives the model the stored history with each item's own time: the answer is what the
+    next-items bundle (and recommend_next) gives for that history and those times; other times change it."""
+    from hugerec.training.sequential import recommend_next
+
+    w = make_world(8)
+    res = resources(w)
+    res.sequential = seq = _timed_sequential(tmp_path)
+    res.interactions = store = _timed_store(w)
+    p = PipelineRunner(PipelineSpec((Retrieve((Sequential(15),)), Order(max_k=15))), res)
+    users = [u for u in range(USERS) if len(store.items(u)) >= 8][:6]  # longer than max_len: the last 6 keep their times
+    for user in users:
+        items, times = store.history(user)
+        assert times is not None
+        rec = p.recommend(Query(user, 15))
+        want = seq.next_items(items, np.array([len(items)]), 15, times)
+        assert rec.items.tolist() == want["items"][0].tolist()
+        np.testing.assert_array_equal(rec.scores, want["scores"][0])
+        got, scores = recommend_next(seq.saved.model, [items + 1], k=15, exclude_history=True, times=[times])  # raw i = dense i - 1
+        assert rec.items.tolist() == (got[0] - 1).tolist()
+        np.testing.assert_allclose(rec.scores, scores[0], rtol=1e-5, atol=1e-6)
+    changed = 0
+    for user in users:  # the times are read: the same items at other times rank otherwise
+        items, times = store.history(user)
+        shifted = seq.next_items(items, np.array([len(items)]), 15, times * 0 + np.arange(len(items)) * 10**7)
+        changed += shifted["items"][0].tolist() != p.recommend(Query(user, 15)).items.tolist()
+    assert changed > 0
+
+
+def test_a_requests_history_comes_with_its_times_after_the_stored_ones(tmp_path: Any) -> None:
+    """A request's history goes after the stored one with its own times: the model reads both; without times, with
+    another number of them, or with times going back, the request is refused naming 'history.times'."""
+    w = make_world(8)
+    res = resources(w)
+    res.sequential = seq = _timed_sequential(tmp_path)
+    res.interactions = store = _timed_store(w)
+    p = PipelineRunner(PipelineSpec((Retrieve((Sequential(10),)), Order(max_k=10))), res)
+    user = next(u for u in range(USERS) if len(store.items(u)) >= 3)
+    items, times = store.history(user)
+    assert times is not None
+    latest = int(times[-1])
+    given, given_t = (7, 9), (latest, latest + 86_400)
+    rec = p.recommend(Query(user, 10, given, history_times=given_t))
+    want = seq.next_items(np.r_[items, given], np.array([len(items) + 2]), 10, np.r_[times, given_t])
+    assert rec.items.tolist() == want["items"][0].tolist()
+    for query, message in [
+        (Query(user, 10, given), "field 'history.times' is required with a history: next-items bundle 'model' reads the events' times"),
+        (Query(user, 10, given, history_times=(latest,)), "field 'history.times' has 1 times for the 2 history items"),
+        (Query(user, 10, given, history_times=(latest - 1, latest)), f"field 'history.times\\[0\\]' = {latest - 1} is earlier than user {user}'s latest stored event time {latest}"),
+        (Query(user, 10, given, history_times=(latest + 5, latest + 4)), f"field 'history.times\\[1\\]' = {latest + 4} is earlier than history.times\\[0\\]"),
+    ]:
+        with pytest.raises(RequestError, match=f"^{message}"):
+            p.recommend(query)
+    cold = p.recommend(Query(USERS + 5, 10, (3, 4), history_times=(-5, 0)))  # an unknown user: any times, negative too
+    assert cold.items.tolist() == seq.next_items(np.array([3, 4]), np.array([2]), 10, np.array([-5, 0]))["items"][0].tolist()
+    plain = PipelineRunner(PipelineSpec((Retrieve((Popular(10),)), Order(max_k=10))), resources(w))
+    assert plain.recommend(Query(user, 5, given, history_times=(0, 1))).items.tolist() == plain.recommend(Query(user, 5, given)).items.tolist()
+
+
+def test_score_with_a_timed_model_reads_the_histories_times(tmp_path: Any) -> None:
+    """Score with sequential = true: the candidates are scored against the stored history with its times, the
+    candidates at the time of the user's latest event: as NextItemsModel.candidate_scores with those times."""
+    w = make_world(8)
+    res = resources(w)
+    res.sequential = seq = _timed_sequential(tmp_path)
+    res.interactions = store = _timed_store(w)
+    p = PipelineRunner(PipelineSpec((Retrieve((Popular(60),)), Filter(exclude_seen=False), Score(sequential=True), Order(max_k=20))), res)
+    cands = w["popular"][:60]
+    for user in [u for u in range(USERS) if len(store.items(u)) >= 2][:4]:
+        items, times = store.history(user)
+        rec = p.recommend(Query(user, 20))
+        logits, _ = seq.candidate_scores(items, cands, times=times)
+        order = np.lexsort((cands, -logits))[:20]
+        assert rec.items.tolist() == cands[order].tolist()
+        np.testing.assert_allclose(rec.scores, 1 / (1 + np.exp(-logits[order].astype(np.float64))), rtol=1e-6)

@@ -336,3 +336,184 @@ def test_every_kserve_route_answers_for_a_pipeline_or_is_a_4xx_saying_what_it_la
     assert r.status_code == 400 and "'recs' serves pipeline versions; version 'm' is a model" in r.json()["error"]
     r = httpx.post(f"{url}/v2/repository/models/dlrm/unload", json={"version": "1"}, headers=auth)
     assert r.status_code == 400  # the stable one
+
+
+# -- a pipeline whose HSTU was trained with times: the stored history's times, "times" and "history.times" ------
+TIMED_TOML = """
+[pipeline]
+name = "timed"
+version = "1"
+
+[retrieve]
+sources = [{ kind = "sequential", k = 12 }]
+
+[order]
+max_k = 12
+"""
+
+
+def timed_bundle(out: Path, times: bool = True) -> tuple[Path, Path]:
+    """A pipeline of one source, the next items of an HSTU trained with model.times = true (time biases not
+    zero, so times matter), over a store with each event's time (times=False: without); (pipeline, next-items
+    bundle)."""
+    from hugerec.embedding.optimizers import Adam
+    from hugerec.models.hstu import HSTU, HSTUConfig
+    from hugerec.serving.bundles.next_items_bundle import write_next_items_bundle
+    from hugerec.training.model_file import RawIds, save_model
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(3)
+    config = HSTUConfig(max_len=8, dim=8, num_layers=2, num_heads=2, times=True)
+    model = HSTU(config.sequence_config(200))
+    with torch.no_grad():
+        for layer in model.blocks:
+            layer.time_bias.normal_(0.0, 2.0)
+    save_model(out / "hstu.pt", model, config, Adam(lr=0.01), ids=RawIds(np.arange(200), np.r_[0, np.ones(200, np.int64)]))
+    seq = write_next_items_bundle(out / "hstu.pt", out / "next", name="next", k=12)
+    rng = np.random.default_rng(4)
+    store = FeatureStore.in_memory({"user": ("age",), "item": ("price",)})
+    store.write("user", np.arange(50), {"age": rng.integers(10, 70, 50)})
+    store.write("item", np.arange(200), {"price": rng.random(200)})
+    users, items = rng.integers(0, 50, 600), rng.integers(0, 200, 600)
+    seconds = 1_700_000_000 + np.cumsum(rng.integers(0, 90_000, 600))
+    interactions = InteractionStore.from_pairs(users, items, times=seconds if times else None)
+    decl = declaration_from_dict(tomllib.loads(TIMED_TOML), "timed.toml")
+    return export_pipeline(out / "pipe", decl, store, interactions, np.arange(200), sequential_bundle=seq), seq
+
+
+@pytest.fixture(scope="module")
+def timed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, InferenceServer, Path]]:
+    pipe, seq = timed_bundle(tmp_path_factory.mktemp("timed"))
+    srv = InferenceServer(ServerConfig(admin_token="t" * 16, ingest_token=INGEST_TOKEN, seed=0))
+    srv.add_bundle(pipe)
+    srv.add_bundle(seq)
+    with BackgroundServer(srv) as url:
+        yield url, srv, pipe
+    srv.close()
+
+
+def _next_items(url: str, items: list[int], times: list[int]) -> list[int]:
+    """The next-items bundle's answer over HTTP for one history with its times ("items.times")."""
+    body = {"inputs": [{"name": "items", "datatype": "INT64", "shape": [len(items)], "data": items},
+                       {"name": "items.lengths", "datatype": "INT64", "shape": [1], "data": [len(items)]},
+                       {"name": "items.times", "datatype": "INT64", "shape": [len(items)], "data": times}], "parameters": {"k": 12}}
+    r = httpx.post(f"{url}/v2/models/next/infer", json=body)
+    assert r.status_code == 200, r.text
+    return list(r.json()["outputs"][0]["data"])
+
+
+def test_a_timed_pipeline_answers_what_the_next_items_bundle_gives_over_http(timed_server: tuple[str, InferenceServer, Path]) -> None:
+    """/recommend of a user reads the stored history with its times: the next-items bundle's answer for that
+    history and those times; after POST /recommend/interactions with "times", the longer history's; a request's
+    history with "history.times" (and the KServe input of the same name) likewise."""
+    url, srv = timed_server[0], timed_server[1]
+    served = srv.model_versions("timed").get("1")
+    assert isinstance(served, ServedPipeline) and served.pipeline.needs_times
+    user = 7
+    items, times = served.pipeline.res.interactions.history(user)
+    assert times is not None and len(items) >= 3
+    items_l, times_l = items.tolist(), times.tolist()
+    r = httpx.post(f"{url}/recommend", json={"user": user, "k": 12})
+    assert r.status_code == 200, r.text
+    assert r.json()["items"] == _next_items(url, items_l, times_l)
+    latest = times_l[-1]
+    post = {"user": user, "items": [11, 12], "times": [latest + 60, latest + 7_200]}
+    r = httpx.post(f"{url}/recommend/interactions", json=post, headers=INGEST)
+    assert r.status_code == 200, r.text
+    items_l, times_l = [*items_l, 11, 12], [*times_l, latest + 60, latest + 7200]
+    assert httpx.post(f"{url}/recommend", json={"user": user, "k": 12}).json()["items"] == _next_items(url, items_l, times_l)
+    given = {"user": user, "k": 12, "history": [40, 41], "history.times": [latest + 8_000, latest + 9_000]}
+    r = httpx.post(f"{url}/recommend", json=given)
+    assert r.status_code == 200, r.text
+    want = _next_items(url, [*items_l, 40, 41], [*times_l, latest + 8000, latest + 9000])
+    assert r.json()["items"] == want
+    infer = {"inputs": [{"name": "user", "datatype": "INT64", "shape": [1], "data": [user]},
+                        {"name": "history", "datatype": "INT64", "shape": [2], "data": [40, 41]},
+                        {"name": "history.lengths", "datatype": "INT64", "shape": [1], "data": [2]},
+                        {"name": "history.times", "datatype": "INT64", "shape": [2], "data": [latest + 8_000, latest + 9_000]}],
+             "parameters": {"k": 12}}
+    r = httpx.post(f"{url}/v2/models/timed/infer", json=infer)
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == want
+    meta = httpx.get(f"{url}/v2/models/timed").json()
+    assert [i["name"] for i in meta["inputs"]] == ["user", "history", "history.lengths", "history.times"]
+
+
+HUGE = "9" * 5000  # past CPython's 4,300-digit limit of int(str)
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "field"),
+    [
+        ("interactions", '{"user": 7, "items": [1]}', "field 'times' is required: next-items bundle 'next' of pipeline 'timed'"),
+        ("interactions", '{"user": 7, "items": [1], "times": [' + HUGE + "]}", "'times[0]'"),
+        ("interactions", '{"user": 7, "items": [1], "times": [1' + "0" * 400 + "]}", "'times[0]'"),
+        ("interactions", '{"user": 7, "items": [1], "times": [[1]]}', "field 'times[0]' must be an integer"),
+        ("interactions", '{"user": 7, "items": [1], "times": [1.5]}', "field 'times[0]' must be an integer"),
+        ("interactions", '{"user": 7, "items": [1], "times": 5}', "field 'times' must be a list"),
+        ("interactions", '{"user": 7, "items": [1, 2], "times": [5]}', "field 'times' has 1 times for 2 items"),
+        ("interactions", '{"user": 7, "items": [1, 2], "times": [2000000000, 1999999999]}', "field 'times[1]' = 1999999999 is earlier than times[0]"),
+        ("interactions", '{"user": 7, "items": [1], "times": [5]}', "field 'times': times[0] = 5 is earlier than user 7's latest event time"),
+        ("recommend", '{"user": 7, "k": 5, "history": [1]}', "field 'history.times' is required with a history"),
+        ("recommend", '{"user": 7, "k": 5, "history": [1], "history.times": [' + HUGE + "]}", "'history.times[0]'"),
+        ("recommend", '{"user": 7, "k": 5, "history": [1], "history.times": [-1' + "0" * 400 + "]}", "'history.times[0]'"),
+        ("recommend", '{"user": 7, "k": 5, "history": [1], "history.times": [[1]]}', "field 'history.times[0]' must be an integer"),
+        ("recommend", '{"user": 7, "k": 5, "history": [1], "history.times": [5]}', "field 'history.times[0]' = 5 is earlier than user 7's latest stored event time"),
+        ("recommend", '{"user": 7, "k": 5, "history": [1, 2], "history.times": [5]}', "field 'history.times' has 1 times for 2 items"),
+    ],
+)
+def test_bad_times_get_4xx_naming_the_field(timed_server: tuple[str, InferenceServer, Path], route: str, body: str, field: str) -> None:
+    """Times are int64 seconds, one per item, in time order: anything else is a 4xx naming the field (never a
+    5xx, never a time of 0), and nothing of a refused post is kept."""
+    url, srv = timed_server[0], timed_server[1]
+    served = srv.model_versions("timed").get("1")
+    assert isinstance(served, ServedPipeline)
+    before = served.pipeline.res.interactions.history(7)[0].tolist()
+    path = "/recommend/interactions" if route == "interactions" else "/recommend"
+    r = httpx.post(f"{url}{path}", content=body, headers={**INGEST, "content-type": "application/json"})
+    assert 400 <= r.status_code < 500 and field in r.json()["error"], r.text
+    assert served.pipeline.res.interactions.history(7)[0].tolist() == before
+
+
+def test_a_pipeline_without_a_timed_model_takes_times_and_keeps_none(server: tuple[str, InferenceServer, Path]) -> None:
+    """A pipeline whose models read no times checks "times" and keeps none (its store has none): one post serves a
+    version with times and another without; bad times are still a 400 naming the field."""
+    url, srv = server[0], server[1]
+    served = srv.model_versions("recs").get("1")
+    assert isinstance(served, ServedPipeline) and not served.pipeline.needs_times and not served.pipeline.res.interactions.timed
+    r = httpx.post(f"{url}/recommend/interactions", json={"user": 9, "items": [1, 2], "times": [5, 6]}, headers=INGEST)
+    assert r.status_code == 200, r.text
+    assert served.pipeline.res.interactions.items(9).tolist()[-2:] == [1, 2]
+    r = httpx.post(f"{url}/recommend/interactions", json={"user": 9, "items": [1], "times": ["x"]}, headers=INGEST)
+    assert r.status_code == 400 and "'times[0]'" in r.json()["error"]
+    r = httpx.post(f"{url}/recommend", json={"user": 9, "k": 5, "history": [1], "history.times": [3]})
+    assert r.status_code == 200, r.text
+    assert [i["name"] for i in httpx.get(f"{url}/v2/models/recs").json()["inputs"]] == ["user", "history", "history.lengths"]
+
+
+def test_a_post_is_kept_by_every_version_of_the_pipeline_or_by_none(tmp_path: Path) -> None:
+    """Version 1 reads times, version 0 (no sequential model, asked first) does not: a post without times is
+    refused by version 1 before version 0 keeps anything; with times, both keep the items (version 0 without
+    the times)."""
+    pipe, _ = timed_bundle(tmp_path / "v1")
+    decl = declaration_from_dict({"pipeline": {"name": "timed", "version": "0"}, "retrieve": {"sources": [{"kind": "popular", "k": 12}]},
+                                  "order": {"max_k": 12}}, "v0")
+    features = FeatureStore.in_memory({"user": ("age",), "item": ("price",)})
+    features.write("item", np.arange(200), {"price": np.ones(200)})
+    v2 = export_pipeline(tmp_path / "v2", decl, features, InteractionStore.from_pairs(np.array([7]), np.array([3])), np.arange(200))
+    srv = InferenceServer(ServerConfig(admin_token="t" * 16, ingest_token=INGEST_TOKEN, seed=0))
+    srv.add_bundle(v2)
+    srv.add_bundle(pipe)
+    try:
+        with BackgroundServer(srv) as url:
+            one, two = (srv.model_versions("timed").get(v) for v in ("1", "0"))
+            assert isinstance(one, ServedPipeline) and isinstance(two, ServedPipeline)
+            r = httpx.post(f"{url}/recommend/interactions", json={"user": 7, "items": [50]}, headers=INGEST)
+            assert r.status_code == 400 and "field 'times' is required" in r.json()["error"]
+            assert two.pipeline.res.interactions.items(7).tolist() == [3]  # nothing kept by the version that takes it
+            latest = int(one.pipeline.res.interactions.history(7)[1][-1])  # type: ignore[index]
+            r = httpx.post(f"{url}/recommend/interactions", json={"user": 7, "items": [50], "times": [latest + 1]}, headers=INGEST)
+            assert r.status_code == 200 and r.json()["versions"] == ["0", "1"], r.text
+            assert two.pipeline.res.interactions.items(7).tolist() == [3, 50] and one.pipeline.res.interactions.items(7)[-1] == 50
+    finally:
+        srv.close()

@@ -255,3 +255,26 @@ def test_a_model_without_times_refuses_them(model: NextItemsModel) -> None:
         model.next_items(RAW[:3], np.array([3]), times=np.array([1, 2, 3]))
     assert [i["name"] for i in model.metadata()["inputs"]] == ["items", "items.lengths"]
     assert "items.times" not in model.fields().inputs
+
+
+def test_candidate_scores_of_a_timed_model_read_the_kept_histories_times(timed: NextItemsModel) -> None:
+    """candidate_scores with times: unknown ids dropped with their times, the last max_len - 1 known ids kept
+    with their own, the candidates at the latest event's time: HSTU.candidate_scores given exactly those; other
+    times give other scores; times are required by this model and refused by one without them."""
+    history = np.array([RAW[2], 99_999, RAW[0], RAW[4], RAW[6], RAW[1]])  # 99_999: unknown; 4 known after it
+    times = np.array([5, 6, 700, 9_000, 86_400, 900_000])
+    candidates = np.array([RAW[3], RAW[8], 77_777, RAW[10]])  # 77_777: unknown, -inf
+    scores, truncated = timed.candidate_scores(history, candidates, times=times)
+    assert truncated == 5 - (TIMED_LEN - 1)
+    hstu: HSTU = timed.saved.model  # type: ignore[assignment]
+    kept = [5, 7, 2]  # dense ids of RAW[4], RAW[6], RAW[1]: the last max_len - 1 = 3 known
+    with torch.no_grad():
+        want = hstu.candidate_scores(torch.tensor([kept]), torch.tensor([[4, 9, 11]]), torch.tensor([[9_000, 86_400, 900_000]]), torch.tensor([900_000]))
+    np.testing.assert_allclose(scores[[0, 1, 3]], want[0].numpy(), rtol=1e-6)
+    assert scores[2] == -np.inf
+    other, _ = timed.candidate_scores(history, candidates, times=times * 0 + np.arange(6))
+    assert not np.allclose(other[[0, 1, 3]], scores[[0, 1, 3]])
+    with pytest.raises(ValueError, match="reads its items' times: give one per history item"):
+        timed.candidate_scores(history, candidates)
+    with pytest.raises(ValueError, match="2 times for 6 history items"):
+        timed.candidate_scores(history, candidates, times=times[:2])

@@ -932,7 +932,9 @@ def hstu_serving(records: Records, quick: bool, seed: int) -> None:
     full = (windows[:, 1:] != 0).all(axis=1)
     histories, times = windows[full][:, 1:], window_times[full][:, 1:]  # users with 50 items: [U, 50] dense ids, seconds
     torch.manual_seed(seed)
-    config = HSTUConfig(max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2, times=True)
+    # a timing of untrained weights: the config says ranking_weight 1 because the Score stage takes no bundle
+    # whose ranking head was never trained; its values do not change the work
+    config = HSTUConfig(max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2, times=True, ranking_weight=1.0)
     model = HSTU(config.sequence_config(num_items), Adam(lr=1e-3), config.options())
     with torch.no_grad():  # time biases that are read (a fresh model's are zeros)
         for layer in model.blocks:
@@ -1006,7 +1008,9 @@ def hstu_pipeline(records: Records, quick: bool, seed: int) -> None:
     raw = np.arange(1, num_items + 1, dtype=np.int64) * 7  # raw id of dense item d: 7 d
     items, seconds = raw[windows[known] - 1], window_times[known]
     torch.manual_seed(seed)
-    config = HSTUConfig(max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2, times=True)
+    # a timing of untrained weights: the config says ranking_weight 1 because the Score stage takes no bundle
+    # whose ranking head was never trained; its values do not change the work
+    config = HSTUConfig(max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2, times=True, ranking_weight=1.0)
     model = HSTU(config.sequence_config(num_items), Adam(lr=1e-3), config.options())
     with torch.no_grad():  # time biases that are read (a fresh model's are zeros)
         for layer in model.blocks:

@@ -215,6 +215,11 @@ class PipelineRunner:
                 kind = "none" if self.res.sequential is None else f"a {self.res.sequential.saved.model_type}"
                 raise ValueError(f"Pipeline: Score with sequential = true needs an HSTU next-items model (cached candidate scoring); it has {kind}")
             _refuse_untimed(self.res.sequential, self.res.interactions, "Score with sequential = true")
+            if not self.res.sequential.ranking_head_trained:  # its scores would be a random linear map of the states
+                raise ValueError(
+                    f"Pipeline: Score with sequential = true uses next-items bundle {self.res.sequential.name!r}, "
+                    "an HSTU whose ranking head was never trained; train it with model.ranking_weight > 0 (e.g. 1.0) and export it again"
+                )
             return
         ranker = self.res.ranker
         if ranker is None:

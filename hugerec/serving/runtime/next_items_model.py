@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from hugerec.models.hstu import HSTU
+from hugerec.models.hstu import HSTU, HSTUConfig
 from hugerec.models.sequence import PAD
 from hugerec.serving.runtime.inference_protocol import (
     HEADER_LENGTH,
@@ -163,6 +163,13 @@ class NextItemsModel(ServedObject):
     def scores_candidates(self) -> bool:
         """True when the model ranks given candidates itself (an HSTU: cached candidate scoring)."""
         return isinstance(self.saved.model, HSTU)
+
+    @property
+    def ranking_head_trained(self) -> bool:
+        """True when the ranking head of candidate_scores was trained (an HSTU with model.ranking_weight > 0);
+        an HSTU trained before the key has an untrained one."""
+        config = self.saved.config
+        return isinstance(config, HSTUConfig) and config.ranking_head_trained
 
     def candidate_scores(
         self, history: np.ndarray, candidates: np.ndarray, micro_batch: int = 256, times: np.ndarray | None = None

@@ -323,11 +323,12 @@ def test_feature_store_on_the_other_tiers(tier: str, tmp_path: Any, request: pyt
         store.close()
 
 
-def _sequential(tmp_path: Any, model_type: str, times: bool = False) -> Any:
+def _sequential(tmp_path: Any, model_type: str, times: bool = False, head: bool = True) -> Any:
     """A next-items model over the toy catalogue (raw item id i = dense id i + 1), untrained; times: an HSTU
-    trained with model.times = true."""
+    trained with model.times = true; an HSTU's config says its ranking head was trained (ranking_weight 1), as
+    the Score stage takes no other (its values do not matter to these tests)."""
     torch.manual_seed(0)
-    config = HSTUConfig(max_len=6, dim=8, num_layers=1, num_heads=2, times=times) if model_type == "hstu" else SASRecConfig(max_len=6, dim=8, num_layers=1, num_heads=2)
+    config = HSTUConfig(max_len=6, dim=8, num_layers=1, num_heads=2, times=times, ranking_weight=1.0 if head else 0.0) if model_type == "hstu" else SASRecConfig(max_len=6, dim=8, num_layers=1, num_heads=2)
     cfg = config.sequence_config(ITEMS)
     model = HSTU(cfg) if model_type == "hstu" else SASRec(cfg)
     counts = np.concatenate([[0], np.ones(ITEMS)]).astype(np.int64)
@@ -355,6 +356,21 @@ def test_score_with_the_sequential_model_ranks_by_its_cached_candidate_scores(tm
         Score(sparse=(("item", "item.id"),), sequential=True)
 
 
+def test_a_score_stage_over_an_untrained_ranking_head_is_refused_and_the_source_keeps_working(tmp_path: Any) -> None:
+    """An HSTU trained with model.ranking_weight = 0 (every HSTU before the key) has a random ranking head: a
+    Score with sequential = true over it is refused in one line naming the stage, the bundle and the key; its
+    next items still serve the sequential source."""
+    w = make_world(8)
+    res = resources(w)
+    res.sequential = _sequential(tmp_path, "hstu", head=False)
+    assert not res.sequential.ranking_head_trained
+    with pytest.raises(ValueError, match=r"^Pipeline: Score with sequential = true uses next-items bundle 'model', an HSTU whose ranking head was "
+                       r"never trained; train it with model.ranking_weight > 0 \(e.g. 1.0\) and export it again$"):
+        PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Score(sequential=True), Order())), res)
+    rec = PipelineRunner(PipelineSpec((Retrieve((Sequential(5),)), Order())), res).recommend(Query(USERS + 1, 5, history=(5, 17, 3)))
+    assert len(rec.items) == 5
+
+
 def test_a_next_items_model_trained_with_times_beside_a_store_without_times_is_refused(tmp_path: Any) -> None:
     """An HSTU trained on timestamps reads each event's time: a store keeping none is refused when the pipeline
     is built, in one line naming the stage and the bundle; a timed store is taken."""
@@ -375,7 +391,7 @@ def _timed_sequential(tmp_path: Any, max_len: int = 6) -> Any:
     """An HSTU trained with model.times = true whose time biases are not zero (untrained ones are, and times
     would change nothing), as a next-items bundle."""
     torch.manual_seed(1)
-    config = HSTUConfig(max_len=max_len, dim=8, num_layers=2, num_heads=2, times=True)
+    config = HSTUConfig(max_len=max_len, dim=8, num_layers=2, num_heads=2, times=True, ranking_weight=1.0)
     model = HSTU(config.sequence_config(ITEMS))
     with torch.no_grad():
         for layer in model.blocks:

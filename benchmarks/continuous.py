@@ -416,9 +416,11 @@ def _gate_top_k(loop: Any, k: int, repeats: int = 5) -> list[dict[str, Any]]:
     the same score blocks; CPU seconds, the best of `repeats` each, interleaved; both answers must be equal."""
     from hugerec.index import topk
     from hugerec.sparse.jagged import JaggedTensor
+    from hugerec.training.ranking_metrics import csr_minus
     from hugerec.training.retrieval import all_item_vectors, user_vectors
 
-    users, _, exclude = loop._target(k)
+    users, held, seen = loop._target(k)
+    exclude = csr_minus(seen, held)  # the items met before, except those met again on window k (the gate's protocol)
     model = loop.load(loop.serving_version())
     empty = JaggedTensor(torch.zeros(0, dtype=torch.int64), torch.zeros(users.size, dtype=torch.int64))
     q, v = user_vectors(model, torch.from_numpy(users), empty), all_item_vectors(model)

@@ -74,8 +74,8 @@ from hugerec.sparse.jagged import JaggedTensor
 from hugerec.training.checkpoint import atomic_save, read_weights
 from hugerec.training.declared_loss import retrieval_loss
 from hugerec.training.epoch_batches import EpochBatches
-from hugerec.training.ranking_metrics import CSR, csr_minus, list_recall, subset_csr
-from hugerec.training.retrieval import RetrievalFamily, RetrievalModel, top_items
+from hugerec.training.ranking_metrics import CSR, recall_at_k, subset_csr
+from hugerec.training.retrieval import RetrievalFamily, RetrievalModel, all_item_vectors, user_vectors
 from hugerec.training.trainer import TrainConfig, fit
 
 EventSource = Callable[[int], Interactions]  # k -> the events of window k (dense ids)
@@ -187,6 +187,7 @@ class RetrievalLoop:
         share = self.config.gate_user_share
         self.gate_users = np.ones(self.config.num_users, bool) if share == 1 else holdout_mask(self.config.num_users, share, self.config.seed)
         self._seen: dict[int, CSR] = {}  # k -> each user's items of windows 0..k (the newest two kept, `seen`)
+        self._held: dict[int, CSR] = {}  # k -> each user's distinct items of window k (the newest three kept, `held`)
         self._recalls: dict[tuple[str, int, int], tuple[float, int]] = {}  # (version, checkpoint mtime, k) -> recall
         self._models: dict[tuple[str, int], RetrievalModel] = {}  # (version, checkpoint mtime) -> the model (`load`)
 
@@ -224,8 +225,15 @@ class RetrievalLoop:
         return self._models[key]
 
     def _read(self, version: str) -> RetrievalModel:
+        """A model of its own with `version`'s weights (eval mode): copied from the model `load` keeps for the
+        checkpoint (the one it was written from, same mtime) when there is one, else read from the checkpoint."""
         model = self.build()
-        model.load_state_dict(read_weights(self.checkpoint(version), "RetrievalLoop", "model checkpoint"))
+        path = self.checkpoint(version)
+        kept = self._models.get((version, path.stat().st_mtime_ns))
+        if kept is not None:
+            model.load_state_dict({name: t.clone() for name, t in kept.state_dict().items()})
+        else:
+            model.load_state_dict(read_weights(path, "RetrievalLoop", "model checkpoint"))
         return model.eval()
 
     def _keep(self, key: tuple[str, int], model: RetrievalModel) -> None:
@@ -369,12 +377,14 @@ class RetrievalLoop:
         """(Recall@K of `model` on window k's events, the users it is measured on): each user's items of window k
         among the items the user had not met in windows 0..k-1 (exact top-K over every item); over the gate's
         users (`gate_users`), or with gate=False over the others (those a served model is judged on)."""
-        users, held, exclude = self._target(k, gate)
+        users, held, seen = self._target(k, gate)
         if not users.size:
             return float("nan"), 0
         empty = JaggedTensor(torch.zeros(0, dtype=torch.int64), torch.zeros(users.size, dtype=torch.int64))
-        top = top_items(model, torch.from_numpy(users), empty, exclude, self.config.k)  # [U', K]
-        return list_recall(top, held, self.config.num_items, self.config.k), int(users.size)
+        q, v = user_vectors(model, torch.from_numpy(users), empty), all_item_vectors(model)  # [U', D], [I, D]
+        # the value list_recall(top_items(..., csr_minus(seen, held), ...)) gives, to the bit (the same scores),
+        # without the top-K lists and the exclusion minus the held items (recall_at_k keeps those rankable)
+        return recall_at_k(lambda u0, u1, i0, i1: q[u0:u1] @ v[i0:i1].T, held, seen, self.config.num_items, self.config.k), int(users.size)
 
     def recall_of(self, version: str, k: int) -> tuple[float, int]:
         """`recall` of the checkpoint of `version`, kept per (version, the checkpoint's mtime, k)."""
@@ -386,16 +396,23 @@ class RetrievalLoop:
 
     def _target(self, k: int, gate: bool = True) -> tuple[np.ndarray, CSR, CSR]:
         """Window k's measured users [U'] (those with events, among the gate's users or the others), their items of
-        window k, and the items each may not be recommended (met in windows 0..k-1 and not again in window k:
-        `retrieval_metrics`'s exclusion), as CSR over those users only; computed once for every model measured on
-        window k."""
+        window k, and their items of windows 0..k-1 (which are not recommended unless met again in window k:
+        `retrieval_metrics`'s exclusion, `recall_at_k`'s), as CSR over those users only; computed once for every
+        model measured on window k."""
         if (k, gate) not in self._targets:
-            held = _seen_csr(self.source(k))
+            held = self.held(k)
             users = np.flatnonzero((np.diff(held[0]) > 0) & (self.gate_users == gate))
-            held_rows = subset_csr(held, users)
             self._targets = {j: t for j, t in self._targets.items() if j[0] >= k - 1}
-            self._targets[(k, gate)] = (users, held_rows, csr_minus(subset_csr(self.seen(k - 1), users), held_rows))
+            self._targets[(k, gate)] = (users, subset_csr(held, users), subset_csr(self.seen(k - 1), users))
         return self._targets[(k, gate)]
+
+    def held(self, k: int) -> CSR:
+        """Each user's distinct items of window k as CSR over every user: what the gate measures on window k (step
+        k - 1) and what `seen` adds for it (step k), computed once for both."""
+        if k not in self._held:
+            self._held = {j: r for j, r in self._held.items() if j >= k - 2}
+            self._held[k] = _seen_csr(self.source(k))
+        return self._held[k]
 
     def seen(self, k: int) -> CSR:
         """Each user's items of windows 0..k as CSR over every user (offsets [U + 1], items [N]; k < 0: none): window
@@ -405,7 +422,7 @@ class RetrievalLoop:
             return np.zeros(self.config.num_users + 1, np.int64), np.zeros(0, np.int64)
         if k not in self._seen:
             before = self._seen.get(k - 1)
-            rows = _seen_csr(self.history(k)) if before is None else _side_by_side(before, _seen_csr(self.source(k)))
+            rows = _seen_csr(self.history(k)) if before is None else _side_by_side(before, self.held(k))
             self._seen = {j: r for j, r in self._seen.items() if j >= k - 1}
             self._seen[k] = rows
         return self._seen[k]
@@ -433,8 +450,9 @@ class RetrievalLoop:
         store = FeatureStore.in_memory({"user": ("known",), "item": ("known",)})
         store.write("user", np.arange(c.num_users), {"known": np.ones(c.num_users, np.int64)})
         store.write("item", np.arange(c.num_items), {"known": np.ones(c.num_items, np.int64)})
-        frame = history.frame.sort("timestamp", maintain_order=True)
-        seen = InteractionStore.from_pairs(frame["user"].to_numpy(), frame["item"].to_numpy())
+        # the events grouped by user, each user's in time order (an Interactions frame is sorted by (user, timestamp)):
+        # each user's row is what a time-ordered log gives, without sorting every event so far by time first
+        seen = InteractionStore.from_pairs(history.users(), history.items())
         popular = np.argsort(-np.bincount(history.items(), minlength=c.num_items), kind="stable")
         declaration = declaration_from_dict(
             {

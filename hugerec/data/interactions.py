@@ -257,10 +257,18 @@ def iter_examples(
 
 
 def held_out_csr(test: Interactions) -> tuple[np.ndarray, np.ndarray]:
-    """The test part's items per user as CSR (offsets [U + 1], items [N]), each user's items deduplicated."""
-    f = test.frame.select("user", "item").unique(maintain_order=True).sort("user", maintain_order=True)
-    counts = np.bincount(f["user"].to_numpy(), minlength=test.num_users)
-    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), f["item"].to_numpy().astype(np.int64)
+    """The test part's items per user as CSR (offsets [U + 1], items [N]), each user's items deduplicated, in the
+    order they first occur (the frame's, sorted by (user, timestamp))."""
+    if test.num_users * test.num_items >= 1 << 63:  # the (user, item) key below would overflow int64
+        f = test.frame.select("user", "item").unique(maintain_order=True).sort("user", maintain_order=True)
+        users, items = f["user"].to_numpy(), f["item"].to_numpy()
+    else:  # each pair's first row, by one integer key: a single-threaded sort instead of a polars hash and sort
+        users, items = test.users(), test.items()
+        _, first = np.unique(users * test.num_items + items, return_index=True)
+        first.sort()  # the rows in frame order, so grouped by user with each user's items as they first occur
+        users, items = users[first], items[first]
+    counts = np.bincount(users, minlength=test.num_users)
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), items.astype(np.int64)
 
 
 def full_ranking(

@@ -70,6 +70,60 @@ def list_recall(top: torch.Tensor, held_out: CSR, num_items: int, k: int) -> flo
     return _recall(_hits(top.numpy(), held_out, num_items)[keep][:, :k], n_held[keep].astype(np.float64), k)
 
 
+def recall_at_k(
+    score_block: ScoreBlock,
+    held_out: CSR,
+    exclude: CSR | None,
+    num_items: int,
+    k: int,
+    user_block: int = 1024,
+    item_block: int = 65536,
+) -> float:
+    """`full_ranking_metrics(score_block, held_out, exclude, num_items, (k,), user_block, item_block)["recall@<k>"]`
+    (a user's excluded items are not ranked, except the user's own held-out items), the same value to the bit,
+    without the top-K lists: a held-out item is in a user's top K exactly when fewer than K items have a larger top_k
+    key (score, then the smaller position), which one pass over the user's scores counts (the Numba kernel
+    ops/cpu/rank_hits_kernels.py), so neither the lists nor the exclusion minus the held-out items are built. The
+    scores come from the same `score_block` calls as top_k's, so they are the same floats. A catalogue of more than
+    `item_block` items (a user's scores in several blocks) goes through full_ranking_metrics."""
+    (k,) = _check_ks((k,))
+    offsets = held_out[0]
+    num_users = len(offsets) - 1
+    if exclude is not None and len(exclude[0]) != len(offsets):
+        raise ValueError(f"recall_at_k: exclude has {len(exclude[0]) - 1} users, held_out {num_users}")
+    if num_items > item_block or num_items < 1:
+        return full_ranking_metrics(score_block, held_out, exclude, num_items, (k,), user_block, item_block)[f"recall@{k}"]
+    if num_items >= 1 << 32:
+        raise ValueError(f"recall_at_k: at most 2^32 - 1 items, got {num_items}")
+    from hugerec.ops.cpu.rank_hits_kernels import rank_hits  # Numba: imported when first measured
+
+    held_offsets, held_items = (np.ascontiguousarray(a, dtype=np.int64) for a in held_out)
+    if exclude is None:
+        ex_offsets, ex_items = np.zeros(num_users + 1, np.int64), np.zeros(0, np.int64)
+    else:
+        ex_offsets, ex_items = (np.ascontiguousarray(a, dtype=np.int64) for a in exclude)
+    hits = np.zeros(num_users, dtype=np.int64)  # [U] distinct held-out items in each user's top k
+    for u0 in range(0, num_users, user_block):
+        u1 = min(u0 + user_block, num_users)
+        scores = score_block(u0, u1, 0, num_items).to(torch.float32)  # [b, I]: top_k's one item block
+        if scores.shape != (u1 - u0, num_items):
+            raise ValueError(f"recall_at_k: score_block returned shape {tuple(scores.shape)}, expected {(u1 - u0, num_items)}")
+        nans = rank_hits(
+            scores.detach().contiguous().numpy().view(np.int32),
+            held_offsets[u0 : u1 + 1] - held_offsets[u0],
+            held_items[held_offsets[u0] : held_offsets[u1]],
+            ex_offsets[u0 : u1 + 1] - ex_offsets[u0],
+            ex_items[ex_offsets[u0] : ex_offsets[u1]],
+            k,
+            hits[u0:u1],
+        )
+        if nans:
+            raise ValueError("top_k: scores contain NaN")
+    n_held = np.diff(offsets)
+    keep = n_held > 0
+    return _mean(hits[keep] / np.minimum(n_held[keep].astype(np.float64), k))
+
+
 def _hits(top: np.ndarray, held_out: CSR, num_items: int) -> np.ndarray:
     """hit [U, L] bool: is the r-th entry of user u's list one of u's held-out items (empty slots -1 never are), by
     the Numba kernel ops/cpu/list_hits_kernels.py (its tests hold it to the NumPy join-key `np.isin`)."""

@@ -71,8 +71,14 @@ def test_offline_loop_warm_starts_gates_on_recall_and_exports_a_fresh_index(tmp_
         assert len(rec.items) == 50 and not seen & set(rec.items.tolist()) and rec.sources[0] == "ann"
     finally:
         pipe.close()
-    # the models the phases read stay in memory: the candidate as trained equals its checkpoint read back
-    assert loop.recall(loop.load("w2"), 3) == loop.recall(loop._read("w2"), 3)
+    # the models the phases read stay in memory: the candidate as trained equals its checkpoint read back (by a loop
+    # started again), and a warm start's model copied from the kept one equals it tensor for tensor, in storage of
+    # its own (training it leaves the kept model as it was)
+    fresh = RetrievalLoop(_config(tmp_path, keep_versions=2), stream.day)
+    assert loop.recall(loop.load("w2"), 3) == loop.recall(fresh._read("w2"), 3)
+    read, copied, kept = fresh._read("w2").state_dict(), loop._read("w2").state_dict(), loop.load("w2").state_dict()
+    assert read.keys() == copied.keys() == kept.keys() and all(torch.equal(read[n], copied[n]) for n in read)
+    assert all(copied[n].data_ptr() != kept[n].data_ptr() for n in kept if kept[n].numel())
     # each user's items so far, grown window by window, are the sets of the events so far
     for k in range(3):
         offsets, items = loop.seen(k)

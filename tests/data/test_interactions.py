@@ -164,3 +164,19 @@ def test_time_windows_number_from_the_first_event_keep_empty_ones_and_the_id_spa
     assert time_windows(data.with_frame(frame.clear()), 100) == []
     with pytest.raises(ValueError, match="seconds must be >= 1, got 0"):
         time_windows(data, 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 15), st.integers(0, 80), st.integers(0, 2**31 - 1))
+def test_held_out_csr_is_each_users_distinct_items_as_first_met(users: int, items: int, n: int, seed: int) -> None:
+    # the reference: polars' first-kept unique over (user, item), then a stable sort by user (what it was computed by)
+    rng = np.random.default_rng(seed)
+    frame = pl.DataFrame({"user": rng.integers(0, users, n), "item": rng.integers(0, items, n), "timestamp": rng.integers(0, 5, n)})
+    test = Interactions(frame, users, items)  # sorted by (user, timestamp) here, repeats and ties kept
+    ref = test.frame.select("user", "item").unique(maintain_order=True).sort("user", maintain_order=True)
+    offsets, got = held_out_csr(test)
+    assert np.array_equal(got, ref["item"].to_numpy())
+    assert np.array_equal(offsets, np.concatenate([[0], np.cumsum(np.bincount(ref["user"].to_numpy(), minlength=users))]))
+    assert offsets.dtype == got.dtype == np.int64
+    huge = Interactions(frame, users, 1 << 62)  # a (user, item) key past int64 from 2 users on: the polars path
+    assert all(np.array_equal(a, b) for a, b in zip(held_out_csr(huge), (offsets, got), strict=True))

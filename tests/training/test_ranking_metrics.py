@@ -10,8 +10,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hugerec.index.topk import matmul_block
-from hugerec.training.ranking_metrics import full_ranking_metrics, list_metrics, list_recall, subset_csr
+from hugerec.index.topk import matmul_block, top_k
+from hugerec.training.ranking_metrics import (
+    csr_minus,
+    full_ranking_metrics,
+    list_metrics,
+    list_recall,
+    recall_at_k,
+    subset_csr,
+)
 
 
 def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -131,3 +138,45 @@ def test_list_recall_is_list_metrics_recall(users: int, num_items: int, width: i
         assert list_recall(top, held, num_items, k) == list_metrics(top, held, num_items, (k,))[f"recall@{k}"]
     with pytest.raises(ValueError, match="list_recall"):
         list_recall(top[:0], held, num_items, 1)
+
+
+def _random_csr(rng: np.random.Generator, rows: int, most: int, high: int) -> tuple[np.ndarray, np.ndarray]:
+    lengths = rng.integers(0, most + 1, rows)
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), rng.integers(0, high, int(lengths.sum())).astype(np.int64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 60), st.integers(1, 70), st.integers(1, 16), st.booleans(), st.booleans(), st.integers(0, 2**31 - 1))
+def test_recall_at_k_is_full_ranking_recall(users: int, num_items: int, k: int, user_block: int, ties: bool, excluded: bool, seed: int) -> None:
+    # the same value to the bit: over several user blocks, with ties (coarse vectors), with and without an exclusion
+    # (held-out items among the excluded stay rankable), users without held-out items skipped, k above the catalogue
+    rng = np.random.default_rng(seed)
+    q = torch.from_numpy(rng.integers(-2, 3, (users, 4)) if ties else rng.standard_normal((users, 4))).float()
+    v = torch.from_numpy(rng.integers(-2, 3, (num_items, 4)) if ties else rng.standard_normal((num_items, 4))).float()
+    held = _random_csr(rng, users, 6, num_items)
+    exclude = _random_csr(rng, users, 6, num_items) if excluded else None
+    if not np.diff(held[0]).any():
+        return  # no user to measure: list_recall's mean of nothing
+    expected = full_ranking_metrics(matmul_block(q, v), held, exclude, num_items, (k,), user_block)[f"recall@{k}"]
+    assert recall_at_k(matmul_block(q, v), held, exclude, num_items, k, user_block) == expected
+    _, top = top_k(matmul_block(q, v), users, num_items, k, None if exclude is None else csr_minus(exclude, held), user_block)
+    assert expected == list_recall(top, held, num_items, k)  # what the retrieval loop's gate computed before
+
+
+def test_recall_at_k_of_a_catalogue_in_several_blocks_goes_through_the_lists() -> None:
+    rng = np.random.default_rng(3)
+    q, v = torch.randn(30, 8), torch.randn(200, 8)
+    held, exclude = _random_csr(rng, 30, 5, 200), _random_csr(rng, 30, 5, 200)
+    expected = full_ranking_metrics(matmul_block(q, v), held, exclude, 200, (10,), item_block=64)["recall@10"]
+    assert recall_at_k(matmul_block(q, v), held, exclude, 200, 10, item_block=64) == expected
+    assert recall_at_k(matmul_block(q, v), held, exclude, 200, 10) == expected  # one block: the kernel
+
+
+def test_recall_at_k_refuses_nan_scores_and_a_mismatched_exclusion() -> None:
+    q, v = torch.randn(3, 4), torch.randn(5, 4)
+    v[2, 0] = float("nan")
+    held = (np.array([0, 1, 1, 2]), np.array([0, 1]))
+    with pytest.raises(ValueError, match="NaN"):
+        recall_at_k(matmul_block(q, v), held, None, 5, 2)
+    with pytest.raises(ValueError, match="exclude has 1 users, held_out 3"):
+        recall_at_k(matmul_block(q, v), held, (np.array([0, 0]), np.zeros(0, np.int64)), 5, 2)

@@ -218,7 +218,7 @@ class PipelineRunner:
             if not self.res.sequential.ranking_head_trained:  # its scores would be a random linear map of the states
                 raise ValueError(
                     f"Pipeline: Score with sequential = true uses next-items bundle {self.res.sequential.name!r}, "
-                    "an HSTU whose ranking head was never trained; train it with model.ranking_weight > 0 (e.g. 1.0) and export it again"
+                    "an HSTU whose ranking head was never trained; train it with model.ranking_weight > 0 (e.g. 0.1) and export it again"
                 )
             return
         ranker = self.res.ranker

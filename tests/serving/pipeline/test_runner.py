@@ -365,7 +365,7 @@ def test_a_score_stage_over_an_untrained_ranking_head_is_refused_and_the_source_
     res.sequential = _sequential(tmp_path, "hstu", head=False)
     assert not res.sequential.ranking_head_trained
     with pytest.raises(ValueError, match=r"^Pipeline: Score with sequential = true uses next-items bundle 'model', an HSTU whose ranking head was "
-                       r"never trained; train it with model.ranking_weight > 0 \(e.g. 1.0\) and export it again$"):
+                       r"never trained; train it with model.ranking_weight > 0 \(e.g. 0.1\) and export it again$"):
         PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Score(sequential=True), Order())), res)
     rec = PipelineRunner(PipelineSpec((Retrieve((Sequential(5),)), Order())), res).recommend(Query(USERS + 1, 5, history=(5, 17, 3)))
     assert len(rec.items) == 5

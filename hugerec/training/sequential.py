@@ -17,6 +17,9 @@ With timestamps (HSTU's time buckets; models with `uses_times`), the windows' ti
 The input at position t carries its own item's time; the query at t reads the times of positions <= t
 only (its own time, never its target's), and a validation query the times of its history alone.
 
+HSTU's ranking head (cached candidate scoring, the pipeline's Score stage) trains beside the next-item loss
+with `SequentialFamily(..., ranking_weight=0.1)` (`[model] ranking_weight`); 0, the default, leaves it untrained.
+
 Losses (a closed union, consumed by one `match`):
   FullSoftmax     cross entropy over items 1..I: [N, I] logits for the N trained positions of a batch;
                   for catalogues small enough for that (the MovieLens and YOOCHOOSE samples)

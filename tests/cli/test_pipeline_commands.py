@@ -240,8 +240,18 @@ def test_a_pipeline_of_an_hstu_trained_with_times_builds_and_answers_with_them(w
     capsys.readouterr()
     assert main(["pipeline", "build", "timed.toml"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "Score with sequential = true uses next-items bundle 'hstu', an HSTU whose ranking head was never trained; train it with model.ranking_weight > 0" in err
+    assert "Score with sequential = 'ranking_head' uses next-items bundle 'hstu', an HSTU whose ranking head was never trained; train it with model.ranking_weight > 0" in err
     assert "\n" not in err
+    # the same HSTU ranks by its next-item score (no head needed), as configs/movielens_hstu_pipeline.toml does
+    (workdir / "next.toml").write_text(TIMED_PIPELINE.replace("sequential = true", 'sequential = "next_item"').replace('out = "timed_pipe"', 'out = "next_pipe"'))
+    assert main(["pipeline", "build", "next.toml"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["pipeline", "query", "next_pipe", "--user", str(user), "--k", "5", "--debug"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    seq = load_next_items(workdir / "hstu_run" / "bundle")
+    cands = np.array(out["stages"]["retrieve"]["items"])
+    logits, _ = seq.next_item_scores(history, cands, times=times[offsets[2] : offsets[3]])
+    assert out["items"] == cands[np.lexsort((cands, -logits))][:5].tolist()
     # a retrieval model file written before it carried the training events' times
     import torch as _torch
 

@@ -182,7 +182,7 @@ def test_a_timed_model_beside_a_store_without_times_is_refused_naming_the_stage_
     """At export (which loads the bundle back) and at load (a bundle whose interactions.npz has no times, the file
     of a store before times existed): one line naming the stage and the next-items bundle."""
     seq = _timed_hstu(tmp_path)
-    stage = "Score with sequential = true" if score else "source 'sequential'"
+    stage = "Score with sequential = 'ranking_head'" if score else "source 'sequential'"
     message = f"^Pipeline: {stage} uses next-items bundle 'hstu', an HSTU trained with model.times = true, but the interaction store keeps no event times"
     seen = InteractionStore.from_pairs(SEEN_USERS, SEEN_ITEMS)
     with pytest.raises(ValueError, match=message):
@@ -225,7 +225,7 @@ def test_a_score_stage_over_an_untrained_ranking_head_is_refused_at_export_and_a
     seq = _timed_hstu(tmp_path, head=False)
     assert "ranking_head" not in json.loads((seq / MANIFEST).read_text())
     timed = InteractionStore.from_pairs(SEEN_USERS, SEEN_ITEMS, times=SEEN_TIMES)
-    message = (r"^Pipeline: Score with sequential = true uses next-items bundle 'hstu', an HSTU whose ranking head was never trained; "
+    message = (r"^Pipeline: Score with sequential = 'ranking_head' uses next-items bundle 'hstu', an HSTU whose ranking head was never trained; "
                r"train it with model.ranking_weight > 0")
     with pytest.raises(ValueError, match=message):
         export_pipeline(tmp_path / "pipe", _sequential_declaration(True), _features(), timed, ITEMS, sequential_bundle=seq)

@@ -42,6 +42,18 @@ Baselines (hugerec.training.next_item_baselines): popular, item-knn, ease (order
 slist (SLIS + SLIT ridge regression, Choi et al. 2021), sknn and vsknn (normalised similarity, the most
 recent sampled sessions), and item-transitions (counts of i followed by j, scored from the last item).
 
+Ranking head part (not in the default --only: about 10 CPU minutes; --only hstu-ranking):
+  hstu-ranking        `movielens hstu ranking`: HSTU as shipped (MOVIELENS_SETTINGS) trained by `fit` on the
+                      ML-1M validation split's training data for RANKING_EPOCHS epochs, once without and once
+                      with the ranking loss (--ranking-weight, model.ranking_weight); each validation user's
+                      top-100 next items by the query dot product (training items excluded) in that order
+                      (hstu-next-item-order; hstu-next-item-order-joint for the model trained with both
+                      losses), reranked by the trained head (hugerec-hstu-ranking-head, cached candidate
+                      scoring at the latest event's time) and by the untrained head of the model trained
+                      without it (untrained-head: what the Score stage ranked with before); Recall@10 /
+                      NDCG@10 on the second-to-last item (no test item is scored); the training samples per
+                      CPU second with the ranking loss / without. --quick: 300 users, 1 epoch.
+
 Timing parts:
   hstu train          the same HSTU (ML-1M users' last 200 items, dim 64, 2 layers, 2 heads, 128 sampled
                       negatives, batch 128) on the jagged layout (Numba attention) and the padded plain-torch
@@ -1075,7 +1087,9 @@ def hstu_pipeline(records: Records, quick: bool, seed: int) -> None:
     raw = np.arange(1, num_items + 1, dtype=np.int64) * 7  # raw id of dense item d: 7 d
     items, seconds = raw[windows[known] - 1], window_times[known]
     torch.manual_seed(seed)
-    config = HSTUConfig(max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2, times=True)
+    # a timing of untrained weights: the config says ranking_weight 1 because the Score stage takes no bundle
+    # whose ranking head was never trained; its values do not change the work
+    config = HSTUConfig(max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2, times=True, ranking_weight=1.0)
     model = HSTU(config.sequence_config(num_items), Adam(lr=1e-3), config.options())
     with torch.no_grad():  # time biases that are read (a fresh model's are zeros)
         for layer in model.blocks:
@@ -1157,6 +1171,111 @@ def softmax_loss(records: Records, quick: bool, seed: int) -> None:
     print(f"  blocked / cross_entropy: {wall['torch-cross-entropy'] / wall['hugerec-blocked-full-softmax']:.2f}x wall, {ratio:.2f}x CPU time", flush=True)
 
 
+# -- movielens hstu ranking: the ranking head trained by the one trainer, reranking the next-item top-100 ------
+RANKING_EPOCHS = 10  # full run: 10 epochs per side, about 10 CPU minutes in all (the shipped 27 would be about 20)
+RANKING_WEIGHT = 0.1  # the ranking loss's weight beside the next-item loss (HSTUConfig.ranking_weight): of 0.1 and 1, the better head and next-item order
+RERANK_DEPTH = 100  # each user's top-100 next items by the query dot product are reranked
+
+
+def _ranking_split(quick: bool) -> Split:
+    """The ML-1M validation split (each user's second-to-last item; the test split is built but never
+    scored); --quick: its first 300 users."""
+    valid, _ = movielens_splits()
+    if not quick:
+        return valid
+    rows = np.arange(300)
+    tr = valid.train.select(rows)
+    return Split("valid", tr, valid.histories[rows], valid.times[rows], valid.targets[rows], (tr.offsets, tr.items), rows, valid.num_items)
+
+
+def _fit_ranked(split: Split, s: DeepSettings, epochs: int, seed: int, weight: float) -> tuple[HSTU, float]:
+    """HSTU of settings s trained by `fit` (full softmax, times as s says) with the ranking loss of `weight`;
+    returns it and its training samples (windows) per CPU second of this process."""
+    model = cast(HSTU, build_model("hugerec-hstu", split.num_items, s, seed))
+    width = window_width(model)
+    windows = sliding_windows(split.train, width)
+    batches: EpochBatches[Any] = (
+        window_batches(windows, s.batch, seed, times=sliding_windows(split.train, width, values=split.train.timestamps))
+        if s.times else window_batches(windows, s.batch, seed)
+    )
+    tc = TrainConfig(epochs=epochs, lr=s.lr, seed=seed, progress=False, tensorboard=False, plot=False, schedule=lr_schedule(s))
+    family = SequentialFamily(FullSoftmax(), mask_prob=0.2, times=s.times, ranking_weight=weight)
+    t0 = time.process_time()
+    history = fit(model, batches, None, tc, family=family)
+    cpu = time.process_time() - t0
+    samples = sum(len(b.windows) if isinstance(b, TimedWindows) else len(b) for e in range(epochs) for b in batches.make(e))
+    print(f"  ranking_weight {weight}: {history.steps} steps, {cpu:.0f} CPU s, loss {history.train[0]['loss']:.3f} -> {history.train[-1]['loss']:.3f}", flush=True)
+    return model.train(False), samples / cpu
+
+
+def _reranked_metrics(model: HSTU, split: Split, times: bool, k: int) -> dict[str, dict[str, float]]:
+    """Recall@k / NDCG@k over every query of the split: the query dot product's top RERANK_DEPTH (training
+    items excluded, as the full-ranking protocol) in its own order and reranked by the ranking head
+    (cached candidate scoring, candidates at the time of the history's latest event); a target outside
+    the top RERANK_DEPTH is a miss for both."""
+    max_len = model.cfg.max_len
+    hist, hist_t = split.histories[:, -max_len:], split.times[:, -max_len:]
+    score = model_scores(model, hist, hist_t if times else None)
+    head_hist, head_t = torch.from_numpy(hist[:, 1:]), torch.from_numpy(hist_t[:, 1:])  # the candidate takes the last slot
+    ranks: dict[str, list[np.ndarray]] = {"order": [], "head": []}
+    offsets, items = split.exclude if split.exclude is not None else (np.zeros(len(hist) + 1, np.int64), np.zeros(0, np.int64))
+    for q0 in range(0, len(hist), 256):
+        q1 = min(q0 + 256, len(hist))
+        s = score(q0, q1).clone()  # [q, I]
+        for i in range(q0, q1):  # the query's training items are never ranked
+            s[i - q0, torch.from_numpy(items[offsets[i] : offsets[i + 1]] - 1)] = float("-inf")
+        top = torch.topk(s, RERANK_DEPTH, dim=1).indices + 1  # [q, 100] item ids, best first
+        now = head_t[q0:q1, -1] if times else None
+        with torch.no_grad():
+            head = model.candidate_scores(head_hist[q0:q1], top, head_t[q0:q1] if times else None, now)  # [q, 100]
+        target = torch.from_numpy(split.targets[q0:q1])[:, None]
+        for name, order in (("order", top), ("head", torch.gather(top, 1, torch.argsort(head, dim=1, descending=True, stable=True)))):
+            hit = order == target  # [q, 100]
+            ranks[name].append(np.where(hit.any(1).numpy(), hit.float().argmax(1).numpy(), RERANK_DEPTH))
+    out = {}
+    for name, parts in ranks.items():
+        r = np.concatenate(parts)
+        inside = r < k
+        out[name] = {f"recall@{k}": float(inside.mean()), f"ndcg@{k}": float(np.where(inside, 1 / np.log2(r + 2), 0).mean())}
+    return out
+
+
+def hstu_ranking(records: Records, quick: bool, seed: int, weight: float = RANKING_WEIGHT) -> None:
+    """`movielens hstu ranking`: HSTU as shipped (MOVIELENS_SETTINGS) trained without and with the ranking
+    loss for the same epochs on the validation split's training data; each user's next-item top-100 in the
+    dot product's order, reranked by the trained head, and reranked by the untrained head of the model
+    trained without the ranking loss (what the Score stage ranked with before); the training cost ratio."""
+    if not DATA.exists():
+        raise SystemExit(f"benchmarks/sequential.py: data folder {DATA} not found; set HUGEREC_DATA")
+    s = MOVIELENS_SETTINGS["hugerec-hstu"]
+    split = _ranking_split(quick)
+    epochs = 1 if quick else RANKING_EPOCHS
+    print(f"movielens hstu ranking ({len(split.targets)} validation users, {epochs} epochs per side, weight {weight}, "
+          f"rerank depth {RERANK_DEPTH})", flush=True)
+    plain, plain_rate = _fit_ranked(split, s, epochs, seed, 0.0)
+    ranked, ranked_rate = _fit_ranked(split, s, epochs, seed, weight)
+    before, after = _reranked_metrics(plain, split, s.times, 10), _reranked_metrics(ranked, split, s.times, 10)
+    rows = {
+        "hstu-next-item-order": before["order"],  # the dot product's order, trained without the ranking loss
+        "untrained-head": before["head"],  # the same top-100 by that model's untrained head: the defect
+        "hstu-next-item-order-joint": after["order"],  # the dot product's order of the model trained with both losses
+        "hugerec-hstu-ranking-head": after["head"],
+    }
+    for method, got in rows.items():
+        for metric, value in got.items():
+            record(records, "movielens hstu ranking", method, value, f"{metric} (validation, top-{RERANK_DEPTH} reranked, {epochs} epochs, ranking_weight {weight})")
+        print(f"  {method:28s} " + "  ".join(f"{m} {v:.4f}" for m, v in got.items()), flush=True)
+    for metric in ("recall@10", "ndcg@10"):
+        for base in ("hstu-next-item-order", "hstu-next-item-order-joint", "untrained-head"):
+            ratio = rows["hugerec-hstu-ranking-head"][metric] / max(rows[base][metric], 1e-12)
+            record(records, "movielens hstu ranking", "hugerec-hstu-ranking-head", ratio, f"{metric} x {base}")
+            print(f"  ranking head / {base} {metric}: {ratio:.3f}x", flush=True)
+    record(records, "movielens hstu ranking cpu", "hugerec-hstu-with-ranking-loss", ranked_rate, "samples per CPU second")
+    record(records, "movielens hstu ranking cpu", "hugerec-hstu-without-ranking-loss", plain_rate, "samples per CPU second")
+    record(records, "movielens hstu ranking cpu", "hugerec-hstu-with-ranking-loss", ranked_rate / plain_rate, "x without the ranking loss (samples per CPU second)")
+    print(f"  training cost: {plain_rate:.0f} -> {ranked_rate:.0f} samples per CPU second with the ranking loss ({ranked_rate / plain_rate:.2f}x)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="first grid point of each baseline, 2 epochs of at most 24 (40) steps, short timings")
@@ -1202,6 +1321,7 @@ def main() -> None:
         "(all from the same raw training run; records named '... epoch E average K'), e.g. 1,3,5,8",
     )
     parser.add_argument("--train-seconds", type=float, help="train part: seconds of training per side (default 45, 15 with --quick)")
+    parser.add_argument("--ranking-weight", type=float, default=RANKING_WEIGHT, help="hstu-ranking: the ranking loss's weight (model.ranking_weight)")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="pool the --json records of several quality runs (seeds run in parallel) and write them with --json")
     args = parser.parse_args()
     if args.merge:
@@ -1240,6 +1360,8 @@ def main() -> None:
         throughput(records, args.quick, args.seed, args.train_seconds)
     if "softmax" in parts:
         softmax_loss(records, args.quick, args.seed)
+    if "hstu-ranking" in parts:  # not in the default parts: about 10 CPU minutes (--only hstu-ranking)
+        hstu_ranking(records, args.quick, args.seed, args.ranking_weight)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)

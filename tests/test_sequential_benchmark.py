@@ -241,3 +241,36 @@ def test_a_bad_average_grid_exits_naming_it(grid: str) -> None:
         return
     with pytest.raises(SystemExit, match=f"--average-epochs-grid '{grid}'"):
         seq.average_grid(grid)
+
+
+def test_the_ranking_part_reranks_the_next_item_top_100_and_reads_no_target_time() -> None:
+    """movielens hstu ranking's protocol on a small split: the dot product's top-100 order gives the full
+    ranking's Recall@10 / NDCG@10 (the same exclusions; a target's rank under 10 is its rank in the top-100);
+    the head's order is the top-100 sorted by the (uncached) ranking-head scores at the latest event's time."""
+    seq = _sequential()
+    rng = np.random.default_rng(1)
+    n, length, num_items = 30, 12, 150
+    times = np.cumsum(rng.integers(1, 10**6, n * length))
+    train = Sequences(np.arange(n), np.arange(0, n * length + 1, length), rng.integers(1, num_items + 1, n * length), times)
+    split = seq.Split("valid", train, last_n(train, seq.HISTORY), last_n(train, seq.HISTORY, values=train.timestamps),
+                      np.ones(n, np.int64), (train.offsets, train.items), None, num_items)
+    s = seq.DeepSettings(max_len=6, lr=1e-2, batch=8, windows="sliding", dim=8, heads=2, times=True)
+    model, rate = seq._fit_ranked(split, s, 1, 0, 1.0)
+    assert rate > 0
+    hist, hist_t = split.histories[:, -6:], split.times[:, -6:]
+    scores = seq.model_scores(model, hist, hist_t)(0, n).clone()
+    for i in range(n):
+        scores[i, torch.from_numpy(train.items[train.offsets[i] : train.offsets[i + 1]] - 1)] = float("-inf")
+    top = torch.topk(scores, seq.RERANK_DEPTH, dim=1).indices + 1
+    pick = np.where(np.arange(n) % 3 == 0, 3, np.where(np.arange(n) % 3 == 1, 40, 0))  # ranks 4, 41 and 1 by the dot product
+    split = dataclasses.replace(split, targets=top[np.arange(n), pick].numpy())
+    got = seq._reranked_metrics(model, split, True, 10)
+    full = seq.split_metrics(split, seq.model_block(model, split, True), 10)
+    for metric in ("recall@10", "ndcg@10"):
+        assert got["order"][metric] == pytest.approx(full[metric])
+    with torch.no_grad():
+        head = model.candidate_scores_uncached(torch.from_numpy(hist[:, 1:]), top, torch.from_numpy(hist_t[:, 1:]), torch.from_numpy(hist_t[:, -1]))
+    target_score = head[np.arange(n), pick]
+    ranks = (head > target_score[:, None]).sum(dim=1).numpy()
+    assert got["head"]["recall@10"] == pytest.approx(float((ranks < 10).mean()))
+    assert got["head"]["ndcg@10"] == pytest.approx(float(np.where(ranks < 10, 1 / np.log2(ranks + 2), 0).mean()), rel=1e-5)

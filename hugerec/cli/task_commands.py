@@ -269,7 +269,10 @@ def train_sequential(cfg: RunConfig) -> dict[str, float]:
         )
         fit_counts = np.bincount(fit_part.items, minlength=d.vocab.num_items + 1)
         mask_prob = kind.mask_prob if isinstance(kind, MLMConfig) else MLMConfig.mask_prob
-        family = SequentialFamily(sequence_loss(kind), fit_counts, mask_prob, tuple(cfg.sequences.ks), times=timed)
+        ranking = (kind.ranking_weight, kind.ranking_negatives) if isinstance(kind, HSTUConfig) else (0.0, HSTUConfig.ranking_negatives)
+        family = SequentialFamily(
+            sequence_loss(kind), fit_counts, mask_prob, tuple(cfg.sequences.ks), times=timed, ranking_weight=ranking[0], ranking_negatives=ranking[1]
+        )
         history = fit(model, batches, validation, cfg.train, family=family)
     finally:
         if env is not None:

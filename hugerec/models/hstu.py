@@ -29,7 +29,12 @@ Cached candidate scoring (M-FALCON): a candidate is one more token after the his
 candidates, so the history's keys and values of every layer are computed once and each micro-batch
 of candidates costs one token per candidate. Its final state goes through the ranking head
 (`rank`, a linear layer) to a score; `candidate_ranking_loss` trains that head: the true next item
-against sampled negatives, all scored against the same history.
+against sampled negatives, all scored against the same history. The one trainer adds it to the next-item
+loss when `ranking_weight > 0` (`HSTUConfig.ranking_weight`, `SequentialFamily(ranking_weight=...)`), through
+`forward_ranked`: one item lookup for both passes. The ranking pass encodes its history again: the trunk's
+window holds max_len items at positions 0..max_len - 1, the ranking history the last max_len - 1 at
+positions ending one slot earlier (where serving puts them, the candidate in the last slot), so the
+trunk's keys and values are not the ranking pass's.
 """
 
 from __future__ import annotations
@@ -57,6 +62,17 @@ from hugerec.ops.jagged_attention import jagged_causal_attention, log_time_bucke
 from hugerec.ops.reference import padded_causal_attention
 
 _TIME_LOG_BASE = 0.301  # HSTU's bucket width in ln(seconds)
+# negatives per window of the ranking head's cross entropy: 32 + 1 candidate tokens per window, fewer than the
+# window's own items at ML-1M's max_len 50
+DEFAULT_RANKING_NEGATIVES = 32
+
+
+def check_ranking(weight: object, negatives: object, where: str) -> None:
+    """ValueError naming the key for a ranking_weight that is not a finite number >= 0 or ranking_negatives not an int >= 1."""
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight < math.inf:
+        raise ValueError(f"{where}: ranking_weight must be a finite number >= 0 (0: no ranking loss), got {weight!r}")
+    if isinstance(negatives, bool) or not isinstance(negatives, int) or negatives < 1:
+        raise ValueError(f"{where}: ranking_negatives must be an int >= 1, got {negatives!r}")
 
 
 class Layout(enum.Enum):
@@ -120,15 +136,42 @@ class HSTUConfig(SequenceModelConfig):
     time_buckets: int = HSTUOptions.time_buckets  # log-scale time-difference buckets of the relative attention bias
     temperature: float = HSTUOptions.temperature  # > 0: cosine of outputs and item rows / temperature; 0: dot product
     times: bool = False  # the events' timestamps feed the time buckets in training, validation and test (`hugerec train`)
+    ranking_weight: float = 0.0  # > 0: training adds this x the ranking head's candidate cross entropy (0: the head stays untrained)
+    ranking_negatives: int = DEFAULT_RANKING_NEGATIVES  # uniformly drawn negatives per window of that cross entropy
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.options()  # HSTUOptions' checks, now
         if not isinstance(self.times, bool):
             raise ValueError(f"HSTUConfig: times must be true or false, got {self.times!r}")
+        check_ranking(self.ranking_weight, self.ranking_negatives, "HSTUConfig")
+
+    @property
+    def ranking_head_trained(self) -> bool:
+        """Whether training fits the ranking head of cached candidate scoring (ranking_weight > 0)."""
+        return self.ranking_weight > 0
 
     def options(self) -> HSTUOptions:
         return HSTUOptions(self.attention_dim, self.time_buckets, self.temperature)
+
+
+@dataclass(frozen=True)
+class RankingBatch:
+    """The ranking head's training inputs of one step (`HSTU.forward_ranked`): windows [B, W] (left-padded,
+    W <= max_len, >= 2 items each; the last item is the positive, the others the history), negatives
+    [B, M] item ids, times [B, W] seconds of the windows' items (None without times)."""
+
+    windows: torch.Tensor
+    negatives: torch.Tensor
+    times: torch.Tensor | None = None
+
+
+def ranking_cross_entropy(logits: torch.Tensor, target: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy of column 0 (the target [B, 1]) of logits [B, 1 + M] against the negatives [B, M];
+    a negative equal to the target is no negative (masked)."""
+    hit = negatives == target
+    logits = torch.cat([logits[:, :1], logits[:, 1:].masked_fill(hit, float("-inf"))], dim=1)
+    return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.int64, device=logits.device))
 
 
 def time_buckets(delta: torch.Tensor, num_buckets: int) -> torch.Tensor:
@@ -215,15 +258,18 @@ class HSTU(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """seq [B, L] (L <= max_len, left-padded), candidates [M], times [B, L] seconds (optional)
         -> ([B, L, D] hidden states, 0 at padding; [M, D] candidate rows)."""
-        valid = seq != PAD
         states, cand = self.encode(seq, candidates, times)
+        return self._hidden(seq, states), self.item_output(cand)
+
+    def _hidden(self, seq: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """encode's states -> forward's [B, L, D] outputs, 0 at padding."""
+        valid = seq != PAD
         match self.layout:
             case Layout.JAGGED:  # rows scattered by flat index: a boolean-mask index_put's backward sorts
                 flat = valid.reshape(-1).nonzero().squeeze(1)  # [N] rows of [B * L] holding an item
-                hidden = states.new_zeros(seq.numel(), self.cfg.dim).index_copy(0, flat, self.output(states)).view(*seq.shape, -1)
+                return states.new_zeros(seq.numel(), self.cfg.dim).index_copy(0, flat, self.output(states)).view(*seq.shape, -1)
             case Layout.PADDED:
-                hidden = self.output(states) * valid[..., None].to(states.dtype)
-        return hidden, self.item_output(cand)
+                return self.output(states) * valid[..., None].to(states.dtype)
 
     def query(self, history: torch.Tensor, times: torch.Tensor | None = None) -> torch.Tensor:
         """[B, L] histories -> [B, D]: the vector whose dot product with item_vectors scores the next item."""
@@ -293,6 +339,13 @@ class HSTU(nn.Module):
         -> [B, C] ranking-head scores. times [B, Lh] / now [B]: the history's and the request's seconds
         (both or neither). The history's keys and values are computed once per layer; candidates go
         through in micro-batches of `micro_batch` columns, each attending to the history and itself."""
+        b = self._check_candidates(history, candidates, times, now)
+        if micro_batch < 1:
+            raise ValueError(f"HSTU.candidate_scores: micro_batch must be >= 1, got {micro_batch}")
+        rows, cand_rows = self.lookup(history[history != PAD][None], candidates.reshape(-1))  # [1, N, D], [B*C, D]
+        return self._candidate_logits(history, rows[0], cand_rows.view(b, -1, self.cfg.dim), times, now, micro_batch)  # [B*C, D] -> [B, C, D]
+
+    def _check_candidates(self, history: torch.Tensor, candidates: torch.Tensor, times: torch.Tensor | None, now: torch.Tensor | None) -> int:
         b, lh = history.shape
         if lh > self.cfg.max_len - 1:
             raise ValueError(f"HSTU.candidate_scores: histories of {lh} items leave no slot for the candidate (max_len {self.cfg.max_len})")
@@ -300,14 +353,23 @@ class HSTU(nn.Module):
             raise ValueError(f"HSTU.candidate_scores: candidates must be [B, C] = [{b}, C], got {tuple(candidates.shape)}")
         if (times is None) != (now is None):
             raise ValueError("HSTU.candidate_scores: give both times and now, or neither")
-        if micro_batch < 1:
-            raise ValueError(f"HSTU.candidate_scores: micro_batch must be >= 1, got {micro_batch}")
+        return b
+
+    def _candidate_logits(
+        self,
+        history: torch.Tensor,
+        rows: torch.Tensor,
+        cand_rows: torch.Tensor,
+        times: torch.Tensor | None,
+        now: torch.Tensor | None,
+        micro_batch: int,
+    ) -> torch.Tensor:
+        """candidate_scores from looked-up rows: rows [N, D] of history's N items (row-major), cand_rows [B, C, D]."""
+        b, lh = history.shape
         valid = history != PAD
-        rows, cand_rows = self.lookup(history[valid][None], candidates.reshape(-1))  # [1, N, D], [B*C, D]
-        cand_rows = cand_rows.view(b, -1, self.cfg.dim)  # [B*C, D] -> [B, C, D]
         # the history sits one slot further back than on its own: positions end at max_len - 2
         first = self.cfg.max_len - 1 - lh
-        xj = self.drop(rows[0] * self.scale + self.positions.weight[first + valid.nonzero()[:, 1]])  # [N, D]
+        xj = self.drop(rows * self.scale + self.positions.weight[first + valid.nonzero()[:, 1]])  # [N, D]
         lengths = valid.sum(dim=1)
         offsets = torch.zeros(b + 1, dtype=torch.int64)
         torch.cumsum(lengths, dim=0, out=offsets[1:])
@@ -331,7 +393,7 @@ class HSTU(nn.Module):
             xj = layer.finish(xj, u, attn)
         out = []
         pos_c = self.positions.weight[self.cfg.max_len - 1]
-        for c0 in range(0, candidates.shape[1], micro_batch):
+        for c0 in range(0, cand_rows.shape[1], micro_batch):
             xc = self.drop(cand_rows[:, c0 : c0 + micro_batch] * self.scale + pos_c)  # [B, m, D]
             for layer, (kp, vp) in zip(self.blocks, cache, strict=True):
                 u, v, q, k = layer.project(xc)  # q, k [B, m, H, Dq]
@@ -341,7 +403,7 @@ class HSTU(nn.Module):
                 attn = torch.einsum("bmhj,bjhd->bmhd", a_hist, vp) + a_self[..., None] * v
                 xc = layer.finish(xc, u, attn)
             out.append(self.rank(self.norm(xc)).squeeze(-1))  # [B, m]
-        return torch.cat(out, dim=1) if out else candidates.new_zeros(b, 0, dtype=torch.float32)
+        return torch.cat(out, dim=1) if out else cand_rows.new_zeros(b, 0)
 
     def candidate_scores_uncached(
         self, history: torch.Tensor, candidates: torch.Tensor, times: torch.Tensor | None = None, now: torch.Tensor | None = None
@@ -360,11 +422,32 @@ class HSTU(nn.Module):
                 last = states[:, -1]
         return self.rank(last).squeeze(-1).view(b, c)
 
-    def candidate_ranking_loss(self, windows: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
+    def candidate_ranking_loss(self, windows: torch.Tensor, negatives: torch.Tensor, times: torch.Tensor | None = None) -> torch.Tensor:
         """Cross entropy of each window's last item against negatives [B, M], all scored by the ranking head
-        against the window's other items: windows [B, W] (left-padded, W <= max_len, >= 2 items each)."""
+        against the window's other items: windows [B, W] (left-padded, W <= max_len, >= 2 items each).
+        times [B, W]: the windows' seconds; the candidates sit at the time of the history's latest event
+        (times[:, -2]), where the pipeline's Score stage puts them, never at the target's own time."""
         history, target = windows[:, :-1], windows[:, -1:]
-        logits = self.candidate_scores(history, torch.cat([target, negatives], dim=1))  # [B, 1 + M]
-        hit = negatives == target  # a negative equal to the target is no negative
-        logits = torch.cat([logits[:, :1], logits[:, 1:].masked_fill(hit, float("-inf"))], dim=1)
-        return F.cross_entropy(logits, torch.zeros(len(windows), dtype=torch.int64))
+        hist_times, now = (None, None) if times is None else (times[:, :-1], times[:, -2])
+        logits = self.candidate_scores(history, torch.cat([target, negatives], dim=1), hist_times, now)  # [B, 1 + M]
+        return ranking_cross_entropy(logits, target, negatives)
+
+    def forward_ranked(
+        self, seq: torch.Tensor, candidates: torch.Tensor | None, times: torch.Tensor | None, ranking: RankingBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """forward(seq, candidates, times) and candidate_ranking_loss(ranking.windows, ranking.negatives,
+        ranking.times) from one lookup of the item table (one sparse optimizer step per backward): the
+        ranking pass's history and candidate ids ride behind `candidates`. Returns (hidden, candidate rows,
+        ranking loss)."""
+        windows = ranking.windows
+        history, target = windows[:, :-1], windows[:, -1:]
+        ranked = torch.cat([target, ranking.negatives], dim=1)  # [B, 1 + M]
+        hist_times, now = (None, None) if ranking.times is None else (ranking.times[:, :-1], ranking.times[:, -2])
+        b = self._check_candidates(history, ranked, hist_times, now)
+        hist_ids = history[history != PAD]  # [N'] the ranking histories' items, row-major
+        main = candidates if candidates is not None else seq.new_empty(0)
+        states, rows = self.encode(seq, torch.cat([main, hist_ids, ranked.reshape(-1)]), times)
+        m, n = len(main), len(hist_ids)
+        cand_rows = rows[m + n :].view(b, -1, self.cfg.dim)  # [B * (1 + M), D] -> [B, 1 + M, D]
+        logits = self._candidate_logits(history, rows[m : m + n], cand_rows, hist_times, now, micro_batch=ranked.shape[1])
+        return self._hidden(seq, states), self.item_output(rows[:m]), ranking_cross_entropy(logits, target, ranking.negatives)

@@ -17,6 +17,9 @@ With timestamps (HSTU's time buckets; models with `uses_times`), the windows' ti
 The input at position t carries its own item's time; the query at t reads the times of positions <= t
 only (its own time, never its target's), and a validation query the times of its history alone.
 
+HSTU's ranking head (cached candidate scoring, the pipeline's Score stage) trains beside the next-item loss
+with `SequentialFamily(..., ranking_weight=0.1)` (`[model] ranking_weight`); 0, the default, leaves it untrained.
+
 Losses (a closed union, consumed by one `match`):
   FullSoftmax     cross entropy over items 1..I: [N, I] logits for the N trained positions of a batch;
                   for catalogues small enough for that (the MovieLens and YOOCHOOSE samples)
@@ -50,6 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hugerec.models.hstu import DEFAULT_RANKING_NEGATIVES, RankingBatch, check_ranking
 from hugerec.models.masked import mask_items
 from hugerec.models.sequence import PAD, ItemLookup, Objective, SequenceConfig
 from hugerec.training.epoch_batches import EpochBatches
@@ -140,6 +144,7 @@ class _Step:
     neg: torch.Tensor  # the sampled negatives: [M] (sampled softmax), [N] (BCE), [0] (full softmax)
     candidates: torch.Tensor  # what the item lookup returns rows for: targets then negatives, or all items
     times: torch.Tensor | None = None  # [B, L] seconds of the input positions (times=True), else None
+    ranking: RankingBatch | None = None  # the ranking head's windows and negatives (ranking_weight > 0), else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,6 +161,12 @@ class SequentialFamily:
     times        the batches are TimedWindows and the validation carries times: the model (one with
                  `uses_times`: HSTU) reads the input positions' timestamps; kept in the checkpoint's
                  settings, so a resume cannot switch it
+    ranking_weight  > 0 (an HSTU: `forward_ranked`): the loss adds ranking_weight x the ranking head's cross
+                 entropy of each window's last item against ranking_negatives uniform negatives drawn from
+                 the family generator (after the loss's own draws), its history the window's other items
+                 (the last max_len - 1), the candidates at the time of the history's latest event (never the
+                 target's own). 0: the next-item loss alone, bit for bit as before the key. Both kept in the
+                 checkpoint's settings when > 0 (a resume cannot change them)
     """
 
     loss: SequenceLoss = field(default_factory=FullSoftmax)
@@ -163,6 +174,8 @@ class SequentialFamily:
     mask_prob: float = 0.2
     ks: tuple[int, ...] = (10, 20)
     times: bool = False
+    ranking_weight: float = 0.0
+    ranking_negatives: int = DEFAULT_RANKING_NEGATIVES
     name: ClassVar[str] = "sequential"
 
     def __post_init__(self) -> None:
@@ -173,6 +186,7 @@ class SequentialFamily:
         object.__setattr__(self, "ks", tuple(self.ks))
         if not isinstance(self.times, bool):
             raise ValueError(f"SequentialFamily: times must be True or False, got {self.times!r}")
+        check_ranking(self.ranking_weight, self.ranking_negatives, "SequentialFamily")
         sampler = None
         if isinstance(self.loss, SampledSoftmax):
             if self.item_counts is None:
@@ -197,6 +211,9 @@ class SequentialFamily:
             out["item_counts"] = hashlib.sha256(counts.tobytes()).hexdigest()[:16]
         if self.times:  # only when on: the settings of a run without times are those from before the key
             out["times"] = True
+        if self.ranking_weight > 0:  # likewise: a run without the ranking loss keeps its settings
+            out["ranking_weight"] = float(self.ranking_weight)
+            out["ranking_negatives"] = self.ranking_negatives
         return out
 
     def _check_times(self, model: nn.Module, given: bool, what: str) -> None:
@@ -244,17 +261,39 @@ class SequentialFamily:
                 drawn = torch.randint(1, cfg.num_items + 1, (ctx.world, *seq.shape), generator=gen)[ctx.rank]
                 neg = drawn[valid]
                 cand = torch.cat([tgt, neg])
+        ranking = None
+        if self.ranking_weight > 0:
+            ranking = self._ranking_batch(model, windows, None if not isinstance(batch, TimedWindows) else batch.times, ctx)
         seq, cand = seq.to(ctx.device), cand.to(ctx.device)
         lookup = next((m for m in model.modules() if isinstance(m, ItemLookup)), None)
         sparse = (lookup.features(seq, cand),) if lookup is not None else ()
-        step = _Step(seq, valid.to(ctx.device), tgt.to(ctx.device), neg.to(ctx.device), cand, None if times is None else times.to(ctx.device))
+        step = _Step(
+            seq, valid.to(ctx.device), tgt.to(ctx.device), neg.to(ctx.device), cand, None if times is None else times.to(ctx.device), ranking
+        )
         return Prepared(step, sparse, int(windows.shape[0]))
+
+    def _ranking_batch(self, model: nn.Module, windows: torch.Tensor, times: torch.Tensor | None, ctx: StepContext) -> RankingBatch:
+        """The ranking head's inputs: each window's last max_len items (a history of max_len - 1 before the
+        positive) and [B, ranking_negatives] uniform negatives, this rank's slice of the global draw."""
+        if not callable(getattr(model, "forward_ranked", None)):
+            raise ValueError(f"SequentialFamily: ranking_weight > 0 trains a ranking head, which {type(model).__name__} has not (HSTU has)")
+        cfg = cast(SequenceConfig, model.cfg)
+        keep = cfg.max_len  # [B, max_len + 1] -> [B, max_len]: the candidate takes the slot after max_len - 1 items
+        drawn = torch.randint(1, cfg.num_items + 1, (ctx.world, len(windows), self.ranking_negatives), generator=ctx.generator)[ctx.rank]
+        seconds = None if times is None else _times_tensor(times, tuple(windows.shape), "SequentialFamily")[:, -keep:].to(ctx.device)
+        return RankingBatch(windows[:, -keep:].to(ctx.device), drawn.to(ctx.device), seconds)
 
     def step_loss(self, model: nn.Module, prepared: Prepared, ctx: StepContext) -> torch.Tensor:
         step: _Step = prepared.inputs
         n = step.targets.numel()
         sizes = rows_of_ranks(n, ctx)
-        hidden, rows = model(step.seq, step.candidates) if step.times is None else model(step.seq, step.candidates, step.times)
+        ranking_loss = None
+        if step.ranking is not None:  # ranking_weight > 0: both passes from one item lookup
+            hidden, rows, ranking_loss = cast(Any, model).forward_ranked(step.seq, step.candidates, step.times, step.ranking)
+        elif step.times is None:
+            hidden, rows = model(step.seq, step.candidates)
+        else:
+            hidden, rows = model(step.seq, step.candidates, step.times)
         # [B, L, D] -> [N, D] by flat index (index_select's backward adds rows; a mask's sorts them)
         h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, step.valid.reshape(-1).nonzero().squeeze(1)).float()
         rows = rows.float()
@@ -276,7 +315,11 @@ class SequentialFamily:
                 pos_logit, neg_logit = (h * rows[:n]).sum(1), (h * rows[n:]).sum(1)
                 keep = (step.neg != step.targets).to(h.dtype)  # a negative equal to the target is no negative
                 value = -(F.logsigmoid(pos_logit) + F.logsigmoid(-neg_logit) * keep).mean()
-        return value * share(n, sizes)
+        value = value * share(n, sizes)
+        if ranking_loss is not None:  # a mean over this rank's windows: weighted by its share of the global batch's windows
+            windows = len(step.ranking.windows)  # type: ignore[union-attr]  # set with ranking_loss
+            value = value + self.ranking_weight * ranking_loss.float() * share(windows, rows_of_ranks(windows, ctx))
+        return value
 
     def evaluate(
         self, model: nn.Module, data: NextItemValidation, device: torch.device | None, precision: Precision

@@ -161,6 +161,7 @@ max_len = 6
 dim = 16
 num_heads = 2
 times = true
+ranking_weight = 1.0
 [train]
 epochs = 1
 max_steps = 4
@@ -229,6 +230,28 @@ def test_a_pipeline_of_an_hstu_trained_with_times_builds_and_answers_with_them(w
     assert "field 'history.times[0]' = 5 is earlier than user" in capsys.readouterr().err
     assert main([*args, "--history-times", "1," + "9" * 30]) == 2
     assert "--history-times: '999999999999999999999999999999' is not an integer within int64" in capsys.readouterr().err
+    # model.ranking_weight: kept in the model file and the run's settings (a resume cannot change it); an HSTU
+    # trained without it serves next items, but the Score stage over it is refused at build in one line
+    assert load_model(workdir / "hstu_run" / "model.pt").config.ranking_weight == 1.0  # type: ignore[union-attr]  # an HSTUConfig
+    assert main(["train", "hstu.toml", "train.resume=true", "model.ranking_weight=0.5"]) == 2
+    assert "family.ranking_weight: 1.0 -> 0.5" in capsys.readouterr().err
+    assert main(["train", "hstu.toml", "model.ranking_weight=0"]) == 0
+    assert main(["export", "hstu.toml", "model.ranking_weight=0"]) == 0
+    capsys.readouterr()
+    assert main(["pipeline", "build", "timed.toml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Score with sequential = 'ranking_head' uses next-items bundle 'hstu', an HSTU whose ranking head was never trained; train it with model.ranking_weight > 0" in err
+    assert "\n" not in err
+    # the same HSTU ranks by its next-item score (no head needed), as configs/movielens_hstu_pipeline.toml does
+    (workdir / "next.toml").write_text(TIMED_PIPELINE.replace("sequential = true", 'sequential = "next_item"').replace('out = "timed_pipe"', 'out = "next_pipe"'))
+    assert main(["pipeline", "build", "next.toml"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["pipeline", "query", "next_pipe", "--user", str(user), "--k", "5", "--debug"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    seq = load_next_items(workdir / "hstu_run" / "bundle")
+    cands = np.array(out["stages"]["retrieve"]["items"])
+    logits, _ = seq.next_item_scores(history, cands, times=times[offsets[2] : offsets[3]])
+    assert out["items"] == cands[np.lexsort((cands, -logits))][:5].tolist()
     # a retrieval model file written before it carried the training events' times
     import torch as _torch
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hugerec.models.hstu import HSTU, HSTUConfig, HSTUOptions, Layout, table_gather, time_buckets
+from hugerec.models.hstu import HSTU, HSTUConfig, HSTUOptions, Layout, RankingBatch, table_gather, time_buckets
 from hugerec.models.sequence import PAD, SequenceConfig
 from hugerec.training.losses import Negatives, SampledSoftmax
 from hugerec.training.sequential import FullSoftmax, SequentialFamily, next_item_metrics, window_batches
@@ -90,6 +90,52 @@ def test_hstu_config_times_is_a_bool() -> None:
     assert HSTUConfig(times=True).times and not HSTUConfig().times
     with pytest.raises(ValueError, match="HSTUConfig: times must be true or false, got 1"):
         HSTUConfig(times=1)  # type: ignore[arg-type]
+
+
+def test_hstu_config_ranking_keys() -> None:
+    assert HSTUConfig(ranking_weight=0.5).ranking_head_trained and not HSTUConfig().ranking_head_trained
+    for bad in (-0.1, float("nan"), float("inf"), "1", True):
+        with pytest.raises(ValueError, match=r"HSTUConfig: ranking_weight must be a finite number >= 0"):
+            HSTUConfig(ranking_weight=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"HSTUConfig: ranking_negatives must be an int >= 1, got 0"):
+        HSTUConfig(ranking_negatives=0)
+
+
+@pytest.mark.parametrize("with_times", [False, True])
+def test_forward_ranked_is_forward_and_the_ranking_loss_from_one_lookup(with_times: bool) -> None:
+    """forward_ranked gives forward's outputs and candidate_ranking_loss's value (one item lookup for both);
+    the ranking loss reads the history's times and the latest event's as the candidates' time, never the
+    target's own time (changing it changes nothing), and a negative equal to the target is masked."""
+    model, _ = _pair()
+    g = torch.Generator().manual_seed(1)
+    seq = torch.randint(1, 51, (4, 8), generator=g)
+    seq[2, :5] = PAD
+    windows = torch.randint(1, 51, (4, 8), generator=g)  # [B, max_len]: 7 history items and the target
+    windows[1, :6] = PAD  # one history item
+    negatives = torch.randint(1, 51, (4, 5), generator=g)
+    negatives[0, 2] = windows[0, -1]
+    seq_t = torch.arange(32).view(4, 8) * 1000 if with_times else None
+    win_t = torch.cumsum(torch.randint(1, 10**5, (4, 8), generator=g), dim=1) if with_times else None
+    cand = torch.arange(1, 51)
+    hidden, rows, loss = model.forward_ranked(seq, cand, seq_t, RankingBatch(windows, negatives, win_t))
+    want_hidden, want_rows = model(seq, cand, seq_t)
+    torch.testing.assert_close(hidden, want_hidden)
+    torch.testing.assert_close(rows, want_rows)
+    torch.testing.assert_close(loss, model.candidate_ranking_loss(windows, negatives, win_t))
+    if with_times:
+        assert win_t is not None
+        later = win_t.clone()
+        later[:, -1] += 10**8  # the target's own time
+        torch.testing.assert_close(model.candidate_ranking_loss(windows, negatives, later), loss, rtol=0, atol=0)
+        moved = win_t.clone()
+        moved[:, -2] += 10**7  # the history's latest event: the candidates' time
+        assert not torch.allclose(model.candidate_ranking_loss(windows, negatives, moved), loss)
+    # masking: the duplicate of the target is no negative
+    with torch.no_grad():
+        logits = model.candidate_scores(windows[:, :-1], torch.cat([windows[:, -1:], negatives], dim=1),
+                                        None if win_t is None else win_t[:, :-1], None if win_t is None else win_t[:, -2])
+    logits[0, 3] = float("-inf")
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(logits, torch.zeros(4, dtype=torch.int64)))
 
 
 def test_time_buckets() -> None:

@@ -324,3 +324,110 @@ def test_times_are_refused_where_they_cannot_be_used() -> None:
         fit(_hstu(), window_batches(windows, 8, times=times), NextItemValidation(windows[:, 1:], windows[:, 0]), quiet, family=SequentialFamily(times=True))
     with pytest.raises(ValueError, match="times must be True or False"):
         SequentialFamily(times=1)  # type: ignore[arg-type]
+
+
+# -- the ranking head's loss (ranking_weight) --------------------------------------------------------------
+def test_ranking_weight_zero_is_the_next_item_step_and_a_weight_adds_the_ranking_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ranking_weight 0 never calls the ranking pass, draws nothing more and keeps the settings as they were;
+    w > 0 adds w x candidate_ranking_loss of each window's last max_len items against negatives drawn from
+    the family generator (the same loss the model computes on its own) and the gradient reaches `rank`."""
+    train, times = _timed_chains(6, HSTU_CFG.max_len + 1, 0)
+    windows = torch.from_numpy(last_n(train, HSTU_CFG.max_len + 1))
+    batch = TimedWindows(windows, torch.from_numpy(times))
+    plain, ranked = SequentialFamily(times=True), SequentialFamily(times=True, ranking_weight=0.5, ranking_negatives=7)
+    assert plain.settings() == SequentialFamily(times=True, ranking_weight=0.0).settings()
+    assert "ranking_weight" not in plain.settings() and ranked.settings()["ranking_weight"] == 0.5 and ranked.settings()["ranking_negatives"] == 7
+    model = _hstu()
+    calls: list[int] = []
+    real = HSTU.forward_ranked
+    monkeypatch.setattr(HSTU, "forward_ranked", lambda self, *a: calls.append(1) or real(self, *a))
+    g0, g1 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    ctx0, ctx1 = StepContext(torch.device("cpu"), g0), StepContext(torch.device("cpu"), g1)
+    base = plain.step_loss(model, plain.prepare(model, batch, ctx0), ctx0)
+    assert not calls and torch.equal(g0.get_state(), torch.Generator().manual_seed(0).get_state())
+    prepared = ranked.prepare(model, batch, ctx1)
+    step = prepared.inputs
+    assert step.ranking is not None and step.ranking.negatives.shape == (6, 7)
+    want_negatives = torch.randint(1, NUM_ITEMS + 1, (1, 6, 7), generator=torch.Generator().manual_seed(0))[0]
+    assert torch.equal(step.ranking.negatives, want_negatives)
+    total = ranked.step_loss(model, prepared, ctx1)
+    assert calls == [1]
+    rank_loss = model.candidate_ranking_loss(windows[:, -HSTU_CFG.max_len :], want_negatives, batch.times[:, -HSTU_CFG.max_len :])
+    torch.testing.assert_close(total, base + 0.5 * rank_loss)
+    total.backward()
+    assert model.rank.weight.grad is not None and model.rank.weight.grad.abs().sum() > 0
+    model.zero_grad()
+    plain.step_loss(model, plain.prepare(model, batch, ctx0), ctx0).backward()
+    assert model.rank.weight.grad is None or not model.rank.weight.grad.any()
+
+
+def test_ranking_weight_zero_trains_bit_for_bit_as_before() -> None:
+    """fit with ranking_weight = 0 (the default) gives the very weights of a family without the key's work;
+    a weight changes them, the ranking head included."""
+    train, times = _timed_chains(40, HSTU_CFG.max_len + 1, 0)
+    windows = last_n(train, HSTU_CFG.max_len + 1)
+    kw: dict[str, Any] = {"epochs": 2, "lr": 0.01, "progress": False, "tensorboard": False, "plot": False}
+    runs = []
+    for family in (SequentialFamily(times=True), SequentialFamily(times=True, ranking_weight=0.0), SequentialFamily(times=True, ranking_weight=1.0)):
+        model = _hstu()
+        fit(model, window_batches(windows, 8, times=times), None, TrainConfig(**kw), family=family)
+        runs.append(model.state_dict())
+    for k, a in runs[0].items():
+        assert torch.equal(a, runs[1][k]), k
+    assert not torch.equal(runs[0]["rank.weight"], runs[2]["rank.weight"])
+    assert torch.equal(runs[0]["rank.weight"], _hstu().state_dict()["rank.weight"])  # untrained without the loss
+
+
+def test_ranking_loss_resumes_to_the_bit_and_a_resume_cannot_change_the_weight(tmp_path: Path) -> None:
+    train, times = _timed_chains(40, HSTU_CFG.max_len + 1, 0)
+    windows = last_n(train, HSTU_CFG.max_len + 1)
+    family = SequentialFamily(times=True, ranking_weight=0.5)
+    kw: dict[str, Any] = {"epochs": 3, "lr": 0.01, "progress": False, "tensorboard": False, "plot": False}
+    whole = _hstu()
+    fit(whole, window_batches(windows, 8, times=times), None, TrainConfig(out_dir=str(tmp_path / "whole"), **kw), family=family)
+    run = str(tmp_path / "part")
+    assert fit(_hstu(), window_batches(windows, 8, times=times), None, TrainConfig(max_steps=7, checkpoint_every=3, out_dir=run, **kw), family=family).steps == 7
+    resumed = _hstu()
+    assert fit(resumed, window_batches(windows, 8, times=times), None, TrainConfig(out_dir=run, resume=True, **kw), family=family).steps == 15
+    for (k, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+    for other, change in ((SequentialFamily(times=True, ranking_weight=0.25), r"family\.ranking_weight: 0\.5 -> 0\.25"),
+                          (SequentialFamily(times=True), r"family\.ranking_weight: 0\.5 -> None"),
+                          (SequentialFamily(times=True, ranking_weight=0.5, ranking_negatives=8), r"family\.ranking_negatives: 32 -> 8")):
+        with pytest.raises(ValueError, match=change):
+            fit(_hstu(), window_batches(windows, 8, times=times), None, TrainConfig(out_dir=run, resume=True, **kw), family=other)
+
+
+def test_ranking_settings_are_checked() -> None:
+    for weight in (-1.0, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match=r"SequentialFamily: ranking_weight must be a finite number >= 0"):
+            SequentialFamily(ranking_weight=weight)  # type: ignore[arg-type]
+    for negatives in (0, -3, 2.0, True):
+        with pytest.raises(ValueError, match=r"SequentialFamily: ranking_negatives must be an int >= 1"):
+            SequentialFamily(ranking_weight=1.0, ranking_negatives=negatives)  # type: ignore[arg-type]
+    sasrec = SASRec(SequenceConfig(num_items=NUM_ITEMS, max_len=5, dim=8))
+    family = SequentialFamily(ranking_weight=1.0)
+    with pytest.raises(ValueError, match="ranking_weight > 0 trains a ranking head, which SASRec has not"):
+        family.prepare(sasrec, torch.from_numpy(last_n(_chains(4, 6, 0), 6)), StepContext(torch.device("cpu"), torch.Generator()))
+
+
+def test_a_trained_head_ranks_the_next_item_above_negatives_better_than_an_untrained_one() -> None:
+    """The chain's next item is learnable: fit with the ranking loss, then the cached ranking head puts the
+    true next item first among 9 random others far more often than the head of a run without the loss."""
+    cfg = SequenceConfig(num_items=NUM_ITEMS, max_len=6, dim=16, num_layers=2, num_heads=2, dropout=0.0)
+    windows = last_n(_chains(300, 7, 0), 7)
+    test = torch.from_numpy(last_n(_chains(100, 6, 1), 6))
+    negatives = torch.randint(1, NUM_ITEMS + 1, (100, 9), generator=torch.Generator().manual_seed(5))
+    candidates = torch.cat([test[:, -1:], negatives], dim=1)
+    firsts = {}
+    for weight in (0.0, 1.0):
+        torch.manual_seed(0)
+        model = HSTU(cfg, optimizer=Adam(lr=0.01))
+        fit(model, window_batches(windows, 32), None, TrainConfig(epochs=8, lr=0.01, progress=False, tensorboard=False, plot=False),
+            family=SequentialFamily(ranking_weight=weight, ranking_negatives=8))
+        model.train(False)
+        with torch.no_grad():
+            scores = model.candidate_scores(test[:, :-1], candidates)
+        hit = negatives == test[:, -1:]  # a negative equal to the target is no competitor
+        firsts[weight] = float((scores[:, 0] > scores[:, 1:].masked_fill(hit, float("-inf")).max(dim=1).values).float().mean())
+    assert firsts[1.0] > 0.8 and firsts[0.0] < 0.5, firsts

@@ -6,7 +6,9 @@
 
 A next-items bundle is a folder: `manifest.json` ({"kind": "next_items", "format": 1, name, version, k,
 exclude_seen, sha256 of each file; "times": true for a model trained on its items' timestamps, an HSTU with
-`model.times = true`, whose requests carry "items.times"}) and `model.pt` (hugerec.training.model_file's format). Export
+`model.times = true`, whose requests carry "items.times"; "ranking_head": true for an HSTU whose ranking head
+was trained, `model.ranking_weight > 0`: absent, as in bundles from before the key, it never was, and the
+pipeline's Score stage refuses it}) and `model.pt` (hugerec.training.model_file's format). Export
 writes a temporary folder and renames it into place; load checks the checksums first.
 
 The loaded model is hugerec.serving.runtime.next_items_model.NextItemsModel (its request and outputs are
@@ -20,6 +22,7 @@ import json
 import shutil
 from pathlib import Path
 
+from hugerec.models.hstu import HSTUConfig
 from hugerec.serving.bundles.bundle_files import MANIFEST, bundle_kind, sha256_file, staged_folder
 from hugerec.serving.runtime.next_items_model import NextItemsModel
 from hugerec.training.model_file import load_model as load_sequence_model
@@ -58,6 +61,7 @@ def write_next_items_bundle(
             "num_items": saved.num_items,
             "max_len": saved.max_len,
             **({"times": True} if _timed(saved.config) else {}),  # absent without times: such manifests are as before
+            **({"ranking_head": True} if ranking_head_trained(saved.config) else {}),  # likewise
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "sha256": {MODEL: sha256_file(tmp / MODEL)},
         }
@@ -68,6 +72,11 @@ def write_next_items_bundle(
 def _timed(config: object) -> bool:
     """Whether a sequential model was trained on its items' timestamps (HSTU with `model.times = true`)."""
     return getattr(config, "times", False) is True
+
+
+def ranking_head_trained(config: object) -> bool:
+    """Whether a sequential model's ranking head was trained (an HSTU with `model.ranking_weight > 0`)."""
+    return isinstance(config, HSTUConfig) and config.ranking_head_trained
 
 
 def load_next_items(path: str | Path, name: str | None = None, version: str | None = None, max_rows: int = 65536) -> NextItemsModel:
@@ -86,6 +95,11 @@ def load_next_items(path: str | Path, name: str | None = None, version: str | No
         raise ValueError(
             f"load_next_items: {folder / MANIFEST} says times = {bool(manifest.get('times', False))} but the model in "
             f"{folder / MODEL} was trained with model.times = {_timed(saved.config)}"
+        )
+    if bool(manifest.get("ranking_head", False)) != ranking_head_trained(saved.config):
+        raise ValueError(
+            f"load_next_items: {folder / MANIFEST} says ranking_head = {bool(manifest.get('ranking_head', False))} but the model in "
+            f"{folder / MODEL} was trained with model.ranking_weight = {getattr(saved.config, 'ranking_weight', 0.0)}"
         )
     model: SequenceModel = saved.model  # type: ignore[assignment]
     vectors = all_item_vectors(model).float()

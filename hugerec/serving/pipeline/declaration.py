@@ -16,7 +16,7 @@
     [score]                                    # optional: needs a ranker bundle
     dense = ["user.age", "item.price"]
     sparse = [["user", "user.id"], ["item", "item.id"]]
-                                               # or: sequential = true (an HSTU next-items bundle ranks)
+                                               # or: sequential = "next_item" (the next-items model ranks)
 
     [order]
     boosts = [{ when = { column = "promoted", op = "==", value = 1 }, multiply = 1.5 }]
@@ -147,7 +147,7 @@ def declaration_to_dict(d: PipelineDeclaration) -> dict[str, Any]:
             case Score():
                 out["score"] = {"dense": list(stage.dense), "sparse": [list(p) for p in stage.sparse]}
                 if stage.sequential:
-                    out["score"]["sequential"] = True
+                    out["score"]["sequential"] = stage.sequential
             case Order():
                 o: dict[str, Any] = {
                     "boosts": [{"when": _cond_dict(b.when), "multiply": b.multiply, "add": b.add} for b in stage.boosts],

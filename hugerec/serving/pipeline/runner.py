@@ -14,13 +14,14 @@ A stage that raises (a store that is down, a model that fails) becomes StageErro
 server answers 503 when the cause is a store it could not reach (ConnectionError, TimeoutError), else 500.
 Bad requests raise RequestError (400) before any stage runs.
 
-Event times: when the next-items model of the `sequential` source or of a Score with sequential = true was
+Event times: when the next-items model of the `sequential` source or of a sequential Score was
 trained on timestamps (an HSTU with model.times = true), the pipeline `needs_times`: its interaction store
 must keep each event's time (refused when built otherwise, naming the stage and the bundle), a request's
 own history comes with one time per item (`Query.history_times`, not earlier than the user's latest stored
 event and not decreasing), and the model reads the kept history's times: the sequential source gives them
 to `next_items` as the next-items bundle's "items.times" (the last max_len known ids keep their own times),
-the Score stage to the cached candidate scoring with the candidates at the time of the user's latest event.
+the Score stage to its query (sequential = "next_item") or to the cached candidate scoring (the ranking
+head) with the candidates at the time of the user's latest event.
 A pipeline without such a model reads no times (history_times are then not used).
 """
 
@@ -39,6 +40,8 @@ from hugerec.serving.pipeline.encoder import UserEncoder
 from hugerec.serving.pipeline.feature_store import FeatureStore
 from hugerec.serving.pipeline.interaction_store import InteractionStore
 from hugerec.serving.pipeline.stages import (
+    NEXT_ITEM,
+    RANKING_HEAD,
     Ann,
     Condition,
     Filter,
@@ -211,10 +214,23 @@ class PipelineRunner:
 
     def _check_score(self, score: Score) -> None:
         if score.sequential:
-            if self.res.sequential is None or not self.res.sequential.scores_candidates:
-                kind = "none" if self.res.sequential is None else f"a {self.res.sequential.saved.model_type}"
-                raise ValueError(f"Pipeline: Score with sequential = true needs an HSTU next-items model (cached candidate scoring); it has {kind}")
-            _refuse_untimed(self.res.sequential, self.res.interactions, "Score with sequential = true")
+            stage = f"Score with sequential = {score.sequential!r}"
+            model = self.res.sequential
+            if model is None:
+                raise ValueError(f"Pipeline: {stage} needs a next-items model; it has none")
+            _refuse_untimed(model, self.res.interactions, stage)
+            if score.sequential == RANKING_HEAD:
+                if not model.scores_candidates:
+                    raise ValueError(
+                        f"Pipeline: {stage} needs an HSTU next-items model (cached candidate scoring); it has a "
+                        f"{model.saved.model_type} (sequential = {NEXT_ITEM!r} ranks with any next-items model)"
+                    )
+                if not model.ranking_head_trained:  # its scores would be a random linear map of the states
+                    raise ValueError(
+                        f"Pipeline: {stage} uses next-items bundle {model.name!r}, an HSTU whose ranking head was never "
+                        f"trained; train it with model.ranking_weight > 0 (e.g. 0.1) and export it again, or rank with "
+                        f"sequential = {NEXT_ITEM!r} (the model's next-item score)"
+                    )
             return
         ranker = self.res.ranker
         if ranker is None:
@@ -443,11 +459,18 @@ class PipelineRunner:
         if k == 0:
             return
         if stage.sequential:
-            assert self.res.sequential is not None
-            logits, truncated = self.res.sequential.candidate_scores(state.history, c.items, times=state.times)
+            model = self.res.sequential
+            assert model is not None
+            if stage.sequential == NEXT_ITEM:
+                logits, truncated = model.next_item_scores(state.history, c.items, times=state.times)
+                scores = _softmax(logits)  # the model's next-item distribution over the candidates
+                room = model.saved.max_len
+            else:
+                logits, truncated = model.candidate_scores(state.history, c.items, times=state.times)
+                scores = 1.0 / (1.0 + np.exp(-np.clip(logits.astype(np.float64), -88.0, 88.0)))
+                room = model.saved.max_len - 1
             if truncated:
-                state.notes.append(f"score: the history's {truncated} oldest items were left out (the model reads {self.res.sequential.saved.max_len - 1})")
-            scores = 1.0 / (1.0 + np.exp(-np.clip(logits.astype(np.float64), -88.0, 88.0)))
+                state.notes.append(f"score: the history's {truncated} oldest items were left out (the model reads {room})")
             state.candidates = Candidates(c.items, c.source, scores.astype(np.float32))
             return
         assert self.res.ranker is not None
@@ -544,14 +567,26 @@ def _occurrence(values: np.ndarray) -> np.ndarray:
 
 def reads_times(spec: PipelineSpec, model: NextItemsModel | None) -> bool:
     """Whether the pipeline's next-items model reads event times: it was trained on them (an HSTU with
-    model.times = true) and the spec uses it (the `sequential` source, or a Score with sequential = true)."""
+    model.times = true) and the spec uses it (the `sequential` source, or a sequential Score)."""
     retrieve: Retrieve = spec.stage(Retrieve)
     score: Score | None = spec.stage(Score)
-    used = any(isinstance(s, Sequential) for s in retrieve.sources) or (score is not None and score.sequential)
+    used = any(isinstance(s, Sequential) for s in retrieve.sources) or (score is not None and bool(score.sequential))
     return used and model is not None and model.uses_times
 
 
 _NO_TIMES = np.zeros(0, np.int64)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    """[K] logits (-inf: a candidate the model does not know) -> [K] float64 probabilities summing to 1 over
+    the known ones (all 0 when none is known)."""
+    x = logits.astype(np.float64)
+    finite = np.isfinite(x)
+    out = np.zeros(len(x))
+    if finite.any():
+        e = np.exp(x[finite] - x[finite].max())
+        out[finite] = e / e.sum()
+    return out
 
 
 def _history_times(stored: np.ndarray, given: tuple[int, ...] | None, user: int) -> np.ndarray:

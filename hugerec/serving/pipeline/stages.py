@@ -180,6 +180,11 @@ class Filter:
 
 
 # -- Score ---------------------------------------------------------------------------------------------
+NEXT_ITEM = "next_item"
+RANKING_HEAD = "ranking_head"
+SEQUENTIAL_SCORES = (NEXT_ITEM, RANKING_HEAD)
+
+
 @dataclass(frozen=True)
 class Score:
     """The ranking model on user x candidate rows, one batched call.
@@ -187,21 +192,36 @@ class Score:
     dense       the ranker's dense inputs in order, each a reference ("user.age", "item.price", "context.hour")
     sparse      (ranker feature, reference) pairs: each ranker feature gets one id per row, e.g.
                 ("user", "user.id"), ("item", "item.id"), ("category", "item.category")
-    sequential  rank with the sequential model instead (an HSTU next-items bundle): the user's history is
-                encoded once and every candidate scored against it (cached candidate scoring); no
-                dense or sparse inputs
+    sequential  rank with the sequential model (a next-items bundle) instead of the ranker; no dense or
+                sparse inputs. The user's history is encoded once and every candidate scored against it:
+                "next_item"     the model's own next-item score (its query vector . the candidate's item
+                                vector: what it was trained on), as a probability over the candidates;
+                                any next-items model (SASRec, HSTU, ...)
+                "ranking_head"  (or true) an HSTU's ranking head on each candidate attending to the history
+                                (cached candidate scoring, M-FALCON); the head must have been trained
+                                (model.ranking_weight > 0)
+                false / ""      off (the ranker scores)
     """
 
     dense: tuple[str, ...] = ()
     sparse: tuple[tuple[str, str], ...] = ()
-    sequential: bool = False
+    sequential: bool | str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.sequential, bool):
-            raise ValueError(f"Score.sequential must be true or false, got {self.sequential!r}")
+        match self.sequential:
+            case bool():  # true: the ranking head, as before "next_item" existed (saved pipeline bundles say true)
+                object.__setattr__(self, "sequential", RANKING_HEAD if self.sequential else "")
+            case str() if self.sequential in SEQUENTIAL_SCORES or self.sequential == "":
+                pass
+            case _:
+                raise ValueError(
+                    f"Score.sequential must be one of {list(SEQUENTIAL_SCORES)}, true or false, got {self.sequential!r}"
+                )
         if self.sequential:
             if self.dense or self.sparse:
-                raise ValueError(f"Score: sequential = true takes no dense or sparse inputs, got dense {list(self.dense)}, sparse {list(self.sparse)}")
+                raise ValueError(
+                    f"Score: sequential = {self.sequential!r} takes no dense or sparse inputs, got dense {list(self.dense)}, sparse {list(self.sparse)}"
+                )
             return
         object.__setattr__(self, "dense", tuple(self.dense))
         object.__setattr__(self, "sparse", tuple(tuple(p) for p in self.sparse))

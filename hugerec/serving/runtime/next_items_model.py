@@ -18,9 +18,10 @@ with their own times).
 A history with no known item gets the most popular items. Scoring is exact: the query vector against
 every item vector (one [B, I] matmul).
 
-A bundle of an HSTU also ranks given candidates for one history (`candidate_scores`, the pipeline's
-Score stage with `sequential = true`): the history is encoded once and the candidates are scored by
-the model's ranking head in micro-batches (`hugerec.models.hstu`, M-FALCON).
+Given candidates for one history are scored for the pipeline's Score stage: by any model's next-item score
+(`next_item_scores`, `sequential = "next_item"`: one query vector, one dot product per candidate), or by an
+HSTU's ranking head (`candidate_scores`, `sequential = "ranking_head"`): the history is encoded once and the
+candidates are scored by the head in micro-batches (`hugerec.models.hstu`, M-FALCON).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from hugerec.models.hstu import HSTU
+from hugerec.models.hstu import HSTU, HSTUConfig
 from hugerec.models.sequence import PAD
 from hugerec.serving.runtime.inference_protocol import (
     HEADER_LENGTH,
@@ -159,10 +160,53 @@ class NextItemsModel(ServedObject):
             "truncated_items": truncated,
         }
 
+    def next_item_scores(self, history: np.ndarray, candidates: np.ndarray, times: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+        """One history's raw ids (oldest first) and K candidates' raw ids -> ([K] float32 next-item logits: the
+        query vector of the history's last max_len known ids . each candidate's item vector, the scores
+        `next_items` ranks the catalogue by; -inf for a candidate the model does not know; the number of known
+        history ids left out). A history with no known id scores by popularity, log(1 + training count), as
+        `next_items` falls back to the most popular items. times [H]: as `next_items` takes them."""
+        raw = np.asarray(history, dtype=np.int64)
+        if self.uses_times != (times is not None):
+            raise ValueError(f"next-items model {self.name!r} " + ("reads its items' times: give one per history item" if self.uses_times else "was trained without timestamps and takes no times"))
+        if times is not None and np.shape(times) != raw.shape:
+            raise ValueError(f"next_item_scores: {len(times)} times for {len(raw)} history items")
+        dense = self.saved.lookup(raw)
+        known = dense != PAD
+        max_len = self.saved.max_len
+        kept = dense[known][-max_len:] if known.any() else dense[:0]
+        truncated = int(known.sum()) - len(kept)
+        cand = self.saved.lookup(np.asarray(candidates, dtype=np.int64))
+        cand_known = cand != PAD
+        out = np.full(len(cand), -np.inf, dtype=np.float32)
+        if not cand_known.any():
+            return out, truncated
+        rows = torch.from_numpy(cand[cand_known] - 1)  # dense id d is item vector row d - 1
+        if not len(kept):
+            out[cand_known] = np.log1p(self.saved.item_counts[cand[cand_known]].astype(np.float64)).astype(np.float32)
+            return out, truncated
+        padded = np.full((1, max_len), PAD, dtype=np.int64)  # [1, L] left-padded, as next_items builds it
+        padded[0, max_len - len(kept) :] = kept
+        padded_times = None
+        if times is not None:
+            padded_times = np.zeros((1, max_len), dtype=np.int64)
+            padded_times[0, max_len - len(kept) :] = np.asarray(times, dtype=np.int64)[known][-max_len:]
+        model: SequenceModel = self.saved.model  # type: ignore[assignment]
+        q = query_vectors(model, torch.from_numpy(padded), times=padded_times).float()  # [1, D]
+        out[cand_known] = (q @ self.item_vectors[rows].T)[0].numpy()
+        return out, truncated
+
     @property
     def scores_candidates(self) -> bool:
         """True when the model ranks given candidates itself (an HSTU: cached candidate scoring)."""
         return isinstance(self.saved.model, HSTU)
+
+    @property
+    def ranking_head_trained(self) -> bool:
+        """True when the ranking head of candidate_scores was trained (an HSTU with model.ranking_weight > 0);
+        an HSTU trained before the key has an untrained one."""
+        config = self.saved.config
+        return isinstance(config, HSTUConfig) and config.ranking_head_trained
 
     def candidate_scores(
         self, history: np.ndarray, candidates: np.ndarray, micro_batch: int = 256, times: np.ndarray | None = None

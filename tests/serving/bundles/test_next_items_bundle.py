@@ -227,6 +227,33 @@ def test_an_hstu_is_served_as_next_items_and_scores_candidates(hstu_bundle: Path
         load_next_items(bundle).candidate_scores(history, candidates)
 
 
+def test_the_manifest_says_whether_the_ranking_head_was_trained(hstu_bundle: Path, tmp_path: Path) -> None:
+    """An HSTU trained with model.ranking_weight > 0: "ranking_head": true in the manifest, read back as
+    ranking_head_trained; without it (and in every manifest from before the key) the key is absent = untrained;
+    a manifest that disagrees with its model is refused at load, naming the key."""
+    import shutil
+
+    assert "ranking_head" not in json.loads((hstu_bundle / "manifest.json").read_text()) and not load_next_items(hstu_bundle).ranking_head_trained
+    torch.manual_seed(0)
+    config = HSTUConfig(max_len=MAX_LEN, dim=16, num_layers=2, num_heads=2, ranking_weight=1.0)
+    model = HSTU(config.sequence_config(NUM_ITEMS), Adam(lr=0.01), config.options())
+    start = np.random.default_rng(0).integers(1, NUM_ITEMS + 1, 64)
+    windows = (start[:, None] + np.arange(MAX_LEN + 1)[None, :] - 1) % NUM_ITEMS + 1
+    quiet = TrainConfig(epochs=1, lr=0.01, progress=False, tensorboard=False, plot=False)
+    fit(model, window_batches(windows, 32), None, quiet, family=SequentialFamily(ranking_weight=config.ranking_weight))
+    save_model(tmp_path / "model.pt", model, config, Adam(lr=0.01), ids=RawIds(RAW, COUNTS))
+    ranked = write_next_items_bundle(tmp_path / "model.pt", tmp_path / "bundle", name="ranked", k=5)
+    manifest = json.loads((ranked / "manifest.json").read_text())
+    assert manifest["ranking_head"] is True and load_next_items(ranked).ranking_head_trained
+    assert load_model(ranked / "model.pt").config.ranking_weight == 1.0  # type: ignore[union-attr]  # an HSTUConfig
+    copy = tmp_path / "copy"
+    shutil.copytree(ranked, copy)
+    del manifest["ranking_head"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"says ranking_head = False but the model .* was trained with model.ranking_weight = 1.0"):
+        load_next_items(copy)
+
+
 @pytest.fixture(scope="module")
 def timed_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An HSTU trained on its items' timestamps (model.times = true), exported as a next-items bundle."""

@@ -129,15 +129,16 @@ def test_bad_options_are_refused(kwargs: dict[str, object], message: str) -> Non
 
 
 # -- event times in the bundle's interaction store ------------------------------------------------------------
-def _timed_hstu(tmp_path: Path) -> Path:
-    """A next-items bundle of an HSTU trained with model.times = true over ITEMS (time biases not zero)."""
+def _timed_hstu(tmp_path: Path, head: bool = True) -> Path:
+    """A next-items bundle of an HSTU trained with model.times = true over ITEMS (time biases not zero); head:
+    its config says the ranking head was trained (model.ranking_weight 1; else 0, as every HSTU before the key)."""
     from hugerec.embedding.optimizers import Adam
     from hugerec.models.hstu import HSTU, HSTUConfig
     from hugerec.serving.bundles.next_items_bundle import write_next_items_bundle
     from hugerec.training.model_file import RawIds, save_model
 
     torch.manual_seed(5)
-    config = HSTUConfig(max_len=6, dim=8, num_layers=1, num_heads=2, times=True)
+    config = HSTUConfig(max_len=6, dim=8, num_layers=1, num_heads=2, times=True, ranking_weight=1.0 if head else 0.0)
     model = HSTU(config.sequence_config(len(ITEMS)))
     with torch.no_grad():
         for layer in model.blocks:
@@ -181,7 +182,7 @@ def test_a_timed_model_beside_a_store_without_times_is_refused_naming_the_stage_
     """At export (which loads the bundle back) and at load (a bundle whose interactions.npz has no times, the file
     of a store before times existed): one line naming the stage and the next-items bundle."""
     seq = _timed_hstu(tmp_path)
-    stage = "Score with sequential = true" if score else "source 'sequential'"
+    stage = "Score with sequential = 'ranking_head'" if score else "source 'sequential'"
     message = f"^Pipeline: {stage} uses next-items bundle 'hstu', an HSTU trained with model.times = true, but the interaction store keeps no event times"
     seen = InteractionStore.from_pairs(SEEN_USERS, SEEN_ITEMS)
     with pytest.raises(ValueError, match=message):
@@ -212,3 +213,27 @@ def test_a_pipeline_without_a_timed_model_serves_as_before_times_existed(tmp_pat
     finally:
         a.close()
         b.close()
+
+
+def test_a_score_stage_over_an_untrained_ranking_head_is_refused_at_export_and_at_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A next-items bundle whose HSTU was trained with model.ranking_weight = 0 (or before the key: its manifest
+    has no "ranking_head", the same) serves the sequential source, but a Score stage over it is refused when
+    the pipeline is exported and when an old pipeline bundle holding one is loaded, in one line naming the
+    stage, the bundle and the key."""
+    from hugerec.serving.runtime.next_items_model import NextItemsModel
+
+    seq = _timed_hstu(tmp_path, head=False)
+    assert "ranking_head" not in json.loads((seq / MANIFEST).read_text())
+    timed = InteractionStore.from_pairs(SEEN_USERS, SEEN_ITEMS, times=SEEN_TIMES)
+    message = (r"^Pipeline: Score with sequential = 'ranking_head' uses next-items bundle 'hstu', an HSTU whose ranking head was never trained; "
+               r"train it with model.ranking_weight > 0")
+    with pytest.raises(ValueError, match=message):
+        export_pipeline(tmp_path / "pipe", _sequential_declaration(True), _features(), timed, ITEMS, sequential_bundle=seq)
+    assert not (tmp_path / "pipe").exists()
+    source_only = export_pipeline(tmp_path / "source", _sequential_declaration(False), _features(), timed, ITEMS, sequential_bundle=seq)
+    load_pipeline(source_only).close()  # the next items of any HSTU
+    monkeypatch.setattr(NextItemsModel, "ranking_head_trained", property(lambda self: True))  # an export from before the check
+    old = export_pipeline(tmp_path / "old", _sequential_declaration(True), _features(), timed, ITEMS, sequential_bundle=seq)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=message):
+        load_pipeline(old)

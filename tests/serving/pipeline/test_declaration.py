@@ -53,9 +53,13 @@ def test_every_section_becomes_its_stage() -> None:
 
 
 def test_the_dict_form_reads_back_to_the_same_declaration() -> None:
-    for text in (FULL, '[retrieve]\nsources = [{ kind = "sequential", k = 7 }]\n[score]\nsequential = true\n'):
+    seq = '[retrieve]\nsources = [{ kind = "sequential", k = 7 }]\n[score]\nsequential = '
+    for text in (FULL, seq + "true\n", seq + '"next_item"\n', seq + '"ranking_head"\n'):
         d = declaration_from_dict(tomllib.loads(text), "p.toml")
         assert declaration_from_dict(declaration_to_dict(d), "manifest") == d
+    assert declaration_from_dict(tomllib.loads(seq + "true\n"), "p.toml") == declaration_from_dict(tomllib.loads(seq + '"ranking_head"\n'), "p.toml")
+    with pytest.raises(ValueError, match=r"Score\.sequential must be one of"):
+        declaration_from_dict(tomllib.loads(seq + '"best"\n'), "p.toml")
 
 
 def test_the_least_pipeline_takes_defaults() -> None:

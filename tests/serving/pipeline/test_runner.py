@@ -323,11 +323,12 @@ def test_feature_store_on_the_other_tiers(tier: str, tmp_path: Any, request: pyt
         store.close()
 
 
-def _sequential(tmp_path: Any, model_type: str, times: bool = False) -> Any:
+def _sequential(tmp_path: Any, model_type: str, times: bool = False, head: bool = True) -> Any:
     """A next-items model over the toy catalogue (raw item id i = dense id i + 1), untrained; times: an HSTU
-    trained with model.times = true."""
+    trained with model.times = true; an HSTU's config says its ranking head was trained (ranking_weight 1), as
+    the Score stage takes no other (its values do not matter to these tests)."""
     torch.manual_seed(0)
-    config = HSTUConfig(max_len=6, dim=8, num_layers=1, num_heads=2, times=times) if model_type == "hstu" else SASRecConfig(max_len=6, dim=8, num_layers=1, num_heads=2)
+    config = HSTUConfig(max_len=6, dim=8, num_layers=1, num_heads=2, times=times, ranking_weight=1.0 if head else 0.0) if model_type == "hstu" else SASRecConfig(max_len=6, dim=8, num_layers=1, num_heads=2)
     cfg = config.sequence_config(ITEMS)
     model = HSTU(cfg) if model_type == "hstu" else SASRec(cfg)
     counts = np.concatenate([[0], np.ones(ITEMS)]).astype(np.int64)
@@ -348,11 +349,61 @@ def test_score_with_the_sequential_model_ranks_by_its_cached_candidate_scores(tm
     want = cands[np.lexsort((cands, -logits))][:10]
     np.testing.assert_array_equal(rec.items, want)
     assert truncated == len(history) - 5 and any("oldest items were left out" in n for n in rec.notes)
-    with pytest.raises(ValueError, match=r"needs an HSTU next-items model .* it has a sasrec"):
+    with pytest.raises(ValueError, match=r"needs an HSTU next-items model .* it has a sasrec \(sequential = 'next_item' ranks with any"):
         res.sequential = _sequential(tmp_path, "sasrec")
         PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Score(sequential=True), Order())), res)
-    with pytest.raises(ValueError, match="sequential = true takes no dense or sparse inputs"):
+    with pytest.raises(ValueError, match="sequential = 'ranking_head' takes no dense or sparse inputs"):
         Score(sparse=(("item", "item.id"),), sequential=True)
+
+
+def test_a_score_stage_over_an_untrained_ranking_head_is_refused_and_the_source_keeps_working(tmp_path: Any) -> None:
+    """An HSTU trained with model.ranking_weight = 0 (every HSTU before the key) has a random ranking head: a
+    Score with sequential = true over it is refused in one line naming the stage, the bundle and the key; its
+    next items still serve the sequential source."""
+    w = make_world(8)
+    res = resources(w)
+    res.sequential = _sequential(tmp_path, "hstu", head=False)
+    assert not res.sequential.ranking_head_trained
+    with pytest.raises(ValueError, match=r"^Pipeline: Score with sequential = 'ranking_head' uses next-items bundle 'model', an HSTU whose ranking "
+                       r"head was never trained; train it with model.ranking_weight > 0 \(e.g. 0.1\) and export it again, or rank with "
+                       r"sequential = 'next_item' \(the model's next-item score\)$"):
+        PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Score(sequential=True), Order())), res)
+    rec = PipelineRunner(PipelineSpec((Retrieve((Sequential(5),)), Order())), res).recommend(Query(USERS + 1, 5, history=(5, 17, 3)))
+    assert len(rec.items) == 5
+    rec = PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Score(sequential="next_item"), Order())), res).recommend(Query(USERS + 1, 5, history=(5, 17, 3)))
+    assert len(rec.items) == 5  # the next-item score needs no head
+
+
+@pytest.mark.parametrize("model_type", ["sasrec", "hstu"])
+def test_score_with_the_next_item_score_ranks_as_the_model_ranks_its_next_items(model_type: str, tmp_path: Any) -> None:
+    """sequential = "next_item": each candidate's score is the model's next-item probability among the candidates
+    (the softmax of its query . item vector logits), so the candidates come in the order `next_items` gives the
+    catalogue; any next-items model (SASRec too), an unknown candidate last with 0, a history longer than the
+    model reads cut to its last max_len ids (said in the notes), no known history: popularity."""
+    w = make_world(8)
+    res = resources(w)
+    res.sequential = seq = _sequential(tmp_path, model_type, head=False)
+    history = (5, 17, 3, 9, 11, 40, 2, 8)  # 8 known ids, max_len 6
+    p = PipelineRunner(PipelineSpec((Retrieve((Popular(60),)), Filter(exclude_seen=False), Score(sequential="next_item"), Order(max_k=60))), res)
+    rec = p.recommend(Query(USERS + 1, 60, history=history))
+    cands = w["popular"][:60]
+    # the whole catalogue, best first (the bundle leaves the history's own items out of it)
+    full = seq.next_items(np.array(history), np.array([len(history)]), ITEMS - len(set(history)))
+    rank = {int(i): r for r, i in enumerate(full["items"][0])}
+    unseen = [i for i in rec.items.tolist() if i not in history]
+    assert sorted(unseen, key=lambda i: rank[i]) == unseen and len(unseen) == len(set(cands.tolist()) - set(history))
+    assert sorted(rec.items.tolist()) == sorted(cands.tolist())
+    logits, truncated = seq.next_item_scores(np.array(history), cands)
+    assert truncated == 2 and any("oldest items were left out (the model reads 6)" in n for n in rec.notes)
+    by_item = dict(zip(full["items"][0].tolist(), full["scores"][0].tolist(), strict=True))
+    fresh = np.array([c not in history for c in cands.tolist()])
+    np.testing.assert_allclose(logits[fresh], [by_item[int(c)] for c in cands[fresh]], rtol=1e-5, atol=1e-5)
+    want = np.exp(logits.astype(np.float64) - logits.max())
+    np.testing.assert_allclose(np.sort(rec.scores)[::-1], np.sort(want / want.sum())[::-1].astype(np.float32), rtol=1e-5)
+    with_unknown = seq.next_item_scores(np.array(history), np.array([int(cands[0]), 10**9]))[0]
+    assert with_unknown[1] == -np.inf and np.isfinite(with_unknown[0])
+    cold, _ = seq.next_item_scores(np.array([10**9]), cands[:3])  # nothing known: log(1 + training count)
+    np.testing.assert_allclose(cold, np.log1p(seq.saved.item_counts[seq.saved.lookup(cands[:3])]))
 
 
 def test_a_next_items_model_trained_with_times_beside_a_store_without_times_is_refused(tmp_path: Any) -> None:
@@ -361,7 +412,7 @@ def test_a_next_items_model_trained_with_times_beside_a_store_without_times_is_r
     w = make_world(8)
     res = resources(w)
     res.sequential = _sequential(tmp_path, "hstu", times=True)
-    with pytest.raises(ValueError, match=r"^Pipeline: Score with sequential = true uses next-items bundle 'model', an HSTU trained with model.times = true, but the interaction store keeps no event times"):
+    with pytest.raises(ValueError, match=r"^Pipeline: Score with sequential = 'ranking_head' uses next-items bundle 'model', an HSTU trained with model.times = true, but the interaction store keeps no event times"):
         PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Score(sequential=True), Order())), res)
     with pytest.raises(ValueError, match=r"^Pipeline: source 'sequential' uses next-items bundle 'model', an HSTU trained with model.times = true, but the interaction store keeps no event times"):
         PipelineRunner(PipelineSpec((Retrieve((Sequential(5),)), Order())), res)
@@ -375,7 +426,7 @@ def _timed_sequential(tmp_path: Any, max_len: int = 6) -> Any:
     """An HSTU trained with model.times = true whose time biases are not zero (untrained ones are, and times
     would change nothing), as a next-items bundle."""
     torch.manual_seed(1)
-    config = HSTUConfig(max_len=max_len, dim=8, num_layers=2, num_heads=2, times=True)
+    config = HSTUConfig(max_len=max_len, dim=8, num_layers=2, num_heads=2, times=True, ranking_weight=1.0)
     model = HSTU(config.sequence_config(ITEMS))
     with torch.no_grad():
         for layer in model.blocks:
@@ -467,3 +518,9 @@ def test_score_with_a_timed_model_reads_the_histories_times(tmp_path: Any) -> No
         order = np.lexsort((cands, -logits))[:20]
         assert rec.items.tolist() == cands[order].tolist()
         np.testing.assert_allclose(rec.scores, 1 / (1 + np.exp(-logits[order].astype(np.float64))), rtol=1e-6)
+    nxt = PipelineRunner(PipelineSpec((Retrieve((Popular(60),)), Filter(exclude_seen=False), Score(sequential="next_item"), Order(max_k=20))), res)
+    for user in [u for u in range(USERS) if len(store.items(u)) >= 2][:4]:  # the next-item score reads the times too
+        items, times = store.history(user)
+        logits, _ = seq.next_item_scores(items, cands, times=times)
+        assert nxt.recommend(Query(user, 20)).items.tolist() == cands[np.lexsort((cands, -logits))[:20]].tolist()
+        assert not np.array_equal(logits, seq.next_item_scores(items, cands, times=times * 0 + times[-1])[0])

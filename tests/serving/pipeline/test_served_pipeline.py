@@ -93,7 +93,7 @@ def test_declaration_round_trips_and_mistakes_name_the_key() -> None:
     decl = declaration_from_dict(seq, "p.toml")
     assert declaration_from_dict(declaration_to_dict(decl), "again") == decl
     seq["score"]["sparse"] = [["item", "item.id"]]
-    with pytest.raises(ValueError, match=r"\[score\]: Score: sequential = true takes no dense or sparse inputs"):
+    with pytest.raises(ValueError, match=r"\[score\]: Score: sequential = 'ranking_head' takes no dense or sparse inputs"):
         declaration_from_dict(seq, "p.toml")
     bad = tomllib.loads(TOML)
     bad["retrieve"]["sources"][0]["kind"] = "faiss"

@@ -51,6 +51,14 @@ def test_spec_orders_stages_and_reads_context() -> None:
     assert spec.defaults == {"hour": 12.0} and isinstance(spec.context[0][1], float)
 
 
+def test_score_sequential_modes() -> None:
+    """true is the ranking head (what a saved pipeline's `sequential = true` meant before "next_item"); false
+    and "" are off."""
+    assert Score(sequential=True).sequential == "ranking_head" and Score(sequential="ranking_head").sequential == "ranking_head"
+    assert Score(sequential="next_item").sequential == "next_item"
+    assert Score(sparse=(("u", "user.id"),), sequential=False).sequential == ""
+
+
 BAD: list[tuple[Callable[[], Any], str]] = [
     (lambda: Ann(0), "Ann: k must be an integer >= 1, got 0"),
     (lambda: Ann(True), "Ann: k must be an integer >= 1, got True"),
@@ -70,8 +78,10 @@ BAD: list[tuple[Callable[[], Any], str]] = [
     (lambda: Condition("", "<", 1.0), "a reference must be a non-empty string, got ''"),
     (lambda: Filter(deny=(1, True)), "Filter: deny must be a list of integer item ids, got (1, True)"),
     (lambda: Filter(allow=("7",)), "Filter: allow must be a list of integer item ids"),
-    (lambda: Score(sequential=1), "Score.sequential must be true or false, got 1"),
-    (lambda: Score(dense=("user.age",), sequential=True), "sequential = true takes no dense or sparse inputs"),
+    (lambda: Score(sequential=1), "Score.sequential must be one of ['next_item', 'ranking_head'], true or false, got 1"),
+    (lambda: Score(sequential="next"), "Score.sequential must be one of ['next_item', 'ranking_head'], true or false, got 'next'"),
+    (lambda: Score(dense=("user.age",), sequential=True), "sequential = 'ranking_head' takes no dense or sparse inputs"),
+    (lambda: Score(dense=("user.age",), sequential="next_item"), "sequential = 'next_item' takes no dense or sparse inputs"),
     (lambda: Score(), "Score.sparse: needs distinct ranker feature names, got []"),
     (lambda: Score(sparse=(("u", "user.id"), ("u", "item.id"))), "needs distinct ranker feature names, got ['u', 'u']"),
     (

@@ -120,25 +120,9 @@ class NextItemsModel(ServedObject):
             raise RequestError(f"parameter 'k' = {k} must be in 1..{num_items} (the catalogue's size)")
         lengths = np.asarray(lengths, dtype=np.int64)
         b = len(lengths)
-        dense = self.saved.lookup(values)  # [N], PAD where unknown
-        row = np.repeat(np.arange(b), lengths)  # [N] history of each id
-        known = dense != PAD
-        unknown = np.bincount(row[~known], minlength=b).astype(np.int64)  # [B]
-        dense, row = dense[known], row[known]
-        seconds = None if times is None else np.asarray(times, dtype=np.int64)[known]  # [N_known], the same cut
-        n_known = np.bincount(row, minlength=b)
-        max_len = self.saved.max_len
-        # [B, L] left-padded: the last max_len known ids of each history (position from the history's end)
-        ends = np.cumsum(n_known)
-        from_end = ends[row] - np.arange(len(row)) - 1  # 0 for a history's most recent id
-        keep = from_end < max_len
-        truncated = np.bincount(row[~keep], minlength=b).astype(np.int64)  # [B]
-        padded = np.full((b, max_len), PAD, dtype=np.int64)
-        padded[row[keep], max_len - 1 - from_end[keep]] = dense[keep]
-        padded_times = None  # [B, L]: the kept items' own times (0 at padding, which the model never reads)
-        if seconds is not None:
-            padded_times = np.zeros((b, max_len), dtype=np.int64)
-            padded_times[row[keep], max_len - 1 - from_end[keep]] = seconds[keep]
+        cut = self._cut(values, lengths, times)
+        unknown, truncated, n_known, padded, padded_times = cut.unknown, cut.truncated, cut.n_known, cut.padded, cut.padded_times
+        dense, row = cut.dense, cut.row
         scores = torch.full((b, num_items), float("-inf"))
         warm = n_known > 0
         if warm.any():
@@ -160,6 +144,31 @@ class NextItemsModel(ServedObject):
             "truncated_items": truncated,
         }
 
+    def _cut(self, values: np.ndarray, lengths: np.ndarray, times: np.ndarray | None) -> _Cut:
+        """Histories (raw ids [N], lengths [B], optional seconds [N]) -> the model's input: unknown ids dropped
+        (with their times) and counted, the last max_len known ids of each history kept, left-padded."""
+        b = len(lengths)
+        dense = self.saved.lookup(values)  # [N], PAD where unknown
+        row = np.repeat(np.arange(b), lengths)  # [N] history of each id
+        known = dense != PAD
+        unknown = np.bincount(row[~known], minlength=b).astype(np.int64)  # [B]
+        dense, row = dense[known], row[known]
+        seconds = None if times is None else np.asarray(times, dtype=np.int64)[known]  # [N_known], the same cut
+        n_known = np.bincount(row, minlength=b)
+        max_len = self.saved.max_len
+        # [B, L] left-padded: the last max_len known ids of each history (position from the history's end)
+        ends = np.cumsum(n_known)
+        from_end = ends[row] - np.arange(len(row)) - 1  # 0 for a history's most recent id
+        keep = from_end < max_len
+        truncated = np.bincount(row[~keep], minlength=b).astype(np.int64)  # [B]
+        padded = np.full((b, max_len), PAD, dtype=np.int64)
+        padded[row[keep], max_len - 1 - from_end[keep]] = dense[keep]
+        padded_times = None  # [B, L]: the kept items' own times (0 at padding, which the model never reads)
+        if seconds is not None:
+            padded_times = np.zeros((b, max_len), dtype=np.int64)
+            padded_times[row[keep], max_len - 1 - from_end[keep]] = seconds[keep]
+        return _Cut(dense, row, unknown, truncated, n_known, padded, padded_times)
+
     def next_item_scores(self, history: np.ndarray, candidates: np.ndarray, times: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         """One history's raw ids (oldest first) and K candidates' raw ids -> ([K] float32 next-item logits: the
         query vector of the history's last max_len known ids . each candidate's item vector, the scores
@@ -171,28 +180,19 @@ class NextItemsModel(ServedObject):
             raise ValueError(f"next-items model {self.name!r} " + ("reads its items' times: give one per history item" if self.uses_times else "was trained without timestamps and takes no times"))
         if times is not None and np.shape(times) != raw.shape:
             raise ValueError(f"next_item_scores: {len(times)} times for {len(raw)} history items")
-        dense = self.saved.lookup(raw)
-        known = dense != PAD
-        max_len = self.saved.max_len
-        kept = dense[known][-max_len:] if known.any() else dense[:0]
-        truncated = int(known.sum()) - len(kept)
+        cut = self._cut(raw, np.array([len(raw)]), times)
+        truncated = int(cut.truncated[0])
         cand = self.saved.lookup(np.asarray(candidates, dtype=np.int64))
         cand_known = cand != PAD
         out = np.full(len(cand), -np.inf, dtype=np.float32)
         if not cand_known.any():
             return out, truncated
         rows = torch.from_numpy(cand[cand_known] - 1)  # dense id d is item vector row d - 1
-        if not len(kept):
+        if not cut.n_known[0]:
             out[cand_known] = np.log1p(self.saved.item_counts[cand[cand_known]].astype(np.float64)).astype(np.float32)
             return out, truncated
-        padded = np.full((1, max_len), PAD, dtype=np.int64)  # [1, L] left-padded, as next_items builds it
-        padded[0, max_len - len(kept) :] = kept
-        padded_times = None
-        if times is not None:
-            padded_times = np.zeros((1, max_len), dtype=np.int64)
-            padded_times[0, max_len - len(kept) :] = np.asarray(times, dtype=np.int64)[known][-max_len:]
         model: SequenceModel = self.saved.model  # type: ignore[assignment]
-        q = query_vectors(model, torch.from_numpy(padded), times=padded_times).float()  # [1, D]
+        q = query_vectors(model, torch.from_numpy(cut.padded), times=cut.padded_times).float()  # [1, D]
         out[cand_known] = (q @ self.item_vectors[rows].T)[0].numpy()
         return out, truncated
 
@@ -283,6 +283,21 @@ class NextItemsModel(ServedObject):
                 {"name": "truncated_items", "datatype": "INT64", "shape": [-1]},
             ],
         }
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """Histories as the model reads them (NextItemsModel._cut): the known ids (dense) and their history (row),
+    per history the unknown ids skipped, the known ids left out (longer than max_len) and the known ids, and
+    the [B, max_len] left-padded ids and times (None without times)."""
+
+    dense: np.ndarray
+    row: np.ndarray
+    unknown: np.ndarray
+    truncated: np.ndarray
+    n_known: np.ndarray
+    padded: np.ndarray
+    padded_times: np.ndarray | None
 
 
 def request_times(raw: np.ndarray, items: np.ndarray, jagged: bool) -> np.ndarray:

@@ -167,6 +167,17 @@ def record(records: Records, config: str, method: str, value: float, unit: str, 
     records.append({"config": config, "method": method, "value": value, "unit": unit, "higher_is_better": higher})
 
 
+def record_medians(records: Records, config: str, ms: dict[str, list[float]], ours: str, base: str, label: str) -> float:
+    """Each side's median ms per request as a record, then ours / base as a record of ours; returns the ratio."""
+    for name, values in ms.items():
+        record(records, config, name, float(np.median(values)), "ms per request", higher=False)
+        print(f"  {label:18s} {name:20s} {np.median(values):8.2f} ms (median)", flush=True)
+    ratio = float(np.median(ms[ours]) / np.median(ms[base]))
+    record(records, config, ours, ratio, f"x {base} (ms per request)", higher=False)
+    print(f"  {label}: with times / without: {ratio:.2f}x the time per request", flush=True)
+    return ratio
+
+
 # -- item-transitions (the earlier best baseline) and the models' score blocks: (q0, q1) -> [q, I] over items 1..I --------------------------------
 def transitions(train: Sequences, num_items: int, counts: np.ndarray, last: np.ndarray) -> Callable[[int, int], torch.Tensor]:
     same = np.diff(train.sequence_ids()) == 0
@@ -1049,13 +1060,7 @@ def hstu_serving(records: Records, quick: bool, seed: int) -> None:
                     model_side.answer(bodies[name][max(i - 1, 0)], None)
                     if i:
                         ms[name].append((time.perf_counter() - t0) * 1000)
-            config_name = f"hstu serving B={b}"
-            for name, values in ms.items():
-                record(records, config_name, name, float(np.median(values)), "ms per request", higher=False)
-                print(f"  B={b:<3d} {name:20s} {np.median(values):8.2f} ms (median)", flush=True)
-            ratio = float(np.median(ms["hugerec-hstu-times"]) / np.median(ms["hugerec-hstu"]))
-            record(records, config_name, "hugerec-hstu-times", ratio, "x hugerec-hstu (ms per request)", higher=False)
-            print(f"  B={b:<3d} with times / without: {ratio:.2f}x the time per request", flush=True)
+            record_medians(records, f"hstu serving B={b}", ms, "hugerec-hstu-times", "hugerec-hstu", f"B={b}")
 
 
 def hstu_pipeline(records: Records, quick: bool, seed: int) -> None:
@@ -1131,12 +1136,7 @@ def hstu_pipeline(records: Records, quick: bool, seed: int) -> None:
                 answers.append(rec.items.tolist())
             differ += bool(i) and answers[0] != answers[1]
     for config_name, values_of in (("hstu pipeline", ms), ("hstu pipeline cpu", cpu)):
-        for name, values in values_of.items():
-            record(records, config_name, name, float(np.median(values)), "ms per request", higher=False)
-            print(f"  {config_name:18s} {name:20s} {np.median(values):8.2f} ms (median)", flush=True)
-        ratio = float(np.median(values_of["hugerec-hstu-times"]) / np.median(values_of["hstu-without-times"]))
-        record(records, config_name, "hugerec-hstu-times", ratio, "x hstu-without-times (ms per request)", higher=False)
-        print(f"  {config_name}: with times / without: {ratio:.2f}x the time per request", flush=True)
+        record_medians(records, config_name, values_of, "hugerec-hstu-times", "hstu-without-times", config_name)
     print(f"  {differ} of {requests} answers differ (the times are read)", flush=True)
 
 

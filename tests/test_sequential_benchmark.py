@@ -95,6 +95,23 @@ def test_each_model_gets_its_settings_then_the_common_flags_then_its_set_items()
     assert got["hugerec-hstu"] == dataclasses.replace(seq.MOVIELENS_SETTINGS["hugerec-hstu"], dropout=0.3, layers=3, hstu_temperature=0.05)
 
 
+@pytest.mark.parametrize(("model", "blocks"), [("hugerec-hstu", "layers"), ("hugerec-sasrec", "encoder.blocks")])
+@pytest.mark.parametrize("layers", [4, 8])
+def test_set_layers_builds_that_many_blocks_of_either_model(model: str, blocks: str, layers: int) -> None:
+    """--set MODEL.layers=N (round 6's depth points) reaches the model built for that model alone, the other keeps
+    its shipped depth; the blocks are distinct modules (N independent weight sets, not one block repeated)."""
+    seq = _sequential()
+    other = "hugerec-sasrec" if model == "hugerec-hstu" else "hugerec-hstu"
+    settings = seq.movielens_settings(_args(f"{model},{other}", f"{model}.layers={layers}"), [model, other])
+    built = seq.build_model(model, 50, settings[model], seed=0)
+    stack = built.get_submodule(blocks)
+    assert len(stack) == layers
+    assert len({id(p) for block in stack for p in block.parameters()}) == layers * len(list(stack[0].parameters()))
+    kept = seq.build_model(other, 50, settings[other], seed=0)
+    other_blocks = "layers" if other == "hugerec-hstu" else "encoder.blocks"
+    assert len(kept.get_submodule(other_blocks)) == seq.MOVIELENS_SETTINGS[other].layers == 2
+
+
 @pytest.mark.parametrize(
     ("item", "named"),
     [

@@ -109,7 +109,16 @@ def test_set_layers_builds_that_many_blocks_of_either_model(model: str, blocks: 
     assert len({id(p) for block in stack for p in block.parameters()}) == layers * len(list(stack[0].parameters()))
     kept = seq.build_model(other, 50, settings[other], seed=0)
     other_blocks = "layers" if other == "hugerec-hstu" else "encoder.blocks"
-    assert len(kept.get_submodule(other_blocks)) == seq.MOVIELENS_SETTINGS[other].layers == 2
+    assert len(kept.get_submodule(other_blocks)) == seq.MOVIELENS_SETTINGS[other].layers
+
+
+def test_shipped_depths_are_the_validated_ones() -> None:
+    """HSTU ships 8 blocks (HSTU-large, chosen on validation in round 6), SASRec 2 (not offered 8 yet); the ranking
+    part keeps the 2-block HSTU its figures were measured with."""
+    seq = _sequential()
+    assert seq.MOVIELENS_SETTINGS["hugerec-hstu"].layers == 8
+    assert seq.MOVIELENS_SETTINGS["hugerec-sasrec"].layers == 2
+    assert seq.RANKING_LAYERS == 2
 
 
 @pytest.mark.parametrize(

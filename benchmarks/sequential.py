@@ -1119,7 +1119,7 @@ def hstu_pipeline(records: Records, quick: bool, seed: int) -> None:
             save_model(path, model, replace(config, times=timed), Adam(lr=1e-3), ids=RawIds(raw, counts))
             seq = load_next_items(write_next_items_bundle(path, Path(tmp) / name, name=name, k=10))
             store = InteractionStore.from_pairs(users, items, times=seconds if timed else None)
-            runners[name] = PipelineRunner(spec, Resources(features, store, popular=popular, sequential=seq, max_history=max_len))
+            runners[name] = PipelineRunner(spec, Resources(features, store, popular=popular, sequential=seq))  # the models read max_len
         assert runners["hugerec-hstu-times"].needs_times and not runners["hstu-without-times"].needs_times
         ms: dict[str, list[float]] = {name: [] for name in runners}
         cpu: dict[str, list[float]] = {name: [] for name in runners}  # the thread's CPU time: what load inflates least

@@ -72,6 +72,12 @@ Timing parts:
                       trained with times (the store keeps each rating's time; the model reads them) against
                       the same weights without times (a store without times), ML-1M users' last 51 ratings,
                       one user per request, in turn: median ms per request and the ratio.
+  hstu staged lookup  HSTU trained by `fit` with a disk-tier item table (a 16,384-row cache of 200,002 rows)
+                      and a dynamic one, the training pipeline staging its lookup a step ahead
+                      (hugerec-hstu-staged) against the lookup in the step (hstu-unstaged, pipeline off: the
+                      only way before HSTU.lookup_features); synthetic chains, max_len 50, dim 64, batch 128,
+                      the sides in turn: samples/s, per CPU second, ratio; the weights must be the same.
+                      Not in the default --only (--only hstu-staged; ~150 MB of disk rows per run).
   softmax             the full-softmax loss of a MovieLens step and its backward: the blocked loss against
                       F.cross_entropy on the [N, I] logits (ms and CPU ms per call, ratio).
   train <shape>       SASRec training samples/s (length 50, dim 64, 2 blocks) on a synthetic 1M-item
@@ -1140,6 +1146,80 @@ def hstu_pipeline(records: Records, quick: bool, seed: int) -> None:
     print(f"  {differ} of {requests} answers differ (the times are read)", flush=True)
 
 
+STAGED_ITEMS = 200_000  # the catalogue of `hstu staged lookup`: a table worth a disk tier (rows + Adam state ~150 MB)
+
+
+def hstu_staged(records: Records, quick: bool, seed: int) -> None:
+    """HSTU trained by `fit` with its item table on the disk tier (a RAM cache of 16,384 of 200,002 rows) and
+    dynamic (raw keys through the hash table), the training pipeline on (hugerec-hstu-staged: the step's lookup,
+    HSTU's items without padding and its candidates, staged a step ahead in the worker thread) against off
+    (hstu-unstaged: the lookup in the step, the only way these tables trained before `HSTU.lookup_features`:
+    the pipeline refused a lookup it had not staged). Synthetic chains (5,000 hot items), max_len 50, dim 64,
+    2 layers, 2 heads, 128 uniform sampled negatives, batch 128; the sides alternate, the same steps each, after
+    a round that warms up: samples/s, samples per CPU second, the ratio, and the weights compared (the same bit
+    for bit)."""
+    import dataclasses
+    import shutil
+    import tempfile
+
+    from hugerec.embedding.collection import EmbeddingCollection
+    from hugerec.embedding.table_config import DynamicConfig, Storage
+    from hugerec.models.sequence import item_table
+
+    num_items, max_len, batch = STAGED_ITEMS, 50, 128
+    steps, rounds = (6, 1) if quick else (20, 3)
+    windows = last_n(synthetic_sequences(num_items, steps * batch, max_len + 1, seed), max_len + 1)
+    cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2)
+    family = SequentialFamily(SampledSoftmax(negatives=Negatives.UNIFORM, num_negatives=128), item_counts=np.ones(num_items + 1))
+    print(f"hstu staged lookup (synthetic {num_items:,}-item catalogue, max_len {max_len}, batch {batch}, {steps} steps x {rounds} "
+          "rounds per side, in turn)", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        tables = {  # the item table of a run whose files go in folder `run_dir`
+            "disk": lambda run_dir: dataclasses.replace(item_table(cfg), storage=Storage.DISK, cache_rows=16384, path=str(run_dir / "items.rows")),
+            "dynamic": lambda run_dir: dataclasses.replace(item_table(cfg), dynamic=DynamicConfig()),
+        }
+        for kind, table in tables.items():
+            wall = {"hugerec-hstu-staged": 0.0, "hstu-unstaged": 0.0}
+            cpu = dict.fromkeys(wall, 0.0)
+            hidden: list[float] = []
+            prefetch_ms: list[float] = []  # the worker's preparation per step (decode, negatives, the staging)
+            weights: dict[str, list[torch.Tensor]] = {}
+            for r in range(rounds + 1):  # round 0 warms up (Numba's compilation, the allocator, the page cache)
+                for name, pipeline in (("hstu-unstaged", False), ("hugerec-hstu-staged", True)):
+                    torch.manual_seed(seed)
+                    model = HSTU(cfg, optimizer=Adam(lr=1e-3), options=HSTUOptions(temperature=0.05))
+                    run_dir = Path(tmp) / f"{kind}-{name}-{r}"  # a file per run, removed after it
+                    run_dir.mkdir()
+                    model.lookup.items = EmbeddingCollection([table(run_dir)], Adam(lr=1e-3))
+                    train_cfg = TrainConfig(epochs=1, lr=1e-3, pipeline=pipeline, seed=seed, progress=False, tensorboard=False, plot=False, log_every=steps)
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    history = fit(model, window_batches(windows, batch, seed=seed), None, train_cfg, family=family)
+                    if r:
+                        wall[name] += time.perf_counter() - t0
+                        cpu[name] += time.process_time() - c0
+                    if pipeline and r:
+                        hidden.append(float(history.train[-1].get("prefetch_hidden", 0.0)))
+                        prefetch_ms.append(float(history.train[-1].get("prefetch_ms", 0.0)))
+                    weights[name] = [p.detach().clone() for p in model.parameters()]
+                    weights[name] += [model.item_vectors(ids).detach() for ids in torch.arange(1, 5001).split(4096)]  # table rows too
+                    del model, history
+                    shutil.rmtree(run_dir)
+            same = all(torch.equal(a, b) for a, b in zip(weights["hstu-unstaged"], weights["hugerec-hstu-staged"], strict=True))
+            config = f"hstu staged lookup {kind}"
+            samples = steps * batch * rounds
+            for name in wall:
+                record(records, config, name, samples / wall[name], "samples/s")
+                record(records, config + " cpu", name, samples / cpu[name], "samples per CPU second")
+            ratio = wall["hstu-unstaged"] / wall["hugerec-hstu-staged"]
+            record(records, config, "hugerec-hstu-staged", ratio, "x hstu-unstaged")
+            record(records, config + " cpu", "hugerec-hstu-staged", cpu["hstu-unstaged"] / cpu["hugerec-hstu-staged"], "x hstu-unstaged")
+            print(f"  {kind:8s} staged {samples / wall['hugerec-hstu-staged']:7.1f} samples/s, unstaged {samples / wall['hstu-unstaged']:7.1f}: "
+                  f"{ratio:.2f}x wall, {cpu['hstu-unstaged'] / cpu['hugerec-hstu-staged']:.2f}x CPU; prefetch {np.mean(prefetch_ms):.1f} ms "
+                  f"per step, {np.mean(hidden):.2f} of it hidden; weights {'the same' if same else 'DIFFER'}", flush=True)
+            if not same:
+                raise SystemExit(f"benchmarks/sequential.py: hstu staged lookup {kind}: the staged run trained other weights")
+
+
 def softmax_loss(records: Records, quick: bool, seed: int) -> None:
     """The full-softmax loss of a MovieLens step (N 6,400 positions, 3,615 items, dim 64) with its backward:
     hugerec's blocked loss against F.cross_entropy on the [N, I] logits, in turn, same inputs; wall and
@@ -1358,6 +1438,8 @@ def main() -> None:
         hstu_serving(records, args.quick, args.seed)
     if "hstu-pipeline" in parts:
         hstu_pipeline(records, args.quick, args.seed)
+    if "hstu-staged" in parts:
+        hstu_staged(records, args.quick, args.seed)
     if "train" in parts:
         throughput(records, args.quick, args.seed, args.train_seconds)
     if "softmax" in parts:

@@ -33,7 +33,8 @@ Item rows are updated by the model's sparse optimizer inside the backward; the d
 
 A model family of the one trainer (`SequentialFamily`): `prepare` cuts inputs and targets from the windows,
 draws the mask and the negatives from the family generator and builds the item lookup's features
-(`ItemLookup.features`: staged by the training pipeline for dynamic and disk-tier item tables);
+(`ItemLookup.features`, or the model's own `lookup_features` where it looks up other tensors than its
+inputs, as HSTU does: staged by the training pipeline for dynamic and disk-tier item tables);
 `loss` runs the model and the loss. Sharded (torchrun), each rank trains its windows of the global
 batch: in-batch candidates are gathered from every rank, the M sampled negatives are the same on
 every rank, BCE's per-position negatives are each rank's slice of the global draw, and each rank's
@@ -56,6 +57,7 @@ from torch import nn
 from hugerec.models.hstu import DEFAULT_RANKING_NEGATIVES, RankingBatch, check_ranking
 from hugerec.models.masked import mask_items
 from hugerec.models.sequence import PAD, ItemLookup, Objective, SequenceConfig
+from hugerec.sparse.features import SparseFeatures
 from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.family import Prepared, StepContext, gather_rows, rank_rows, rows_of_ranks, share
 from hugerec.training.losses import NegativeSampler, SampledSoftmax, full_softmax, sampled_softmax
@@ -266,7 +268,11 @@ class SequentialFamily:
             ranking = self._ranking_batch(model, windows, None if not isinstance(batch, TimedWindows) else batch.times, ctx)
         seq, cand = seq.to(ctx.device), cand.to(ctx.device)
         lookup = next((m for m in model.modules() if isinstance(m, ItemLookup)), None)
-        sparse = (lookup.features(seq, cand),) if lookup is not None else ()
+        prepare = getattr(model, "lookup_features", None)  # a model that looks up other tensors than seq (HSTU) says which
+        if callable(prepare):
+            sparse: tuple[SparseFeatures, ...] = (prepare(seq, cand, ranking),)
+        else:
+            sparse = (lookup.features(seq, cand),) if lookup is not None else ()
         step = _Step(
             seq, valid.to(ctx.device), tgt.to(ctx.device), neg.to(ctx.device), cand, None if times is None else times.to(ctx.device), ranking
         )

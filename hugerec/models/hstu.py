@@ -243,6 +243,9 @@ class HSTULayer(nn.Module):
 class HSTU(nn.Module):
     objective = Objective.NEXT
     uses_times = True  # forward / query take the items' timestamps (the sequential family passes them with times=True)
+    # A run trains the time bias only with times and the ranking head only with a ranking loss: shard() lets
+    # DistributedDataParallel find the parameters a step left without a gradient.
+    optional_parameters = True
 
     def __init__(
         self, cfg: SequenceConfig, optimizer: Optimizer = DEFAULT_OPTIMIZER, options: HSTUOptions | None = None, layout: Layout = Layout.JAGGED
@@ -268,10 +271,15 @@ class HSTU(nn.Module):
 
     # -- the SequenceModel protocol -------------------------------------------------------------------
     def forward(
-        self, seq: torch.Tensor, candidates: torch.Tensor | None = None, times: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, seq: torch.Tensor, candidates: torch.Tensor | None = None, times: torch.Tensor | None = None,
+        ranking: RankingBatch | None = None,
+    ) -> tuple[torch.Tensor, ...]:
         """seq [B, L] (L <= max_len, left-padded), candidates [M], times [B, L] seconds (optional)
-        -> ([B, L, D] hidden states, 0 at padding; [M, D] candidate rows)."""
+        -> ([B, L, D] hidden states, 0 at padding; [M, D] candidate rows). With `ranking`: forward_ranked's
+        (hidden, candidate rows, ranking loss). The training step takes this entry, not forward_ranked: a
+        sharded model's DistributedDataParallel averages the gradients of what its forward computed only."""
+        if ranking is not None:
+            return self.forward_ranked(seq, candidates, times, ranking)
         states, cand = self.encode(seq, candidates, times, key=(seq, candidates))
         return self._hidden(seq, states), self.item_output(cand)
 

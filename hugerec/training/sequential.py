@@ -295,7 +295,7 @@ class SequentialFamily:
         sizes = rows_of_ranks(n, ctx)
         ranking_loss = None
         if step.ranking is not None:  # ranking_weight > 0: both passes from one item lookup
-            hidden, rows, ranking_loss = cast(Any, model).forward_ranked(step.seq, step.candidates, step.times, step.ranking)
+            hidden, rows, ranking_loss = model(step.seq, step.candidates, step.times, step.ranking)  # forward_ranked
         elif step.times is None:
             hidden, rows = model(step.seq, step.candidates)
         else:

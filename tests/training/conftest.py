@@ -1,7 +1,8 @@
 """Runs of `fit` in fresh processes for the retrieval and sequential families: one process or W gloo ranks,
 killed with SIGKILL at a chosen point (mid-epoch, mid-checkpoint, mid-evaluation) and resumed.
 
-The worker script (FAMILY_SCRIPT) trains a small two-tower or SASRec on deterministic synthetic data;
+The worker script (FAMILY_SCRIPT) trains a small two-tower, SASRec, or HSTU with its ranking head's loss
+("hstu_ranked") on deterministic synthetic data;
 `kill_at` makes the process write a marker file and sleep at that point so that the test can kill it there.
 """
 
@@ -33,6 +34,7 @@ from hugerec.distributed.planner import Constraint, plan
 from hugerec.distributed.shard import shard
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import Adam
+from hugerec.models.hstu import HSTU
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SequenceConfig
 from hugerec.models.two_tower import TwoTower, TwoTowerConfig
@@ -60,6 +62,8 @@ def build():
     torch.manual_seed(0)
     if kind == "two_tower":
         return TwoTower(TwoTowerConfig(dim=8, embedding_dim=8, user_layers=(8,), max_history=6, recent=(1,)), NUM_USERS, NUM_ITEMS, Adam(lr=0.05))
+    if kind.startswith("hstu"):
+        return HSTU(SequenceConfig(num_items=NUM_ITEMS, max_len=6, dim=8, num_layers=1, dropout=dropout), Adam(lr=0.05))
     return SASRec(SequenceConfig(num_items=NUM_ITEMS, max_len=6, dim=8, num_layers=1, dropout=dropout), Adam(lr=0.05))
 
 
@@ -69,7 +73,7 @@ if kind == "two_tower":
     train, test = leave_last_out(synth.data)
     valid = RetrievalValidation(*full_ranking(train, test, 6))
     data = EpochBatches(*epoch_examples(train, 64, 6, rank=rank, world=world))
-    family_type, family_args = RetrievalFamily, (train.item_counts(), SampledSoftmax(num_negatives=8, mask_history=True))
+    family_args = (train.item_counts(), SampledSoftmax(num_negatives=8, mask_history=True))
     row_wise = ("user_id", "item_id")
 else:
     NUM_USERS, NUM_ITEMS = 0, 30
@@ -81,11 +85,11 @@ else:
     hist = last_n(seqs, 6)
     valid = NextItemValidation(hist[:30], items.reshape(90, 7)[:30, -1])
     counts = np.bincount(items, minlength=NUM_ITEMS + 1)
-    family_type, family_args = SequentialFamily, (SampledSoftmax(Negatives.MIXED, num_negatives=8, alpha=0.5), counts)
+    family_args = (SampledSoftmax(Negatives.MIXED, num_negatives=8, alpha=0.5), counts)
     row_wise = ("item",)
 
 
-class Hooked(family_type):
+class Hooked(SequentialFamily if kind != "two_tower" else RetrievalFamily):
     """The family with a stop in its evaluate, on the given call."""
 
     def evaluate(self, model, data, device, precision):
@@ -126,7 +130,8 @@ if world > 1:
 cfg = TrainConfig(epochs=3, lr=0.01 if dense == "adam" else 0.1, optimizer=dense, eval_every=4, checkpoint_every=3, log_every=1, keep_checkpoints=0, out_dir=out,
                   resume=resume, seed=0, progress=False, tensorboard=False, plot=False,
                   early_stopping=EarlyStopping(patience=None), average_epochs=average)  # every run takes all 18 steps
-history = fit(model, data, valid, cfg, family=Hooked(*family_args))
+extra = {"ranking_weight": 0.5, "ranking_negatives": 4} if kind == "hstu_ranked" else {}  # the ranking head's loss too
+history = fit(model, data, valid, cfg, family=Hooked(*family_args, **extra))
 if rank == 0:
     Path(out + ".done").write_text(str(history.steps))
 '''

@@ -12,6 +12,8 @@ from torch import nn
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import SGD, Adam, Optimizer
 from hugerec.embedding.table_config import TableConfig
+from hugerec.models.hstu import HSTU
+from hugerec.models.sequence import SequenceConfig
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 from hugerec.training.checkpoint import list_checkpoints, load_checkpoint
@@ -683,6 +685,26 @@ def test_sharded_on_2_and_3_gloo_ranks_equals_one_process_and_resumes_on_another
     family_runs.kill("moved", kind, "epoch", world=2)
     family_runs.run("moved", kind, world=3, resume=True)
     assert family_runs.train_steps("moved") == list(range(1, steps + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", ["hstu", "hstu_ranked"])
+def test_hstu_on_2_gloo_ranks_equals_one_process_with_and_without_its_ranking_loss(family_runs: Any, kind: str) -> None:
+    """HSTU sharded on 2 gloo ranks ends where one process does. Without the ranking loss its ranking head
+    (and, without times, its time bias) gets no gradient: DDP must be told (shard() does, from the model's
+    optional_parameters), or the second step fails. With the ranking loss (weight 0.5) the step runs it
+    through the model's forward, whose gradients DDP averages (forward_ranked called directly left each
+    rank on its own gradients), each rank drawing its slice of the one global draw of ranking negatives."""
+    family_runs.run("one", kind, dropout=0.0, dense="sgd")
+    want = family_runs.final_weights("one", kind)
+    torch.manual_seed(0)
+    init = HSTU(SequenceConfig(num_items=30, max_len=6, dim=8, num_layers=1, dropout=0.0)).state_dict()
+    assert torch.equal(want["rank.weight"], init["rank.weight"]) == (kind == "hstu")  # the head trains with its loss only
+    family_runs.run("w2", kind, world=2, dropout=0.0, dense="sgd")
+    got = family_runs.final_weights("w2", kind)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"2 ranks, {k}: {m}")
 
 
 def test_resume_refuses_a_changed_config_and_another_family(tmp_path: Path) -> None:

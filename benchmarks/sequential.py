@@ -72,6 +72,11 @@ Timing parts:
                       trained with times (the store keeps each rating's time; the model reads them) against
                       the same weights without times (a store without times), ML-1M users' last 51 ratings,
                       one user per request, in turn: median ms per request and the ratio.
+  hstu pipeline history  the same pipeline as hstu pipeline (an untrained HSTU, no times) for users with 1,000
+                      stored items: every model handed the whole history, each reading its own max_len (the
+                      default) against the last 50 (the fixed length of before, declared max_history = 50);
+                      median ms and thread CPU ms per request, the ratio, the answers that differ. Not in the
+                      default --only (--only hstu-history).
   hstu staged lookup  HSTU trained by `fit` with a disk-tier item table (a 16,384-row cache of 200,002 rows)
                       and a dynamic one, the training pipeline staging its lookup a step ahead
                       (hugerec-hstu-staged) against the lookup in the step (hstu-unstaged, pipeline off: the
@@ -173,14 +178,17 @@ def record(records: Records, config: str, method: str, value: float, unit: str, 
     records.append({"config": config, "method": method, "value": value, "unit": unit, "higher_is_better": higher})
 
 
-def record_medians(records: Records, config: str, ms: dict[str, list[float]], ours: str, base: str, label: str) -> float:
-    """Each side's median ms per request as a record, then ours / base as a record of ours; returns the ratio."""
+def record_medians(
+    records: Records, config: str, ms: dict[str, list[float]], ours: str, base: str, label: str, sides: str = "with times / without"
+) -> float:
+    """Each side's median ms per request as a record, then ours / base as a record of ours (printed as `sides`);
+    returns the ratio."""
     for name, values in ms.items():
         record(records, config, name, float(np.median(values)), "ms per request", higher=False)
         print(f"  {label:18s} {name:20s} {np.median(values):8.2f} ms (median)", flush=True)
     ratio = float(np.median(ms[ours]) / np.median(ms[base]))
     record(records, config, ours, ratio, f"x {base} (ms per request)", higher=False)
-    print(f"  {label}: with times / without: {ratio:.2f}x the time per request", flush=True)
+    print(f"  {label}: {sides}: {ratio:.2f}x the time per request", flush=True)
     return ratio
 
 
@@ -1146,6 +1154,74 @@ def hstu_pipeline(records: Records, quick: bool, seed: int) -> None:
     print(f"  {differ} of {requests} answers differ (the times are read)", flush=True)
 
 
+def hstu_history(records: Records, quick: bool, seed: int) -> None:
+    """The four-stage pipeline (the HSTU's next 200 items and 100 popular ones, seen items dropped, every
+    candidate ranked by the HSTU's cached scoring, top 10) for users with 1,000 stored items (the interaction
+    store's default bound): each model handed the whole history and reading its own max_len of it
+    (hugerec-whole-history, the default now) against every model handed the last 50 (last-50-history: the
+    fixed Resources.max_history of before, here declared as max_history = 50); an untrained HSTU of ML-1M shape
+    (max_len 50, dim 64, 2 layers, 2 heads) over 3,615 items, one user per request, the sides in turn: median
+    ms and the thread's CPU ms per request, and how many answers differ (the source then leaves every seen
+    item out of its 200, as its bundle does, instead of the last 50 only)."""
+    import tempfile
+
+    from hugerec.models.hstu import HSTUConfig
+    from hugerec.serving.bundles.next_items_bundle import load_next_items, write_next_items_bundle
+    from hugerec.serving.pipeline import (
+        Filter,
+        Order,
+        PipelineRunner,
+        PipelineSpec,
+        Popular,
+        Query,
+        Resources,
+        Retrieve,
+        Score,
+        Sequential,
+    )
+    from hugerec.serving.pipeline.feature_store import FeatureStore
+    from hugerec.serving.pipeline.interaction_store import InteractionStore
+    from hugerec.training.model_file import RawIds, save_model
+
+    num_items, max_len, stored, users = 3615, 50, 1000, 200
+    torch.manual_seed(seed)
+    config = HSTUConfig(max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2, ranking_weight=1.0)  # "trained": the Score stage's check
+    model = HSTU(config.sequence_config(num_items), Adam(lr=1e-3), config.options())
+    raw = np.arange(1, num_items + 1, dtype=np.int64)
+    counts = np.r_[0, np.arange(num_items, 0, -1)].astype(np.int64)
+    rng = np.random.default_rng(seed)
+    pop = 1.0 / np.arange(1, num_items + 1)
+    events = rng.choice(raw, (users, stored), p=pop / pop.sum())  # each user's 1,000 items, Zipf-popular
+    features = FeatureStore.in_memory({"user": ("age",), "item": ("count",)})
+    features.write("item", raw, {"count": counts[1:].astype(np.float64)})
+    stages = (Retrieve((Sequential(200), Popular(100))), Filter(exclude_seen=True), Score(sequential=True), Order(max_k=10))
+    requests = 30 if quick else 200
+    print(f"hstu pipeline history ({users} users of {stored} stored items, max_len {max_len}; {requests} requests per side, in turn)", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_model(Path(tmp) / "hstu.pt", model, config, Adam(lr=1e-3), ids=RawIds(raw, counts))
+        seq = load_next_items(write_next_items_bundle(Path(tmp) / "hstu.pt", Path(tmp) / "bundle", k=10))
+        store = InteractionStore.from_pairs(np.repeat(np.arange(users), stored), events.ravel())
+        resources = Resources(features, store, popular=raw[np.argsort(-counts[1:], kind="stable")], sequential=seq)
+        runners = {"hugerec-whole-history": PipelineRunner(PipelineSpec(stages), resources),
+                   "last-50-history": PipelineRunner(PipelineSpec(stages, max_history=50), resources)}
+        ms: dict[str, list[float]] = {name: [] for name in runners}
+        cpu: dict[str, list[float]] = {name: [] for name in runners}
+        differ = 0
+        for i in range(requests + 1):  # request 0 warms up
+            answers = []
+            for name, runner in runners.items():
+                t0, c0 = time.perf_counter(), time.thread_time()
+                rec = runner.recommend(Query(i % users, 10))
+                if i:
+                    ms[name].append((time.perf_counter() - t0) * 1000)
+                    cpu[name].append((time.thread_time() - c0) * 1000)
+                answers.append(rec.items.tolist())
+            differ += bool(i) and answers[0] != answers[1]
+    for config_name, values_of in (("hstu pipeline history", ms), ("hstu pipeline history cpu", cpu)):
+        record_medians(records, config_name, values_of, "hugerec-whole-history", "last-50-history", config_name, "whole history / last 50")
+    print(f"  {differ} of {requests} answers differ (the sequential source leaves out every seen item)", flush=True)
+
+
 STAGED_ITEMS = 200_000  # the catalogue of `hstu staged lookup`: a table worth a disk tier (rows + Adam state ~150 MB)
 
 
@@ -1440,6 +1516,8 @@ def main() -> None:
         hstu_pipeline(records, args.quick, args.seed)
     if "hstu-staged" in parts:
         hstu_staged(records, args.quick, args.seed)
+    if "hstu-history" in parts:
+        hstu_history(records, args.quick, args.seed)
     if "train" in parts:
         throughput(records, args.quick, args.seed, args.train_seconds)
     if "softmax" in parts:

@@ -27,7 +27,7 @@ A pipeline without such a model reads no times (history_times are then not used)
 History: the user's history is the stored one followed by the request's. When the spec declares
 `max_history`, the models are handed its last max_history items. Otherwise each model is handed the whole
 history and reads its own length of it, as it does on its own: the two-tower's user tower its last
-max_history known ids, item-to-item its `last` items, the sequential model its last max_len known ids (its
+max_history known ids, item-to-item its last `last` known ids, the sequential model its last max_len known ids (its
 next-items bundle's cut: unknown ids dropped with their times, the seen items left out of its answer), so a
 sequential model answers in the pipeline what its next-items bundle answers for the same history. That
 history is bounded by the server's limits before any work: the store keeps the last max_interactions items
@@ -389,8 +389,8 @@ class PipelineRunner:
                 return _query(r.index, vec, s.k)
             case ItemToItem():
                 assert r.item_vectors is not None and r.index is not None and r.encoder is not None
-                last = r.encoder.dense_items(state.history[-s.last :])
-                last = last[last >= 0]
+                known = r.encoder.dense_items(state.history)
+                last = known[known >= 0][-s.last :]  # the last `last` ids the index knows, as the other models read
                 if not len(last):
                     return none
                 return _query(r.index, r.item_vectors[last].mean(axis=0), s.k)

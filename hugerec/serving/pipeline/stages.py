@@ -56,10 +56,10 @@ class Ann:
 
 @dataclass(frozen=True)
 class ItemToItem:
-    """The index queried with the mean item vector of the user's last `last` items."""
+    """The index queried with the mean item vector of the user's last `last` items it knows (unknown ids skipped)."""
 
     k: int  # candidates this source adds
-    last: int = 5  # the user's last items whose mean vector queries the index
+    last: int = 5  # the user's last known items whose mean vector queries the index
 
     def __post_init__(self) -> None:
         _positive("ItemToItem", "k", self.k)

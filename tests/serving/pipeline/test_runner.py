@@ -574,6 +574,24 @@ def test_a_sequential_model_reading_more_than_50_items_answers_in_the_pipeline_a
     assert scored.recommend(Query(3, 40, given)).items.tolist() == cands[np.lexsort((cands, -logits))].tolist()
 
 
+def test_item_to_item_reads_the_last_known_ids_as_the_other_models_do() -> None:
+    """Item-to-item's `last` counts the ids its index knows (like the two-tower's max_history and the
+    sequential model's max_len): a history ending in unknown ids queries the mean of the same last known
+    items as the history without them, for a stored history and a request's."""
+    w = make_world(9)
+    res = resources(w)
+    p = PipelineRunner(PipelineSpec((Retrieve((ItemToItem(8, last=3),)), Order(max_k=8))), res)
+    known, unknown = (5, 1, 2, 3, 4), (ITEMS + 7, 10**12, ITEMS)
+    got = p.recommend(Query(USERS + 5, 8, (*known, *unknown))).items
+    assert got.tolist() == p.recommend(Query(USERS + 5, 8, known)).items.tolist()
+    _, ids = w["index"].query(torch.from_numpy(w["vectors"][[2, 3, 4]].mean(axis=0)[None]), 8)
+    assert got.tolist() == ids[0].numpy().tolist()
+    # the same ids stored for a user the interaction store keeps
+    res.interactions = InteractionStore.from_pairs(np.full(8, 4), np.array([*known, *unknown]))
+    stored = PipelineRunner(PipelineSpec((Retrieve((ItemToItem(8, last=3),)), Order(max_k=8))), res)
+    assert stored.recommend(Query(4, 8)).items.tolist() == got.tolist()
+
+
 def test_the_history_length_follows_the_models_and_a_declared_one_is_honoured() -> None:
     """max_history left out: the longest history a model of the pipeline reads (the two-tower's max_history,
     item-to-item's `last`, the sequential model's max_len; 0 when none reads one), each model handed the whole

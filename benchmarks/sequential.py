@@ -72,6 +72,17 @@ Timing parts:
                       trained with times (the store keeps each rating's time; the model reads them) against
                       the same weights without times (a store without times), ML-1M users' last 51 ratings,
                       one user per request, in turn: median ms per request and the ratio.
+  hstu pipeline history  the same pipeline as hstu pipeline (an untrained HSTU, no times) for users with 1,000
+                      stored items: every model handed the whole history, each reading its own max_len (the
+                      default) against the last 50 (the fixed length of before, declared max_history = 50);
+                      median ms and thread CPU ms per request, the ratio, the answers that differ. Not in the
+                      default --only (--only hstu-history).
+  hstu staged lookup  HSTU trained by `fit` with a disk-tier item table (a 16,384-row cache of 200,002 rows)
+                      and a dynamic one, the training pipeline staging its lookup a step ahead
+                      (hugerec-hstu-staged) against the lookup in the step (hstu-unstaged, pipeline off: the
+                      only way before HSTU.lookup_features); synthetic chains, max_len 50, dim 64, batch 128,
+                      the sides in turn: samples/s, per CPU second, ratio; the weights must be the same.
+                      Not in the default --only (--only hstu-staged; ~150 MB of disk rows per run).
   softmax             the full-softmax loss of a MovieLens step and its backward: the blocked loss against
                       F.cross_entropy on the [N, I] logits (ms and CPU ms per call, ratio).
   train <shape>       SASRec training samples/s (length 50, dim 64, 2 blocks) on a synthetic 1M-item
@@ -167,14 +178,17 @@ def record(records: Records, config: str, method: str, value: float, unit: str, 
     records.append({"config": config, "method": method, "value": value, "unit": unit, "higher_is_better": higher})
 
 
-def record_medians(records: Records, config: str, ms: dict[str, list[float]], ours: str, base: str, label: str) -> float:
-    """Each side's median ms per request as a record, then ours / base as a record of ours; returns the ratio."""
+def record_medians(
+    records: Records, config: str, ms: dict[str, list[float]], ours: str, base: str, label: str, sides: str = "with times / without"
+) -> float:
+    """Each side's median ms per request as a record, then ours / base as a record of ours (printed as `sides`);
+    returns the ratio."""
     for name, values in ms.items():
         record(records, config, name, float(np.median(values)), "ms per request", higher=False)
         print(f"  {label:18s} {name:20s} {np.median(values):8.2f} ms (median)", flush=True)
     ratio = float(np.median(ms[ours]) / np.median(ms[base]))
     record(records, config, ours, ratio, f"x {base} (ms per request)", higher=False)
-    print(f"  {label}: with times / without: {ratio:.2f}x the time per request", flush=True)
+    print(f"  {label}: {sides}: {ratio:.2f}x the time per request", flush=True)
     return ratio
 
 
@@ -1121,7 +1135,7 @@ def hstu_pipeline(records: Records, quick: bool, seed: int) -> None:
             save_model(path, model, replace(config, times=timed), Adam(lr=1e-3), ids=RawIds(raw, counts))
             seq = load_next_items(write_next_items_bundle(path, Path(tmp) / name, name=name, k=10))
             store = InteractionStore.from_pairs(users, items, times=seconds if timed else None)
-            runners[name] = PipelineRunner(spec, Resources(features, store, popular=popular, sequential=seq, max_history=max_len))
+            runners[name] = PipelineRunner(spec, Resources(features, store, popular=popular, sequential=seq))  # the models read max_len
         assert runners["hugerec-hstu-times"].needs_times and not runners["hstu-without-times"].needs_times
         ms: dict[str, list[float]] = {name: [] for name in runners}
         cpu: dict[str, list[float]] = {name: [] for name in runners}  # the thread's CPU time: what load inflates least
@@ -1140,6 +1154,148 @@ def hstu_pipeline(records: Records, quick: bool, seed: int) -> None:
     for config_name, values_of in (("hstu pipeline", ms), ("hstu pipeline cpu", cpu)):
         record_medians(records, config_name, values_of, "hugerec-hstu-times", "hstu-without-times", config_name)
     print(f"  {differ} of {requests} answers differ (the times are read)", flush=True)
+
+
+def hstu_history(records: Records, quick: bool, seed: int) -> None:
+    """The four-stage pipeline (the HSTU's next 200 items and 100 popular ones, seen items dropped, every
+    candidate ranked by the HSTU's cached scoring, top 10) for users with 1,000 stored items (the interaction
+    store's default bound): each model handed the whole history and reading its own max_len of it
+    (hugerec-whole-history, the default now) against every model handed the last 50 (last-50-history: the
+    fixed Resources.max_history of before, here declared as max_history = 50); an untrained HSTU of ML-1M shape
+    (max_len 50, dim 64, 2 layers, 2 heads) over 3,615 items, one user per request, the sides in turn: median
+    ms and the thread's CPU ms per request, and how many answers differ (the source then leaves every seen
+    item out of its 200, as its bundle does, instead of the last 50 only)."""
+    import tempfile
+
+    from hugerec.models.hstu import HSTUConfig
+    from hugerec.serving.bundles.next_items_bundle import load_next_items, write_next_items_bundle
+    from hugerec.serving.pipeline import (
+        Filter,
+        Order,
+        PipelineRunner,
+        PipelineSpec,
+        Popular,
+        Query,
+        Resources,
+        Retrieve,
+        Score,
+        Sequential,
+    )
+    from hugerec.serving.pipeline.feature_store import FeatureStore
+    from hugerec.serving.pipeline.interaction_store import InteractionStore
+    from hugerec.training.model_file import RawIds, save_model
+
+    num_items, max_len, stored, users = 3615, 50, 1000, 200
+    torch.manual_seed(seed)
+    config = HSTUConfig(max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2, ranking_weight=1.0)  # "trained": the Score stage's check
+    model = HSTU(config.sequence_config(num_items), Adam(lr=1e-3), config.options())
+    raw = np.arange(1, num_items + 1, dtype=np.int64)
+    counts = np.r_[0, np.arange(num_items, 0, -1)].astype(np.int64)
+    rng = np.random.default_rng(seed)
+    pop = 1.0 / np.arange(1, num_items + 1)
+    events = rng.choice(raw, (users, stored), p=pop / pop.sum())  # each user's 1,000 items, Zipf-popular
+    features = FeatureStore.in_memory({"user": ("age",), "item": ("count",)})
+    features.write("item", raw, {"count": counts[1:].astype(np.float64)})
+    stages = (Retrieve((Sequential(200), Popular(100))), Filter(exclude_seen=True), Score(sequential=True), Order(max_k=10))
+    requests = 30 if quick else 200
+    print(f"hstu pipeline history ({users} users of {stored} stored items, max_len {max_len}; {requests} requests per side, in turn)", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_model(Path(tmp) / "hstu.pt", model, config, Adam(lr=1e-3), ids=RawIds(raw, counts))
+        seq = load_next_items(write_next_items_bundle(Path(tmp) / "hstu.pt", Path(tmp) / "bundle", k=10))
+        store = InteractionStore.from_pairs(np.repeat(np.arange(users), stored), events.ravel())
+        resources = Resources(features, store, popular=raw[np.argsort(-counts[1:], kind="stable")], sequential=seq)
+        runners = {"hugerec-whole-history": PipelineRunner(PipelineSpec(stages), resources),
+                   "last-50-history": PipelineRunner(PipelineSpec(stages, max_history=50), resources)}
+        ms: dict[str, list[float]] = {name: [] for name in runners}
+        cpu: dict[str, list[float]] = {name: [] for name in runners}
+        differ = 0
+        for i in range(requests + 1):  # request 0 warms up
+            answers = []
+            for name, runner in runners.items():
+                t0, c0 = time.perf_counter(), time.thread_time()
+                rec = runner.recommend(Query(i % users, 10))
+                if i:
+                    ms[name].append((time.perf_counter() - t0) * 1000)
+                    cpu[name].append((time.thread_time() - c0) * 1000)
+                answers.append(rec.items.tolist())
+            differ += bool(i) and answers[0] != answers[1]
+    for config_name, values_of in (("hstu pipeline history", ms), ("hstu pipeline history cpu", cpu)):
+        record_medians(records, config_name, values_of, "hugerec-whole-history", "last-50-history", config_name, "whole history / last 50")
+    print(f"  {differ} of {requests} answers differ (the sequential source leaves out every seen item)", flush=True)
+
+
+STAGED_ITEMS = 200_000  # the catalogue of `hstu staged lookup`: a table worth a disk tier (rows + Adam state ~150 MB)
+
+
+def hstu_staged(records: Records, quick: bool, seed: int) -> None:
+    """HSTU trained by `fit` with its item table on the disk tier (a RAM cache of 16,384 of 200,002 rows) and
+    dynamic (raw keys through the hash table), the training pipeline on (hugerec-hstu-staged: the step's lookup,
+    HSTU's items without padding and its candidates, staged a step ahead in the worker thread) against off
+    (hstu-unstaged: the lookup in the step, the only way these tables trained before `HSTU.lookup_features`:
+    the pipeline refused a lookup it had not staged). Synthetic chains (5,000 hot items), max_len 50, dim 64,
+    2 layers, 2 heads, 128 uniform sampled negatives, batch 128; the sides alternate, the same steps each, after
+    a round that warms up: samples/s, samples per CPU second, the ratio, and the weights compared (the same bit
+    for bit)."""
+    import dataclasses
+    import shutil
+    import tempfile
+
+    from hugerec.embedding.collection import EmbeddingCollection
+    from hugerec.embedding.table_config import DynamicConfig, Storage
+    from hugerec.models.sequence import item_table
+
+    num_items, max_len, batch = STAGED_ITEMS, 50, 128
+    steps, rounds = (6, 1) if quick else (20, 3)
+    windows = last_n(synthetic_sequences(num_items, steps * batch, max_len + 1, seed), max_len + 1)
+    cfg = SequenceConfig(num_items=num_items, max_len=max_len, dim=64, num_layers=2, num_heads=2, dropout=0.2)
+    family = SequentialFamily(SampledSoftmax(negatives=Negatives.UNIFORM, num_negatives=128), item_counts=np.ones(num_items + 1))
+    print(f"hstu staged lookup (synthetic {num_items:,}-item catalogue, max_len {max_len}, batch {batch}, {steps} steps x {rounds} "
+          "rounds per side, in turn)", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        tables = {  # the item table of a run whose files go in folder `run_dir`
+            "disk": lambda run_dir: dataclasses.replace(item_table(cfg), storage=Storage.DISK, cache_rows=16384, path=str(run_dir / "items.rows")),
+            "dynamic": lambda run_dir: dataclasses.replace(item_table(cfg), dynamic=DynamicConfig()),
+        }
+        for kind, table in tables.items():
+            wall = {"hugerec-hstu-staged": 0.0, "hstu-unstaged": 0.0}
+            cpu = dict.fromkeys(wall, 0.0)
+            hidden: list[float] = []
+            prefetch_ms: list[float] = []  # the worker's preparation per step (decode, negatives, the staging)
+            weights: dict[str, list[torch.Tensor]] = {}
+            for r in range(rounds + 1):  # round 0 warms up (Numba's compilation, the allocator, the page cache)
+                for name, pipeline in (("hstu-unstaged", False), ("hugerec-hstu-staged", True)):
+                    torch.manual_seed(seed)
+                    model = HSTU(cfg, optimizer=Adam(lr=1e-3), options=HSTUOptions(temperature=0.05))
+                    run_dir = Path(tmp) / f"{kind}-{name}-{r}"  # a file per run, removed after it
+                    run_dir.mkdir()
+                    model.lookup.items = EmbeddingCollection([table(run_dir)], Adam(lr=1e-3))
+                    train_cfg = TrainConfig(epochs=1, lr=1e-3, pipeline=pipeline, seed=seed, progress=False, tensorboard=False, plot=False, log_every=steps)
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    history = fit(model, window_batches(windows, batch, seed=seed), None, train_cfg, family=family)
+                    if r:
+                        wall[name] += time.perf_counter() - t0
+                        cpu[name] += time.process_time() - c0
+                    if pipeline and r:
+                        hidden.append(float(history.train[-1].get("prefetch_hidden", 0.0)))
+                        prefetch_ms.append(float(history.train[-1].get("prefetch_ms", 0.0)))
+                    weights[name] = [p.detach().clone() for p in model.parameters()]
+                    weights[name] += [model.item_vectors(ids).detach() for ids in torch.arange(1, 5001).split(4096)]  # table rows too
+                    del model, history
+                    shutil.rmtree(run_dir)
+            same = all(torch.equal(a, b) for a, b in zip(weights["hstu-unstaged"], weights["hugerec-hstu-staged"], strict=True))
+            config = f"hstu staged lookup {kind}"
+            samples = steps * batch * rounds
+            for name in wall:
+                record(records, config, name, samples / wall[name], "samples/s")
+                record(records, config + " cpu", name, samples / cpu[name], "samples per CPU second")
+            ratio = wall["hstu-unstaged"] / wall["hugerec-hstu-staged"]
+            record(records, config, "hugerec-hstu-staged", ratio, "x hstu-unstaged")
+            record(records, config + " cpu", "hugerec-hstu-staged", cpu["hstu-unstaged"] / cpu["hugerec-hstu-staged"], "x hstu-unstaged")
+            print(f"  {kind:8s} staged {samples / wall['hugerec-hstu-staged']:7.1f} samples/s, unstaged {samples / wall['hstu-unstaged']:7.1f}: "
+                  f"{ratio:.2f}x wall, {cpu['hstu-unstaged'] / cpu['hugerec-hstu-staged']:.2f}x CPU; prefetch {np.mean(prefetch_ms):.1f} ms "
+                  f"per step, {np.mean(hidden):.2f} of it hidden; weights {'the same' if same else 'DIFFER'}", flush=True)
+            if not same:
+                raise SystemExit(f"benchmarks/sequential.py: hstu staged lookup {kind}: the staged run trained other weights")
 
 
 def softmax_loss(records: Records, quick: bool, seed: int) -> None:
@@ -1361,6 +1517,10 @@ def main() -> None:
         hstu_serving(records, args.quick, args.seed)
     if "hstu-pipeline" in parts:
         hstu_pipeline(records, args.quick, args.seed)
+    if "hstu-staged" in parts:
+        hstu_staged(records, args.quick, args.seed)
+    if "hstu-history" in parts:
+        hstu_history(records, args.quick, args.seed)
     if "train" in parts:
         throughput(records, args.quick, args.seed, args.train_seconds)
     if "softmax" in parts:

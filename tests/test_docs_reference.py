@@ -66,8 +66,8 @@ def test_pipeline_inputs_and_head_are_the_readers_keys() -> None:
     assert {f.name for f in dataclasses.fields(cr.PipelineInputs)} == set(INPUT_KEYS)
     head = {f.name: f for f in dataclasses.fields(cr.PipelineHead)}
     sources = {"retrieve": {"sources": [{"kind": "popular", "k": 3}]}}
-    declaration_from_dict({"pipeline": {"name": "p", "version": "2", "context": {"hour": 1.0}}, **sources}, "t")
-    assert set(head) == {"name", "version", "context"}
+    declaration_from_dict({"pipeline": {"name": "p", "version": "2", "context": {"hour": 1.0}, "max_history": 9}, **sources}, "t")
+    assert set(head) == {"name", "version", "context", "max_history"}
     with pytest.raises(ValueError, match="unknown key"):
         declaration_from_dict({"pipeline": {"nme": "p"}, **sources}, "t")
 

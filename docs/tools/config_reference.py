@@ -361,6 +361,7 @@ class PipelineHead:
     name: str = "pipeline"  # the served name: KServe v2 model /v2/models/NAME (POST /recommend serves it too)
     version: str = "1"  # its version, as the admin API's load / canary / promote name it
     context: dict[str, float] = dataclasses.field(default_factory=dict)  # keys a request may send in "context", each with its default number
+    max_history: int | None = None  # the user's most recent items handed to the models (stored, then the request's); left out: the longest history a model of the pipeline reads (two-tower max_history, item_to_item last, the sequential model's max_len), within the server's max_history limit
 
 
 def _pipeline_variants() -> dict[str, Variants]:

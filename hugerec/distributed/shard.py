@@ -105,6 +105,8 @@ def shard(
     model    any nn.Module; an EmbeddingCollection itself gives a ShardedEmbeddingCollection
     device   where the dense part runs (default: the collections' device); CUDA devices get
              device_ids=[device] in DDP
+    A model with `optional_parameters = True` (some parameters train only in some runs: HSTU's ranking
+    head, its time bias) gets find_unused_parameters=True unless ddp_kwargs say otherwise.
     Returns a ShardedModel (DistributedDataParallel), or the model itself when it has no dense
     parameter to train.
     """
@@ -139,6 +141,8 @@ def shard(
     model.to(device)
     if device.type == "cuda":
         ddp_kwargs.setdefault("device_ids", [device])
+    if getattr(model, "optional_parameters", False):  # e.g. HSTU's ranking head, trained only with its loss
+        ddp_kwargs.setdefault("find_unused_parameters", True)
     return ShardedModel(model, process_group=group, **ddp_kwargs)
 
 

@@ -60,6 +60,7 @@ from hugerec.models.sequence import (
 )
 from hugerec.ops.jagged_attention import jagged_causal_attention, log_time_buckets, relative_bias
 from hugerec.ops.reference import padded_causal_attention
+from hugerec.sparse.features import SparseFeatures
 
 _TIME_LOG_BASE = 0.301  # HSTU's bucket width in ln(seconds)
 # negatives per window of the ranking head's cross entropy: 32 + 1 candidate tokens per window, fewer than the
@@ -174,6 +175,19 @@ def ranking_cross_entropy(logits: torch.Tensor, target: torch.Tensor, negatives:
     return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.int64, device=logits.device))
 
 
+def _ranked_ids(
+    seq: torch.Tensor, candidates: torch.Tensor | None, ranking: RankingBatch
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """forward_ranked's candidate ids: (the step's candidates [M] (empty when None), the ranking histories' items
+    [N'] row-major, the ranked [B, 1 + M'] (each window's last item, then its negatives), all three as one [M + N'
+    + B (1 + M')] tensor: what the one item lookup takes behind the sequence)."""
+    history, target = ranking.windows[:, :-1], ranking.windows[:, -1:]
+    ranked = torch.cat([target, ranking.negatives], dim=1)  # [B, 1 + M']
+    hist_ids = history[history != PAD]  # [N']
+    main = candidates if candidates is not None else seq.new_empty(0)
+    return main, hist_ids, ranked, torch.cat([main, hist_ids, ranked.reshape(-1)])
+
+
 def time_buckets(delta: torch.Tensor, num_buckets: int) -> torch.Tensor:
     """int64 bucket of each time difference (seconds): floor(ln(max(|dt|, 1)) / 0.301), capped at num_buckets."""
     return (torch.log(delta.abs().clamp(min=1).double()) / _TIME_LOG_BASE).long().clamp(max=num_buckets)
@@ -229,6 +243,9 @@ class HSTULayer(nn.Module):
 class HSTU(nn.Module):
     objective = Objective.NEXT
     uses_times = True  # forward / query take the items' timestamps (the sequential family passes them with times=True)
+    # A run trains the time bias only with times and the ranking head only with a ranking loss: shard() lets
+    # DistributedDataParallel find the parameters a step left without a gradient.
+    optional_parameters = True
 
     def __init__(
         self, cfg: SequenceConfig, optimizer: Optimizer = DEFAULT_OPTIMIZER, options: HSTUOptions | None = None, layout: Layout = Layout.JAGGED
@@ -254,11 +271,16 @@ class HSTU(nn.Module):
 
     # -- the SequenceModel protocol -------------------------------------------------------------------
     def forward(
-        self, seq: torch.Tensor, candidates: torch.Tensor | None = None, times: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, seq: torch.Tensor, candidates: torch.Tensor | None = None, times: torch.Tensor | None = None,
+        ranking: RankingBatch | None = None,
+    ) -> tuple[torch.Tensor, ...]:
         """seq [B, L] (L <= max_len, left-padded), candidates [M], times [B, L] seconds (optional)
-        -> ([B, L, D] hidden states, 0 at padding; [M, D] candidate rows)."""
-        states, cand = self.encode(seq, candidates, times)
+        -> ([B, L, D] hidden states, 0 at padding; [M, D] candidate rows). With `ranking`: forward_ranked's
+        (hidden, candidate rows, ranking loss). The training step takes this entry, not forward_ranked: a
+        sharded model's DistributedDataParallel averages the gradients of what its forward computed only."""
+        if ranking is not None:
+            return self.forward_ranked(seq, candidates, times, ranking)
+        states, cand = self.encode(seq, candidates, times, key=(seq, candidates))
         return self._hidden(seq, states), self.item_output(cand)
 
     def _hidden(self, seq: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
@@ -285,16 +307,35 @@ class HSTU(nn.Module):
     def item_output(self, rows: torch.Tensor) -> torch.Tensor:
         return F.normalize(rows, dim=-1) if self.options.temperature > 0 else rows
 
+    def lookup_features(self, seq: torch.Tensor, candidates: torch.Tensor | None, ranking: RankingBatch | None = None) -> SparseFeatures:
+        """The item lookup that forward(seq, candidates) makes (ranking: forward_ranked(seq, candidates, times,
+        ranking)), built ahead of the step: the training pipeline's worker stages it (dynamic-table remap,
+        disk-tier prefetch) and the forward of these same tensors takes the staged rows. JAGGED looks up the
+        items of seq without its padding, PADDED all of seq; the ranking pass's histories and candidates ride
+        behind the candidates."""
+        ids: torch.Tensor | None = candidates
+        key: tuple[object, ...] = (seq, candidates)
+        if ranking is not None:
+            ids, key = _ranked_ids(seq, candidates, ranking)[3], (seq, candidates, ranking)
+        looked_up = seq[seq != PAD][None] if self.layout is Layout.JAGGED else seq  # [1, N] or [B, L]
+        return self.lookup.features(looked_up, ids, key)
+
     # -- encoding -------------------------------------------------------------------------------------
     def encode(
-        self, seq: torch.Tensor, candidates: torch.Tensor | None, times: torch.Tensor | None, slot: int = 0
+        self,
+        seq: torch.Tensor,
+        candidates: torch.Tensor | None,
+        times: torch.Tensor | None,
+        slot: int = 0,
+        key: tuple[object, ...] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Final states (LayerNorm'd) of the items of seq [B, L] and the candidates' rows [M, D].
 
         JAGGED: states [N, D] of the N items in row-major order (padding is never looked up or computed);
         PADDED: states [B, L, D]. Inputs are the item rows scaled by sqrt(D) plus learned positions
         counted back from the most recent item (`slot` more slots back: candidate scoring puts the
-        candidate in the last one), then dropout.
+        candidate in the last one), then dropout. `key`: the inputs whose lookup `lookup_features`
+        prepared (the training pipeline stages it), so the item lookup takes the staged rows.
         """
         if seq.shape[1] + slot > self.cfg.max_len:
             raise ValueError(f"HSTU: sequences of {seq.shape[1]} items exceed max_len {self.cfg.max_len - slot} (keep the last max_len)")
@@ -304,7 +345,7 @@ class HSTU(nn.Module):
         first = self.cfg.max_len - slot - seq.shape[1]  # the position of column 0
         match self.layout:
             case Layout.JAGGED:
-                rows, cand = self.lookup(seq[valid][None], candidates)  # [1, N, D]
+                rows, cand = self.lookup(seq[valid][None], candidates, key)  # [1, N, D]
                 column = valid.nonzero()[:, 1]  # [N]
                 x = self.drop(rows[0] * self.scale + self.positions.weight[first + column])
                 lengths = valid.sum(dim=1)
@@ -317,7 +358,7 @@ class HSTU(nn.Module):
                     x = layer.forward_jagged(x, offsets, buckets)
                 return self.norm(x), cand
             case Layout.PADDED:
-                rows, cand = self.lookup(seq, candidates)
+                rows, cand = self.lookup(seq, candidates, key)
                 x = self.drop(rows * self.scale + self.positions.weight[first : first + seq.shape[1]][None])
                 idx = torch.arange(seq.shape[1])
                 distance = idx[:, None] - idx[None, :]  # [L, L]: the same i - j inside a left-padded row
@@ -439,14 +480,11 @@ class HSTU(nn.Module):
         ranking.times) from one lookup of the item table (one sparse optimizer step per backward): the
         ranking pass's history and candidate ids ride behind `candidates`. Returns (hidden, candidate rows,
         ranking loss)."""
-        windows = ranking.windows
-        history, target = windows[:, :-1], windows[:, -1:]
-        ranked = torch.cat([target, ranking.negatives], dim=1)  # [B, 1 + M]
+        history, target = ranking.windows[:, :-1], ranking.windows[:, -1:]
         hist_times, now = (None, None) if ranking.times is None else (ranking.times[:, :-1], ranking.times[:, -2])
+        main, hist_ids, ranked, ids = _ranked_ids(seq, candidates, ranking)
         b = self._check_candidates(history, ranked, hist_times, now)
-        hist_ids = history[history != PAD]  # [N'] the ranking histories' items, row-major
-        main = candidates if candidates is not None else seq.new_empty(0)
-        states, rows = self.encode(seq, torch.cat([main, hist_ids, ranked.reshape(-1)]), times)
+        states, rows = self.encode(seq, ids, times, key=(seq, candidates, ranking))
         m, n = len(main), len(hist_ids)
         cand_rows = rows[m + n :].view(b, -1, self.cfg.dim)  # [B * (1 + M), D] -> [B, 1 + M, D]
         logits = self._candidate_logits(history, rows[m : m + n], cand_rows, hist_times, now, micro_batch=ranked.shape[1])

@@ -140,13 +140,15 @@ class ItemLookup(nn.Module):
     `features(seq, candidates)` builds the lookup's SparseFeatures ahead of the step (the training
     pipeline's worker thread stages them: dynamic-table remap, disk-tier prefetch); the next forward of
     those very tensors then looks up those very features, so the model's signature stays (seq, candidates).
+    A model that looks up other tensors than its inputs (HSTU: the items of seq without the padding, and
+    more candidates behind them) names the inputs they come from as `key`, in `features` and in the forward.
     """
 
     def __init__(self, cfg: SequenceConfig, optimizer: Optimizer) -> None:
         super().__init__()
         self.items = EmbeddingCollection([item_table(cfg)], optimizer=optimizer)
         self.dim = cfg.dim
-        self._prepared: list[tuple[torch.Tensor, torch.Tensor | None, SparseFeatures]] = []
+        self._prepared: list[tuple[tuple[object, ...], SparseFeatures]] = []
         self._lock = threading.Lock()  # `features` runs in the pipeline's thread, forward in the main one
 
     def __getstate__(self) -> dict[str, object]:
@@ -158,21 +160,26 @@ class ItemLookup(nn.Module):
         super().__setstate__(state)
         self._lock = threading.Lock()
 
-    def features(self, seq: torch.Tensor, candidates: torch.Tensor | None = None) -> SparseFeatures:
-        """The lookup of seq [B, L] and candidates [M], kept for the forward of these same tensors."""
+    def features(self, seq: torch.Tensor, candidates: torch.Tensor | None = None, key: tuple[object, ...] | None = None) -> SparseFeatures:
+        """The lookup of seq [B, L] and candidates [M], kept for the forward of these same tensors (or of the
+        same `key`: the objects the forward names, compared by identity)."""
         feats = _lookup_features(seq, candidates)
         with self._lock:
-            self._prepared.append((seq, candidates, feats))
+            self._prepared.append(((seq, candidates) if key is None else key, feats))
             del self._prepared[:-2]  # the step in use and the next one
         return feats
 
-    def forward(self, seq: torch.Tensor, candidates: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """seq [B, L], candidates [M] -> ([B, L, D] sequence rows, [M, D] candidate rows)."""
+    def forward(
+        self, seq: torch.Tensor, candidates: torch.Tensor | None = None, key: tuple[object, ...] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """seq [B, L], candidates [M] -> ([B, L, D] sequence rows, [M, D] candidate rows); the features
+        `features` prepared for these tensors (or this `key`) when there are, so a staged lookup is used."""
         b, length = seq.shape
+        wanted = (seq, candidates) if key is None else key
         feats = None
         with self._lock:
-            for i, (s, c, f) in enumerate(self._prepared):
-                if s is seq and c is candidates:
+            for i, (k, f) in enumerate(self._prepared):
+                if len(k) == len(wanted) and all(x is y for x, y in zip(k, wanted, strict=True)):
                     feats = f
                     del self._prepared[i]
                     break

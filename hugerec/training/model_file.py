@@ -16,6 +16,9 @@ Deep models (ranking, retrieval, sequential): `model.pt`, a torch.save of
     items[i], sequential's is items[i - 1], 0 being the padding id), item_counts (training events per dense
     id: [I], or [I + 1] with 0 at the padding id), and for retrieval users [U] and each user's training
     items as CSR (train_offsets [U + 1], train_items), what recommendations leave out.
+A sequential model's item table is always rebuilt in memory (`item_table`): one trained with its item
+table on disk (storage = "disk") is written with that table's rows and optimizer state in the file, not
+the snapshot number a ranking model's disk tables keep (their files then stay beside the model file).
 Trees: the library's own file (LightGBM's text model `model.txt`, XGBoost's JSON `model.json`: what
 serving's forest reads) and beside it `model.meta.json`: {"format": 3, "family": "trees", "model": the
 config, "library_version", "schema", "extra"}.
@@ -212,6 +215,7 @@ def save_model(
             obj |= ids.tensors()  # type: ignore[union-attr]  # checked by _retrieval_sizes
         case Family.SEQUENTIAL:
             meta |= _sequential_sizes(model, config, ids)
+            _disk_rows_into_state(model, obj["state"])
             obj |= ids.tensors()  # type: ignore[union-attr]  # checked by _sequential_sizes
     obj["spec"] = json.dumps(meta)
     written = atomic_save(obj, path)
@@ -228,6 +232,22 @@ def _pin_disk_snapshots(model: nn.Module, state: Mapping[str, Any], holder: Path
                 key = f"{prefix}tables.{t.name}.disk_snapshot"
                 if key in state:
                     m.pin_disk_snapshot(t.name, int(state[key]), holder)
+
+
+def _disk_rows_into_state(model: nn.Module, state: dict[str, Any]) -> None:
+    """A sequential model loads rebuilt from its config, with the item table in memory (`item_table`): a
+    disk-tier item table's rows and optimizer state go into `state` as that in-memory table's tensors, in
+    place of the snapshot number a checkpoint keeps, so the file holds the whole model on its own (the
+    catalogue is read into memory once, as serving holds it)."""
+    for name, m in model.named_modules():
+        if isinstance(m, EmbeddingCollection) and m.has_disk_tables:
+            prefix = f"{name}." if name else ""
+            for t in m.tables:
+                if state.pop(f"{prefix}tables.{t.name}.disk_snapshot", None) is None:
+                    continue
+                weight, optimizer_state = m.read_rows(t.name, torch.arange(t.num_rows))  # [R, D], {name: [R, ...]}
+                state[f"{prefix}tables.{t.name}.weight"] = weight
+                state.update({f"{prefix}tables.{t.name}.{k}": v for k, v in optimizer_state.items()})
 
 
 def _retrieval_sizes(model: nn.Module, config: ModelConfig, ids: RawIds | None) -> dict[str, int]:

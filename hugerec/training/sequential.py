@@ -33,12 +33,15 @@ Item rows are updated by the model's sparse optimizer inside the backward; the d
 
 A model family of the one trainer (`SequentialFamily`): `prepare` cuts inputs and targets from the windows,
 draws the mask and the negatives from the family generator and builds the item lookup's features
-(`ItemLookup.features`: staged by the training pipeline for dynamic and disk-tier item tables);
+(`ItemLookup.features`, or the model's own `lookup_features` where it looks up other tensors than its
+inputs, as HSTU does: staged by the training pipeline for dynamic and disk-tier item tables);
 `loss` runs the model and the loss. Sharded (torchrun), each rank trains its windows of the global
 batch: in-batch candidates are gathered from every rank, the M sampled negatives are the same on
-every rank, BCE's per-position negatives are each rank's slice of the global draw, and each rank's
-mean is weighted by its share of the batch's positions, so W ranks take one process's step (with
-dropout the ranks draw their masks from their own streams; the masked model's masks are per rank).
+every rank, BCE's per-position negatives, the ranking head's negatives and the masked model's masks
+are each rank's rows of the one global draw (every rank draws the whole global batch's, as one process
+does: `window_batches` under torchrun yields RankWindows, which say where the rank's rows sit, even in
+a batch that splits unevenly), and each rank's mean is weighted by its share of the batch's positions,
+so W ranks take one process's step (with dropout the ranks draw their masks from their own streams).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from torch import nn
 from hugerec.models.hstu import DEFAULT_RANKING_NEGATIVES, RankingBatch, check_ranking
 from hugerec.models.masked import mask_items
 from hugerec.models.sequence import PAD, ItemLookup, Objective, SequenceConfig
+from hugerec.sparse.features import SparseFeatures
 from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.family import Prepared, StepContext, gather_rows, rank_rows, rows_of_ranks, share
 from hugerec.training.losses import NegativeSampler, SampledSoftmax, full_softmax, sampled_softmax
@@ -119,6 +123,19 @@ class TimedWindows:
 
     windows: torch.Tensor
     times: torch.Tensor
+
+
+@dataclass(frozen=True)
+class RankWindows:
+    """This rank's rows of one global batch under torchrun (`window_batches(..., rank, world)`): its windows
+    ([B_r, W], or TimedWindows) and their place in the global batch, rows [first, first + B_r) of `total`.
+    The family draws a step's per-row negatives (BCE's, the ranking head's) for all `total` rows, the draw
+    one process makes, and keeps its own rows: W ranks then train what one process trains however a batch
+    splits (an epoch's last batch of 15 windows on 2 ranks: 7 and 8 rows), with no collective in `prepare`."""
+
+    batch: torch.Tensor | TimedWindows
+    first: int
+    total: int
 
 
 def uses_times(model: object) -> bool:
@@ -225,10 +242,12 @@ class SequentialFamily:
         if self.times and not uses_times(model):
             raise ValueError(f"SequentialFamily(times=True): {type(model).__name__} cannot use timestamps (HSTU does)")
 
-    def prepare(self, model: nn.Module, batch: torch.Tensor | TimedWindows, ctx: StepContext) -> Prepared:
+    def prepare(self, model: nn.Module, batch: torch.Tensor | TimedWindows | RankWindows, ctx: StepContext) -> Prepared:
         cfg = cast(SequenceConfig, model.cfg)
         objective = cast(Objective, model.objective)
         width = cfg.max_len + (1 if objective is Objective.NEXT else 0)
+        place = batch if isinstance(batch, RankWindows) else None
+        batch = batch.batch if isinstance(batch, RankWindows) else batch
         timed = isinstance(batch, TimedWindows)
         self._check_times(model, timed, "batches")
         windows = torch.as_tensor(batch.windows if isinstance(batch, TimedWindows) else batch, dtype=torch.int64)
@@ -239,14 +258,19 @@ class SequentialFamily:
             raise ValueError(
                 f"SequentialFamily: item ids must be in 1..{cfg.num_items} (0 = padding), got {int(windows.min())}..{int(windows.max())}"
             )
+        first, total = _rows_in_global_batch(len(windows), place, ctx)
         gen = ctx.generator
         match objective:
             case Objective.NEXT:
                 seq, target = windows[:, :-1], windows[:, 1:]  # [B, L]: position t predicts t + 1
                 valid = (seq != PAD) & (target != PAD)
                 times = None if times is None else times[:, :-1]  # the inputs' own times: never a target's
-            case Objective.MASKED:
-                seq, target = mask_items(windows, cfg.mask_id, self.mask_prob, gen)
+            case Objective.MASKED:  # the mask of the global batch's rows, as one process draws it; this rank's rows
+                whole = windows
+                if total != len(windows):  # [B_r, W] -> [N, W], the other ranks' rows empty (a row's mask is its own)
+                    whole = windows.new_zeros((total, windows.shape[1]))
+                    whole[first : first + len(windows)] = windows
+                seq, target = (x[first : first + len(windows)] for x in mask_items(whole, cfg.mask_id, self.mask_prob, gen))
                 valid = target != PAD
         tgt = target[valid]  # [N]
         match self.loss:
@@ -257,29 +281,38 @@ class SequentialFamily:
                 assert self.sampler is not None  # type: ignore[attr-defined]  # set in __post_init__
                 neg = self.sampler.sample(tgt.numel(), gen)  # type: ignore[attr-defined]  # [M]
                 cand = torch.cat([tgt, neg])
-            case BCE():  # one negative per position: this rank's slice of the global batch's draw
-                drawn = torch.randint(1, cfg.num_items + 1, (ctx.world, *seq.shape), generator=gen)[ctx.rank]
+            case BCE():  # one negative per position: this rank's rows of the global batch's draw [N, L]
+                drawn = torch.randint(1, cfg.num_items + 1, (total, seq.shape[1]), generator=gen)[first : first + len(seq)]
                 neg = drawn[valid]
                 cand = torch.cat([tgt, neg])
         ranking = None
         if self.ranking_weight > 0:
-            ranking = self._ranking_batch(model, windows, None if not isinstance(batch, TimedWindows) else batch.times, ctx)
+            ranking = self._ranking_batch(model, windows, None if not isinstance(batch, TimedWindows) else batch.times, (first, total), ctx)
         seq, cand = seq.to(ctx.device), cand.to(ctx.device)
         lookup = next((m for m in model.modules() if isinstance(m, ItemLookup)), None)
-        sparse = (lookup.features(seq, cand),) if lookup is not None else ()
+        prepare = getattr(model, "lookup_features", None)  # a model that looks up other tensors than seq (HSTU) says which
+        if callable(prepare):
+            sparse: tuple[SparseFeatures, ...] = (prepare(seq, cand, ranking),)
+        else:
+            sparse = (lookup.features(seq, cand),) if lookup is not None else ()
         step = _Step(
             seq, valid.to(ctx.device), tgt.to(ctx.device), neg.to(ctx.device), cand, None if times is None else times.to(ctx.device), ranking
         )
         return Prepared(step, sparse, int(windows.shape[0]))
 
-    def _ranking_batch(self, model: nn.Module, windows: torch.Tensor, times: torch.Tensor | None, ctx: StepContext) -> RankingBatch:
+    def _ranking_batch(
+        self, model: nn.Module, windows: torch.Tensor, times: torch.Tensor | None, rows: tuple[int, int], ctx: StepContext
+    ) -> RankingBatch:
         """The ranking head's inputs: each window's last max_len items (a history of max_len - 1 before the
-        positive) and [B, ranking_negatives] uniform negatives, this rank's slice of the global draw."""
+        positive) and [B, ranking_negatives] uniform negatives, this rank's rows of the global batch's draw
+        (rows: this rank's first row and the global batch's rows, _rows_in_global_batch)."""
         if not callable(getattr(model, "forward_ranked", None)):
             raise ValueError(f"SequentialFamily: ranking_weight > 0 trains a ranking head, which {type(model).__name__} has not (HSTU has)")
         cfg = cast(SequenceConfig, model.cfg)
         keep = cfg.max_len  # [B, max_len + 1] -> [B, max_len]: the candidate takes the slot after max_len - 1 items
-        drawn = torch.randint(1, cfg.num_items + 1, (ctx.world, len(windows), self.ranking_negatives), generator=ctx.generator)[ctx.rank]
+        first, total = rows
+        drawn = torch.randint(1, cfg.num_items + 1, (total, self.ranking_negatives), generator=ctx.generator)  # [N, M]
+        drawn = drawn[first : first + len(windows)]  # [B, M]
         seconds = None if times is None else _times_tensor(times, tuple(windows.shape), "SequentialFamily")[:, -keep:].to(ctx.device)
         return RankingBatch(windows[:, -keep:].to(ctx.device), drawn.to(ctx.device), seconds)
 
@@ -289,7 +322,7 @@ class SequentialFamily:
         sizes = rows_of_ranks(n, ctx)
         ranking_loss = None
         if step.ranking is not None:  # ranking_weight > 0: both passes from one item lookup
-            hidden, rows, ranking_loss = cast(Any, model).forward_ranked(step.seq, step.candidates, step.times, step.ranking)
+            hidden, rows, ranking_loss = model(step.seq, step.candidates, step.times, step.ranking)  # forward_ranked
         elif step.times is None:
             hidden, rows = model(step.seq, step.candidates)
         else:
@@ -328,6 +361,17 @@ class SequentialFamily:
         return next_item_metrics(model, data.histories, data.targets, data.exclude, self.ks, times=data.times)  # type: ignore[arg-type]
 
 
+def _rows_in_global_batch(n: int, place: RankWindows | None, ctx: StepContext) -> tuple[int, int]:
+    """(first, total): this rank's n rows are rows [first, first + n) of a global batch of `total`. The
+    batch's own place (RankWindows), else equal shares (rank * n of world * n; one process: 0 of n); a place
+    that does not hold the n rows is refused."""
+    if place is None:
+        return n * ctx.rank, n * ctx.world
+    if not 0 <= place.first <= place.total - n:
+        raise ValueError(f"SequentialFamily: a batch of {n} windows at row {place.first} of a global batch of {place.total}")
+    return place.first, place.total
+
+
 def window_width(model: SequenceModel) -> int:
     """W, the training window: the last max_len + 1 items for next-item models (inputs and shifted targets), max_len for masked."""
     return model.cfg.max_len + (1 if model.objective is Objective.NEXT else 0)
@@ -336,11 +380,11 @@ def window_width(model: SequenceModel) -> int:
 @overload
 def window_batches(
     windows: np.ndarray | torch.Tensor, batch_size: int, seed: int = 0, rank: int = 0, world: int = 1, times: None = None
-) -> EpochBatches[torch.Tensor]: ...
+) -> EpochBatches[torch.Tensor | RankWindows]: ...
 @overload
 def window_batches(
     windows: np.ndarray | torch.Tensor, batch_size: int, seed: int = 0, rank: int = 0, world: int = 1, *, times: np.ndarray | torch.Tensor
-) -> EpochBatches[TimedWindows]: ...
+) -> EpochBatches[TimedWindows | RankWindows]: ...
 def window_batches(
     windows: np.ndarray | torch.Tensor,
     batch_size: int,
@@ -348,7 +392,7 @@ def window_batches(
     rank: int = 0,
     world: int = 1,
     times: np.ndarray | torch.Tensor | None = None,
-) -> EpochBatches[torch.Tensor] | EpochBatches[TimedWindows]:
+) -> EpochBatches[torch.Tensor | RankWindows] | EpochBatches[TimedWindows | RankWindows]:
     """Training windows [S, W] (`hugerec.data.sessions.last_n` / `sliding_windows` of the training
     sequences with W = window_width(model)) as `fit`'s data: batches of `batch_size` windows [B, W],
     reshuffled every epoch from (seed, epoch), resumable. Windows with fewer than 2 items are left out
@@ -359,7 +403,8 @@ def window_batches(
     both (for SequentialFamily(times=True)). Another shape is refused.
 
     rank, world: under torchrun, this rank's contiguous rows of each global batch (every rank gives the
-    same windows and seed), so that W ranks train the batches one process would."""
+    same windows and seed), so that W ranks train the batches one process would; with world > 1 each batch
+    is a RankWindows, which tells the family the global batch's rows and this rank's first one."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"window_batches: batch_size must be an int >= 1, got {batch_size!r}")
     w = torch.as_tensor(windows, dtype=torch.int64)
@@ -374,17 +419,27 @@ def window_batches(
     if not 0 <= rank < world:
         raise ValueError(f"window_batches: rank must be in 0..world - 1, got rank {rank}, world {world}")
 
-    def rows_of(e: int) -> Iterator[torch.Tensor]:
+    def rows_of(e: int) -> Iterator[tuple[torch.Tensor, int, int]]:
+        """(this rank's rows, the first one's place in the global batch, the global batch's rows)."""
         order = torch.randperm(len(w), generator=torch.Generator().manual_seed(seed * 1_000_003 + e))
         for b0 in range(0, len(order), batch_size):
             rows = order[b0 : b0 + batch_size]
-            yield rows[rank_rows(len(rows), rank, world)]
+            mine = rank_rows(len(rows), rank, world)
+            yield rows[mine], mine.start, len(rows)
+
+    def untimed(e: int) -> Iterator[torch.Tensor | RankWindows]:
+        for rows, first, total in rows_of(e):
+            yield w[rows] if world == 1 else RankWindows(w[rows], first, total)
+
+    def timed(e: int) -> Iterator[TimedWindows | RankWindows]:
+        assert tk is not None
+        for rows, first, total in rows_of(e):
+            batch = TimedWindows(w[rows], tk[rows])
+            yield batch if world == 1 else RankWindows(batch, first, total)
 
     length = -(-len(w) // batch_size)
-    if t is None:
-        return EpochBatches(lambda e: (w[rows] for rows in rows_of(e)), length=length)
-    tk = t[keep]
-    return EpochBatches(lambda e: (TimedWindows(w[rows], tk[rows]) for rows in rows_of(e)), length=length)
+    tk = None if t is None else t[keep]
+    return EpochBatches(untimed, length=length) if tk is None else EpochBatches(timed, length=length)
 
 
 def all_item_vectors(model: SequenceModel, block: int = 65536) -> torch.Tensor:

@@ -459,23 +459,24 @@ FAST = ["train.max_steps=3", "train.epochs=1"]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # two torchrun launches of 2 processes, each importing torch
-@pytest.mark.parametrize(("model", "row_wise"), [("two_tower", ("user_id", "item_id")), ("sasrec", ("item",))])
+@pytest.mark.timeout(600)  # a torchrun launch of 2 processes, each importing torch
+@pytest.mark.parametrize(("model", "row_wise"), [("two_tower", ("user_id", "item_id")), ("sasrec", ("item",)), ("hstu", ("item",))])
 def test_torchrun_two_ranks_shard_the_id_tables_and_write_the_whole_model(
     retrieval_dir: Path, model: str, row_wise: tuple[str, ...], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`torchrun --nproc-per-node 2 -m hugerec train` of a two-tower and a SASRec: rank 0 prints the plan
-    with the id tables row-wise and the held-out metrics; model.pt holds the whole model (`evaluate` in one
-    process gives the same metrics)."""
-    if model == "sasrec":  # the same ratings as user histories, leave-last-out
-        config = SEQUENTIAL.format(model="sasrec").replace('input = "train.tsv"\ntest_input = "test.tsv"', 'input = "ratings.dat"')
+    """`torchrun --nproc-per-node 2 -m hugerec train` of a two-tower, a SASRec and an HSTU (whose ranking
+    head no step trains here: DDP is told of such parameters): rank 0 prints the plan with the id tables
+    row-wise and the held-out metrics; model.pt holds the whole model (`evaluate` in one process gives the
+    same metrics)."""
+    if model in ("sasrec", "hstu"):  # the same ratings as user histories, leave-last-out
+        config = SEQUENTIAL.format(model=model).replace('input = "train.tsv"\ntest_input = "test.tsv"', 'input = "ratings.dat"')
         config = config.replace('separator = "\\t"\nheader = true', 'separator = "::"\nheader = false')
         config = config.replace(
             '{ name = "SessionId", type = "int", role = "session" },\n  { name = "ItemId", type = "int", role = "item" },\n  { name = "Time", type = "timestamp" },',
             '{ name = "user", type = "int", role = "user" },\n  { name = "item", type = "int", role = "item" },\n'
             '  { name = "rating", type = "int", role = "none" },\n  { name = "timestamp", type = "timestamp" },',
         ).replace('protocol = "every_prefix"', 'protocol = "leave_last_out"')
-        (retrieval_dir / "sasrec.toml").write_text(config)
+        (retrieval_dir / f"{model}.toml").write_text(config)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_THREADING_LAYER": "workqueue"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "hugerec", "train", f"{model}.toml", "train.progress=false"]
     proc = subprocess.run(cmd, cwd=retrieval_dir, env=env, capture_output=True, text=True, timeout=500)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -244,3 +246,86 @@ def test_table_gather_matches_indexing_and_its_gradient() -> None:
     want.backward(grad)
     assert table.grad is not None and ref.grad is not None
     torch.testing.assert_close(table.grad, ref.grad)
+
+
+# -- the item lookup staged a step ahead by the training pipeline ---------------------------------------------
+def _staged_hstu(table: object, layout: Layout = Layout.JAGGED) -> HSTU:
+    from hugerec.embedding.collection import EmbeddingCollection
+    from hugerec.embedding.optimizers import Adam
+
+    torch.manual_seed(0)
+    model = HSTU(SequenceConfig(num_items=50, max_len=6, dim=8, num_layers=1, num_heads=2, dropout=0.1), Adam(lr=0.05), layout=layout)
+    model.lookup.items = EmbeddingCollection([table], Adam(lr=0.05))  # type: ignore[list-item]
+    return model
+
+
+@pytest.mark.parametrize("ranking", [False, True])
+def test_the_pipeline_stages_hstus_own_lookup_bit_for_bit(tmp_path: Path, ranking: bool) -> None:
+    """HSTU looks up the items of seq without its padding (and, with a ranking head, the ranking pass's ids behind
+    the candidates), not the [B, L] window: `lookup_features` prepares that very lookup, so the training pipeline
+    stages it (a disk-tier table's rows a step ahead, a dynamic table's remap) and the step takes the staged rows.
+    With the pipeline or without, disk and dynamic tables train the same weights bit for bit (the disk tier's as
+    the in-memory table's), times and the ranking head included (before, a staged step was refused: the lookup
+    never matched)."""
+    import dataclasses
+
+    from hugerec.embedding.table_config import DynamicConfig
+    from hugerec.models.sequence import item_table
+
+    memory = item_table(SequenceConfig(num_items=50, max_len=6, dim=8))
+    disk = dataclasses.replace(memory, storage="disk", cache_rows=36, path=str(tmp_path / "items.rows"))  # evictions every few steps
+    dynamic = dataclasses.replace(memory, num_rows=64, dynamic=DynamicConfig())
+    windows = _chains(60, 7, 0)
+    seconds = 1_700_000_000 + np.cumsum(np.random.default_rng(0).integers(0, 90_000, windows.shape), axis=1)
+    family = SequentialFamily(SampledSoftmax(Negatives.IN_BATCH), item_counts=np.ones(51), times=True,
+                              ranking_weight=0.5 if ranking else 0.0, ranking_negatives=2)
+    cfg = TrainConfig(epochs=2, lr=0.01, log_every=3, progress=False, tensorboard=False, plot=False)
+
+    def train(table: object, pipeline: bool) -> tuple[HSTU, dict[str, float]]:
+        if table is disk:  # a file of its own per run
+            table = dataclasses.replace(disk, path=str(tmp_path / f"items-{pipeline}.rows"))
+        model = _staged_hstu(table)
+        history = fit(model, window_batches(windows, 2, times=seconds), None, dataclasses.replace(cfg, pipeline=pipeline), family=family)
+        return model, history.train[-1]
+
+    ref, _ = train(memory, False)
+    for pipeline in (False, True):
+        got, last = train(disk, pipeline)
+        assert ("prefetch_hidden" in last) == pipeline and 0 < last["cache_hit_rate"] < 1
+        assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), got.parameters(), strict=True))
+        for ids in torch.arange(1, 51).split(10):  # in parts: the disk tier's cache holds two lookups' rows
+            assert torch.equal(ref.item_vectors(ids), got.item_vectors(ids))
+    plain, _ = train(dynamic, False)  # a dynamic table hands rows out in first-seen order: against itself
+    staged, last = train(dynamic, True)
+    assert "prefetch_hidden" in last
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), staged.state_dict().values(), strict=True))
+
+
+@pytest.mark.parametrize("layout", [Layout.JAGGED, Layout.PADDED])
+def test_the_prepared_lookup_is_the_one_the_forward_takes(layout: Layout) -> None:
+    """lookup_features(seq, candidates[, ranking]) is what forward / forward_ranked of those very tensors look up:
+    staged in a dynamic table, the forward takes it (nothing is left staged, no other lookup is refused), the
+    jagged layout without the padding (the table never sees the padding key)."""
+    import dataclasses
+
+    from hugerec.embedding.table_config import DynamicConfig
+    from hugerec.models.sequence import item_table
+
+    table = dataclasses.replace(item_table(SequenceConfig(num_items=50, max_len=6, dim=8)), num_rows=64, dynamic=DynamicConfig())
+    model = _staged_hstu(table, layout)
+    seq = torch.tensor([[0, 0, 3, 4, 5, 6], [0, 7, 8, 9, 10, 11]])
+    cand = torch.tensor([12, 13])
+    ranking = RankingBatch(torch.tensor([[0, 0, 0, 14, 15, 16]]), torch.tensor([[17, 18]]))
+    for args in ((seq, cand), (seq, cand, ranking)):
+        feats = model.lookup_features(*args)  # type: ignore[arg-type]
+        collection = model.lookup.items
+        collection.stage(feats, update=True)
+        if len(args) == 2:
+            hidden, rows = model(seq, cand)
+        else:
+            hidden, rows, _ = model.forward_ranked(seq, cand, None, ranking)
+        assert not collection._staged and not model.lookup._prepared  # the staged lookup was taken
+        assert hidden.shape == (2, 6, 8) and rows.shape == (2, 8)
+        assert int(feats.lengths[0]) == (6 if layout is Layout.PADDED else int((seq != PAD).sum()))  # the first bag: a row, or every item
+    padding_row = int(collection.hash_tables["item"].find(torch.tensor([PAD]))[0])
+    assert (padding_row >= 0) == (layout is Layout.PADDED)  # the padding id is a key only where it is looked up

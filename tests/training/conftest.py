@@ -1,7 +1,8 @@
 """Runs of `fit` in fresh processes for the retrieval and sequential families: one process or W gloo ranks,
 killed with SIGKILL at a chosen point (mid-epoch, mid-checkpoint, mid-evaluation) and resumed.
 
-The worker script (FAMILY_SCRIPT) trains a small two-tower or SASRec on deterministic synthetic data;
+The worker script (FAMILY_SCRIPT) trains a small two-tower, SASRec (with BCE: "sasrec_bce"), a masked
+transformer ("masked"), or HSTU with its ranking head's loss ("hstu_ranked") on deterministic synthetic data;
 `kill_at` makes the process write a marker file and sleep at that point so that the test can kill it there.
 """
 
@@ -33,6 +34,8 @@ from hugerec.distributed.planner import Constraint, plan
 from hugerec.distributed.shard import shard
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import Adam
+from hugerec.models.hstu import HSTU
+from hugerec.models.masked import MaskedTransformer
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SequenceConfig
 from hugerec.models.two_tower import TwoTower, TwoTowerConfig
@@ -40,7 +43,7 @@ from hugerec.training.early_stopping import EarlyStopping
 from hugerec.training.epoch_batches import EpochBatches
 from hugerec.training.losses import Negatives, SampledSoftmax
 from hugerec.training.retrieval import RetrievalFamily, RetrievalValidation
-from hugerec.training.sequential import NextItemValidation, SequentialFamily, window_batches
+from hugerec.training.sequential import BCE, NextItemValidation, SequentialFamily, window_batches
 from hugerec.training.trainer import TrainConfig, fit
 
 out, kind, world, resume, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5]
@@ -60,6 +63,10 @@ def build():
     torch.manual_seed(0)
     if kind == "two_tower":
         return TwoTower(TwoTowerConfig(dim=8, embedding_dim=8, user_layers=(8,), max_history=6, recent=(1,)), NUM_USERS, NUM_ITEMS, Adam(lr=0.05))
+    if kind == "masked":
+        return MaskedTransformer(SequenceConfig(num_items=NUM_ITEMS, max_len=6, dim=8, num_layers=1, dropout=dropout), Adam(lr=0.05))
+    if kind.startswith("hstu"):
+        return HSTU(SequenceConfig(num_items=NUM_ITEMS, max_len=6, dim=8, num_layers=1, dropout=dropout), Adam(lr=0.05))
     return SASRec(SequenceConfig(num_items=NUM_ITEMS, max_len=6, dim=8, num_layers=1, dropout=dropout), Adam(lr=0.05))
 
 
@@ -69,7 +76,7 @@ if kind == "two_tower":
     train, test = leave_last_out(synth.data)
     valid = RetrievalValidation(*full_ranking(train, test, 6))
     data = EpochBatches(*epoch_examples(train, 64, 6, rank=rank, world=world))
-    family_type, family_args = RetrievalFamily, (train.item_counts(), SampledSoftmax(num_negatives=8, mask_history=True))
+    family_args = (train.item_counts(), SampledSoftmax(num_negatives=8, mask_history=True))
     row_wise = ("user_id", "item_id")
 else:
     NUM_USERS, NUM_ITEMS = 0, 30
@@ -77,15 +84,16 @@ else:
     starts = rng.integers(1, NUM_ITEMS + 1, 90)
     items = ((starts[:, None] - 1 + np.arange(7)[None, :] + (rng.random((90, 7)) < 0.2)) % NUM_ITEMS + 1).reshape(-1)
     seqs = Sequences(np.arange(90), np.arange(0, 90 * 7 + 1, 7), items, np.zeros(90 * 7, np.int64))
-    data = window_batches(last_n(seqs, 7), 16, seed=0, rank=rank, world=world)
+    data = window_batches(last_n(seqs, 6 if kind == "masked" else 7), 16, seed=0, rank=rank, world=world)  # masked: max_len wide
     hist = last_n(seqs, 6)
     valid = NextItemValidation(hist[:30], items.reshape(90, 7)[:30, -1])
     counts = np.bincount(items, minlength=NUM_ITEMS + 1)
-    family_type, family_args = SequentialFamily, (SampledSoftmax(Negatives.MIXED, num_negatives=8, alpha=0.5), counts)
+    loss = BCE() if kind == "sasrec_bce" else SampledSoftmax(Negatives.MIXED, num_negatives=8, alpha=0.5)
+    family_args = (loss, counts)
     row_wise = ("item",)
 
 
-class Hooked(family_type):
+class Hooked(SequentialFamily if kind != "two_tower" else RetrievalFamily):
     """The family with a stop in its evaluate, on the given call."""
 
     def evaluate(self, model, data, device, precision):
@@ -126,7 +134,8 @@ if world > 1:
 cfg = TrainConfig(epochs=3, lr=0.01 if dense == "adam" else 0.1, optimizer=dense, eval_every=4, checkpoint_every=3, log_every=1, keep_checkpoints=0, out_dir=out,
                   resume=resume, seed=0, progress=False, tensorboard=False, plot=False,
                   early_stopping=EarlyStopping(patience=None), average_epochs=average)  # every run takes all 18 steps
-history = fit(model, data, valid, cfg, family=Hooked(*family_args))
+extra = {"ranking_weight": 0.5, "ranking_negatives": 4} if kind == "hstu_ranked" else {}  # the ranking head's loss too
+history = fit(model, data, valid, cfg, family=Hooked(*family_args, **extra))
 if rank == 0:
     Path(out + ".done").write_text(str(history.steps))
 '''

@@ -3,8 +3,10 @@ files of another family are one-line errors naming the file."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 from hugerec.data.schema import Schema
+from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import Adam, RowWiseAdagrad
 from hugerec.models.gbm import FeatureMatrix, LightGBMConfig, XGBoostConfig
 from hugerec.models.hstu import HSTU, HSTUConfig, HSTUOptions
@@ -20,9 +23,14 @@ from hugerec.models.mf import MFConfig
 from hugerec.models.model import RecModel
 from hugerec.models.model_config import DLRMConfig
 from hugerec.models.registry import Family, build_model
-from hugerec.models.sequence import PAD, GRU4RecConfig, MLMConfig, SASRecConfig
+from hugerec.models.sasrec import SASRec
+from hugerec.models.sequence import PAD, GRU4RecConfig, MLMConfig, SASRecConfig, item_table
 from hugerec.models.two_tower import TwoTowerConfig
+from hugerec.serving import export, load
+from hugerec.training.losses import Negatives, SampledSoftmax
 from hugerec.training.model_file import RawIds, load_model, save_model
+from hugerec.training.sequential import SequentialFamily, recommend_next, window_batches
+from hugerec.training.trainer import TrainConfig, fit
 
 SCHEMA = Schema.build(dense=["d0", "d1"], sparse={"user": 50, "item": 30})
 CONFIG = DLRMConfig(bottom=(8, 4), top=(8, 1))
@@ -208,6 +216,59 @@ def test_sequential_models_round_trip_and_look_up_raw_ids(tmp_path: Path, config
         assert torch.equal(back.model(seq)[0], model(seq)[0])  # type: ignore[operator]
     with pytest.raises(ValueError, match="needs ids with I raw ids and I \\+ 1 counts, got 5 raw ids and 5 counts"):
         save_model(tmp_path / "bad.pt", model, config, Adam(), ids=RawIds(raw, np.ones(5)))
+
+
+@pytest.mark.parametrize("config", [SASRecConfig(max_len=6, dim=8, num_layers=1), HSTUConfig(max_len=6, dim=8, num_layers=1)])
+def test_a_sequential_model_trained_with_its_item_table_on_disk_loads_and_answers_as_trained(
+    tmp_path: Path, config: SASRecConfig | HSTUConfig
+) -> None:
+    """The file holds the disk-tier table's rows and optimizer state (a loaded model's item table is in
+    memory, whatever it was trained with): load_model, recommend_next, the next-items bundle export and
+    hugerec.serving.load answer as the trained model, after the table's files are gone. The trained model's
+    answers come from its twin trained with the table in memory (the same weights bit for bit:
+    tests/training/test_sequential.py), since scoring the whole catalogue needs more rows than the cache."""
+    num_items, raw = 40, np.arange(1000, 1120, 3, dtype=np.int64)  # dense item i is raw[i - 1]
+    start = np.random.default_rng(0).integers(1, num_items + 1, 40)
+    windows = (start[:, None] + np.arange(7)[None, :] - 1) % num_items + 1  # [40, 7] walks i, i + 1, ...
+    family = SequentialFamily(SampledSoftmax(Negatives.IN_BATCH), item_counts=np.ones(num_items + 1))
+    quiet = TrainConfig(epochs=1, lr=0.01, progress=False, tensorboard=False, plot=False)
+    (tmp_path / "t").mkdir()
+    trained = []
+    for storage in ("memory", "disk"):
+        torch.manual_seed(0)
+        model = build_model(config, optimizer=Adam(lr=0.01), num_items=num_items)
+        assert isinstance(model, SASRec | HSTU)
+        table = item_table(model.cfg)
+        if storage == "disk":
+            table = dataclasses.replace(table, storage="disk", cache_rows=30, path=str(tmp_path / "t" / "item.rows"))
+        model.lookup.items = EmbeddingCollection([table], Adam(lr=0.01))  # both draw their rows alike
+        fit(model, window_batches(windows, 2), None, quiet, family=family)
+        trained.append(model.eval())
+    twin, model = trained
+    rows = torch.arange(num_items + 2)
+    trained_rows = model.lookup.items.read_rows("item", rows)
+    histories = [np.array([3, 4, 5]), np.array([10]), np.arange(1, 20)]
+    ref_items, ref_scores = recommend_next(twin, histories, k=5, exclude_history=True)
+    path = save_model(tmp_path / "model.pt", model, config, Adam(lr=0.01), ids=RawIds(raw, np.arange(num_items + 1)))
+    bundle = export(path, tmp_path / "bundle", name="seq", k=5)
+    shutil.rmtree(tmp_path / "t")  # the table's file and snapshots: the model file needs neither
+    back = load_model(path, Family.SEQUENTIAL)
+    assert isinstance(back.model, SASRec | HSTU) and not back.model.lookup.items.has_disk_tables
+    loaded_rows = back.model.lookup.items.read_rows("item", rows)
+    assert torch.equal(loaded_rows[0], trained_rows[0]) and torch.equal(loaded_rows[0], twin.lookup.items.read_rows("item", rows)[0])
+    assert all(torch.equal(loaded_rows[1][k], v) for k, v in trained_rows[1].items())
+    step = model.lookup.items.adam_step("item")
+    assert step is not None and step > 0 and back.model.lookup.items.adam_step("item") == step
+    assert all(torch.equal(a, b) for a, b in zip(back.model.parameters(), model.parameters(), strict=True))
+    items, scores = recommend_next(back.model, histories, k=5, exclude_history=True)
+    assert np.array_equal(items, ref_items) and np.array_equal(scores, ref_scores)
+    served = load(bundle)
+    try:
+        out = served.next_items(np.concatenate([raw[h - 1] for h in histories]), np.array([len(h) for h in histories]))
+    finally:
+        served.close()
+    np.testing.assert_array_equal(out["items"], raw[ref_items - 1])
+    np.testing.assert_allclose(out["scores"], ref_scores, rtol=1e-5, atol=1e-5)
 
 
 def test_an_hstu_built_with_other_options_than_its_config_is_refused(tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ from torch import nn
 from hugerec.embedding.collection import EmbeddingCollection
 from hugerec.embedding.optimizers import SGD, Adam, Optimizer
 from hugerec.embedding.table_config import TableConfig
+from hugerec.models.hstu import HSTU
+from hugerec.models.sequence import SequenceConfig
 from hugerec.sparse.batch import Batch
 from hugerec.sparse.features import SparseFeatures
 from hugerec.training.checkpoint import list_checkpoints, load_checkpoint
@@ -683,6 +685,64 @@ def test_sharded_on_2_and_3_gloo_ranks_equals_one_process_and_resumes_on_another
     family_runs.kill("moved", kind, "epoch", world=2)
     family_runs.run("moved", kind, world=3, resume=True)
     assert family_runs.train_steps("moved") == list(range(1, steps + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", ["hstu", "hstu_ranked"])
+def test_hstu_on_2_gloo_ranks_equals_one_process_with_and_without_its_ranking_loss(family_runs: Any, kind: str) -> None:
+    """HSTU sharded on 2 gloo ranks ends where one process does. Without the ranking loss its ranking head
+    (and, without times, its time bias) gets no gradient: DDP must be told (shard() does, from the model's
+    optional_parameters), or the second step fails. With the ranking loss (weight 0.5) the step runs it
+    through the model's forward, whose gradients DDP averages (forward_ranked called directly left each
+    rank on its own gradients), each rank drawing its slice of the one global draw of ranking negatives."""
+    family_runs.run("one", kind, dropout=0.0, dense="sgd")
+    want = family_runs.final_weights("one", kind)
+    torch.manual_seed(0)
+    init = HSTU(SequenceConfig(num_items=30, max_len=6, dim=8, num_layers=1, dropout=0.0)).state_dict()
+    assert torch.equal(want["rank.weight"], init["rank.weight"]) == (kind == "hstu")  # the head trains with its loss only
+    family_runs.run("w2", kind, world=2, dropout=0.0, dense="sgd")
+    got = family_runs.final_weights("w2", kind)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"2 ranks, {k}: {m}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", ["sasrec_bce", "hstu_ranked", "masked"])
+def test_per_row_draws_on_3_gloo_ranks_of_uneven_shares_equal_one_process(family_runs: Any, kind: str) -> None:
+    """BCE draws a negative per position, the ranking head ranking_negatives per window, the masked model
+    its masks per position: on 3 ranks the batches of 16 windows split 5, 5, 6 (the epoch's last, of 10: 3,
+    3, 4), and each rank draws the one process's draw for the whole global batch and keeps its own rows
+    (window_batches' RankWindows say where they sit), so the runs end where one process does. Before, each
+    rank drew a [3, its rows, ...] block and took its slice (misaligned rows, generators that drifted
+    apart), and the masked model drew every rank the first rows' masks."""
+    family_runs.run("one", kind, dropout=0.0, dense="sgd")
+    want = family_runs.final_weights("one", kind)
+    family_runs.run("w3", kind, world=3, dropout=0.0, dense="sgd")
+    got = family_runs.final_weights("w3", kind)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"3 ranks, {k}: {m}")
+
+
+def test_window_batches_tell_each_rank_where_its_rows_sit() -> None:
+    """Under torchrun each batch is a RankWindows: this rank's rows of the global batch (15 windows on 2
+    ranks: 7 and 8), its first row and the global batch's rows; the ranks' rows in order are one process's
+    batch. In one process the batches are the windows themselves, as before."""
+    import numpy as np
+
+    from hugerec.training.sequential import RankWindows, TimedWindows, window_batches
+
+    windows = np.arange(1, 15 * 3 + 1).reshape(15, 3)
+    one = list(window_batches(windows, 15, seed=3))
+    assert len(one) == 1 and isinstance(one[0], torch.Tensor)
+    parts = [list(window_batches(windows, 15, seed=3, rank=r, world=2)) for r in range(2)]
+    places = [(len(b.batch), b.first, b.total) for p in parts for b in p if isinstance(b, RankWindows)]  # type: ignore[arg-type]
+    assert places == [(7, 0, 15), (8, 7, 15)]
+    assert torch.equal(torch.cat([p[0].batch for p in parts]), one[0])  # type: ignore[union-attr]
+    timed = list(window_batches(windows, 15, seed=3, rank=1, world=2, times=windows * 10))
+    assert isinstance(timed[0], RankWindows) and isinstance(timed[0].batch, TimedWindows)
+    assert torch.equal(timed[0].batch.times, timed[0].batch.windows * 10) and timed[0].first == 7
 
 
 def test_resume_refuses_a_changed_config_and_another_family(tmp_path: Path) -> None:

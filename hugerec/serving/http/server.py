@@ -5,6 +5,7 @@
     GET  /v2/models/{m}[/versions/{v}]         model metadata (inputs, outputs, versions)
     GET  /v2/models/{m}[/versions/{v}]/ready   model readiness
     GET  /v2/models/{m}/config                 Triton-style config (max batch size, dynamic batching)
+        (without /versions/{v} these three describe the stable version, whatever share a canary takes)
     POST /v2/models/{m}[/versions/{v}]/infer   typed tensors, JSON or the binary extension (runtime/inference_protocol.py)
     POST /predict                              {"instances": [raw feature dicts], "model"?: m} -> scores
     POST /recommend                            {"user": id, "k": 20, ...} -> a pipeline's items (pipeline/served_pipeline.py)
@@ -390,6 +391,15 @@ class InferenceServer:
             raise RequestError(f"field 'version': {e.args[0]}", status=404) from None
 
     @staticmethod
+    def _described(versions: ModelVersions, version: str | None) -> ServedObject:
+        """The version a metadata, readiness or config request describes: the named one, else the stable one
+        (never the canary draw: the answer to one URL does not change from call to call; 404 when absent)."""
+        try:
+            return versions.live() if version is None else versions.get(version)
+        except KeyError as e:
+            raise RequestError(f"field 'version': {e.args[0]}", status=404) from None
+
+    @staticmethod
     def _hold(versions: ModelVersions, version: str | None, holds: list[ServedObject]) -> ServedObject:
         """_route, holding the version for the request (appended to `holds`; an unload waits for it)."""
         try:
@@ -483,7 +493,7 @@ class InferenceServer:
 
     def _metadata(self, name: str, version: str | None) -> dict[str, Any]:
         versions = self.model_versions(name)
-        served = self._route(versions, version)
+        served = self._described(versions, version)
         return {
             "name": name,
             "versions": [served.version] if version is not None else versions.versions(),
@@ -537,17 +547,17 @@ class InferenceServer:
 
         @app.get("/v2/models/{name}/ready")
         async def model_ready(name: str) -> Response:
-            self._route(self.model_versions(name), None)
+            self._described(self.model_versions(name), None)
             return Response(status_code=200)
 
         @app.get("/v2/models/{name}/versions/{version}/ready")
         async def version_ready(name: str, version: str) -> Response:
-            self._route(self.model_versions(name), version)
+            self._described(self.model_versions(name), version)
             return Response(status_code=200)
 
         @app.get("/v2/models/{name}/config")
         async def model_config(name: str) -> dict[str, Any]:
-            return self._route(self.model_versions(name), None).config(self.config.batching)
+            return self._described(self.model_versions(name), None).config(self.config.batching)
 
         # /v2/models/.../infer and /recommend never reach the app: `__call__` answers them on raw ASGI messages
         app.add_route("/predict", self._predict, methods=["POST"])

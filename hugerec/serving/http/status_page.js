@@ -101,6 +101,7 @@
     if (wanted.some((s) => s.name === before)) select.value = before;
     $("try-submit").disabled = !wanted.length;
     $("try-message").textContent = wanted.length ? "" : "No pipeline or next-items model is served.";
+    checkTimes();
   }
 
   // -- the details (admin token) ---------------------------------------------------------------
@@ -192,16 +193,75 @@
     return parts.map(digits);
   }
 
-  function request(kind, name, user, history, k) {
+  function times(text, history) {
+    // event times in seconds: integers, one per history id, oldest first (the server checks them again)
+    const parts = text.split(/[\s,]+/).filter((p) => p.length);
+    for (const p of parts) if (!INTEGER.test(p)) throw new Error("times: " + JSON.stringify(p.slice(0, 40)) + " is not an integer (seconds)");
+    if (parts.length !== history.length) {
+      throw new Error("times: give one time (seconds) per history id: " + history.length + " ids, " + parts.length + " times");
+    }
+    const values = parts.map(digits);
+    for (let i = 1; i < values.length; i++) {
+      if (BigInt(values[i]) < BigInt(values[i - 1])) {
+        throw new Error("times: " + values[i] + " (time " + (i + 1) + ") is earlier than " + values[i - 1] + " before it: oldest first");
+      }
+    }
+    return values;
+  }
+
+  // Whether a served name reads its items' times: the metadata of one of its versions lists the input
+  // ("history.times" of a pipeline, "items.times" of a next-items model; GET /v2/models/NAME/versions/V).
+  async function takesTimes(name, kind) {
+    const field = kind === "pipeline" ? "history.times" : "items.times";
+    const path = "v2/models/" + encodeURIComponent(name);
+    const lists = (meta) => meta.status === 200 && meta.body && Array.isArray(meta.body.inputs) && meta.body.inputs.some((i) => i && i.name === field);
+    const meta = await getJSON(path, false);
+    if (meta.status !== 200 || !meta.body) return false;
+    if (lists(meta)) return true;
+    const versions = Array.isArray(meta.body.versions) ? meta.body.versions.slice(0, 8) : [];
+    for (const v of versions) {
+      if (lists(await getJSON(path + "/versions/" + encodeURIComponent(String(v)), false))) return true;  // a canary that reads them
+    }
+    return false;
+  }
+
+  let timesCheck = null;  // { name, kind, promise }: the chosen target's takesTimes
+
+  function showTimes(shown) {
+    $("try-times").hidden = !shown;
+    $("try-times-label").hidden = !shown;
+  }
+
+  function checkTimes() {
+    // asks whether the chosen target reads times; the field shows when it does (the latest answer wins)
+    const select = $("try-target");
+    const option = select.options[select.selectedIndex];
+    if (!option) {
+      timesCheck = null;
+      showTimes(false);
+      return Promise.resolve(false);
+    }
+    const promise = takesTimes(option.value, option.dataset.kind).catch(() => false);
+    const check = { name: option.value, kind: option.dataset.kind, promise: promise };
+    timesCheck = check;
+    promise.then((shown) => { if (timesCheck === check) showTimes(shown); });
+    return promise;
+  }
+
+  function request(kind, name, user, history, k, seconds) {
     // the JSON is written from the validated digits, so that ids beyond 2^53 keep every digit
     if (kind === "pipeline") {
       const fields = ['"pipeline":' + JSON.stringify(name), '"user":' + user, '"k":' + k];
       if (history.length) fields.push('"history":[' + history.join(",") + "]");
+      if (seconds && history.length) fields.push('"history.times":[' + seconds.join(",") + "]");
       return { url: "recommend", body: "{" + fields.join(",") + "}" };
     }
     if (!history.length) throw new Error("a next-items model needs a history");
+    const timed = seconds
+      ? ',{"name":"items.times","datatype":"INT64","shape":[' + seconds.length + '],"data":[' + seconds.join(",") + "]}"
+      : "";
     const inputs = '[{"name":"items","datatype":"INT64","shape":[' + history.length + '],"data":[' + history.join(",") + "]}," +
-      '{"name":"items.lengths","datatype":"INT64","shape":[1],"data":[' + history.length + "]}]";
+      '{"name":"items.lengths","datatype":"INT64","shape":[1],"data":[' + history.length + "]}" + timed + "]";
     return {
       url: "v2/models/" + encodeURIComponent(name) + "/infer",
       body: '{"inputs":' + inputs + ',"parameters":{"k":' + k + "}}",
@@ -231,7 +291,11 @@
       const k = $("try-k").value.trim();
       if (!INTEGER.test(user)) throw new Error("user: give an integer id");
       if (!/^\d{1,4}$/.test(k) || +k < 1) throw new Error("k: give an integer from 1");
-      call = request(option.dataset.kind, option.value, digits(user), ids($("try-history").value), String(+k));
+      const history = ids($("try-history").value);
+      const current = timesCheck && timesCheck.name === option.value && timesCheck.kind === option.dataset.kind;
+      const timed = await (current ? timesCheck.promise : checkTimes());
+      const seconds = timed ? times($("try-times").value, history) : null;
+      call = request(option.dataset.kind, option.value, digits(user), history, String(+k), seconds);
     } catch (e) {
       message.textContent = e.message;
       message.className = "note error";
@@ -263,6 +327,8 @@
       ["rank", true], ["item", true], [(r) => (typeof r.score === "number" ? +r.score.toFixed(5) : "-"), true], ["source"],
     ]);
   });
+
+  $("try-target").addEventListener("change", checkTimes);
 
   refreshPublic();
   setInterval(() => { refreshPublic(); refreshDetails(); }, REFRESH_MS);

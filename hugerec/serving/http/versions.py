@@ -5,7 +5,9 @@ is split between them.
     canary   optional; receives `share` of the traffic (0..1) until promoted or rolled back
     history  previous stables, newest last: `rollback` without a canary returns to the last one
 
-Requests may also name a version explicitly (/v2/models/{name}/versions/{v}/infer).
+Requests may also name a version explicitly (/v2/models/{name}/versions/{v}/infer). A request that names
+no version and only asks about the model (metadata, readiness, config) is answered by the stable version
+(`live`), so the answer does not depend on the canary draw.
 
 Unloading never fails a request in flight: a request holds its version from routing to its answer
 (`acquire` / `release`); `remove` takes the version out of routing at once (new requests go elsewhere, or
@@ -105,6 +107,14 @@ class ModelVersions:
             raise KeyError(f"model {self.name!r} has no version loaded")
         if canary is not None and self._rng.random() < share:
             return self._versions[canary]
+        return self._versions[stable]
+
+    def live(self) -> ServedObject:
+        """The stable version: what an unversioned metadata, readiness or config request describes, whatever
+        share of the traffic a canary takes (KeyError while none is loaded)."""
+        stable = self.stable
+        if stable is None:
+            raise KeyError(f"model {self.name!r} has no version loaded")
         return self._versions[stable]
 
     def fields(self) -> LiveFields:

@@ -4,6 +4,8 @@
     name = "movies"
     version = "1"
     context = { hour = 12.0 }                  # keys a request may send, with their defaults
+    max_history = 200                          # optional: the recent items the models are handed (left out:
+                                               # the longest history any of the pipeline's models reads)
 
     [retrieve]
     sources = [{ kind = "ann", k = 300 }, { kind = "item_to_item", k = 100, last = 5 }, { kind = "popular", k = 100 }]
@@ -89,10 +91,16 @@ def _condition(where: str, d: object) -> Condition:
 
 def declaration_from_dict(data: Mapping[str, Any], where: str) -> PipelineDeclaration:
     """A parsed TOML document (or manifest "pipeline" object) -> the declaration; `where` names its origin."""
-    head = _keys(f"{where} [pipeline]", data.get("pipeline", {}), ("name", "version", "context"))
+    head = _keys(f"{where} [pipeline]", data.get("pipeline", {}), ("name", "version", "context", "max_history"))
     context = head.get("context", {})
     if not isinstance(context, dict) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in context.values()):
         raise ValueError(f"{where} [pipeline] context: must map keys to numbers, got {context!r}")
+    max_history = head.get("max_history")
+    if max_history is not None and (isinstance(max_history, bool) or not isinstance(max_history, int) or max_history < 1):
+        raise ValueError(
+            f"{where} [pipeline] max_history: must be an integer >= 1 (the recent items the models are handed; leave it "
+            f"out to follow the models), got {max_history!r}"[:300]
+        )
     stages: list[Stage] = []
     if "retrieve" not in data:
         raise ValueError(f"{where}: a pipeline needs a [retrieve] section")
@@ -125,7 +133,7 @@ def declaration_from_dict(data: Mapping[str, Any], where: str) -> PipelineDeclar
         boosts.append(_build(at, Boost, when=_condition(f"{at}.when", bt["when"]), multiply=bt.get("multiply", 1.0), add=bt.get("add", 0.0)))
     order_args = {k: v for k, v in o.items() if k != "boosts"}
     stages.append(_build(f"{where} [order]", Order, boosts=tuple(boosts), **order_args))
-    spec = _build(where, PipelineSpec, stages=tuple(stages), context=tuple(context.items()))
+    spec = _build(where, PipelineSpec, stages=tuple(stages), context=tuple(context.items()), max_history=max_history)
     name, version = head.get("name", "pipeline"), head.get("version", "1")
     if not isinstance(name, str) or not name or "/" in name:
         raise ValueError(f"{where} [pipeline] name: must be a non-empty string without '/', got {name!r}")
@@ -135,6 +143,8 @@ def declaration_from_dict(data: Mapping[str, Any], where: str) -> PipelineDeclar
 def declaration_to_dict(d: PipelineDeclaration) -> dict[str, Any]:
     """The inverse of `declaration_from_dict` (what a bundle's manifest stores)."""
     out: dict[str, Any] = {"pipeline": {"name": d.name, "version": d.version, "context": dict(d.spec.context)}}
+    if d.spec.max_history is not None:  # left out: the models decide (a manifest before the key reads the same)
+        out["pipeline"]["max_history"] = d.spec.max_history
     for stage in d.spec.stages:
         match stage:
             case Retrieve():

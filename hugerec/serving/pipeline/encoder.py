@@ -59,6 +59,8 @@ class UserEncoder:
         self.dim = model.dim
         self._uses_id = not isinstance(model, TwoTower) or model.config.use_user_id
         self._uses_history = isinstance(model, TwoTower) and model.config.max_history > 0
+        # the most recent items `encode` reads: the user tower's max_history (its recent windows lie inside it; 0: none)
+        self.history_read = model.config.max_history if isinstance(model, TwoTower) else 0
 
     @staticmethod
     def _dense(raw: np.ndarray, order: np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -23,6 +23,16 @@ to `next_items` as the next-items bundle's "items.times" (the last max_len known
 the Score stage to its query (sequential = "next_item") or to the cached candidate scoring (the ranking
 head) with the candidates at the time of the user's latest event.
 A pipeline without such a model reads no times (history_times are then not used).
+
+History: the user's history is the stored one followed by the request's. When the spec declares
+`max_history`, the models are handed its last max_history items. Otherwise each model is handed the whole
+history and reads its own length of it, as it does on its own: the two-tower's user tower its last
+max_history known ids, item-to-item its last `last` known ids, the sequential model its last max_len known ids (its
+next-items bundle's cut: unknown ids dropped with their times, the seen items left out of its answer), so a
+sequential model answers in the pipeline what its next-items bundle answers for the same history. That
+history is bounded by the server's limits before any work: the store keeps the last max_interactions items
+per user and a request adds at most max_history ids (QueryLimits). `max_history` is then reported as the
+longest any model reads (`model_history`).
 """
 
 from __future__ import annotations
@@ -94,7 +104,6 @@ class Resources:
     popular: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     ranker: Ranker | None = None
     sequential: NextItemsModel | None = None
-    max_history: int = 50  # recent items given to the user tower and the sequential model
 
 
 @dataclass(frozen=True)
@@ -175,6 +184,9 @@ class PipelineRunner:
         self.context_keys = spec.defaults
         # the model reads the events' times: the store must keep them and a request's history carries them
         self.needs_times = reads_times(spec, resources.sequential)
+        # the recent items the models read: declared (each model is handed that many), or the longest a model reads
+        self.max_history = spec.max_history if spec.max_history is not None else model_history(spec, resources)
+        self.history_from = "declared" if spec.max_history is not None else "models"
         self._rng = np.random.default_rng(seed)
         self._rng_lock = threading.Lock()
         for table in (USER, ITEM):
@@ -342,7 +354,7 @@ class PipelineRunner:
         stored, stored_times = r.interactions.history(query.user)
         given = np.asarray(query.history, np.int64)
         seen = np.concatenate([stored, given]) if len(given) else stored
-        history = seen[-r.max_history :] if r.max_history else seen[:0]
+        history = seen if self.spec.max_history is None else seen[-self.spec.max_history :]  # each model cuts its own, or declared
         context = {**self.context_keys, **{k: float(v) for k, v in query.context.items()}}
         state = _State(query, rows[0], cold, history, seen, context)
         if self.needs_times:
@@ -377,8 +389,8 @@ class PipelineRunner:
                 return _query(r.index, vec, s.k)
             case ItemToItem():
                 assert r.item_vectors is not None and r.index is not None and r.encoder is not None
-                last = r.encoder.dense_items(state.history[-s.last :])
-                last = last[last >= 0]
+                known = r.encoder.dense_items(state.history)
+                last = known[known >= 0][-s.last :]  # the last `last` ids the index knows, as the other models read
                 if not len(last):
                     return none
                 return _query(r.index, r.item_vectors[last].mean(axis=0), s.k)
@@ -563,6 +575,29 @@ def _occurrence(values: np.ndarray) -> np.ndarray:
     out = np.empty(len(values), np.int64)
     out[order] = rank
     return out
+
+
+def model_history(spec: PipelineSpec, resources: Resources) -> int:
+    """The longest recent history any model of the pipeline reads: the two-tower user tower's max_history,
+    item-to-item's `last`, the sequential model's max_len (source or Score); 0 when none reads one (a matrix
+    factorisation, popular items)."""
+    retrieve: Retrieve = spec.stage(Retrieve)
+    score: Score | None = spec.stage(Score)
+    reads = [0]
+    for s in retrieve.sources:
+        match s:
+            case Ann():
+                reads.append(resources.encoder.history_read if resources.encoder is not None else 0)
+            case ItemToItem():
+                reads.append(s.last)
+            case Sequential():
+                if resources.sequential is not None:
+                    reads.append(resources.sequential.saved.max_len)
+            case Popular():
+                pass
+    if score is not None and score.sequential and resources.sequential is not None:
+        reads.append(resources.sequential.saved.max_len)
+    return max(reads)
 
 
 def reads_times(spec: PipelineSpec, model: NextItemsModel | None) -> bool:

@@ -317,6 +317,10 @@ class ServedPipeline(ServedObject):
                 {"name": "cold_start", "datatype": "BOOL", "shape": [-1]},
             ],
             "stages": [n for n in STAGE_NAMES if n in {type(s).__name__.lower() for s in self.pipeline.spec.stages}],
+            # the user's most recent items the models read, and why that many: "declared" ([pipeline] max_history,
+            # each model handed that many) or "models" (the longest a model reads: each reads its own length)
+            "max_history": self.pipeline.max_history,
+            "max_history_from": self.pipeline.history_from,
         }
 
 

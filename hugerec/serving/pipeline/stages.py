@@ -56,10 +56,10 @@ class Ann:
 
 @dataclass(frozen=True)
 class ItemToItem:
-    """The index queried with the mean item vector of the user's last `last` items."""
+    """The index queried with the mean item vector of the user's last `last` items it knows (unknown ids skipped)."""
 
     k: int  # candidates this source adds
-    last: int = 5  # the user's last items whose mean vector queries the index
+    last: int = 5  # the user's last known items whose mean vector queries the index
 
     def __post_init__(self) -> None:
         _positive("ItemToItem", "k", self.k)
@@ -281,12 +281,17 @@ Stage = Retrieve | Filter | Score | Order
 @dataclass(frozen=True)
 class PipelineSpec:
     """Retrieve first, Order last, Filter and Score (each optional, at most once) between; `context`:
-    the keys a request may send (numbers), with their defaults."""
+    the keys a request may send (numbers), with their defaults; `max_history`: the user's most recent items
+    handed to the models (the user tower, item-to-item, the sequential model), None: the longest history any
+    of the pipeline's models reads (runner.py, `model_history`)."""
 
     stages: tuple[Stage, ...]
     context: tuple[tuple[str, float], ...] = field(default=())
+    max_history: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_history is not None:
+            _positive("PipelineSpec", "max_history", self.max_history)
         object.__setattr__(self, "stages", tuple(self.stages))
         object.__setattr__(self, "context", tuple((str(k), float(v)) for k, v in self.context))
         kinds = [type(s).__name__ for s in self.stages]

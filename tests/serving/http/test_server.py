@@ -196,7 +196,9 @@ def test_bad_requests_get_4xx_and_the_server_lives_on(server: tuple[InferenceSer
         assert c.get(f"{url}/v2/health/live").status_code == 200
 
 
-def test_admin_versions_canary_promote_rollback(toy: Any, server: tuple[InferenceServer, str], tmp_path: Path) -> None:
+def test_admin_versions_canary_promote_rollback(
+    toy: Any, server: tuple[InferenceServer, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     srv, url = server
     other = copy.deepcopy(toy.model)
     with torch.no_grad():
@@ -222,6 +224,15 @@ def test_admin_versions_canary_promote_rollback(toy: Any, server: tuple[Inferenc
     with httpx.Client(headers=auth) as c:
         assert c.post(f"{url}/admin/models/toy/canary", json={"version": "2", "share": 1.0}).status_code == 200
         np.testing.assert_allclose(scores(), v2, rtol=1e-5)
+        # metadata, readiness and config without a version describe the stable one, however the canary draws
+        canary = srv.model_versions("toy").get("2")
+        monkeypatch.setattr(canary, "platform", "canary_platform", raising=False)  # an instance attribute
+        stable_meta = c.get(f"{url}/v2/models/toy/versions/1").json()
+        assert c.get(f"{url}/v2/models/toy/versions/2").json()["platform"] == "canary_platform"
+        for _ in range(3):
+            assert c.get(f"{url}/v2/models/toy").json() == {**stable_meta, "versions": ["1", "2"]}
+            assert c.get(f"{url}/v2/models/toy/config").json()["platform"] == stable_meta["platform"] != "canary_platform"
+            assert c.get(f"{url}/v2/models/toy/ready").status_code == 200
         assert (
             c.post(f"{url}/admin/models/toy/canary", json={"version": "2", "share": 0.5}).json()["canary_share"] == 0.5
         )

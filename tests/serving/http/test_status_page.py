@@ -203,6 +203,42 @@ def test_details_are_off_without_an_admin_token(toy: Any, tmp_path: Path) -> Non
         srv.close()
 
 
+def test_the_try_forms_times_field_reads_the_public_metadata_of_every_version(tmp_path: Path) -> None:
+    """The try form shows its times field when the chosen model reads times, which it learns from what the
+    server publishes without a token: the metadata of the name and of each version lists "items.times" (a
+    next-items model) or "history.times" (a pipeline) exactly when it reads them, so a canary trained with
+    times shows the field too. The field is hidden in the page until then."""
+    from hugerec.embedding.optimizers import Adam
+    from hugerec.models.hstu import HSTU, HSTUConfig
+    from hugerec.models.sasrec import SASRec
+    from hugerec.models.sequence import SASRecConfig
+    from hugerec.serving.bundles.next_items_bundle import write_next_items_bundle
+    from hugerec.training.model_file import RawIds, save_model
+
+    ids = RawIds(np.arange(20), np.r_[0, np.ones(20, np.int64)])
+    bundles = {}
+    for name, config in (("plain", SASRecConfig(max_len=4, dim=8, num_layers=1)), ("timed", HSTUConfig(max_len=4, dim=8, num_layers=1, times=True))):
+        model = HSTU(config.sequence_config(20)) if isinstance(config, HSTUConfig) else SASRec(config.sequence_config(20))
+        save_model(tmp_path / f"{name}.pt", model, config, Adam(lr=0.01), ids=ids)
+        bundles[name] = write_next_items_bundle(tmp_path / f"{name}.pt", tmp_path / name, name="seq", k=3)
+    srv = InferenceServer(ServerConfig(admin_token=TOKEN))
+    srv.add_bundle(bundles["plain"])
+    try:
+        with BackgroundServer(srv) as url:
+            page = httpx.get(f"{url}/").text
+            assert re.search(r'<input id="try-times"[^>]* hidden>', page) and re.search(r'<label for="try-times"[^>]* hidden>', page)
+            inputs = [i["name"] for i in httpx.get(f"{url}/v2/models/seq").json()["inputs"]]
+            assert "items.times" not in inputs
+            srv.add_bundle(bundles["timed"], version="2")
+            srv.models["seq"].set_canary("2", 0.5)
+            meta = httpx.get(f"{url}/v2/models/seq").json()
+            assert meta["versions"] == ["1", "2"]
+            by_version = {v: [i["name"] for i in httpx.get(f"{url}/v2/models/seq/versions/{v}").json()["inputs"]] for v in meta["versions"]}
+            assert "items.times" not in by_version["1"] and "items.times" in by_version["2"]
+    finally:
+        srv.close()
+
+
 def test_the_decision_log_is_read_as_a_bounded_tail(tmp_path: Path) -> None:
     path = tmp_path / "decisions.jsonl"
     log = DecisionLog(path)

@@ -1,7 +1,8 @@
 """The status page in a real browser: Debian's chromium, headless, driven by Selenium through Debian's
 chromedriver (both from the system: nothing is downloaded). Opens the page, sees what is served, types the
 admin token, sees the versions and the loop's decisions, and tries a recommendation of a pipeline and of a
-next-items model. Skips, saying why, where chromium, chromedriver or selenium is missing (a fresh clone);
+next-items model, untimed and timed (an HSTU trained with times: the page shows a times field, checks it and
+sends "history.times" / "items.times"). Skips, saying why, where chromium, chromedriver or selenium is missing (a fresh clone);
 CI installs them (.ci/run) and sets HUGEREC_BROWSER_TEST=required, so that there it fails rather than skips."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -21,6 +23,7 @@ import torch
 from hugerec.continuous.decision_log import DecisionLog, Record
 from hugerec.embedding.optimizers import Adam
 from hugerec.index.vector_index import IndexConfig, IndexKind
+from hugerec.models.hstu import HSTU, HSTUConfig
 from hugerec.models.mf import MatrixFactorization
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import SASRecConfig
@@ -121,6 +124,27 @@ def next_items_bundle(root: Path) -> Path:
     return write_next_items_bundle(root / "seq.pt", root / "seq", name="seq", k=5)
 
 
+def timed_bundles(root: Path) -> tuple[Path, Path]:
+    """An HSTU trained with model.times = true as a next-items bundle ("tseq", raw ids 1000..1029) and as the
+    sequential source of a pipeline ("trecs") over a store with each event's time."""
+    torch.manual_seed(1)
+    config = HSTUConfig(max_len=4, dim=8, num_layers=1, num_heads=2, times=True)
+    raw = np.arange(1000, 1030, dtype=np.int64)
+    counts = np.concatenate([[0], np.arange(30, 0, -1)]).astype(np.int64)
+    save_model(root / "tseq.pt", HSTU(config.sequence_config(30)), config, Adam(lr=0.01), ids=RawIds(raw, counts))
+    seq = write_next_items_bundle(root / "tseq.pt", root / "tseq", name="tseq", k=5)
+    rng = np.random.default_rng(1)
+    store = FeatureStore.in_memory({"user": ("age",), "item": ("price",)})
+    store.write("item", raw, {"price": rng.random(30)})
+    users, items = rng.integers(0, 20, 200), rng.choice(raw, 200)
+    interactions = InteractionStore.from_pairs(users, items, times=1_700_000_000 + 60 * np.arange(200))
+    declaration = declaration_from_dict(
+        {"pipeline": {"name": "trecs", "version": "1"}, "retrieve": {"sources": [{"kind": "sequential", "k": 10}]}, "order": {"max_k": 50}},
+        "browser test",
+    )
+    return export_pipeline(root / "trecs", declaration, store, interactions, raw, sequential_bundle=seq), seq
+
+
 @pytest.fixture(scope="module")
 def url(toy: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("browser")
@@ -133,6 +157,8 @@ def url(toy: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     srv.add_bundle(toy.bundle, name=HOSTILE)
     srv.add_bundle(pipeline_bundle(root))
     srv.add_bundle(next_items_bundle(root))
+    for timed in timed_bundles(root):
+        srv.add_bundle(timed)
     log = DecisionLog(root / "decisions.jsonl")
     log.append(Record(4, "publish", "gate passed; canary", {"auc": 0.74}, "2", {"stable": "1"}, 1700000020.0))
     log.append(
@@ -164,7 +190,7 @@ def test_the_page_in_a_browser(driver: Any, url: str) -> None:
     driver.get(f"{url}/")
     wait_for(driver, lambda d: "ready" in d.find_element(By.ID, "state").text, "the script's first refresh")
     names = driver.execute_script("return [...document.querySelectorAll('#served .name')].map((e) => e.textContent);")
-    assert names == [HOSTILE, "recs", "seq", "toy"]  # the hostile name shows as text
+    assert names == [HOSTILE, "recs", "seq", "toy", "trecs", "tseq"]  # the hostile name shows as text
     assert driver.title == "hugerec server" and not driver.find_elements(By.CSS_SELECTOR, "#served img")
     assert driver.find_element(By.ID, "details").is_displayed() is False
 
@@ -178,10 +204,10 @@ def test_the_page_in_a_browser(driver: Any, url: str) -> None:
     driver.find_element(By.ID, "token").send_keys(TOKEN)
     driver.find_element(By.ID, "token-show").click()
     wait_for(driver, lambda d: d.find_element(By.ID, "details").is_displayed(), "the details")
-    wait_for(driver, lambda d: len(rows(d, "versions")) == 5, "the versions table")
+    wait_for(driver, lambda d: len(rows(d, "versions")) == 7, "the versions table")
     versions = rows(driver, "versions")
-    assert versions[-2][:5] == ["toy", "model", "1", "stable", "-"]
-    assert versions[-1][:5] == ["toy", "model", "2", "canary", "0.1"]
+    assert versions[3][:5] == ["toy", "model", "1", "stable", "-"]
+    assert versions[4][:5] == ["toy", "model", "2", "canary", "0.1"]
     assert ["recs", "pipeline", "1", "stable", "-"] in [v[:5] for v in versions]
     decisions = rows(driver, "decisions")
     assert [d[1:4] for d in decisions] == [["5", "retrain", "1"], ["4", "publish", "2"]]
@@ -192,7 +218,7 @@ def test_the_page_in_a_browser(driver: Any, url: str) -> None:
 
     # try a recommendation: the pipeline through /recommend, the next-items model through /v2 infer
     target = Select(driver.find_element(By.ID, "try-target"))
-    assert [o.text for o in target.options] == ["recs (pipeline)", "seq (next_items)"]
+    assert [o.text for o in target.options] == ["recs (pipeline)", "seq (next_items)", "trecs (pipeline)", "tseq (next_items)"]
     target.select_by_value("recs")
     k = driver.find_element(By.ID, "try-k")
     k.clear()
@@ -203,6 +229,7 @@ def test_the_page_in_a_browser(driver: Any, url: str) -> None:
     items = rows(driver, "try-items")
     assert [r[0] for r in items] == ["1", "2", "3", "4", "5"] and all(0 <= int(r[1]) < 40 for r in items)
     assert {r[3] for r in items} <= {"ann", "popular"}
+    assert not driver.find_element(By.ID, "try-times").is_displayed()  # an untimed pipeline: no times field
 
     target.select_by_value("seq")
     driver.find_element(By.ID, "try-history").send_keys("1000, 01003")
@@ -218,6 +245,62 @@ def test_the_page_in_a_browser(driver: Any, url: str) -> None:
     driver.find_element(By.ID, "try-history").send_keys(", x1")
     driver.find_element(By.ID, "try-submit").click()
     wait_for(driver, lambda d: "is not an integer id" in d.find_element(By.ID, "try-message").text, "the history error")
+    assert not driver.find_element(By.ID, "try-times").is_displayed()  # an untimed next-items model: none either
+
+    # a timed next-items model: its metadata lists "items.times", so the page asks for one time per history id
+    target.select_by_value("tseq")
+    wait_for(driver, lambda d: d.find_element(By.ID, "try-times").is_displayed(), "the times field")
+    history, seconds = driver.find_element(By.ID, "try-history"), driver.find_element(By.ID, "try-times")
+    history.clear()
+    history.send_keys("1000, 1003, 1007")
+    for typed, error in [
+        ("", "times: give one time (seconds) per history id: 3 ids, 0 times"),
+        ("100, 200", "times: give one time (seconds) per history id: 3 ids, 2 times"),
+        ("100, 2x, 300", 'times: "2x" is not an integer (seconds)'),
+        ("100, 50, 300", "times: 50 (time 2) is earlier than 100 before it: oldest first"),
+    ]:
+        seconds.clear()
+        seconds.send_keys(typed)
+        driver.find_element(By.ID, "try-submit").click()
+        wait_for(driver, lambda d, e=error: d.find_element(By.ID, "try-message").text == e, f"the times error {error!r}")
+        assert rows(driver, "try-items") == []
+    seconds.clear()
+    seconds.send_keys("-100, 0200, 99999999999")
+    driver.find_element(By.ID, "try-submit").click()
+    wait_for(driver, lambda d: "5 items from version" in d.find_element(By.ID, "try-message").text, "timed next items")
+    body = {"inputs": [{"name": "items", "datatype": "INT64", "shape": [3], "data": [1000, 1003, 1007]},
+                       {"name": "items.lengths", "datatype": "INT64", "shape": [1], "data": [3]},
+                       {"name": "items.times", "datatype": "INT64", "shape": [3], "data": [-100, 200, 99999999999]}]}
+    want = httpx.post(f"{url}/v2/models/tseq/infer", json=body).json()["outputs"][0]["data"]
+    assert [int(r[1]) for r in rows(driver, "try-items")] == want
+
+    # a timed pipeline: "history.times" beside the history (after the user's stored events)
+    target.select_by_value("trecs")
+    wait_for(driver, lambda d: d.find_element(By.ID, "try-times").is_displayed(), "the times field of the pipeline")
+    user = driver.find_element(By.ID, "try-user")
+    user.clear()
+    user.send_keys("3")
+    history.clear()
+    history.send_keys("1001, 1002")
+    seconds.clear()
+    driver.find_element(By.ID, "try-submit").click()
+    wait_for(driver, lambda d: d.find_element(By.ID, "try-message").text.startswith("times: give one time"), "the pipeline's times error")
+    seconds.send_keys("2000000000, 2000000060")
+    driver.find_element(By.ID, "try-submit").click()
+    wait_for(driver, lambda d: "items from version 1" in d.find_element(By.ID, "try-message").text, "the timed pipeline's items")
+    answer = httpx.post(f"{url}/recommend", json={"pipeline": "trecs", "user": 3, "k": 5, "history": [1001, 1002],
+                                                  "history.times": [2000000000, 2000000060]}).json()
+    assert [int(r[1]) for r in rows(driver, "try-items")] == answer["items"]
+
+    # back to the untimed pipeline: the field hides, and a history goes without times as before
+    target.select_by_value("recs")
+    wait_for(driver, lambda d: not d.find_element(By.ID, "try-times").is_displayed(), "the times field hidden")
+    user.clear()
+    user.send_keys("1")
+    history.clear()
+    history.send_keys("1, 2")
+    driver.find_element(By.ID, "try-submit").click()
+    wait_for(driver, lambda d: "5 items from version 1" in d.find_element(By.ID, "try-message").text, "the untimed pipeline's items")
 
     # the page ran under its CSP without a violation (its inline script and style match their hashes)
     logs = driver.get_log("browser")

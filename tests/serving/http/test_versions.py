@@ -38,6 +38,7 @@ def test_canary_share_promote_rollback() -> None:
     }
     vs.set_canary("3", 1.0)
     assert vs.route().version == "3"
+    assert vs.live().version == "2"  # what unversioned metadata describes, whatever the canary's share
     assert vs.rollback() == "2"  # drops the canary
     assert vs.route().version == "2"
     assert vs.rollback() == "1"  # back to the previous stable
@@ -49,6 +50,8 @@ def test_rules() -> None:
     vs = ModelVersions("m")
     with pytest.raises(KeyError, match="no version loaded"):
         vs.route()
+    with pytest.raises(KeyError, match="no version loaded"):
+        vs.live()
     vs.add(fake("1"))
     vs.add(fake("2"))
     with pytest.raises(ValueError, match="already loaded"):

@@ -384,7 +384,8 @@ def test_score_with_the_next_item_score_ranks_as_the_model_ranks_its_next_items(
     res = resources(w)
     res.sequential = seq = _sequential(tmp_path, model_type, head=False)
     history = (5, 17, 3, 9, 11, 40, 2, 8)  # 8 known ids, max_len 6
-    p = PipelineRunner(PipelineSpec((Retrieve((Popular(60),)), Filter(exclude_seen=False), Score(sequential="next_item"), Order(max_k=60))), res)
+    # max_history declared above max_len: the model is handed all 8 and reads its last 6
+    p = PipelineRunner(PipelineSpec((Retrieve((Popular(60),)), Filter(exclude_seen=False), Score(sequential="next_item"), Order(max_k=60)), max_history=50), res)
     rec = p.recommend(Query(USERS + 1, 60, history=history))
     cands = w["popular"][:60]
     # the whole catalogue, best first (the bundle leaves the history's own items out of it)
@@ -524,3 +525,107 @@ def test_score_with_a_timed_model_reads_the_histories_times(tmp_path: Any) -> No
         logits, _ = seq.next_item_scores(items, cands, times=times)
         assert nxt.recommend(Query(user, 20)).items.tolist() == cands[np.lexsort((cands, -logits))[:20]].tolist()
         assert not np.array_equal(logits, seq.next_item_scores(items, cands, times=times * 0 + times[-1])[0])
+
+
+# -- the history the models are handed: their own length unless declared ----------------------------------
+def _long_sequential(tmp_path: Any, model_type: str, max_len: int) -> Any:
+    """An untrained next-items model reading max_len > 50 items, over the toy catalogue (raw i = dense i + 1)."""
+    torch.manual_seed(2)
+    config = HSTUConfig(max_len=max_len, dim=8, num_layers=1, num_heads=2) if model_type == "hstu" else SASRecConfig(max_len=max_len, dim=8, num_layers=1, num_heads=2)
+    model = HSTU(config.sequence_config(ITEMS)) if model_type == "hstu" else SASRec(config.sequence_config(ITEMS))
+    counts = np.concatenate([[0], np.ones(ITEMS)]).astype(np.int64)
+    save_model(tmp_path / f"long_{model_type}.pt", model, config, Adam(lr=0.01), ids=RawIds(np.arange(ITEMS), counts))
+    return load_next_items(write_next_items_bundle(tmp_path / f"long_{model_type}.pt", tmp_path / f"long_{model_type}"))
+
+
+@pytest.mark.parametrize("model_type", ["sasrec", "hstu"])
+def test_a_sequential_model_reading_more_than_50_items_answers_in_the_pipeline_as_in_its_bundle(model_type: str, tmp_path: Any) -> None:
+    """A next-items model with max_len 64 is handed the user's last 64 items (stored, then the request's), as its
+    own next-items bundle reads them: the same items and scores for a history of 90; a declared max_history is
+    honoured (the model then reads the last 20)."""
+    w = make_world(8)
+    res = resources(w)
+    res.sequential = seq = _long_sequential(tmp_path, model_type, 64)
+    rng = np.random.default_rng(5)
+    stored = rng.integers(0, ITEMS, 70)
+    res.interactions = InteractionStore.from_pairs(np.full(70, 3), stored)
+    given = tuple(rng.integers(0, ITEMS, 20).tolist())
+    history = np.r_[stored, given]  # 90 items, oldest first
+    # every item the bundle may name, the seen ones dropped by the filter (the bundle leaves the whole history out)
+    stages = (Retrieve((Sequential(ITEMS),)), Filter(exclude_seen=True), Order(max_k=15))
+    p = PipelineRunner(PipelineSpec(stages), res)
+    assert (p.max_history, p.history_from) == (64, "models")
+    rec = p.recommend(Query(3, 15, given))
+    want = seq.next_items(history, np.array([len(history)]), 15)
+    assert rec.items.tolist() == want["items"][0].tolist() and want["truncated_items"][0] == 90 - 64
+    np.testing.assert_array_equal(rec.scores, want["scores"][0])
+    fifty = seq.next_items(history[-50:], np.array([50]), 15)  # what the pipeline's fixed 50 used to hand it
+    assert not np.array_equal(fifty["scores"][0], want["scores"][0])
+    declared = PipelineRunner(PipelineSpec(stages, max_history=20), res)
+    assert (declared.max_history, declared.history_from) == (20, "declared")
+    short = seq.next_items(history[-20:], np.array([20]), ITEMS - 20)["scores"][0]  # the last 20 read, 90 seen
+    unseen = ~np.isin(seq.next_items(history[-20:], np.array([20]), ITEMS - 20)["items"][0], history)
+    np.testing.assert_array_equal(declared.recommend(Query(3, 15, given)).scores, short[unseen][:15])
+    # the Score stage reads as much: next-item scores of the candidates for the last 64 items
+    scored = PipelineRunner(PipelineSpec((Retrieve((Popular(40),)), Filter(exclude_seen=False), Score(sequential="next_item"), Order(max_k=40))), res)
+    cands = w["popular"][:40]
+    logits, truncated = seq.next_item_scores(history, cands)
+    assert truncated == 90 - 64
+    assert scored.recommend(Query(3, 40, given)).items.tolist() == cands[np.lexsort((cands, -logits))].tolist()
+
+
+def test_item_to_item_reads_the_last_known_ids_as_the_other_models_do() -> None:
+    """Item-to-item's `last` counts the ids its index knows (like the two-tower's max_history and the
+    sequential model's max_len): a history ending in unknown ids queries the mean of the same last known
+    items as the history without them, for a stored history and a request's."""
+    w = make_world(9)
+    res = resources(w)
+    p = PipelineRunner(PipelineSpec((Retrieve((ItemToItem(8, last=3),)), Order(max_k=8))), res)
+    known, unknown = (5, 1, 2, 3, 4), (ITEMS + 7, 10**12, ITEMS)
+    got = p.recommend(Query(USERS + 5, 8, (*known, *unknown))).items
+    assert got.tolist() == p.recommend(Query(USERS + 5, 8, known)).items.tolist()
+    _, ids = w["index"].query(torch.from_numpy(w["vectors"][[2, 3, 4]].mean(axis=0)[None]), 8)
+    assert got.tolist() == ids[0].numpy().tolist()
+    # the same ids stored for a user the interaction store keeps
+    res.interactions = InteractionStore.from_pairs(np.full(8, 4), np.array([*known, *unknown]))
+    stored = PipelineRunner(PipelineSpec((Retrieve((ItemToItem(8, last=3),)), Order(max_k=8))), res)
+    assert stored.recommend(Query(4, 8)).items.tolist() == got.tolist()
+
+
+def test_the_history_length_follows_the_models_and_a_declared_one_is_honoured() -> None:
+    """max_history left out: the longest history a model of the pipeline reads (the two-tower's max_history,
+    item-to-item's `last`, the sequential model's max_len; 0 when none reads one), each model handed the whole
+    history; declared: every model is handed that many; a declared value that is not an integer >= 1 is
+    refused naming the key."""
+    from hugerec.models.two_tower import TwoTower, TwoTowerConfig
+    from hugerec.serving.pipeline.declaration import declaration_from_dict, declaration_to_dict
+
+    w = make_world(8)
+    res = resources(w)
+    assert PipelineRunner(PipelineSpec((Retrieve((Ann(5),)), Order())), res).max_history == 0  # a matrix factorisation reads none
+    assert PipelineRunner(PipelineSpec((Retrieve((Ann(5), ItemToItem(5, last=7))), Order())), res).max_history == 7
+    assert PipelineRunner(PipelineSpec((Retrieve((Popular(5),)), Order())), res).max_history == 0
+    torch.manual_seed(0)
+    towers = TwoTower(TwoTowerConfig(dim=8, embedding_dim=8, user_layers=(), max_history=120, recent=(1, 5)), USERS, ITEMS)
+    res.encoder = UserEncoder(towers)
+    res.index = build_index(res.encoder.item_vectors(), config=IndexConfig(IndexKind.EXACT))
+    p = PipelineRunner(PipelineSpec((Retrieve((Ann(30), ItemToItem(5, last=7))), Order(max_k=30))), res)
+    assert (p.max_history, p.history_from) == (120, "models")
+    history = np.random.default_rng(1).integers(0, ITEMS, 150)
+    res.interactions = InteractionStore.from_pairs(np.full(150, 4), history)
+    user_vector = res.encoder.encode(4, history)  # the tower reads its last 120
+    assert user_vector is not None and not np.array_equal(user_vector, res.encoder.encode(4, history[-50:]))
+    _, ids = res.index.query(torch.from_numpy(user_vector[None]), 30)
+    ann = PipelineRunner(PipelineSpec((Retrieve((Ann(30),)), Order(max_k=30))), res)
+    assert ann.recommend(Query(4, 30)).items.tolist() == ids[0].numpy().tolist()
+    declared = PipelineRunner(PipelineSpec((Retrieve((Ann(5),)), Order()), max_history=300), res)
+    assert (declared.max_history, declared.history_from) == (300, "declared")
+    head = {"retrieve": {"sources": [{"kind": "popular", "k": 5}]}}
+    decl = declaration_from_dict({**head, "pipeline": {"max_history": 30}}, "p.toml")
+    assert decl.spec.max_history == 30 and declaration_to_dict(decl)["pipeline"]["max_history"] == 30
+    assert "max_history" not in declaration_to_dict(declaration_from_dict(head, "p.toml"))["pipeline"]
+    for bad in (0, -3, True, 1.5, "50", [50]):
+        with pytest.raises(ValueError, match=r"^p.toml \[pipeline\] max_history: must be an integer >= 1 .*, got "):
+            declaration_from_dict({**head, "pipeline": {"max_history": bad}}, "p.toml")
+    with pytest.raises(ValueError, match=r"^PipelineSpec: max_history must be an integer >= 1, got 0$"):
+        PipelineSpec((Retrieve((Popular(5),)), Order()), max_history=0)

@@ -517,3 +517,43 @@ def test_a_post_is_kept_by_every_version_of_the_pipeline_or_by_none(tmp_path: Pa
             assert two.pipeline.res.interactions.items(7).tolist() == [3, 50] and one.pipeline.res.interactions.items(7)[-1] == 50
     finally:
         srv.close()
+
+
+def test_a_sequential_model_reading_more_than_50_items_answers_over_http_as_its_bundle(tmp_path: Path) -> None:
+    """A SASRec of max_len 64 as the pipeline's sequential source: a request's 90-item history is read as the
+    next-items bundle reads it (its last 64), so /recommend answers what the bundle's infer route answers; the
+    metadata says how many items the models read and why."""
+    from hugerec.embedding.optimizers import Adam
+    from hugerec.models.sasrec import SASRec
+    from hugerec.models.sequence import SASRecConfig
+    from hugerec.serving.bundles.next_items_bundle import write_next_items_bundle
+    from hugerec.training.model_file import RawIds, save_model
+
+    torch.manual_seed(5)
+    config = SASRecConfig(max_len=64, dim=8, num_layers=1, num_heads=2)
+    save_model(tmp_path / "sasrec.pt", SASRec(config.sequence_config(200)), config, Adam(lr=0.01), ids=RawIds(np.arange(200), np.r_[0, np.ones(200, np.int64)]))
+    seq = write_next_items_bundle(tmp_path / "sasrec.pt", tmp_path / "next", name="next", k=12)
+    features = FeatureStore.in_memory({"user": ("age",), "item": ("price",)})
+    features.write("item", np.arange(200), {"price": np.ones(200)})
+    decl = declaration_from_dict({"pipeline": {"name": "long"}, "retrieve": {"sources": [{"kind": "sequential", "k": 200}]},
+                                  "filter": {"exclude_seen": True}, "order": {"max_k": 12}}, "long")
+    pipe = export_pipeline(tmp_path / "pipe", decl, features, InteractionStore(), np.arange(200), sequential_bundle=seq)
+    history = np.random.default_rng(6).integers(0, 200, 90).tolist()
+    srv = InferenceServer(ServerConfig(seed=0))
+    srv.add_bundle(pipe)
+    srv.add_bundle(seq)
+    try:
+        with BackgroundServer(srv) as url:
+            meta = httpx.get(f"{url}/v2/models/long").json()
+            assert (meta["max_history"], meta["max_history_from"]) == (64, "models")
+            body = {"inputs": [{"name": "items", "datatype": "INT64", "shape": [90], "data": history},
+                               {"name": "items.lengths", "datatype": "INT64", "shape": [1], "data": [90]}], "parameters": {"k": 12}}
+            r = httpx.post(f"{url}/v2/models/next/infer", json=body)
+            assert r.status_code == 200, r.text
+            out = {o["name"]: o["data"] for o in r.json()["outputs"]}
+            assert out["truncated_items"] == [90 - 64]  # the bundle reads the last 64
+            r = httpx.post(f"{url}/recommend", json={"user": 10**6, "k": 12, "history": history})
+            assert r.status_code == 200, r.text
+            assert r.json()["items"] == out["items"]  # (both leave the 90 seen items out)
+    finally:
+        srv.close()

@@ -8,6 +8,7 @@ are refused naming the field, and a model without times refuses the field."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -278,3 +279,20 @@ def test_candidate_scores_of_a_timed_model_read_the_kept_histories_times(timed: 
         timed.candidate_scores(history, candidates)
     with pytest.raises(ValueError, match="2 times for 6 history items"):
         timed.candidate_scores(history, candidates, times=times[:2])
+
+
+def test_a_served_hstus_item_table_is_in_memory_and_needs_no_staging(timed: NextItemsModel, tmp_path: Path) -> None:
+    """Serving stages no lookup ahead (nothing prefetches in a next-items model or the pipeline's stages), and it
+    need not: a served HSTU's item table is in memory, whatever table it trained on. The model file rebuilds the
+    table from the model's config (no disk tier), and a dynamic item table is refused at save."""
+    from hugerec.embedding.table_config import DynamicConfig
+    from hugerec.models.sequence import ItemLookup
+
+    model = timed.saved.model
+    assert isinstance(model, HSTU)
+    lookups = [m for m in model.modules() if isinstance(m, ItemLookup)]
+    assert len(lookups) == 1 and not lookups[0].items.needs_staging and not lookups[0].items.has_disk_tables
+    config = HSTUConfig(max_len=TIMED_LEN, dim=8, num_layers=1, num_heads=2, times=True)
+    dynamic = HSTU(config.sequence_config(ITEMS, DynamicConfig()), Adam(lr=0.01), config.options())
+    with pytest.raises(ValueError, match="save_model: a sequential model with a dynamic item table is not saved yet"):
+        save_model(tmp_path / "dynamic.pt", dynamic, config, Adam(lr=0.01), ids=RawIds(RAW, COUNTS))

@@ -26,7 +26,8 @@ from hugerec.models.registry import Family, build_model
 from hugerec.models.sasrec import SASRec
 from hugerec.models.sequence import PAD, GRU4RecConfig, MLMConfig, SASRecConfig, item_table
 from hugerec.models.two_tower import TwoTowerConfig
-from hugerec.serving import export, load
+from hugerec.serving.bundles.any_bundle import load
+from hugerec.serving.bundles.export import export
 from hugerec.training.losses import Negatives, SampledSoftmax
 from hugerec.training.model_file import RawIds, load_model, save_model
 from hugerec.training.sequential import SequentialFamily, recommend_next, window_batches

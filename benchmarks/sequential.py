@@ -1079,6 +1079,29 @@ def hstu_serving(records: Records, quick: bool, seed: int) -> None:
             record_medians(records, f"hstu serving B={b}", ms, "hugerec-hstu-times", "hugerec-hstu", f"B={b}")
 
 
+def pipelines_in_turn(
+    runners: dict[str, Any], user_of: Callable[[int], int], requests: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]], int]:
+    """Two pipelines answering the same users in turn, request 0 a warm-up: each side's wall ms and thread CPU
+    ms per request (the thread's CPU time: what load inflates least) and how many of the answers differ."""
+    from hugerec.serving.pipeline import Query
+
+    ms: dict[str, list[float]] = {name: [] for name in runners}
+    cpu: dict[str, list[float]] = {name: [] for name in runners}
+    differ = 0
+    for i in range(requests + 1):
+        answers = []
+        for name, runner in runners.items():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            rec = runner.recommend(Query(user_of(i), 10))
+            if i:
+                ms[name].append((time.perf_counter() - t0) * 1000)
+                cpu[name].append((time.thread_time() - c0) * 1000)
+            answers.append(rec.items.tolist())
+        differ += bool(i) and answers[0] != answers[1]
+    return ms, cpu, differ
+
+
 def hstu_pipeline(records: Records, quick: bool, seed: int) -> None:
     """The served pipeline (retrieve: the HSTU's next items and popular ones; filter: seen; score: the HSTU's
     cached candidate scoring; order: top 10) with the same HSTU weights trained with times (a timed store, the
@@ -1093,7 +1116,6 @@ def hstu_pipeline(records: Records, quick: bool, seed: int) -> None:
         PipelineRunner,
         PipelineSpec,
         Popular,
-        Query,
         Resources,
         Retrieve,
         Score,
@@ -1137,20 +1159,7 @@ def hstu_pipeline(records: Records, quick: bool, seed: int) -> None:
             store = InteractionStore.from_pairs(users, items, times=seconds if timed else None)
             runners[name] = PipelineRunner(spec, Resources(features, store, popular=popular, sequential=seq))  # the models read max_len
         assert runners["hugerec-hstu-times"].needs_times and not runners["hstu-without-times"].needs_times
-        ms: dict[str, list[float]] = {name: [] for name in runners}
-        cpu: dict[str, list[float]] = {name: [] for name in runners}  # the thread's CPU time: what load inflates least
-        differ = 0
-        for i in range(requests + 1):  # request 0 warms up
-            answers = []
-            for name, runner in runners.items():
-                user = asked[max(i - 1, 0)]
-                t0, c0 = time.perf_counter(), time.thread_time()
-                rec = runner.recommend(Query(user, 10))
-                if i:
-                    ms[name].append((time.perf_counter() - t0) * 1000)
-                    cpu[name].append((time.thread_time() - c0) * 1000)
-                answers.append(rec.items.tolist())
-            differ += bool(i) and answers[0] != answers[1]
+        ms, cpu, differ = pipelines_in_turn(runners, lambda i: asked[max(i - 1, 0)], requests)
     for config_name, values_of in (("hstu pipeline", ms), ("hstu pipeline cpu", cpu)):
         record_medians(records, config_name, values_of, "hugerec-hstu-times", "hstu-without-times", config_name)
     print(f"  {differ} of {requests} answers differ (the times are read)", flush=True)
@@ -1175,7 +1184,6 @@ def hstu_history(records: Records, quick: bool, seed: int) -> None:
         PipelineRunner,
         PipelineSpec,
         Popular,
-        Query,
         Resources,
         Retrieve,
         Score,
@@ -1206,19 +1214,7 @@ def hstu_history(records: Records, quick: bool, seed: int) -> None:
         resources = Resources(features, store, popular=raw[np.argsort(-counts[1:], kind="stable")], sequential=seq)
         runners = {"hugerec-whole-history": PipelineRunner(PipelineSpec(stages), resources),
                    "last-50-history": PipelineRunner(PipelineSpec(stages, max_history=50), resources)}
-        ms: dict[str, list[float]] = {name: [] for name in runners}
-        cpu: dict[str, list[float]] = {name: [] for name in runners}
-        differ = 0
-        for i in range(requests + 1):  # request 0 warms up
-            answers = []
-            for name, runner in runners.items():
-                t0, c0 = time.perf_counter(), time.thread_time()
-                rec = runner.recommend(Query(i % users, 10))
-                if i:
-                    ms[name].append((time.perf_counter() - t0) * 1000)
-                    cpu[name].append((time.thread_time() - c0) * 1000)
-                answers.append(rec.items.tolist())
-            differ += bool(i) and answers[0] != answers[1]
+        ms, cpu, differ = pipelines_in_turn(runners, lambda i: i % users, requests)
     for config_name, values_of in (("hstu pipeline history", ms), ("hstu pipeline history cpu", cpu)):
         record_medians(records, config_name, values_of, "hugerec-whole-history", "last-50-history", config_name, "whole history / last 50")
     print(f"  {differ} of {requests} answers differ (the sequential source leaves out every seen item)", flush=True)
